@@ -1,0 +1,88 @@
+#pragma once
+// The service configuration (DESIGN.md §10): YAML parsed once into typed structs and validated
+// at load. Unknown keys and bad values are config_error naming the path, e.g.
+//   "cache.page_size: must be a power of two, got 12".
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "hyserve/common/dtype.h"
+#include "hyserve/common/model_config.h"
+#include "hyserve/common/tensor.h"
+
+namespace hyserve {
+
+// `model.synthetic`: seeded random weights for an architecture built from these sizes.
+struct synthetic_model_config {
+  model_config arch;  // sizes; layer kinds from `attn_layer_indices`
+  uint64_t seed = 0;
+};
+
+struct model_section {
+  std::string path;                               // HF checkpoint directory (exclusive with synthetic)
+  std::optional<synthetic_model_config> synthetic;
+  dtype weight_dtype = dtype::kF32;               // `dtype`: float32 | bfloat16 | float16
+};
+
+struct parallel_section {
+  int32_t tp = 1;
+  int32_t dp = 1;
+};
+
+struct cache_section {
+  int32_t page_size = 16;          // power of two
+  int32_t max_requests = 64;
+  int32_t max_context = 4096;
+  int32_t num_pages = 0;           // 0 = derived: max_requests · ceil(max_context / page_size)
+  double gpu_memory_fraction = 0.85;  // (0, 1]
+};
+
+struct scheduler_section {
+  int32_t max_batch_tokens = 4096;
+  int32_t max_running = 64;
+  int32_t chunked_prefill = 512;
+  int32_t max_queue = 1024;
+};
+
+enum class sparsity_algorithm : uint8_t { kNone, kQuest };
+struct sparsity_section {
+  sparsity_algorithm algorithm = sparsity_algorithm::kNone;
+  int32_t page_budget = 64;
+  int32_t sink_pages = 1;
+  int32_t recent_pages = 2;
+  int32_t min_seq_len = 2048;
+};
+
+enum class speculative_algorithm : uint8_t { kNone, kNgram, kDraftModel };
+struct speculative_section {
+  speculative_algorithm algorithm = speculative_algorithm::kNone;
+  int32_t num_draft_tokens = 4;
+};
+
+struct server_section {
+  std::string host = "127.0.0.1";
+  int32_t port = 8000;
+};
+
+struct service_config {
+  model_section model;
+  device_kind device = device_kind::kCpu;
+  parallel_section parallel;
+  cache_section cache;
+  scheduler_section scheduler;
+  sparsity_section sparsity;
+  speculative_section speculative;
+  server_section server;
+  std::string source;  // file it was loaded from ("<string>" for load_config_string)
+};
+
+// Loads and validates a YAML file. Relative `model.path` is resolved against the current
+// directory first, then against the config file's directory.
+service_config load_config_file(const std::string& path);
+service_config load_config_string(const std::string& yaml_text);
+
+// The model_config of the configured model: read_hf_config(path/config.json) or the synthetic
+// section's sizes.
+model_config resolve_model_config(const service_config& cfg);
+
+}  // namespace hyserve

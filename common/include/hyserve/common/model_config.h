@@ -1,0 +1,67 @@
+#pragma once
+// Architecture hyper-parameters of a hybrid model, read from a Hugging Face config.json or
+// built from the YAML `model.synthetic` section. One struct for every architecture; the layer
+// kinds say which mixer each layer has.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hyserve {
+
+enum class model_arch : uint8_t { kBamba };
+enum class layer_kind : uint8_t { kMamba2, kAttention };
+
+struct model_config {
+  model_arch arch = model_arch::kBamba;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  std::vector<layer_kind> layer_kinds;  // [num_layers]
+  float rms_norm_eps = 1e-5f;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 0;
+  int32_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;  // -1 = none
+
+  // Attention layers.
+  int64_t num_attention_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;          // hidden_size / num_attention_heads unless given
+  float partial_rotary_factor = 1.0f;
+  float rope_theta = 10000.0f;
+  bool attention_bias = false;
+
+  // MLP.
+  int64_t intermediate_size = 0;
+  bool mlp_bias = false;
+
+  // Mamba2 layers.
+  int64_t mamba_n_heads = 0;
+  int64_t mamba_d_head = 0;
+  int64_t mamba_d_state = 0;
+  int64_t mamba_n_groups = 1;
+  int64_t mamba_d_conv = 4;
+  int64_t mamba_expand = 2;
+  int64_t mamba_chunk_size = 256;
+  bool mamba_conv_bias = true;
+  bool mamba_proj_bias = false;
+  float time_step_min = 0.0f;   // time_step_limit[0]
+  float time_step_max = 3.4e38f;  // time_step_limit[1] (Infinity → FLT_MAX)
+
+  // Derived sizes.
+  int64_t mamba_intermediate() const { return mamba_n_heads * mamba_d_head; }
+  int64_t mamba_conv_dim() const { return mamba_intermediate() + 2 * mamba_n_groups * mamba_d_state; }
+  int64_t mamba_in_proj_dim() const { return mamba_intermediate() + mamba_conv_dim() + mamba_n_heads; }
+  int64_t rotary_dim() const;  // head_dim · partial_rotary_factor, rounded down to even
+  int64_t num_layers_of(layer_kind k) const;
+
+  // Checks internal consistency (positive sizes, divisibility, layer count); throws
+  // config_error naming the offending field.
+  void validate() const;
+};
+
+// Reads a Hugging Face config.json (BambaForCausalLM). Throws config_error naming the file and
+// field for a missing/ill-typed field, an unsupported architecture (listing the supported
+// ones) or inconsistent dimensions. Accepts transformers 5's {"__float__": "Infinity"}.
+model_config read_hf_config(const std::string& path);
+
+}  // namespace hyserve

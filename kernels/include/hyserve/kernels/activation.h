@@ -1,0 +1,17 @@
+#pragma once
+// SwiGLU: out[t, i] = silu(gate[t, i]) · up[t, i].
+#include <cstdint>
+
+namespace hyserve::kernels {
+
+struct swiglu_params {
+  const float* __restrict__ gate = nullptr;  // [rows, cols], row stride gate_stride
+  const float* __restrict__ up = nullptr;    // [rows, cols], row stride up_stride
+  float* __restrict__ out = nullptr;         // [rows, cols], row stride out_stride
+  int64_t rows = 0, cols = 0;
+  int64_t gate_stride = 0, up_stride = 0, out_stride = 0;
+};
+
+void run_cpu(const swiglu_params& p);
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,46 @@
+#pragma once
+// Paged KV cache and attention.
+// KV cache per layer: [num_pages, page_size, kv_heads, head_dim]; a flat location
+// loc = page * page_size + offset addresses one token. page_table[b, i] is the page holding
+// tokens [i·page_size, (i+1)·page_size) of row b.
+#include <cstdint>
+
+namespace hyserve::kernels {
+
+// Writes new K/V rows into the cache at flat locations.
+struct kv_write_params {
+  const float* __restrict__ k = nullptr;  // [n_tokens, kv_heads, head_dim], row stride k_stride
+  const float* __restrict__ v = nullptr;  // [n_tokens, kv_heads, head_dim], row stride v_stride
+  const int32_t* __restrict__ locs = nullptr;  // [n_tokens]; -1 = skip (padding)
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  int64_t n_tokens = 0;
+  int64_t kv_heads = 0, head_dim = 0;
+  int64_t k_stride = 0, v_stride = 0;
+};
+
+void run_cpu(const kv_write_params& p);
+
+// Causal attention for packed query rows against the paged cache (which already holds the new
+// tokens). Row b has q_len = qsl[b+1]-qsl[b] queries at positions seq_lens[b]-q_len .. seq_lens[b]-1;
+// query at position t attends keys 0..t. Decode is the case q_len = 1. GQA: query head h reads
+// kv head h / (q_heads / kv_heads).
+struct paged_attention_params {
+  const float* __restrict__ q = nullptr;  // [n_tokens, q_heads, head_dim], row stride q_stride
+  const float* __restrict__ k_cache = nullptr;
+  const float* __restrict__ v_cache = nullptr;
+  float* __restrict__ out = nullptr;      // [n_tokens, q_heads, head_dim], row stride out_stride
+  const int32_t* __restrict__ query_start_loc = nullptr;  // [batch + 1]
+  const int32_t* __restrict__ seq_lens = nullptr;         // [batch] total length incl. new tokens
+  const int32_t* __restrict__ page_table = nullptr;       // [batch, page_table_stride]
+  int64_t batch = 0;
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t page_size = 0;
+  int64_t page_table_stride = 0;
+  int64_t q_stride = 0, out_stride = 0;
+  float scale = 1.0f;
+};
+
+void run_cpu(const paged_attention_params& p);
+
+}  // namespace hyserve::kernels

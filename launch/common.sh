@@ -1,0 +1,56 @@
+# Shared set-up for launch/*.sh: install missing Debian packages, configure and build.
+# Sourced, not executed.
+set -euo pipefail
+
+HYSERVE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HYSERVE_BUILD_DIR="${HYSERVE_BUILD_DIR:-$HYSERVE_ROOT/build}"
+
+log() { printf '[hyserve] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*"; return 1; fi
+}
+
+# Boost >= 1.81 headers already present (e.g. a newer distribution's default Boost)?
+have_boost_181() {
+  local v
+  v=$(sed -n 's/^#define BOOST_VERSION \([0-9]*\)$/\1/p' /usr/include/boost/version.hpp 2>/dev/null || true)
+  [ -n "$v" ] && [ "$v" -ge 108100 ]
+}
+
+install_deps() {
+  local wanted=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libyaml-cpp-dev
+                libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev)
+  have_boost_181 || wanted+=(libboost1.81-dev)
+  local missing=()
+  for p in "${wanted[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "system packages present"
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null; then
+    log "missing packages (${missing[*]}) and no apt-get: install them by hand"; return 1
+  fi
+  log "installing: ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+build_project() {
+  local jobs
+  jobs=$(nproc 2>/dev/null || echo 2)
+  log "configuring in $HYSERVE_BUILD_DIR"
+  cmake -S "$HYSERVE_ROOT" -B "$HYSERVE_BUILD_DIR" -DCMAKE_BUILD_TYPE="${HYSERVE_BUILD_TYPE:-RelWithDebInfo}" \
+    ${HYSERVE_CMAKE_ARGS:-} >/dev/null
+  log "building with $jobs jobs"
+  cmake --build "$HYSERVE_BUILD_DIR" -j "$jobs"
+}
+
+# mpirun flags: root needs --allow-run-as-root; oversubscribe only then, so real clusters keep
+# their slot accounting.
+mpirun_root_flags() {
+  if [ "$(id -u)" -eq 0 ]; then echo "--allow-run-as-root --oversubscribe"; fi
+}

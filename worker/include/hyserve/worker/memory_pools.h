@@ -1,0 +1,107 @@
+#pragma once
+// Memory pools of one worker (DESIGN.md §5): the req→token table, the paged KV allocator and
+// caches, and the mamba slot allocator with per-layer conv/SSM state. The coordinator owns the
+// bookkeeping in the service; the offline engine drives the same allocators directly.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "hyserve/common/tensor.h"
+
+namespace hyserve::worker {
+
+// [max_requests, max_context] i32: token position → flat KV location (page·page_size + offset).
+class req_to_token_pool {
+ public:
+  req_to_token_pool(int32_t max_requests, int32_t max_context);
+  std::optional<int32_t> alloc();  // a free request slot, or nullopt when full
+  void free(int32_t slot);         // throws invalid_argument_error on double free / bad slot
+  int32_t* row(int32_t slot);
+  const int32_t* row(int32_t slot) const;
+  int32_t max_requests() const { return max_requests_; }
+  int32_t max_context() const { return max_context_; }
+  int32_t available() const { return static_cast<int32_t>(free_.size()); }
+
+ private:
+  int32_t max_requests_, max_context_;
+  std::vector<int32_t> table_;
+  std::vector<int32_t> free_;
+  std::vector<uint8_t> in_use_;
+};
+
+// Free list of KV pages; pages are handed out lowest index first.
+class kv_page_allocator {
+ public:
+  explicit kv_page_allocator(int32_t num_pages);
+  std::optional<std::vector<int32_t>> alloc(int32_t n);  // all-or-nothing
+  void free(const std::vector<int32_t>& pages);
+  int32_t available() const { return static_cast<int32_t>(free_.size()); }
+  int32_t num_pages() const { return num_pages_; }
+
+ private:
+  int32_t num_pages_;
+  std::vector<int32_t> free_;
+  std::vector<uint8_t> in_use_;
+};
+
+// K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each.
+struct kv_layer_cache {
+  host_tensor k;
+  host_tensor v;
+};
+
+class kv_cache {
+ public:
+  kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim);
+  kv_layer_cache& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
+  int32_t page_size() const { return page_size_; }
+  int32_t num_pages() const { return num_pages_; }
+
+ private:
+  int32_t page_size_, num_pages_;
+  std::vector<kv_layer_cache> layers_;
+};
+
+// Slot allocator for recurrent state. Slots are 0..n_slots-1; the state tensors have one extra
+// slot at index n_slots reserved for padding rows.
+class mamba_slot_allocator {
+ public:
+  explicit mamba_slot_allocator(int32_t n_slots);
+  std::optional<int32_t> alloc();
+  void free(int32_t slot);
+  int32_t available() const { return static_cast<int32_t>(free_.size()); }
+  int32_t n_slots() const { return n_slots_; }
+
+ private:
+  int32_t n_slots_;
+  std::vector<int32_t> free_;
+  std::vector<uint8_t> in_use_;
+};
+
+// Conv window and SSM state of one SSM layer.
+struct mamba_layer_state {
+  host_tensor conv;  // [n_slots + 1, conv_dim, K-1], oldest first
+  host_tensor ssm;   // [n_slots + 1, heads, head_dim, d_state]
+};
+
+struct mamba_state_shape {
+  int32_t conv_dim = 0, conv_width = 0;
+  int32_t heads = 0, head_dim = 0, d_state = 0;
+};
+
+class mamba_state_cache {
+ public:
+  mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape);
+  mamba_layer_state& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
+  // Zeroes one slot in every layer (a freshly allocated request starts from zero state).
+  void reset_slot(int32_t slot);
+  int32_t n_slots() const { return n_slots_; }
+  const mamba_state_shape& shape() const { return shape_; }
+
+ private:
+  int32_t n_slots_;
+  mamba_state_shape shape_;
+  std::vector<mamba_layer_state> layers_;
+};
+
+}  // namespace hyserve::worker
