@@ -1,1 +1,122 @@
-int main() { return 0; }
+// hyserve-generate: offline greedy generation in a single process.
+//   hyserve-generate --model DIR | --config FILE --input-ids 1,2,3 --max-new-tokens N
+//                    [--prefill-chunk N] [--json] [--logits]
+// With --json prints {"output_ids": [...]} (and with --logits a "logits" array with one row per
+// position of prompt + output; row t = logits after consuming token t).
+#include <boost/json.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+#include "hyserve/worker/engine.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: hyserve-generate (--model DIR | --config FILE) --input-ids 1,2,3 --max-new-tokens N\n"
+    "                        [--prefill-chunk N] [--json] [--logits]\n";
+
+struct options {
+  std::string model_dir, config_file;
+  std::vector<int32_t> input_ids;
+  int32_t max_new_tokens = 16;
+  int32_t prefill_chunk = 0;
+  bool json = false, logits = false;
+};
+
+int32_t parse_int(std::string_view flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used != v.size() || x < INT32_MIN || x > INT32_MAX) throw std::invalid_argument(v);
+    return static_cast<int32_t>(x);
+  } catch (const std::exception&) {
+    throw hyserve::invalid_argument_error(std::string(flag) + ": expected an integer, got '" + v + "'");
+  }
+}
+
+options parse_args(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw hyserve::invalid_argument_error(std::string(a) + ": missing value");
+      return argv[++i];
+    };
+    if (a == "--model") {
+      o.model_dir = value();
+    } else if (a == "--config") {
+      o.config_file = value();
+    } else if (a == "--input-ids") {
+      const std::string list = value();
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        o.input_ids.push_back(parse_int("--input-ids", list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (a == "--max-new-tokens") {
+      o.max_new_tokens = parse_int(a, value());
+      if (o.max_new_tokens < 0) throw hyserve::invalid_argument_error("--max-new-tokens: must be >= 0");
+    } else if (a == "--prefill-chunk") {
+      o.prefill_chunk = parse_int(a, value());
+      if (o.prefill_chunk < 0) throw hyserve::invalid_argument_error("--prefill-chunk: must be >= 0");
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--logits") {
+      o.logits = true;
+    } else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else {
+      throw hyserve::invalid_argument_error("unknown argument '" + std::string(a) + "'");
+    }
+  }
+  if (o.model_dir.empty() == o.config_file.empty())
+    throw hyserve::invalid_argument_error("give exactly one of --model DIR or --config FILE");
+  if (o.input_ids.empty()) throw hyserve::invalid_argument_error("--input-ids: required, non-empty");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse_args(argc, argv);
+    hyserve::service_config cfg;
+    if (!o.config_file.empty()) {
+      cfg = hyserve::load_config_file(o.config_file);
+    } else {
+      cfg.model.path = o.model_dir;
+    }
+    const int64_t needed = static_cast<int64_t>(o.input_ids.size()) + o.max_new_tokens + 1;
+    if (cfg.cache.max_context < needed) cfg.cache.max_context = static_cast<int32_t>(needed);
+    cfg.cache.max_requests = 1;
+    cfg.cache.num_pages = 0;
+    hyserve::worker::engine eng(cfg);
+    std::vector<std::vector<float>> logits;
+    const std::vector<int32_t> out =
+        eng.generate_greedy(o.input_ids, o.max_new_tokens, o.prefill_chunk, o.logits ? &logits : nullptr);
+    if (o.json) {
+      boost::json::object obj;
+      obj["output_ids"] = boost::json::value_from(out);
+      if (o.logits) obj["logits"] = boost::json::value_from(logits);
+      std::cout << boost::json::serialize(obj) << "\n";
+    } else {
+      for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
+      std::cout << "\n";
+    }
+    return 0;
+  } catch (const hyserve::error& e) {
+    std::cerr << "hyserve-generate: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "hyserve-generate: internal error: " << e.what() << "\n";
+    return 3;
+  }
+}

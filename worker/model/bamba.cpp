@@ -1,1 +1,250 @@
-// (in progress)
+#include "bamba.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hyserve/common/error.h"
+#include "layers.h"
+
+namespace hyserve::worker {
+namespace {
+
+using range = std::pair<int64_t, int64_t>;
+
+std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+// Splits n into tp equal parts; a dimension that does not divide is a startup error naming it.
+int64_t split(int64_t n, int tp, const char* what) {
+  if (n % tp != 0)
+    throw config_error(std::string("tensor parallelism: ") + what + " = " + std::to_string(n) +
+                       " is not divisible by tp = " + std::to_string(tp));
+  return n / tp;
+}
+
+struct bamba_layer {
+  layer_kind kind = layer_kind::kMamba2;
+  host_tensor input_norm;
+  host_tensor pre_ff_norm;
+  layers::mamba2_weights mamba;
+  layers::attention_weights attn;
+  layers::mlp_weights mlp;
+  int32_t cache_index = 0;  // index among layers of the same kind (KV or SSM state)
+};
+
+class bamba_model final : public model {
+ public:
+  bamba_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm)
+      : mc_(mc), tp_(tp), comm_(comm) {
+    if (mc.attention_bias) throw config_error("Bamba: attention_bias = true is not supported");
+    if (mc.mlp_bias) throw config_error("Bamba: mlp_bias = true is not supported");
+    if (mc.mamba_proj_bias) throw config_error("Bamba: mamba_proj_bias = true is not supported");
+    if (tp.size > 1 && !comm) throw config_error("Bamba: tp > 1 needs a collective");
+    const int r = tp.rank, n = tp.size;
+    const int64_t H = mc.hidden_size, V = mc.vocab_size;
+    vocab_local_ = split(V, n, "vocab_size");
+    embed_ = ws.load_slice("model.embed_tokens.weight", {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
+    final_norm_ = ws.load("model.final_layernorm.weight", {H});
+    const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
+
+    int32_t n_attn = 0, n_mamba = 0;
+    layers_.resize(static_cast<size_t>(mc.num_layers));
+    for (int64_t i = 0; i < mc.num_layers; ++i) {
+      bamba_layer& L = layers_[static_cast<size_t>(i)];
+      const std::string p = layer_prefix(i);
+      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
+      L.input_norm = ws.load(p + "input_layernorm.weight", {H});
+      L.pre_ff_norm = ws.load(p + "pre_ff_layernorm.weight", {H});
+      load_mlp(ws, p + "feed_forward.", L.mlp);
+      switch (L.kind) {
+        case layer_kind::kMamba2:
+          load_mamba(ws, p + "mamba.", L.mamba);
+          L.cache_index = n_mamba++;
+          break;
+        case layer_kind::kAttention:
+          load_attention(ws, p + "self_attn.", L.attn);
+          L.cache_index = n_attn++;
+          break;
+      }
+    }
+  }
+
+  const model_config& config() const override { return mc_; }
+
+  mamba_state_shape mamba_shape() const override {
+    mamba_state_shape s;
+    s.heads = static_cast<int32_t>(mc_.mamba_n_heads / tp_.size);
+    s.head_dim = static_cast<int32_t>(mc_.mamba_d_head);
+    s.d_state = static_cast<int32_t>(mc_.mamba_d_state);
+    s.conv_width = static_cast<int32_t>(mc_.mamba_d_conv);
+    s.conv_dim = static_cast<int32_t>(s.heads * s.head_dim + 2 * groups_local() * mc_.mamba_d_state);
+    return s;
+  }
+
+  int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_value()); }
+
+  host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                      const forward_options& opts) override {
+    const std::vector<int32_t> ids = layers::batch_token_ids(batch);
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
+        throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " +
+                                     std::to_string(t) + " is outside the vocabulary [0, " +
+                                     std::to_string(mc_.vocab_size) + ")");
+    host_tensor h = layers::embed(ids, embed_, tp_.rank * vocab_local_, comm_);
+    if (opts.hidden_states) opts.hidden_states->clear();
+    auto capture = [&](const host_tensor& t) {
+      if (!opts.hidden_states) return;
+      host_tensor copy(dtype::kF32, t.shape());
+      std::memcpy(copy.data(), t.data(), t.nbytes());
+      opts.hidden_states->push_back(std::move(copy));
+    };
+    capture(h);
+
+    layers::attention_step step;
+    if (mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0)
+      step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
+
+    for (bamba_layer& L : layers_) {
+      host_tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps);
+      host_tensor mixed;
+      switch (L.kind) {
+        case layer_kind::kMamba2:
+          mixed = layers::mamba2_forward(L.mamba, x, meta, ctx.mamba->layer(L.cache_index), comm_);
+          break;
+        case layer_kind::kAttention:
+          mixed = layers::attention_forward(L.attn, x, meta, step, ctx.kv->layer(L.cache_index), comm_);
+          break;
+      }
+      layers::add_inplace(h, mixed);
+      host_tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps), comm_);
+      layers::add_inplace(h, y);
+      capture(h);
+    }
+
+    // Final norm and lm_head only on the rows that need logits.
+    host_tensor rows;
+    if (opts.all_logits) {
+      rows = std::move(h);
+    } else {
+      const int64_t H = mc_.hidden_size;
+      rows = host_tensor::f32({static_cast<int64_t>(meta.logit_token_indices.size()), H});
+      for (size_t i = 0; i < meta.logit_token_indices.size(); ++i)
+        std::memcpy(rows.as<float>() + static_cast<int64_t>(i) * H,
+                    h.as<float>() + static_cast<int64_t>(meta.logit_token_indices[i]) * H,
+                    static_cast<size_t>(H) * sizeof(float));
+    }
+    host_tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps);
+    if (opts.hidden_states && opts.all_logits) capture(normed);
+    return layers::lm_head(normed, lm_head_, comm_);
+  }
+
+ private:
+  int64_t groups_local() const {
+    // B/C groups split when n_groups % tp == 0, replicated when n_groups == 1.
+    if (mc_.mamba_n_groups % tp_.size == 0) return mc_.mamba_n_groups / tp_.size;
+    return 1;
+  }
+
+  int64_t kv_heads_local_value() const {
+    return mc_.num_kv_heads >= tp_.size ? mc_.num_kv_heads / tp_.size : 1;
+  }
+
+  void load_mlp(const weight_source& ws, const std::string& p, layers::mlp_weights& w) {
+    const int64_t H = mc_.hidden_size, I = mc_.intermediate_size;
+    const int64_t il = split(I, tp_.size, "intermediate_size");
+    const int64_t b = tp_.rank * il, e = b + il;
+    w.gate = ws.load_slice(p + "gate_proj.weight", {I, H}, 0, b, e);
+    w.up = ws.load_slice(p + "up_proj.weight", {I, H}, 0, b, e);
+    w.down = ws.load_slice(p + "down_proj.weight", {H, I}, 1, b, e);
+  }
+
+  void load_attention(const weight_source& ws, const std::string& p, layers::attention_weights& w) {
+    const int64_t H = mc_.hidden_size, nh = mc_.num_attention_heads, kvh = mc_.num_kv_heads, hd = mc_.head_dim;
+    const int r = tp_.rank, n = tp_.size;
+    const int64_t qh = split(nh, n, "num_attention_heads");
+    int64_t kv_first = 0, kvl = 0;
+    if (kvh % n == 0) {
+      kvl = kvh / n;
+      kv_first = r * kvl;
+    } else if (n % kvh == 0) {  // replicate: each rank keeps the one KV head its query heads use
+      kvl = 1;
+      kv_first = (r * qh) / (nh / kvh);
+    } else {
+      throw config_error("tensor parallelism: num_key_value_heads = " + std::to_string(kvh) +
+                         " neither divides nor is divisible by tp = " + std::to_string(n));
+    }
+    w.q = ws.load_slice(p + "q_proj.weight", {nh * hd, H}, 0, r * qh * hd, (r + 1) * qh * hd);
+    w.k = ws.load_slice(p + "k_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd);
+    w.v = ws.load_slice(p + "v_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd);
+    w.o = ws.load_slice(p + "o_proj.weight", {H, nh * hd}, 1, r * qh * hd, (r + 1) * qh * hd);
+    w.q_heads = qh;
+    w.kv_heads = kvl;
+    w.head_dim = hd;
+    w.rotary_dim = mc_.rotary_dim();
+    w.rope_theta = mc_.rope_theta;
+  }
+
+  void load_mamba(const weight_source& ws, const std::string& p, layers::mamba2_weights& w) {
+    const int64_t H = mc_.hidden_size, nh = mc_.mamba_n_heads, hd = mc_.mamba_d_head, N = mc_.mamba_d_state;
+    const int64_t G = mc_.mamba_n_groups, K = mc_.mamba_d_conv;
+    const int r = tp_.rank, n = tp_.size;
+    const int64_t di = nh * hd, conv = di + 2 * G * N, in_dim = di + conv + nh;
+    const int64_t hl = split(nh, n, "mamba_n_heads");
+    const int64_t dil = hl * hd;
+    if (G % n != 0 && G != 1)
+      throw config_error("tensor parallelism: mamba_n_groups = " + std::to_string(G) +
+                         " must be 1 or divisible by tp = " + std::to_string(n));
+    const int64_t gl = groups_local();
+    const int64_t g0 = (G == 1) ? 0 : r * gl;  // first local group
+    // Channel ranges of this shard inside xBC = [x (di) | B (G·N) | C (G·N)].
+    const std::vector<range> xbc = {{r * dil, (r + 1) * dil},
+                                    {di + g0 * N, di + (g0 + gl) * N},
+                                    {di + G * N + g0 * N, di + G * N + (g0 + gl) * N}};
+    std::vector<range> in_rows = {{r * dil, (r + 1) * dil}};  // z
+    for (const range& c : xbc) in_rows.push_back({di + c.first, di + c.second});
+    in_rows.push_back({di + conv + r * hl, di + conv + (r + 1) * hl});  // dt
+    w.in_proj = ws.load_row_ranges(p + "in_proj.weight", {in_dim, H}, in_rows);
+    host_tensor conv_w = ws.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc);
+    w.conv_w = host_tensor::f32({conv_w.shape()[0], K});
+    std::memcpy(w.conv_w.data(), conv_w.data(), conv_w.nbytes());
+    if (mc_.mamba_conv_bias) w.conv_b = ws.load_row_ranges(p + "conv1d.bias", {conv}, xbc);
+    w.dt_bias = ws.load_slice(p + "dt_bias", {nh}, 0, r * hl, (r + 1) * hl);
+    w.A_log = ws.load_slice(p + "A_log", {nh}, 0, r * hl, (r + 1) * hl);
+    w.D = ws.load_slice(p + "D", {nh}, 0, r * hl, (r + 1) * hl);
+    w.norm = ws.load_slice(p + "norm.weight", {di}, 0, r * dil, (r + 1) * dil);
+    w.out_proj = ws.load_slice(p + "out_proj.weight", {H, di}, 1, r * dil, (r + 1) * dil);
+    w.heads = hl;
+    w.head_dim = hd;
+    w.d_state = N;
+    w.groups = gl;
+    w.conv_width = K;
+    w.chunk_size = mc_.mamba_chunk_size;
+    // Gated norm groups follow the SSM groups: di / G channels each.
+    w.norm_group_global = di / G;
+    w.norm_group_size = std::min(w.norm_group_global, dil);
+    w.dt_min = mc_.time_step_min;
+    w.dt_max = mc_.time_step_max;
+    w.eps = mc_.rms_norm_eps;
+  }
+
+  model_config mc_;
+  tp_placement tp_;
+  collective* comm_;
+  int64_t vocab_local_ = 0;
+  host_tensor embed_;       // [vocab_local, hidden]
+  host_tensor final_norm_;  // [hidden]
+  host_tensor lm_head_;     // [vocab_local, hidden]
+  std::vector<bamba_layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                  collective* comm) {
+  return std::make_unique<bamba_model>(mc, weights, tp, comm);
+}
+
+}  // namespace hyserve::worker

@@ -1,1 +1,138 @@
-// (in progress)
+#include "weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+#include "hyserve/common/error.h"
+#include "hyserve/common/safetensors.h"
+
+namespace hyserve::worker {
+
+host_tensor weight_source::load_row_ranges(const std::string& name, const shape_t& full,
+                                           const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  int64_t rows = 0;
+  for (const auto& [b, e] : ranges) rows += e - b;
+  const int64_t row_elems = full.numel() / std::max<int64_t>(full[0], 1);
+  shape_t out_shape = full;
+  out_shape[0] = rows;
+  host_tensor out(dtype::kF32, out_shape);
+  int64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    if (e == b) continue;
+    host_tensor piece = load_slice(name, full, 0, b, e);
+    std::memcpy(out.as<float>() + at * row_elems, piece.data(), piece.nbytes());
+    at += e - b;
+  }
+  return out;
+}
+
+namespace {
+
+class checkpoint_weights final : public weight_source {
+ public:
+  explicit checkpoint_weights(const std::string& dir) : ckpt_(checkpoint::open_dir(dir)) {}
+  bool contains(const std::string& name) const override { return ckpt_.contains(name); }
+  host_tensor load(const std::string& name, const shape_t& expected) const override {
+    return ckpt_.load_f32(name, expected);
+  }
+  host_tensor load_slice(const std::string& name, const shape_t& full, int dim, int64_t begin,
+                         int64_t end) const override {
+    return ckpt_.load_f32_slice(name, full, dim, begin, end);
+  }
+
+ private:
+  checkpoint ckpt_;
+};
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+class synthetic_weights final : public weight_source {
+ public:
+  explicit synthetic_weights(uint64_t seed) : seed_(seed) {}
+  bool contains(const std::string&) const override { return true; }
+
+  host_tensor load(const std::string& name, const shape_t& expected) const override {
+    host_tensor t = host_tensor::f32(expected);
+    float* p = t.as<float>();
+    const int64_t n = t.numel();
+    uint64_t state = seed_ ^ fnv1a(name);
+    auto uniform = [&] { return static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0); };
+    auto normal = [&](double stddev) {
+      const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
+      return static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    };
+    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) {
+      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f + normal(0.05);
+    } else if (ends_with(name, "A_log")) {
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::log(1.0 + static_cast<double>(i % 16)));
+    } else if (ends_with(name, ".D")) {
+      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f;
+    } else if (ends_with(name, "dt_bias")) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double dt = std::exp(std::log(1e-3) + uniform() * (std::log(1e-1) - std::log(1e-3)));
+        p[i] = static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
+      }
+    } else if (ends_with(name, "conv1d.weight")) {
+      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.2);
+    } else if (ends_with(name, ".bias")) {
+      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.01);
+    } else {
+      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.02);
+    }
+    return t;
+  }
+
+  host_tensor load_slice(const std::string& name, const shape_t& full, int dim, int64_t begin,
+                         int64_t end) const override {
+    if (dim < 0 || dim >= full.ndim || begin < 0 || end < begin || end > full[dim])
+      throw invalid_argument_error("synthetic weight " + name + ": bad slice [" + std::to_string(begin) + ", " +
+                                   std::to_string(end) + ") of dim " + std::to_string(dim) + " of " + full.str());
+    const host_tensor whole = load(name, full);
+    shape_t out_shape = full;
+    out_shape[dim] = end - begin;
+    host_tensor out(dtype::kF32, out_shape);
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < dim; ++i) outer *= full[i];
+    for (int i = dim + 1; i < full.ndim; ++i) inner *= full[i];
+    const float* src = whole.as<float>();
+    float* dst = out.as<float>();
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(dst + o * (end - begin) * inner, src + (o * full[dim] + begin) * inner,
+                  static_cast<size_t>((end - begin) * inner) * sizeof(float));
+    return out;
+  }
+
+ private:
+  uint64_t seed_;
+};
+
+}  // namespace
+
+std::unique_ptr<weight_source> make_checkpoint_weights(const std::string& dir) {
+  return std::make_unique<checkpoint_weights>(dir);
+}
+
+std::unique_ptr<weight_source> make_synthetic_weights(uint64_t seed) {
+  return std::make_unique<synthetic_weights>(seed);
+}
+
+}  // namespace hyserve::worker

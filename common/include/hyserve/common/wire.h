@@ -1,0 +1,114 @@
+#pragma once
+// Wire protocol between the coordinator and the workers (DESIGN.md §2–§3). Messages are
+// versioned, length-prefixed and checksummed:
+//   [magic u32 "HYSV"][version u16][type u16][payload_len u32][crc32 of payload u32][payload]
+// All integers little-endian. Decoding validates everything: a truncated, corrupt, unknown or
+// inconsistent message raises wire_error, never undefined behaviour.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/error.h"
+
+namespace hyserve::wire {
+
+class wire_error : public error {
+ public:
+  using error::error;
+};
+
+inline constexpr uint32_t kMagic = 0x56535948;  // "HYSV"
+inline constexpr uint16_t kVersion = 1;
+
+enum class message_type : uint16_t {
+  kHello = 1,     // worker → coordinator at start-up: capacities
+  kStepPlan = 2,  // coordinator → group leader → every rank of the group
+  kStepResult = 3,  // group leader → coordinator
+  kShutdown = 4,  // coordinator → workers
+};
+
+// Per-request sampling on the worker. temperature 0 = greedy.
+struct sampling {
+  float temperature = 0.0f;
+  int32_t top_k = 0;     // 0 = off
+  float top_p = 1.0f;    // (0, 1]
+  uint64_t seed = 0;     // with the row's output index, makes sampling deterministic
+};
+
+// One row of a step plan. The mode byte of the plan says how the rows are interpreted.
+struct plan_row {
+  int64_t request_id = -1;
+  int32_t req_slot = -1;
+  int32_t mamba_slot = -1;   // -1 = padding row
+  int32_t prefix_len = 0;
+  std::vector<int32_t> tokens;
+  // Pages newly assigned to this request, covering positions [first_page_pos, …) page by page.
+  int32_t first_page_pos = 0;
+  std::vector<int32_t> new_pages;
+  sampling sample;
+  int32_t output_index = 0;  // how many tokens the request has generated so far (sampling seed)
+  bool is_decode = false;    // Mixed mode: this row is a decode row
+  bool reset_state = false;  // zero the mamba slot before running (first chunk of a request)
+  int32_t draft_step = 0;    // Draft mode
+  std::vector<int32_t> retrieve_next_token;    // tree TargetVerify only, [D]
+  std::vector<int32_t> retrieve_next_sibling;  // tree TargetVerify only, [D]
+};
+
+// Control operations applied before the step's forward pass.
+struct commit_op {
+  int32_t mamba_slot = -1;
+  int32_t row = -1;          // row of the previous verify/draft step whose scratch holds the state
+  int32_t accepted_step = -1;
+};
+
+struct step_plan {
+  uint64_t step_id = 0;
+  uint8_t mode = 0;  // hyserve::worker::forward_mode as a byte; validated by the worker
+  int32_t draft_len = 0;
+  bool is_tree = false;
+  bool want_logprobs = false;
+  std::vector<plan_row> rows;
+  std::vector<int32_t> free_req_slots;  // request slots released (their req→token rows reset)
+  std::vector<commit_op> commits;
+};
+
+struct row_result {
+  int64_t request_id = -1;
+  std::vector<int32_t> tokens;     // 1 sampled token (D for TargetVerify)
+  std::vector<float> logprobs;     // same length as tokens when want_logprobs, else empty
+};
+
+struct step_result {
+  uint64_t step_id = 0;
+  bool ok = true;
+  std::string error;  // when !ok: what failed (the step's requests fail, the worker stays up)
+  std::vector<row_result> rows;
+  double step_ms = 0.0;
+};
+
+struct hello {
+  int32_t dp_rank = 0;
+  int32_t tp_size = 1;
+  int32_t num_pages = 0;
+  int32_t mamba_slots = 0;
+  int32_t max_requests = 0;
+  int32_t max_context = 0;
+  int32_t page_size = 0;
+  int64_t vocab_size = 0;
+  std::string host;
+};
+
+std::vector<uint8_t> encode(const step_plan& m);
+std::vector<uint8_t> encode(const step_result& m);
+std::vector<uint8_t> encode(const hello& m);
+std::vector<uint8_t> encode_shutdown();
+
+// Reads the header only (validates magic, version, length against the buffer, checksum).
+message_type peek_type(std::span<const uint8_t> bytes);
+
+step_plan decode_step_plan(std::span<const uint8_t> bytes);
+step_result decode_step_result(std::span<const uint8_t> bytes);
+hello decode_hello(std::span<const uint8_t> bytes);
+
+}  // namespace hyserve::wire

@@ -1,0 +1,67 @@
+#pragma once
+// Single-process engine: one model (tp = 1) with its own memory pools, driven step by step.
+// Used by the offline generator and the model tests; the distributed worker executes plans
+// with the same model and pools, with the coordinator doing the bookkeeping done here.
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "hyserve/common/config.h"
+#include "hyserve/worker/model.h"
+
+namespace hyserve::worker {
+
+struct step_row {
+  int32_t request = -1;         // handle from open_request()
+  std::vector<int32_t> tokens;  // tokens consumed this step
+};
+
+class engine {
+ public:
+  // Builds the configured model on the CPU with tp = 1 and pools sized from cfg.cache.
+  explicit engine(const service_config& cfg);
+  engine(std::unique_ptr<model> m, const cache_section& cache);
+  ~engine();
+
+  const model_config& config() const { return model_->config(); }
+
+  // A request slot with zeroed SSM/conv state; throws capacity_error when none is free.
+  int32_t open_request();
+  void close_request(int32_t request);
+  int32_t cached_len(int32_t request) const;
+
+  // Runs one step of `mode` over the rows (each row continues its request's cache). Returns the
+  // logits the model returns (see model::forward). Mixed rows with one token and a non-empty
+  // cache are decode rows.
+  host_tensor step(forward_mode mode, const std::vector<step_row>& rows, const forward_options& opts = {});
+
+  // Greedy generation: Extend over the prompt (in chunks of prefill_chunk tokens when > 0), then
+  // Decode steps. When logits is set it receives one row per position of prompt + output (row t:
+  // the logits after consuming token t).
+  std::vector<int32_t> generate_greedy(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
+                                       int32_t prefill_chunk = 0, std::vector<std::vector<float>>* logits = nullptr);
+
+ private:
+  struct request_state {
+    int32_t req_slot = -1;
+    int32_t mamba_slot = -1;
+    int32_t cached = 0;
+    std::vector<int32_t> pages;
+  };
+  void init_pools(const cache_section& cache);
+  void reserve_kv(request_state& r, int32_t new_len);
+
+  std::unique_ptr<collective> comm_;
+  std::unique_ptr<model> model_;
+  int32_t page_size_ = 16;
+  std::unique_ptr<req_to_token_pool> req_to_token_;
+  std::unique_ptr<kv_page_allocator> pages_;
+  std::unique_ptr<kv_cache> kv_;
+  std::unique_ptr<mamba_slot_allocator> slots_;
+  std::unique_ptr<mamba_state_cache> mamba_;
+  std::unordered_map<int32_t, request_state> requests_;
+  int32_t next_handle_ = 0;
+};
+
+}  // namespace hyserve::worker

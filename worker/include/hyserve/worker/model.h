@@ -1,0 +1,57 @@
+#pragma once
+// A hybrid model executing one forward batch. One implementation file per architecture
+// (worker/model/<arch>.cpp) built from the shared layer builders in worker/model/layers.h.
+#include <memory>
+#include <vector>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/model_config.h"
+#include "hyserve/common/tensor.h"
+#include "hyserve/worker/collective.h"
+#include "hyserve/worker/forward_batch.h"
+#include "hyserve/worker/hybrid_metadata.h"
+#include "hyserve/worker/memory_pools.h"
+
+namespace hyserve::worker {
+
+// Where the model reads and writes per-request state during a step.
+struct model_context {
+  req_to_token_pool* req_to_token = nullptr;  // token position → flat KV location
+  kv_cache* kv = nullptr;                     // one layer cache per attention layer, in layer order
+  mamba_state_cache* mamba = nullptr;         // one layer state per SSM layer, in layer order
+};
+
+struct forward_options {
+  // false: logits for meta.logit_token_indices only; true: logits for every token of the batch.
+  bool all_logits = false;
+  // When set, receives [num_tokens, hidden] hidden states: the embedding output, the output of
+  // every layer, and the final-normed output (num_layers + 2 tensors).
+  std::vector<host_tensor>* hidden_states = nullptr;
+};
+
+// Tensor-parallel placement of this model instance.
+struct tp_placement {
+  int rank = 0;
+  int size = 1;
+};
+
+class model {
+ public:
+  virtual ~model() = default;
+  virtual const model_config& config() const = 0;
+  // Per-rank cache shapes (heads split by tp).
+  virtual mamba_state_shape mamba_shape() const = 0;
+  virtual int32_t kv_heads_local() const = 0;
+  // Runs one step. Returns logits [rows, vocab] (rows = logit_token_indices.size(), or
+  // num_tokens with all_logits). Writes KV for the batch's tokens at the locations that
+  // ctx.req_to_token holds for their positions, and updates SSM/conv state per the mode.
+  virtual host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                              const forward_options& opts) = 0;
+};
+
+// Builds the configured model: weights from the checkpoint directory or synthetic. comm may be
+// null for tp = 1.
+std::unique_ptr<model> make_model(const service_config& cfg, const model_config& mc, tp_placement tp,
+                                  collective* comm);
+
+}  // namespace hyserve::worker

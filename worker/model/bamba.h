@@ -1,0 +1,13 @@
+#pragma once
+// Bamba (BambaForCausalLM): Mamba2 and attention decoder layers, each followed by a SwiGLU MLP.
+#include <memory>
+
+#include "hyserve/worker/model.h"
+#include "weights.h"
+
+namespace hyserve::worker {
+
+std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                  collective* comm);
+
+}  // namespace hyserve::worker
