@@ -1,1 +1,194 @@
-// (in progress)
+#include "hyserve/worker/memory_pools.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "hyserve/common/error.h"
+
+namespace hyserve::worker {
+namespace {
+
+// Free lists are min-heaps so the lowest free index is always handed out first, whatever
+// order indices were freed in.
+void push_free(std::vector<int32_t>& heap, int32_t v) {
+  heap.push_back(v);
+  std::push_heap(heap.begin(), heap.end(), std::greater<>());
+}
+
+int32_t pop_free(std::vector<int32_t>& heap) {
+  std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+  const int32_t v = heap.back();
+  heap.pop_back();
+  return v;
+}
+
+// All indices 0..n-1 free; an ascending array is already a valid min-heap.
+std::vector<int32_t> all_free(int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+void require_non_negative(const char* what, int64_t v) {
+  if (v < 0) throw invalid_argument_error(std::string(what) + " " + std::to_string(v) + " is negative");
+}
+
+void require_positive(const char* what, int64_t v) {
+  if (v < 1) throw invalid_argument_error(std::string(what) + " " + std::to_string(v) + " must be >= 1");
+}
+
+// Throws unless `index` is in [0, n) and currently allocated.
+void check_release(const char* what, const std::vector<uint8_t>& in_use, int32_t index) {
+  const auto n = static_cast<int64_t>(in_use.size());
+  if (index < 0 || index >= n)
+    throw invalid_argument_error(std::string("cannot free ") + what + " " + std::to_string(index) + ": outside [0, " +
+                                 std::to_string(n) + ")");
+  if (!in_use[static_cast<size_t>(index)])
+    throw invalid_argument_error(std::string("cannot free ") + what + " " + std::to_string(index) +
+                                 ": it is not allocated (double free)");
+}
+
+}  // namespace
+
+// ---- req_to_token_pool ----
+
+req_to_token_pool::req_to_token_pool(int32_t max_requests, int32_t max_context)
+    : max_requests_(max_requests), max_context_(max_context) {
+  require_non_negative("req_to_token_pool max_requests", max_requests);
+  require_non_negative("req_to_token_pool max_context", max_context);
+  table_.assign(static_cast<size_t>(max_requests) * static_cast<size_t>(max_context), -1);
+  free_ = all_free(max_requests);
+  in_use_.assign(static_cast<size_t>(max_requests), 0);
+}
+
+std::optional<int32_t> req_to_token_pool::alloc() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t slot = pop_free(free_);
+  in_use_[static_cast<size_t>(slot)] = 1;
+  return slot;
+}
+
+void req_to_token_pool::free(int32_t slot) {
+  check_release("request slot", in_use_, slot);
+  in_use_[static_cast<size_t>(slot)] = 0;
+  int32_t* r = row(slot);
+  std::fill(r, r + max_context_, -1);
+  push_free(free_, slot);
+}
+
+int32_t* req_to_token_pool::row(int32_t slot) {
+  return const_cast<int32_t*>(static_cast<const req_to_token_pool*>(this)->row(slot));
+}
+
+const int32_t* req_to_token_pool::row(int32_t slot) const {
+  if (slot < 0 || slot >= max_requests_)
+    throw invalid_argument_error("request slot " + std::to_string(slot) + " is outside [0, " +
+                                 std::to_string(max_requests_) + ")");
+  return table_.data() + static_cast<size_t>(slot) * static_cast<size_t>(max_context_);
+}
+
+// ---- kv_page_allocator ----
+
+kv_page_allocator::kv_page_allocator(int32_t num_pages) : num_pages_(num_pages) {
+  require_non_negative("kv_page_allocator num_pages", num_pages);
+  free_ = all_free(num_pages);
+  in_use_.assign(static_cast<size_t>(num_pages), 0);
+}
+
+std::optional<std::vector<int32_t>> kv_page_allocator::alloc(int32_t n) {
+  require_non_negative("kv page count", n);
+  if (n > available()) return std::nullopt;
+  std::vector<int32_t> pages;
+  pages.reserve(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t p = pop_free(free_);
+    in_use_[static_cast<size_t>(p)] = 1;
+    pages.push_back(p);
+  }
+  return pages;
+}
+
+void kv_page_allocator::free(const std::vector<int32_t>& pages) {
+  // Validate the whole list first so a bad list frees nothing.
+  std::vector<uint8_t> seen(in_use_.size(), 0);
+  for (int32_t p : pages) {
+    check_release("kv page", in_use_, p);
+    if (seen[static_cast<size_t>(p)])
+      throw invalid_argument_error("cannot free kv page " + std::to_string(p) + ": listed twice (double free)");
+    seen[static_cast<size_t>(p)] = 1;
+  }
+  for (int32_t p : pages) {
+    in_use_[static_cast<size_t>(p)] = 0;
+    push_free(free_, p);
+  }
+}
+
+// ---- kv_cache ----
+
+kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim)
+    : page_size_(page_size), num_pages_(num_pages) {
+  require_non_negative("kv_cache num_layers", num_layers);
+  require_non_negative("kv_cache num_pages", num_pages);
+  require_positive("kv_cache page_size", page_size);
+  require_positive("kv_cache kv_heads", kv_heads);
+  require_positive("kv_cache head_dim", head_dim);
+  layers_.reserve(static_cast<size_t>(num_layers));
+  const shape_t shape{num_pages, page_size, kv_heads, head_dim};
+  for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({host_tensor::f32(shape), host_tensor::f32(shape)});
+}
+
+// ---- mamba_slot_allocator ----
+
+mamba_slot_allocator::mamba_slot_allocator(int32_t n_slots) : n_slots_(n_slots) {
+  require_non_negative("mamba_slot_allocator n_slots", n_slots);
+  free_ = all_free(n_slots);
+  in_use_.assign(static_cast<size_t>(n_slots), 0);
+}
+
+std::optional<int32_t> mamba_slot_allocator::alloc() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t slot = pop_free(free_);
+  in_use_[static_cast<size_t>(slot)] = 1;
+  return slot;
+}
+
+void mamba_slot_allocator::free(int32_t slot) {
+  check_release("mamba slot", in_use_, slot);
+  in_use_[static_cast<size_t>(slot)] = 0;
+  push_free(free_, slot);
+}
+
+// ---- mamba_state_cache ----
+
+mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape)
+    : n_slots_(n_slots), shape_(shape) {
+  require_non_negative("mamba_state_cache num_layers", num_layers);
+  require_non_negative("mamba_state_cache n_slots", n_slots);
+  require_positive("mamba_state_cache conv_dim", shape.conv_dim);
+  require_positive("mamba_state_cache conv_width", shape.conv_width);
+  require_positive("mamba_state_cache heads", shape.heads);
+  require_positive("mamba_state_cache head_dim", shape.head_dim);
+  require_positive("mamba_state_cache d_state", shape.d_state);
+  layers_.reserve(static_cast<size_t>(num_layers));
+  const int64_t slots = static_cast<int64_t>(n_slots) + 1;  // + the padding slot
+  for (int32_t l = 0; l < num_layers; ++l)
+    layers_.push_back({host_tensor::f32({slots, shape.conv_dim, shape.conv_width - 1}),
+                       host_tensor::f32({slots, shape.heads, shape.head_dim, shape.d_state})});
+}
+
+void mamba_state_cache::reset_slot(int32_t slot) {
+  if (slot < 0 || slot > n_slots_)
+    throw invalid_argument_error("mamba slot " + std::to_string(slot) + " is outside [0, " + std::to_string(n_slots_) +
+                                 "] (slot " + std::to_string(n_slots_) + " is the padding slot)");
+  for (mamba_layer_state& st : layers_) {
+    for (host_tensor* t : {&st.conv, &st.ssm}) {
+      const int64_t per_slot = t->numel() / t->shape()[0];
+      if (per_slot == 0) continue;  // conv_width 1 keeps no conv window
+      std::memset(t->as<float>() + slot * per_slot, 0, static_cast<size_t>(per_slot) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace hyserve::worker
