@@ -1,1 +1,445 @@
-// (in progress)
+#include "hyserve/common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hyserve/common/error.h"
+#include "hyserve/common/json.h"
+
+namespace hyserve {
+
+namespace {
+
+constexpr const char* kStringSource = "<string>";
+
+std::string join(std::initializer_list<std::string_view> items) {
+  std::string s;
+  for (std::string_view i : items) {
+    if (!s.empty()) s += ", ";
+    s += i;
+  }
+  return s;
+}
+
+std::string_view node_kind_name(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Sequence: return "a sequence";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Undefined: return "nothing";
+  }
+  return "?";
+}
+
+// Walks the YAML tree. Every error is "<dotted.path>: <reason>", prefixed with
+// "<file>:<line>: " when the text came from a file.
+class yaml_reader {
+ public:
+  explicit yaml_reader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& path, const std::string& what) const {
+    std::string prefix;
+    if (!file_.empty()) {
+      prefix = file_;
+      if (at.IsDefined() && at.Mark().line >= 0) prefix += ":" + std::to_string(at.Mark().line + 1);
+      prefix += ": ";
+    }
+    throw config_error(prefix + path + ": " + what);
+  }
+
+  // A section must be a mapping whose keys are all in `known` (a null section means "all
+  // defaults"). Returns the keys present.
+  std::set<std::string> check_keys(const YAML::Node& node, const std::string& path,
+                                   std::initializer_list<std::string_view> known) const {
+    std::set<std::string> seen;
+    if (node.IsNull()) return seen;
+    if (!node.IsMap()) fail(node, path, "expected a mapping, got " + describe(node));
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) fail(it->first, path, "mapping keys must be plain names");
+      const std::string key = it->first.Scalar();
+      const std::string key_path = path.empty() ? key : path + "." + key;
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        fail(it->first, key_path, "unknown key (known: " + join(known) + ")");
+      if (!seen.insert(key).second) fail(it->first, key_path, "duplicate key");
+    }
+    return seen;
+  }
+
+  std::string describe(const YAML::Node& n) const {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    return std::string(node_kind_name(n));
+  }
+
+  const std::string& scalar(const YAML::Node& n, const std::string& path, std::string_view expected) const {
+    if (!n.IsScalar()) fail(n, path, "expected " + std::string(expected) + ", got " + describe(n));
+    return n.Scalar();
+  }
+
+  int64_t get_int64(const YAML::Node& n, const std::string& path) const {
+    const std::string& s = scalar(n, path, "an integer");
+    int64_t v = 0;
+    const char* first = s.data();
+    if (!s.empty() && s[0] == '+') ++first;
+    const auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
+    if (ec == std::errc::result_out_of_range) fail(n, path, "integer out of range, got " + s);
+    if (ec != std::errc() || ptr != s.data() + s.size() || s.empty())
+      fail(n, path, "expected an integer, got '" + s + "'");
+    return v;
+  }
+
+  int32_t get_int32(const YAML::Node& n, const std::string& path) const {
+    const int64_t v = get_int64(n, path);
+    if (v < INT32_MIN || v > INT32_MAX) fail(n, path, "integer out of range, got " + std::to_string(v));
+    return static_cast<int32_t>(v);
+  }
+
+  uint64_t get_uint64(const YAML::Node& n, const std::string& path) const {
+    const std::string& s = scalar(n, path, "a non-negative integer");
+    uint64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || ptr != s.data() + s.size() || s.empty())
+      fail(n, path, "expected a non-negative integer, got '" + s + "'");
+    return v;
+  }
+
+  double get_double(const YAML::Node& n, const std::string& path) const {
+    const std::string& s = scalar(n, path, "a number");
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
+      fail(n, path, "expected a finite number, got '" + s + "'");
+    return v;
+  }
+
+  float get_float(const YAML::Node& n, const std::string& path) const {
+    const double v = get_double(n, path);
+    if (std::fabs(v) > static_cast<double>(FLT_MAX)) fail(n, path, "number out of float range, got " + n.Scalar());
+    return static_cast<float>(v);
+  }
+
+  bool get_bool(const YAML::Node& n, const std::string& path) const {
+    const std::string& s = scalar(n, path, "a boolean");
+    if (s == "true" || s == "True" || s == "TRUE" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "False" || s == "FALSE" || s == "no" || s == "off") return false;
+    fail(n, path, "expected a boolean (true or false), got '" + s + "'");
+  }
+
+  std::string get_string(const YAML::Node& n, const std::string& path) const {
+    return scalar(n, path, "a string");
+  }
+
+  // Scalar that must be one of `known`; returns its index in the list.
+  size_t get_enum(const YAML::Node& n, const std::string& path, std::string_view what,
+                  std::initializer_list<std::string_view> known) const {
+    const std::string& s = scalar(n, path, "one of: " + join(known));
+    const auto it = std::find(known.begin(), known.end(), s);
+    if (it == known.end())
+      fail(n, path, "unknown " + std::string(what) + " '" + s + "' (known: " + join(known) + ")");
+    return static_cast<size_t>(it - known.begin());
+  }
+
+  // Integer with a lower bound: "<path>: must be >= lo, got v".
+  int32_t get_int32_min(const YAML::Node& n, const std::string& path, int32_t lo) const {
+    const int32_t v = get_int32(n, path);
+    if (v < lo) fail(n, path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+    return v;
+  }
+
+ private:
+  std::string file_;
+};
+
+// Reads `section[key]` into `out` through `read` when the key is present.
+template <typename Fn>
+void if_present(const YAML::Node& section, const char* key, Fn&& read) {
+  if (section.IsMap() && section[key]) read(section[key]);
+}
+
+void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_model_config& out) {
+  const std::string base = "model.synthetic";
+  r.check_keys(node, base,
+               {"arch", "vocab_size", "hidden_size", "num_layers", "attn_layer_indices", "num_attention_heads",
+                "num_kv_heads", "head_dim", "intermediate_size", "mamba_n_heads", "mamba_d_head", "mamba_d_state",
+                "mamba_n_groups", "mamba_d_conv", "mamba_chunk_size", "partial_rotary_factor", "rope_theta",
+                "rms_norm_eps", "tie_word_embeddings", "seed"});
+  const auto path = [&](const char* key) { return base + "." + key; };
+  const auto int_or = [&](const char* key, int64_t def) {
+    int64_t v = def;
+    if_present(node, key, [&](const YAML::Node& n) {
+      v = r.get_int64(n, path(key));
+      if (v <= 0) r.fail(n, path(key), "must be >= 1, got " + std::to_string(v));
+    });
+    return v;
+  };
+
+  model_config& c = out.arch;
+  // Defaults without a size given are the shape of the bamba-tiny test checkpoint.
+  if_present(node, "arch", [&](const YAML::Node& n) { r.get_enum(n, path("arch"), "arch", {"bamba"}); });
+  c.arch = model_arch::kBamba;
+  c.vocab_size = int_or("vocab_size", 512);
+  c.hidden_size = int_or("hidden_size", 64);
+  c.num_layers = int_or("num_layers", 4);
+  if (c.num_layers > (1 << 20)) r.fail(node["num_layers"], path("num_layers"), "too many layers, got " + std::to_string(c.num_layers));
+  c.num_attention_heads = int_or("num_attention_heads", 4);
+  c.num_kv_heads = int_or("num_kv_heads", std::min<int64_t>(2, c.num_attention_heads));
+  c.head_dim = int_or("head_dim", std::max<int64_t>(1, c.hidden_size / c.num_attention_heads));
+  c.intermediate_size = int_or("intermediate_size", 2 * c.hidden_size);
+  c.mamba_n_heads = int_or("mamba_n_heads", 4);
+  c.mamba_d_head = int_or("mamba_d_head", std::max<int64_t>(1, 2 * c.hidden_size / c.mamba_n_heads));
+  c.mamba_d_state = int_or("mamba_d_state", 16);
+  c.mamba_n_groups = int_or("mamba_n_groups", 1);
+  c.mamba_d_conv = int_or("mamba_d_conv", 4);
+  c.mamba_chunk_size = int_or("mamba_chunk_size", 256);
+  c.partial_rotary_factor = 0.5f;
+  if_present(node, "partial_rotary_factor",
+             [&](const YAML::Node& n) { c.partial_rotary_factor = r.get_float(n, path("partial_rotary_factor")); });
+  c.rope_theta = 10000.0f;
+  if_present(node, "rope_theta", [&](const YAML::Node& n) { c.rope_theta = r.get_float(n, path("rope_theta")); });
+  c.rms_norm_eps = 1e-5f;
+  if_present(node, "rms_norm_eps", [&](const YAML::Node& n) { c.rms_norm_eps = r.get_float(n, path("rms_norm_eps")); });
+  c.tie_word_embeddings = false;
+  if_present(node, "tie_word_embeddings",
+             [&](const YAML::Node& n) { c.tie_word_embeddings = r.get_bool(n, path("tie_word_embeddings")); });
+  if_present(node, "seed", [&](const YAML::Node& n) { out.seed = r.get_uint64(n, path("seed")); });
+
+  // Attention layers: the listed indices; by default layer 1 (as in bamba-tiny) when there is one.
+  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);
+  if (node.IsMap() && node["attn_layer_indices"]) {
+    const YAML::Node idx = node["attn_layer_indices"];
+    const std::string p = path("attn_layer_indices");
+    if (!idx.IsSequence() && !idx.IsNull()) r.fail(idx, p, "expected a sequence of layer indices, got " + r.describe(idx));
+    for (size_t k = 0; idx.IsSequence() && k < idx.size(); ++k) {
+      const YAML::Node e = idx[k];
+      const int64_t i = r.get_int64(e, p);
+      if (i < 0 || i >= c.num_layers)
+        r.fail(e, p, "index out of range [0, " + std::to_string(c.num_layers) + "), got " + std::to_string(i));
+      if (c.layer_kinds[static_cast<size_t>(i)] == layer_kind::kAttention)
+        r.fail(e, p, "index listed twice, got " + std::to_string(i));
+      c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
+    }
+  } else if (c.num_layers > 1) {
+    c.layer_kinds[1] = layer_kind::kAttention;
+  }
+
+  // Fixed for synthetic models: HF Bamba defaults and the tokenizer ids of the test checkpoint.
+  c.max_position_embeddings = 262144;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  c.pad_token_id = 0;
+  if (c.vocab_size <= 2) c.bos_token_id = c.eos_token_id = c.pad_token_id = -1;
+  c.attention_bias = false;
+  c.mlp_bias = false;
+  c.mamba_conv_bias = true;
+  c.mamba_proj_bias = false;
+  c.time_step_min = 0.0f;
+  c.time_step_max = FLT_MAX;
+
+  // mamba_expand is derived: the Mamba2 inner width must be a whole multiple of hidden_size.
+  const int64_t inner = c.mamba_n_heads * c.mamba_d_head;
+  if (inner % c.hidden_size != 0)
+    r.fail(node, base,
+           "inconsistent dimensions: mamba_n_heads x mamba_d_head = " + std::to_string(inner) +
+               " is not a multiple of hidden_size = " + std::to_string(c.hidden_size));
+  c.mamba_expand = inner / c.hidden_size;
+  try {
+    c.validate();
+  } catch (const config_error& e) {
+    r.fail(node, base, e.what());
+  }
+}
+
+void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) {
+  const auto keys = r.check_keys(node, "model", {"path", "synthetic", "dtype"});
+  if (keys.count("path") + keys.count("synthetic") != 1)
+    r.fail(node, "model", "exactly one of path or synthetic must be given");
+  if (keys.count("path")) {
+    m.path = r.get_string(node["path"], "model.path");
+    if (m.path.empty()) r.fail(node["path"], "model.path", "must not be empty");
+  }
+  if (keys.count("synthetic")) {
+    synthetic_model_config s;
+    read_synthetic(r, node["synthetic"], s);
+    m.synthetic = std::move(s);
+  }
+  if_present(node, "dtype", [&](const YAML::Node& n) {
+    const size_t i = r.get_enum(n, "model.dtype", "dtype", {"float32", "bfloat16", "float16"});
+    m.weight_dtype = i == 0 ? dtype::kF32 : i == 1 ? dtype::kBF16 : dtype::kF16;
+  });
+}
+
+service_config parse_config(const std::string& text, const std::string& file) {
+  const yaml_reader r(file);
+  const std::string where = file.empty() ? std::string(kStringSource) : file;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw config_error(where + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                       ": YAML syntax error: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    throw config_error(where + ": YAML error: " + e.what());
+  }
+
+  service_config cfg;
+  cfg.source = where;
+  try {
+    if (!root.IsMap()) {
+      if (root.IsNull()) r.fail(root, "model", "exactly one of path or synthetic must be given");
+      r.fail(root, "(top level)", "expected a mapping of sections, got " + r.describe(root));
+    }
+    r.check_keys(root, "",
+                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server"});
+
+    if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
+    read_model(r, root["model"], cfg.model);
+
+    if_present(root, "device", [&](const YAML::Node& n) {
+      cfg.device = r.get_enum(n, "device", "device", {"cpu", "cuda"}) == 0 ? device_kind::kCpu : device_kind::kCuda;
+    });
+
+    const YAML::Node par = root["parallel"];
+    r.check_keys(par, "parallel", {"tp", "dp"});
+    if_present(par, "tp", [&](const YAML::Node& n) { cfg.parallel.tp = r.get_int32_min(n, "parallel.tp", 1); });
+    if_present(par, "dp", [&](const YAML::Node& n) { cfg.parallel.dp = r.get_int32_min(n, "parallel.dp", 1); });
+
+    const YAML::Node cache = root["cache"];
+    r.check_keys(cache, "cache", {"page_size", "max_requests", "max_context", "num_pages", "gpu_memory_fraction"});
+    if_present(cache, "page_size", [&](const YAML::Node& n) {
+      const int32_t v = r.get_int32(n, "cache.page_size");
+      if (v < 1 || (v & (v - 1)) != 0) r.fail(n, "cache.page_size", "must be a power of two, got " + std::to_string(v));
+      cfg.cache.page_size = v;
+    });
+    if_present(cache, "max_requests",
+               [&](const YAML::Node& n) { cfg.cache.max_requests = r.get_int32_min(n, "cache.max_requests", 1); });
+    if_present(cache, "max_context",
+               [&](const YAML::Node& n) { cfg.cache.max_context = r.get_int32_min(n, "cache.max_context", 1); });
+    if_present(cache, "num_pages",
+               [&](const YAML::Node& n) { cfg.cache.num_pages = r.get_int32_min(n, "cache.num_pages", 0); });
+    if_present(cache, "gpu_memory_fraction", [&](const YAML::Node& n) {
+      const double v = r.get_double(n, "cache.gpu_memory_fraction");
+      if (!(v > 0.0) || v > 1.0) r.fail(n, "cache.gpu_memory_fraction", "must be in (0, 1], got " + n.Scalar());
+      cfg.cache.gpu_memory_fraction = v;
+    });
+
+    const YAML::Node sched = root["scheduler"];
+    r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue"});
+    if_present(sched, "max_batch_tokens", [&](const YAML::Node& n) {
+      cfg.scheduler.max_batch_tokens = r.get_int32_min(n, "scheduler.max_batch_tokens", 1);
+    });
+    if_present(sched, "max_running",
+               [&](const YAML::Node& n) { cfg.scheduler.max_running = r.get_int32_min(n, "scheduler.max_running", 1); });
+    if_present(sched, "chunked_prefill", [&](const YAML::Node& n) {
+      cfg.scheduler.chunked_prefill = r.get_int32_min(n, "scheduler.chunked_prefill", 1);
+    });
+    if_present(sched, "max_queue",
+               [&](const YAML::Node& n) { cfg.scheduler.max_queue = r.get_int32_min(n, "scheduler.max_queue", 1); });
+
+    const YAML::Node sp = root["sparsity"];
+    r.check_keys(sp, "sparsity", {"algorithm", "page_budget", "sink_pages", "recent_pages", "min_seq_len"});
+    if_present(sp, "algorithm", [&](const YAML::Node& n) {
+      cfg.sparsity.algorithm = r.get_enum(n, "sparsity.algorithm", "algorithm", {"none", "quest"}) == 0
+                                   ? sparsity_algorithm::kNone
+                                   : sparsity_algorithm::kQuest;
+    });
+    if_present(sp, "page_budget",
+               [&](const YAML::Node& n) { cfg.sparsity.page_budget = r.get_int32_min(n, "sparsity.page_budget", 1); });
+    if_present(sp, "sink_pages",
+               [&](const YAML::Node& n) { cfg.sparsity.sink_pages = r.get_int32_min(n, "sparsity.sink_pages", 0); });
+    if_present(sp, "recent_pages",
+               [&](const YAML::Node& n) { cfg.sparsity.recent_pages = r.get_int32_min(n, "sparsity.recent_pages", 0); });
+    if_present(sp, "min_seq_len",
+               [&](const YAML::Node& n) { cfg.sparsity.min_seq_len = r.get_int32_min(n, "sparsity.min_seq_len", 0); });
+    // The budget must leave room for at least one selected page besides the sink and recent ones.
+    const int64_t min_budget =
+        static_cast<int64_t>(cfg.sparsity.sink_pages) + static_cast<int64_t>(cfg.sparsity.recent_pages) + 1;
+    if (cfg.sparsity.page_budget < min_budget)
+      r.fail(sp.IsMap() && sp["page_budget"] ? sp["page_budget"] : sp, "sparsity.page_budget",
+             "must be >= sink_pages + recent_pages + 1 = " + std::to_string(min_budget) + ", got " +
+                 std::to_string(cfg.sparsity.page_budget));
+
+    const YAML::Node spec = root["speculative"];
+    r.check_keys(spec, "speculative", {"algorithm", "num_draft_tokens"});
+    if_present(spec, "algorithm", [&](const YAML::Node& n) {
+      const size_t i = r.get_enum(n, "speculative.algorithm", "algorithm", {"none", "ngram", "draft_model"});
+      cfg.speculative.algorithm = i == 0   ? speculative_algorithm::kNone
+                                  : i == 1 ? speculative_algorithm::kNgram
+                                           : speculative_algorithm::kDraftModel;
+    });
+    if_present(spec, "num_draft_tokens", [&](const YAML::Node& n) {
+      cfg.speculative.num_draft_tokens = r.get_int32_min(n, "speculative.num_draft_tokens", 1);
+    });
+
+    const YAML::Node srv = root["server"];
+    r.check_keys(srv, "server", {"host", "port"});
+    if_present(srv, "host", [&](const YAML::Node& n) {
+      cfg.server.host = r.get_string(n, "server.host");
+      if (cfg.server.host.empty()) r.fail(n, "server.host", "must not be empty");
+    });
+    if_present(srv, "port", [&](const YAML::Node& n) {
+      const int32_t v = r.get_int32(n, "server.port");
+      if (v < 1 || v > 65535) r.fail(n, "server.port", "must be in 1..65535, got " + std::to_string(v));
+      cfg.server.port = v;
+    });
+  } catch (const YAML::Exception& e) {
+    throw config_error(where + ": YAML error: " + e.what());
+  }
+  return cfg;
+}
+
+}  // namespace
+
+service_config load_config_string(const std::string& yaml_text) { return parse_config(yaml_text, std::string()); }
+
+service_config load_config_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string err;
+  const auto text = read_text_file(path, err);
+  if (!text) throw config_error(path + ": cannot read config file: " + err);
+  service_config cfg = parse_config(*text, path);
+
+  if (!cfg.model.path.empty()) {
+    // Relative model paths: the current directory first, then the config file's directory, so
+    // a config works both from the repository root and next to its model.
+    const fs::path given(cfg.model.path);
+    std::error_code ec;
+    std::vector<fs::path> candidates;
+    if (given.is_absolute()) {
+      candidates.push_back(given);
+    } else {
+      candidates.push_back(fs::absolute(given, ec));
+      candidates.push_back(fs::absolute(fs::path(path), ec).parent_path() / given);
+    }
+    const auto found = std::find_if(candidates.begin(), candidates.end(),
+                                    [&](const fs::path& p) { return fs::is_directory(p, ec); });
+    if (found == candidates.end())
+      throw config_error(path + ": model.path: directory '" + cfg.model.path + "' not found" +
+                         (given.is_absolute() ? std::string()
+                                              : " (looked in the current directory and in " +
+                                                    fs::absolute(fs::path(path), ec).parent_path().string() + ")"));
+    cfg.model.path = found->lexically_normal().string();
+  }
+  return cfg;
+}
+
+model_config resolve_model_config(const service_config& cfg) {
+  if (cfg.model.synthetic) return cfg.model.synthetic->arch;
+  if (cfg.model.path.empty()) throw config_error(cfg.source + ": model: exactly one of path or synthetic must be given");
+  return read_hf_config((std::filesystem::path(cfg.model.path) / "config.json").string());
+}
+
+}  // namespace hyserve

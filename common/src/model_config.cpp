@@ -1,1 +1,342 @@
-// (in progress)
+#include "hyserve/common/model_config.h"
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include <boost/json.hpp>
+
+#include "hyserve/common/error.h"
+#include "hyserve/common/json.h"
+
+namespace hyserve {
+
+namespace {
+
+namespace json = boost::json;
+
+std::string fmt_float(double v) {
+  std::string s = json::serialize(json::value(v));  // shortest round-trip form
+  return s;
+}
+
+// Typed access to the fields of one config.json; every error names the file and the field.
+class hf_reader {
+ public:
+  hf_reader(std::string path, const json::object& obj) : path_(std::move(path)), obj_(obj) {}
+
+  [[noreturn]] void fail(std::string_view field, const std::string& what) const {
+    throw config_error(path_ + ": " + std::string(field) + ": " + what);
+  }
+
+  // Absent and null both count as "not given" (transformers writes null for unset options).
+  const json::value* find(std::string_view field) const {
+    const json::value* v = obj_.if_contains(field);
+    return (v && !v->is_null()) ? v : nullptr;
+  }
+
+  const json::value& require(std::string_view field) const {
+    const json::value* v = find(field);
+    if (!v) fail(field, "missing required field");
+    return *v;
+  }
+
+  int64_t to_int(std::string_view field, const json::value& v) const {
+    if (v.is_int64()) return v.get_int64();
+    if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());
+    fail(field, "expected an integer, got " + json_excerpt(v));
+  }
+
+  // A number, or transformers 5's {"__float__": "Infinity" | "-Infinity" | "NaN"} for values
+  // plain JSON cannot hold.
+  double to_double(std::string_view field, const json::value& v) const {
+    if (v.is_double()) return v.get_double();
+    if (v.is_int64()) return static_cast<double>(v.get_int64());
+    if (v.is_uint64()) return static_cast<double>(v.get_uint64());
+    if (v.is_object()) {
+      const json::value* f = v.get_object().if_contains("__float__");
+      if (f && f->is_string() && v.get_object().size() == 1) {
+        const std::string_view s(f->get_string());
+        if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
+        if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+        if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+    fail(field, "expected a number, got " + json_excerpt(v));
+  }
+
+  // A finite float field (sizes such as eps or rope theta are never infinite).
+  float to_finite_float(std::string_view field, const json::value& v) const {
+    const double d = to_double(field, v);
+    if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(FLT_MAX))
+      fail(field, "expected a finite number, got " + json_excerpt(v));
+    return static_cast<float>(d);
+  }
+
+  bool to_bool(std::string_view field, const json::value& v) const {
+    if (v.is_bool()) return v.get_bool();
+    fail(field, "expected a boolean, got " + json_excerpt(v));
+  }
+
+  int64_t get_int(std::string_view field) const { return to_int(field, require(field)); }
+  int64_t get_int(std::string_view field, int64_t def) const {
+    const json::value* v = find(field);
+    return v ? to_int(field, *v) : def;
+  }
+  float get_float(std::string_view field, float def) const {
+    const json::value* v = find(field);
+    return v ? to_finite_float(field, *v) : def;
+  }
+  bool get_bool(std::string_view field, bool def) const {
+    const json::value* v = find(field);
+    return v ? to_bool(field, *v) : def;
+  }
+  std::optional<std::string> get_string(std::string_view field) const {
+    const json::value* v = find(field);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(field, "expected a string, got " + json_excerpt(*v));
+    return std::string(v->get_string());
+  }
+
+  // Token ids: null/absent → -1; a list (several eos tokens) → its first entry.
+  int32_t get_token_id(std::string_view field) const {
+    const json::value* v = find(field);
+    if (!v) return -1;
+    if (v->is_array()) {
+      if (v->get_array().empty()) return -1;
+      v = &v->get_array()[0];
+    }
+    const int64_t id = to_int(field, *v);
+    if (id < -1 || id > INT32_MAX) fail(field, "token id out of range, got " + std::to_string(id));
+    return static_cast<int32_t>(id);
+  }
+
+  const json::object& object() const { return obj_; }
+
+ private:
+  std::string path_;
+  const json::object& obj_;
+};
+
+constexpr std::string_view kSupportedArchs = "BambaForCausalLM";
+
+void read_bamba(const hf_reader& r, model_config& c) {
+  c.arch = model_arch::kBamba;
+  c.vocab_size = r.get_int("vocab_size");
+  c.hidden_size = r.get_int("hidden_size");
+  c.num_layers = r.get_int("num_hidden_layers");
+  c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-5f);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", 262144);
+  c.bos_token_id = r.get_token_id("bos_token_id");
+  c.eos_token_id = r.get_token_id("eos_token_id");
+  c.pad_token_id = r.get_token_id("pad_token_id");
+
+  if (const auto act = r.get_string("hidden_act"); act && *act != "silu")
+    r.fail("hidden_act", "unsupported activation '" + *act + "' (supported: silu)");
+
+  // Layer kinds: attention at attn_layer_indices, Mamba2 everywhere else (null → no attention).
+  if (c.num_layers < 1 || c.num_layers > (1 << 20))
+    r.fail("num_hidden_layers", "must be in [1, 1048576], got " + std::to_string(c.num_layers));
+  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);
+  if (const json::value* idx = r.find("attn_layer_indices")) {
+    if (!idx->is_array()) r.fail("attn_layer_indices", "expected an array of layer indices, got " + json_excerpt(*idx));
+    for (const json::value& e : idx->get_array()) {
+      const int64_t i = r.to_int("attn_layer_indices", e);
+      if (i < 0 || i >= c.num_layers)
+        r.fail("attn_layer_indices", "index " + std::to_string(i) + " out of range for " +
+                                         std::to_string(c.num_layers) + " layers");
+      if (c.layer_kinds[static_cast<size_t>(i)] == layer_kind::kAttention)
+        r.fail("attn_layer_indices", "index " + std::to_string(i) + " listed twice");
+      c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
+    }
+  }
+
+  c.num_attention_heads = r.get_int("num_attention_heads");
+  c.num_kv_heads = r.get_int("num_key_value_heads", c.num_attention_heads);
+  if (r.find("head_dim")) {
+    c.head_dim = r.get_int("head_dim");
+  } else {
+    if (c.num_attention_heads <= 0)
+      r.fail("num_attention_heads", "must be positive, got " + std::to_string(c.num_attention_heads));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  // Bamba applies rotary embeddings to half of each head unless told otherwise (the
+  // transformers BambaConfig default). transformers 5 nests rope settings in rope_parameters;
+  // older files keep them at the top level.
+  c.partial_rotary_factor = r.get_float("partial_rotary_factor", 0.5f);
+  c.rope_theta = r.get_float("rope_theta", 10000.0f);
+  if (const json::value* rp = r.find("rope_parameters")) {
+    if (!rp->is_object()) r.fail("rope_parameters", "expected an object, got " + json_excerpt(*rp));
+    const hf_reader sub(std::string(), rp->get_object());
+    const auto nested = [&](std::string_view field) {
+      const json::value* v = sub.find(field);
+      return v ? std::optional<float>(r.to_finite_float("rope_parameters." + std::string(field), *v)) : std::nullopt;
+    };
+    if (const auto v = nested("partial_rotary_factor")) c.partial_rotary_factor = *v;
+    if (const auto v = nested("rope_theta")) c.rope_theta = *v;
+    if (const json::value* t = sub.find("rope_type")) {
+      if (!t->is_string() || t->get_string() != "default")
+        r.fail("rope_parameters.rope_type", "unsupported rope type " + json_excerpt(*t) + " (supported: default)");
+    }
+  }
+  if (const json::value* rs = r.find("rope_scaling")) {
+    // Older files: rope_scaling {type|rope_type: ...}; only the plain rotary embedding is supported.
+    const json::value* t = nullptr;
+    if (rs->is_object()) {
+      t = rs->get_object().if_contains("rope_type");
+      if (!t) t = rs->get_object().if_contains("type");
+    }
+    if (!t || !t->is_string() || t->get_string() != "default")
+      r.fail("rope_scaling", "unsupported rope scaling " + json_excerpt(*rs) + " (supported: default)");
+  }
+  c.attention_bias = r.get_bool("attention_bias", false);
+
+  c.intermediate_size = r.get_int("intermediate_size");
+  c.mlp_bias = r.get_bool("mlp_bias", false);
+
+  c.mamba_n_heads = r.get_int("mamba_n_heads");
+  c.mamba_d_head = r.get_int("mamba_d_head");
+  c.mamba_d_state = r.get_int("mamba_d_state");
+  c.mamba_n_groups = r.get_int("mamba_n_groups", 1);
+  c.mamba_d_conv = r.get_int("mamba_d_conv", 4);
+  c.mamba_expand = r.get_int("mamba_expand", 2);
+  c.mamba_chunk_size = r.get_int("mamba_chunk_size", 256);
+  c.mamba_conv_bias = r.get_bool("mamba_conv_bias", true);
+  c.mamba_proj_bias = r.get_bool("mamba_proj_bias", false);
+
+  // time_step_limit [min, max]: ±Infinity clamps to ±FLT_MAX (the kernels clamp in f32); NaN
+  // would silently disable the clamp, so it is rejected.
+  c.time_step_min = 0.0f;
+  c.time_step_max = FLT_MAX;
+  if (const json::value* tl = r.find("time_step_limit")) {
+    if (!tl->is_array() || tl->get_array().size() != 2)
+      r.fail("time_step_limit", "expected [min, max], got " + json_excerpt(*tl));
+    float bounds[2];
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string field = "time_step_limit[" + std::to_string(i) + "]";
+      const double d = r.to_double(field, tl->get_array()[i]);
+      if (std::isnan(d)) r.fail(field, "NaN is not a valid bound");
+      bounds[i] = static_cast<float>(std::fmax(-static_cast<double>(FLT_MAX), std::fmin(d, static_cast<double>(FLT_MAX))));
+    }
+    c.time_step_min = bounds[0];
+    c.time_step_max = bounds[1];
+  }
+}
+
+[[noreturn]] void invalid(const std::string& field, const std::string& what) {
+  throw config_error(field + ": " + what);
+}
+
+void require_positive(const char* field, int64_t v) {
+  if (v <= 0) invalid(field, "must be positive, got " + std::to_string(v));
+}
+
+}  // namespace
+
+int64_t model_config::rotary_dim() const {
+  const auto d = static_cast<int64_t>(std::floor(static_cast<double>(head_dim) * static_cast<double>(partial_rotary_factor)));
+  return d - (d % 2);
+}
+
+int64_t model_config::num_layers_of(layer_kind k) const {
+  int64_t n = 0;
+  for (layer_kind l : layer_kinds) n += (l == k) ? 1 : 0;
+  return n;
+}
+
+void model_config::validate() const {
+  require_positive("vocab_size", vocab_size);
+  require_positive("hidden_size", hidden_size);
+  require_positive("num_layers", num_layers);
+  if (static_cast<int64_t>(layer_kinds.size()) != num_layers)
+    invalid("layer_kinds", "has " + std::to_string(layer_kinds.size()) + " entries for " + std::to_string(num_layers) +
+                               " layers");
+  if (!(rms_norm_eps > 0.0f) || !std::isfinite(rms_norm_eps))
+    invalid("rms_norm_eps", "must be a positive finite number, got " + fmt_float(rms_norm_eps));
+  if (max_position_embeddings < 0)
+    invalid("max_position_embeddings", "must be >= 0, got " + std::to_string(max_position_embeddings));
+  for (const auto& [field, id] : {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id},
+                                  std::pair{"pad_token_id", pad_token_id}})
+    if (id < -1 || id >= vocab_size)
+      invalid(field, "must be -1 (none) or in [0, vocab_size = " + std::to_string(vocab_size) + "), got " +
+                         std::to_string(id));
+
+  require_positive("num_attention_heads", num_attention_heads);
+  require_positive("num_kv_heads", num_kv_heads);
+  require_positive("head_dim", head_dim);
+  if (num_attention_heads % num_kv_heads != 0)
+    invalid("num_attention_heads", "must be a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + "), got " +
+                                       std::to_string(num_attention_heads));
+  if (!(partial_rotary_factor > 0.0f) || partial_rotary_factor > 1.0f)
+    invalid("partial_rotary_factor", "must be in (0, 1], got " + fmt_float(partial_rotary_factor));
+  if (!(rope_theta > 0.0f) || !std::isfinite(rope_theta))
+    invalid("rope_theta", "must be a positive finite number, got " + fmt_float(rope_theta));
+  const int64_t rd = rotary_dim();
+  if (rd < 2 || rd > head_dim || rd % 2 != 0)
+    invalid("partial_rotary_factor", "rotary dimension head_dim (" + std::to_string(head_dim) + ") x " +
+                                         fmt_float(partial_rotary_factor) + " = " + std::to_string(rd) +
+                                         " must be even and in [2, head_dim]");
+
+  require_positive("intermediate_size", intermediate_size);
+
+  require_positive("mamba_n_heads", mamba_n_heads);
+  require_positive("mamba_d_head", mamba_d_head);
+  require_positive("mamba_d_state", mamba_d_state);
+  require_positive("mamba_n_groups", mamba_n_groups);
+  require_positive("mamba_d_conv", mamba_d_conv);
+  require_positive("mamba_expand", mamba_expand);
+  require_positive("mamba_chunk_size", mamba_chunk_size);
+  if (mamba_n_heads % mamba_n_groups != 0)
+    invalid("mamba_n_heads", "must be a multiple of mamba_n_groups (" + std::to_string(mamba_n_groups) + "), got " +
+                                 std::to_string(mamba_n_heads));
+  if (mamba_expand * hidden_size != mamba_n_heads * mamba_d_head)
+    throw config_error("inconsistent dimensions: mamba_expand x hidden_size = " + std::to_string(mamba_expand) +
+                       " x " + std::to_string(hidden_size) + " = " + std::to_string(mamba_expand * hidden_size) +
+                       ", but mamba_n_heads x mamba_d_head = " + std::to_string(mamba_n_heads) + " x " +
+                       std::to_string(mamba_d_head) + " = " + std::to_string(mamba_n_heads * mamba_d_head));
+  if (std::isnan(time_step_min) || std::isnan(time_step_max) || time_step_min < 0.0f ||
+      time_step_min > time_step_max)
+    invalid("time_step_limit", "must satisfy 0 <= min <= max, got [" + fmt_float(time_step_min) + ", " +
+                                   fmt_float(time_step_max) + "]");
+}
+
+model_config read_hf_config(const std::string& path) {
+  std::string err;
+  const auto text = read_text_file(path, err);
+  if (!text) throw config_error(path + ": cannot read: " + err);
+  const auto doc = parse_json(*text, err);
+  if (!doc) throw config_error(path + ": invalid JSON: " + err);
+  if (!doc->is_object()) throw config_error(path + ": expected a JSON object, got " + json_excerpt(*doc));
+  const hf_reader r(path, doc->get_object());
+
+  // The architecture: architectures[0] when present, else model_type.
+  std::string arch;
+  if (const json::value* a = r.find("architectures")) {
+    if (!a->is_array() || a->get_array().empty() || !a->get_array()[0].is_string())
+      r.fail("architectures", "expected a non-empty array of strings, got " + json_excerpt(*a));
+    arch = std::string(a->get_array()[0].get_string());
+  } else if (const auto mt = r.get_string("model_type")) {
+    arch = *mt == "bamba" ? std::string("BambaForCausalLM") : "model_type " + *mt;
+  } else {
+    r.fail("architectures", "missing required field (supported: " + std::string(kSupportedArchs) + ")");
+  }
+
+  model_config c;
+  if (arch == "BambaForCausalLM") {
+    read_bamba(r, c);
+  } else {
+    throw config_error(path + ": unsupported architecture '" + arch + "' (supported: " + std::string(kSupportedArchs) +
+                       ")");
+  }
+  try {
+    c.validate();
+  } catch (const config_error& e) {
+    throw config_error(path + ": " + e.what());
+  }
+  return c;
+}
+
+}  // namespace hyserve

@@ -62,6 +62,17 @@ struct speculative_section {
 struct server_section {
   std::string host = "127.0.0.1";
   int32_t port = 8000;
+  std::string api_key;             // empty = no authentication
+  int64_t max_body_bytes = 8 << 20;
+  int32_t threads = 2;             // HTTP I/O threads
+  double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may finish
+};
+
+struct worker_section {
+  double step_timeout_s = 60.0;      // a group that does not answer a step in time is fatal
+  double startup_timeout_s = 600.0;  // time for every group to load and say hello
+  int64_t fail_at_step = -1;         // test only: the worker throws in this step (-1 = never)
+  int32_t fail_rank = 0;             // test only: tp rank that throws
 };
 
 struct service_config {
@@ -73,6 +84,7 @@ struct service_config {
   sparsity_section sparsity;
   speculative_section speculative;
   server_section server;
+  worker_section worker;
   std::string source;  // file it was loaded from ("<string>" for load_config_string)
 };
 

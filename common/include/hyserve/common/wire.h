@@ -4,6 +4,7 @@
 //   [magic u32 "HYSV"][version u16][type u16][payload_len u32][crc32 of payload u32][payload]
 // All integers little-endian. Decoding validates everything: a truncated, corrupt, unknown or
 // inconsistent message raises wire_error, never undefined behaviour.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -20,6 +21,13 @@ class wire_error : public error {
 
 inline constexpr uint32_t kMagic = 0x56535948;  // "HYSV"
 inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+
+// Sanity limits, checked by encode and decode alike. A decoder also checks every count against
+// the bytes left before reserving, so it never allocates more than its input can describe.
+inline constexpr uint32_t kMaxRows = 1u << 20;          // rows, free_req_slots, commits
+inline constexpr uint32_t kMaxTokensPerRow = 1u << 24;  // tokens, new_pages, retrieve_*, logprobs
+inline constexpr uint32_t kMaxStringBytes = 1u << 20;   // error, host
 
 enum class message_type : uint16_t {
   kHello = 1,     // worker → coordinator at start-up: capacities
@@ -27,6 +35,9 @@ enum class message_type : uint16_t {
   kStepResult = 3,  // group leader → coordinator
   kShutdown = 4,  // coordinator → workers
 };
+
+// "hello", "step_plan", "step_result", "shutdown"; "unknown" for any other value.
+const char* message_type_name(message_type t);
 
 // Per-request sampling on the worker. temperature 0 = greedy.
 struct sampling {
@@ -104,11 +115,22 @@ std::vector<uint8_t> encode(const step_result& m);
 std::vector<uint8_t> encode(const hello& m);
 std::vector<uint8_t> encode_shutdown();
 
+// Decode validation beyond structure (encode checks the same and throws wire_error too):
+//   step_plan: draft_len >= 0; per row req_slot, mamba_slot >= -1, prefix_len, first_page_pos,
+//     output_index, draft_step, top_k >= 0, retrieve_next_token/_sibling both empty or of
+//     equal length with values >= -1; free_req_slots >= 0; commits: mamba_slot >= -1,
+//     row >= 0, accepted_step >= 0. The mode byte and the float sampling values pass through.
+//   step_result: per row logprobs empty or as long as tokens.
+//   hello: every count >= 0, tp_size >= 1.
+// Bools are one byte that must be 0 or 1; floats and doubles travel as their IEEE-754 bits.
+
 // Reads the header only (validates magic, version, length against the buffer, checksum).
 message_type peek_type(std::span<const uint8_t> bytes);
 
 step_plan decode_step_plan(std::span<const uint8_t> bytes);
 step_result decode_step_result(std::span<const uint8_t> bytes);
 hello decode_hello(std::span<const uint8_t> bytes);
+// Validates a shutdown message (header, checksum, empty payload).
+void decode_shutdown(std::span<const uint8_t> bytes);
 
 }  // namespace hyserve::wire
