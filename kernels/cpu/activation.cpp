@@ -1,1 +1,34 @@
-// (in progress)
+#include "hyserve/kernels/activation.h"
+
+#include <cmath>
+
+#include "validate.h"
+
+namespace hyserve::kernels {
+
+using namespace cpu_detail;
+
+void run_cpu(const swiglu_params& p) {
+  constexpr const char* op = "swiglu";
+  require_ptr(p.gate, op, "gate");
+  require_ptr(p.up, op, "up");
+  require_ptr(p.out, op, "out");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_stride(p.gate_stride, p.cols, op, "gate_stride");
+  require_stride(p.up_stride, p.cols, op, "up_stride");
+  require_stride(p.out_stride, p.cols, op, "out_stride");
+
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* g = p.gate + r * p.gate_stride;
+    const float* u = p.up + r * p.up_stride;
+    float* o = p.out + r * p.out_stride;
+    for (int64_t i = 0; i < p.cols; ++i) {
+      // silu(g) = g / (1 + e^-g); for g → -inf e^-g overflows to inf and the quotient is -0.
+      o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+}
+
+}  // namespace hyserve::kernels

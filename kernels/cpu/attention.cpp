@@ -1,1 +1,140 @@
-// (in progress)
+#include "hyserve/kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "validate.h"
+
+namespace hyserve::kernels {
+
+using namespace cpu_detail;
+
+void run_cpu(const kv_write_params& p) {
+  constexpr const char* op = "kv_write";
+  require_ptr(p.k, op, "k");
+  require_ptr(p.v, op, "v");
+  require_ptr(p.locs, op, "locs");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_positive(p.n_tokens, op, "n_tokens");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  const int64_t row = p.kv_heads * p.head_dim;  // one token of the cache
+  require_stride(p.k_stride, row, op, "k_stride");
+  require_stride(p.v_stride, row, op, "v_stride");
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    if (p.locs[t] < -1) fail(op, "locs[" + std::to_string(t) + "]", p.locs[t], "must be a location >= 0 or -1");
+  }
+
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    const int64_t loc = p.locs[t];
+    if (loc < 0) continue;  // padding token
+    std::memcpy(p.k_cache + loc * row, p.k + t * p.k_stride, sizeof(float) * static_cast<size_t>(row));
+    std::memcpy(p.v_cache + loc * row, p.v + t * p.v_stride, sizeof(float) * static_cast<size_t>(row));
+  }
+}
+
+void run_cpu(const paged_attention_params& p) {
+  constexpr const char* op = "paged_attention";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_ptr(p.seq_lens, op, "seq_lens");
+  require_ptr(p.page_table, op, "page_table");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.q_heads, op, "q_heads");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  require_positive(p.page_size, op, "page_size");
+  if (p.q_heads % p.kv_heads != 0) {
+    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
+  }
+  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
+  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  require_query_start_loc(p.query_start_loc, p.batch, op);
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+    const int64_t len = p.seq_lens[b];
+    const std::string at = "[" + std::to_string(b) + "]";
+    if (len < q_len) {
+      fail(op, "seq_lens" + at, len, ("must be >= the row's query count " + std::to_string(q_len)).c_str());
+    }
+    const int64_t n_pages = (len + p.page_size - 1) / p.page_size;
+    if (n_pages > p.page_table_stride) {
+      fail(op, "page_table_stride", p.page_table_stride,
+           ("row " + std::to_string(b) + " needs " + std::to_string(n_pages) + " pages").c_str());
+    }
+    for (int64_t i = 0; i < n_pages; ++i) {
+      const int32_t page = p.page_table[b * p.page_table_stride + i];
+      if (page < 0) fail(op, "page_table" + at + "[" + std::to_string(i) + "]", page, "must be a page >= 0");
+    }
+    max_len = std::max(max_len, len);
+  }
+
+  const int64_t first = p.query_start_loc[0];
+  const int64_t n_tokens = p.query_start_loc[p.batch] - first;
+  if (n_tokens == 0) return;
+  std::vector<int32_t> token_row(static_cast<size_t>(n_tokens));  // packed token → batch row
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t t = p.query_start_loc[b]; t < p.query_start_loc[b + 1]; ++t)
+      token_row[t - first] = static_cast<int32_t>(b);
+  }
+
+  const int64_t D = p.head_dim;
+  const int64_t kv_row = p.kv_heads * D;  // floats per cached token
+  const int64_t group = p.q_heads / p.kv_heads;
+
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(max_len));
+    std::vector<float> acc(static_cast<size_t>(D));
+#pragma omp for collapse(2) schedule(dynamic, 4)
+    for (int64_t ti = 0; ti < n_tokens; ++ti) {
+      for (int64_t h = 0; h < p.q_heads; ++h) {
+        const int64_t t = first + ti;
+        const int64_t b = token_row[ti];
+        const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+        const int64_t pos = p.seq_lens[b] - q_len + (t - p.query_start_loc[b]);  // attends keys 0..pos
+        const int32_t* pages = p.page_table + b * p.page_table_stride;
+        const int64_t kvh = h / group;
+        const float* q = p.q + t * p.q_stride + h * D;
+        auto cache_offset = [&](int64_t s) {
+          return (static_cast<int64_t>(pages[s / p.page_size]) * p.page_size + s % p.page_size) * kv_row + kvh * D;
+        };
+
+        // Softmax in fp32 with the running max subtracted, then Σ p_s · v_s / Σ p_s.
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s <= pos; ++s) {
+          const float* k = p.k_cache + cache_offset(s);
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+          scores[s] = dot * p.scale;
+          m = std::max(m, scores[s]);
+        }
+        float denom = 0.0f;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t s = 0; s <= pos; ++s) {
+          const float w = std::exp(scores[s] - m);
+          denom += w;
+          const float* v = p.v_cache + cache_offset(s);
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
+        }
+        float* o = p.out + t * p.out_stride + h * D;
+        const float inv = 1.0f / denom;
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace hyserve::kernels

@@ -1,1 +1,39 @@
-// (in progress)
+#include "hyserve/kernels/embedding.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "validate.h"
+
+namespace hyserve::kernels {
+
+using namespace cpu_detail;
+
+void run_cpu(const embedding_params& p) {
+  constexpr const char* op = "embedding";
+  require_ptr(p.ids, op, "ids");
+  require_ptr(p.table, op, "table");
+  require_ptr(p.out, op, "out");
+  require_positive(p.n_tokens, op, "n_tokens");
+  require_positive(p.hidden, op, "hidden");
+  require_non_negative(p.vocab_start, op, "vocab_start");
+  if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    if (p.ids[t] < 0) fail(op, "ids[" + std::to_string(t) + "]", p.ids[t], "token ids must be >= 0");
+  }
+
+  // Ids owned by another vocab shard give zero rows; the tp all-reduce sums the shards.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    const int64_t id = p.ids[t];
+    float* dst = p.out + t * p.hidden;
+    if (id >= p.vocab_start && id < p.vocab_end) {
+      std::memcpy(dst, p.table + (id - p.vocab_start) * p.hidden, sizeof(float) * static_cast<size_t>(p.hidden));
+    } else {
+      std::fill(dst, dst + p.hidden, 0.0f);
+    }
+  }
+}
+
+}  // namespace hyserve::kernels

@@ -1,1 +1,98 @@
-// (in progress)
+#include "hyserve/kernels/norm.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "validate.h"
+
+namespace hyserve::kernels {
+
+using namespace cpu_detail;
+
+namespace {
+
+// Σ v² accumulated in double: the mean of up to ~10⁵ squares stays exact to fp32 precision.
+double sum_squares(const float* v, int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(v[i]) * v[i];
+  return s;
+}
+
+float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+}  // namespace
+
+void run_cpu(const rmsnorm_params& p) {
+  constexpr const char* op = "rmsnorm";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.weight, op, "weight");
+  require_ptr(p.out, op, "out");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_stride(p.x_stride, p.cols, op, "x_stride");
+  require_stride(p.out_stride, p.cols, op, "out_stride");
+  if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* x = p.x + r * p.x_stride;
+    float* o = p.out + r * p.out_stride;  // may alias x: element i is read before it is written
+    const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(x, p.cols) / static_cast<double>(p.cols) + p.eps));
+    for (int64_t i = 0; i < p.cols; ++i) o[i] = x[i] * inv * p.weight[i];
+  }
+}
+
+void run_cpu(const gated_rmsnorm_params& p) {
+  constexpr const char* op = "gated_rmsnorm";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.gate, op, "gate");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_positive(p.group_size, op, "group_size");
+  if (p.cols % p.group_size != 0) {
+    fail(op, "group_size", p.group_size, ("must divide cols = " + std::to_string(p.cols)).c_str());
+  }
+  require_stride(p.x_stride, p.cols, op, "x_stride");
+  require_stride(p.gate_stride, p.cols, op, "gate_stride");
+  if (p.sumsq_out != nullptr && p.sumsq_in != nullptr) {
+    fail(op, "sumsq_in", "non-null", "phase 1 (sumsq_out) and phase 2 (sumsq_in) are exclusive");
+  }
+  if (p.sumsq_out == nullptr) {
+    require_ptr(p.weight, op, "weight");
+    require_ptr(p.out, op, "out");
+    require_stride(p.out_stride, p.cols, op, "out_stride");
+    if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  }
+  require_non_negative(p.group_count, op, "group_count");
+
+  const int64_t n_groups = p.cols / p.group_size;
+  const int64_t gs = p.group_size;
+  // Divisor of the mean: the local group size, or the global one after a tp all-reduce.
+  const double divisor = static_cast<double>(p.sumsq_in != nullptr && p.group_count > 0 ? p.group_count : gs);
+
+#pragma omp parallel
+  {
+    std::vector<float> h(static_cast<size_t>(gs));  // x · silu(gate) of one group
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const float* x = p.x + r * p.x_stride + g * gs;
+        const float* z = p.gate + r * p.gate_stride + g * gs;
+        for (int64_t i = 0; i < gs; ++i) h[i] = x[i] * silu(z[i]);
+        if (p.sumsq_out != nullptr) {
+          p.sumsq_out[r * n_groups + g] = static_cast<float>(sum_squares(h.data(), gs));
+          continue;
+        }
+        const double ss = p.sumsq_in != nullptr ? p.sumsq_in[r * n_groups + g] : sum_squares(h.data(), gs);
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / divisor + p.eps));
+        float* o = p.out + r * p.out_stride + g * gs;  // may alias x; x of this group is already in h
+        const float* w = p.weight + g * gs;
+        for (int64_t i = 0; i < gs; ++i) o[i] = h[i] * inv * w[i];
+      }
+    }
+  }
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,123 @@
+// gemm (through the BLAS) against a triple loop in double, over transposes, padded leading
+// dimensions and alpha/beta. Tolerance 1e-5 abs + 1e-5 rel (k <= 80, values in [-1, 1)).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hyserve/kernels/gemm.h"
+#include "kernel_test_util.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using test::expect_close;
+using test::random_floats;
+
+struct gemm_case {
+  int m, n, k;
+  bool trans_a, trans_b;
+  int pad;  // extra elements per row of a, b and c
+  float alpha, beta;
+};
+
+std::string gemm_name(const testing::TestParamInfo<gemm_case>& info) {
+  const auto& c = info.param;
+  std::string s = "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k);
+  s += c.trans_a ? "_ta" : "";
+  s += c.trans_b ? "_tb" : "";
+  s += "_pad" + std::to_string(c.pad);
+  if (c.beta != 0.0f || c.alpha != 1.0f) s += "_alphabeta";
+  return s;
+}
+
+class Gemm : public testing::TestWithParam<gemm_case> {};
+
+TEST_P(Gemm, MatchesTripleLoop) {
+  const gemm_case& c = GetParam();
+  const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
+  const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+  const int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.n + c.pad;
+  const auto a = random_floats(static_cast<size_t>(a_rows * lda), 11u + static_cast<uint32_t>(c.m));
+  const auto b = random_floats(static_cast<size_t>(b_rows * ldb), 12u + static_cast<uint32_t>(c.n));
+  // beta == 0 must ignore C entirely, even NaN (callers pass uninitialised buffers).
+  auto cm = c.beta == 0.0f ? std::vector<float>(static_cast<size_t>(c.m * ldc), std::numeric_limits<float>::quiet_NaN())
+                           : random_floats(static_cast<size_t>(c.m * ldc), 13u);
+
+  std::vector<double> ref(static_cast<size_t>(c.m * c.n));
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = 0.0;
+      for (int64_t l = 0; l < c.k; ++l) {
+        const double av = c.trans_a ? a[l * lda + i] : a[i * lda + l];
+        const double bv = c.trans_b ? b[j * ldb + l] : b[l * ldb + j];
+        acc += av * bv;
+      }
+      ref[i * c.n + j] = c.alpha * acc + (c.beta != 0.0f ? c.beta * cm[i * ldc + j] : 0.0);
+    }
+  }
+
+  gemm_params p;
+  p.a = a.data();
+  p.b = b.data();
+  p.c = cm.data();
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.lda = lda;
+  p.ldb = ldb;
+  p.ldc = ldc;
+  p.trans_a = c.trans_a;
+  p.trans_b = c.trans_b;
+  p.alpha = c.alpha;
+  p.beta = c.beta;
+  run_cpu(p);
+
+  for (int64_t i = 0; i < c.m; ++i) {
+    expect_close(cm.data() + i * ldc, ref.data() + i * c.n, static_cast<size_t>(c.n), 1e-5, 1e-5,
+                 "row " + std::to_string(i));
+  }
+}
+
+std::vector<gemm_case> gemm_grid() {
+  std::vector<gemm_case> v;
+  for (auto [m, n, k] : {std::tuple{1, 1, 1}, std::tuple{3, 5, 7}, std::tuple{17, 33, 9}, std::tuple{64, 48, 80}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        v.push_back({m, n, k, ta, tb, 0, 1.0f, 0.0f});
+        v.push_back({m, n, k, ta, tb, 3, 0.5f, 2.0f});
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Gemm, testing::ValuesIn(gemm_grid()), gemm_name);
+
+TEST(Linear, MatchesTripleLoopAndAccumulates) {
+  const int64_t m = 6, n = 10, k = 12;
+  const auto x = random_floats(static_cast<size_t>(m * k), 21u);
+  const auto w = random_floats(static_cast<size_t>(n * k), 22u);
+  const auto y0 = random_floats(static_cast<size_t>(m * n), 23u);
+  std::vector<double> prod(static_cast<size_t>(m * n)), acc(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t l = 0; l < k; ++l) s += static_cast<double>(x[i * k + l]) * w[j * k + l];
+      prod[i * n + j] = s;
+      acc[i * n + j] = s + y0[i * n + j];
+    }
+  }
+  std::vector<float> y = y0;
+  linear_cpu(x.data(), w.data(), y.data(), m, n, k);
+  expect_close(y, prod, 1e-5, 1e-5, "y = x·wᵀ");
+  y = y0;
+  linear_cpu(x.data(), w.data(), y.data(), m, n, k, true);
+  expect_close(y, acc, 1e-5, 1e-5, "y += x·wᵀ");
+}
+
+}  // namespace
+}  // namespace hyserve::kernels

@@ -1,0 +1,74 @@
+#pragma once
+// Helpers shared by the kernel tests: seeded random data, element-wise comparison with an
+// absolute + relative tolerance, and a check that an op rejects a field by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/error.h"
+
+namespace hyserve::kernels::test {
+
+// n values uniform in [lo, hi) from a fixed seed.
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& e : v) e = dist(gen);
+  return v;
+}
+
+// Fails (once, with the worst element) unless |got[i] - want[i]| <= atol + rtol·|want[i]| for all i.
+template <class Want>
+void expect_close(const float* got, const Want* want, size_t n, double atol, double rtol, const std::string& what) {
+  size_t bad = 0, worst = 0;
+  double worst_excess = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double w = static_cast<double>(want[i]);
+    const double err = std::fabs(static_cast<double>(got[i]) - w);
+    const double excess = err - (atol + rtol * std::fabs(w));
+    if (!(excess <= 0.0)) {  // also catches NaN
+      if (bad == 0 || !(excess <= worst_excess)) {
+        worst = i;
+        worst_excess = excess;
+      }
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements out of tolerance (atol " << atol
+                     << ", rtol " << rtol << "); worst at " << worst << ": got " << (n ? got[worst] : 0.0f)
+                     << ", want " << (n ? static_cast<double>(want[worst]) : 0.0);
+}
+
+template <class Want>
+void expect_close(const std::vector<float>& got, const std::vector<Want>& want, double atol, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  expect_close(got.data(), want.data(), got.size(), atol, rtol, what);
+}
+
+// Runs fn and expects an invalid_argument_error whose message contains field.
+template <class Fn>
+void expect_invalid(Fn&& fn, const std::string& field) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected invalid_argument_error naming '" << field << "'";
+  } catch (const invalid_argument_error& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+        << "message '" << e.what() << "' does not name '" << field << "'";
+  }
+}
+
+// Joins integers for test names: {37, 16, 1} → "37x16x1".
+inline std::string join(const std::vector<int>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "x" : "") << v[i];
+  return os.str();
+}
+
+}  // namespace hyserve::kernels::test

@@ -1,0 +1,216 @@
+// RMSNorm and gated RMSNorm against direct formulas in double; the two-phase (tensor-parallel)
+// gated path against the one-phase result. Tolerance 1e-5 abs + 1e-5 rel.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hyserve/kernels/norm.h"
+#include "kernel_test_util.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using test::expect_close;
+using test::random_floats;
+
+constexpr double kAtol = 1e-5;
+constexpr double kRtol = 1e-5;
+
+struct rms_case {
+  int rows, cols;
+  bool in_place;
+};
+
+class RmsNorm : public testing::TestWithParam<rms_case> {};
+
+TEST_P(RmsNorm, MatchesFormula) {
+  const rms_case& c = GetParam();
+  const int64_t x_stride = c.cols + 3, out_stride = c.in_place ? x_stride : c.cols + 1;
+  auto x = random_floats(static_cast<size_t>(c.rows * x_stride), 3u + static_cast<uint32_t>(c.cols), -2.0f, 2.0f);
+  const auto w = random_floats(static_cast<size_t>(c.cols), 4u, 0.5f, 1.5f);
+  const float eps = 1e-5f;
+  std::vector<double> ref(static_cast<size_t>(c.rows * c.cols));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < c.cols; ++i) ss += static_cast<double>(x[r * x_stride + i]) * x[r * x_stride + i];
+    const double inv = 1.0 / std::sqrt(ss / c.cols + eps);
+    for (int64_t i = 0; i < c.cols; ++i) ref[r * c.cols + i] = x[r * x_stride + i] * inv * w[i];
+  }
+  std::vector<float> out(static_cast<size_t>(c.rows * out_stride));
+  rmsnorm_params p;
+  p.x = x.data();
+  p.weight = w.data();
+  p.out = c.in_place ? x.data() : out.data();
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.x_stride = x_stride;
+  p.out_stride = out_stride;
+  p.eps = eps;
+  run_cpu(p);
+  const float* got = c.in_place ? x.data() : out.data();
+  for (int64_t r = 0; r < c.rows; ++r) {
+    expect_close(got + r * out_stride, ref.data() + r * c.cols, static_cast<size_t>(c.cols), kAtol, kRtol,
+                 "row " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, RmsNorm,
+                         testing::Values(rms_case{1, 1, false}, rms_case{7, 64, false}, rms_case{7, 64, true},
+                                         rms_case{3, 4096 + 32, false}),
+                         [](const testing::TestParamInfo<rms_case>& i) {
+                           return "rows" + std::to_string(i.param.rows) + "_cols" + std::to_string(i.param.cols) +
+                                  (i.param.in_place ? "_inplace" : "");
+                         });
+
+// Gated reference: h = x·silu(z); out = h · rsqrt(mean_group(h²) + eps) · w.
+std::vector<double> gated_ref(const std::vector<float>& x, const std::vector<float>& z, const std::vector<float>& w,
+                              int64_t rows, int64_t cols, int64_t stride, int64_t group, float eps) {
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+      std::vector<double> h(static_cast<size_t>(group));
+      double ss = 0.0;
+      for (int64_t i = 0; i < group; ++i) {
+        const double zv = z[r * stride + g0 + i];
+        h[i] = x[r * stride + g0 + i] * zv / (1.0 + std::exp(-zv));
+        ss += h[i] * h[i];
+      }
+      const double inv = 1.0 / std::sqrt(ss / group + eps);
+      for (int64_t i = 0; i < group; ++i) out[r * cols + g0 + i] = h[i] * inv * w[g0 + i];
+    }
+  }
+  return out;
+}
+
+struct gated_case {
+  int rows, cols, group_size;
+  bool in_place;
+};
+
+class GatedRmsNorm : public testing::TestWithParam<gated_case> {};
+
+TEST_P(GatedRmsNorm, MatchesFormula) {
+  const gated_case& c = GetParam();
+  const int64_t stride = c.cols + 2;
+  auto x = random_floats(static_cast<size_t>(c.rows * stride), 31u + static_cast<uint32_t>(c.cols), -2.0f, 2.0f);
+  const auto z = random_floats(static_cast<size_t>(c.rows * stride), 32u, -3.0f, 3.0f);
+  const auto w = random_floats(static_cast<size_t>(c.cols), 33u, 0.5f, 1.5f);
+  const auto ref = gated_ref(x, z, w, c.rows, c.cols, stride, c.group_size, 1e-6f);
+  std::vector<float> out(static_cast<size_t>(c.rows * stride));
+  gated_rmsnorm_params p;
+  p.x = x.data();
+  p.gate = z.data();
+  p.weight = w.data();
+  p.out = c.in_place ? x.data() : out.data();
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.x_stride = p.gate_stride = p.out_stride = stride;
+  p.group_size = c.group_size;
+  run_cpu(p);
+  const float* got = c.in_place ? x.data() : out.data();
+  for (int64_t r = 0; r < c.rows; ++r) {
+    expect_close(got + r * stride, ref.data() + r * c.cols, static_cast<size_t>(c.cols), kAtol, kRtol,
+                 "row " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GatedRmsNorm,
+                         testing::Values(gated_case{5, 64, 64, false}, gated_case{5, 64, 16, false},
+                                         gated_case{4, 96, 32, true}, gated_case{2, 4096 + 32, 1032, false}),
+                         [](const testing::TestParamInfo<gated_case>& i) {
+                           return "rows" + std::to_string(i.param.rows) + "_cols" + std::to_string(i.param.cols) +
+                                  "_groups" + std::to_string(i.param.cols / i.param.group_size) +
+                                  (i.param.in_place ? "_inplace" : "");
+                         });
+
+// One normalisation group of 2·half channels split over two "ranks" of half channels each:
+// phase 1 per half, the sums added (the all-reduce), phase 2 per half with group_count = 2·half.
+TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) {
+  const int64_t rows = 3, half = 40, cols = 2 * half;
+  const auto x = random_floats(static_cast<size_t>(rows * cols), 41u, -2.0f, 2.0f);
+  const auto z = random_floats(static_cast<size_t>(rows * cols), 42u, -3.0f, 3.0f);
+  const auto w = random_floats(static_cast<size_t>(cols), 43u, 0.5f, 1.5f);
+
+  std::vector<float> whole(static_cast<size_t>(rows * cols));
+  gated_rmsnorm_params p;
+  p.x = x.data();
+  p.gate = z.data();
+  p.weight = w.data();
+  p.out = whole.data();
+  p.rows = rows;
+  p.cols = cols;
+  p.x_stride = p.gate_stride = p.out_stride = cols;
+  p.group_size = cols;
+  run_cpu(p);
+  expect_close(whole, gated_ref(x, z, w, rows, cols, cols, cols, 1e-6f), kAtol, kRtol, "one phase");
+
+  std::vector<float> sums[2] = {std::vector<float>(rows), std::vector<float>(rows)};
+  auto half_params = [&](int rank) {
+    gated_rmsnorm_params q;
+    q.x = x.data() + rank * half;
+    q.gate = z.data() + rank * half;
+    q.weight = w.data() + rank * half;
+    q.rows = rows;
+    q.cols = half;
+    q.x_stride = q.gate_stride = q.out_stride = cols;
+    q.group_size = half;
+    return q;
+  };
+  for (int rank = 0; rank < 2; ++rank) {
+    auto q = half_params(rank);
+    q.sumsq_out = sums[rank].data();  // phase 1: out untouched (null)
+    run_cpu(q);
+  }
+  std::vector<float> total(rows);
+  for (int64_t r = 0; r < rows; ++r) total[r] = sums[0][r] + sums[1][r];
+  std::vector<float> split(static_cast<size_t>(rows * cols));
+  for (int rank = 0; rank < 2; ++rank) {
+    auto q = half_params(rank);
+    q.out = split.data() + rank * half;
+    q.sumsq_in = total.data();
+    q.group_count = cols;
+    run_cpu(q);
+  }
+  expect_close(split, whole, kAtol, kRtol, "two phase");
+
+  // Phase 1 reports Σh² of the local channels.
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < half; ++i) {
+      const double zv = z[r * cols + i];
+      const double h = x[r * cols + i] * zv / (1.0 + std::exp(-zv));
+      ss += h * h;
+    }
+    EXPECT_NEAR(sums[0][r], ss, 1e-5 * ss + 1e-6);
+  }
+}
+
+// Several groups per rank: sumsq_out is [rows, cols/group_size]; feeding it back unchanged with
+// group_count 0 reproduces the local result.
+TEST(GatedRmsNormTwoPhase, MultiGroupRoundTrip) {
+  const int64_t rows = 2, cols = 48, group = 12;
+  const auto x = random_floats(static_cast<size_t>(rows * cols), 51u, -2.0f, 2.0f);
+  const auto z = random_floats(static_cast<size_t>(rows * cols), 52u, -3.0f, 3.0f);
+  const auto w = random_floats(static_cast<size_t>(cols), 53u, 0.5f, 1.5f);
+  std::vector<float> sums(static_cast<size_t>(rows * cols / group)), out(static_cast<size_t>(rows * cols));
+  gated_rmsnorm_params p;
+  p.x = x.data();
+  p.gate = z.data();
+  p.weight = w.data();
+  p.rows = rows;
+  p.cols = cols;
+  p.x_stride = p.gate_stride = p.out_stride = cols;
+  p.group_size = group;
+  p.sumsq_out = sums.data();
+  run_cpu(p);
+  p.sumsq_out = nullptr;
+  p.sumsq_in = sums.data();
+  p.out = out.data();
+  run_cpu(p);
+  expect_close(out, gated_ref(x, z, w, rows, cols, cols, group, 1e-6f), kAtol, kRtol, "round trip");
+}
+
+}  // namespace
+}  // namespace hyserve::kernels
