@@ -14,3 +14,28 @@ struct argmax_params {
 void run_cpu(const argmax_params& p);
 
 }  // namespace hyserve::kernels
+
+namespace hyserve::kernels {
+
+// One token from one row of logits: temperature 0 = greedy (argmax); otherwise softmax of
+// logits / temperature restricted to the top_k largest (0 = all) and then to the smallest
+// prefix of probability mass ≥ top_p, sampled with a counter-based generator seeded by
+// (seed, counter), so a request's output is reproducible for a given seed.
+struct sample_params {
+  const float* __restrict__ logits = nullptr;  // [vocab]
+  int64_t vocab = 0;
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  uint64_t counter = 0;  // position of the token in the request's output
+};
+
+struct sample_output {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log-softmax of the unscaled logits at token
+};
+
+sample_output sample_cpu(const sample_params& p);
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,396 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "hyserve/common/error.h"
+
+namespace hyserve::coordinator {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vector<wire::hello> groups,
+                     transport& link)
+    : cfg_(cfg), link_(link), hellos_(std::move(groups)) {
+  info_.model_id = cfg.model.synthetic ? "synthetic-bamba" : cfg.model.path;
+  info_.vocab_size = mc.vocab_size;
+  info_.eos_token_id = mc.eos_token_id;
+  info_.dp = cfg.parallel.dp;
+  info_.tp = cfg.parallel.tp;
+  info_.max_context = cfg.cache.max_context;
+  groups_.resize(hellos_.size());
+  for (size_t g = 0; g < hellos_.size(); ++g) {
+    const wire::hello& h = hellos_[g];
+    info_.max_context = std::min(info_.max_context, h.max_context);
+    group_state& gs = groups_[g];
+    // Free lists are stacks popped from the back: push in reverse so low indices go first.
+    for (int32_t i = h.num_pages - 1; i >= 0; --i) gs.free_pages.push_back(i);
+    for (int32_t i = h.max_requests - 1; i >= 0; --i) gs.free_req_slots.push_back(i);
+    for (int32_t i = h.mamba_slots - 1; i >= 0; --i) gs.free_mamba_slots.push_back(i);
+  }
+}
+
+int32_t scheduler::pages_for(const request_state& r) const {
+  const int32_t ps = hellos_.front().page_size;
+  const int64_t len = static_cast<int64_t>(r.req.input_ids.size()) + r.req.sampling.max_new_tokens;
+  return static_cast<int32_t>((len + ps - 1) / ps);
+}
+
+submit_result scheduler::submit(generate_request req) {
+  submit_result res;
+  if (draining_.load() || !healthy_.load()) {
+    res.status = submit_status::kShuttingDown;
+    res.message = healthy_.load() ? "the server is shutting down" : "the server is unhealthy";
+    return res;
+  }
+  const int64_t need = static_cast<int64_t>(req.input_ids.size()) + req.sampling.max_new_tokens;
+  if (need > info_.max_context) {
+    res.status = submit_status::kTooLong;
+    res.message = "prompt (" + std::to_string(req.input_ids.size()) + " tokens) + max_new_tokens (" +
+                  std::to_string(req.sampling.max_new_tokens) + ") = " + std::to_string(need) +
+                  " exceeds the context limit of " + std::to_string(info_.max_context);
+    return res;
+  }
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  if (queued_.load() >= cfg_.scheduler.max_queue) {
+    res.status = submit_status::kQueueFull;
+    res.message = "the request queue is full (scheduler.max_queue = " + std::to_string(cfg_.scheduler.max_queue) + ")";
+    return res;
+  }
+  req.id = next_id_++;
+  res.id = req.id;
+  ++queued_;
+  inbox_.push_back(std::move(req));
+  return res;
+}
+
+void scheduler::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  cancel_inbox_.push_back(id);
+}
+
+void scheduler::take_submissions() {
+  std::deque<generate_request> in;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    in.swap(inbox_);
+  }
+  for (generate_request& req : in) {
+    const uint64_t id = req.id;
+    request_state r;
+    if (!req.sampling.seed) req.sampling.seed = id * 0x9e3779b97f4a7c15ull;
+    r.req = std::move(req);
+    requests_.emplace(id, std::move(r));
+    waiting_.push_back(id);
+  }
+}
+
+void scheduler::take_cancellations() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    ids.swap(cancel_inbox_);
+  }
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // already finished
+    if (observer_.on_cancel) observer_.on_cancel();
+    if (it->second.in_step) {
+      it->second.cancelled = true;  // finished when its step's result arrives
+    } else {
+      finish(id, finish_reason::kAbort, std::nullopt);
+    }
+  }
+}
+
+void scheduler::release(request_state& r) {
+  if (r.group < 0) return;
+  group_state& g = groups_[static_cast<size_t>(r.group)];
+  g.free_pages.insert(g.free_pages.end(), r.pages.rbegin(), r.pages.rend());
+  g.free_req_slots.push_back(r.req_slot);
+  g.free_mamba_slots.push_back(r.mamba_slot);
+  g.released_req_slots.push_back(r.req_slot);
+  g.running.erase(std::remove(g.running.begin(), g.running.end(), r.req.id), g.running.end());
+  r.pages.clear();
+  r.group = -1;
+}
+
+void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::string> err) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  request_state& r = it->second;
+  if (r.group < 0) {  // still waiting
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+    --queued_;
+  }
+  release(r);
+  request_event ev;
+  ev.finished = true;
+  ev.reason = reason;
+  ev.error = std::move(err);
+  ev.metrics.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+  ev.metrics.completion_tokens = static_cast<int32_t>(r.output.size());
+  ev.metrics.latency_ms = ms_since(r.req.arrival);
+  if (!r.output.empty())
+    ev.metrics.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.req.arrival).count();
+  if (r.req.sink) r.req.sink(std::move(ev));
+  requests_.erase(it);
+}
+
+void scheduler::admit() {
+  while (!waiting_.empty()) {
+    request_state& r = requests_.at(waiting_.front());
+    const int32_t need = pages_for(r);
+    int best = -1;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const group_state& gs = groups_[g];
+      if (gs.free_req_slots.empty() || gs.free_mamba_slots.empty()) continue;
+      if (static_cast<int32_t>(gs.free_pages.size()) < need) continue;
+      if (static_cast<int32_t>(gs.running.size()) >= cfg_.scheduler.max_running) continue;
+      if (best < 0 || gs.running.size() < groups_[static_cast<size_t>(best)].running.size()) best = static_cast<int>(g);
+    }
+    if (best < 0) {
+      // FCFS: the head waits for capacity. One that can never fit is rejected instead.
+      const int32_t total = hellos_.front().num_pages;
+      if (need > total)
+        finish(r.req.id, finish_reason::kAbort,
+               "request needs " + std::to_string(need) + " KV pages but a group has only " + std::to_string(total));
+      else
+        return;
+      continue;
+    }
+    group_state& gs = groups_[static_cast<size_t>(best)];
+    r.group = best;
+    r.req_slot = gs.free_req_slots.back();
+    gs.free_req_slots.pop_back();
+    r.mamba_slot = gs.free_mamba_slots.back();
+    gs.free_mamba_slots.pop_back();
+    for (int32_t i = 0; i < need; ++i) {
+      r.pages.push_back(gs.free_pages.back());
+      gs.free_pages.pop_back();
+    }
+    gs.running.push_back(r.req.id);
+    waiting_.pop_front();
+    --queued_;
+    if (r.req.sampling.max_new_tokens == 0) finish(r.req.id, finish_reason::kLength, std::nullopt);
+  }
+}
+
+void scheduler::schedule_group(int g) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  if (gs.in_flight || gs.running.empty()) return;
+  wire::step_plan plan;
+  plan.step_id = next_step_++;
+  int32_t budget = cfg_.scheduler.max_batch_tokens;
+  std::vector<uint64_t> decode_ids, prefill_ids;
+  for (uint64_t id : gs.running) {
+    const request_state& r = requests_.at(id);
+    (r.total_len() - r.consumed == 1 && r.consumed > 0 ? decode_ids : prefill_ids).push_back(id);
+  }
+  gs.step_rows.clear();
+  gs.step_tokens.clear();
+  auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
+    wire::plan_row row;
+    row.request_id = static_cast<int64_t>(r.req.id);
+    row.req_slot = r.req_slot;
+    row.mamba_slot = r.mamba_slot;
+    row.prefix_len = r.consumed;
+    for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
+    if (!r.pages_sent) {
+      row.first_page_pos = 0;
+      row.new_pages = r.pages;
+      row.reset_state = true;
+      r.pages_sent = true;
+    }
+    row.sample.temperature = r.req.sampling.temperature;
+    row.sample.top_k = r.req.sampling.top_k > 0 ? r.req.sampling.top_k : 0;
+    row.sample.top_p = r.req.sampling.top_p;
+    row.sample.seed = *r.req.sampling.seed;
+    row.output_index = static_cast<int32_t>(r.output.size());
+    row.is_decode = is_decode;
+    plan.rows.push_back(std::move(row));
+    r.in_step = true;
+    gs.step_rows.push_back(r.req.id);
+    gs.step_tokens.push_back(n);
+    budget -= n;
+  };
+  for (uint64_t id : decode_ids) {
+    if (budget <= 0) break;
+    add_row(requests_.at(id), 1, true);
+  }
+  const size_t n_decode = plan.rows.size();
+  for (uint64_t id : prefill_ids) {
+    if (budget <= 0) break;
+    request_state& r = requests_.at(id);
+    const int32_t n = std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget});
+    add_row(r, n, false);
+  }
+  if (plan.rows.empty()) return;
+  const bool has_prefill = plan.rows.size() > n_decode;
+  const bool has_decode = n_decode > 0;
+  if (has_prefill && has_decode) {
+    plan.mode = 2;  // Mixed
+    gs.mode = "mixed";
+  } else if (has_prefill) {
+    plan.mode = 0;  // Extend
+    gs.mode = "extend";
+    for (auto& row : plan.rows) row.is_decode = false;
+  } else {
+    plan.mode = 1;  // Decode
+    gs.mode = "decode";
+    for (auto& row : plan.rows) row.is_decode = false;
+  }
+  plan.free_req_slots = std::move(gs.released_req_slots);
+  gs.released_req_slots.clear();
+  gs.in_flight = true;
+  gs.step_id = plan.step_id;
+  gs.sent_at = clock::now();
+  link_.send_plan(g, wire::encode(plan));
+}
+
+void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  if (!gs.in_flight) throw error("group " + std::to_string(g) + " sent a result with no step in flight");
+  gs.in_flight = false;
+  const double seconds = ms_since(gs.sent_at) / 1000.0;
+  if (observer_.on_step) observer_.on_step(gs.mode, seconds);
+  std::optional<wire::step_result> res;
+  std::string failure;
+  try {
+    res = wire::decode_step_result(bytes);
+    if (!res->ok) failure = res->error;
+    else if (res->rows.size() != gs.step_rows.size()) failure = "result has the wrong number of rows";
+  } catch (const error& e) {
+    failure = std::string("corrupt step result: ") + e.what();
+  }
+  const std::vector<uint64_t> ids = gs.step_rows;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = requests_.find(ids[i]);
+    if (it == requests_.end()) continue;
+    request_state& r = it->second;
+    r.in_step = false;
+    if (!failure.empty()) {
+      std::fprintf(stderr, "[coordinator] step %llu on group %d failed: %s\n",
+                   static_cast<unsigned long long>(gs.step_id), g, failure.c_str());
+      finish(r.req.id, finish_reason::kAbort, "worker error: " + failure);
+      continue;
+    }
+    if (r.cancelled) {
+      finish(r.req.id, finish_reason::kAbort, std::nullopt);
+      continue;
+    }
+    r.consumed += gs.step_tokens[i];
+    if (r.consumed < r.total_len()) continue;  // a prefill chunk that does not end the prompt
+    const int32_t tok = res->rows[i].tokens.at(0);
+    if (r.output.empty()) r.first_token = clock::now();
+    r.output.push_back(tok);
+    const sampling_params& sp = r.req.sampling;
+    const bool is_stop = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end() ||
+                         (!sp.ignore_eos && info_.eos_token_id >= 0 && tok == info_.eos_token_id);
+    request_event ev;
+    ev.new_tokens = {tok};
+    if (is_stop) {
+      if (r.req.sink) r.req.sink(std::move(ev));
+      finish(r.req.id, finish_reason::kStop, std::nullopt);
+    } else if (static_cast<int32_t>(r.output.size()) >= sp.max_new_tokens || r.total_len() >= info_.max_context) {
+      if (r.req.sink) r.req.sink(std::move(ev));
+      finish(r.req.id, finish_reason::kLength, std::nullopt);
+    } else if (r.req.sink) {
+      r.req.sink(std::move(ev));
+    }
+  }
+}
+
+void scheduler::fail_all(const std::string& why) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  for (uint64_t id : ids) finish(id, finish_reason::kAbort, why);
+}
+
+void scheduler::report_load() {
+  if (observer_.on_load) {
+    int64_t running = 0;
+    for (const auto& g : groups_) running += static_cast<int64_t>(g.running.size());
+    observer_.on_load(static_cast<int64_t>(waiting_.size()) + static_cast<int64_t>(inbox_.size()), running);
+  }
+  if (observer_.on_capacity) {
+    int64_t pages = 0, slots = 0;
+    for (const auto& g : groups_) {
+      pages += static_cast<int64_t>(g.free_pages.size());
+      slots += static_cast<int64_t>(g.free_mamba_slots.size());
+    }
+    observer_.on_capacity(pages, slots);
+  }
+}
+
+int scheduler::run(const std::atomic<bool>& stop_requested) {
+  std::optional<clock::time_point> drain_deadline;
+  const auto step_timeout = std::chrono::duration<double>(cfg_.worker.step_timeout_s);
+  while (true) {
+    if (stop_requested.load() && !drain_deadline) {
+      draining_ = true;
+      drain_deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                          std::chrono::duration<double>(cfg_.server.drain_timeout_s));
+      std::fprintf(stderr, "[coordinator] draining %zu requests\n", requests_.size());
+    }
+    take_submissions();
+    take_cancellations();
+    admit();
+    bool busy = false;
+    for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
+      schedule_group(g);
+      busy = busy || groups_[static_cast<size_t>(g)].in_flight;
+    }
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu_);
+      report_load();
+    }
+    while (auto msg = link_.poll_result()) {
+      handle_result(msg->first, msg->second);
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const group_state& gs = groups_[g];
+      if (gs.in_flight && clock::now() - gs.sent_at > step_timeout) {
+        const std::string why = "data-parallel group " + std::to_string(g) + " (leader rank " +
+                                std::to_string(1 + static_cast<int>(g) * cfg_.parallel.tp) + ", host " +
+                                hellos_[g].host + ") did not answer step " + std::to_string(gs.step_id) +
+                                " within " + std::to_string(cfg_.worker.step_timeout_s) + " s";
+        std::fprintf(stderr, "[coordinator] fatal: %s\n", why.c_str());
+        healthy_ = false;
+        fail_all("fatal worker fault: " + why);
+        return 1;
+      }
+    }
+    if (drain_deadline) {
+      bool idle = requests_.empty();
+      for (const auto& gs : groups_) idle = idle && !gs.in_flight;
+      if (idle) return 0;
+      if (clock::now() > *drain_deadline) {
+        std::fprintf(stderr, "[coordinator] drain deadline passed; aborting %zu requests\n", requests_.size());
+        std::vector<uint64_t> ids;
+        for (const auto& [id, r] : requests_) ids.push_back(id);
+        for (uint64_t id : ids) finish(id, finish_reason::kAbort, std::string("the server shut down"));
+        // Results of in-flight steps are still collected so every worker is idle at shutdown.
+        const auto until = clock::now() + step_timeout;
+        for (auto& gs : groups_) {
+          while (gs.in_flight && clock::now() < until) {
+            if (auto msg = link_.poll_result()) groups_[static_cast<size_t>(msg->first)].in_flight = false;
+            else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        return 0;
+      }
+    }
+    if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace hyserve::coordinator

@@ -1,0 +1,109 @@
+#pragma once
+// Continuous-batching scheduler (DESIGN.md §3, §5). Runs on the thread that owns MPI; HTTP
+// threads only enqueue submissions and cancellations. It owns the memory bookkeeping of every
+// data-parallel group (request slots, mamba slots, KV pages), builds one step plan per idle
+// group (Extend, Decode or Mixed with chunked prefill), and turns step results into request
+// events.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/wire.h"
+#include "request.h"
+#include "transport.h"
+
+namespace hyserve::coordinator {
+
+struct scheduler_observer {
+  std::function<void(std::string_view mode, double seconds)> on_step;
+  std::function<void(int64_t queued, int64_t running)> on_load;
+  std::function<void(int64_t free_pages, int64_t free_slots)> on_capacity;
+  std::function<void()> on_cancel;
+};
+
+class scheduler final : public frontend {
+ public:
+  scheduler(const service_config& cfg, const model_config& mc, std::vector<wire::hello> groups, transport& link);
+
+  submit_result submit(generate_request req) override;
+  void cancel(uint64_t id) override;
+  model_info info() const override { return info_; }
+  bool healthy() const override { return healthy_.load(); }
+
+  void set_observer(scheduler_observer obs) { observer_ = std::move(obs); }
+
+  // The scheduling loop. Returns when stop was requested and in-flight work drained (0), or on
+  // a fatal worker fault (1, after failing every request).
+  int run(const std::atomic<bool>& stop_requested);
+
+ private:
+  using clock = std::chrono::steady_clock;
+  struct request_state {
+    generate_request req;
+    std::vector<int32_t> output;
+    int group = -1;
+    int32_t req_slot = -1, mamba_slot = -1;
+    std::vector<int32_t> pages;
+    int32_t consumed = 0;  // tokens of prompt + output already in the cache
+    bool pages_sent = false;
+    bool in_step = false;
+    bool cancelled = false;
+    clock::time_point first_token;
+    int32_t total_len() const { return static_cast<int32_t>(req.input_ids.size() + output.size()); }
+    int32_t token_at(int32_t i) const {
+      const auto n = static_cast<int32_t>(req.input_ids.size());
+      return i < n ? req.input_ids[static_cast<size_t>(i)] : output[static_cast<size_t>(i - n)];
+    }
+  };
+  struct group_state {
+    std::vector<int32_t> free_pages, free_req_slots, free_mamba_slots;
+    std::vector<int32_t> released_req_slots;  // shipped with the next plan
+    std::vector<uint64_t> running;
+    bool in_flight = false;
+    uint64_t step_id = 0;
+    std::string mode;
+    std::vector<uint64_t> step_rows;
+    std::vector<int32_t> step_tokens;  // tokens fed per row
+    clock::time_point sent_at;
+  };
+
+  void take_submissions();
+  void take_cancellations();
+  void admit();
+  void schedule_group(int g);
+  void handle_result(int g, const std::vector<uint8_t>& bytes);
+  void finish(uint64_t id, finish_reason reason, std::optional<std::string> error);
+  void release(request_state& r);
+  void fail_all(const std::string& why);
+  void report_load();
+  int32_t pages_for(const request_state& r) const;
+
+  service_config cfg_;
+  model_info info_;
+  transport& link_;
+  std::vector<wire::hello> hellos_;
+  std::vector<group_state> groups_;
+  scheduler_observer observer_;
+  std::atomic<bool> healthy_{true};
+  std::atomic<bool> draining_{false};
+
+  std::mutex inbox_mu_;  // guards the three inbox fields below (touched by HTTP threads)
+  std::deque<generate_request> inbox_;
+  std::vector<uint64_t> cancel_inbox_;
+  std::atomic<int64_t> queued_{0};
+  uint64_t next_id_ = 1;
+
+  std::deque<uint64_t> waiting_;
+  std::unordered_map<uint64_t, request_state> requests_;
+  uint64_t next_step_ = 1;
+};
+
+}  // namespace hyserve::coordinator

@@ -1,0 +1,80 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/sampling.h"
+
+namespace hyserve::kernels {
+namespace {
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+sample_output sample_cpu(const sample_params& p) {
+  if (!p.logits || p.vocab <= 0) throw invalid_argument_error("sample: logits and vocab > 0 are required");
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
+    throw invalid_argument_error("sample: temperature must be finite and >= 0, got " + std::to_string(p.temperature));
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+    throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  const float* x = p.logits;
+  const int64_t V = p.vocab;
+  // log-softmax normaliser of the raw logits (for the reported logprob).
+  const float mx = *std::max_element(x, x + V);
+  double z = 0.0;
+  for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(x[i] - mx));
+  const double log_z = static_cast<double>(mx) + std::log(z);
+  sample_output out;
+  if (p.temperature == 0.0f) {
+    out.token = static_cast<int32_t>(std::max_element(x, x + V) - x);  // first maximum
+  } else {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    // Descending by logit, ties to the lower id, so the candidate order is deterministic.
+    auto by_logit = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    int64_t keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
+    idx.resize(static_cast<size_t>(keep));
+    std::vector<double> prob(idx.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      prob[i] = std::exp(static_cast<double>(x[idx[i]] - mx) / p.temperature);
+      sum += prob[i];
+    }
+    size_t n = idx.size();
+    if (p.top_p < 1.0f) {
+      double acc = 0.0;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        acc += prob[i] / sum;
+        if (acc >= p.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    double mass = 0.0;
+    for (size_t i = 0; i < n; ++i) mass += prob[i];
+    const uint64_t r = mix(mix(p.seed + 0x9e3779b97f4a7c15ull) ^ (p.counter * 0xd1b54a32d192ed03ull));
+    const double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0) * mass;
+    double acc = 0.0;
+    out.token = idx[n - 1];
+    for (size_t i = 0; i < n; ++i) {
+      acc += prob[i];
+      if (u < acc) {
+        out.token = idx[i];
+        break;
+      }
+    }
+  }
+  out.logprob = static_cast<float>(static_cast<double>(x[out.token]) - log_z);
+  return out;
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,48 @@
+#pragma once
+// Executes step plans on one worker rank: applies the plan's page-table additions and state
+// resets, builds the forward batch and hybrid metadata, runs the model and samples. Every rank
+// of a tensor-parallel group runs the same plan; the group agrees on failures before any
+// collective so one rank's bad step cannot leave the others waiting.
+#include <cstdint>
+#include <memory>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/wire.h"
+#include "hyserve/worker/collective.h"
+#include "hyserve/worker/model.h"
+
+namespace hyserve::worker {
+
+// Test-only fault injection: throw in step `step` (counting executed plans from 0) on tp rank `rank`.
+struct fault_injection {
+  int64_t step = -1;  // -1 = never
+  int rank = 0;
+};
+
+class runner {
+ public:
+  runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault = {});
+  ~runner();
+
+  wire::hello capacity(int32_t dp_rank) const;
+  // Never throws for a bad plan or a failed step: the result carries ok = false and the message.
+  wire::step_result execute(const wire::step_plan& plan);
+  const model& get_model() const { return *model_; }
+
+ private:
+  void prepare(const wire::step_plan& plan, forward_batch& batch);
+  wire::step_result run(const wire::step_plan& plan, const forward_batch& batch);
+
+  std::unique_ptr<model> model_;
+  collective* comm_;
+  fault_injection fault_;
+  int64_t executed_ = 0;
+  int32_t page_size_ = 16;
+  int32_t num_pages_ = 0;
+  int32_t max_requests_ = 0;
+  std::unique_ptr<req_to_token_pool> req_to_token_;
+  std::unique_ptr<kv_cache> kv_;
+  std::unique_ptr<mamba_state_cache> mamba_;
+};
+
+}  // namespace hyserve::worker

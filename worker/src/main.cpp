@@ -1,0 +1,116 @@
+// Worker rank: executes the step plans of its data-parallel group (DESIGN.md §2–§3).
+//   mpirun -np 1 coordinator CONFIG : -np W worker CONFIG
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+#include "hyserve/common/topology.h"
+#include "hyserve/common/wire.h"
+#include "hyserve/worker/mpi_collective.h"
+#include "hyserve/worker/runner.h"
+
+namespace {
+
+using namespace hyserve;
+
+void say(const topology& t, const std::string& msg) {
+  std::fprintf(stderr, "[worker %d dp%d/tp%d] %s\n", t.world_rank, t.dp_rank(), t.tp_rank(), msg.c_str());
+  std::fflush(stderr);
+}
+
+// Leader: receives one control message from the coordinator; every rank: gets its bytes.
+std::vector<uint8_t> next_message(const topology& t, MPI_Comm tp_comm) {
+  std::vector<uint8_t> bytes;
+  uint64_t n = 0;
+  if (t.is_leader()) {
+    MPI_Status st;
+    MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    bytes.resize(static_cast<size_t>(count));
+    MPI_Recv(bytes.data(), count, MPI_BYTE, 0, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    n = bytes.size();
+  }
+  MPI_Bcast(&n, 1, MPI_UINT64_T, 0, tp_comm);
+  bytes.resize(n);
+  MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_BYTE, 0, tp_comm);
+  return bytes;
+}
+
+int run(int argc, char** argv) {
+  topology t;
+  MPI_Comm_rank(MPI_COMM_WORLD, &t.world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &t.world_size);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: worker CONFIG.yaml\n");
+    return 2;
+  }
+  service_config cfg;
+  try {
+    cfg = load_config_file(argv[1]);
+  } catch (const error& e) {
+    std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
+    return 1;
+  }
+  t.dp = cfg.parallel.dp;
+  t.tp = cfg.parallel.tp;
+  if (const std::string m = t.mismatch(); !m.empty()) {
+    std::fprintf(stderr, "[rank %d] %s\n", t.world_rank, m.c_str());
+    return 1;
+  }
+  MPI_Comm tp_comm;
+  MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
+  std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);
+  std::unique_ptr<worker::runner> r;
+  try {
+    const model_config mc = resolve_model_config(cfg);
+    worker::fault_injection fault{cfg.worker.fail_at_step, cfg.worker.fail_rank};
+    r = std::make_unique<worker::runner>(
+        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get()), cfg.cache, comm.get(), fault);
+  } catch (const error& e) {
+    say(t, std::string("start-up failed: ") + e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  if (t.is_leader()) {
+    const std::vector<uint8_t> hello = wire::encode(r->capacity(t.dp_rank()));
+    MPI_Send(hello.data(), static_cast<int>(hello.size()), MPI_BYTE, 0, static_cast<int>(mpi_tag::kHello),
+             MPI_COMM_WORLD);
+  }
+  say(t, "ready");
+  while (true) {
+    const std::vector<uint8_t> bytes = next_message(t, tp_comm);
+    wire::step_result res;
+    try {
+      const wire::message_type type = wire::peek_type(bytes);
+      if (type == wire::message_type::kShutdown) break;
+      res = r->execute(wire::decode_step_plan(bytes));
+    } catch (const error& e) {
+      // A corrupt or unexpected message fails this step only (every rank saw the same bytes).
+      res.ok = false;
+      res.error = std::string("bad control message: ") + e.what();
+    }
+    if (t.is_leader()) {
+      const std::vector<uint8_t> out = wire::encode(res);
+      MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, static_cast<int>(mpi_tag::kResult),
+               MPI_COMM_WORLD);
+    }
+  }
+  MPI_Comm_free(&tp_comm);
+  say(t, "shut down");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  const int rc = run(argc, argv);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,163 @@
+#include "hyserve/worker/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <unistd.h>
+
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/sampling.h"
+#include "hyserve/worker/hybrid_metadata.h"
+
+namespace hyserve::worker {
+
+runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault)
+    : model_(std::move(m)), comm_(comm), fault_(fault) {
+  const model_config& mc = model_->config();
+  page_size_ = cache.page_size;
+  max_requests_ = cache.max_requests;
+  const int32_t pages_per_req = (cache.max_context + cache.page_size - 1) / cache.page_size;
+  num_pages_ = cache.num_pages > 0 ? cache.num_pages : cache.max_requests * pages_per_req;
+  req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
+  kv_ = std::make_unique<kv_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention)), num_pages_,
+                                   cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim));
+  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kMamba2)),
+                                               cache.max_requests, model_->mamba_shape());
+}
+
+runner::~runner() = default;
+
+wire::hello runner::capacity(int32_t dp_rank) const {
+  wire::hello h;
+  h.dp_rank = dp_rank;
+  h.tp_size = comm_ ? comm_->size() : 1;
+  h.num_pages = num_pages_;
+  h.mamba_slots = max_requests_;
+  h.max_requests = max_requests_;
+  h.max_context = req_to_token_->max_context();
+  h.page_size = page_size_;
+  h.vocab_size = model_->config().vocab_size;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  h.host = host;
+  return h;
+}
+
+void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
+  if (fault_.step == executed_ && (comm_ ? comm_->rank() : 0) == fault_.rank)
+    throw error("injected worker failure in step " + std::to_string(executed_));
+  batch.mode = forward_mode_from_byte(plan.mode);
+  batch.draft_len = plan.draft_len;
+  batch.is_tree = plan.is_tree;
+  for (int32_t slot : plan.free_req_slots) {
+    if (slot < 0 || slot >= max_requests_) throw invalid_argument_error("free_req_slots: bad slot " + std::to_string(slot));
+    std::fill_n(req_to_token_->row(slot), req_to_token_->max_context(), -1);
+  }
+  const int32_t max_ctx = req_to_token_->max_context();
+  for (const wire::plan_row& r : plan.rows) {
+    const bool padding = r.mamba_slot < 0;
+    if (!padding) {
+      if (r.req_slot < 0 || r.req_slot >= max_requests_)
+        throw invalid_argument_error("request " + std::to_string(r.request_id) + ": req_slot " +
+                                     std::to_string(r.req_slot) + " outside [0, " + std::to_string(max_requests_) + ")");
+      if (r.mamba_slot >= mamba_->n_slots())
+        throw invalid_argument_error("request " + std::to_string(r.request_id) + ": mamba_slot " +
+                                     std::to_string(r.mamba_slot) + " outside [0, " + std::to_string(mamba_->n_slots()) + ")");
+      if (r.first_page_pos % page_size_ != 0)
+        throw invalid_argument_error("first_page_pos " + std::to_string(r.first_page_pos) + " is not page aligned");
+      int32_t* table = req_to_token_->row(r.req_slot);
+      for (size_t i = 0; i < r.new_pages.size(); ++i) {
+        const int32_t page = r.new_pages[i];
+        if (page < 0 || page >= num_pages_) throw invalid_argument_error("page " + std::to_string(page) + " out of range");
+        const int32_t first = r.first_page_pos + static_cast<int32_t>(i) * page_size_;
+        for (int32_t o = 0; o < page_size_ && first + o < max_ctx; ++o) table[first + o] = page * page_size_ + o;
+      }
+      if (r.prefix_len + static_cast<int32_t>(r.tokens.size()) > max_ctx)
+        throw invalid_argument_error("request " + std::to_string(r.request_id) + " exceeds max_context");
+    }
+    batch_row row;
+    row.request_id = r.request_id;
+    row.req_slot = padding ? -1 : r.req_slot;
+    row.mamba_slot = r.mamba_slot;
+    row.prefix_len = r.prefix_len;
+    row.tokens = r.tokens;
+    row.retrieve_next_token = r.retrieve_next_token;
+    row.retrieve_next_sibling = r.retrieve_next_sibling;
+    row.draft_step = r.draft_step;
+    row.is_decode = r.is_decode;
+    batch.rows.push_back(std::move(row));
+  }
+  for (const wire::plan_row& r : plan.rows)
+    if (r.reset_state && r.mamba_slot >= 0) mamba_->reset_slot(r.mamba_slot);
+}
+
+wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& batch) {
+  wire::step_result res;
+  res.step_id = plan.step_id;
+  const hybrid_metadata meta = build_hybrid_metadata(batch);
+  const model_context ctx{req_to_token_.get(), kv_.get(), mamba_.get()};
+  const host_tensor logits = model_->forward(batch, meta, ctx, forward_options{});
+  const int64_t vocab = model_->config().vocab_size;
+  // One logit row per row (per token for TargetVerify), in row order.
+  const size_t per_row = meta.logit_token_indices.size() / std::max<size_t>(batch.rows.size(), 1);
+  for (size_t b = 0; b < batch.rows.size(); ++b) {
+    wire::row_result rr;
+    rr.request_id = batch.rows[b].request_id;
+    const wire::plan_row& pr = plan.rows[b];
+    for (size_t j = 0; j < per_row; ++j) {
+      const float* row = logits.as<float>() + static_cast<int64_t>(b * per_row + j) * vocab;
+      kernels::sample_params sp;
+      sp.logits = row;
+      sp.vocab = vocab;
+      sp.temperature = pr.sample.temperature;
+      sp.top_k = pr.sample.top_k;
+      sp.top_p = pr.sample.top_p;
+      sp.seed = pr.sample.seed;
+      sp.counter = static_cast<uint64_t>(pr.output_index) + j;
+      const kernels::sample_output so = kernels::sample_cpu(sp);
+      rr.tokens.push_back(so.token);
+      if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
+    }
+    res.rows.push_back(std::move(rr));
+  }
+  return res;
+}
+
+wire::step_result runner::execute(const wire::step_plan& plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  forward_batch batch;
+  std::string failure;
+  try {
+    prepare(plan, batch);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  ++executed_;
+  // Agree on the prepare phase before the forward pass enters any collective.
+  float ok = failure.empty() ? 1.0f : 0.0f;
+  if (comm_ && comm_->size() > 1) {
+    float bad = 1.0f - ok;
+    comm_->all_reduce_sum(&bad, 1);
+    if (bad > 0.0f && failure.empty()) failure = "another rank of the group failed to prepare the step";
+  }
+  wire::step_result res;
+  res.step_id = plan.step_id;
+  if (failure.empty()) {
+    try {
+      res = run(plan, batch);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (!failure.empty()) {
+    res = wire::step_result{};
+    res.step_id = plan.step_id;
+    res.ok = false;
+    res.error = failure;
+  }
+  res.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace hyserve::worker
