@@ -60,12 +60,14 @@ void run_cpu(const paged_attention_params& p) {
   require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
   require_query_start_loc(p.query_start_loc, p.batch, op);
   int64_t max_len = 0;
+  // Rows without queries (q_len 0, e.g. batch padding) read nothing; their pages are not checked.
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+    if (q_len == 0) continue;
     const int64_t len = p.seq_lens[b];
-    const std::string at = "[" + std::to_string(b) + "]";
     if (len < q_len) {
-      fail(op, "seq_lens" + at, len, ("must be >= the row's query count " + std::to_string(q_len)).c_str());
+      fail(op, "seq_lens[" + std::to_string(b) + "]", len,
+           ("must be >= the row's query count " + std::to_string(q_len)).c_str());
     }
     const int64_t n_pages = (len + p.page_size - 1) / p.page_size;
     if (n_pages > p.page_table_stride) {
@@ -74,7 +76,9 @@ void run_cpu(const paged_attention_params& p) {
     }
     for (int64_t i = 0; i < n_pages; ++i) {
       const int32_t page = p.page_table[b * p.page_table_stride + i];
-      if (page < 0) fail(op, "page_table" + at + "[" + std::to_string(i) + "]", page, "must be a page >= 0");
+      if (page < 0) {
+        fail(op, "page_table[" + std::to_string(b) + "][" + std::to_string(i) + "]", page, "must be a page >= 0");
+      }
     }
     max_len = std::max(max_len, len);
   }

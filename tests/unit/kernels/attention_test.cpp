@@ -1,6 +1,8 @@
 // kv_write and paged attention against dense softmax attention computed in double over the
 // same per-token K/V. Pages are scattered (shuffled page ids) and unused cache memory holds
 // garbage, so a wrong page/offset computation shows up. Tolerance 1e-5 abs + 1e-5 rel.
+#include "hyserve/kernels/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "hyserve/kernels/attention.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {
@@ -138,7 +139,8 @@ TEST_P(PagedAttention, MatchesDenseSoftmax) {
         std::vector<double> sc(static_cast<size_t>(pos + 1));
         for (int64_t s = 0; s <= pos; ++s) {
           double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[t * q_stride + h * D + d]) * k_dense[b][s * kv_row + g * D + d];
+          for (int64_t d = 0; d < D; ++d)
+            dot += static_cast<double>(q[t * q_stride + h * D + d]) * k_dense[b][s * kv_row + g * D + d];
           sc[s] = dot * scale;
         }
         const double m = *std::max_element(sc.begin(), sc.end());
@@ -181,15 +183,14 @@ TEST_P(PagedAttention, MatchesDenseSoftmax) {
 const std::vector<attn_row> kExtend{{0, 5}, {7, 3}, {20, 1}, {33, 17}};
 const std::vector<attn_row> kDecode{{0, 1}, {15, 1}, {40, 1}, {1, 1}};
 
-INSTANTIATE_TEST_SUITE_P(Grid, PagedAttention,
-                         testing::Values(attn_case{1, 2, 1, 8, kExtend, "extend"}, attn_case{3, 2, 2, 8, kExtend, "extend"},
-                                         attn_case{16, 2, 4, 16, kExtend, "extend"},
-                                         attn_case{16, 1, 4, 8, kExtend, "extend"},
-                                         attn_case{1, 2, 4, 16, kDecode, "decode"}, attn_case{3, 1, 2, 8, kDecode, "decode"},
-                                         attn_case{16, 2, 1, 64, kDecode, "decode"},
-                                         attn_case{16, 4, 2, 64, {{0, 40}}, "prefill"},
-                                         attn_case{5, 2, 2, 8, {{64, 0}, {3, 2}}, "emptyrow"}),
-                         attn_name);
+INSTANTIATE_TEST_SUITE_P(
+    Grid, PagedAttention,
+    testing::Values(attn_case{1, 2, 1, 8, kExtend, "extend"}, attn_case{3, 2, 2, 8, kExtend, "extend"},
+                    attn_case{16, 2, 4, 16, kExtend, "extend"}, attn_case{16, 1, 4, 8, kExtend, "extend"},
+                    attn_case{1, 2, 4, 16, kDecode, "decode"}, attn_case{3, 1, 2, 8, kDecode, "decode"},
+                    attn_case{16, 2, 1, 64, kDecode, "decode"}, attn_case{16, 4, 2, 64, {{0, 40}}, "prefill"},
+                    attn_case{5, 2, 2, 8, {{64, 0}, {3, 2}}, "emptyrow"}),
+    attn_name);
 
 }  // namespace
 }  // namespace hyserve::kernels

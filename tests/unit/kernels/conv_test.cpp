@@ -31,8 +31,8 @@ struct conv_case {
 
 std::string conv_name(const testing::TestParamInfo<conv_case>& info) {
   const auto& c = info.param;
-  std::string s = "k" + std::to_string(c.width) + "_dim" + std::to_string(c.dim) + "_len" + test::join(c.lens) + "_seqs" +
-                  std::to_string(c.lens.size());
+  std::string s = "k" + std::to_string(c.width) + "_dim" + std::to_string(c.dim) + "_len" + test::join(c.lens) +
+                  "_seqs" + std::to_string(c.lens.size());
   s += c.init == 0 ? "_noinit" : c.init == 1 ? "_init" : "_mixedinit";
   if (c.pad) s += "_pad";
   if (!c.bias) s += "_nobias";
@@ -207,7 +207,8 @@ TEST_P(ConvUpdate, MatchesNaive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, ConvUpdate,
-                         testing::Values(update_case{2, 8, 1, false, true, true}, update_case{3, 70, 4, true, true, true},
+                         testing::Values(update_case{2, 8, 1, false, true, true},
+                                         update_case{3, 70, 4, true, true, true},
                                          update_case{4, 130, 5, true, false, true},
                                          update_case{4, 64, 3, false, true, false}),
                          update_name);

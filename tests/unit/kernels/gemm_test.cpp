@@ -1,5 +1,7 @@
 // gemm (through the BLAS) against a triple loop in double, over transposes, padded leading
 // dimensions and alpha/beta. Tolerance 1e-5 abs + 1e-5 rel (k <= 80, values in [-1, 1)).
+#include "hyserve/kernels/gemm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <tuple>
 #include <vector>
 
-#include "hyserve/kernels/gemm.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {

@@ -268,6 +268,17 @@ TEST(InvalidParams, Attention) {
   bad.q_stride = 8;
   expect_invalid([&] { run_cpu(bad); }, "q_stride = 8");
 
+  // A row without queries reads no pages: a padding row with an unset page table is accepted.
+  const std::vector<int32_t> qsl2{0, 2, 2};
+  const std::vector<int32_t> seq_lens2{5, 9};
+  const std::vector<int32_t> pages2{0, 1, -1, -1, -1, -1};
+  bad = p;
+  bad.batch = 2;
+  bad.query_start_loc = qsl2.data();
+  bad.seq_lens = seq_lens2.data();
+  bad.page_table = pages2.data();
+  EXPECT_NO_THROW(run_cpu(bad));
+
   const std::vector<int32_t> locs{0, -3};
   kv_write_params w;
   w.k = w.v = f();

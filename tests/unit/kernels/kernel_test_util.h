@@ -40,9 +40,9 @@ void expect_close(const float* got, const Want* want, size_t n, double atol, dou
       ++bad;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements out of tolerance (atol " << atol
-                     << ", rtol " << rtol << "); worst at " << worst << ": got " << (n ? got[worst] : 0.0f)
-                     << ", want " << (n ? static_cast<double>(want[worst]) : 0.0);
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements out of tolerance (atol " << atol << ", rtol "
+                     << rtol << "); worst at " << worst << ": got " << (n ? got[worst] : 0.0f) << ", want "
+                     << (n ? static_cast<double>(want[worst]) : 0.0);
 }
 
 template <class Want>

@@ -1,12 +1,13 @@
 // RMSNorm and gated RMSNorm against direct formulas in double; the two-phase (tensor-parallel)
 // gated path against the one-phase result. Tolerance 1e-5 abs + 1e-5 rel.
+#include "hyserve/kernels/norm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "hyserve/kernels/norm.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {

@@ -2,13 +2,14 @@
 // float32 arithmetic (inv_freq and position·inv_freq in fp32), the rotation is done in double:
 // tolerance 1e-5 abs. A second check against an all-double angle for positions < 512 (where
 // fp32 angle rounding stays below 1e-4) ties the fp32 recipe to the mathematical definition.
+#include "hyserve/kernels/rope.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "hyserve/kernels/rope.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {
@@ -73,7 +74,8 @@ TEST_P(Rope, MatchesDirectFormula) {
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t off = t * stride + h * c.head_dim;
-        const std::string at = std::string(what) + " pos " + std::to_string(positions[t]) + " head " + std::to_string(h);
+        const std::string at =
+            std::string(what) + " pos " + std::to_string(positions[t]) + " head " + std::to_string(h);
         const auto want = rotate_ref(before.data() + off, c.head_dim, c.rotary_dim, positions[t], c.theta, true);
         test::expect_close(after.data() + off, want.data(), static_cast<size_t>(c.head_dim), 1e-5, 0.0, at);
         if (positions[t] < 512) {

@@ -3,6 +3,8 @@
 //   S_t = exp(dt·A)·S_{t-1} + dt·x_t ⊗ B_t;  y_t = S_t·C_t + D·x_t
 // Tolerance: |got − want| <= 1e-5 + 1e-5·|want| on outputs and final states (values are O(0.1)
 // to O(10); the largest observed error of the fp32 kernels is 1.5e-6, at d_state 128).
+#include "hyserve/kernels/ssm.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "hyserve/kernels/ssm.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {
@@ -31,8 +32,8 @@ struct ssm_problem {
   int64_t x_stride = 0, dt_stride = 0, bc_stride = 0, y_stride = 0;
   std::vector<float> x, dt, dt_bias, A_log, B, C, D, y, states;
 
-  ssm_problem(int64_t tokens_, int64_t heads_, int64_t head_dim_, int64_t d_state_, int64_t n_groups_,
-              int64_t n_slots_, uint32_t seed)
+  ssm_problem(int64_t tokens_, int64_t heads_, int64_t head_dim_, int64_t d_state_, int64_t n_groups_, int64_t n_slots_,
+              uint32_t seed)
       : tokens(tokens_), heads(heads_), head_dim(head_dim_), d_state(d_state_), n_groups(n_groups_), n_slots(n_slots_) {
     x_stride = heads * head_dim + 3;  // padded strides catch stride mix-ups
     dt_stride = heads + 1;
@@ -202,14 +203,14 @@ INSTANTIATE_TEST_SUITE_P(
         // lengths 37 (two full chunks + tail), 16 (exactly one chunk), 1 (single token)
         scan_case{1, 4, 8, 16, {37, 16, 1}, 16, 0, false}, scan_case{1, 4, 8, 16, {37, 16, 1}, 16, 1, true},
         scan_case{2, 4, 8, 16, {37, 16, 1}, 16, 2, true}, scan_case{2, 4, 8, 16, {37, 16, 1}, 16, 1, false},
-        scan_case{4, 8, 4, 8, {64}, 16, 1, false},                  // exact multiple of the chunk
-        scan_case{1, 6, 8, 16, {5, 100, 33}, 32, 2, true},          // hpg 6, mixed init
-        scan_case{2, 8, 16, 32, {1}, 8, 1, true},                   // decode-sized prefill
-        scan_case{1, 4, 8, 16, {200}, 256, 1, false},               // one partial chunk, chunk > len
-        scan_case{1, 2, 8, 16, {50, 17}, 1, 2, false},              // chunk of one token
-        scan_case{1, 4, 8, 16, {37, 16, 1}, 16, 1, true, 0.1f, 0.5f},  // dt limits active
+        scan_case{4, 8, 4, 8, {64}, 16, 1, false},                                   // exact multiple of the chunk
+        scan_case{1, 6, 8, 16, {5, 100, 33}, 32, 2, true},                           // hpg 6, mixed init
+        scan_case{2, 8, 16, 32, {1}, 8, 1, true},                                    // decode-sized prefill
+        scan_case{1, 4, 8, 16, {200}, 256, 1, false},                                // one partial chunk, chunk > len
+        scan_case{1, 2, 8, 16, {50, 17}, 1, 2, false},                               // chunk of one token
+        scan_case{1, 4, 8, 16, {37, 16, 1}, 16, 1, true, 0.1f, 0.5f},                // dt limits active
         scan_case{2, 4, 8, 16, {40, 9}, 16, 1, false, 0.0f, 3.4e38f, false, false},  // no dt_bias, no D
-        scan_case{1, 4, 64, 128, {300, 70}, 128, 1, true},          // Mamba2-like head shape
+        scan_case{1, 4, 64, 128, {300, 70}, 128, 1, true},                           // Mamba2-like head shape
         scan_case{1, 2, 8, 16, {300}, 256, 1, false, 0.0f, 3.4e38f, true, true, 4.0f}),
     scan_name);
 
