@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -45,6 +45,9 @@ std::string_view node_kind_name(const YAML::Node& n) {
   return "?";
 }
 
+// Absent keys come back from a const operator[] as undefined nodes, whose Type() throws.
+bool is_map(const YAML::Node& n) { return n.IsDefined() && n.IsMap(); }
+
 // Walks the YAML tree. Every error is "<dotted.path>: <reason>", prefixed with
 // "<file>:<line>: " when the text came from a file.
 class yaml_reader {
@@ -66,7 +69,7 @@ class yaml_reader {
   std::set<std::string> check_keys(const YAML::Node& node, const std::string& path,
                                    std::initializer_list<std::string_view> known) const {
     std::set<std::string> seen;
-    if (node.IsNull()) return seen;
+    if (!node.IsDefined() || node.IsNull()) return seen;
     if (!node.IsMap()) fail(node, path, "expected a mapping, got " + describe(node));
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar()) fail(it->first, path, "mapping keys must be plain names");
@@ -139,18 +142,23 @@ class yaml_reader {
     fail(n, path, "expected a boolean (true or false), got '" + s + "'");
   }
 
-  std::string get_string(const YAML::Node& n, const std::string& path) const {
-    return scalar(n, path, "a string");
-  }
+  std::string get_string(const YAML::Node& n, const std::string& path) const { return scalar(n, path, "a string"); }
 
   // Scalar that must be one of `known`; returns its index in the list.
   size_t get_enum(const YAML::Node& n, const std::string& path, std::string_view what,
                   std::initializer_list<std::string_view> known) const {
     const std::string& s = scalar(n, path, "one of: " + join(known));
     const auto it = std::find(known.begin(), known.end(), s);
-    if (it == known.end())
-      fail(n, path, "unknown " + std::string(what) + " '" + s + "' (known: " + join(known) + ")");
+    if (it == known.end()) fail(n, path, "unknown " + std::string(what) + " '" + s + "' (known: " + join(known) + ")");
     return static_cast<size_t>(it - known.begin());
+  }
+
+  // A duration in seconds: finite, > 0 (or >= 0 when zero means "do not wait").
+  double get_seconds(const YAML::Node& n, const std::string& path, bool allow_zero) const {
+    const double v = get_double(n, path);
+    if (v < 0.0 || (!allow_zero && v == 0.0))
+      fail(n, path, std::string(allow_zero ? "must be >= 0" : "must be > 0") + ", got " + n.Scalar());
+    return v;
   }
 
   // Integer with a lower bound: "<path>: must be >= lo, got v".
@@ -160,23 +168,45 @@ class yaml_reader {
     return v;
   }
 
+  int64_t get_int64_min(const YAML::Node& n, const std::string& path, int64_t lo) const {
+    const int64_t v = get_int64(n, path);
+    if (v < lo) fail(n, path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+    return v;
+  }
+
  private:
   std::string file_;
 };
 
-// Reads `section[key]` into `out` through `read` when the key is present.
+// Calls `read(section[key])` when the key is present.
 template <typename Fn>
 void if_present(const YAML::Node& section, const char* key, Fn&& read) {
-  if (section.IsMap() && section[key]) read(section[key]);
+  if (is_map(section) && section[key]) read(section[key]);
 }
 
 void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_model_config& out) {
   const std::string base = "model.synthetic";
   r.check_keys(node, base,
-               {"arch", "vocab_size", "hidden_size", "num_layers", "attn_layer_indices", "num_attention_heads",
-                "num_kv_heads", "head_dim", "intermediate_size", "mamba_n_heads", "mamba_d_head", "mamba_d_state",
-                "mamba_n_groups", "mamba_d_conv", "mamba_chunk_size", "partial_rotary_factor", "rope_theta",
-                "rms_norm_eps", "tie_word_embeddings", "seed"});
+               {"arch",
+                "vocab_size",
+                "hidden_size",
+                "num_layers",
+                "attn_layer_indices",
+                "num_attention_heads",
+                "num_kv_heads",
+                "head_dim",
+                "intermediate_size",
+                "mamba_n_heads",
+                "mamba_d_head",
+                "mamba_d_state",
+                "mamba_n_groups",
+                "mamba_d_conv",
+                "mamba_chunk_size",
+                "partial_rotary_factor",
+                "rope_theta",
+                "rms_norm_eps",
+                "tie_word_embeddings",
+                "seed"});
   const auto path = [&](const char* key) { return base + "." + key; };
   const auto int_or = [&](const char* key, int64_t def) {
     int64_t v = def;
@@ -194,7 +224,8 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
   c.vocab_size = int_or("vocab_size", 512);
   c.hidden_size = int_or("hidden_size", 64);
   c.num_layers = int_or("num_layers", 4);
-  if (c.num_layers > (1 << 20)) r.fail(node["num_layers"], path("num_layers"), "too many layers, got " + std::to_string(c.num_layers));
+  if (c.num_layers > (1 << 20))
+    r.fail(node["num_layers"], path("num_layers"), "too many layers, got " + std::to_string(c.num_layers));
   c.num_attention_heads = int_or("num_attention_heads", 4);
   c.num_kv_heads = int_or("num_kv_heads", std::min<int64_t>(2, c.num_attention_heads));
   c.head_dim = int_or("head_dim", std::max<int64_t>(1, c.hidden_size / c.num_attention_heads));
@@ -219,10 +250,11 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
 
   // Attention layers: the listed indices; by default layer 1 (as in bamba-tiny) when there is one.
   c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);
-  if (node.IsMap() && node["attn_layer_indices"]) {
+  if (is_map(node) && node["attn_layer_indices"]) {
     const YAML::Node idx = node["attn_layer_indices"];
     const std::string p = path("attn_layer_indices");
-    if (!idx.IsSequence() && !idx.IsNull()) r.fail(idx, p, "expected a sequence of layer indices, got " + r.describe(idx));
+    if (!idx.IsSequence() && !idx.IsNull())
+      r.fail(idx, p, "expected a sequence of layer indices, got " + r.describe(idx));
     for (size_t k = 0; idx.IsSequence() && k < idx.size(); ++k) {
       const YAML::Node e = idx[k];
       const int64_t i = r.get_int64(e, p);
@@ -285,9 +317,9 @@ void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) 
 service_config parse_config(const std::string& text, const std::string& file) {
   const yaml_reader r(file);
   const std::string where = file.empty() ? std::string(kStringSource) : file;
-  YAML::Node root;
+  YAML::Node loaded;
   try {
-    root = YAML::Load(text);
+    loaded = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     throw config_error(where + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
                        ": YAML syntax error: " + e.msg);
@@ -295,6 +327,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     throw config_error(where + ": YAML error: " + e.what());
   }
 
+  // Read through a const node: a non-const operator[] may insert the keys it looks up.
+  const YAML::Node root = loaded;
   service_config cfg;
   cfg.source = where;
   try {
@@ -303,7 +337,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
       r.fail(root, "(top level)", "expected a mapping of sections, got " + r.describe(root));
     }
     r.check_keys(root, "",
-                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server"});
+                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server", "worker"});
 
     if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
     read_model(r, root["model"], cfg.model);
@@ -341,8 +375,9 @@ service_config parse_config(const std::string& text, const std::string& file) {
     if_present(sched, "max_batch_tokens", [&](const YAML::Node& n) {
       cfg.scheduler.max_batch_tokens = r.get_int32_min(n, "scheduler.max_batch_tokens", 1);
     });
-    if_present(sched, "max_running",
-               [&](const YAML::Node& n) { cfg.scheduler.max_running = r.get_int32_min(n, "scheduler.max_running", 1); });
+    if_present(sched, "max_running", [&](const YAML::Node& n) {
+      cfg.scheduler.max_running = r.get_int32_min(n, "scheduler.max_running", 1);
+    });
     if_present(sched, "chunked_prefill", [&](const YAML::Node& n) {
       cfg.scheduler.chunked_prefill = r.get_int32_min(n, "scheduler.chunked_prefill", 1);
     });
@@ -360,15 +395,16 @@ service_config parse_config(const std::string& text, const std::string& file) {
                [&](const YAML::Node& n) { cfg.sparsity.page_budget = r.get_int32_min(n, "sparsity.page_budget", 1); });
     if_present(sp, "sink_pages",
                [&](const YAML::Node& n) { cfg.sparsity.sink_pages = r.get_int32_min(n, "sparsity.sink_pages", 0); });
-    if_present(sp, "recent_pages",
-               [&](const YAML::Node& n) { cfg.sparsity.recent_pages = r.get_int32_min(n, "sparsity.recent_pages", 0); });
+    if_present(sp, "recent_pages", [&](const YAML::Node& n) {
+      cfg.sparsity.recent_pages = r.get_int32_min(n, "sparsity.recent_pages", 0);
+    });
     if_present(sp, "min_seq_len",
                [&](const YAML::Node& n) { cfg.sparsity.min_seq_len = r.get_int32_min(n, "sparsity.min_seq_len", 0); });
     // The budget must leave room for at least one selected page besides the sink and recent ones.
     const int64_t min_budget =
         static_cast<int64_t>(cfg.sparsity.sink_pages) + static_cast<int64_t>(cfg.sparsity.recent_pages) + 1;
     if (cfg.sparsity.page_budget < min_budget)
-      r.fail(sp.IsMap() && sp["page_budget"] ? sp["page_budget"] : sp, "sparsity.page_budget",
+      r.fail(is_map(sp) && sp["page_budget"] ? sp["page_budget"] : root, "sparsity.page_budget",
              "must be >= sink_pages + recent_pages + 1 = " + std::to_string(min_budget) + ", got " +
                  std::to_string(cfg.sparsity.page_budget));
 
@@ -385,7 +421,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
 
     const YAML::Node srv = root["server"];
-    r.check_keys(srv, "server", {"host", "port"});
+    r.check_keys(srv, "server", {"host", "port", "api_key", "max_body_bytes", "threads", "drain_timeout_s"});
     if_present(srv, "host", [&](const YAML::Node& n) {
       cfg.server.host = r.get_string(n, "server.host");
       if (cfg.server.host.empty()) r.fail(n, "server.host", "must not be empty");
@@ -394,6 +430,33 @@ service_config parse_config(const std::string& text, const std::string& file) {
       const int32_t v = r.get_int32(n, "server.port");
       if (v < 1 || v > 65535) r.fail(n, "server.port", "must be in 1..65535, got " + std::to_string(v));
       cfg.server.port = v;
+    });
+    if_present(srv, "api_key", [&](const YAML::Node& n) { cfg.server.api_key = r.get_string(n, "server.api_key"); });
+    if_present(srv, "max_body_bytes", [&](const YAML::Node& n) {
+      cfg.server.max_body_bytes = r.get_int64_min(n, "server.max_body_bytes", 1);
+    });
+    if_present(srv, "threads",
+               [&](const YAML::Node& n) { cfg.server.threads = r.get_int32_min(n, "server.threads", 1); });
+    if_present(srv, "drain_timeout_s", [&](const YAML::Node& n) {
+      cfg.server.drain_timeout_s = r.get_seconds(n, "server.drain_timeout_s", /*allow_zero=*/true);
+    });
+
+    const YAML::Node wk = root["worker"];
+    r.check_keys(wk, "worker", {"step_timeout_s", "startup_timeout_s", "fail_at_step", "fail_rank"});
+    if_present(wk, "step_timeout_s", [&](const YAML::Node& n) {
+      cfg.worker.step_timeout_s = r.get_seconds(n, "worker.step_timeout_s", /*allow_zero=*/false);
+    });
+    if_present(wk, "startup_timeout_s", [&](const YAML::Node& n) {
+      cfg.worker.startup_timeout_s = r.get_seconds(n, "worker.startup_timeout_s", /*allow_zero=*/false);
+    });
+    if_present(wk, "fail_at_step",
+               [&](const YAML::Node& n) { cfg.worker.fail_at_step = r.get_int64_min(n, "worker.fail_at_step", -1); });
+    if_present(wk, "fail_rank", [&](const YAML::Node& n) {
+      cfg.worker.fail_rank = r.get_int32_min(n, "worker.fail_rank", 0);
+      if (cfg.worker.fail_rank >= cfg.parallel.tp)
+        r.fail(n, "worker.fail_rank",
+               "must be < parallel.tp = " + std::to_string(cfg.parallel.tp) + ", got " +
+                   std::to_string(cfg.worker.fail_rank));
     });
   } catch (const YAML::Exception& e) {
     throw config_error(where + ": YAML error: " + e.what());
@@ -424,8 +487,8 @@ service_config load_config_file(const std::string& path) {
       candidates.push_back(fs::absolute(given, ec));
       candidates.push_back(fs::absolute(fs::path(path), ec).parent_path() / given);
     }
-    const auto found = std::find_if(candidates.begin(), candidates.end(),
-                                    [&](const fs::path& p) { return fs::is_directory(p, ec); });
+    const auto found =
+        std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& p) { return fs::is_directory(p, ec); });
     if (found == candidates.end())
       throw config_error(path + ": model.path: directory '" + cfg.model.path + "' not found" +
                          (given.is_absolute() ? std::string()
@@ -438,7 +501,8 @@ service_config load_config_file(const std::string& path) {
 
 model_config resolve_model_config(const service_config& cfg) {
   if (cfg.model.synthetic) return cfg.model.synthetic->arch;
-  if (cfg.model.path.empty()) throw config_error(cfg.source + ": model: exactly one of path or synthetic must be given");
+  if (cfg.model.path.empty())
+    throw config_error(cfg.source + ": model: exactly one of path or synthetic must be given");
   return read_hf_config((std::filesystem::path(cfg.model.path) / "config.json").string());
 }
 

@@ -1,9 +1,8 @@
 // The single translation unit that compiles Boost.JSON (header-only use), plus the small
 // helpers declared in json.h.
-#include <boost/json/src.hpp>
-
 #include "hyserve/common/json.h"
 
+#include <boost/json/src.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>

@@ -1,12 +1,11 @@
 #include "hyserve/common/model_config.h"
 
+#include <boost/json.hpp>
 #include <cfloat>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <string_view>
-
-#include <boost/json.hpp>
 
 #include "hyserve/common/error.h"
 #include "hyserve/common/json.h"
@@ -17,10 +16,8 @@ namespace {
 
 namespace json = boost::json;
 
-std::string fmt_float(double v) {
-  std::string s = json::serialize(json::value(v));  // shortest round-trip form
-  return s;
-}
+// Shortest round-trip decimal form of a float for messages.
+std::string fmt_float(double v) { return json::serialize(json::value(v)); }
 
 // Typed access to the fields of one config.json; every error names the file and the field.
 class hf_reader {
@@ -45,7 +42,8 @@ class hf_reader {
 
   int64_t to_int(std::string_view field, const json::value& v) const {
     if (v.is_int64()) return v.get_int64();
-    if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());
+    if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX))
+      return static_cast<int64_t>(v.get_uint64());
     fail(field, "expected an integer, got " + json_excerpt(v));
   }
 
@@ -146,8 +144,8 @@ void read_bamba(const hf_reader& r, model_config& c) {
     for (const json::value& e : idx->get_array()) {
       const int64_t i = r.to_int("attn_layer_indices", e);
       if (i < 0 || i >= c.num_layers)
-        r.fail("attn_layer_indices", "index " + std::to_string(i) + " out of range for " +
-                                         std::to_string(c.num_layers) + " layers");
+        r.fail("attn_layer_indices",
+               "index " + std::to_string(i) + " out of range for " + std::to_string(c.num_layers) + " layers");
       if (c.layer_kinds[static_cast<size_t>(i)] == layer_kind::kAttention)
         r.fail("attn_layer_indices", "index " + std::to_string(i) + " listed twice");
       c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
@@ -219,7 +217,8 @@ void read_bamba(const hf_reader& r, model_config& c) {
       const std::string field = "time_step_limit[" + std::to_string(i) + "]";
       const double d = r.to_double(field, tl->get_array()[i]);
       if (std::isnan(d)) r.fail(field, "NaN is not a valid bound");
-      bounds[i] = static_cast<float>(std::fmax(-static_cast<double>(FLT_MAX), std::fmin(d, static_cast<double>(FLT_MAX))));
+      bounds[i] =
+          static_cast<float>(std::fmax(-static_cast<double>(FLT_MAX), std::fmin(d, static_cast<double>(FLT_MAX))));
     }
     c.time_step_min = bounds[0];
     c.time_step_max = bounds[1];
@@ -237,7 +236,8 @@ void require_positive(const char* field, int64_t v) {
 }  // namespace
 
 int64_t model_config::rotary_dim() const {
-  const auto d = static_cast<int64_t>(std::floor(static_cast<double>(head_dim) * static_cast<double>(partial_rotary_factor)));
+  const auto d =
+      static_cast<int64_t>(std::floor(static_cast<double>(head_dim) * static_cast<double>(partial_rotary_factor)));
   return d - (d % 2);
 }
 
@@ -252,8 +252,8 @@ void model_config::validate() const {
   require_positive("hidden_size", hidden_size);
   require_positive("num_layers", num_layers);
   if (static_cast<int64_t>(layer_kinds.size()) != num_layers)
-    invalid("layer_kinds", "has " + std::to_string(layer_kinds.size()) + " entries for " + std::to_string(num_layers) +
-                               " layers");
+    invalid("layer_kinds",
+            "has " + std::to_string(layer_kinds.size()) + " entries for " + std::to_string(num_layers) + " layers");
   if (!(rms_norm_eps > 0.0f) || !std::isfinite(rms_norm_eps))
     invalid("rms_norm_eps", "must be a positive finite number, got " + fmt_float(rms_norm_eps));
   if (max_position_embeddings < 0)
@@ -293,14 +293,13 @@ void model_config::validate() const {
     invalid("mamba_n_heads", "must be a multiple of mamba_n_groups (" + std::to_string(mamba_n_groups) + "), got " +
                                  std::to_string(mamba_n_heads));
   if (mamba_expand * hidden_size != mamba_n_heads * mamba_d_head)
-    throw config_error("inconsistent dimensions: mamba_expand x hidden_size = " + std::to_string(mamba_expand) +
-                       " x " + std::to_string(hidden_size) + " = " + std::to_string(mamba_expand * hidden_size) +
+    throw config_error("inconsistent dimensions: mamba_expand x hidden_size = " + std::to_string(mamba_expand) + " x " +
+                       std::to_string(hidden_size) + " = " + std::to_string(mamba_expand * hidden_size) +
                        ", but mamba_n_heads x mamba_d_head = " + std::to_string(mamba_n_heads) + " x " +
                        std::to_string(mamba_d_head) + " = " + std::to_string(mamba_n_heads * mamba_d_head));
-  if (std::isnan(time_step_min) || std::isnan(time_step_max) || time_step_min < 0.0f ||
-      time_step_min > time_step_max)
-    invalid("time_step_limit", "must satisfy 0 <= min <= max, got [" + fmt_float(time_step_min) + ", " +
-                                   fmt_float(time_step_max) + "]");
+  if (std::isnan(time_step_min) || std::isnan(time_step_max) || time_step_min < 0.0f || time_step_min > time_step_max)
+    invalid("time_step_limit",
+            "must satisfy 0 <= min <= max, got [" + fmt_float(time_step_min) + ", " + fmt_float(time_step_max) + "]");
 }
 
 model_config read_hf_config(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/json.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -13,8 +14,6 @@
 #include <optional>
 #include <set>
 #include <utility>
-
-#include <boost/json.hpp>
 
 #include "hyserve/common/error.h"
 #include "hyserve/common/json.h"
@@ -169,10 +168,9 @@ tensor_info parse_entry(const std::string& path, const std::string& name, const 
 // f32/bf16/f16 element run → f32. Sources may be unaligned inside the mapping (the data section
 // starts at 8 + header length), so elements are read with memcpy.
 void convert_to_f32(const uint8_t* src, dtype t, size_t n, float* dst) {
+  if (n == 0) return;  // empty tensors own no storage (dst is null)
   switch (t) {
-    case dtype::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
+    case dtype::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
     case dtype::kBF16:
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
@@ -188,8 +186,7 @@ void convert_to_f32(const uint8_t* src, dtype t, size_t n, float* dst) {
       }
       return;
     case dtype::kI32:
-    case dtype::kI64:
-      break;
+    case dtype::kI64: break;
   }
   HYSERVE_CHECK(false, "convert_to_f32 called with an integer dtype");
 }
@@ -201,7 +198,7 @@ bool is_float_type(dtype t) { return t == dtype::kF32 || t == dtype::kBF16 || t 
 struct safetensors_file::impl {
   std::string path;
   file_mapping mapping;
-  const uint8_t* data = nullptr;          // start of the data section (mapping + 8 + header length)
+  const uint8_t* data = nullptr;               // start of the data section (mapping + 8 + header length)
   std::map<std::string, tensor_info> tensors;  // sorted by name
 
   const tensor_info& find(const std::string& name) const {
@@ -244,8 +241,8 @@ safetensors_file safetensors_file::open(const std::string& path) {
   uint64_t header_len = 0;  // u64 little-endian
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
   if (header_len > file_size - 8)
-    fail(path, "header length " + std::to_string(header_len) + " past end of file (size " +
-                   std::to_string(file_size) + ")");
+    fail(path,
+         "header length " + std::to_string(header_len) + " past end of file (size " + std::to_string(file_size) + ")");
   const uint64_t data_size = file_size - 8 - header_len;
   p->data = bytes + 8 + header_len;
 
@@ -259,8 +256,7 @@ safetensors_file safetensors_file::open(const std::string& path) {
     if (name == "__metadata__") {
       if (!value.is_object()) fail(path, "\"__metadata__\" is not an object");
       for (const auto& [mkey, mvalue] : value.get_object())
-        if (!mvalue.is_string())
-          fail(path, "\"__metadata__\" entry '" + std::string(mkey) + "' is not a string");
+        if (!mvalue.is_string()) fail(path, "\"__metadata__\" entry '" + std::string(mkey) + "' is not a string");
       continue;
     }
     tensor_info info = parse_entry(path, name, value, data_size);
@@ -391,8 +387,7 @@ checkpoint checkpoint::open_dir(const std::string& dir) {
     const safetensors_file& f = ck.files_.back();
     for (const auto& name : f.names()) {
       const auto [it, inserted] = owner.emplace(name, ck.files_.size() - 1);
-      if (!inserted)
-        fail(dir, "tensor " + name + " is in both " + ck.files_[it->second].path() + " and " + f.path());
+      if (!inserted) fail(dir, "tensor " + name + " is in both " + ck.files_[it->second].path() + " and " + f.path());
     }
   }
   for (const auto& [tensor, file] : index_map) {

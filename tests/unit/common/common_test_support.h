@@ -90,17 +90,17 @@ inline std::string fixture_dir() { return std::string(HYSERVE_SOURCE_DIR) + "/te
 }  // namespace hyserve::test
 
 // Expects `stmt` to throw `type` whose message contains every one of the given substrings.
-#define EXPECT_ERROR_WITH(stmt, type, ...)                                                          \
-  do {                                                                                              \
-    try {                                                                                           \
-      stmt;                                                                                         \
-      ADD_FAILURE() << "expected " #type " from: " #stmt;                                           \
-    } catch (const type& e_) {                                                                      \
-      const std::string what_ = e_.what();                                                          \
-      const std::vector<std::string> parts_{__VA_ARGS__};                                           \
-      for (const std::string& part_ : parts_)                                                       \
+#define EXPECT_ERROR_WITH(stmt, type, ...)                                                                 \
+  do {                                                                                                     \
+    try {                                                                                                  \
+      stmt;                                                                                                \
+      ADD_FAILURE() << "expected " #type " from: " #stmt;                                                  \
+    } catch (const type& e_) {                                                                             \
+      const std::string what_ = e_.what();                                                                 \
+      const std::vector<std::string> parts_{__VA_ARGS__};                                                  \
+      for (const std::string& part_ : parts_)                                                              \
         EXPECT_NE(what_.find(part_), std::string::npos) << "message: " << what_ << "\nmissing: " << part_; \
-    } catch (const std::exception& e_) {                                                            \
-      ADD_FAILURE() << "expected " #type ", got another exception: " << e_.what();                  \
-    }                                                                                               \
+    } catch (const std::exception& e_) {                                                                   \
+      ADD_FAILURE() << "expected " #type ", got another exception: " << e_.what();                         \
+    }                                                                                                      \
   } while (0)

@@ -4,11 +4,10 @@
 // that compiles its sources. Nothing here throws Boost exceptions; callers turn the returned
 // error text into their own hyserve error type (format_error for data files, config_error for
 // configuration).
+#include <boost/json/value.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <boost/json/value.hpp>
 
 namespace hyserve {
 

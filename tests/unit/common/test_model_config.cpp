@@ -1,0 +1,227 @@
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <cfloat>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "common_test_support.h"
+#include "hyserve/common/error.h"
+#include "hyserve/common/model_config.h"
+
+namespace hyserve {
+namespace {
+
+namespace json = boost::json;
+
+std::string fixture_config_path() { return test::fixture_dir() + "/config.json"; }
+
+json::object fixture_config_json() {
+  std::ifstream in(fixture_config_path());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str()).as_object();
+}
+
+// Writes the bamba-tiny config.json after `edit` into `dir` and returns its path.
+std::string write_edited(const test::scratch_dir& dir, const std::function<void(json::object&)>& edit) {
+  json::object o = fixture_config_json();
+  edit(o);
+  const std::string p = dir.file("config.json");
+  test::write_file(p, json::serialize(o));
+  return p;
+}
+
+TEST(ModelConfig, ReadsBambaTinyFixture) {
+  const model_config c = read_hf_config(fixture_config_path());
+  EXPECT_EQ(c.arch, model_arch::kBamba);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_layers, 4);
+  ASSERT_EQ(c.layer_kinds.size(), 4u);
+  EXPECT_EQ(c.layer_kinds[0], layer_kind::kMamba2);
+  EXPECT_EQ(c.layer_kinds[1], layer_kind::kAttention);
+  EXPECT_EQ(c.layer_kinds[2], layer_kind::kMamba2);
+  EXPECT_EQ(c.layer_kinds[3], layer_kind::kMamba2);
+  EXPECT_EQ(c.num_layers_of(layer_kind::kAttention), 1);
+  EXPECT_EQ(c.num_layers_of(layer_kind::kMamba2), 3);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+  EXPECT_EQ(c.pad_token_id, 0);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_FLOAT_EQ(c.partial_rotary_factor, 0.5f);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
+  EXPECT_EQ(c.rotary_dim(), 8);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.intermediate_size, 128);
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_EQ(c.mamba_n_heads, 4);
+  EXPECT_EQ(c.mamba_d_head, 32);
+  EXPECT_EQ(c.mamba_d_state, 16);
+  EXPECT_EQ(c.mamba_n_groups, 1);
+  EXPECT_EQ(c.mamba_d_conv, 4);
+  EXPECT_EQ(c.mamba_expand, 2);
+  EXPECT_EQ(c.mamba_chunk_size, 16);
+  EXPECT_TRUE(c.mamba_conv_bias);
+  EXPECT_FALSE(c.mamba_proj_bias);
+  EXPECT_EQ(c.time_step_min, 0.0f);
+  EXPECT_EQ(c.time_step_max, FLT_MAX);  // {"__float__": "Infinity"}
+  EXPECT_GT(c.time_step_max, 3.0e38f);
+  // Derived sizes agree with the checkpoint's tensors (in_proj [292, 64], conv1d [160, 1, 4]).
+  EXPECT_EQ(c.mamba_intermediate(), 128);
+  EXPECT_EQ(c.mamba_conv_dim(), 160);
+  EXPECT_EQ(c.mamba_in_proj_dim(), 292);
+}
+
+TEST(ModelConfig, RejectsUnsupportedArchitecture) {
+  // The head of a Qwen3-Next config.json: a different hybrid family, not supported yet.
+  test::scratch_dir dir;
+  const std::string p = dir.file("config.json");
+  test::write_file(p, R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+                          "hidden_size": 64, "num_hidden_layers": 4, "head_dim": 16,
+                          "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                          "linear_num_value_heads": 4, "num_experts": 4, "vocab_size": 512})");
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p,
+                    "unsupported architecture 'Qwen3NextForCausalLM' (supported: BambaForCausalLM)");
+}
+
+TEST(ModelConfig, MissingRequiredField) {
+  test::scratch_dir dir;
+  for (const char* field : {"hidden_size", "vocab_size", "num_hidden_layers", "mamba_n_heads", "intermediate_size"}) {
+    const std::string p = write_edited(dir, [&](json::object& o) { o.erase(field); });
+    EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, std::string(field) + ": missing required field");
+  }
+  const std::string p = write_edited(dir, [](json::object& o) {
+    o.erase("architectures");
+    o.erase("model_type");
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "architectures: missing", "BambaForCausalLM");
+}
+
+TEST(ModelConfig, WrongFieldType) {
+  test::scratch_dir dir;
+  std::string p = write_edited(dir, [](json::object& o) { o["hidden_size"] = "64"; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "hidden_size: expected an integer, got \"64\"");
+  p = write_edited(dir, [](json::object& o) { o["num_attention_heads"] = 4.5; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "num_attention_heads: expected an integer");
+  p = write_edited(dir, [](json::object& o) { o["mlp_bias"] = 0; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "mlp_bias: expected a boolean");
+  p = write_edited(dir, [](json::object& o) { o["rms_norm_eps"] = "small"; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "rms_norm_eps: expected a number");
+  p = write_edited(dir, [](json::object& o) { o["attn_layer_indices"] = 1; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "attn_layer_indices: expected an array");
+}
+
+TEST(ModelConfig, InconsistentDimensions) {
+  test::scratch_dir dir;
+  const std::string p = write_edited(dir, [](json::object& o) { o["mamba_d_head"] = 16; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "inconsistent dimensions", "mamba_expand", "= 128",
+                    "= 64");
+}
+
+TEST(ModelConfig, InvalidValuesNameTheField) {
+  test::scratch_dir dir;
+  std::string p = write_edited(dir, [](json::object& o) { o["num_key_value_heads"] = 3; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "num_attention_heads", "multiple of num_kv_heads (3)");
+  p = write_edited(dir, [](json::object& o) { o["mamba_n_groups"] = 3; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "mamba_n_heads", "mamba_n_groups (3)");
+  p = write_edited(dir, [](json::object& o) { o["attn_layer_indices"] = json::array{1, 4}; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "attn_layer_indices", "index 4 out of range");
+  p = write_edited(dir, [](json::object& o) { o["vocab_size"] = 0; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "vocab_size: must be positive, got 0");
+  p = write_edited(dir, [](json::object& o) { o["eos_token_id"] = 600; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "eos_token_id", "got 600");
+  p = write_edited(dir, [](json::object& o) { o["hidden_act"] = "gelu"; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "hidden_act", "'gelu'", "silu");
+  p = write_edited(dir, [](json::object& o) { o["rope_parameters"].as_object()["rope_type"] = "yarn"; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "rope_parameters.rope_type", "yarn");
+  p = write_edited(dir, [](json::object& o) { o["rope_parameters"].as_object()["partial_rotary_factor"] = 1.5; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "partial_rotary_factor", "(0, 1]");
+}
+
+TEST(ModelConfig, NullTokenIdsAndOptionalFields) {
+  test::scratch_dir dir;
+  const std::string p = write_edited(dir, [](json::object& o) {
+    o["bos_token_id"] = nullptr;
+    o["pad_token_id"] = nullptr;
+    o["eos_token_id"] = json::array{2, 3};
+    o.erase("head_dim");
+    o.erase("num_key_value_heads");
+    o.erase("time_step_limit");
+    o.erase("rope_parameters");
+    o["rope_theta"] = 500000;  // integer-valued float field
+    o["partial_rotary_factor"] = 0.25;
+  });
+  const model_config c = read_hf_config(p);
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.eos_token_id, 2);
+  EXPECT_EQ(c.head_dim, 16);     // hidden_size / num_attention_heads
+  EXPECT_EQ(c.num_kv_heads, 4);  // defaults to num_attention_heads
+  EXPECT_EQ(c.time_step_min, 0.0f);
+  EXPECT_EQ(c.time_step_max, FLT_MAX);
+  EXPECT_FLOAT_EQ(c.rope_theta, 500000.0f);  // top level when rope_parameters is absent
+  EXPECT_EQ(c.rotary_dim(), 4);
+}
+
+TEST(ModelConfig, TimeStepLimitForms) {
+  test::scratch_dir dir;
+  std::string p = write_edited(dir, [](json::object& o) { o["time_step_limit"] = json::array{0.001, 100.0}; });
+  model_config c = read_hf_config(p);
+  EXPECT_FLOAT_EQ(c.time_step_min, 0.001f);
+  EXPECT_FLOAT_EQ(c.time_step_max, 100.0f);
+  p = write_edited(dir, [](json::object& o) {
+    o["time_step_limit"] = json::array{json::object{{"__float__", "-Infinity"}}, 1.0};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "time_step_limit", "0 <= min <= max");
+  p = write_edited(dir, [](json::object& o) {
+    o["time_step_limit"] = json::array{0.0, json::object{{"__float__", "NaN"}}};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "time_step_limit[1]", "NaN");
+  p = write_edited(dir, [](json::object& o) {
+    o["time_step_limit"] = json::array{0.0, json::object{{"__float__", "Huge"}}};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "time_step_limit[1]: expected a number");
+  p = write_edited(dir, [](json::object& o) { o["time_step_limit"] = json::array{0.0}; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "time_step_limit: expected [min, max]");
+}
+
+TEST(ModelConfig, UnreadableOrMalformedFile) {
+  EXPECT_ERROR_WITH((void)read_hf_config("/nonexistent/config.json"), config_error, "/nonexistent/config.json",
+                    "cannot read");
+  test::scratch_dir dir;
+  const std::string p = dir.file("config.json");
+  test::write_file(p, R"({"architectures": ["BambaForCausalLM"],)");
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "invalid JSON");
+  test::write_file(p, "[1]");
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "expected a JSON object");
+}
+
+TEST(ModelConfig, RotaryDimRoundsDownToEven) {
+  model_config c;
+  c.head_dim = 10;
+  c.partial_rotary_factor = 0.5f;
+  EXPECT_EQ(c.rotary_dim(), 4);  // floor(5) → 4
+  c.partial_rotary_factor = 1.0f;
+  EXPECT_EQ(c.rotary_dim(), 10);
+  c.head_dim = 16;
+  c.partial_rotary_factor = 0.3f;
+  EXPECT_EQ(c.rotary_dim(), 4);  // floor(4.8) → 4
+}
+
+TEST(ModelConfig, ValidateChecksLayerKinds) {
+  model_config c = read_hf_config(fixture_config_path());
+  EXPECT_NO_THROW(c.validate());
+  c.layer_kinds.pop_back();
+  EXPECT_ERROR_WITH(c.validate(), config_error, "layer_kinds", "3 entries for 4 layers");
+  EXPECT_ERROR_WITH(model_config().validate(), config_error, "vocab_size");
+}
+
+}  // namespace
+}  // namespace hyserve
