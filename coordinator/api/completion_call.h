@@ -1,0 +1,47 @@
+#pragma once
+// A validated generation call, whichever API it came through, and the progress of one being
+// answered. The API modules parse bodies into completion_call and render completion_state.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/request.h"
+
+namespace hyserve::coordinator::api {
+
+enum class api_kind : uint8_t {
+  kGenerate,     // POST /generate (SGLang style)
+  kCompletions,  // POST /v1/completions (OpenAI style)
+};
+
+struct completion_call {
+  api_kind kind = api_kind::kGenerate;
+  std::vector<int32_t> input_ids;  // non-empty, every id < vocab_size
+  sampling_params sampling;        // validated; prompt + max_new_tokens <= max_context
+  bool stream = false;
+};
+
+struct completion_state {
+  uint64_t id = 0;
+  std::string model;
+  int64_t created = 0;  // unix seconds at arrival
+  int32_t prompt_tokens = 0;
+  std::vector<int32_t> output_ids;  // all generated so far
+  std::optional<finish_reason> finished;
+  double latency_ms = 0.0;  // since arrival
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
+};
+
+// "stop" | "length" | "abort"
+inline const char* finish_reason_name(finish_reason reason) {
+  switch (reason) {
+    case finish_reason::kStop: return "stop";
+    case finish_reason::kLength: return "length";
+    case finish_reason::kAbort: return "abort";
+  }
+  return "abort";
+}
+
+}  // namespace hyserve::coordinator::api

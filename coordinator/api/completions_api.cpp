@@ -1,0 +1,144 @@
+#include "coordinator/api/completions_api.h"
+
+#include <string>
+
+#include <boost/json.hpp>
+
+#include "coordinator/api/json_fields.h"
+#include "coordinator/api/validation.h"
+#include "hyserve/common/json.h"
+
+namespace hyserve::coordinator::api {
+namespace {
+
+constexpr std::string_view kNoTokenizer = "this model has no tokenizer: send token ids";
+constexpr int32_t kDefaultMaxTokens = 16;
+constexpr float kDefaultTemperature = 1.0f;
+
+bool is_string_array(const boost::json::value& v) {
+  if (!v.is_array() || v.get_array().empty()) return false;
+  for (const auto& e : v.get_array()) {
+    if (!e.is_string()) return false;
+  }
+  return true;
+}
+
+// The prompt: a token-id array, or an array holding exactly one token-id array.
+std::optional<api_error> read_prompt(const boost::json::object& obj, const model_info& info,
+                                     std::vector<int32_t>& out) {
+  const auto* prompt = field(obj, "prompt");
+  if (prompt == nullptr) return invalid_param("prompt", "prompt is required (an array of token ids)");
+  if (prompt->is_string() || is_string_array(*prompt)) {
+    return invalid_param("prompt", std::string(kNoTokenizer) + " in prompt, not text");
+  }
+  if (prompt->is_array() && !prompt->get_array().empty() && prompt->get_array()[0].is_array()) {
+    const auto& outer = prompt->get_array();
+    if (outer.size() != 1) {
+      return invalid_param("prompt", "batched prompts are not supported: send one prompt per request (got " +
+                                         std::to_string(outer.size()) + ")");
+    }
+    if (auto e = read_token_ids(outer[0], "prompt", info.vocab_size, out)) return e;
+  } else if (auto e = read_token_ids(*prompt, "prompt", info.vocab_size, out)) {
+    return e;
+  }
+  if (out.empty()) return invalid_param("prompt", "prompt must not be empty");
+  return std::nullopt;
+}
+
+// `stop`: null, token ids, or strings (refused). Ids are added to the stop token ids.
+std::optional<api_error> read_stop(const boost::json::object& obj, const model_info& info, sampling_params& sampling) {
+  const auto* stop = field(obj, "stop");
+  if (stop == nullptr) return std::nullopt;
+  if (stop->is_string() || is_string_array(*stop)) {
+    return invalid_param("stop", std::string(kNoTokenizer) + " in stop (or stop_token_ids), not strings");
+  }
+  std::vector<int32_t> ids;
+  if (auto e = read_token_ids(*stop, "stop", info.vocab_size, ids)) return e;
+  sampling.stop_token_ids.insert(sampling.stop_token_ids.end(), ids.begin(), ids.end());
+  return std::nullopt;
+}
+
+boost::json::array to_array(std::span<const int32_t> ids) {
+  boost::json::array arr;
+  arr.reserve(ids.size());
+  for (int32_t id : ids) arr.emplace_back(id);
+  return arr;
+}
+
+boost::json::object usage(const completion_state& state) {
+  boost::json::object u;
+  const auto completion = static_cast<int64_t>(state.output_ids.size());
+  u["prompt_tokens"] = state.prompt_tokens;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = state.prompt_tokens + completion;
+  return u;
+}
+
+boost::json::object completion_body(const completion_state& state, std::span<const int32_t> ids) {
+  boost::json::object choice;
+  choice["index"] = 0;
+  choice["text"] = "";
+  choice["token_ids"] = to_array(ids);
+  choice["logprobs"] = nullptr;
+  if (state.finished) {
+    choice["finish_reason"] = finish_reason_name(*state.finished);
+  } else {
+    choice["finish_reason"] = nullptr;
+  }
+  boost::json::object out;
+  out["id"] = "cmpl-" + std::to_string(state.id);
+  out["object"] = "text_completion";
+  out["created"] = state.created;
+  out["model"] = state.model;
+  boost::json::array choices;
+  choices.emplace_back(std::move(choice));
+  out["choices"] = std::move(choices);
+  return out;
+}
+
+}  // namespace
+
+parse_result<completion_call> parse_completion(std::string_view body, const model_info& info) {
+  auto parsed = parse_object_body(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+  const boost::json::object& obj = std::get<boost::json::object>(parsed);
+
+  completion_call call;
+  call.kind = api_kind::kCompletions;
+  if (auto e = read_prompt(obj, info, call.input_ids)) return std::move(*e);
+
+  if (const auto* n = field(obj, "n")) {
+    int64_t count = 0;
+    if (auto e = read_integer(*n, "n", count)) return std::move(*e);
+    if (count != 1) return invalid_param("n", "only n = 1 is supported, got " + std::to_string(count));
+  }
+
+  sampling_keys keys;
+  keys.max_new_tokens = "max_tokens";
+  call.sampling.max_new_tokens = kDefaultMaxTokens;
+  call.sampling.temperature = kDefaultTemperature;
+  bool max_given = false;
+  if (auto e = read_sampling(obj, keys, info, call.sampling, max_given)) return std::move(*e);
+  if (auto e = read_stop(obj, info, call.sampling)) return std::move(*e);
+  if (const auto* s = field(obj, "stream")) {
+    if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
+  }
+  if (auto e = check_context(call.input_ids.size(), "prompt", keys, info, max_given, call.sampling)) {
+    return std::move(*e);
+  }
+  return call;
+}
+
+boost::json::object completion_response(const completion_state& state) {
+  boost::json::object out = completion_body(state, state.output_ids);
+  out["usage"] = usage(state);
+  return out;
+}
+
+boost::json::object completion_chunk(const completion_state& state, std::span<const int32_t> new_ids) {
+  boost::json::object out = completion_body(state, new_ids);
+  if (state.finished) out["usage"] = usage(state);
+  return out;
+}
+
+}  // namespace hyserve::coordinator::api

@@ -1,0 +1,43 @@
+#include "coordinator/api/event_channel.h"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace hyserve::coordinator::api {
+
+namespace net = boost::asio;
+
+event_channel::event_channel(net::any_io_executor strand) : strand_(strand), wakeup_(strand) {}
+
+event_sink event_channel::make_sink(const std::shared_ptr<event_channel>& channel, std::shared_ptr<event_gate> gate) {
+  return [channel, gate = std::move(gate)](request_event event) {
+    gate->pass([&] {
+      net::post(channel->strand_, [channel, event = std::move(event)]() mutable { channel->push(std::move(event)); });
+    });
+  };
+}
+
+void event_channel::push(request_event event) {
+  events_.push_back(std::move(event));
+  wakeup_.cancel();
+}
+
+void event_channel::interrupt() {
+  interrupted_ = true;
+  wakeup_.cancel();
+}
+
+net::awaitable<std::optional<request_event>> event_channel::next() {
+  while (events_.empty() && !interrupted_) {
+    wakeup_.expires_at(net::steady_timer::time_point::max());
+    boost::system::error_code ec;
+    co_await wakeup_.async_wait(net::redirect_error(net::use_awaitable, ec));
+  }
+  if (interrupted_) co_return std::nullopt;
+  request_event event = std::move(events_.front());
+  events_.pop_front();
+  co_return event;
+}
+
+}  // namespace hyserve::coordinator::api

@@ -1,0 +1,91 @@
+#include "coordinator/api/generate_api.h"
+
+#include <string>
+
+#include <boost/json.hpp>
+
+#include "coordinator/api/json_fields.h"
+#include "coordinator/api/validation.h"
+#include "hyserve/common/json.h"
+
+namespace hyserve::coordinator::api {
+namespace {
+
+constexpr std::string_view kNoTokenizer = "this model has no tokenizer: send token ids in input_ids instead of text";
+
+boost::json::array to_array(std::span<const int32_t> ids) {
+  boost::json::array arr;
+  arr.reserve(ids.size());
+  for (int32_t id : ids) arr.emplace_back(id);
+  return arr;
+}
+
+boost::json::object meta_info(const completion_state& state) {
+  boost::json::object meta;
+  meta["id"] = state.id;
+  meta["prompt_tokens"] = state.prompt_tokens;
+  meta["completion_tokens"] = state.output_ids.size();
+  if (state.finished) {
+    boost::json::object reason;
+    reason["type"] = finish_reason_name(*state.finished);
+    meta["finish_reason"] = std::move(reason);
+  } else {
+    meta["finish_reason"] = nullptr;
+  }
+  meta["latency_ms"] = state.latency_ms;
+  if (state.spec_drafted > 0) {
+    meta["spec_accept_rate"] = static_cast<double>(state.spec_accepted) / static_cast<double>(state.spec_drafted);
+  }
+  return meta;
+}
+
+}  // namespace
+
+parse_result<completion_call> parse_generate(std::string_view body, const model_info& info) {
+  auto parsed = parse_object_body(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+  const boost::json::object& obj = std::get<boost::json::object>(parsed);
+
+  completion_call call;
+  call.kind = api_kind::kGenerate;
+  if (field(obj, "text") != nullptr) return invalid_param("text", std::string(kNoTokenizer));
+  const auto* ids = field(obj, "input_ids");
+  if (ids == nullptr) return invalid_param("input_ids", "input_ids is required (an array of token ids)");
+  if (auto e = read_token_ids(*ids, "input_ids", info.vocab_size, call.input_ids)) return std::move(*e);
+  if (call.input_ids.empty()) return invalid_param("input_ids", "input_ids must not be empty");
+
+  sampling_keys keys;
+  keys.prefix = "sampling_params.";
+  bool max_given = false;
+  if (const auto* sp = field(obj, "sampling_params")) {
+    if (!sp->is_object()) {
+      return invalid_param("sampling_params",
+                           "sampling_params must be an object, got " + std::string(json_kind_name(*sp)));
+    }
+    if (auto e = read_sampling(sp->get_object(), keys, info, call.sampling, max_given)) return std::move(*e);
+  }
+  if (const auto* s = field(obj, "stream")) {
+    if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
+  }
+  if (auto e = check_context(call.input_ids.size(), "input_ids", keys, info, max_given, call.sampling)) {
+    return std::move(*e);
+  }
+  return call;
+}
+
+boost::json::object generate_response(const completion_state& state) {
+  boost::json::object out;
+  out["output_ids"] = to_array(state.output_ids);
+  out["meta_info"] = meta_info(state);
+  return out;
+}
+
+boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids) {
+  boost::json::object out;
+  out["output_ids"] = to_array(state.output_ids);
+  out["new_ids"] = to_array(new_ids);
+  out["meta_info"] = meta_info(state);
+  return out;
+}
+
+}  // namespace hyserve::coordinator::api

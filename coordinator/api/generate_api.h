@@ -1,0 +1,29 @@
+#pragma once
+// POST /generate (SGLang style).
+//
+// Request: {"input_ids": [int...] | "text": str (refused: no tokenizer),
+//           "sampling_params": {max_new_tokens, temperature, top_p, top_k, seed, stop_token_ids,
+//                               ignore_eos},
+//           "stream": bool}
+// Response: {"output_ids": [...], "meta_info": {"id", "prompt_tokens", "completion_tokens",
+//            "finish_reason": {"type": "stop"|"length"|"abort"} | null, "latency_ms",
+//            "spec_accept_rate"?}}
+// Stream chunk: {"output_ids": [all so far], "new_ids": [...], "meta_info": {...}}
+// Unknown top-level fields are ignored.
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <boost/json/object.hpp>
+
+#include "coordinator/api/api_error.h"
+#include "coordinator/api/completion_call.h"
+
+namespace hyserve::coordinator::api {
+
+parse_result<completion_call> parse_generate(std::string_view body, const model_info& info);
+
+boost::json::object generate_response(const completion_state& state);
+boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids);
+
+}  // namespace hyserve::coordinator::api

@@ -1,0 +1,38 @@
+#pragma once
+// Answers one generation call (/generate or /v1/completions): validate, submit to the
+// frontend, then relay the request's events as one JSON response or as server-sent events.
+// Runs on the session's strand; events reach it through an event_channel. When the client goes
+// away before the end, the request is cancelled at the frontend.
+#include <memory>
+#include <string>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "coordinator/api/completion_call.h"
+#include "coordinator/api/event_channel.h"
+#include "coordinator/http/exchange.h"
+#include "coordinator/metrics/service_metrics.h"
+#include "coordinator/request.h"
+
+namespace hyserve::coordinator::api {
+
+struct generation_options {
+  std::string served_model_name;  // "model" in OpenAI responses; empty: frontend's model_id
+  int retry_after_seconds = 1;    // Retry-After when the queue is full
+};
+
+class generation_handler {
+ public:
+  generation_handler(frontend& fe, metrics::service_metrics& metrics, std::shared_ptr<event_gate> gate,
+                     generation_options options);
+
+  boost::asio::awaitable<void> handle(http::exchange& ex, api_kind kind) const;
+
+ private:
+  frontend& frontend_;
+  metrics::service_metrics& metrics_;
+  std::shared_ptr<event_gate> gate_;
+  generation_options options_;
+};
+
+}  // namespace hyserve::coordinator::api

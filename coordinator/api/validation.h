@@ -1,0 +1,42 @@
+#pragma once
+// Validation shared by /generate and /v1/completions: sampling fields and context limits.
+// The two APIs spell the fields differently, so the readers take the field names.
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json/object.hpp>
+
+#include "coordinator/api/api_error.h"
+#include "coordinator/request.h"
+
+namespace hyserve::coordinator::api {
+
+// Where the sampling fields sit in a request: `prefix` + key is the param path reported in
+// errors ("sampling_params." for /generate, "" for /v1/completions).
+struct sampling_keys {
+  std::string prefix;
+  std::string max_new_tokens = "max_new_tokens";
+  std::string temperature = "temperature";
+  std::string top_p = "top_p";
+  std::string top_k = "top_k";
+  std::string seed = "seed";
+  std::string stop_token_ids = "stop_token_ids";
+  std::string ignore_eos = "ignore_eos";
+
+  std::string param(std::string_view key) const { return prefix + std::string(key); }
+};
+
+// Reads the sampling fields present in `obj` over the defaults already in `out`. Sets
+// `max_new_tokens_given` when the request set it. Checks: max_new_tokens in [0, max_context],
+// temperature finite and >= 0, top_p in (0, 1], top_k >= -1, stop ids inside the vocabulary.
+std::optional<api_error> read_sampling(const boost::json::object& obj, const sampling_keys& keys, const model_info& info,
+                                       sampling_params& out, bool& max_new_tokens_given);
+
+// Checks the prompt against the context limit and fits max_new_tokens: an explicit value over
+// the limit is an error naming both numbers and the limit; a default is reduced to what fits.
+std::optional<api_error> check_context(size_t prompt_tokens, std::string_view prompt_param, const sampling_keys& keys,
+                                       const model_info& info, bool max_new_tokens_given, sampling_params& sampling);
+
+}  // namespace hyserve::coordinator::api
