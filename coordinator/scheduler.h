@@ -17,8 +17,8 @@
 
 #include "hyserve/common/config.h"
 #include "hyserve/common/wire.h"
-#include "request.h"
-#include "transport.h"
+#include "coordinator/request.h"
+#include "coordinator/transport.h"
 
 namespace hyserve::coordinator {
 

@@ -1,4 +1,4 @@
-#include "transport.h"
+#include "coordinator/transport.h"
 
 #include <mpi.h>
 

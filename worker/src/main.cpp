@@ -2,7 +2,11 @@
 //   mpirun -np 1 coordinator CONFIG : -np W worker CONFIG
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -22,22 +26,45 @@ void say(const topology& t, const std::string& msg) {
   std::fflush(stderr);
 }
 
+// Completes a non-blocking MPI request without spinning a core: between tests the rank sleeps,
+// starting at 20 µs and backing off to 1 ms, so idle workers leave the CPU to busy ones.
+void patient_wait(MPI_Request& req) {
+  int done = 0;
+  auto pause = std::chrono::microseconds(20);
+  while (true) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
 // Leader: receives one control message from the coordinator; every rank: gets its bytes.
 std::vector<uint8_t> next_message(const topology& t, MPI_Comm tp_comm) {
   std::vector<uint8_t> bytes;
   uint64_t n = 0;
   if (t.is_leader()) {
     MPI_Status st;
-    MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+    int flag = 0;
+    auto pause = std::chrono::microseconds(20);
+    while (true) {
+      MPI_Iprobe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
+      if (flag) break;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
     int count = 0;
     MPI_Get_count(&st, MPI_BYTE, &count);
     bytes.resize(static_cast<size_t>(count));
     MPI_Recv(bytes.data(), count, MPI_BYTE, 0, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     n = bytes.size();
   }
-  MPI_Bcast(&n, 1, MPI_UINT64_T, 0, tp_comm);
+  MPI_Request req;
+  MPI_Ibcast(&n, 1, MPI_UINT64_T, 0, tp_comm, &req);
+  patient_wait(req);
   bytes.resize(n);
-  MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_BYTE, 0, tp_comm);
+  MPI_Ibcast(bytes.data(), static_cast<int>(n), MPI_BYTE, 0, tp_comm, &req);
+  patient_wait(req);
   return bytes;
 }
 
@@ -62,6 +89,10 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s\n", t.world_rank, m.c_str());
     return 1;
   }
+  // The coordinator drives shutdown (it drains first, then sends kShutdown): a signal that
+  // mpirun forwards to every rank must not kill the workers under it.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
   MPI_Comm tp_comm;
   MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
   std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);

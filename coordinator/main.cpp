@@ -1,0 +1,126 @@
+// Coordinator (world rank 0): HTTP API, scheduler, and the control plane to the workers.
+//   mpirun -np 1 coordinator CONFIG : -np W worker CONFIG
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "coordinator/http/server.h"
+#include "coordinator/log.h"
+#include "coordinator/metrics/service_metrics.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/transport.h"
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+#include "hyserve/common/topology.h"
+
+namespace {
+
+using namespace hyserve;
+using namespace hyserve::coordinator;
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+int run(int argc, char** argv) {
+  topology t;
+  MPI_Comm_rank(MPI_COMM_WORLD, &t.world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &t.world_size);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: coordinator CONFIG.yaml\n");
+    return 2;
+  }
+  service_config cfg;
+  model_config mc;
+  try {
+    cfg = load_config_file(argv[1]);
+    mc = resolve_model_config(cfg);
+  } catch (const error& e) {
+    std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
+    return 1;
+  }
+  t.dp = cfg.parallel.dp;
+  t.tp = cfg.parallel.tp;
+  if (const std::string m = t.mismatch(); !m.empty()) {
+    std::fprintf(stderr, "[rank %d] %s\n", t.world_rank, m.c_str());
+    return 1;
+  }
+  MPI_Comm unused;
+  MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &unused);  // workers form their tp groups
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  HYSERVE_LOG_INFO("waiting for %d data-parallel group(s) of tp=%d to load the model", t.dp, t.tp);
+  std::vector<wire::hello> hellos;
+  try {
+    hellos = gather_hellos(t, cfg.worker.startup_timeout_s);
+  } catch (const error& e) {
+    HYSERVE_LOG_ERROR("start-up failed: %s", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  std::unique_ptr<transport> link = make_mpi_transport(t);
+  metrics::service_metrics metrics;
+  scheduler sched(cfg, mc, hellos, *link);
+  scheduler_observer obs;
+  obs.on_step = [&metrics](std::string_view mode, double s) { metrics.step_seconds(mode).observe(s); };
+  obs.on_load = [&metrics](int64_t q, int64_t r) {
+    metrics.queue_depth().set(static_cast<double>(q));
+    metrics.running_requests().set(static_cast<double>(r));
+  };
+  obs.on_capacity = [&metrics](int64_t pages, int64_t slots) {
+    metrics.free_kv_pages().set(static_cast<double>(pages));
+    metrics.free_mamba_slots().set(static_cast<double>(slots));
+  };
+  sched.set_observer(std::move(obs));
+
+  http::server_options opts;
+  opts.host = cfg.server.host;
+  opts.port = static_cast<uint16_t>(cfg.server.port);
+  opts.threads = cfg.server.threads;
+  opts.body_limit = static_cast<size_t>(cfg.server.max_body_bytes);
+  if (!cfg.server.api_key.empty()) opts.api_key = cfg.server.api_key;
+  opts.server_info["dp"] = cfg.parallel.dp;
+  opts.server_info["tp"] = cfg.parallel.tp;
+  opts.server_info["page_size"] = cfg.cache.page_size;
+  opts.server_info["max_running"] = cfg.scheduler.max_running;
+  opts.server_info["max_batch_tokens"] = cfg.scheduler.max_batch_tokens;
+  opts.server_info["chunked_prefill"] = cfg.scheduler.chunked_prefill;
+  http::server server(opts, sched, metrics);
+  try {
+    server.start();
+  } catch (const error& e) {
+    HYSERVE_LOG_ERROR("cannot serve on %s:%d: %s", cfg.server.host.c_str(), cfg.server.port, e.what());
+    link->send_shutdown();
+    return 1;
+  }
+  HYSERVE_LOG_INFO("serving on http://%s:%u (dp=%d, tp=%d, vocab=%lld)", cfg.server.host.c_str(),
+                   static_cast<unsigned>(server.port()), t.dp, t.tp, static_cast<long long>(mc.vocab_size));
+
+  const int rc = sched.run(g_stop);
+  if (rc != 0) {
+    // A group is hung or gone: collectives cannot complete, so the whole job is ended.
+    server.stop(std::chrono::milliseconds(2000));
+    HYSERVE_LOG_ERROR("fatal worker fault; ending the job");
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    return rc;
+  }
+  HYSERVE_LOG_INFO("shutting down");
+  server.stop(std::chrono::milliseconds(static_cast<int64_t>(cfg.server.drain_timeout_s * 1000)));
+  link->send_shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  const int rc = run(argc, argv);
+  MPI_Finalize();
+  return rc;
+}
