@@ -11,9 +11,15 @@ namespace net = boost::asio;
 event_channel::event_channel(net::any_io_executor strand) : strand_(strand), wakeup_(strand) {}
 
 event_sink event_channel::make_sink(const std::shared_ptr<event_channel>& channel, std::shared_ptr<event_gate> gate) {
-  return [channel, gate = std::move(gate)](request_event event) {
+  // Only a weak reference: the handler owns the channel (and through it a timer and a strand),
+  // so a sink that outlives the handler, or the server, holds no I/O object.
+  return [weak = std::weak_ptr<event_channel>(channel), gate = std::move(gate)](request_event event) {
     gate->pass([&] {
-      net::post(channel->strand_, [channel, event = std::move(event)]() mutable { channel->push(std::move(event)); });
+      const std::shared_ptr<event_channel> live = weak.lock();
+      if (!live) return;  // the handler is gone (client left, request cancelled)
+      net::post(live->strand_, [weak, event = std::move(event)]() mutable {
+        if (const auto target = weak.lock()) target->push(std::move(event));
+      });
     });
   };
 }

@@ -44,7 +44,8 @@ class event_channel {
   // `strand` is the executor every member except make_sink's sink runs on.
   explicit event_channel(boost::asio::any_io_executor strand);
 
-  // The sink for generate_request::sink. Holds the channel and the gate.
+  // The sink for generate_request::sink. It holds the gate and a weak reference to the
+  // channel: events that arrive after the handler dropped the channel are discarded.
   static event_sink make_sink(const std::shared_ptr<event_channel>& channel, std::shared_ptr<event_gate> gate);
 
   // The next event in order, or nullopt once interrupt() was called.

@@ -522,6 +522,71 @@ TEST_F(server_test, GracefulStop_DeadlineAbortsAndCancels) {
   EXPECT_EQ(reply.get().status, 0u);  // the connection was closed without an answer
 }
 
+TEST_F(server_test, ExpectContinue_AnswersContinueThenTheResponse) {
+  http_client client(server_->port());
+  io_deadline deadline(client.socket(), std::chrono::milliseconds(5000));
+  bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/generate", 11};
+  req.set(bhttp::field::host, "127.0.0.1");
+  req.set(bhttp::field::expect, "100-continue");
+  req.set(bhttp::field::content_type, "application/json");
+  req.body() = R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})";
+  req.prepare_payload();
+  bhttp::write(client.socket(), req);
+  beast::flat_buffer buffer;
+  bhttp::response<bhttp::string_body> interim;
+  bhttp::read(client.socket(), buffer, interim);
+  EXPECT_EQ(interim.result_int(), 100u);
+  bhttp::response<bhttp::string_body> res;
+  bhttp::read(client.socket(), buffer, res);
+  ASSERT_EQ(res.result_int(), 200u);
+  EXPECT_EQ(ids_of(parse(res.body()).at("output_ids")), expected_tokens(1, 2));
+}
+
+TEST_F(server_test, ClientGone_CountsAs499) {
+  frontend_.tick_us = 5000;
+  http_client client(server_->port());
+  client.send_only("POST", "/generate", R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 200}})");
+  ASSERT_TRUE(frontend_.wait_for_active(1, std::chrono::milliseconds(3000)));
+  client.close();
+  ASSERT_TRUE(frontend_.wait_for_cancel(frontend_.last_id(), std::chrono::milliseconds(3000)));
+  double value = -1;
+  for (int i = 0; i < 100 && value != 1.0; ++i) {
+    value = metric_value(get("/metrics").body, R"(hyserve_requests_total{status="499"})");
+    if (value != 1.0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(value, 1.0);
+}
+
+class short_timeout_test : public server_test {
+ protected:
+  void configure(http::server_options& opts) override { opts.read_timeout = std::chrono::milliseconds(200); }
+};
+
+TEST_F(short_timeout_test, IdleAndStalledConnectionsAreClosedByTheReadTimeout) {
+  // Idle after a request (keep-alive), and stalled in the middle of a header.
+  http_client idle(server_->port());
+  ASSERT_EQ(idle.request("GET", "/health").status, 200u);
+  http_client stalled(server_->port());
+  const std::string partial = "POST /generate HTTP/1.1\r\nHost: x\r\n";
+  boost::asio::write(stalled.socket(), boost::asio::buffer(partial));
+  for (http_client* c : {&idle, &stalled}) {
+    io_deadline deadline(c->socket(), std::chrono::milliseconds(3000));
+    char byte = 0;
+    beast::error_code ec;
+    const auto start = std::chrono::steady_clock::now();
+    c->socket().read_some(boost::asio::buffer(&byte, 1), ec);
+    EXPECT_EQ(ec, boost::asio::error::eof);
+    EXPECT_FALSE(deadline.expired());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2000));
+  }
+  // A request that takes longer than the read timeout to generate is not cut off: the timeout
+  // is per read, not per request.
+  frontend_.tick_us = 5000;
+  http_reply r = post("/generate", R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 80}})");
+  ASSERT_EQ(r.status, 200u) << r.error;
+  EXPECT_EQ(ids_of(parse(r.body).at("output_ids")).size(), 80u);
+}
+
 class api_key_test : public server_test {
  protected:
   void configure(http::server_options& opts) override { opts.api_key = "sekrit"; }
