@@ -1,5 +1,9 @@
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <vector>
+
+#include "common.cuh"
 #include "hyserve/kernels/device.h"
 
 namespace hyserve::kernels {
@@ -13,4 +17,35 @@ int cuda_device_count() {
   return n;
 }
 
+namespace cuda_detail {
+
+namespace {
+
+struct device_limits {
+  int sm_count = 0;
+  int max_shared_optin = 0;
+};
+
+// Read once per device (launchers ask every step); returned by value because the cache grows.
+device_limits limits_of_current_device() {
+  static std::mutex mutex;
+  static std::vector<device_limits> cache;  // by device ordinal; sm_count 0 = not read yet
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1);
+  device_limits& l = cache[static_cast<size_t>(device)];
+  if (l.sm_count == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&l.max_shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l.sm_count, cudaDevAttrMultiProcessorCount, device));
+  }
+  return l;
+}
+
+}  // namespace
+
+int sm_count() { return limits_of_current_device().sm_count; }
+int max_shared_per_block_optin() { return limits_of_current_device().max_shared_optin; }
+
+}  // namespace cuda_detail
 }  // namespace hyserve::kernels

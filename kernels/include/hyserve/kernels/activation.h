@@ -13,5 +13,6 @@ struct swiglu_params {
 };
 
 void run_cpu(const swiglu_params& p);
+void run_cuda(const swiglu_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

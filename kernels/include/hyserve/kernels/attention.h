@@ -20,6 +20,7 @@ struct kv_write_params {
 };
 
 void run_cpu(const kv_write_params& p);
+void run_cuda(const kv_write_params& p, void* stream = nullptr);
 
 // Causal attention for packed query rows against the paged cache (which already holds the new
 // tokens). Row b has q_len = qsl[b+1]-qsl[b] queries at positions seq_lens[b]-q_len .. seq_lens[b]-1;
@@ -42,5 +43,6 @@ struct paged_attention_params {
 };
 
 void run_cpu(const paged_attention_params& p);
+void run_cuda(const paged_attention_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -25,6 +25,7 @@ struct conv1d_varlen_params {
 };
 
 void run_cpu(const conv1d_varlen_params& p);
+void run_cuda(const conv1d_varlen_params& p, void* stream = nullptr);
 
 // Single-token decode update: shifts the window by one and writes the new input.
 struct conv1d_update_params {
@@ -42,5 +43,6 @@ struct conv1d_update_params {
 };
 
 void run_cpu(const conv1d_update_params& p);
+void run_cuda(const conv1d_update_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -16,5 +16,6 @@ struct embedding_params {
 };
 
 void run_cpu(const embedding_params& p);
+void run_cuda(const embedding_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -18,6 +18,7 @@ struct gemm_params {
 };
 
 void run_cpu(const gemm_params& p);
+void run_cuda(const gemm_params& p, void* stream = nullptr);
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when accumulate). All contiguous.
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate = false);

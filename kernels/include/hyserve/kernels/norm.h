@@ -15,6 +15,7 @@ struct rmsnorm_params {
 };
 
 void run_cpu(const rmsnorm_params& p);
+void run_cuda(const rmsnorm_params& p, void* stream = nullptr);
 
 // Gated RMSNorm (Mamba2, norm_before_gate = false):
 //   h = x · silu(gate); out = h * rsqrt(mean_over_group(h²) + eps) * weight
@@ -39,5 +40,6 @@ struct gated_rmsnorm_params {
 };
 
 void run_cpu(const gated_rmsnorm_params& p);
+void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

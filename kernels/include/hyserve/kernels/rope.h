@@ -20,5 +20,6 @@ struct rope_params {
 };
 
 void run_cpu(const rope_params& p);
+void run_cuda(const rope_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -12,6 +12,7 @@ struct argmax_params {
 };
 
 void run_cpu(const argmax_params& p);
+void run_cuda(const argmax_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels
 

@@ -38,10 +38,12 @@ struct ssd_chunk_scan_params : ssm_common_params {
 };
 
 void run_cpu(const ssd_chunk_scan_params& p);
+void run_cuda(const ssd_chunk_scan_params& p, void* stream = nullptr);
 
 // Single-token decode: row b is token b; state updated in place in its slot.
 struct selective_state_update_params : ssm_common_params {};
 
 void run_cpu(const selective_state_update_params& p);
+void run_cuda(const selective_state_update_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -1,0 +1,301 @@
+// Decode-path kernels on the device, as ratios to the copy bandwidth measured in the same run
+// (DESIGN §12: decode kernels >= 90% of measured HBM copy bandwidth at batch >= 64).
+//
+// For each op and batch 1/16/64/256 at production shapes: 20 calls (rotating over input sets
+// so that the working set exceeds L2) are captured in one CUDA graph; the graph is replayed
+// 10 times, each replay timed with CUDA events; the median per call is reported with the
+// fewest bytes the op must move (each input read once, each output written once), the
+// achieved GB/s and its share of the device-to-device copy bandwidth (bytes read + written
+// of a 1 GiB cudaMemcpy, median of 10).
+//
+//   hyserve-bench-cuda            all ops
+//   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/device_buffer.h"
+#include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/device.h"
+#include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/ssm.h"
+
+namespace hyserve::kernels {
+namespace {
+
+constexpr int kCallsPerGraph = 20;
+constexpr int kReplays = 10;
+constexpr size_t kRotateBytes = size_t{256} << 20;  // > L2 (50 MB on H200) several times over
+constexpr int kBatches[] = {1, 16, 64, 256};
+
+// Median of kReplays timings (ms) of fn() run on stream.
+float median_ms(cudaStream_t stream, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> t;
+  for (int r = 0; r < kReplays + 2; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r >= 2) t.push_back(ms);  // the first two are warm-up
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second.
+double copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  device_buffer a(bytes), b(bytes);
+  a.fill_bytes(1);
+  const float ms = median_ms(stream, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
+}
+
+// Per-call time (µs) of call(set) over kCallsPerGraph calls rotating over n_sets sets,
+// captured once in a graph and replayed.
+double time_call_us(cudaStream_t stream, int n_sets, const std::function<void(int)>& call) {
+  for (int s = 0; s < n_sets; ++s) call(s);  // warm-up outside the capture: module load, caches
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < kCallsPerGraph; ++i) call(i % n_sets);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const float ms = median_ms(stream, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return 1e3 * ms / kCallsPerGraph;
+}
+
+int sets_for(size_t bytes_per_set) {
+  return static_cast<int>(std::clamp<size_t>(kRotateBytes / std::max<size_t>(bytes_per_set, 1), 1, 16));
+}
+
+device_array<float> random_device(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& e : v) e = dist(gen);
+  return device_array<float>(v);
+}
+
+struct row {
+  std::string op, shape;
+  int batch;
+  double us, bytes;
+};
+
+// Mamba2 decode: 128 heads × head_dim 64 × d_state 128, 8 groups, fp32 state.
+void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
+  const int64_t H = 128, P = 64, N = 128, G = 8;
+  for (int bs : kBatches) {
+    const size_t state_elems = static_cast<size_t>(bs) * H * P * N;
+    const int n_sets = sets_for(state_elems * sizeof(float));
+    std::vector<device_array<float>> states;
+    for (int s = 0; s < n_sets; ++s) states.push_back(random_device(state_elems, 10 + s, -0.5f, 0.5f));
+    auto x = random_device(static_cast<size_t>(bs * H * P), 1);
+    auto dt = random_device(static_cast<size_t>(bs * H), 2, -3.0f, 0.0f);
+    auto bc = random_device(static_cast<size_t>(bs * 2 * G * N), 3);
+    auto a_log = random_device(static_cast<size_t>(H), 4);
+    auto d = random_device(static_cast<size_t>(H), 5);
+    device_array<float> y(static_cast<size_t>(bs * H * P));
+    std::vector<int32_t> slots(static_cast<size_t>(bs));
+    for (int b = 0; b < bs; ++b) slots[b] = b;
+    device_array<int32_t> dslots(slots);
+    selective_state_update_params p;
+    p.x = x.data();
+    p.dt = dt.data();
+    p.A_log = a_log.data();
+    p.B = bc.data();
+    p.C = bc.data() + G * N;
+    p.D = d.data();
+    p.y = y.data();
+    p.state_indices = dslots.data();
+    p.batch = bs;
+    p.heads = H;
+    p.head_dim = P;
+    p.d_state = N;
+    p.n_groups = G;
+    p.x_stride = p.y_stride = H * P;
+    p.dt_stride = H;
+    p.bc_stride = 2 * G * N;
+    const double us = time_call_us(stream, n_sets, [&](int s) {
+      p.ssm_states = states[static_cast<size_t>(s)].data();
+      run_cuda(p, stream);
+    });
+    const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + 2.0 * bs * H * P + 2.0 * bs * G * N + bs * H);
+    rows.push_back({"ssm_update", "H128 P64 N128 G8", bs, us, bytes});
+  }
+}
+
+// Decode attention over a paged cache: 32 q heads over 8 kv heads, head_dim 128, page 16,
+// 4096 cached tokens per row.
+void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows) {
+  const int64_t QH = 32, KVH = 8, D = 128, PS = 16, LEN = 4096;
+  const int64_t pages_per_row = LEN / PS;
+  for (int bs : kBatches) {
+    const size_t cache_elems = static_cast<size_t>(bs * pages_per_row * PS * KVH * D);
+    const int n_sets = sets_for(2 * cache_elems * sizeof(float));
+    std::vector<device_array<float>> k, v;
+    for (int s = 0; s < n_sets; ++s) {
+      k.push_back(random_device(cache_elems, 20 + s));
+      v.push_back(random_device(cache_elems, 40 + s));
+    }
+    auto q = random_device(static_cast<size_t>(bs * QH * D), 6);
+    device_array<float> out(static_cast<size_t>(bs * QH * D));
+    std::vector<int32_t> qsl(static_cast<size_t>(bs + 1)), lens(static_cast<size_t>(bs), static_cast<int32_t>(LEN));
+    std::vector<int32_t> table(static_cast<size_t>(bs * pages_per_row));
+    for (int b = 0; b <= bs; ++b) qsl[b] = b;
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), std::mt19937(3));  // pages scattered over the pool
+    device_array<int32_t> dqsl(qsl), dlens(lens), dtable(table);
+    paged_attention_params p;
+    p.q = q.data();
+    p.out = out.data();
+    p.query_start_loc = dqsl.data();
+    p.seq_lens = dlens.data();
+    p.page_table = dtable.data();
+    p.batch = bs;
+    p.q_heads = QH;
+    p.kv_heads = KVH;
+    p.head_dim = D;
+    p.page_size = PS;
+    p.page_table_stride = pages_per_row;
+    p.q_stride = p.out_stride = QH * D;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const double us = time_call_us(stream, n_sets, [&](int s) {
+      p.k_cache = k[static_cast<size_t>(s)].data();
+      p.v_cache = v[static_cast<size_t>(s)].data();
+      run_cuda(p, stream);
+    });
+    const double bytes = 4.0 * (2.0 * static_cast<double>(cache_elems) + 2.0 * bs * QH * D) + 4.0 * table.size();
+    rows.push_back({"attention_decode", "QH32 KVH8 D128 page16 ctx4096", bs, us, bytes});
+  }
+}
+
+// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens.
+void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows) {
+  const int64_t H = 128, P = 64, N = 128, G = 8;
+  for (int bs : kBatches) {
+    const int64_t len = std::max<int64_t>(256, 16384 / bs);
+    const int64_t T = bs * len;
+    auto x = random_device(static_cast<size_t>(T * H * P), 1);
+    auto dt = random_device(static_cast<size_t>(T * H), 2, -3.0f, 0.0f);
+    auto bc = random_device(static_cast<size_t>(T * 2 * G * N), 3);
+    auto a_log = random_device(static_cast<size_t>(H), 4);
+    auto d = random_device(static_cast<size_t>(H), 5);
+    device_array<float> y(static_cast<size_t>(T * H * P));
+    device_array<float> states(static_cast<size_t>(bs * H * P * N));
+    std::vector<int32_t> slots(static_cast<size_t>(bs)), qsl(static_cast<size_t>(bs + 1));
+    for (int b = 0; b < bs; ++b) slots[b] = b;
+    for (int b = 0; b <= bs; ++b) qsl[b] = static_cast<int32_t>(b * len);
+    device_array<int32_t> dslots(slots), dqsl(qsl);
+    ssd_chunk_scan_params p;
+    p.x = x.data();
+    p.dt = dt.data();
+    p.A_log = a_log.data();
+    p.B = bc.data();
+    p.C = bc.data() + G * N;
+    p.D = d.data();
+    p.y = y.data();
+    p.ssm_states = states.data();
+    p.state_indices = dslots.data();
+    p.query_start_loc = dqsl.data();
+    p.batch = bs;
+    p.heads = H;
+    p.head_dim = P;
+    p.d_state = N;
+    p.n_groups = G;
+    p.x_stride = p.y_stride = H * P;
+    p.dt_stride = H;
+    p.bc_stride = 2 * G * N;
+    const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
+    const double bytes = 4.0 * (static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + 2.0 * bs * H * P * N);
+    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len), bs, us, bytes});
+  }
+}
+
+// RMSNorm over the hidden size 4096.
+void bench_rmsnorm(cudaStream_t stream, std::vector<row>& rows) {
+  const int64_t C = 4096;
+  for (int bs : kBatches) {
+    const size_t elems = static_cast<size_t>(bs * C);
+    const int n_sets = sets_for(2 * elems * sizeof(float));
+    std::vector<device_array<float>> x, out;
+    for (int s = 0; s < n_sets; ++s) {
+      x.push_back(random_device(elems, 60 + s));
+      out.emplace_back(elems);
+    }
+    auto w = random_device(static_cast<size_t>(C), 7, 0.5f, 1.5f);
+    rmsnorm_params p;
+    p.weight = w.data();
+    p.rows = bs;
+    p.cols = C;
+    p.x_stride = p.out_stride = C;
+    const double us = time_call_us(stream, n_sets, [&](int s) {
+      p.x = x[static_cast<size_t>(s)].data();
+      p.out = out[static_cast<size_t>(s)].data();
+      run_cuda(p, stream);
+    });
+    rows.push_back({"rmsnorm", "cols4096", bs, us, 4.0 * (2.0 * static_cast<double>(elems) + C)});
+  }
+}
+
+}  // namespace
+}  // namespace hyserve::kernels
+
+int main(int argc, char** argv) {
+  using namespace hyserve::kernels;
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "hyserve-bench-cuda: no CUDA device\n");
+    return 1;
+  }
+  std::vector<std::string> ops(argv + 1, argv + argc);
+  auto want = [&](const char* op) { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); };
+  try {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const double copy_bw = copy_bandwidth(stream);
+    std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0);
+    std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n\n", copy_bw / 1e9);
+
+    std::vector<row> rows;
+    if (want("ssm_update")) bench_ssm_update(stream, rows);
+    if (want("attention_decode")) bench_attention_decode(stream, rows);
+    if (want("ssd_scan")) bench_ssd_scan(stream, rows);
+    if (want("rmsnorm")) bench_rmsnorm(stream, rows);
+
+    std::printf("%-18s %-32s %6s %12s %12s %10s %8s\n", "op", "shape", "batch", "time_us", "MB_moved", "GB/s",
+                "%copy");
+    for (const row& r : rows) {
+      const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
+      std::printf("%-18s %-32s %6d %12.2f %12.2f %10.1f %7.1f%%\n", r.op.c_str(), r.shape.c_str(), r.batch, r.us,
+                  r.bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw);
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyserve-bench-cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

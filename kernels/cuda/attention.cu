@@ -1,0 +1,358 @@
+// Paged attention (causal extend with prefix, and decode), GQA, online softmax in fp32.
+//
+// Block = (slice, kv head, batch row), 128 threads = 4 warps. A block serves all the query
+// heads of its kv head, so each K/V tile is loaded once per group: query rows are (token,
+// group head) pairs, token-major, in tiles of 16 rows, row r on warp r % 4. K/V tiles of 32
+// keys are gathered through the page table with 16-byte cp.async copies into two shared-memory
+// stages, the next tile loading while the current one is used. For scores, lane j holds key
+// j; for P·V, lane c holds 16-byte column chunk c and the probabilities are broadcast by shuffle.
+//
+// The host does not know the rows' query counts (they live on the device), so each block
+// decides on the device:
+//   q_len == 1 (decode): slice s takes keys [s·K, (s+1)·K) of the row (split-KV); with more
+//     than one slice the block writes an unnormalised partial (m, l, acc) and a combine kernel
+//     merges the slices (flash-decoding).
+//   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys.
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+#include "dispatch.h"
+#include "hyserve/kernels/attention.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kKeysPerTile = 32;  // one key per lane
+constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
+constexpr int kMaxSlices = 32;
+constexpr int64_t kMaxGrid = 65535;
+
+template <class T, int D>
+struct attn_smem {
+  static constexpr int kN = pack16<T>::kN;  // elements per 16-byte chunk
+  static constexpr int kLd = D + kN;        // one chunk of padding: lane-per-key reads avoid conflicts
+  T k[2][kKeysPerTile][kLd];
+  T v[2][kKeysPerTile][kLd];
+  float q[kRowsPerTile][D];
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+struct attn_partials {
+  float* acc = nullptr;  // [batch, q_heads, n_slices, D] unnormalised Σ p·v
+  float2* ml = nullptr;  // [batch, q_heads, n_slices] (running max, Σ p)
+};
+
+template <class T, int D>
+struct attn_block {
+  using smem_t = attn_smem<T, D>;
+  static constexpr int kN = smem_t::kN;
+  static constexpr int kChunks = D / kN;                    // 16-byte chunks per head row
+  static constexpr int kLaneChunks = (kChunks + 31) / 32;  // P·V columns per lane
+
+  const paged_attention_params& p;
+  smem_t& sm;
+  int64_t b, kvh, q_start, len;
+  int q_len, group;
+
+  // Query rows [r0, r0 + kRowsPerTile) ∩ [0, q_len·group) against keys [kb, ke) (and causal).
+  // kb is a multiple of kKeysPerTile. slice >= 0: write a partial for the combine kernel.
+  __device__ void run(int r0, int64_t kb, int64_t ke, int slice, int n_slices, const attn_partials& part) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = q_len * group;
+    const T* k_cache = reinterpret_cast<const T*>(p.k_cache);
+    const T* v_cache = reinterpret_cast<const T*>(p.v_cache);
+    const T* q = reinterpret_cast<const T*>(p.q);
+
+    for (int e = tid; e < kRowsPerTile * D; e += kAttnThreads) {
+      const int r = e / D, d = e % D, row = r0 + r;
+      float v = 0.0f;
+      if (row < M) {
+        const int64_t head = kvh * group + row % group;
+        v = to_float(q[(q_start + row / group) * p.q_stride + head * D + d]);
+      }
+      sm.q[r][d] = v;
+    }
+
+    bool live[kRowsPerWarp];
+    int64_t pos[kRowsPerWarp];  // query position: attends keys 0..pos
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) {
+      const int row = r0 + warp + kAttnWarps * k;
+      live[k] = row < M;  // uniform across the warp
+      pos[k] = len - q_len + row / group;
+    }
+    const int last_row = min(M, r0 + kRowsPerTile) - 1;
+    const int64_t key_end = min(ke, len - q_len + last_row / group + 1);
+    const int n_tiles = key_end > kb ? static_cast<int>((key_end - kb + kKeysPerTile - 1) / kKeysPerTile) : 0;
+
+    float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kLaneChunks][kN];
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) {
+      m[k] = -INFINITY;
+      l[k] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kLaneChunks; ++c)
+#pragma unroll
+        for (int e = 0; e < kN; ++e) acc[k][c][e] = 0.0f;
+    }
+
+    const int32_t* pages = p.page_table + b * p.page_table_stride;
+    const int ps = static_cast<int>(p.page_size);
+    auto issue = [&](int t) {
+      const int stage = t & 1;
+      const int64_t kt0 = kb + static_cast<int64_t>(t) * kKeysPerTile;
+      for (int e = tid; e < kKeysPerTile * kChunks; e += kAttnThreads) {
+        const int key = e / kChunks, ch = e % kChunks;
+        const int64_t s = kt0 + key;
+        T* kd = &sm.k[stage][key][ch * kN];
+        T* vd = &sm.v[stage][key][ch * kN];
+        if (s < key_end) {
+          const int si = static_cast<int>(s);
+          const int64_t loc = static_cast<int64_t>(pages[si / ps]) * ps + si % ps;
+          const int64_t off = (loc * p.kv_heads + kvh) * D + ch * kN;
+          cp_async16(kd, k_cache + off);
+          cp_async16(vd, v_cache + off);
+        } else {
+          // Past the range: zeros, so that a masked key's p = 0 never multiplies garbage.
+          pack16<T> zero;
+#pragma unroll
+          for (int j = 0; j < kN; ++j) zero.v[j] = from_float<T>(0.0f);
+          store_pack(kd, zero);
+          store_pack(vd, zero);
+        }
+      }
+      cp_async_commit();
+    };
+
+    if (n_tiles > 0) issue(0);
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t + 1 < n_tiles) {
+        issue(t + 1);  // stage (t+1)&1 was released by the barrier ending iteration t-1
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int st = t & 1;
+      const int64_t s = kb + static_cast<int64_t>(t) * kKeysPerTile + lane;
+
+      float pv[kRowsPerWarp];
+#pragma unroll
+      for (int k = 0; k < kRowsPerWarp; ++k) {
+        pv[k] = 0.0f;
+        if (!live[k]) continue;
+        const int r = warp + kAttnWarps * k;
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < kChunks; ++c) {
+          const pack16<T> kp = load_pack(&sm.k[st][lane][c * kN]);
+          const float* qr = &sm.q[r][c * kN];
+#pragma unroll
+          for (int e = 0; e < kN; ++e) dot += qr[e] * to_float(kp.v[e]);
+        }
+        const float score = (s < key_end && s <= pos[k]) ? dot * p.scale : -INFINITY;
+        const float m_new = fmaxf(m[k], warp_max(score));
+        // A row with nothing unmasked yet keeps p = 0 (avoids exp(-inf - -inf)).
+        const float pk = m_new == -INFINITY ? 0.0f : expf(score - m_new);
+        const float corr = m_new == -INFINITY ? 1.0f : expf(m[k] - m_new);
+        l[k] = l[k] * corr + warp_sum(pk);
+        m[k] = m_new;
+#pragma unroll
+        for (int c = 0; c < kLaneChunks; ++c)
+#pragma unroll
+          for (int e = 0; e < kN; ++e) acc[k][c][e] *= corr;
+        pv[k] = pk;
+      }
+
+#pragma unroll 4
+      for (int j = 0; j < kKeysPerTile; ++j) {
+        float pj[kRowsPerWarp];
+#pragma unroll
+        for (int k = 0; k < kRowsPerWarp; ++k) pj[k] = __shfl_sync(0xffffffffu, pv[k], j);
+#pragma unroll
+        for (int c = 0; c < kLaneChunks; ++c) {
+          const int ch = lane + 32 * c;
+          if (ch < kChunks) {
+            const pack16<T> vp = load_pack(&sm.v[st][j][ch * kN]);
+#pragma unroll
+            for (int k = 0; k < kRowsPerWarp; ++k)
+#pragma unroll
+              for (int e = 0; e < kN; ++e) acc[k][c][e] += pj[k] * to_float(vp.v[e]);
+          }
+        }
+      }
+      __syncthreads();  // stage st is refilled by the next iteration's issue
+    }
+
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) {
+      if (!live[k]) continue;
+      const int row = r0 + warp + kAttnWarps * k;
+      const int64_t head = kvh * group + row % group;
+      if (slice >= 0) {
+        const int64_t idx = ((b * p.q_heads + head) * n_slices + slice);
+        if (lane == 0) part.ml[idx] = make_float2(m[k], l[k]);
+#pragma unroll
+        for (int c = 0; c < kLaneChunks; ++c) {
+          const int ch = lane + 32 * c;
+          if (ch < kChunks)
+#pragma unroll
+            for (int e = 0; e < kN; ++e) part.acc[idx * D + ch * kN + e] = acc[k][c][e];
+        }
+      } else {
+        T* o = reinterpret_cast<T*>(p.out) + (q_start + row / group) * p.out_stride + head * D;
+        const float inv = 1.0f / l[k];
+#pragma unroll
+        for (int c = 0; c < kLaneChunks; ++c) {
+          const int ch = lane + 32 * c;
+          if (ch < kChunks)
+#pragma unroll
+            for (int e = 0; e < kN; ++e) o[ch * kN + e] = from_float<T>(acc[k][c][e] * inv);
+        }
+      }
+    }
+  }
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
+                                                                       const attn_partials part) {
+  extern __shared__ uint4 smem_raw[];
+  auto& sm = *reinterpret_cast<attn_smem<T, D>*>(smem_raw);
+  const int slice = blockIdx.x;
+  const int64_t b = blockIdx.z;
+  const int64_t q_start = p.query_start_loc[b];
+  const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
+  if (q_len <= 0) return;  // row without queries
+  const int64_t len = p.seq_lens[b];
+  if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
+  attn_block<T, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
+                       static_cast<int>(p.q_heads / p.kv_heads)};
+  const int M = q_len * blk.group;
+  if (q_len == 1) {
+    const int64_t per_slice = ceil_div(ceil_div(len, n_slices), kKeysPerTile) * kKeysPerTile;
+    const int64_t kb = slice * per_slice;
+    const int64_t ke = min(len, kb + per_slice);
+    for (int r0 = 0; r0 < M; r0 += kRowsPerTile) blk.run(r0, kb, ke, n_slices > 1 ? slice : -1, n_slices, part);
+  } else {
+    for (int r0 = slice * kRowsPerTile; r0 < M; r0 += n_slices * kRowsPerTile) blk.run(r0, 0, len, -1, n_slices, part);
+  }
+}
+
+// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s.
+template <class T, int D>
+__global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
+                                                                         const attn_partials part) {
+  const int64_t head = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  const int64_t q_start = p.query_start_loc[b];
+  if (p.query_start_loc[b + 1] - q_start != 1 || p.seq_lens[b] < 1) return;  // not a decode row
+  const int64_t base = (b * p.q_heads + head) * n_slices;
+  float mx = -INFINITY;
+  for (int s = 0; s < n_slices; ++s) mx = fmaxf(mx, part.ml[base + s].x);
+  float den = 0.0f;
+  for (int s = 0; s < n_slices; ++s) {
+    const float2 ml = part.ml[base + s];
+    if (ml.x != -INFINITY) den += ml.y * expf(ml.x - mx);
+  }
+  const float inv = 1.0f / den;
+  T* o = reinterpret_cast<T*>(p.out) + q_start * p.out_stride + head * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f;
+    for (int s = 0; s < n_slices; ++s) {
+      const float2 ml = part.ml[base + s];
+      if (ml.x != -INFINITY) num += part.acc[(base + s) * D + d] * expf(ml.x - mx);
+    }
+    o[d] = from_float<T>(num * inv);
+  }
+}
+
+template <class T>
+void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
+  // Slices: enough blocks to fill the device when batch × kv_heads is small.
+  const auto n_slices =
+      static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
+  attn_partials part;
+  if (n_slices > 1) {
+    const int64_t n = p.batch * p.q_heads * n_slices;
+    void* ws = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
+    part.ml = static_cast<float2*>(ws);
+    part.acc = reinterpret_cast<float*>(part.ml + n);
+  }
+  dispatch(attention_head_dim_table{}, p.head_dim, "paged_attention", "head_dim", [&](auto hd) {
+    constexpr int D = decltype(hd)::value;
+    const size_t smem = sizeof(attn_smem<T, D>);
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+    paged_attention_kernel<T, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    if (n_slices > 1) {
+      const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
+      attention_combine_kernel<T, D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_slices, part);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    }
+  });
+  if (n_slices > 1) CUDA_CHECK(cudaFreeAsync(part.ml, stream));
+}
+
+#define HYSERVE_INSTANTIATE(T) \
+  template void launch_paged_attention<T>(const paged_attention_params&, cudaStream_t);
+HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
+#undef HYSERVE_INSTANTIATE
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const paged_attention_params& p, void* stream) {
+  constexpr const char* op = "paged_attention";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_ptr(p.seq_lens, op, "seq_lens");
+  require_ptr(p.page_table, op, "page_table");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.q_heads, op, "q_heads");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  require_positive(p.page_size, op, "page_size");
+  if (p.q_heads % p.kv_heads != 0) {
+    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
+  }
+  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
+  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  // CUDA-specific: compiled head sizes, grid limits, 16-byte cache reads. query_start_loc,
+  // seq_lens and the page table live on the device and are not inspected here.
+  if (!attention_head_dim_table::supports(p.head_dim)) {
+    fail(op, "head_dim", p.head_dim,
+         ("unsupported by the CUDA kernels; built for " + attention_head_dim_table::list()).c_str());
+  }
+  if (p.batch > kMaxGrid) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
+  if (p.kv_heads > kMaxGrid) fail(op, "kv_heads", p.kv_heads, "exceeds the CUDA grid (65535)");
+  if (p.q_heads > kMaxGrid) fail(op, "q_heads", p.q_heads, "exceeds the CUDA grid (65535)");
+  if (p.page_size > 0x7fffffff) fail(op, "page_size", p.page_size, "exceeds the int range");
+  require_aligned16(p.k_cache, op, "k_cache");
+  require_aligned16(p.v_cache, op, "v_cache");
+  launch_paged_attention<float>(p, as_stream(stream));
+}
+
+}  // namespace hyserve::kernels

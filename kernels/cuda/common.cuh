@@ -1,0 +1,137 @@
+#pragma once
+// Shared by the CUDA kernels: element types, 16-byte packs, warp/block reductions, device
+// properties and the host-side parameter checks (the CPU backend's, reused verbatim).
+//
+// Element types. Kernels are templates on T, the type of activations, caches and logits (x,
+// out, q/k/v, B/C/dt/y, KV cache); weights and per-head parameters (norm and conv weights,
+// A_log, D, dt_bias) and recurrent states stay float. Arithmetic is float. A dtype is added
+// by appending X(type) to HYSERVE_CUDA_FOR_EACH_TYPE (to_float/from_float below already cover
+// __nv_bfloat16) and giving it an entry point.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "../cpu/validate.h"
+#include "check.h"
+
+#define HYSERVE_CUDA_FOR_EACH_TYPE(X) X(float)
+
+namespace hyserve::kernels::cuda_detail {
+
+using cpu_detail::fail;
+using cpu_detail::require_non_negative;
+using cpu_detail::require_positive;
+using cpu_detail::require_ptr;
+using cpu_detail::require_stride;
+
+inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A device pointer the kernels read with 16-byte vector accesses.
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// The 16-byte vector path applies: every pointer 16-byte aligned and every length/stride
+// (in elements) a multiple of the pack size.
+inline bool vector_ok(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> lengths, int pack) {
+  for (const void* ptr : ptrs)
+    if (ptr != nullptr && !aligned16(ptr)) return false;
+  for (int64_t n : lengths)
+    if (n % pack != 0) return false;
+  return true;
+}
+
+inline void require_aligned16(const void* ptr, const char* op, const char* field) {
+  if (!aligned16(ptr)) fail(op, field, ptr, "must be 16-byte aligned (device allocations are)");
+}
+
+// Streaming multiprocessors and opt-in shared memory per block of the current device.
+int sm_count();
+int max_shared_per_block_optin();
+
+template <class T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+
+// 16 bytes of T: the unit of vector loads and stores (4 floats, 8 bf16).
+template <class T>
+struct alignas(16) pack16 {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+template <class T>
+__device__ __forceinline__ pack16<T> load_pack(const T* p) {
+  return *reinterpret_cast<const pack16<T>*>(p);
+}
+
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, const pack16<T>& v) {
+  *reinterpret_cast<pack16<T>*>(p) = v;
+}
+
+// N consecutive floats from a 16-byte aligned address.
+template <int N>
+__device__ __forceinline__ void load_floats(const float* p, float (&out)[N]) {
+  static_assert(N % 4 == 0, "whole float4s");
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j) {
+    const float4 v = reinterpret_cast<const float4*>(p)[j];
+    out[4 * j] = v.x;
+    out[4 * j + 1] = v.y;
+    out[4 * j + 2] = v.z;
+    out[4 * j + 3] = v.w;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. blockDim.x is a multiple of 32 and at
+// most 1024. Begins with a barrier so that back-to-back calls may reuse the scratch.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  v = lane < n_warps ? partial[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+}  // namespace hyserve::kernels::cuda_detail

@@ -1,0 +1,180 @@
+// Depthwise causal conv1d. One thread per channel (coalesced over the channel-contiguous token
+// rows), the K-1 previous inputs kept in registers as a sliding window.
+//
+// Varlen prefill: block (channel tile, sequence, token split z). The conv is not recurrent, so
+// a sequence is cut into splits of at least kMinSplit tokens, each starting from the K-1
+// inputs before it. Only split 0 ever reads the slot's saved window (every other split starts
+// at token >= kMinSplit > K-1), and split 0 is also the one that writes the new window back,
+// after reading the old one: no other block touches that window, so there is no race.
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+#include "dispatch.h"
+#include "hyserve/kernels/causal_conv1d.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kConvThreads = 128;
+constexpr int64_t kMinSplit = 16;
+constexpr int kMaxSplits = 256;
+constexpr int64_t kMaxGridY = 65535;
+
+template <class T, int K>
+__global__ void __launch_bounds__(kConvThreads) conv1d_varlen_kernel(const conv1d_varlen_params p) {
+  constexpr int W = K - 1;
+  static_assert(kMinSplit > W, "only split 0 may reach into the saved window");
+  const int64_t b = blockIdx.y;
+  const int32_t slot = p.state_indices[b];
+  if (slot < 0) return;  // padding row: output and state untouched
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.dim) return;
+  const int64_t start = p.query_start_loc[b];
+  const int64_t len = p.query_start_loc[b + 1] - start;
+  const int64_t split = max(ceil_div(len, static_cast<int64_t>(gridDim.z)), kMinSplit);
+  const int64_t s0 = static_cast<int64_t>(blockIdx.z) * split;
+  if (blockIdx.z > 0 && s0 >= len) return;
+  const int64_t s1 = min(len, s0 + split);
+
+  const T* x = reinterpret_cast<const T*>(p.x) + start * p.x_stride + c;  // token s at x[s * x_stride]
+  T* out = reinterpret_cast<T*>(p.out) + start * p.out_stride + c;
+  float* win = p.conv_states + (static_cast<int64_t>(slot) * p.dim + c) * W;  // [W], oldest first
+  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
+
+  float old[W];  // the saved window (zeros without initial state); read by split 0 only
+#pragma unroll
+  for (int j = 0; j < W; ++j) old[j] = (blockIdx.z == 0 && init) ? win[j] : 0.0f;
+
+  float prev[W];  // inputs at offsets s0-W .. s0-1, oldest first
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const int64_t s = s0 - W + j;
+    // s < 0 happens only in split 0, where s0 = 0 and offset s is old[W + s] = old[j].
+    prev[j] = s >= 0 ? to_float(x[s * p.x_stride]) : old[j];
+  }
+  float w[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) w[j] = p.weight[c * K + j];
+  const float bias = p.bias != nullptr ? p.bias[c] : 0.0f;
+
+  for (int64_t s = s0; s < s1; ++s) {
+    const float xs = to_float(x[s * p.x_stride]);
+    float acc = bias;
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc += w[j] * prev[j];
+    acc += w[W] * xs;
+    out[s * p.out_stride] = from_float<T>(p.silu ? silu(acc) : acc);
+#pragma unroll
+    for (int j = 0; j + 1 < W; ++j) prev[j] = prev[j + 1];
+    if constexpr (W > 0) prev[W - 1] = xs;
+  }
+
+  if (blockIdx.z == 0) {
+    // New window = last W entries of (old window ++ sequence): offset len - W + j.
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t s = len - W + j;
+      float v = 0.0f;
+      if (s >= 0) {
+        v = to_float(x[s * p.x_stride]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < W; ++i)
+          if (i == W + s) v = old[i];
+      }
+      win[j] = v;
+    }
+  }
+}
+
+template <class T, int K>
+__global__ void __launch_bounds__(kConvThreads) conv1d_update_kernel(const conv1d_update_params p) {
+  constexpr int W = K - 1;
+  const int64_t b = blockIdx.y;
+  const int32_t slot = p.state_indices[b];
+  if (slot < 0) return;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.dim) return;
+  float* win = p.conv_states + (static_cast<int64_t>(slot) * p.dim + c) * W;
+  float prev[W];
+#pragma unroll
+  for (int j = 0; j < W; ++j) prev[j] = win[j];
+  const float xs = to_float(reinterpret_cast<const T*>(p.x)[b * p.x_stride + c]);
+  float acc = p.bias != nullptr ? p.bias[c] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < W; ++j) acc += p.weight[c * K + j] * prev[j];
+  acc += p.weight[c * K + W] * xs;
+  reinterpret_cast<T*>(p.out)[b * p.out_stride + c] = from_float<T>(p.silu ? silu(acc) : acc);
+#pragma unroll
+  for (int j = 0; j + 1 < W; ++j) win[j] = prev[j + 1];
+  win[W - 1] = xs;
+}
+
+template <class T>
+void launch_conv1d_varlen(const conv1d_varlen_params& p, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(p.dim, kConvThreads);
+  // Token splits: enough blocks to fill the device a few times over when the batch is small.
+  // The lengths live on the device; a split past a sequence's end exits at once.
+  const int64_t splits = std::clamp<int64_t>(ceil_div(4 * sm_count(), tiles * p.batch), 1, kMaxSplits);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
+  dispatch(conv_width_table{}, p.width, "causal_conv1d_varlen", "width", [&](auto k) {
+    conv1d_varlen_kernel<T, decltype(k)::value><<<grid, kConvThreads, 0, stream>>>(p);
+  });
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_conv1d_update(const conv1d_update_params& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.dim, kConvThreads)), static_cast<unsigned>(p.batch));
+  dispatch(conv_width_table{}, p.width, "causal_conv1d_update", "width", [&](auto k) {
+    conv1d_update_kernel<T, decltype(k)::value><<<grid, kConvThreads, 0, stream>>>(p);
+  });
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+#define HYSERVE_INSTANTIATE(T)                                                         \
+  template void launch_conv1d_varlen<T>(const conv1d_varlen_params&, cudaStream_t); \
+  template void launch_conv1d_update<T>(const conv1d_update_params&, cudaStream_t);
+HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
+#undef HYSERVE_INSTANTIATE
+
+// The CPU op's checks on the host-visible fields. state_indices, query_start_loc and
+// has_initial_state live on the device: a slot < 0 is padding; the rest is trusted.
+template <class Params>
+void check_common(const Params& p, const char* op) {
+  require_ptr(p.x, op, "x");
+  require_ptr(p.weight, op, "weight");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.state_indices, op, "state_indices");
+  if (p.width > 1) require_ptr(p.conv_states, op, "conv_states");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.dim, op, "dim");
+  if (p.width < 1) fail(op, "width", p.width, "must be >= 1");
+  require_stride(p.x_stride, p.dim, op, "x_stride");
+  require_stride(p.out_stride, p.dim, op, "out_stride");
+  if (p.batch > kMaxGridY) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
+  if (!conv_width_table::supports(p.width)) {
+    fail(op, "width", p.width, ("unsupported by the CUDA kernels; built for " + conv_width_table::list()).c_str());
+  }
+}
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const conv1d_varlen_params& p, void* stream) {
+  constexpr const char* op = "causal_conv1d_varlen";
+  check_common(p, op);
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  launch_conv1d_varlen<float>(p, as_stream(stream));
+}
+
+void run_cuda(const conv1d_update_params& p, void* stream) {
+  check_common(p, "causal_conv1d_update");
+  launch_conv1d_update<float>(p, as_stream(stream));
+}
+
+}  // namespace hyserve::kernels

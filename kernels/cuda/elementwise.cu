@@ -1,0 +1,255 @@
+// Row-wise memory-bound ops: embedding gather, SwiGLU, RoPE, KV-cache write. Each has a
+// 16-byte vector path (taken when pointers, lengths and strides allow it) and a scalar one.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common.cuh"
+#include "hyserve/kernels/activation.h"
+#include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/embedding.h"
+#include "hyserve/kernels/rope.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int kMaxGridY = 65535;
+constexpr int kMaxRopeHalf = 256;  // rotary_dim / 2; inv_freq travels as a kernel argument
+
+// dst[0, n) = src[0, n), or zeros when src is null. Vec: n and both pointers are whole packs.
+template <class T, bool Vec>
+__device__ __forceinline__ void copy_row(T* __restrict__ dst, const T* __restrict__ src, int64_t n) {
+  if constexpr (Vec) {
+    constexpr int kN = pack16<T>::kN;
+    pack16<T> zero;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) zero.v[j] = from_float<T>(0.0f);
+    for (int64_t i = threadIdx.x * kN; i < n; i += blockDim.x * kN)
+      store_pack(dst + i, src != nullptr ? load_pack(src + i) : zero);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src != nullptr ? src[i] : from_float<T>(0.0f);
+  }
+}
+
+template <class T, bool Vec>
+__global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_params p) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = p.ids[t];
+  const T* table = reinterpret_cast<const T*>(p.table);
+  // Ids of another vocab shard (and, unlike the CPU op which rejects them on the host,
+  // negative ids) give zero rows.
+  const T* src = (id >= p.vocab_start && id < p.vocab_end) ? table + (id - p.vocab_start) * p.hidden : nullptr;
+  copy_row<T, Vec>(reinterpret_cast<T*>(p.out) + t * p.hidden, src, p.hidden);
+}
+
+template <class T, bool Vec>
+__global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params p) {
+  const T* gate = reinterpret_cast<const T*>(p.gate);
+  const T* up = reinterpret_cast<const T*>(p.up);
+  T* out = reinterpret_cast<T*>(p.out);
+  constexpr int kN = Vec ? pack16<T>::kN : 1;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kN;
+  if (c >= p.cols) return;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const T* g = gate + r * p.gate_stride + c;
+    const T* u = up + r * p.up_stride + c;
+    T* o = out + r * p.out_stride + c;
+    if constexpr (Vec) {
+      const pack16<T> gv = load_pack(g), uv = load_pack(u);
+      pack16<T> ov;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float gj = to_float(gv.v[j]);
+        ov.v[j] = from_float<T>(gj / (1.0f + expf(-gj)) * to_float(uv.v[j]));
+      }
+      store_pack(o, ov);
+    } else {
+      const float gj = to_float(*g);
+      *o = from_float<T>(gj / (1.0f + expf(-gj)) * to_float(*u));
+    }
+  }
+}
+
+struct rope_freqs {
+  float inv_freq[kMaxRopeHalf];  // computed on the host with the CPU op's float arithmetic
+};
+
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, const __grid_constant__ rope_freqs f) {
+  extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
+  const int64_t t = blockIdx.x;
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  const float pos = static_cast<float>(p.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = pos * f.inv_freq[i];
+    cos_sin[i] = cosf(angle);
+    cos_sin[half + i] = sinf(angle);
+  }
+  __syncthreads();
+  const int64_t n_pairs = (p.n_q_heads + p.n_kv_heads) * half;
+  for (int64_t e = threadIdx.x; e < n_pairs; e += blockDim.x) {
+    const int64_t head = e / half;
+    const int i = static_cast<int>(e % half);
+    T* x1 = head < p.n_q_heads ? reinterpret_cast<T*>(p.q) + t * p.q_stride + head * p.head_dim
+                               : reinterpret_cast<T*>(p.k) + t * p.k_stride + (head - p.n_q_heads) * p.head_dim;
+    const float a = to_float(x1[i]);
+    const float b = to_float(x1[half + i]);
+    const float c = cos_sin[i], s = cos_sin[half + i];
+    x1[i] = from_float<T>(a * c - b * s);
+    x1[half + i] = from_float<T>(b * c + a * s);
+  }
+}
+
+template <class T, bool Vec>
+__global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p) {
+  const int64_t t = blockIdx.x;
+  const int64_t loc = p.locs[t];
+  if (loc < 0) return;  // padding token
+  const int64_t row = p.kv_heads * p.head_dim;
+  copy_row<T, Vec>(reinterpret_cast<T*>(p.k_cache) + loc * row, reinterpret_cast<const T*>(p.k) + t * p.k_stride, row);
+  copy_row<T, Vec>(reinterpret_cast<T*>(p.v_cache) + loc * row, reinterpret_cast<const T*>(p.v) + t * p.v_stride, row);
+}
+
+template <class T>
+void launch_embedding(const embedding_params& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.n_tokens));
+  if (vector_ok({p.table, p.out}, {p.hidden}, pack16<T>::kN))
+    embedding_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
+  else
+    embedding_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_swiglu(const swiglu_params& p, cudaStream_t stream) {
+  const bool vec = vector_ok({p.gate, p.up, p.out}, {p.cols, p.gate_stride, p.up_stride, p.out_stride}, pack16<T>::kN);
+  const int64_t per_block = kRowThreads * (vec ? pack16<T>::kN : 1);
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, per_block)),
+                  static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
+  if (vec)
+    swiglu_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
+  else
+    swiglu_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_rope(const rope_params& p, const rope_freqs& f, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * static_cast<size_t>(p.rotary_dim);
+  rope_kernel<T><<<static_cast<unsigned>(p.n_tokens), kRowThreads, smem, stream>>>(p, f);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_kv_write(const kv_write_params& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.n_tokens));
+  const int64_t row = p.kv_heads * p.head_dim;
+  if (vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, pack16<T>::kN))
+    kv_write_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
+  else
+    kv_write_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+#define HYSERVE_INSTANTIATE(T)                                                   \
+  template void launch_embedding<T>(const embedding_params&, cudaStream_t);      \
+  template void launch_swiglu<T>(const swiglu_params&, cudaStream_t);            \
+  template void launch_rope<T>(const rope_params&, const rope_freqs&, cudaStream_t); \
+  template void launch_kv_write<T>(const kv_write_params&, cudaStream_t);
+HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
+#undef HYSERVE_INSTANTIATE
+
+// One-dimensional grids index tokens with blockIdx.x.
+void require_grid_x(int64_t n, const char* op, const char* field) {
+  if (n > std::numeric_limits<int32_t>::max()) fail(op, field, n, "exceeds the CUDA grid");
+}
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+// Host checks: the CPU op's, except for values held in device memory (ids, locs, positions),
+// which the host cannot read without a synchronisation; the kernels treat an out-of-range id
+// or a negative location as padding.
+
+void run_cuda(const embedding_params& p, void* stream) {
+  constexpr const char* op = "embedding";
+  require_ptr(p.ids, op, "ids");
+  require_ptr(p.table, op, "table");
+  require_ptr(p.out, op, "out");
+  require_positive(p.n_tokens, op, "n_tokens");
+  require_positive(p.hidden, op, "hidden");
+  require_non_negative(p.vocab_start, op, "vocab_start");
+  if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
+  require_grid_x(p.n_tokens, op, "n_tokens");
+  launch_embedding<float>(p, as_stream(stream));
+}
+
+void run_cuda(const swiglu_params& p, void* stream) {
+  constexpr const char* op = "swiglu";
+  require_ptr(p.gate, op, "gate");
+  require_ptr(p.up, op, "up");
+  require_ptr(p.out, op, "out");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_stride(p.gate_stride, p.cols, op, "gate_stride");
+  require_stride(p.up_stride, p.cols, op, "up_stride");
+  require_stride(p.out_stride, p.cols, op, "out_stride");
+  launch_swiglu<float>(p, as_stream(stream));
+}
+
+void run_cuda(const rope_params& p, void* stream) {
+  constexpr const char* op = "rope";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.positions, op, "positions");
+  require_positive(p.n_tokens, op, "n_tokens");
+  require_positive(p.n_q_heads, op, "n_q_heads");
+  require_non_negative(p.n_kv_heads, op, "n_kv_heads");
+  if (p.n_kv_heads > 0) require_ptr(p.k, op, "k");
+  require_positive(p.head_dim, op, "head_dim");
+  require_positive(p.rotary_dim, op, "rotary_dim");
+  if (p.rotary_dim % 2 != 0) fail(op, "rotary_dim", p.rotary_dim, "must be even");
+  if (p.rotary_dim > p.head_dim) {
+    fail(op, "rotary_dim", p.rotary_dim, ("must be <= head_dim = " + std::to_string(p.head_dim)).c_str());
+  }
+  require_stride(p.q_stride, p.n_q_heads * p.head_dim, op, "q_stride");
+  if (p.n_kv_heads > 0) require_stride(p.k_stride, p.n_kv_heads * p.head_dim, op, "k_stride");
+  if (!(p.theta > 0.0f)) fail(op, "theta", p.theta, "must be > 0");
+  if (p.rotary_dim / 2 > kMaxRopeHalf) {
+    fail(op, "rotary_dim", p.rotary_dim, ("unsupported by the CUDA kernel; at most " + std::to_string(2 * kMaxRopeHalf)).c_str());
+  }
+  require_grid_x(p.n_tokens, op, "n_tokens");
+
+  // The frequencies exactly as the CPU op computes them: a device powf may differ by an ulp,
+  // which a position of 10⁵ turns into a visibly different angle.
+  rope_freqs f{};
+  const int64_t half = p.rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(p.rotary_dim);
+    f.inv_freq[i] = 1.0f / std::pow(p.theta, expo);
+  }
+  launch_rope<float>(p, f, as_stream(stream));
+}
+
+void run_cuda(const kv_write_params& p, void* stream) {
+  constexpr const char* op = "kv_write";
+  require_ptr(p.k, op, "k");
+  require_ptr(p.v, op, "v");
+  require_ptr(p.locs, op, "locs");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_positive(p.n_tokens, op, "n_tokens");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  const int64_t row = p.kv_heads * p.head_dim;
+  require_stride(p.k_stride, row, op, "k_stride");
+  require_stride(p.v_stride, row, op, "v_stride");
+  require_grid_x(p.n_tokens, op, "n_tokens");
+  launch_kv_write<float>(p, as_stream(stream));
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,82 @@
+// Dense matrix multiply through cuBLAS. Row-major C = op(A)·op(B) is column-major
+// Cᵀ = op(B)ᵀ·op(A)ᵀ, so the operands are passed swapped, each with its own transpose flag.
+// Math mode is CUBLAS_DEFAULT_MATH: true fp32, no TF32, so results agree with the CPU op.
+#include <cublas_v2.h>
+
+#include <iostream>
+#include <memory>
+#include <unordered_map>
+
+#include "common.cuh"
+#include "hyserve/kernels/gemm.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+// One cuBLAS handle; destroyed with its owner (errors logged, never thrown).
+class cublas_handle {
+ public:
+  cublas_handle() {
+    CUBLAS_CHECK(cublasCreate(&handle_));
+    const cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(handle_);
+      CUBLAS_CHECK(status);
+    }
+  }
+  ~cublas_handle() {
+    const cublasStatus_t status = cublasDestroy(handle_);
+    if (status != CUBLAS_STATUS_SUCCESS) std::cerr << "cublasDestroy failed: " << cublasGetStatusString(status) << "\n";
+  }
+  cublas_handle(const cublas_handle&) = delete;
+  cublas_handle& operator=(const cublas_handle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// cuBLAS handles are not thread-safe to share and belong to one device: one per (thread, device).
+cublasHandle_t handle_for_current_device() {
+  thread_local std::unordered_map<int, std::unique_ptr<cublas_handle>> handles;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::unique_ptr<cublas_handle>& h = handles[device];
+  if (!h) h = std::make_unique<cublas_handle>();
+  return h->get();
+}
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const gemm_params& p, void* stream) {
+  constexpr const char* op = "gemm";
+  require_ptr(p.a, op, "a");
+  require_ptr(p.b, op, "b");
+  require_ptr(p.c, op, "c");
+  require_positive(p.m, op, "m");
+  require_positive(p.n, op, "n");
+  require_positive(p.k, op, "k");
+  require_stride(p.lda, p.trans_a ? p.m : p.k, op, "lda");
+  require_stride(p.ldb, p.trans_b ? p.k : p.n, op, "ldb");
+  require_stride(p.ldc, p.n, op, "ldc");
+  constexpr int64_t kMaxBlas = 0x7fffffff;
+  if (p.m > kMaxBlas) fail(op, "m", p.m, "exceeds the BLAS int range");
+  if (p.n > kMaxBlas) fail(op, "n", p.n, "exceeds the BLAS int range");
+  if (p.k > kMaxBlas) fail(op, "k", p.k, "exceeds the BLAS int range");
+  if (p.lda > kMaxBlas) fail(op, "lda", p.lda, "exceeds the BLAS int range");
+  if (p.ldb > kMaxBlas) fail(op, "ldb", p.ldb, "exceeds the BLAS int range");
+  if (p.ldc > kMaxBlas) fail(op, "ldc", p.ldc, "exceeds the BLAS int range");
+
+  cublasHandle_t handle = handle_for_current_device();
+  CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  CUBLAS_CHECK(cublasSgemm(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b,
+                           static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
+                           static_cast<int>(p.ldc)));
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,339 @@
+// Argmax and seeded sampling. One block per row; the vocabulary is read with coalesced
+// strided loops.
+//
+// Sampling follows sample_cpu step by step without sorting the vocabulary. The CPU sorts the
+// candidates by (logit descending, id ascending) and walks that order; here the order is a
+// unique 64-bit key per element, (descending-logit bits << 32) | id, and every "walk the
+// sorted list until a running sum passes a threshold" becomes a radix select over that key:
+// 8 passes of 8 bits, each building a 256-bin histogram of weight (count or probability) of
+// the elements that match the digits chosen so far, and keeping the first bin whose running
+// sum passes the threshold. Top-k is a select by count, top-p and the final draw are selects
+// by probability mass. The generator, the double-precision probabilities and the thresholds
+// are those of sample_cpu; only the order of the double additions differs (parallel
+// histograms), so a token differs from the CPU's only when the uniform draw lands within
+// ~1e-16 (relative) of a boundary between two candidates. Logits must be free of NaN (the
+// CPU's std::max_element result depends on where a NaN sits).
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common.cuh"
+#include "hyserve/kernels/sampling.h"
+#include "sample_batch.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kArgmaxThreads = 512;
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleRowsPerLaunch = 64;  // settings of 64 rows fit the 4 KB of kernel arguments
+constexpr uint64_t kNoKey = ~0ull;        // no element (an element's key has bit 31 clear)
+
+// (value, index) order of argmax: a larger value wins, equal values go to the lower index.
+__device__ __forceinline__ bool better(float v1, int32_t i1, float v2, int32_t i2) {
+  return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+// Block-wide best (value, index); every thread gets the result.
+__device__ void block_best(float& v, int32_t& i) {
+  __shared__ float sv[32];
+  __shared__ int32_t si[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  __syncthreads();
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  v = lane < n_warps ? sv[lane] : -INFINITY;
+  i = lane < n_warps ? si[lane] : INT_MAX;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__device__ double block_sum_double(double v) {
+  __shared__ double partial[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? partial[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ uint64_t block_max_u64(uint64_t v) {
+  __shared__ uint64_t partial[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? partial[lane] : 0ull;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const argmax_params p) {
+  const T* row = reinterpret_cast<const T*>(p.logits) + static_cast<int64_t>(blockIdx.x) * p.stride;
+  // Strict '>' from -inf, as the CPU: NaN and -inf are never chosen; a thread's indices
+  // ascend, so it keeps its first maximum.
+  float best = -INFINITY;
+  int32_t best_i = INT_MAX;
+  for (int64_t v = threadIdx.x; v < p.vocab; v += blockDim.x) {
+    const float x = to_float(row[v]);
+    if (x > best) {
+      best = x;
+      best_i = static_cast<int32_t>(v);
+    }
+  }
+  block_best(best, best_i);
+  if (threadIdx.x == 0) p.out[blockIdx.x] = best_i == INT_MAX ? 0 : best_i;
+}
+
+struct sample_row {
+  const float* logits;
+  int64_t vocab;
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  uint64_t seed;
+  uint64_t counter;
+};
+
+struct sample_chunk {
+  sample_row rows[kSampleRowsPerLaunch];
+  sample_output* out;  // [rows of this launch]
+};
+static_assert(sizeof(sample_chunk) <= 4000, "kernel arguments are limited to 4 KB");
+
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Position of element (v, i) in sample_cpu's candidate order: logit descending (-0 == +0),
+// then id ascending. Unique per element.
+__device__ __forceinline__ uint64_t order_key(float v, int32_t i) {
+  if (v == 0.0f) v = 0.0f;
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // monotone in v
+  return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(i);
+}
+
+struct select_scratch {
+  double weight[256];
+  unsigned int count[256];
+  uint64_t bin;
+  double before;
+};
+
+// Key of the first element, in candidate order, of {key < limit} whose inclusive running
+// weight passes target (> target when strict, >= otherwise); kNoKey when none does. The
+// predicate is monotone along the order, so the answer lies in the first histogram bin whose
+// running sum passes. All threads of the block must call it.
+template <class Weight>
+__device__ uint64_t select_first(const float* x, int32_t V, uint64_t limit, Weight weight, double target, bool strict,
+                                 select_scratch& s) {
+  uint64_t prefix = 0, mask = 0;
+  double before = 0.0;  // weight of the set's elements ordered before the current prefix
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      s.weight[b] = 0.0;
+      s.count[b] = 0u;
+    }
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const float v = x[i];
+      const uint64_t k = order_key(v, i);
+      if (k < limit && (k & mask) == prefix) {
+        const int bin = static_cast<int>((k >> shift) & 0xffu);
+        atomicAdd(&s.weight[bin], weight(v));
+        atomicAdd(&s.count[bin], 1u);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t found = kNoKey;
+      double cum = before;
+      for (int b = 0; b < 256; ++b) {
+        if (s.count[b] == 0u) continue;
+        const double next = cum + s.weight[b];
+        if (strict ? next > target : next >= target) {
+          found = static_cast<uint64_t>(b);
+          break;
+        }
+        cum = next;
+      }
+      s.bin = found;
+      s.before = cum;
+    }
+    __syncthreads();
+    // Thread 0 rewrites bin/before only after the next pass's second barrier, which every
+    // thread reaches after these reads.
+    const uint64_t bin = s.bin;
+    before = s.before;
+    if (bin == kNoKey) return kNoKey;
+    prefix |= bin << shift;
+    mask |= 0xffull << shift;
+  }
+  return prefix;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const __grid_constant__ sample_chunk c) {
+  __shared__ select_scratch scratch;
+  const sample_row& row = c.rows[blockIdx.x];
+  const float* x = row.logits;
+  const auto V = static_cast<int32_t>(row.vocab);
+
+  // First maximum (std::max_element) and the log-softmax normaliser of the raw logits.
+  float mx = -INFINITY;
+  int32_t arg = INT_MAX;
+  for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = x[i];
+    if (arg == INT_MAX || v > mx) {
+      mx = v;
+      arg = i;
+    }
+  }
+  block_best(mx, arg);
+  double z = 0.0;
+  for (int32_t i = threadIdx.x; i < V; i += blockDim.x) z += exp(static_cast<double>(x[i] - mx));
+  z = block_sum_double(z);
+  const double log_z = static_cast<double>(mx) + log(z);
+
+  int32_t token = arg;
+  if (row.temperature != 0.0f) {
+    const int32_t keep = (row.top_k > 0 && row.top_k < V) ? row.top_k : V;
+    uint64_t limit = kNoKey;  // candidates: key < limit
+    if (keep < V) {
+      // The element at rank keep (0-based) is the first one left out.
+      limit = select_first(
+          x, V, kNoKey, [](float) { return 1.0; }, static_cast<double>(keep) + 1.0, false, scratch);
+    }
+    const double temperature = row.temperature;
+    auto prob = [mx, temperature](float v) { return exp(static_cast<double>(v - mx) / temperature); };
+    auto mass_below = [&](uint64_t lim) {
+      double m = 0.0;
+      for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = x[i];
+        if (order_key(v, i) < lim) m += prob(v);
+      }
+      return block_sum_double(m);
+    };
+    double mass = mass_below(limit);
+    if (row.top_p < 1.0f) {
+      // Smallest prefix whose share of the kept mass reaches top_p.
+      const uint64_t last = select_first(x, V, limit, prob, static_cast<double>(row.top_p) * mass, false, scratch);
+      if (last != kNoKey) {
+        limit = last + 1;
+        mass = mass_below(limit);
+      }
+    }
+    const uint64_t r = mix(mix(row.seed + 0x9e3779b97f4a7c15ull) ^ (row.counter * 0xd1b54a32d192ed03ull));
+    const double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0) * mass;
+    uint64_t key = select_first(x, V, limit, prob, u, true, scratch);
+    if (key == kNoKey) {
+      // u at or past the total through rounding: the CPU takes the last candidate.
+      uint64_t last = 0;
+      for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const uint64_t k = order_key(x[i], i);
+        if (k < limit) last = max(last, k);
+      }
+      key = block_max_u64(last);
+    }
+    token = static_cast<int32_t>(key & 0xffffffffu);
+  }
+  if (threadIdx.x == 0) {
+    c.out[blockIdx.x].token = token;
+    c.out[blockIdx.x].logprob = static_cast<float>(static_cast<double>(x[token]) - log_z);
+  }
+}
+
+template <class T>
+void launch_argmax(const argmax_params& p, cudaStream_t stream) {
+  argmax_kernel<T><<<static_cast<unsigned>(p.rows), kArgmaxThreads, 0, stream>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+#define HYSERVE_INSTANTIATE(T) template void launch_argmax<T>(const argmax_params&, cudaStream_t);
+HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
+#undef HYSERVE_INSTANTIATE
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const argmax_params& p, void* stream) {
+  constexpr const char* op = "argmax";
+  require_ptr(p.logits, op, "logits");
+  require_ptr(p.out, op, "out");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.vocab, op, "vocab");
+  require_stride(p.stride, p.vocab, op, "stride");
+  if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
+  if (p.rows > std::numeric_limits<int32_t>::max()) fail(op, "rows", p.rows, "exceeds the CUDA grid");
+  launch_argmax<float>(p, as_stream(stream));
+}
+
+void run_cuda(const sample_batch_params& p, void* stream) {
+  require_non_negative(p.n_rows, "sample", "n_rows");
+  if (p.n_rows == 0) return;
+  require_ptr(p.rows, "sample", "rows");
+  require_ptr(p.out, "sample", "out");
+  // The same checks and messages as sample_cpu, row by row.
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const sample_params& s = p.rows[r];
+    if (!s.logits || s.vocab <= 0) throw invalid_argument_error("sample: logits and vocab > 0 are required");
+    if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature))
+      throw invalid_argument_error("sample: temperature must be finite and >= 0, got " + std::to_string(s.temperature));
+    if (!(s.top_p > 0.0f && s.top_p <= 1.0f))
+      throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(s.top_p));
+    if (s.vocab > std::numeric_limits<int32_t>::max())
+      throw invalid_argument_error("sample: vocab = " + std::to_string(s.vocab) + " exceeds the int32 id range");
+  }
+  for (int64_t r0 = 0; r0 < p.n_rows; r0 += kSampleRowsPerLaunch) {
+    const int64_t n = std::min<int64_t>(kSampleRowsPerLaunch, p.n_rows - r0);
+    sample_chunk c{};
+    for (int64_t r = 0; r < n; ++r) {
+      const sample_params& s = p.rows[r0 + r];
+      c.rows[r] = sample_row{s.logits, s.vocab, s.temperature, s.top_k, s.top_p, s.seed, s.counter};
+    }
+    c.out = p.out + r0;
+    sample_kernel<<<static_cast<unsigned>(n), kSampleThreads, 0, as_stream(stream)>>>(c);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace hyserve::kernels

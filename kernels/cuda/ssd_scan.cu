@@ -1,0 +1,239 @@
+// SSD chunk scan (varlen prefill). One block per (head, sequence) walks the sequence in chunks
+// of Q tokens, carrying the state S [head_dim, d_state] in shared memory. Per chunk, with
+// cum_i = Σ_{s<=i} dt_s·A inside the chunk (double, as the CPU op):
+//   W[i][j] = (C_i·B_j) · exp(cum_i − cum_j) · dt_j            for j <= i, else 0
+//   y_i     = exp(cum_i) · S·C_i + Σ_j W[i][j] · x_j + D · x_i
+//   S      ← exp(cum_last) · S + Σ_j (exp(cum_last − cum_j) · dt_j · x_j) ⊗ B_j
+// which is the CPU op's formulation; the result does not depend on the chunk length (the
+// kernel picks Q from the shared memory it needs, chunk_size is validated only).
+//
+// Shared-memory tiles are padded by 4 floats per row so that the float4 reads of the three
+// inner loops are free of bank conflicts: W lanes vary i (C rows), y lanes vary p (S rows),
+// the S update lanes vary the d_state column. Each thread computes 4 outputs per loop to reuse
+// its loads.
+#include <algorithm>
+#include <string>
+
+#include "ssm_common.cuh"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kScanThreads = 256;
+constexpr int kTile = 4;  // outputs per thread in the y and S loops
+
+struct scan_layout {
+  int q = 0;  // chunk length
+  int P = 0, N = 0;
+  int ld = 0;    // row stride of S, B and C tiles: N + 4
+  int ldw = 0;   // row stride of W: q + 1
+  size_t bytes = 0;
+
+  scan_layout(int q_, int P_, int N_) : q(q_), P(P_), N(N_), ld(N_ + 4), ldw(q_ + 1) {
+    const size_t floats = static_cast<size_t>(P + 2 * q) * ld + static_cast<size_t>(q) * P +
+                          static_cast<size_t>(q) * ldw + 3 * static_cast<size_t>(q);
+    bytes = sizeof(double) * q + sizeof(float) * floats;
+  }
+};
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+template <class T>
+__global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_scan_params p, int q) {
+  const int64_t h = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;  // padding row: output rows and state untouched
+  const int P = static_cast<int>(p.head_dim);
+  const int N = static_cast<int>(p.d_state);
+  const int N4 = N / 4;
+  const int ld = N + 4, ld4 = ld / 4, ldw = q + 1;
+  const int64_t g = h / (p.heads / p.n_groups);
+  const int64_t start = p.query_start_loc[b];
+  const int64_t len = p.query_start_loc[b + 1] - start;
+  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
+  const double A = -exp(static_cast<double>(p.A_log[h]));
+  const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+  const int tid = threadIdx.x;
+
+  extern __shared__ double smem[];
+  double* cum = smem;                                  // [q]
+  float* S = reinterpret_cast<float*>(cum + q);        // [P][ld]
+  float* Bs = S + static_cast<size_t>(P) * ld;         // [q][ld]
+  float* Cs = Bs + static_cast<size_t>(q) * ld;        // [q][ld]
+  float* Xs = Cs + static_cast<size_t>(q) * ld;        // [q][P]
+  float* Wm = Xs + static_cast<size_t>(q) * P;         // [q][ldw]
+  float* dtv = Wm + static_cast<size_t>(q) * ldw;      // [q] step sizes
+  float* coef = dtv + q;                               // [q] exp(cum_last − cum_j)·dt_j
+  float* decay = coef + q;                             // [q] exp(cum_i)
+  const float4* S4 = reinterpret_cast<const float4*>(S);
+  const float4* B4 = reinterpret_cast<const float4*>(Bs);
+  const float4* C4 = reinterpret_cast<const float4*>(Cs);
+
+  float* state = p.ssm_states + (slot * p.heads + h) * static_cast<int64_t>(P) * N;
+  for (int e = tid; e < P * N; e += kScanThreads) S[(e / N) * ld + e % N] = init ? state[e] : 0.0f;
+
+  const T* xg = reinterpret_cast<const T*>(p.x) + h * P;
+  const T* dtg = reinterpret_cast<const T*>(p.dt) + h;
+  const T* Bg = reinterpret_cast<const T*>(p.B) + g * N;
+  const T* Cg = reinterpret_cast<const T*>(p.C) + g * N;
+  T* yg = reinterpret_cast<T*>(p.y) + h * P;
+
+  for (int64_t c0 = 0; c0 < len; c0 += q) {
+    const int L = static_cast<int>(min(static_cast<int64_t>(q), len - c0));
+    const int64_t t0 = start + c0;
+    const bool carry = init || c0 > 0;  // false: S is zero
+
+    // Stage the chunk. The barrier at the end of the previous chunk freed these tiles.
+    for (int e = tid; e < L * N; e += kScanThreads) {
+      const int j = e / N, n = e % N;
+      Bs[j * ld + n] = to_float(Bg[(t0 + j) * p.bc_stride + n]);
+      Cs[j * ld + n] = to_float(Cg[(t0 + j) * p.bc_stride + n]);
+    }
+    for (int e = tid; e < L * P; e += kScanThreads) {
+      const int j = e / P, pp = e % P;
+      Xs[j * P + pp] = to_float(xg[(t0 + j) * p.x_stride + pp]);
+    }
+    for (int i = tid; i < L; i += kScanThreads) dtv[i] = step_size(p, to_float(dtg[(t0 + i) * p.dt_stride]), h);
+    __syncthreads();
+    if (tid == 0) {
+      double run = 0.0;
+      for (int i = 0; i < L; ++i) {
+        run += static_cast<double>(dtv[i]) * A;
+        cum[i] = run;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < L; i += kScanThreads) {
+      decay[i] = static_cast<float>(exp(cum[i]));
+      coef[i] = static_cast<float>(exp(cum[L - 1] - cum[i])) * dtv[i];
+    }
+    // W: lanes vary i (padded C rows), B_j is a broadcast.
+    for (int e = tid; e < L * L; e += kScanThreads) {
+      const int i = e % L, j = e / L;
+      float w = 0.0f;
+      if (j <= i) {
+        float acc = 0.0f;
+        for (int n4 = 0; n4 < N4; ++n4) acc += dot4(C4[i * ld4 + n4], B4[j * ld4 + n4]);
+        w = acc * expf(static_cast<float>(cum[i] - cum[j])) * dtv[j];
+      }
+      Wm[i * ldw + j] = w;
+    }
+    __syncthreads();
+
+    // y: thread item = (kTile consecutive rows i, one column p); lanes vary p.
+    const int i_tiles = (L + kTile - 1) / kTile;
+    for (int e = tid; e < i_tiles * P; e += kScanThreads) {
+      const int pp = e % P;
+      const int i0 = (e / P) * kTile;
+      float acc[kTile];
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) acc[k] = 0.0f;
+      if (carry) {
+        float sc[kTile] = {};
+        for (int n4 = 0; n4 < N4; ++n4) {
+          const float4 s = S4[pp * ld4 + n4];
+#pragma unroll
+          for (int k = 0; k < kTile; ++k) sc[k] += dot4(s, C4[min(i0 + k, L - 1) * ld4 + n4]);
+        }
+#pragma unroll
+        for (int k = 0; k < kTile; ++k) acc[k] = decay[min(i0 + k, L - 1)] * sc[k];
+      }
+      const int j_end = min(L, i0 + kTile);  // W[i][j] = 0 for j > i
+      for (int j = 0; j < j_end; ++j) {
+        const float xj = Xs[j * P + pp];
+#pragma unroll
+        for (int k = 0; k < kTile; ++k) acc[k] += Wm[min(i0 + k, L - 1) * ldw + j] * xj;
+      }
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) {
+        const int i = i0 + k;
+        if (i < L) yg[(t0 + i) * p.y_stride + pp] = from_float<T>(acc[k] + d_skip * Xs[i * P + pp]);
+      }
+    }
+    __syncthreads();  // every read of S precedes its update
+
+    // S update: thread item = (kTile consecutive rows p, one float4 column); lanes vary the column.
+    const float total = static_cast<float>(exp(cum[L - 1]));
+    const int p_tiles = (P + kTile - 1) / kTile;
+    for (int e = tid; e < p_tiles * N4; e += kScanThreads) {
+      const int n4 = e % N4;
+      const int p0 = (e / N4) * kTile;
+      float4 s[kTile];
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) {
+        s[k] = S4[min(p0 + k, P - 1) * ld4 + n4];
+        if (carry) {
+          s[k].x *= total;
+          s[k].y *= total;
+          s[k].z *= total;
+          s[k].w *= total;
+        }
+      }
+      for (int j = 0; j < L; ++j) {
+        const float4 bj = B4[j * ld4 + n4];
+        const float cj = coef[j];
+#pragma unroll
+        for (int k = 0; k < kTile; ++k) {
+          const float xk = cj * Xs[j * P + min(p0 + k, P - 1)];
+          s[k].x += xk * bj.x;
+          s[k].y += xk * bj.y;
+          s[k].z += xk * bj.z;
+          s[k].w += xk * bj.w;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kTile; ++k)
+        if (p0 + k < P) reinterpret_cast<float4*>(S)[(p0 + k) * ld4 + n4] = s[k];
+    }
+    __syncthreads();  // S complete and the chunk tiles free before the next chunk
+  }
+
+  for (int e = tid; e < P * N; e += kScanThreads) state[e] = S[(e / N) * ld + e % N];
+}
+
+// Longest chunk (of 32, 16, 8) whose tiles fit the opt-in shared memory; 0 if none does.
+scan_layout pick_layout(int P, int N) {
+  const auto limit = static_cast<size_t>(max_shared_per_block_optin());
+  for (int q : {32, 16, 8}) {
+    scan_layout l(q, P, N);
+    if (l.bytes <= limit) return l;
+  }
+  return scan_layout(0, P, N);
+}
+
+template <class T>
+void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(ssd_scan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(l.bytes)));
+  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  ssd_scan_kernel<T><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+#define HYSERVE_INSTANTIATE(T) \
+  template void launch_ssd_scan<T>(const ssd_chunk_scan_params&, const scan_layout&, cudaStream_t);
+HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
+#undef HYSERVE_INSTANTIATE
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
+  constexpr const char* op = "ssd_chunk_scan";
+  check_ssm_common(p, op);
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_positive(p.chunk_size, op, "chunk_size");
+  const scan_layout l = pick_layout(static_cast<int>(p.head_dim), static_cast<int>(p.d_state));
+  if (l.q == 0) {
+    fail(op, "d_state", p.d_state,
+         ("with head_dim " + std::to_string(p.head_dim) + " the state does not fit the CUDA kernel's shared memory")
+             .c_str());
+  }
+  launch_ssd_scan<float>(p, l, as_stream(stream));
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,119 @@
+#pragma once
+// Helpers of the CUDA backend-ops tests: every CUDA op against its CPU op (run_cpu, the ground
+// truth) on the same inputs. Outputs start poisoned with the NaN bit pattern 0xffffffff on
+// both sides, so a comparison catches elements the CUDA op forgot to write (NaN where the
+// CPU wrote a value) and elements it should not have touched (anything other than that exact
+// pattern where the CPU left it). Plain C++: device memory through cuda/device_buffer.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
+
+namespace hyserve::kernels::cuda_test {
+
+constexpr uint32_t kPoisonBits = 0xffffffffu;  // what device_buffer::fill_bytes(0xff) writes
+
+inline float poison() {
+  float f;
+  std::memcpy(&f, &kPoisonBits, sizeof f);
+  return f;
+}
+
+inline bool is_poison(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u == kPoisonBits;
+}
+
+// n values uniform in [lo, hi) from a fixed seed.
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& e : v) e = dist(gen);
+  return v;
+}
+
+template <class T>
+device_array<T> to_device(const std::vector<T>& host) {
+  return device_array<T>(host);
+}
+
+// got (CUDA) against want (CPU), element by element: where want is the poison pattern got must
+// be too (untouched), elsewhere |got − want| <= atol + rtol·|want| (a NaN or Inf in got fails,
+// since want is finite). Reports the count and the worst element once.
+inline void expect_match(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, worst = 0, checked = 0;
+  double worst_excess = -1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double excess = 0.0;
+    if (is_poison(want[i])) {
+      excess = is_poison(got[i]) ? 0.0 : 1e30;  // written where the CPU op wrote nothing
+    } else {
+      ++checked;
+      if (!std::isfinite(want[i])) {
+        excess = (got[i] == want[i]) ? 0.0 : 1e30;
+      } else {
+        const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+        excess = std::isfinite(got[i]) ? err - (atol + rtol * std::fabs(static_cast<double>(want[i]))) : 1e30;
+      }
+    }
+    if (excess > 0.0) {
+      if (excess > worst_excess) {
+        worst = i;
+        worst_excess = excess;
+      }
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements differ (atol " << atol << ", rtol "
+                     << rtol << "); worst at " << worst << ": cuda " << got[worst] << ", cpu " << want[worst];
+  EXPECT_GT(checked, 0u) << what << ": the CPU op wrote nothing (vacuous comparison)";
+}
+
+// Integer outputs must be identical.
+template <class I>
+void expect_equal(const std::vector<I>& got, const std::vector<I>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i]) {
+      if (bad == 0) first = i;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " differ; first at " << first << ": cuda "
+                     << got[first] << ", cpu " << want[first];
+}
+
+// Runs fn and expects an invalid_argument_error whose message contains field.
+template <class Fn>
+void expect_invalid(Fn&& fn, const std::string& field) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected invalid_argument_error naming '" << field << "'";
+  } catch (const invalid_argument_error& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+        << "message '" << e.what() << "' does not name '" << field << "'";
+  }
+}
+
+// Joins integers for test names: {37, 16, 1} → "37x16x1".
+inline std::string join(const std::vector<int>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "x" : "") << v[i];
+  return os.str();
+}
+
+}  // namespace hyserve::kernels::cuda_test
