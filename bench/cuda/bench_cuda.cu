@@ -1,7 +1,7 @@
 // Decode-path kernels on the device, as ratios to the copy bandwidth measured in the same run
 // (DESIGN §12: decode kernels >= 90% of measured HBM copy bandwidth at batch >= 64).
 //
-// For each op and batch 1/16/64/256 at production shapes: 20 calls (rotating over input sets
+// For each op and batch 1/16/64/256 at production shapes: 32 calls (rotating over input sets
 // so that the working set exceeds L2) are captured in one CUDA graph; the graph is replayed
 // 10 times, each replay timed with CUDA events; the median per call is reported with the
 // fewest bytes the op must move (each input read once, each output written once), the
@@ -31,7 +31,7 @@
 namespace hyserve::kernels {
 namespace {
 
-constexpr int kCallsPerGraph = 20;
+constexpr int kCallsPerGraph = 32;
 constexpr int kReplays = 10;
 constexpr size_t kRotateBytes = size_t{256} << 20;  // > L2 (50 MB on H200) several times over
 constexpr int kBatches[] = {1, 16, 64, 256};
@@ -86,7 +86,7 @@ double time_call_us(cudaStream_t stream, int n_sets, const std::function<void(in
 }
 
 int sets_for(size_t bytes_per_set) {
-  return static_cast<int>(std::clamp<size_t>(kRotateBytes / std::max<size_t>(bytes_per_set, 1), 1, 16));
+  return static_cast<int>(std::clamp<size_t>(kRotateBytes / std::max<size_t>(bytes_per_set, 1), 1, 64));
 }
 
 device_array<float> random_device(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {

@@ -29,7 +29,7 @@ constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kKeysPerTile = 32;  // one key per lane
 constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
-constexpr int kMaxSlices = 32;
+constexpr int kMaxSlices = 64;
 constexpr int64_t kMaxGrid = 65535;
 
 template <class T, int D>
@@ -283,9 +283,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
 
 template <class T>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
-  // Slices: enough blocks to fill the device when batch × kv_heads is small.
+  // Slices: about 8 blocks per SM (2-3 waves of resident blocks), so that a small batch fills
+  // the device and a partial last wave costs little. Decode rows of short contexts leave
+  // slices empty; those exit after writing an empty partial.
   const auto n_slices =
-      static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
+      static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
   attn_partials part;
   if (n_slices > 1) {
     const int64_t n = p.batch * p.q_heads * n_slices;
@@ -297,8 +299,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   dispatch(attention_head_dim_table{}, p.head_dim, "paged_attention", "head_dim", [&](auto hd) {
     constexpr int D = decltype(hd)::value;
     const size_t smem = sizeof(attn_smem<T, D>);
-    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
+    reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<T, D>), smem);
     const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
     paged_attention_kernel<T, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part);
     HYSERVE_CUDA_CHECK_LAUNCH();

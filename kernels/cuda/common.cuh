@@ -51,6 +51,10 @@ inline void require_aligned16(const void* ptr, const char* op, const char* field
 // Streaming multiprocessors and opt-in shared memory per block of the current device.
 int sm_count();
 int max_shared_per_block_optin();
+// Lets kernel launch with `bytes` of dynamic shared memory (above the default 48 KB). The
+// attribute is set once per (kernel, device), so steady-state launches, and launches being
+// captured in a graph, make no extra runtime calls.
+void reserve_dynamic_shared(const void* kernel, size_t bytes);
 
 template <class T>
 __device__ __forceinline__ float to_float(T v);

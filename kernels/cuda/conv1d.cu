@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_varlen_kernel(const conv1
   for (int j = 0; j < K; ++j) w[j] = p.weight[c * K + j];
   const float bias = p.bias != nullptr ? p.bias[c] : 0.0f;
 
-  for (int64_t s = s0; s < s1; ++s) {
+#pragma unroll 4
+  for (int64_t s = s0; s < s1; ++s) {  // unrolled so that several token loads are in flight
     const float xs = to_float(x[s * p.x_stride]);
     float acc = bias;
 #pragma unroll

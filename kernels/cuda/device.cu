@@ -1,6 +1,8 @@
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common.cuh"
@@ -45,6 +47,18 @@ device_limits limits_of_current_device() {
 }  // namespace
 
 int sm_count() { return limits_of_current_device().sm_count; }
+
+void reserve_dynamic_shared(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> reserved;  // (kernel, device) → bytes
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& r = reserved[{kernel, device}];
+  if (bytes <= r) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  r = bytes;
+}
 int max_shared_per_block_optin() { return limits_of_current_device().max_shared_optin; }
 
 }  // namespace cuda_detail

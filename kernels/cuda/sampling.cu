@@ -154,17 +154,46 @@ __device__ __forceinline__ uint64_t order_key(float v, int32_t i) {
 struct select_scratch {
   double weight[256];
   unsigned int count[256];
-  uint64_t bin;
+  int bin;             // chosen bin of the current pass, -1 for none
+  unsigned int count_in_bin;
   double before;
+  uint64_t key;        // the single element left, fetched on early exit
 };
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Adds w to histogram bin `bin` (-1: nothing) for every lane, one shared atomic per distinct
+// bin of the warp: early passes put most of the vocabulary into a handful of bins, and
+// per-element atomics on one address would serialise. All 32 lanes must call it.
+__device__ __forceinline__ void histogram_add(select_scratch& s, int bin, double w) {
+  const int lane = threadIdx.x & 31;
+  unsigned todo = __ballot_sync(0xffffffffu, bin >= 0);
+  while (todo != 0u) {
+    const int leader = __ffs(static_cast<int>(todo)) - 1;
+    const int b = __shfl_sync(0xffffffffu, bin, leader);
+    const unsigned peers = __ballot_sync(0xffffffffu, bin == b);
+    const double sum = warp_sum_double(bin == b ? w : 0.0);
+    if (lane == leader) {
+      atomicAdd(&s.weight[b], sum);
+      atomicAdd(&s.count[b], static_cast<unsigned>(__popc(static_cast<int>(peers))));
+    }
+    todo &= ~peers;
+  }
+}
 
 // Key of the first element, in candidate order, of {key < limit} whose inclusive running
 // weight passes target (> target when strict, >= otherwise); kNoKey when none does. The
-// predicate is monotone along the order, so the answer lies in the first histogram bin whose
-// running sum passes. All threads of the block must call it.
+// predicate is monotone along the order, so the answer lies in the first non-empty histogram
+// bin whose running sum passes; once that bin holds a single element, one more pass fetches
+// it. All threads of the block must call it; blockDim.x is a multiple of 32.
 template <class Weight>
 __device__ uint64_t select_first(const float* x, int32_t V, uint64_t limit, Weight weight, double target, bool strict,
                                  select_scratch& s) {
+  const int lane = threadIdx.x & 31;
   uint64_t prefix = 0, mask = 0;
   double before = 0.0;  // weight of the set's elements ordered before the current prefix
   for (int shift = 56; shift >= 0; shift -= 8) {
@@ -173,39 +202,57 @@ __device__ uint64_t select_first(const float* x, int32_t V, uint64_t limit, Weig
       s.count[b] = 0u;
     }
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const float v = x[i];
-      const uint64_t k = order_key(v, i);
-      if (k < limit && (k & mask) == prefix) {
-        const int bin = static_cast<int>((k >> shift) & 0xffu);
-        atomicAdd(&s.weight[bin], weight(v));
-        atomicAdd(&s.count[bin], 1u);
+    // Warp-uniform trip count: histogram_add needs every lane.
+    for (int32_t base = static_cast<int32_t>(threadIdx.x) - lane; base < V; base += static_cast<int32_t>(blockDim.x)) {
+      const int32_t i = base + lane;
+      int bin = -1;
+      double w = 0.0;
+      if (i < V) {
+        const float v = x[i];
+        const uint64_t k = order_key(v, i);
+        if (k < limit && (k & mask) == prefix) {
+          bin = static_cast<int>((k >> shift) & 0xffu);
+          w = weight(v);
+        }
       }
+      histogram_add(s, bin, w);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      uint64_t found = kNoKey;
+      int found = -1;
       double cum = before;
       for (int b = 0; b < 256; ++b) {
         if (s.count[b] == 0u) continue;
         const double next = cum + s.weight[b];
         if (strict ? next > target : next >= target) {
-          found = static_cast<uint64_t>(b);
+          found = b;
           break;
         }
         cum = next;
       }
       s.bin = found;
+      s.count_in_bin = found >= 0 ? s.count[found] : 0u;
       s.before = cum;
     }
     __syncthreads();
-    // Thread 0 rewrites bin/before only after the next pass's second barrier, which every
-    // thread reaches after these reads.
-    const uint64_t bin = s.bin;
+    // Thread 0 rewrites these only after the next pass's second barrier, which every thread
+    // reaches after these reads.
+    const int bin = s.bin;
+    const unsigned count = s.count_in_bin;
     before = s.before;
-    if (bin == kNoKey) return kNoKey;
-    prefix |= bin << shift;
+    if (bin < 0) return kNoKey;
+    prefix |= static_cast<uint64_t>(bin) << shift;
     mask |= 0xffull << shift;
+    if (count == 1u && shift > 0) {
+      for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const uint64_t k = order_key(x[i], i);
+        if (k < limit && (k & mask) == prefix) s.key = k;  // exactly one element matches
+      }
+      __syncthreads();
+      const uint64_t key = s.key;
+      __syncthreads();  // s.key is read by all before any later call may rewrite it
+      return key;
+    }
   }
   return prefix;
 }

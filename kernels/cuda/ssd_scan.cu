@@ -205,8 +205,7 @@ scan_layout pick_layout(int P, int N) {
 
 template <class T>
 void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaStream_t stream) {
-  CUDA_CHECK(cudaFuncSetAttribute(ssd_scan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(l.bytes)));
+  reserve_dynamic_shared(reinterpret_cast<const void*>(&ssd_scan_kernel<T>), l.bytes);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
   ssd_scan_kernel<T><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q);
   HYSERVE_CUDA_CHECK_LAUNCH();

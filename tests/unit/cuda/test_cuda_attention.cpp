@@ -1,6 +1,7 @@
 // Backend ops: paged attention (causal extend with prefix, decode, mixed batches), CUDA
 // against CPU. Covers GQA ratios 1/4/8, page sizes 1 and 16, head_dim 32/64/128/256, rows
-// without queries, and the split-KV decode path (small batch × kv_heads, long contexts).
+// without queries, and both decode paths: split-KV with a combine (small batch × kv_heads) and
+// one slice per row (batch × kv_heads above ~8 blocks per SM).
 // Tolerance (fp32): |Δ| <= 2e-5 + 1e-4·|want| (online softmax: rescaled partial sums).
 #include <gtest/gtest.h>
 
@@ -129,6 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         // Decode, production attention shape (head_dim 128, 32 q heads over 8 kv heads).
         decode_case("decode_bs64", 64, 8, 4, 128, 16, 1, 1500),
+        decode_case("decode_bs160", 160, 8, 4, 128, 16, 1, 300),  // enough blocks: one slice per row
         decode_case("decode_bs1_long", 1, 8, 4, 128, 16, 1, 8192),  // split-KV path
         decode_case("decode_bs4", 4, 8, 8, 128, 16, 1, 3000),
         decode_case("decode_bs16", 16, 4, 1, 64, 1, 1, 700),
