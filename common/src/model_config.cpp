@@ -118,40 +118,29 @@ class hf_reader {
   const json::object& obj_;
 };
 
-constexpr std::string_view kSupportedArchs = "BambaForCausalLM";
+constexpr std::string_view kSupportedArchs = "BambaForCausalLM, Qwen3NextForCausalLM";
 
-void read_bamba(const hf_reader& r, model_config& c) {
-  c.arch = model_arch::kBamba;
+// Fields every architecture reads the same way.
+void read_common(const hf_reader& r, model_config& c, int64_t default_max_positions) {
   c.vocab_size = r.get_int("vocab_size");
   c.hidden_size = r.get_int("hidden_size");
   c.num_layers = r.get_int("num_hidden_layers");
   c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-5f);
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
-  c.max_position_embeddings = r.get_int("max_position_embeddings", 262144);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", default_max_positions);
   c.bos_token_id = r.get_token_id("bos_token_id");
   c.eos_token_id = r.get_token_id("eos_token_id");
   c.pad_token_id = r.get_token_id("pad_token_id");
 
   if (const auto act = r.get_string("hidden_act"); act && *act != "silu")
     r.fail("hidden_act", "unsupported activation '" + *act + "' (supported: silu)");
-
-  // Layer kinds: attention at attn_layer_indices, Mamba2 everywhere else (null → no attention).
   if (c.num_layers < 1 || c.num_layers > (1 << 20))
     r.fail("num_hidden_layers", "must be in [1, 1048576], got " + std::to_string(c.num_layers));
-  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);
-  if (const json::value* idx = r.find("attn_layer_indices")) {
-    if (!idx->is_array()) r.fail("attn_layer_indices", "expected an array of layer indices, got " + json_excerpt(*idx));
-    for (const json::value& e : idx->get_array()) {
-      const int64_t i = r.to_int("attn_layer_indices", e);
-      if (i < 0 || i >= c.num_layers)
-        r.fail("attn_layer_indices",
-               "index " + std::to_string(i) + " out of range for " + std::to_string(c.num_layers) + " layers");
-      if (c.layer_kinds[static_cast<size_t>(i)] == layer_kind::kAttention)
-        r.fail("attn_layer_indices", "index " + std::to_string(i) + " listed twice");
-      c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
-    }
-  }
+}
 
+// Attention heads and the rotary embedding. transformers 5 nests rope settings in
+// rope_parameters; older files keep them at the top level.
+void read_attention(const hf_reader& r, model_config& c, float default_partial_rotary) {
   c.num_attention_heads = r.get_int("num_attention_heads");
   c.num_kv_heads = r.get_int("num_key_value_heads", c.num_attention_heads);
   if (r.find("head_dim")) {
@@ -161,10 +150,7 @@ void read_bamba(const hf_reader& r, model_config& c) {
       r.fail("num_attention_heads", "must be positive, got " + std::to_string(c.num_attention_heads));
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  // Bamba applies rotary embeddings to half of each head unless told otherwise (the
-  // transformers BambaConfig default). transformers 5 nests rope settings in rope_parameters;
-  // older files keep them at the top level.
-  c.partial_rotary_factor = r.get_float("partial_rotary_factor", 0.5f);
+  c.partial_rotary_factor = r.get_float("partial_rotary_factor", default_partial_rotary);
   c.rope_theta = r.get_float("rope_theta", 10000.0f);
   if (const json::value* rp = r.find("rope_parameters")) {
     if (!rp->is_object()) r.fail("rope_parameters", "expected an object, got " + json_excerpt(*rp));
@@ -191,6 +177,30 @@ void read_bamba(const hf_reader& r, model_config& c) {
       r.fail("rope_scaling", "unsupported rope scaling " + json_excerpt(*rs) + " (supported: default)");
   }
   c.attention_bias = r.get_bool("attention_bias", false);
+}
+
+void read_bamba(const hf_reader& r, model_config& c) {
+  c.arch = model_arch::kBamba;
+  read_common(r, c, 262144);
+
+  // Layer kinds: attention at attn_layer_indices, Mamba2 everywhere else (null → no attention).
+  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);
+  if (const json::value* idx = r.find("attn_layer_indices")) {
+    if (!idx->is_array()) r.fail("attn_layer_indices", "expected an array of layer indices, got " + json_excerpt(*idx));
+    for (const json::value& e : idx->get_array()) {
+      const int64_t i = r.to_int("attn_layer_indices", e);
+      if (i < 0 || i >= c.num_layers)
+        r.fail("attn_layer_indices",
+               "index " + std::to_string(i) + " out of range for " + std::to_string(c.num_layers) + " layers");
+      if (c.layer_kinds[static_cast<size_t>(i)] == layer_kind::kAttention)
+        r.fail("attn_layer_indices", "index " + std::to_string(i) + " listed twice");
+      c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
+    }
+  }
+
+  // Bamba applies rotary embeddings to half of each head unless told otherwise (the
+  // transformers BambaConfig default).
+  read_attention(r, c, 0.5f);
 
   c.intermediate_size = r.get_int("intermediate_size");
   c.mlp_bias = r.get_bool("mlp_bias", false);
@@ -225,12 +235,136 @@ void read_bamba(const hf_reader& r, model_config& c) {
   }
 }
 
+// Qwen3-Next: Gated DeltaNet ("linear_attention") and gated attention ("full_attention")
+// layers, each followed by a sparse MoE block (or the dense MLP on mlp_only_layers).
+void read_qwen3_next(const hf_reader& r, model_config& c) {
+  c.arch = model_arch::kQwen3Next;
+  read_common(r, c, 32768);
+  c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-6f);
+
+  // layer_types[i] names the mixer; absent → transformers' default of full attention every
+  // full_attention_interval-th layer.
+  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kGatedDeltaNet);
+  if (const json::value* lt = r.find("layer_types")) {
+    if (!lt->is_array()) r.fail("layer_types", "expected an array of strings, got " + json_excerpt(*lt));
+    const json::array& a = lt->get_array();
+    if (static_cast<int64_t>(a.size()) != c.num_layers)
+      r.fail("layer_types",
+             "has " + std::to_string(a.size()) + " entries for num_hidden_layers = " + std::to_string(c.num_layers));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string field = "layer_types[" + std::to_string(i) + "]";
+      if (!a[i].is_string()) r.fail(field, "expected a string, got " + json_excerpt(a[i]));
+      const std::string_view t(a[i].get_string());
+      if (t == "linear_attention") {
+        c.layer_kinds[i] = layer_kind::kGatedDeltaNet;
+      } else if (t == "full_attention") {
+        c.layer_kinds[i] = layer_kind::kAttention;
+      } else {
+        r.fail(field, "unknown layer type '" + std::string(t) + "' (supported: linear_attention, full_attention)");
+      }
+    }
+  } else {
+    const int64_t interval = r.get_int("full_attention_interval", 4);
+    if (interval < 1) r.fail("full_attention_interval", "must be >= 1, got " + std::to_string(interval));
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if ((i + 1) % interval == 0) c.layer_kinds[static_cast<size_t>(i)] = layer_kind::kAttention;
+  }
+
+  read_attention(r, c, 0.25f);
+  c.head_dim = r.get_int("head_dim");  // transformers' default (256) is model-specific: required
+
+  c.linear_num_key_heads = r.get_int("linear_num_key_heads");
+  c.linear_num_value_heads = r.get_int("linear_num_value_heads");
+  c.linear_key_head_dim = r.get_int("linear_key_head_dim");
+  c.linear_value_head_dim = r.get_int("linear_value_head_dim");
+  c.linear_conv_kernel_dim = r.get_int("linear_conv_kernel_dim", 4);
+
+  c.num_experts = r.get_int("num_experts");
+  if (c.num_experts > 0) {
+    c.num_experts_per_tok = r.get_int("num_experts_per_tok");
+    c.moe_intermediate_size = r.get_int("moe_intermediate_size");
+    c.shared_expert_intermediate_size = r.get_int("shared_expert_intermediate_size", 0);
+  }
+  c.norm_topk_prob = r.get_bool("norm_topk_prob", true);
+  c.decoder_sparse_step = r.get_int("decoder_sparse_step", 1);
+  if (const json::value* mo = r.find("mlp_only_layers")) {
+    if (!mo->is_array()) r.fail("mlp_only_layers", "expected an array of layer indices, got " + json_excerpt(*mo));
+    for (const json::value& e : mo->get_array()) {
+      const int64_t i = r.to_int("mlp_only_layers", e);
+      if (i < 0 || i >= c.num_layers)
+        r.fail("mlp_only_layers",
+               "index " + std::to_string(i) + " out of range for " + std::to_string(c.num_layers) + " layers");
+      c.mlp_only_layers.push_back(i);
+    }
+  }
+  // The dense MLP (mlp_only_layers, or every layer without experts).
+  c.intermediate_size = r.get_int("intermediate_size", 0);
+}
+
 [[noreturn]] void invalid(const std::string& field, const std::string& what) {
   throw config_error(field + ": " + what);
 }
 
 void require_positive(const char* field, int64_t v) {
   if (v <= 0) invalid(field, "must be positive, got " + std::to_string(v));
+}
+
+void validate_bamba(const model_config& c) {
+  require_positive("intermediate_size", c.intermediate_size);
+
+  require_positive("mamba_n_heads", c.mamba_n_heads);
+  require_positive("mamba_d_head", c.mamba_d_head);
+  require_positive("mamba_d_state", c.mamba_d_state);
+  require_positive("mamba_n_groups", c.mamba_n_groups);
+  require_positive("mamba_d_conv", c.mamba_d_conv);
+  require_positive("mamba_expand", c.mamba_expand);
+  require_positive("mamba_chunk_size", c.mamba_chunk_size);
+  if (c.mamba_n_heads % c.mamba_n_groups != 0)
+    invalid("mamba_n_heads", "must be a multiple of mamba_n_groups (" + std::to_string(c.mamba_n_groups) + "), got " +
+                                 std::to_string(c.mamba_n_heads));
+  if (c.mamba_expand * c.hidden_size != c.mamba_n_heads * c.mamba_d_head)
+    throw config_error("inconsistent dimensions: mamba_expand x hidden_size = " + std::to_string(c.mamba_expand) +
+                       " x " + std::to_string(c.hidden_size) + " = " + std::to_string(c.mamba_expand * c.hidden_size) +
+                       ", but mamba_n_heads x mamba_d_head = " + std::to_string(c.mamba_n_heads) + " x " +
+                       std::to_string(c.mamba_d_head) + " = " + std::to_string(c.mamba_n_heads * c.mamba_d_head));
+  if (std::isnan(c.time_step_min) || std::isnan(c.time_step_max) || c.time_step_min < 0.0f ||
+      c.time_step_min > c.time_step_max)
+    invalid("time_step_limit", "must satisfy 0 <= min <= max, got [" + fmt_float(c.time_step_min) + ", " +
+                                   fmt_float(c.time_step_max) + "]");
+}
+
+void validate_qwen3_next(const model_config& c) {
+  require_positive("linear_num_key_heads", c.linear_num_key_heads);
+  require_positive("linear_num_value_heads", c.linear_num_value_heads);
+  require_positive("linear_key_head_dim", c.linear_key_head_dim);
+  require_positive("linear_value_head_dim", c.linear_value_head_dim);
+  require_positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    invalid("linear_num_value_heads", "must be a multiple of linear_num_key_heads (" +
+                                          std::to_string(c.linear_num_key_heads) + "), got " +
+                                          std::to_string(c.linear_num_value_heads));
+
+  if (c.num_experts < 0) invalid("num_experts", "must be >= 0, got " + std::to_string(c.num_experts));
+  if (c.num_experts > 0) {
+    if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
+      invalid("num_experts_per_tok", "must be in [1, num_experts = " + std::to_string(c.num_experts) + "], got " +
+                                         std::to_string(c.num_experts_per_tok));
+    require_positive("moe_intermediate_size", c.moe_intermediate_size);
+    if (c.shared_expert_intermediate_size < 0)
+      invalid("shared_expert_intermediate_size",
+              "must be >= 0, got " + std::to_string(c.shared_expert_intermediate_size));
+    require_positive("decoder_sparse_step", c.decoder_sparse_step);
+  }
+  for (int64_t i : c.mlp_only_layers)
+    if (i < 0 || i >= c.num_layers)
+      invalid("mlp_only_layers",
+              "index " + std::to_string(i) + " out of range for " + std::to_string(c.num_layers) + " layers");
+  // The dense MLP size matters only where some layer uses it.
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if (!c.is_moe_layer(i)) {
+      require_positive("intermediate_size", c.intermediate_size);
+      break;
+    }
 }
 
 }  // namespace
@@ -245,6 +379,17 @@ int64_t model_config::num_layers_of(layer_kind k) const {
   int64_t n = 0;
   for (layer_kind l : layer_kinds) n += (l == k) ? 1 : 0;
   return n;
+}
+
+int64_t model_config::num_recurrent_layers() const {
+  return num_layers_of(layer_kind::kMamba2) + num_layers_of(layer_kind::kGatedDeltaNet);
+}
+
+bool model_config::is_moe_layer(int64_t layer) const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  for (int64_t i : mlp_only_layers)
+    if (i == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 void model_config::validate() const {
@@ -280,26 +425,31 @@ void model_config::validate() const {
                                          fmt_float(partial_rotary_factor) + " = " + std::to_string(rd) +
                                          " must be even and in [2, head_dim]");
 
-  require_positive("intermediate_size", intermediate_size);
+  // Which mixers each architecture has: a layer kind of another family is a config error.
+  for (size_t i = 0; i < layer_kinds.size(); ++i) {
+    bool allowed = false;
+    switch (layer_kinds[i]) {
+      case layer_kind::kAttention:
+        allowed = true;
+        break;
+      case layer_kind::kMamba2:
+        allowed = arch == model_arch::kBamba;
+        break;
+      case layer_kind::kGatedDeltaNet:
+        allowed = arch == model_arch::kQwen3Next;
+        break;
+    }
+    if (!allowed) invalid("layer_kinds[" + std::to_string(i) + "]", "this architecture has no layer of that kind");
+  }
 
-  require_positive("mamba_n_heads", mamba_n_heads);
-  require_positive("mamba_d_head", mamba_d_head);
-  require_positive("mamba_d_state", mamba_d_state);
-  require_positive("mamba_n_groups", mamba_n_groups);
-  require_positive("mamba_d_conv", mamba_d_conv);
-  require_positive("mamba_expand", mamba_expand);
-  require_positive("mamba_chunk_size", mamba_chunk_size);
-  if (mamba_n_heads % mamba_n_groups != 0)
-    invalid("mamba_n_heads", "must be a multiple of mamba_n_groups (" + std::to_string(mamba_n_groups) + "), got " +
-                                 std::to_string(mamba_n_heads));
-  if (mamba_expand * hidden_size != mamba_n_heads * mamba_d_head)
-    throw config_error("inconsistent dimensions: mamba_expand x hidden_size = " + std::to_string(mamba_expand) + " x " +
-                       std::to_string(hidden_size) + " = " + std::to_string(mamba_expand * hidden_size) +
-                       ", but mamba_n_heads x mamba_d_head = " + std::to_string(mamba_n_heads) + " x " +
-                       std::to_string(mamba_d_head) + " = " + std::to_string(mamba_n_heads * mamba_d_head));
-  if (std::isnan(time_step_min) || std::isnan(time_step_max) || time_step_min < 0.0f || time_step_min > time_step_max)
-    invalid("time_step_limit",
-            "must satisfy 0 <= min <= max, got [" + fmt_float(time_step_min) + ", " + fmt_float(time_step_max) + "]");
+  switch (arch) {
+    case model_arch::kBamba:
+      validate_bamba(*this);
+      break;
+    case model_arch::kQwen3Next:
+      validate_qwen3_next(*this);
+      break;
+  }
 }
 
 model_config read_hf_config(const std::string& path) {
@@ -318,7 +468,9 @@ model_config read_hf_config(const std::string& path) {
       r.fail("architectures", "expected a non-empty array of strings, got " + json_excerpt(*a));
     arch = std::string(a->get_array()[0].get_string());
   } else if (const auto mt = r.get_string("model_type")) {
-    arch = *mt == "bamba" ? std::string("BambaForCausalLM") : "model_type " + *mt;
+    arch = *mt == "bamba"        ? std::string("BambaForCausalLM")
+           : *mt == "qwen3_next" ? std::string("Qwen3NextForCausalLM")
+                                 : "model_type " + *mt;
   } else {
     r.fail("architectures", "missing required field (supported: " + std::string(kSupportedArchs) + ")");
   }
@@ -326,6 +478,8 @@ model_config read_hf_config(const std::string& path) {
   model_config c;
   if (arch == "BambaForCausalLM") {
     read_bamba(r, c);
+  } else if (arch == "Qwen3NextForCausalLM") {
+    read_qwen3_next(r, c);
   } else {
     throw config_error(path + ": unsupported architecture '" + arch + "' (supported: " + std::string(kSupportedArchs) +
                        ")");

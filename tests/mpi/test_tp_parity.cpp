@@ -90,7 +90,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(config_case{"bamba_tiny_groups1_replicated",
                                   "model: {path: " + test::fixture_dir("bamba-tiny") + "}\n"},
                       config_case{"synthetic_groups2_split", synthetic_yaml(2, 2)},
-                      config_case{"synthetic_groups1_kv1_replicated", synthetic_yaml(1, 1)}),
+                      config_case{"synthetic_groups1_kv1_replicated", synthetic_yaml(1, 1)},
+                      config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(TpStartup, UnsupportedSplitNamesTheDimension) {

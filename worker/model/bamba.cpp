@@ -67,6 +67,9 @@ class bamba_model final : public model {
           load_attention(ws, p + "self_attn.", L.attn);
           L.cache_index = n_attn++;
           break;
+        case layer_kind::kGatedDeltaNet:
+          throw config_error("Bamba: layer " + std::to_string(i) +
+                             " is a Gated DeltaNet layer; Bamba has only Mamba2 and attention layers");
       }
     }
   }
@@ -117,6 +120,8 @@ class bamba_model final : public model {
         case layer_kind::kAttention:
           mixed = layers::attention_forward(L.attn, x, meta, step, ctx.kv->layer(L.cache_index), comm_);
           break;
+        case layer_kind::kGatedDeltaNet:
+          throw error("Bamba: Gated DeltaNet layer in a Bamba model");  // rejected at load
       }
       layers::add_inplace(h, mixed);
       host_tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps), comm_);

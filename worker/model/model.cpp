@@ -2,6 +2,7 @@
 
 #include "bamba.h"
 #include "hyserve/common/error.h"
+#include "qwen3_next.h"
 #include "weights.h"
 
 namespace hyserve::worker {
@@ -14,6 +15,8 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
   switch (mc.arch) {
     case model_arch::kBamba:
       return make_bamba(mc, *weights, tp, comm);
+    case model_arch::kQwen3Next:
+      return make_qwen3_next(mc, *weights, tp, comm);
   }
   throw config_error("unknown model architecture");
 }

@@ -36,7 +36,7 @@ void engine::init_pools(const cache_section& cache) {
   kv_ = std::make_unique<kv_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention)), num_pages,
                                    cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim));
   slots_ = std::make_unique<mamba_slot_allocator>(cache.max_requests);
-  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kMamba2)),
+  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_recurrent_layers()),
                                                cache.max_requests, model_->mamba_shape());
 }
 

@@ -22,7 +22,7 @@ runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective*
   req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
   kv_ = std::make_unique<kv_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention)), num_pages_,
                                    cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim));
-  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kMamba2)),
+  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_recurrent_layers()),
                                                cache.max_requests, model_->mamba_shape());
 }
 

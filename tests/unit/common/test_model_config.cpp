@@ -80,15 +80,111 @@ TEST(ModelConfig, ReadsBambaTinyFixture) {
 }
 
 TEST(ModelConfig, RejectsUnsupportedArchitecture) {
-  // The head of a Qwen3-Next config.json: a different hybrid family, not supported yet.
+  // The head of a Nemotron-H config.json: a different hybrid family, not supported yet.
   test::scratch_dir dir;
   const std::string p = dir.file("config.json");
-  test::write_file(p, R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+  test::write_file(p, R"({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
                           "hidden_size": 64, "num_hidden_layers": 4, "head_dim": 16,
-                          "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
-                          "linear_num_value_heads": 4, "num_experts": 4, "vocab_size": 512})");
+                          "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "vocab_size": 512})");
   EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p,
-                    "unsupported architecture 'Qwen3NextForCausalLM' (supported: BambaForCausalLM)");
+                    "unsupported architecture 'NemotronHForCausalLM' (supported: BambaForCausalLM, "
+                    "Qwen3NextForCausalLM)");
+}
+
+std::string qwen3next_config_path() {
+  return std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/qwen3next-tiny/config.json";
+}
+
+// Writes the qwen3next-tiny config.json after `edit` into `dir` and returns its path.
+std::string write_edited_qwen3next(const test::scratch_dir& dir, const std::function<void(json::object&)>& edit) {
+  std::ifstream in(qwen3next_config_path());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json::object o = json::parse(ss.str()).as_object();
+  edit(o);
+  const std::string p = dir.file("config.json");
+  test::write_file(p, json::serialize(o));
+  return p;
+}
+
+TEST(ModelConfig, ReadsQwen3NextTinyFixture) {
+  const model_config c = read_hf_config(qwen3next_config_path());
+  EXPECT_EQ(c.arch, model_arch::kQwen3Next);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_layers, 4);
+  ASSERT_EQ(c.layer_kinds.size(), 4u);
+  EXPECT_EQ(c.layer_kinds[0], layer_kind::kGatedDeltaNet);
+  EXPECT_EQ(c.layer_kinds[1], layer_kind::kAttention);
+  EXPECT_EQ(c.layer_kinds[2], layer_kind::kGatedDeltaNet);
+  EXPECT_EQ(c.layer_kinds[3], layer_kind::kAttention);
+  EXPECT_EQ(c.num_layers_of(layer_kind::kGatedDeltaNet), 2);
+  EXPECT_EQ(c.num_recurrent_layers(), 2);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c.bos_token_id, -1);  // null in the file
+  EXPECT_EQ(c.eos_token_id, -1);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_FLOAT_EQ(c.partial_rotary_factor, 0.25f);
+  EXPECT_EQ(c.rotary_dim(), 4);
+  EXPECT_EQ(c.linear_num_key_heads, 2);
+  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_EQ(c.linear_key_head_dim, 16);
+  EXPECT_EQ(c.linear_value_head_dim, 16);
+  EXPECT_EQ(c.linear_conv_kernel_dim, 4);
+  EXPECT_EQ(c.gdn_conv_dim(), 128);  // conv1d.weight [128, 1, 4]
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 64);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 64);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.decoder_sparse_step, 1);
+  EXPECT_TRUE(c.mlp_only_layers.empty());
+  EXPECT_EQ(c.intermediate_size, 128);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(c.is_moe_layer(i)) << i;
+}
+
+TEST(ModelConfig, Qwen3NextLayerTypesAndMlpOnlyLayers) {
+  test::scratch_dir dir;
+  std::string p = write_edited_qwen3next(dir, [](json::object& o) {
+    o.erase("layer_types");  // default: full attention every 4th layer
+    o["mlp_only_layers"] = json::array{0, 2};
+  });
+  model_config c = read_hf_config(p);
+  EXPECT_EQ(c.layer_kinds[0], layer_kind::kGatedDeltaNet);
+  EXPECT_EQ(c.layer_kinds[3], layer_kind::kAttention);
+  EXPECT_EQ(c.num_layers_of(layer_kind::kAttention), 1);
+  EXPECT_FALSE(c.is_moe_layer(0));
+  EXPECT_TRUE(c.is_moe_layer(1));
+  EXPECT_FALSE(c.is_moe_layer(2));
+
+  p = write_edited_qwen3next(dir, [](json::object& o) {
+    o["layer_types"] = json::array{"linear_attention", "sliding_attention", "linear_attention", "full_attention"};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "layer_types[1]",
+                    "unknown layer type 'sliding_attention'");
+  p = write_edited_qwen3next(dir, [](json::object& o) { o["layer_types"] = json::array{"full_attention"}; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "layer_types", "1 entries for num_hidden_layers = 4");
+  p = write_edited_qwen3next(dir, [](json::object& o) { o["linear_num_value_heads"] = 3; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "linear_num_value_heads",
+                    "multiple of linear_num_key_heads");
+  p = write_edited_qwen3next(dir, [](json::object& o) { o["num_experts_per_tok"] = 5; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "num_experts_per_tok", "[1, num_experts = 4]");
+  p = write_edited_qwen3next(dir, [](json::object& o) { o.erase("linear_key_head_dim"); });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "linear_key_head_dim: missing required field");
+  p = write_edited_qwen3next(dir, [](json::object& o) { o["mlp_only_layers"] = json::array{4}; });
+  EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p, "mlp_only_layers", "out of range");
+}
+
+TEST(ModelConfig, LayerKindOfAnotherArchitectureIsRejected) {
+  model_config c = read_hf_config(fixture_config_path());  // Bamba
+  c.layer_kinds[2] = layer_kind::kGatedDeltaNet;
+  EXPECT_ERROR_WITH(c.validate(), config_error, "layer_kinds[2]", "no layer of that kind");
+  model_config q = read_hf_config(qwen3next_config_path());
+  q.layer_kinds[0] = layer_kind::kMamba2;
+  EXPECT_ERROR_WITH(q.validate(), config_error, "layer_kinds[0]", "no layer of that kind");
 }
 
 TEST(ModelConfig, MissingRequiredField) {

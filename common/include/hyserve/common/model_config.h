@@ -8,8 +8,10 @@
 
 namespace hyserve {
 
-enum class model_arch : uint8_t { kBamba };
-enum class layer_kind : uint8_t { kMamba2, kAttention };
+enum class model_arch : uint8_t { kBamba, kQwen3Next };
+// Mixer of one layer. kAttention is softmax attention over the paged KV cache; its details
+// (Qwen3-Next: output gate, q/k norms) follow the architecture.
+enum class layer_kind : uint8_t { kMamba2, kAttention, kGatedDeltaNet };
 
 struct model_config {
   model_arch arch = model_arch::kBamba;
@@ -47,19 +49,44 @@ struct model_config {
   float time_step_min = 0.0f;   // time_step_limit[0]
   float time_step_max = 3.4e38f;  // time_step_limit[1] (Infinity → FLT_MAX)
 
+  // Gated DeltaNet layers (Qwen3-Next "linear_attention"): HK key heads of dk channels, HV
+  // value heads of dv channels, HV a multiple of HK.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 4;
+
+  // Sparse MoE (Qwen3-Next). Layer i is an MoE layer when num_experts > 0, i is not in
+  // mlp_only_layers and (i + 1) % decoder_sparse_step == 0; other layers use the dense MLP of
+  // intermediate_size.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
+  bool norm_topk_prob = true;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+
   // Derived sizes.
   int64_t mamba_intermediate() const { return mamba_n_heads * mamba_d_head; }
   int64_t mamba_conv_dim() const { return mamba_intermediate() + 2 * mamba_n_groups * mamba_d_state; }
   int64_t mamba_in_proj_dim() const { return mamba_intermediate() + mamba_conv_dim() + mamba_n_heads; }
+  int64_t gdn_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int64_t gdn_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }  // q | k | v
   int64_t rotary_dim() const;  // head_dim · partial_rotary_factor, rounded down to even
   int64_t num_layers_of(layer_kind k) const;
+  // Layers that keep a recurrent state slot (conv window + state): Mamba2 and Gated DeltaNet.
+  int64_t num_recurrent_layers() const;
+  bool is_moe_layer(int64_t layer) const;
 
   // Checks internal consistency (positive sizes, divisibility, layer count); throws
   // config_error naming the offending field.
   void validate() const;
 };
 
-// Reads a Hugging Face config.json (BambaForCausalLM). Throws config_error naming the file and
+// Reads a Hugging Face config.json (BambaForCausalLM, Qwen3NextForCausalLM). Throws config_error naming the file and
 // field for a missing/ill-typed field, an unsupported architecture (listing the supported
 // ones) or inconsistent dimensions. Accepts transformers 5's {"__float__": "Infinity"}.
 model_config read_hf_config(const std::string& path);

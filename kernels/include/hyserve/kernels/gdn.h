@@ -1,0 +1,54 @@
+#pragma once
+// Gated DeltaNet (Qwen3-Next linear attention). Per value head h, reading key head
+// hk = h / (HV / HK) (consecutive value heads share a key head):
+//   q̂ = q / sqrt(Σq² + 1e-6) · K^-1/2,  k̂ = k / sqrt(Σk² + 1e-6)     (when qk_l2norm)
+//   g    = -exp(A_log[h]) · softplus(a + dt_bias[h])                     (log decay, ≤ 0)
+//   beta = sigmoid(b)
+//   S ← exp(g) · S;   S ← S + beta · (v − S·k̂) ⊗ k̂;   o = S · q̂
+// S is the value × key matrix of the head. State layout per slot: [HV, V, K], K contiguous
+// (in the recurrent-state cache: heads = HV, head_dim = V, d_state = K). Transformers keeps the
+// transpose, [HV, K, V].
+#include <cstdint>
+
+namespace hyserve::kernels {
+
+// Fields shared by the chunked prefill and the decode update. q, k and v are usually column
+// ranges of one [tokens, conv_dim] buffer (the conv output q | k | v), a and b of the input
+// projection.
+struct gdn_common_params {
+  const float* __restrict__ q = nullptr;                // [tokens, HK, K], row stride q_stride
+  const float* __restrict__ k = nullptr;                // [tokens, HK, K], row stride k_stride
+  const float* __restrict__ v = nullptr;                // [tokens, HV, V], row stride v_stride
+  const float* __restrict__ a = nullptr;                // [tokens, HV] decay input (pre-bias), row stride a_stride
+  const float* __restrict__ b = nullptr;                // [tokens, HV] beta logits, row stride b_stride
+  const float* __restrict__ A_log = nullptr;            // [HV]
+  const float* __restrict__ dt_bias = nullptr;          // [HV]; null = 0
+  float* __restrict__ out = nullptr;                    // [tokens, HV, V], row stride out_stride
+  float* states = nullptr;                              // [n_slots + 1, HV, V, K]
+  const int32_t* __restrict__ state_indices = nullptr;  // [batch]; -1 = padding row (skipped)
+  int64_t batch = 0;
+  int64_t heads_k = 0, heads_v = 0;  // HK, HV; HV a multiple of HK
+  int64_t k_dim = 0, v_dim = 0;      // K, V
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0, a_stride = 0, b_stride = 0, out_stride = 0;
+  float scale = 0.0f;     // query scale; 0 = K^-1/2
+  bool qk_l2norm = true;  // false: q and k are used as given (scale still applies)
+};
+
+// Varlen chunked prefill. Sequences are packed by query_start_loc; each starts from its slot's
+// state when has_initial_state[b] (else zeros) and writes its final state to the slot. Chunks of
+// chunk_size tokens use the WY (UT-transform) form of the delta rule; the result equals the
+// per-token recurrence for any sequence length.
+struct gdn_chunk_scan_params : gdn_common_params {
+  const int32_t* __restrict__ query_start_loc = nullptr;    // [batch + 1]
+  const uint8_t* __restrict__ has_initial_state = nullptr;  // [batch]; null = all false
+  int64_t chunk_size = 64;
+};
+
+void run_cpu(const gdn_chunk_scan_params& p);
+
+// Single-token decode: row b is token b; the slot's state is updated in place.
+struct gdn_state_update_params : gdn_common_params {};
+
+void run_cpu(const gdn_state_update_params& p);
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,248 @@
+// Qwen3-Next against the Hugging Face reference (tests/fixtures/qwen3next-tiny, float32, CPU):
+// two Gated DeltaNet and two gated-attention layers, each followed by a 4-expert top-2 MoE block
+// with a gated shared expert. Prompts of 6, 25 and 50 tokens, 24 greedy tokens each.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "fixture.h"
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+#include "hyserve/common/safetensors.h"
+#include "hyserve/worker/collective.h"
+#include "hyserve/worker/engine.h"
+
+namespace hyserve {
+namespace {
+
+using worker::engine;
+using worker::forward_mode;
+using worker::forward_options;
+using worker::step_row;
+
+constexpr float kLogitTol = 2e-4f;   // issue contract: max abs vs full_logits
+constexpr float kHiddenTol = 2e-4f;  // issue contract: max abs vs hidden.0.{l}
+
+class Qwen3NextParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    prompts_ = new std::vector<test::reference_prompt>(test::load_reference_prompts("qwen3next-tiny"));
+    ref_ = new safetensors_file(safetensors_file::open(test::fixture_dir("qwen3next-tiny") + "/reference.safetensors"));
+  }
+  static void TearDownTestSuite() {
+    delete prompts_;
+    delete ref_;
+  }
+
+  static std::unique_ptr<engine> make_engine() {
+    service_config cfg;
+    cfg.model.path = test::fixture_dir("qwen3next-tiny");
+    cfg.cache.page_size = 16;
+    cfg.cache.max_requests = 8;
+    cfg.cache.max_context = 256;
+    return std::make_unique<engine>(cfg);
+  }
+
+  static std::vector<int32_t> full_sequence(size_t i) {
+    std::vector<int32_t> s = (*prompts_)[i].input_ids;
+    s.insert(s.end(), (*prompts_)[i].greedy_ids.begin(), (*prompts_)[i].greedy_ids.end());
+    return s;
+  }
+
+  // Reference logits row for position t of prompt i (teacher forced over prompt + greedy).
+  static const float* ref_row(size_t i, int64_t t) {
+    return static_cast<const float*>(ref_->data("full_logits." + std::to_string(i))) + t * kVocab;
+  }
+
+  static constexpr int64_t kVocab = 512;
+  static std::vector<test::reference_prompt>* prompts_;
+  static safetensors_file* ref_;
+};
+
+std::vector<test::reference_prompt>* Qwen3NextParity::prompts_ = nullptr;
+safetensors_file* Qwen3NextParity::ref_ = nullptr;
+
+TEST_F(Qwen3NextParity, TeacherForcedLogitsMatchReference) {
+  auto eng = make_engine();
+  forward_options opts;
+  opts.all_logits = true;
+  for (size_t i = 0; i < prompts_->size(); ++i) {
+    const std::vector<int32_t> seq = full_sequence(i);
+    ASSERT_EQ(ref_->info("full_logits." + std::to_string(i)).shape,
+              shape_t({static_cast<int64_t>(seq.size()), kVocab}));
+    const int32_t req = eng->open_request();
+    const host_tensor logits = eng->step(forward_mode::kExtend, {step_row{req, seq}}, opts);
+    eng->close_request(req);
+    ASSERT_EQ(logits.shape(), shape_t({static_cast<int64_t>(seq.size()), kVocab}));
+    const float diff = test::max_abs_diff(logits.as<float>(), ref_row(i, 0), logits.numel());
+    EXPECT_LE(diff, kLogitTol) << "prompt " << i;
+  }
+}
+
+TEST_F(Qwen3NextParity, HiddenStatesOfPromptZeroMatchReference) {
+  auto eng = make_engine();
+  std::vector<host_tensor> hidden;
+  forward_options opts;
+  opts.all_logits = true;
+  opts.hidden_states = &hidden;
+  const std::vector<int32_t>& prompt = (*prompts_)[0].input_ids;
+  const int32_t req = eng->open_request();
+  eng->step(forward_mode::kExtend, {step_row{req, prompt}}, opts);
+  // Reference: hidden.0.0 = embeddings, hidden.0.l = output of layer l-1, and the last entry is
+  // the final-normed output (transformers replaces the last layer's output by it).
+  const int64_t layers = 4;
+  ASSERT_EQ(hidden.size(), static_cast<size_t>(layers + 2));
+  for (int64_t l = 0; l <= layers; ++l) {
+    const std::string name = "hidden.0." + std::to_string(l);
+    const tensor_info& info = ref_->info(name);
+    const host_tensor& mine = (l == layers) ? hidden.back() : hidden[static_cast<size_t>(l)];
+    ASSERT_EQ(info.shape, mine.shape()) << name;
+    const float diff = test::max_abs_diff(mine.as<float>(), static_cast<const float*>(ref_->data(name)), mine.numel());
+    EXPECT_LE(diff, kHiddenTol) << name;
+  }
+}
+
+TEST_F(Qwen3NextParity, GreedyGenerationReproducesReference) {
+  auto eng = make_engine();
+  for (size_t i = 0; i < prompts_->size(); ++i) {
+    const auto& p = (*prompts_)[i];
+    EXPECT_EQ(eng->generate_greedy(p.input_ids, static_cast<int32_t>(p.greedy_ids.size())), p.greedy_ids)
+        << "prompt " << i;
+  }
+}
+
+class Qwen3NextChunked : public Qwen3NextParity, public ::testing::WithParamInterface<int32_t> {};
+
+TEST_P(Qwen3NextChunked, ChunkedExtendEqualsWholeExtend) {
+  const int32_t chunk = GetParam();
+  auto eng = make_engine();
+  forward_options opts;
+  opts.all_logits = true;
+  for (size_t i = 0; i < prompts_->size(); ++i) {
+    const std::vector<int32_t> seq = full_sequence(i);
+    const int32_t req = eng->open_request();
+    const host_tensor whole = [&] {
+      auto other = make_engine();
+      const int32_t r = other->open_request();
+      return other->step(forward_mode::kExtend, {step_row{r, seq}}, opts);
+    }();
+    for (size_t at = 0; at < seq.size(); at += static_cast<size_t>(chunk)) {
+      const size_t n = std::min(static_cast<size_t>(chunk), seq.size() - at);
+      const std::vector<int32_t> piece(seq.begin() + static_cast<std::ptrdiff_t>(at),
+                                       seq.begin() + static_cast<std::ptrdiff_t>(at + n));
+      const host_tensor logits = eng->step(forward_mode::kExtend, {step_row{req, piece}}, opts);
+      ASSERT_EQ(logits.shape()[0], static_cast<int64_t>(n));
+      const int64_t t0 = static_cast<int64_t>(at);
+      EXPECT_LE(test::max_abs_diff(logits.as<float>(), ref_row(i, t0), logits.numel()), kLogitTol)
+          << "prompt " << i << " chunk at " << at;
+      EXPECT_LE(test::max_abs_diff(logits.as<float>(), whole.as<float>() + t0 * kVocab, logits.numel()), kLogitTol)
+          << "prompt " << i << " chunk at " << at << " vs whole-prompt extend";
+    }
+    eng->close_request(req);
+  }
+}
+
+// 64 and 65 straddle the GDN chunk size: the 74-token sequence of prompt 2 is split into a full
+// chunk plus a continued prefill that starts from the saved state.
+std::string chunk_name(const ::testing::TestParamInfo<int32_t>& info) { return "chunk" + std::to_string(info.param); }
+
+INSTANTIATE_TEST_SUITE_P(ChunkSizes, Qwen3NextChunked, ::testing::Values(1, 5, 16, 17, 64, 65), chunk_name);
+
+// All three prompts in one engine: an Extend batch (prompt 2 only half), Decode batches, then a
+// Mixed batch that finishes prompt 2's prefill while 0 and 1 decode, then Decode to the end.
+// Each row's logits must equal the reference teacher-forced row for its position.
+TEST_F(Qwen3NextParity, BatchedExtendDecodeMixedEqualOneAtATime) {
+  auto eng = make_engine();
+  const size_t n = prompts_->size();
+  std::vector<int32_t> req(n);
+  std::vector<std::vector<int32_t>> seq(n);
+  std::vector<size_t> consumed(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    req[i] = eng->open_request();
+    seq[i] = full_sequence(i);
+  }
+  auto check_rows = [&](const host_tensor& logits, const std::vector<size_t>& which, const std::string& what) {
+    ASSERT_EQ(logits.shape()[0], static_cast<int64_t>(which.size())) << what;
+    for (size_t r = 0; r < which.size(); ++r) {
+      const size_t i = which[r];
+      const int64_t pos = static_cast<int64_t>(consumed[i]) - 1;  // last token consumed
+      EXPECT_LE(test::max_abs_diff(logits.as<float>() + static_cast<int64_t>(r) * kVocab, ref_row(i, pos), kVocab),
+                kLogitTol)
+          << what << ": prompt " << i << " position " << pos;
+    }
+  };
+  auto take = [&](size_t i, size_t count) {
+    std::vector<int32_t> t(seq[i].begin() + static_cast<std::ptrdiff_t>(consumed[i]),
+                           seq[i].begin() + static_cast<std::ptrdiff_t>(consumed[i] + count));
+    consumed[i] += count;
+    return t;
+  };
+
+  const size_t half = (*prompts_)[2].input_ids.size() / 2;
+  {
+    std::vector<step_row> rows = {{req[0], take(0, (*prompts_)[0].input_ids.size())},
+                                  {req[1], take(1, (*prompts_)[1].input_ids.size())},
+                                  {req[2], take(2, half)}};
+    check_rows(eng->step(forward_mode::kExtend, rows), {0, 1, 2}, "extend batch");
+  }
+  for (int s = 0; s < 3; ++s) {
+    std::vector<step_row> rows = {{req[0], take(0, 1)}, {req[1], take(1, 1)}};
+    check_rows(eng->step(forward_mode::kDecode, rows), {0, 1}, "decode batch " + std::to_string(s));
+  }
+  {
+    const size_t rest = (*prompts_)[2].input_ids.size() - half;
+    std::vector<step_row> rows = {{req[0], take(0, 1)}, {req[2], take(2, rest)}, {req[1], take(1, 1)}};
+    check_rows(eng->step(forward_mode::kMixed, rows), {0, 2, 1}, "mixed batch");
+  }
+  while (true) {
+    std::vector<step_row> rows;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < n; ++i)
+      if (consumed[i] < seq[i].size()) {
+        rows.push_back({req[i], take(i, 1)});
+        which.push_back(i);
+      }
+    if (rows.empty()) break;
+    check_rows(eng->step(forward_mode::kDecode, rows), which, "decode tail");
+  }
+}
+
+TEST_F(Qwen3NextParity, TokenOutsideVocabularyIsAClearError) {
+  auto eng = make_engine();
+  const int32_t req = eng->open_request();
+  try {
+    eng->step(forward_mode::kExtend, {step_row{req, {1, 2, 512}}});
+    FAIL() << "expected an error";
+  } catch (const invalid_argument_error& e) {
+    EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
+  }
+  // The engine is still usable afterwards.
+  const auto& p = (*prompts_)[0];
+  EXPECT_EQ(eng->generate_greedy(p.input_ids, 4), std::vector<int32_t>(p.greedy_ids.begin(), p.greedy_ids.begin() + 4));
+}
+
+TEST_F(Qwen3NextParity, IdleStepHasNoRows) {
+  auto eng = make_engine();
+  const host_tensor logits = eng->step(forward_mode::kIdle, {});
+  EXPECT_EQ(logits.shape(), shape_t({0, kVocab}));
+}
+
+// Key-head groups split whole: 2 key heads over 4 ranks is a start-up error naming the dimension.
+TEST_F(Qwen3NextParity, UnsupportedTensorParallelSplitNamesTheDimension) {
+  service_config cfg;
+  cfg.model.path = test::fixture_dir("qwen3next-tiny");
+  const model_config mc = resolve_model_config(cfg);
+  auto comm = worker::make_local_collective();
+  try {
+    worker::make_model(cfg, mc, worker::tp_placement{0, 4}, comm.get());
+    FAIL() << "expected a start-up error";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_num_key_heads = 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hyserve

@@ -1,0 +1,128 @@
+#include "gated_attention.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/rope.h"
+#include "load_util.h"
+
+namespace hyserve::worker::layers {
+
+gated_attention_weights load_gated_attention(const weight_source& ws, const std::string& prefix, const model_config& mc,
+                                             tp_placement tp) {
+  const int64_t H = mc.hidden_size, nh = mc.num_attention_heads, kvh = mc.num_kv_heads, hd = mc.head_dim;
+  const int64_t qh = tp_split(nh, tp.size, "num_attention_heads");
+  const kv_head_range kv = tp_kv_heads(nh, kvh, tp.rank, tp.size);
+  const int64_t h0 = tp.rank * qh;
+
+  // q_proj rows of head h: [2h·hd, (2h+1)·hd) query, [(2h+1)·hd, (2h+2)·hd) gate.
+  std::vector<std::pair<int64_t, int64_t>> q_rows, gate_rows;
+  for (int64_t h = h0; h < h0 + qh; ++h) {
+    q_rows.push_back({2 * h * hd, (2 * h + 1) * hd});
+    gate_rows.push_back({(2 * h + 1) * hd, (2 * h + 2) * hd});
+  }
+  gated_attention_weights w;
+  w.q = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, q_rows);
+  w.gate = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, gate_rows);
+  w.k = ws.load_slice(prefix + "k_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
+  w.v = ws.load_slice(prefix + "v_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
+  w.o = ws.load_slice(prefix + "o_proj.weight", {H, nh * hd}, 1, h0 * hd, (h0 + qh) * hd);
+  w.q_norm = load_zero_centered_norm(ws, prefix + "q_norm.weight", hd);
+  w.k_norm = load_zero_centered_norm(ws, prefix + "k_norm.weight", hd);
+  w.q_heads = qh;
+  w.kv_heads = kv.count;
+  w.head_dim = hd;
+  w.rotary_dim = mc.rotary_dim();
+  w.rope_theta = mc.rope_theta;
+  w.eps = mc.rms_norm_eps;
+  return w;
+}
+
+namespace {
+
+// In place: RMSNorm over each head_dim slice of a contiguous [T, heads·head_dim] tensor.
+void head_rmsnorm(host_tensor& t, int64_t heads, int64_t head_dim, const host_tensor& weight, float eps) {
+  kernels::rmsnorm_params n;
+  n.x = t.as<float>();
+  n.weight = weight.as<float>();
+  n.out = t.as<float>();
+  n.rows = t.shape()[0] * heads;
+  n.cols = head_dim;
+  n.x_stride = n.out_stride = head_dim;
+  n.eps = eps;
+  kernels::run_cpu(n);
+}
+
+}  // namespace
+
+host_tensor gated_attention_forward(const gated_attention_weights& w, const host_tensor& x, const hybrid_metadata& meta,
+                                    const attention_step& step, kv_layer_cache& cache, collective* comm) {
+  const int64_t T = x.shape()[0];
+  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
+  host_tensor q = linear(x, w.q);  // [T, qh·hd]
+  host_tensor k = linear(x, w.k);  // [T, kvh·hd]
+  host_tensor v = linear(x, w.v);
+  host_tensor attn = host_tensor::f32({T, qw});
+  if (T > 0) {
+    head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps);
+    head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps);
+
+    kernels::rope_params r;
+    r.q = q.as<float>();
+    r.k = k.as<float>();
+    r.positions = meta.positions.data();
+    r.n_tokens = T;
+    r.n_q_heads = w.q_heads;
+    r.n_kv_heads = w.kv_heads;
+    r.head_dim = w.head_dim;
+    r.rotary_dim = w.rotary_dim;
+    r.q_stride = qw;
+    r.k_stride = kw;
+    r.theta = w.rope_theta;
+    kernels::run_cpu(r);
+
+    kernels::kv_write_params kv;
+    kv.k = k.as<float>();
+    kv.v = v.as<float>();
+    kv.locs = step.locs.data();
+    kv.k_cache = cache.k.as<float>();
+    kv.v_cache = cache.v.as<float>();
+    kv.n_tokens = T;
+    kv.kv_heads = w.kv_heads;
+    kv.head_dim = w.head_dim;
+    kv.k_stride = kv.v_stride = kw;
+    kernels::run_cpu(kv);
+
+    kernels::paged_attention_params a;
+    a.q = q.as<float>();
+    a.k_cache = cache.k.as<float>();
+    a.v_cache = cache.v.as<float>();
+    a.out = attn.as<float>();
+    a.query_start_loc = meta.query_start_loc.data();
+    a.seq_lens = step.seq_lens.data();
+    a.page_table = step.page_table.data();
+    a.batch = meta.batch_size;
+    a.q_heads = w.q_heads;
+    a.kv_heads = w.kv_heads;
+    a.head_dim = w.head_dim;
+    a.page_size = step.page_size;
+    a.page_table_stride = step.page_table_stride;
+    a.q_stride = a.out_stride = qw;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
+    kernels::run_cpu(a);
+
+    // Output gate: attn · sigmoid(gate).
+    const host_tensor gate = linear(x, w.gate);
+    float* o = attn.as<float>();
+    const float* g = gate.as<float>();
+    for (int64_t i = 0; i < T * qw; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+  }
+  host_tensor out = linear(attn, w.o);
+  reduce_partial(out, comm);
+  return out;
+}
+
+}  // namespace hyserve::worker::layers

@@ -1,0 +1,198 @@
+#include "gdn_layer.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/activation.h"
+#include "hyserve/kernels/causal_conv1d.h"
+#include "hyserve/kernels/gdn.h"
+#include "hyserve/kernels/norm.h"
+#include "layers.h"
+#include "load_util.h"
+
+namespace hyserve::worker::layers {
+
+namespace {
+using range = std::pair<int64_t, int64_t>;
+}  // namespace
+
+gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp) {
+  const int64_t H = mc.hidden_size, HK = mc.linear_num_key_heads, HV = mc.linear_num_value_heads;
+  const int64_t dk = mc.linear_key_head_dim, dv = mc.linear_value_head_dim, K = mc.linear_conv_kernel_dim;
+  const int64_t ratio = HV / HK;                  // value heads per key head
+  const int64_t group = 2 * dk + 2 * ratio * dv;  // rows of one key-head group in in_proj_qkvz
+  const int64_t key_dim = HK * dk, value_dim = HV * dv, conv = 2 * key_dim + value_dim;
+  const int64_t hk_local = tp_split(HK, tp.size, "linear_num_key_heads");
+  const int64_t g0 = tp.rank * hk_local;  // first local key-head group
+  const int64_t hv0 = g0 * ratio, hv_local = hk_local * ratio;
+
+  gdn_weights w;
+  w.heads_k = hk_local;
+  w.heads_v = hv_local;
+  w.head_k_dim = dk;
+  w.head_v_dim = dv;
+  w.conv_width = K;
+  w.eps = mc.rms_norm_eps;
+
+  // in_proj_qkvz rows per group g: [q (dk) | k (dk) | v (ratio·dv) | z (ratio·dv)];
+  // in_proj_ba rows per group g: [b (ratio) | a (ratio)]. Gather the local groups block by block.
+  std::vector<range> qkvz;
+  for (const auto& [off, n] : {std::pair{int64_t{0}, dk}, std::pair{dk, dk}, std::pair{2 * dk, ratio * dv},
+                               std::pair{2 * dk + ratio * dv, ratio * dv}})
+    for (int64_t g = g0; g < g0 + hk_local; ++g) qkvz.push_back({g * group + off, g * group + off + n});
+  std::vector<range> ba;
+  for (const int64_t off : {int64_t{0}, ratio})
+    for (int64_t g = g0; g < g0 + hk_local; ++g) ba.push_back({g * 2 * ratio + off, g * 2 * ratio + off + ratio});
+  const host_tensor p_qkvz = ws.load_row_ranges(prefix + "in_proj_qkvz.weight", {HK * group, H}, qkvz);
+  const host_tensor p_ba = ws.load_row_ranges(prefix + "in_proj_ba.weight", {HV * 2, H}, ba);
+  w.in_proj = host_tensor::f32({p_qkvz.shape()[0] + p_ba.shape()[0], H});
+  std::memcpy(w.in_proj.data(), p_qkvz.data(), p_qkvz.nbytes());
+  std::memcpy(w.in_proj.as<float>() + p_qkvz.numel(), p_ba.data(), p_ba.nbytes());
+
+  // Conv channels q | k | v in head order; the local ones are one range of each block.
+  const std::vector<range> conv_rows = {{g0 * dk, (g0 + hk_local) * dk},
+                                        {key_dim + g0 * dk, key_dim + (g0 + hk_local) * dk},
+                                        {2 * key_dim + hv0 * dv, 2 * key_dim + (hv0 + hv_local) * dv}};
+  const host_tensor conv_w = ws.load_row_ranges(prefix + "conv1d.weight", {conv, 1, K}, conv_rows);
+  w.conv_w = host_tensor::f32({conv_w.shape()[0], K});
+  std::memcpy(w.conv_w.data(), conv_w.data(), conv_w.nbytes());
+  if (ws.contains(prefix + "conv1d.bias")) w.conv_b = ws.load_row_ranges(prefix + "conv1d.bias", {conv}, conv_rows);
+
+  w.dt_bias = ws.load_slice(prefix + "dt_bias", {HV}, 0, hv0, hv0 + hv_local);
+  w.A_log = ws.load_slice(prefix + "A_log", {HV}, 0, hv0, hv0 + hv_local);
+  w.norm = ws.load(prefix + "norm.weight", {dv});
+  w.out_proj = ws.load_slice(prefix + "out_proj.weight", {H, value_dim}, 1, hv0 * dv, (hv0 + hv_local) * dv);
+  return w;
+}
+
+namespace {
+
+void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const host_tensor& proj,
+                     const host_tensor& qkv, host_tensor& core, mamba_layer_state& state, const hybrid_metadata& meta) {
+  const int64_t conv = w.conv_dim(), in_w = proj.shape()[1];
+  p.q = qkv.as<float>();
+  p.k = qkv.as<float>() + w.key_dim();
+  p.v = qkv.as<float>() + 2 * w.key_dim();
+  p.b = proj.as<float>() + conv + w.value_dim();
+  p.a = p.b + w.heads_v;
+  p.A_log = w.A_log.as<float>();
+  p.dt_bias = w.dt_bias.as<float>();
+  p.out = core.as<float>();
+  p.states = state.ssm.as<float>();
+  p.state_indices = meta.mamba_slots.data();
+  p.batch = meta.batch_size;
+  p.heads_k = w.heads_k;
+  p.heads_v = w.heads_v;
+  p.k_dim = w.head_k_dim;
+  p.v_dim = w.head_v_dim;
+  p.q_stride = p.k_stride = p.v_stride = conv;
+  p.a_stride = p.b_stride = in_w;
+  p.out_stride = w.value_dim();
+  p.qk_l2norm = true;
+}
+
+}  // namespace
+
+host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid_metadata& meta,
+                        mamba_layer_state& state, collective* comm) {
+  const int64_t T = x.shape()[0], hidden = x.shape()[1];
+  if (T == 0) return host_tensor::f32({0, hidden});
+
+  bool recurrent_step = false;  // one token per row updating state in place
+  switch (meta.mode) {
+    case forward_mode::kExtend:
+    case forward_mode::kMixed:
+    case forward_mode::kDraftExtend:
+      break;
+    case forward_mode::kDecode:
+      recurrent_step = true;
+      break;
+    case forward_mode::kIdle:
+      return host_tensor::f32({0, hidden});
+    case forward_mode::kTargetVerify:
+    case forward_mode::kDraft:
+      throw invalid_argument_error(std::string("Gated DeltaNet mixer: forward mode ") +
+                                   std::string(forward_mode_name(meta.mode)) +
+                                   " needs the per-step state path, which this build does not have");
+  }
+
+  const int64_t conv = w.conv_dim(), vd = w.value_dim();
+  host_tensor proj = linear(x, w.in_proj);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
+  const int64_t in_w = proj.shape()[1];
+  host_tensor qkv = host_tensor::f32({T, conv});  // after conv + SiLU
+  host_tensor core = host_tensor::f32({T, vd});
+
+  if (recurrent_step) {
+    kernels::conv1d_update_params c;
+    c.x = proj.as<float>();
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = qkv.as<float>();
+    c.state_indices = meta.mamba_slots.data();
+    c.conv_states = state.conv.as<float>();
+    c.batch = meta.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run_cpu(c);
+    kernels::gdn_state_update_params s;
+    fill_gdn_common(s, w, proj, qkv, core, state, meta);
+    kernels::run_cpu(s);
+  } else {
+    kernels::conv1d_varlen_params c;
+    c.x = proj.as<float>();
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = qkv.as<float>();
+    c.query_start_loc = meta.query_start_loc.data();
+    c.state_indices = meta.mamba_slots.data();
+    c.has_initial_state = meta.has_initial_state.data();
+    c.conv_states = state.conv.as<float>();
+    c.batch = meta.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run_cpu(c);
+    kernels::gdn_chunk_scan_params s;
+    fill_gdn_common(s, w, proj, qkv, core, state, meta);
+    s.query_start_loc = meta.query_start_loc.data();
+    s.has_initial_state = meta.has_initial_state.data();
+    s.chunk_size = w.chunk_size;
+    kernels::run_cpu(s);
+  }
+
+  // Norm before gate, per head: rmsnorm over each head's V channels (rows = tokens · heads),
+  // then · silu(z).
+  kernels::rmsnorm_params n;
+  n.x = core.as<float>();
+  n.weight = w.norm.as<float>();
+  n.out = core.as<float>();
+  n.rows = T * w.heads_v;
+  n.cols = w.head_v_dim;
+  n.x_stride = n.out_stride = w.head_v_dim;
+  n.eps = w.eps;
+  kernels::run_cpu(n);
+  host_tensor gated = host_tensor::f32({T, vd});
+  kernels::swiglu_params g;
+  g.gate = proj.as<float>() + conv;  // z
+  g.up = core.as<float>();
+  g.out = gated.as<float>();
+  g.rows = T;
+  g.cols = vd;
+  g.gate_stride = in_w;
+  g.up_stride = g.out_stride = vd;
+  kernels::run_cpu(g);
+
+  host_tensor out = linear(gated, w.out_proj);
+  reduce_partial(out, comm);
+  return out;
+}
+
+}  // namespace hyserve::worker::layers

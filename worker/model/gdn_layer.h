@@ -1,0 +1,52 @@
+#pragma once
+// Gated DeltaNet mixer (Qwen3-Next "linear_attention"):
+//   in_proj → q | k | v | z | b | a;  causal conv1d + SiLU over q | k | v (the slot's window);
+//   gated delta rule over value heads (kernels/gdn.h, state [HV, V, K] in the slot);
+//   per-head RMSNorm of the output · weight, times silu(z);  out_proj (row-parallel).
+// Tensor parallelism splits whole key-head groups (one key head and the HV/HK value heads that
+// read it), so every rank's heads are self-contained and only out_proj reduces.
+#include <cstdint>
+#include <string>
+
+#include "hyserve/common/model_config.h"
+#include "hyserve/common/tensor.h"
+#include "hyserve/worker/collective.h"
+#include "hyserve/worker/hybrid_metadata.h"
+#include "hyserve/worker/memory_pools.h"
+#include "hyserve/worker/model.h"
+#include "weights.h"
+
+namespace hyserve::worker::layers {
+
+struct gdn_weights {
+  // [conv_dim + value_dim + 2·heads_v, hidden] (local): q | k | v | z | b | a, each block in
+  // head order. The checkpoint interleaves them per key-head group; loading de-interleaves.
+  host_tensor in_proj;
+  host_tensor conv_w;                // [conv_dim, K]: q | k | v channels
+  host_tensor conv_b;                // [conv_dim]; empty = no bias
+  host_tensor dt_bias;               // [heads_v]
+  host_tensor A_log;                 // [heads_v]
+  host_tensor norm;                  // [head_v_dim], shared by all heads
+  host_tensor out_proj;              // [hidden, value_dim]
+  int64_t heads_k = 0, heads_v = 0;  // local counts
+  int64_t head_k_dim = 0, head_v_dim = 0;
+  int64_t conv_width = 0;
+  int64_t chunk_size = 64;
+  float eps = 1e-6f;
+
+  int64_t key_dim() const { return heads_k * head_k_dim; }
+  int64_t value_dim() const { return heads_v * head_v_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// Rank tp.rank's shard of the Hugging Face Qwen3NextGatedDeltaNet under `prefix`
+// (".../linear_attn."). Throws config_error when the key heads do not split over tp.
+gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp);
+
+// x [T, hidden] → [T, hidden] (reduced over tp). Reads and writes the conv window and the
+// recurrent state of the batch's slots; Extend/Mixed/DraftExtend run the chunked scan, Decode
+// the single-token update.
+host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid_metadata& meta,
+                        mamba_layer_state& state, collective* comm);
+
+}  // namespace hyserve::worker::layers

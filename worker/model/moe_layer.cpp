@@ -1,0 +1,130 @@
+#include "moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "hyserve/kernels/activation.h"
+#include "load_util.h"
+
+namespace hyserve::worker::layers {
+
+namespace {
+
+void load_swiglu(const weight_source& ws, const std::string& p, int64_t hidden, int64_t inter, tp_placement tp,
+                 const char* what, mlp_weights& w) {
+  const int64_t il = tp_split(inter, tp.size, what);
+  const int64_t b = tp.rank * il, e = b + il;
+  w.gate = ws.load_slice(p + "gate_proj.weight", {inter, hidden}, 0, b, e);
+  w.up = ws.load_slice(p + "up_proj.weight", {inter, hidden}, 0, b, e);
+  w.down = ws.load_slice(p + "down_proj.weight", {hidden, inter}, 1, b, e);
+}
+
+// down · (silu(gate · x) ⊙ up · x) on this rank's slice of the intermediate dimension: a partial
+// sum over tp.
+host_tensor swiglu_partial(const mlp_weights& w, const host_tensor& x) {
+  const host_tensor gate = linear(x, w.gate);
+  const host_tensor up = linear(x, w.up);
+  host_tensor act = host_tensor::f32(gate.shape());
+  kernels::swiglu_params p;
+  p.gate = gate.as<float>();
+  p.up = up.as<float>();
+  p.out = act.as<float>();
+  p.rows = gate.shape()[0];
+  p.cols = gate.shape()[1];
+  p.gate_stride = p.up_stride = p.out_stride = p.cols;
+  if (p.rows > 0 && p.cols > 0) kernels::run_cpu(p);
+  return linear(act, w.down);
+}
+
+}  // namespace
+
+moe_weights load_moe(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp) {
+  const int64_t H = mc.hidden_size, E = mc.num_experts;
+  moe_weights w;
+  w.top_k = mc.num_experts_per_tok;
+  w.norm_topk_prob = mc.norm_topk_prob;
+  w.router = ws.load(prefix + "gate.weight", {E, H});
+  w.experts.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    load_swiglu(ws, prefix + "experts." + std::to_string(e) + ".", H, mc.moe_intermediate_size, tp,
+                "moe_intermediate_size", w.experts[static_cast<size_t>(e)]);
+  if (mc.shared_expert_intermediate_size > 0) {
+    load_swiglu(ws, prefix + "shared_expert.", H, mc.shared_expert_intermediate_size, tp,
+                "shared_expert_intermediate_size", w.shared);
+    w.shared_gate = ws.load(prefix + "shared_expert_gate.weight", {1, H});
+  }
+  return w;
+}
+
+host_tensor moe_forward(const moe_weights& w, const host_tensor& x, collective* comm) {
+  const int64_t T = x.shape()[0], H = x.shape()[1];
+  const int64_t E = static_cast<int64_t>(w.experts.size()), k = w.top_k;
+  host_tensor out = host_tensor::f32({T, H});
+
+  // Routing: softmax over experts, the k largest (ties to the lower index), optionally
+  // renormalised. Tokens and their weights are then grouped by expert.
+  const host_tensor logits = linear(x, w.router);  // [T, E]
+  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(E));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(E));
+  std::vector<float> prob(static_cast<size_t>(E));
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits.as<float>() + t * E;
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (prob[static_cast<size_t>(e)] = std::exp(l[e] - mx));
+    for (float& p : prob) p /= sum;
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+      return prob[static_cast<size_t>(a)] > prob[static_cast<size_t>(b)] ||
+             (prob[static_cast<size_t>(a)] == prob[static_cast<size_t>(b)] && a < b);
+    });
+    float top_sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) top_sum += prob[static_cast<size_t>(order[static_cast<size_t>(j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[static_cast<size_t>(j)];
+      tokens[static_cast<size_t>(e)].push_back(t);
+      weights[static_cast<size_t>(e)].push_back(w.norm_topk_prob ? prob[static_cast<size_t>(e)] / top_sum
+                                                                 : prob[static_cast<size_t>(e)]);
+    }
+  }
+
+  // Experts in index order, each over the tokens routed to it.
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int64_t>& idx = tokens[static_cast<size_t>(e)];
+    if (idx.empty()) continue;
+    const auto n = static_cast<int64_t>(idx.size());
+    host_tensor xe = host_tensor::f32({n, H});
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(xe.as<float>() + i * H, x.as<float>() + idx[static_cast<size_t>(i)] * H,
+                  static_cast<size_t>(H) * sizeof(float));
+    const host_tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], xe);
+    for (int64_t i = 0; i < n; ++i) {
+      const float wt = weights[static_cast<size_t>(e)][static_cast<size_t>(i)];
+      float* o = out.as<float>() + idx[static_cast<size_t>(i)] * H;
+      const float* y = ye.as<float>() + i * H;
+      for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
+    }
+  }
+
+  // Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
+  // partial sum before the reduction.
+  if (!w.shared.gate.empty() && T > 0) {
+    const host_tensor ys = swiglu_partial(w.shared, x);
+    const host_tensor gl = w.shared_gate.empty() ? host_tensor() : linear(x, w.shared_gate);  // [T, 1]
+    for (int64_t t = 0; t < T; ++t) {
+      const float g = gl.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-gl.as<float>()[t]));
+      float* o = out.as<float>() + t * H;
+      const float* y = ys.as<float>() + t * H;
+      for (int64_t c = 0; c < H; ++c) o[c] += g * y[c];
+    }
+  }
+  reduce_partial(out, comm);
+  return out;
+}
+
+}  // namespace hyserve::worker::layers

@@ -1,0 +1,179 @@
+#include "qwen3_next.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gated_attention.h"
+#include "gdn_layer.h"
+#include "hyserve/common/error.h"
+#include "layers.h"
+#include "load_util.h"
+#include "moe_layer.h"
+
+namespace hyserve::worker {
+namespace {
+
+std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+struct qwen3_next_layer {
+  layer_kind kind = layer_kind::kGatedDeltaNet;
+  bool moe = false;
+  host_tensor input_norm;           // [hidden], 1 + w
+  host_tensor post_attention_norm;  // [hidden], 1 + w
+  layers::gdn_weights gdn;
+  layers::gated_attention_weights attn;
+  layers::moe_weights moe_block;
+  layers::mlp_weights mlp;
+  int32_t cache_index = 0;  // index among layers of the same cache (KV or recurrent state)
+};
+
+// Every RMSNorm of the decoder (layer norms, q/k norms, the final norm) is zero-centred: it
+// scales by 1 + w, and is loaded as the plain weight 1 + w. The GDN output norm is not.
+class qwen3_next_model final : public model {
+ public:
+  qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm)
+      : mc_(mc), tp_(tp), comm_(comm) {
+    if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
+    if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
+    const int r = tp.rank, n = tp.size;
+    const int64_t H = mc.hidden_size, V = mc.vocab_size;
+    vocab_local_ = tp_split(V, n, "vocab_size");
+    embed_ = ws.load_slice("model.embed_tokens.weight", {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
+    final_norm_ = load_zero_centered_norm(ws, "model.norm.weight", H);
+    const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
+    kv_heads_local_ = tp_kv_heads(mc.num_attention_heads, mc.num_kv_heads, r, n).count;
+
+    int32_t n_attn = 0, n_recurrent = 0;
+    layers_.resize(static_cast<size_t>(mc.num_layers));
+    for (int64_t i = 0; i < mc.num_layers; ++i) {
+      qwen3_next_layer& L = layers_[static_cast<size_t>(i)];
+      const std::string p = layer_prefix(i);
+      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
+      L.input_norm = load_zero_centered_norm(ws, p + "input_layernorm.weight", H);
+      L.post_attention_norm = load_zero_centered_norm(ws, p + "post_attention_layernorm.weight", H);
+      switch (L.kind) {
+        case layer_kind::kGatedDeltaNet:
+          L.gdn = layers::load_gdn(ws, p + "linear_attn.", mc, tp);
+          L.cache_index = n_recurrent++;
+          break;
+        case layer_kind::kAttention:
+          L.attn = layers::load_gated_attention(ws, p + "self_attn.", mc, tp);
+          L.cache_index = n_attn++;
+          break;
+        case layer_kind::kMamba2:
+          throw config_error("Qwen3-Next: layer " + std::to_string(i) +
+                             " is a Mamba2 layer; Qwen3-Next has only linear_attention and full_attention layers");
+      }
+      L.moe = mc.is_moe_layer(i);
+      if (L.moe) {
+        L.moe_block = layers::load_moe(ws, p + "mlp.", mc, tp);
+      } else {
+        const int64_t I = mc.intermediate_size;
+        const int64_t il = tp_split(I, n, "intermediate_size");
+        L.mlp.gate = ws.load_slice(p + "mlp.gate_proj.weight", {I, H}, 0, r * il, (r + 1) * il);
+        L.mlp.up = ws.load_slice(p + "mlp.up_proj.weight", {I, H}, 0, r * il, (r + 1) * il);
+        L.mlp.down = ws.load_slice(p + "mlp.down_proj.weight", {H, I}, 1, r * il, (r + 1) * il);
+      }
+    }
+  }
+
+  const model_config& config() const override { return mc_; }
+
+  // The recurrent-state cache holds the GDN layers: conv window over q | k | v, state
+  // [heads_v, V, K] (head_dim = V, d_state = K; kernels/gdn.h).
+  mamba_state_shape mamba_shape() const override {
+    const int64_t hk = mc_.linear_num_key_heads / tp_.size;
+    const int64_t hv = mc_.linear_num_value_heads / tp_.size;
+    mamba_state_shape s;
+    s.heads = static_cast<int32_t>(hv);
+    s.head_dim = static_cast<int32_t>(mc_.linear_value_head_dim);
+    s.d_state = static_cast<int32_t>(mc_.linear_key_head_dim);
+    s.conv_width = static_cast<int32_t>(mc_.linear_conv_kernel_dim);
+    s.conv_dim = static_cast<int32_t>(2 * hk * mc_.linear_key_head_dim + hv * mc_.linear_value_head_dim);
+    return s;
+  }
+
+  int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_); }
+
+  host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                      const forward_options& opts) override {
+    const std::vector<int32_t> ids = layers::batch_token_ids(batch);
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
+        throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " + std::to_string(t) +
+                                     " is outside the vocabulary [0, " + std::to_string(mc_.vocab_size) + ")");
+    host_tensor h = layers::embed(ids, embed_, tp_.rank * vocab_local_, comm_);
+    if (opts.hidden_states) opts.hidden_states->clear();
+    auto capture = [&](const host_tensor& t) {
+      if (!opts.hidden_states) return;
+      host_tensor copy(dtype::kF32, t.shape());
+      std::memcpy(copy.data(), t.data(), t.nbytes());
+      opts.hidden_states->push_back(std::move(copy));
+    };
+    capture(h);
+
+    layers::attention_step step;
+    if (mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0)
+      step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
+
+    for (qwen3_next_layer& L : layers_) {
+      host_tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps);
+      host_tensor mixed;
+      switch (L.kind) {
+        case layer_kind::kGatedDeltaNet:
+          mixed = layers::gdn_forward(L.gdn, x, meta, ctx.mamba->layer(L.cache_index), comm_);
+          break;
+        case layer_kind::kAttention:
+          mixed = layers::gated_attention_forward(L.attn, x, meta, step, ctx.kv->layer(L.cache_index), comm_);
+          break;
+        case layer_kind::kMamba2:
+          throw error("Qwen3-Next: Mamba2 layer in a Qwen3-Next model");  // rejected at load
+      }
+      layers::add_inplace(h, mixed);
+      const host_tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps);
+      const host_tensor y =
+          L.moe ? layers::moe_forward(L.moe_block, y_in, comm_) : layers::mlp_forward(L.mlp, y_in, comm_);
+      layers::add_inplace(h, y);
+      capture(h);
+    }
+
+    // Final norm and lm_head only on the rows that need logits.
+    host_tensor rows;
+    if (opts.all_logits) {
+      rows = std::move(h);
+    } else {
+      const int64_t H = mc_.hidden_size;
+      rows = host_tensor::f32({static_cast<int64_t>(meta.logit_token_indices.size()), H});
+      for (size_t i = 0; i < meta.logit_token_indices.size(); ++i)
+        std::memcpy(rows.as<float>() + static_cast<int64_t>(i) * H,
+                    h.as<float>() + static_cast<int64_t>(meta.logit_token_indices[i]) * H,
+                    static_cast<size_t>(H) * sizeof(float));
+    }
+    host_tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps);
+    if (opts.hidden_states && opts.all_logits) capture(normed);
+    return layers::lm_head(normed, lm_head_, comm_);
+  }
+
+ private:
+  model_config mc_;
+  tp_placement tp_;
+  collective* comm_;
+  int64_t vocab_local_ = 0;
+  int64_t kv_heads_local_ = 0;
+  host_tensor embed_;       // [vocab_local, hidden]
+  host_tensor final_norm_;  // [hidden], 1 + w
+  host_tensor lm_head_;     // [vocab_local, hidden]
+  std::vector<qwen3_next_layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                       collective* comm) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm);
+}
+
+}  // namespace hyserve::worker

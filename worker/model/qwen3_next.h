@@ -1,0 +1,14 @@
+#pragma once
+// Qwen3-Next (Qwen3NextForCausalLM): Gated DeltaNet and gated attention decoder layers, each
+// followed by a sparse MoE block (or a dense SwiGLU MLP), with zero-centred RMSNorms.
+#include <memory>
+
+#include "hyserve/worker/model.h"
+#include "weights.h"
+
+namespace hyserve::worker {
+
+std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                       collective* comm);
+
+}  // namespace hyserve::worker
