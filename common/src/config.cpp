@@ -428,7 +428,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
     if_present(srv, "port", [&](const YAML::Node& n) {
       const int32_t v = r.get_int32(n, "server.port");
-      if (v < 1 || v > 65535) r.fail(n, "server.port", "must be in 1..65535, got " + std::to_string(v));
+      // 0 asks the system for a free port; the coordinator logs the one it got.
+      if (v < 0 || v > 65535) r.fail(n, "server.port", "must be in 0..65535, got " + std::to_string(v));
       cfg.server.port = v;
     });
     if_present(srv, "api_key", [&](const YAML::Node& n) { cfg.server.api_key = r.get_string(n, "server.api_key"); });

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <vector>
 #include <string>
 #include <unistd.h>
 
@@ -134,13 +136,24 @@ wire::step_result runner::execute(const wire::step_plan& plan) {
     failure = e.what();
   }
   ++executed_;
-  // Agree on the prepare phase before the forward pass enters any collective.
-  float ok = failure.empty() ? 1.0f : 0.0f;
+  // Agree on the prepare phase before the forward pass enters any collective. The lowest failing
+  // rank's message is broadcast so the coordinator sees the real cause.
   if (comm_ && comm_->size() > 1) {
-    float bad = 1.0f - ok;
-    comm_->all_reduce_sum(&bad, 1);
-    if (bad > 0.0f && failure.empty()) failure = "another rank of the group failed to prepare the step";
+    float first_bad = failure.empty() ? static_cast<float>(comm_->size()) : static_cast<float>(comm_->rank());
+    std::vector<float> ranks(static_cast<size_t>(comm_->size()));
+    comm_->all_gather(&first_bad, ranks.data(), 1);
+    const int root = static_cast<int>(*std::min_element(ranks.begin(), ranks.end()));
+    if (root < comm_->size()) {
+      uint64_t len = comm_->rank() == root ? failure.size() : 0;
+      comm_->broadcast(&len, sizeof(len), root);
+      std::string msg(len, '\0');
+      if (comm_->rank() == root) msg = failure;
+      comm_->broadcast(msg.data(), len, root);
+      failure = "tp rank " + std::to_string(root) + ": " + msg;
+    }
   }
+  if (!failure.empty()) std::fprintf(stderr, "[worker] step %llu failed: %s\n",
+                                     static_cast<unsigned long long>(plan.step_id), failure.c_str());
   wire::step_result res;
   res.step_id = plan.step_id;
   if (failure.empty()) {

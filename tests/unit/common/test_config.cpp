@@ -159,10 +159,11 @@ TEST(Config, BadValuesNameThePathAndValue) {
                     "device: unknown device 'tpu' (known: cpu, cuda)");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtype: int8}"), config_error,
                     "model.dtype: unknown dtype 'int8' (known: float32, bfloat16, float16)");
-  EXPECT_ERROR_WITH(load_config_string(model + "server: {port: 0}"), config_error,
-                    "server.port: must be in 1..65535, got 0");
+  EXPECT_EQ(load_config_string(model + "server: {port: 0}").server.port, 0);  // ephemeral port
+  EXPECT_ERROR_WITH(load_config_string(model + "server: {port: -1}"), config_error,
+                    "server.port: must be in 0..65535, got -1");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {port: 65536}"), config_error,
-                    "server.port: must be in 1..65535, got 65536");
+                    "server.port: must be in 0..65535, got 65536");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {threads: 0}"), config_error,
                     "server.threads: must be >= 1, got 0");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {max_body_bytes: 0}"), config_error,
