@@ -21,7 +21,7 @@ have_boost_181() {
 
 install_deps() {
   local wanted=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libyaml-cpp-dev
-                libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev)
+                libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev)
   have_boost_181 || wanted+=(libboost1.81-dev)
   local missing=()
   for p in "${wanted[@]}"; do
