@@ -39,14 +39,16 @@ install_deps() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# build_project [TARGET...]: configure, then build the given targets (default: everything).
 build_project() {
-  local jobs
+  local jobs targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
   jobs=$(nproc 2>/dev/null || echo 2)
   log "configuring in $HYSERVE_BUILD_DIR"
   cmake -S "$HYSERVE_ROOT" -B "$HYSERVE_BUILD_DIR" -DCMAKE_BUILD_TYPE="${HYSERVE_BUILD_TYPE:-RelWithDebInfo}" \
     ${HYSERVE_CMAKE_ARGS:-} >/dev/null
   log "building with $jobs jobs"
-  cmake --build "$HYSERVE_BUILD_DIR" -j "$jobs"
+  cmake --build "$HYSERVE_BUILD_DIR" -j "$jobs" "${targets[@]}"
 }
 
 # mpirun flags: root needs --allow-run-as-root; oversubscribe only then, so real clusters keep

@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CONFIG="${1:-$HYSERVE_ROOT/configs/default.yaml}"
 [ -f "$CONFIG" ] || { log "no such config: $CONFIG"; exit 2; }
 install_deps
-build_project
+build_project coordinator worker hyserve-generate hyserve-bench
 
 # World size from the config: dp·tp workers (defaults 1).
 read_parallel() {
