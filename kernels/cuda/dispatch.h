@@ -27,6 +27,8 @@ using conv_width_table = int_table<2, 3, 4>;
 using ssm_state_dim_table = int_table<16, 32, 64, 128, 256>;
 // Attention head_dim.
 using attention_head_dim_table = int_table<32, 64, 128, 256>;
+// Gated DeltaNet key dim K (Qwen3-Next uses 128).
+using gdn_key_dim_table = int_table<16, 32, 64, 128, 256>;
 
 // Calls f(std::integral_constant<int, V>{}) for the V equal to value.
 template <int... Vs, class F>

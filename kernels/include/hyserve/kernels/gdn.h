@@ -45,10 +45,12 @@ struct gdn_chunk_scan_params : gdn_common_params {
 };
 
 void run_cpu(const gdn_chunk_scan_params& p);
+void run_cuda(const gdn_chunk_scan_params& p, void* stream = nullptr);
 
 // Single-token decode: row b is token b; the slot's state is updated in place.
 struct gdn_state_update_params : gdn_common_params {};
 
 void run_cpu(const gdn_state_update_params& p);
+void run_cuda(const gdn_state_update_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -1,0 +1,263 @@
+// Gated DeltaNet on CUDA: the varlen prefill and the decode update, one kernel for both.
+//
+// The delta rule updates every value row e of a head's state S [V, K] on its own:
+//   s_e ← decay·s_e + beta·(v_e − decay·s_e·k̂)·k̂,   o_e = s_e·q̂,
+// so rows need no communication; only q̂, k̂, decay and beta are shared by a head's rows. A
+// block takes (value head h, batch row b, slice z of kRowsPerBlock value rows), keeps its rows
+// in registers and walks the row's tokens in order (one token for the decode update). The
+// prefill is thus the per-token recurrence, not the CPU op's chunked WY form: the two agree to
+// rounding for any chunk_size, which the CUDA op accepts and does not need.
+//
+// Layout in a block: a state row (K floats) is covered by L = min(32, K/4) lanes of a warp,
+// each holding K/(4L) float4 columns; a warp has 32/L such segments and each segment owns kRows
+// consecutive rows. State reads and writes are 16-byte accesses coalesced across the segment;
+// each element is read once and written once per launch.
+//
+// One reduction round per token. With raw q, k (before the L2 norm), qf = scale/|q|, kf = 1/|k|:
+//   pred_e = decay·kf·(s_e·k),   delta_e = beta·(v_e − pred_e),
+//   o_e    = decay·qf·(s_e·q) + delta_e·qf·kf·(q·k),   s_e ← decay·s_e + delta_e·kf·k,
+// so the segment reduces |q|², |k|², q·k and, per row, s_e·k and s_e·q together with xor
+// shuffles (every lane gets every sum) before any state element changes.
+#include <cmath>
+#include <string>
+
+#include "common.cuh"
+#include "dispatch.h"
+#include "hyserve/kernels/gdn.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kGdnThreads = 128;
+constexpr int kGdnWarps = kGdnThreads / 32;
+constexpr int kRows = 4;                 // value rows per lane segment
+constexpr float kL2Eps = 1e-6f;          // inside the square root, as in the CPU op
+constexpr int64_t kMaxGridY = 65535;
+
+// Rows of S one block updates, for key dimension K.
+template <int K>
+__host__ __device__ constexpr int rows_per_block() {
+  constexpr int L = K / 4 < 32 ? K / 4 : 32;
+  return kGdnWarps * (32 / L) * kRows;
+}
+
+__device__ __forceinline__ float gdn_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+// Raw inputs of one token as one lane needs them: its q and k columns, its rows' v, and the
+// head's decay input and beta logit.
+template <int kCols>
+struct gdn_token {
+  float q[kCols * 4];
+  float k[kCols * 4];
+  float v[kRows];
+  float a, b;
+};
+
+// qsl: token ranges [qsl[b], qsl[b+1]) (null: decode, row b is token b and always starts from
+// its slot's state). has_init: null = no initial states (prefill only).
+template <int K>
+__global__ void __launch_bounds__(kGdnThreads)
+    gdn_kernel(const gdn_common_params p, const int32_t* __restrict__ qsl, const uint8_t* __restrict__ has_init,
+               float scale) {
+  constexpr int L = K / 4 < 32 ? K / 4 : 32;  // lanes per state row
+  constexpr int kCols = K / (4 * L);          // float4 columns per lane
+  constexpr int kSegs = 32 / L;               // row segments per warp
+  constexpr int kSums = 3 + 2 * kRows;        // |q|², |k|², q·k, then s·k and s·q per row
+  static_assert(K % 4 == 0 && (K / 4 <= 32 || (K / 4) % 32 == 0), "key dim must tile the warp");
+  static_assert(kRows <= L, "a segment writes its rows' outputs from distinct lanes");
+
+  const int64_t h = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;  // padding row: output rows and state untouched
+  const bool decode = qsl == nullptr;
+  const int64_t t_begin = decode ? b : qsl[b];
+  const int64_t t_end = decode ? b + 1 : qsl[b + 1];
+  const bool init = decode || (has_init != nullptr && has_init[b] != 0);
+
+  const int V = static_cast<int>(p.v_dim);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int seg_lane = lane % L;
+  const int row0 = static_cast<int>(blockIdx.z) * rows_per_block<K>() + (warp * kSegs + lane / L) * kRows;
+  const int64_t hk = h / (p.heads_v / p.heads_k);
+  const float A = -expf(p.A_log[h]);
+  const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+  float4* S = reinterpret_cast<float4*>(p.states + (slot * p.heads_v + h) * static_cast<int64_t>(V) * K);
+
+  bool live[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) live[r] = row0 + r < V;
+
+  // This lane's state columns: float4 c·L + seg_lane of each of its rows.
+  float4 s[kRows][kCols];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int64_t at = static_cast<int64_t>(row0 + r) * (K / 4) + c * L + seg_lane;
+      if (live[r] && init) {
+        s[r][c] = decode ? __ldcs(S + at) : S[at];
+      } else {
+        s[r][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+  }
+
+  // q, k and v rows may be unaligned (column ranges of one buffer, any stride): scalar reads.
+  auto load = [&](int64_t t, gdn_token<kCols>& x) {
+    const float* qt = p.q + t * p.q_stride + hk * K;
+    const float* kt = p.k + t * p.k_stride + hk * K;
+    const float* vt = p.v + t * p.v_stride + h * V;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = (c * L + seg_lane) * 4 + e;
+        x.q[c * 4 + e] = qt[col];
+        x.k[c * 4 + e] = kt[col];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) x.v[r] = live[r] ? vt[row0 + r] : 0.0f;
+    x.a = p.a[t * p.a_stride + h];
+    x.b = p.b[t * p.b_stride + h];
+  };
+
+  gdn_token<kCols> cur{}, next{};
+  if (t_begin < t_end) load(t_begin, cur);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    if (t + 1 < t_end) load(t + 1, next);  // in flight while this token is computed
+
+    float sum[kSums];
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) sum[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float qe = cur.q[c * 4 + e], ke = cur.k[c * 4 + e];
+        sum[0] += qe * qe;
+        sum[1] += ke * ke;
+        sum[2] += qe * ke;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 v = s[r][c];
+        sum[3 + 2 * r] += v.x * cur.k[c * 4] + v.y * cur.k[c * 4 + 1] + v.z * cur.k[c * 4 + 2] + v.w * cur.k[c * 4 + 3];
+        sum[4 + 2 * r] += v.x * cur.q[c * 4] + v.y * cur.q[c * 4 + 1] + v.z * cur.q[c * 4 + 2] + v.w * cur.q[c * 4 + 3];
+      }
+    }
+    // Every lane joins; xor offsets below L stay inside the segment.
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kSums; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+    }
+
+    const float qf = p.qk_l2norm ? scale / sqrtf(sum[0] + kL2Eps) : scale;
+    const float kf = p.qk_l2norm ? 1.0f / sqrtf(sum[1] + kL2Eps) : 1.0f;
+    const float decay = expf(A * gdn_softplus(cur.a + bias));
+    const float beta = 1.0f / (1.0f + expf(-cur.b));
+    float* out = p.out + t * p.out_stride + h * V;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float delta = beta * (cur.v[r] - decay * kf * sum[3 + 2 * r]);
+      const float o = decay * qf * sum[4 + 2 * r] + delta * qf * kf * sum[2];
+      const float dk = delta * kf;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        float4& v = s[r][c];
+        v.x = decay * v.x + dk * cur.k[c * 4];
+        v.y = decay * v.y + dk * cur.k[c * 4 + 1];
+        v.z = decay * v.z + dk * cur.k[c * 4 + 2];
+        v.w = decay * v.w + dk * cur.k[c * 4 + 3];
+      }
+      if (live[r] && seg_lane == r) out[row0 + r] = o;
+    }
+    cur = next;
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (!live[r]) continue;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int64_t at = static_cast<int64_t>(row0 + r) * (K / 4) + c * L + seg_lane;
+      if (decode) {
+        __stcs(S + at, s[r][c]);
+      } else {
+        S[at] = s[r][c];
+      }
+    }
+  }
+}
+
+// The CPU op's checks of the host-visible fields; state_indices, query_start_loc and
+// has_initial_state live in device memory and are not read here.
+void check_gdn_common(const gdn_common_params& p, const char* op) {
+  require_ptr(p.q, op, "q");
+  require_ptr(p.k, op, "k");
+  require_ptr(p.v, op, "v");
+  require_ptr(p.a, op, "a");
+  require_ptr(p.b, op, "b");
+  require_ptr(p.A_log, op, "A_log");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.states, op, "states");
+  require_ptr(p.state_indices, op, "state_indices");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.heads_k, op, "heads_k");
+  require_positive(p.heads_v, op, "heads_v");
+  require_positive(p.k_dim, op, "k_dim");
+  require_positive(p.v_dim, op, "v_dim");
+  if (p.heads_v % p.heads_k != 0)
+    fail(op, "heads_v", p.heads_v, ("must be a multiple of heads_k = " + std::to_string(p.heads_k)).c_str());
+  require_stride(p.q_stride, p.heads_k * p.k_dim, op, "q_stride");
+  require_stride(p.k_stride, p.heads_k * p.k_dim, op, "k_stride");
+  require_stride(p.v_stride, p.heads_v * p.v_dim, op, "v_stride");
+  require_stride(p.a_stride, p.heads_v, op, "a_stride");
+  require_stride(p.b_stride, p.heads_v, op, "b_stride");
+  require_stride(p.out_stride, p.heads_v * p.v_dim, op, "out_stride");
+  if (!std::isfinite(p.scale)) fail(op, "scale", p.scale, "must be finite");
+  // CUDA-specific limits: grid dimensions, the key-dim table and the 16-byte state accesses.
+  if (!gdn_key_dim_table::supports(p.k_dim))
+    fail(op, "k_dim", p.k_dim, ("unsupported by the CUDA kernels; built for " + gdn_key_dim_table::list()).c_str());
+  if (p.batch > kMaxGridY) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
+  if (p.heads_v > 0x7fffffff) fail(op, "heads_v", p.heads_v, "exceeds the CUDA grid");
+  if (p.v_dim > 0x7fffffff) fail(op, "v_dim", p.v_dim, "exceeds the int range");
+  require_aligned16(p.states, op, "states");
+}
+
+void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* has_init, const char* op,
+                cudaStream_t stream) {
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
+  dispatch(gdn_key_dim_table{}, p.k_dim, op, "k_dim", [&](auto kd) {
+    constexpr int K = decltype(kd)::value;
+    const dim3 grid(static_cast<unsigned>(p.heads_v), static_cast<unsigned>(p.batch),
+                    static_cast<unsigned>(ceil_div(p.v_dim, rows_per_block<K>())));
+    gdn_kernel<K><<<grid, kGdnThreads, 0, stream>>>(p, qsl, has_init, scale);
+  });
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const gdn_chunk_scan_params& p, void* stream) {
+  constexpr const char* op = "gdn_chunk_scan";
+  check_gdn_common(p, op);
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_positive(p.chunk_size, op, "chunk_size");
+  launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream));
+}
+
+void run_cuda(const gdn_state_update_params& p, void* stream) {
+  constexpr const char* op = "gdn_state_update";
+  check_gdn_common(p, op);
+  launch_gdn(p, nullptr, nullptr, op, as_stream(stream));
+}
+
+}  // namespace hyserve::kernels
