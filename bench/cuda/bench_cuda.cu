@@ -1,7 +1,8 @@
 // Decode-path kernels on the device, as ratios to the copy bandwidth measured in the same run
 // (DESIGN §12: decode kernels >= 90% of measured HBM copy bandwidth at batch >= 64).
 //
-// For each op and batch 1/16/64/256 at production shapes: 32 calls (rotating over input sets
+// For each op and batch 1/16/64/256 at production shapes (decode attention also at 32K and 128K
+// context, batch 8): 32 calls (rotating over input sets
 // so that the working set exceeds L2) are captured in one CUDA graph; the graph is replayed
 // 10 times, each replay timed with CUDA events; the median per call is reported with the
 // fewest bytes the op must move (each input read once, each output written once), the
@@ -97,6 +98,29 @@ device_array<float> random_device(size_t n, uint32_t seed, float lo = -1.0f, flo
   return device_array<float>(v);
 }
 
+// Uniform [lo, hi) from a per-element hash, generated on the device: the long-context caches
+// (gigabytes) would take minutes through the host generator.
+__global__ void fill_hash_kernel(float* out, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed * 0x85EBCA77u;
+    h ^= h >> 16;
+    h *= 0x7FEB352Du;
+    h ^= h >> 15;
+    h *= 0x846CA68Bu;
+    h ^= h >> 16;
+    out[i] = lo + (hi - lo) * static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+  }
+}
+
+device_array<float> random_device_hash(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  device_array<float> a(n);
+  fill_hash_kernel<<<1024, 256>>>(a.data(), n, seed, lo, hi);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return a;
+}
+
 struct row {
   std::string op, shape;
   int batch;
@@ -147,17 +171,17 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
 }
 
 // Decode attention over a paged cache: 32 q heads over 8 kv heads, head_dim 128, page 16,
-// 4096 cached tokens per row.
-void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows) {
-  const int64_t QH = 32, KVH = 8, D = 128, PS = 16, LEN = 4096;
+// LEN cached tokens per row (4096 at every batch; 32768 and 131072 at batch 8).
+void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t LEN, std::vector<int> batches) {
+  const int64_t QH = 32, KVH = 8, D = 128, PS = 16;
   const int64_t pages_per_row = LEN / PS;
-  for (int bs : kBatches) {
+  for (int bs : batches) {
     const size_t cache_elems = static_cast<size_t>(bs * pages_per_row * PS * KVH * D);
     const int n_sets = sets_for(2 * cache_elems * sizeof(float));
     std::vector<device_array<float>> k, v;
     for (int s = 0; s < n_sets; ++s) {
-      k.push_back(random_device(cache_elems, 20 + s));
-      v.push_back(random_device(cache_elems, 40 + s));
+      k.push_back(random_device_hash(cache_elems, 20 + s));
+      v.push_back(random_device_hash(cache_elems, 40 + s));
     }
     auto q = random_device(static_cast<size_t>(bs * QH * D), 6);
     device_array<float> out(static_cast<size_t>(bs * QH * D));
@@ -187,7 +211,7 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows) {
       run_cuda(p, stream);
     });
     const double bytes = 4.0 * (2.0 * static_cast<double>(cache_elems) + 2.0 * bs * QH * D) + 4.0 * table.size();
-    rows.push_back({"attention_decode", "QH32 KVH8 D128 page16 ctx4096", bs, us, bytes});
+    rows.push_back({"attention_decode", "QH32 KVH8 D128 page16 ctx" + std::to_string(LEN), bs, us, bytes});
   }
 }
 
@@ -281,7 +305,11 @@ int main(int argc, char** argv) {
 
     std::vector<row> rows;
     if (want("ssm_update")) bench_ssm_update(stream, rows);
-    if (want("attention_decode")) bench_attention_decode(stream, rows);
+    if (want("attention_decode")) {
+      bench_attention_decode(stream, rows, 4096, {1, 16, 64, 256});
+      bench_attention_decode(stream, rows, 32768, {8});
+      bench_attention_decode(stream, rows, 131072, {8});
+    }
     if (want("ssd_scan")) bench_ssd_scan(stream, rows);
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
 

@@ -9,13 +9,17 @@
 //
 // The host does not know the rows' query counts (they live on the device), so each block
 // decides on the device:
-//   q_len == 1 (decode): slice s takes keys [s·K, (s+1)·K) of the row (split-KV); with more
+//   q_len == 1 (decode) and G = q_heads / kv_heads in decode_group_table: the block exits; the
+//     decode rows are served by attention_decode.cuh (registers instead of shared memory, all G
+//     heads per K/V load, up to kMaxDecodeSlices slices).
+//   q_len == 1 (decode), other G: slice s takes keys [s·K, (s+1)·K) of the row (split-KV); with more
 //     than one slice the block writes an unnormalised partial (m, l, acc) and a combine kernel
 //     merges the slices (flash-decoding).
 //   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys.
 #include <algorithm>
 #include <string>
 
+#include "attention_decode.cuh"
 #include "common.cuh"
 #include "dispatch.h"
 #include "hyserve/kernels/attention.h"
@@ -30,6 +34,10 @@ constexpr int kKeysPerTile = 32;  // one key per lane
 constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
 constexpr int kMaxSlices = 64;
+constexpr int kMaxDecodeSlices = 256;
+// GQA group sizes of the decode kernel (attention_decode.cuh); other sizes take the decode
+// branch of paged_attention_kernel.
+using decode_group_table = int_table<1, 2, 4, 8>;
 constexpr int64_t kMaxGrid = 65535;
 
 template <class T, int D>
@@ -230,7 +238,7 @@ struct attn_block {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
-                                                                       const attn_partials part) {
+                                                                       const attn_partials part, bool skip_decode) {
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<attn_smem<T, D>*>(smem_raw);
   const int slice = blockIdx.x;
@@ -238,6 +246,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   const int64_t q_start = p.query_start_loc[b];
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
   if (q_len <= 0) return;  // row without queries
+  if (q_len == 1 && skip_decode) return;  // served by the decode kernel
   const int64_t len = p.seq_lens[b];
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   attn_block<T, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
@@ -283,14 +292,20 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
 
 template <class T>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
-  // Slices: about 8 blocks per SM (2-3 waves of resident blocks), so that a small batch fills
-  // the device and a partial last wave costs little. Decode rows of short contexts leave
+  const bool decode_kernel = decode_group_table::supports(p.q_heads / p.kv_heads);
+  // Extend slices: about 8 blocks per SM (2-3 waves of resident blocks), so that a small batch
+  // fills the device and a partial last wave costs little. Decode rows of short contexts leave
   // slices empty; those exit after writing an empty partial.
   const auto n_slices =
       static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
+  // Decode slices: about 12 four-warp blocks per SM (register-bound residency is ~3-4 per SM),
+  // so that batch × kv_heads far below the SM count still streams K/V from every SM.
+  const auto n_dec = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(12 * sm_count(), p.batch * p.kv_heads), 1, kMaxDecodeSlices));
+  const int n_part = decode_kernel ? n_dec : n_slices;
   attn_partials part;
-  if (n_slices > 1) {
-    const int64_t n = p.batch * p.q_heads * n_slices;
+  if (n_part > 1) {
+    const int64_t n = p.batch * p.q_heads * n_part;
     void* ws = nullptr;
     CUDA_CHECK(cudaMallocAsync(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
     part.ml = static_cast<float2*>(ws);
@@ -298,18 +313,27 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   }
   dispatch(attention_head_dim_table{}, p.head_dim, "paged_attention", "head_dim", [&](auto hd) {
     constexpr int D = decltype(hd)::value;
+    if (decode_kernel) {
+      dispatch(decode_group_table{}, p.q_heads / p.kv_heads, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
+        constexpr int G = decltype(gq)::value;
+        const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+        attn_decode::decode_kernel<T, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec,
+                                                                                         {part.acc, part.ml});
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      });
+    }
     const size_t smem = sizeof(attn_smem<T, D>);
     reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<T, D>), smem);
     const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-    paged_attention_kernel<T, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part);
+    paged_attention_kernel<T, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
     HYSERVE_CUDA_CHECK_LAUNCH();
-    if (n_slices > 1) {
+    if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-      attention_combine_kernel<T, D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_slices, part);
+      attention_combine_kernel<T, D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });
-  if (n_slices > 1) CUDA_CHECK(cudaFreeAsync(part.ml, stream));
+  if (n_part > 1) CUDA_CHECK(cudaFreeAsync(part.ml, stream));
 }
 
 #define HYSERVE_INSTANTIATE(T) \

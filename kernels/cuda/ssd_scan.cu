@@ -1,4 +1,13 @@
-// SSD chunk scan (varlen prefill). One block per (head, sequence) walks the sequence in chunks
+// SSD chunk scan (varlen prefill).
+//
+// Two implementations, chosen by (head_dim, d_state) in run_cuda:
+//   ssd_chunked_table pairs → ssd_scan_chunked.cuh: chunked SSD on the tensor cores (3xTF32),
+//                             one (chunk, head) per work item, state passed through the slot.
+//   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
+// Both compute the CPU op's formulation with a double cumsum; neither depends on chunk_size
+// (validated only: the chunk length is each kernel's own).
+//
+// Fallback kernel. One block per (head, sequence) walks the sequence in chunks
 // of Q tokens, carrying the state S [head_dim, d_state] in shared memory. Per chunk, with
 // cum_i = Σ_{s<=i} dt_s·A inside the chunk (double, as the CPU op):
 //   W[i][j] = (C_i·B_j) · exp(cum_i − cum_j) · dt_j            for j <= i, else 0
@@ -14,6 +23,8 @@
 #include <algorithm>
 #include <string>
 
+#include "dispatch.h"
+#include "ssd_scan_chunked.cuh"
 #include "ssm_common.cuh"
 
 namespace hyserve::kernels {
@@ -211,8 +222,53 @@ void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaS
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
-#define HYSERVE_INSTANTIATE(T) \
-  template void launch_ssd_scan<T>(const ssd_chunk_scan_params&, const scan_layout&, cudaStream_t);
+// (head_dim, d_state) pairs of the tensor-core kernel: head_dim is 16 × its 4 warps, d_state
+// any multiple of 8 whose tiles fit two blocks per SM. Adding a d_state is one entry here.
+using ssd_chunked_head_dim_table = int_table<64>;
+using ssd_chunked_state_dim_table = int_table<128>;
+
+bool chunked_supports(const ssd_chunk_scan_params& p) {
+  return ssd_chunked_head_dim_table::supports(p.head_dim) && ssd_chunked_state_dim_table::supports(p.d_state) &&
+         p.batch < (int64_t{1} << 30) && p.heads < (int64_t{1} << 20);
+}
+
+template <class T>
+void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
+  namespace sc = ssd_chunked;
+  // Workspace: chunk offsets [batch + 1], flags [batch, heads], ticket [1]; flags and ticket
+  // start at zero (the plan kernel writes the offsets).
+  const int64_t n_offsets = p.batch + 1, n_flags = p.batch * p.heads;
+  void* raw = nullptr;
+  const size_t bytes = sizeof(int) * static_cast<size_t>(n_offsets + n_flags + 1);
+  CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
+  sc::workspace ws;
+  ws.chunk_offsets = static_cast<int*>(raw);
+  ws.flags = ws.chunk_offsets + n_offsets;
+  ws.ticket = ws.flags + n_flags;
+  CUDA_CHECK(cudaMemsetAsync(ws.flags, 0, sizeof(int) * static_cast<size_t>(n_flags + 1), stream));
+  sc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
+    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
+      constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
+      const auto kernel = &sc::ssd_chunked_kernel<T, P, N>;
+      constexpr size_t smem = sc::tiles<P, N>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      // Persistent grid: as many blocks as are resident at once; items are claimed by ticket,
+      // so correctness does not depend on this number.
+      int per_sm = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, sc::kThreads, smem));
+      const int grid = sm_count() * std::max(per_sm, 1);
+      kernel<<<grid, sc::kThreads, smem, stream>>>(p, ws);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    });
+  });
+  CUDA_CHECK(cudaFreeAsync(raw, stream));
+}
+
+#define HYSERVE_INSTANTIATE(T)                                                                       \
+  template void launch_ssd_scan<T>(const ssd_chunk_scan_params&, const scan_layout&, cudaStream_t); \
+  template void launch_ssd_chunked<T>(const ssd_chunk_scan_params&, cudaStream_t);
 HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
 #undef HYSERVE_INSTANTIATE
 
@@ -226,6 +282,10 @@ void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
   check_ssm_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
+  if (chunked_supports(p)) {
+    launch_ssd_chunked<float>(p, as_stream(stream));
+    return;
+  }
   const scan_layout l = pick_layout(static_cast<int>(p.head_dim), static_cast<int>(p.d_state));
   if (l.q == 0) {
     fail(op, "d_state", p.d_state,

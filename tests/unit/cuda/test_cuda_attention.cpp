@@ -1,7 +1,8 @@
 // Backend ops: paged attention (causal extend with prefix, decode, mixed batches), CUDA
 // against CPU. Covers GQA ratios 1/4/8, page sizes 1 and 16, head_dim 32/64/128/256, rows
 // without queries, and both decode paths: split-KV with a combine (small batch × kv_heads) and
-// one slice per row (batch × kv_heads above ~8 blocks per SM).
+// one slice per row (batch × kv_heads above ~8 blocks per SM); decode rows of GQA 1/2/4/8 take
+// the register-streaming decode kernel, up to 256 slices (the 32K-context row).
 // Tolerance (fp32): |Δ| <= 2e-5 + 1e-4·|want| (online softmax: rescaled partial sums).
 #include <gtest/gtest.h>
 
@@ -136,6 +137,10 @@ INSTANTIATE_TEST_SUITE_P(
         decode_case("decode_bs16", 16, 4, 1, 64, 1, 1, 700),
         decode_case("decode_bs3", 3, 2, 8, 256, 16, 1, 2000),
         decode_case("decode_bs5", 5, 1, 4, 32, 1, 1, 100),
+        // Long context: one 32K row on 2 kv heads (the most decode slices, 128+ keys each), and
+        // GQA 2 at head_dim 64.
+        decode_case("decode_bs1_ctx32k", 1, 2, 4, 128, 16, 1, 32768),
+        decode_case("decode_bs6_gqa2", 6, 4, 2, 64, 16, 1, 5000),
         // Extend: prefill from scratch, extend over a prefix, mixed with decode rows and with
         // rows without queries.
         attn_case{"prefill", 8, 4, 128, 16, {300}, {300}},

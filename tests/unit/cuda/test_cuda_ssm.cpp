@@ -177,7 +177,12 @@ INSTANTIATE_TEST_SUITE_P(
         scan_case{2, 6, 50, 32, {5, 100, 33}, 32, 2, true}, // odd head_dim
         scan_case{1, 4, 64, 128, {37, 16, 1}, 16, 1, true, 0.1f, 0.5f},
         scan_case{2, 4, 64, 128, {40, 9}, 16, 1, false, 0.0f, 3.4e38f, false, false},
-        scan_case{1, 2, 64, 128, {300}, 256, 1, false, 0.0f, 3.4e38f, true, true, 4.0f}),
+        scan_case{1, 2, 64, 128, {300}, 256, 1, false, 0.0f, 3.4e38f, true, true, 4.0f},
+        // Tensor-core kernel (head_dim 64, d_state 128; 64-token chunks passed through the
+        // slot): a long chain of chunks, a live row with no tokens (its state is zeroed or
+        // kept), chunk tails 63/64/65/129, a padding row, and heads in 4 groups.
+        scan_case{4, 16, 64, 128, {2000, 63, 0, 64, 65, 129}, 256, 2, true},
+        scan_case{2, 8, 64, 128, {1000, 0}, 256, 1, false, 0.0f, 3.4e38f, true, true, 4.0f}),
     scan_name);
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+#pragma once
+// Paged decode attention (q_len = 1), streamed from device memory straight into registers.
+//
+// Block = (slice, kv head, row), 4 warps; the slice's keys are split over the warps, and inside
+// a warp over key groups of kLanesPerKey consecutive lanes: each group takes one key per step,
+// each lane of it kDims = D / kLanesPerKey dimensions as 16-byte loads (a group reads the key's
+// 512-byte fp32 row as coalesced 128-byte pieces). Every lane keeps the G query heads of its
+// kv head for its dimensions, so each K/V element is loaded once and used for all G heads (the
+// extend kernel's warp-per-head layout re-reads K/V from shared memory G times). Scores are
+// reduced inside the group by xor shuffles; softmax is online per group (running max m, sum l,
+// unnormalised acc), then merged over the warp's groups (shuffles) and the block's warps
+// (shared memory). With several slices the block writes a partial (m, l, acc) that the combine
+// kernel merges; with one, the normalised output.
+//
+// kLanesPerKey is chosen so that acc (G × kDims floats) stays at 32 registers (q takes as many):
+// G = 4, D = 128 gives 16 lanes per key, 8 dims per lane, 2 keys per warp step, and ~100
+// registers, so that 4+ blocks per SM keep enough 16-byte loads in flight.
+#include <cstdint>
+
+#include "common.cuh"
+#include "hyserve/kernels/attention.h"
+
+namespace hyserve::kernels::cuda_detail {
+namespace attn_decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMinKeysPerSlice = 64;
+
+template <int D, int G>
+struct shape {
+  static constexpr int kMaxAcc = 32;  // acc floats per lane: G·kDims (q takes as many)
+  static constexpr int kDimsWanted = kMaxAcc / G < 4 ? 4 : kMaxAcc / G;
+  static constexpr int kDimsMin = D / 32 < 4 ? 4 : D / 32;  // at most 32 lanes per key
+  static constexpr int kDims = kDimsWanted < kDimsMin ? kDimsMin : (kDimsWanted > D ? D : kDimsWanted);
+  static constexpr int kLanesPerKey = D / kDims;
+  static constexpr int kGroups = 32 / kLanesPerKey;  // keys per warp step
+  static constexpr int kChunks = kDims / 4;          // float4 per lane per key
+  static_assert(D % kDims == 0 && kDims % 4 == 0 && kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "layout");
+};
+
+struct partials {
+  float* acc = nullptr;  // [batch, q_heads, n_slices, D] unnormalised Σ p·v
+  float2* ml = nullptr;  // [batch, q_heads, n_slices] (running max, Σ p)
+};
+
+template <class T, int D, int G>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices,
+                                                          const partials part) {
+  static_assert(std::is_same_v<T, float>, "fp32 cache: 4 elements per 16-byte load");
+  using sh = shape<D, G>;
+  constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
+  const int slice = blockIdx.x;
+  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t q_start = p.query_start_loc[b];
+  if (p.query_start_loc[b + 1] - q_start != 1) return;  // not a decode row: the extend kernel's
+  const int64_t len = p.seq_lens[b];
+  if (len < 1) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int li = lane % LPK, grp = lane / LPK;
+
+  const int64_t even = ceil_div(ceil_div(len, n_slices), 16) * 16;
+  const int64_t per_slice = even > kMinKeysPerSlice ? even : kMinKeysPerSlice;
+  const int64_t kb = slice * per_slice;
+  const int64_t ke = len < kb + per_slice ? len : kb + per_slice;
+
+  // q of the G heads at this lane's dimensions, pre-scaled. Dimension of (chunk c, element e):
+  // 4·(li + LPK·c) + e.
+  float q[G][NC][4];
+  const T* qrow = reinterpret_cast<const T*>(p.q) + q_start * p.q_stride + kvh * G * D;
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q[h][c][e] = to_float(qrow[h * D + 4 * (li + LPK * c) + e]) * p.scale;
+
+  float m[G], l[G], acc[G][NC][4];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[h][c][0] = acc[h][c][1] = acc[h][c][2] = acc[h][c][3] = 0.0f;
+  }
+
+  const int32_t* pages = p.page_table + b * p.page_table_stride;
+  const int64_t ps = p.page_size;
+  const float4* k_cache = reinterpret_cast<const float4*>(p.k_cache);
+  const float4* v_cache = reinterpret_cast<const float4*>(p.v_cache);
+  constexpr int kStep = kWarps * NG;  // keys per block step
+  for (int64_t s0 = kb; s0 < ke; s0 += kStep) {
+    const int64_t s = s0 + warp * NG + grp;  // this group's key
+    const bool valid = s < ke;
+    float4 kv[NC], vv[NC];
+    if (valid) {
+      const int64_t loc = static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
+      const int64_t base = ((loc * p.kv_heads + kvh) * D) / 4 + li;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) kv[c] = __ldcs(k_cache + base + LPK * c);
+#pragma unroll
+      for (int c = 0; c < NC; ++c) vv[c] = __ldcs(v_cache + base + LPK * c);
+    } else {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) kv[c] = vv[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float sc[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float d = 0.0f;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        d += q[h][c][0] * kv[c].x + q[h][c][1] * kv[c].y + q[h][c][2] * kv[c].z + q[h][c][3] * kv[c].w;
+#pragma unroll
+      for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      sc[h] = d;
+    }
+    if (valid) {  // uniform inside a group
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float m_new = fmaxf(m[h], sc[h]);
+        const float corr = expf(m[h] - m_new);  // m = -inf first: exp(-inf) = 0, acc is 0 anyway
+        const float pk = expf(sc[h] - m_new);
+        m[h] = m_new;
+        l[h] = l[h] * corr + pk;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          acc[h][c][0] = acc[h][c][0] * corr + pk * vv[c].x;
+          acc[h][c][1] = acc[h][c][1] * corr + pk * vv[c].y;
+          acc[h][c][2] = acc[h][c][2] * corr + pk * vv[c].z;
+          acc[h][c][3] = acc[h][c][3] * corr + pk * vv[c].w;
+        }
+      }
+    }
+  }
+
+  // Merge the warp's groups: lanes li of different groups hold the same dimensions.
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    float mx = m[h];
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float f = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
+    float lh = l[h] * f;
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) lh += __shfl_xor_sync(0xffffffffu, lh, o);
+    l[h] = lh;
+    m[h] = mx;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float a = acc[h][c][e] * f;
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        acc[h][c][e] = a;
+      }
+  }
+
+  // Merge the warps through shared memory: [warp][h] (m, l) and [warp][h][D] acc.
+  __shared__ float2 s_ml[kWarps][G];
+  __shared__ float s_acc[kWarps][G][D];
+  if (grp == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      if (li == 0) s_ml[warp][h] = make_float2(m[h], l[h]);
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[warp][h][4 * (li + LPK * c) + e] = acc[h][c][e];
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += kThreads) {
+    const int h = e / D, d = e % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
+    float lsum = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 ml = s_ml[w][h];
+      if (ml.x != -INFINITY) {
+        const float f = expf(ml.x - mx);
+        lsum += ml.y * f;
+        a += s_acc[w][h][d] * f;
+      }
+    }
+    const int64_t head = kvh * G + h;
+    if (n_slices > 1) {
+      const int64_t idx = (b * p.q_heads + head) * n_slices + slice;
+      if (d == 0) part.ml[idx] = make_float2(mx, lsum);
+      part.acc[idx * D + d] = a;
+    } else {
+      reinterpret_cast<T*>(p.out)[q_start * p.out_stride + head * D + d] = from_float<T>(a / lsum);
+    }
+  }
+}
+
+}  // namespace attn_decode
+}  // namespace hyserve::kernels::cuda_detail
