@@ -21,6 +21,10 @@ HOST=${HOST:-127.0.0.1}; PORT=${PORT:-8000}
 URL="http://$HOST:$PORT"
 
 BIN="$HYSERVE_BUILD_DIR/bin"
+# CPU workers share this host's cores: one OpenMP team per rank, no spinning while idle.
+: "${OMP_NUM_THREADS:=$(( $(nproc) / W > 0 ? $(nproc) / W : 1 ))}"
+: "${OMP_WAIT_POLICY:=passive}"
+export OMP_NUM_THREADS OMP_WAIT_POLICY
 # shellcheck disable=SC2046
 set -- mpirun $(mpirun_root_flags) -np 1 "$BIN/coordinator" "$CONFIG" : -np "$W" "$BIN/worker" "$CONFIG"
 log "starting: $*"
