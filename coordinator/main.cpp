@@ -6,8 +6,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "coordinator/api/text_support.h"
 #include "coordinator/http/server.h"
 #include "coordinator/log.h"
 #include "coordinator/metrics/service_metrics.h"
@@ -25,6 +28,55 @@ using namespace hyserve::coordinator;
 std::atomic<bool> g_stop{false};
 
 extern "C" void on_signal(int) { g_stop.store(true); }
+
+// The tokenizer (model.tokenizer) and the chat format (chat). Throws config_error naming the
+// setting at fault: a malformed tokenizer.json, ids past the model's vocabulary, a chat.eos that
+// is not one token.
+api::text_support load_text_support(const service_config& cfg, const model_config& mc) {
+  api::text_support text;
+  if (cfg.model.tokenizer.empty()) return text;
+  try {
+    text.tokenizer = std::make_shared<const tokenizer::bpe_tokenizer>(
+        tokenizer::bpe_tokenizer::from_file(cfg.model.tokenizer));
+  } catch (const error& e) {
+    throw config_error(cfg.source + ": model.tokenizer: " + e.what());
+  }
+  if (text.tokenizer->vocab_size() > mc.vocab_size)
+    throw config_error(cfg.source + ": model.tokenizer: " + cfg.model.tokenizer + " has token ids up to " +
+                       std::to_string(text.tokenizer->vocab_size() - 1) + ", past the model's vocabulary of " +
+                       std::to_string(mc.vocab_size));
+  if (cfg.chat) {
+    api::chat_format chat;
+    chat.message_template = cfg.chat->message_template;
+    chat.generation_prompt = cfg.chat->generation_prompt;
+    chat.bos = cfg.chat->bos;
+    chat.stop = cfg.chat->stop;
+    if (!cfg.chat->eos.empty()) {
+      const std::optional<int32_t> id = text.tokenizer->token_to_id(cfg.chat->eos);
+      if (!id) throw config_error(cfg.source + ": chat.eos: '" + cfg.chat->eos + "' is not a token of " + cfg.model.tokenizer);
+      chat.stop_token_ids.push_back(*id);
+    }
+    text.chat = std::move(chat);
+  }
+  return text;
+}
+
+// After a coordinator-only start-up error: the workers are already loading, so let them finish,
+// then tell them to shut down, so that every rank exits on its own.
+int stop_workers_after_error(const topology& t, double startup_timeout_s) {
+  MPI_Comm unused;
+  MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &unused);
+  HYSERVE_LOG_INFO("stopping the workers");
+  try {
+    gather_hellos(t, startup_timeout_s);
+  } catch (const error& e) {
+    HYSERVE_LOG_ERROR("start-up failed: %s", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  make_mpi_transport(t)->send_shutdown();
+  return 1;
+}
 
 int run(int argc, char** argv) {
   topology t;
@@ -49,6 +101,17 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s\n", t.world_rank, m.c_str());
     return 1;
   }
+  // Only the coordinator reads the tokenizer (the workers see token ids only).
+  api::text_support text;
+  try {
+    text = load_text_support(cfg, mc);
+  } catch (const error& e) {
+    std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
+    return stop_workers_after_error(t, cfg.worker.startup_timeout_s);
+  }
+  if (text.tokenizer)
+    HYSERVE_LOG_INFO("tokenizer: %s (%d tokens)%s", cfg.model.tokenizer.c_str(), text.tokenizer->vocab_size(),
+                     text.chat ? ", chat enabled" : "");
   MPI_Comm unused;
   MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &unused);  // workers form their tp groups
 
@@ -90,6 +153,9 @@ int run(int argc, char** argv) {
   opts.server_info["max_running"] = cfg.scheduler.max_running;
   opts.server_info["max_batch_tokens"] = cfg.scheduler.max_batch_tokens;
   opts.server_info["chunked_prefill"] = cfg.scheduler.chunked_prefill;
+  opts.server_info["tokenizer"] = cfg.model.tokenizer;
+  opts.server_info["chat"] = text.chat.has_value();
+  opts.text = std::move(text);
   http::server server(opts, sched, metrics);
   try {
     server.start();

@@ -1,12 +1,17 @@
 // hyserve-generate: offline greedy generation in a single process.
-//   hyserve-generate --model DIR | --config FILE --input-ids 1,2,3 --max-new-tokens N
-//                    [--prefill-chunk N] [--json] [--logits]
-// With --json prints {"output_ids": [...]} (and with --logits a "logits" array with one row per
-// position of prompt + output; row t = logits after consuming token t).
+//   hyserve-generate --model DIR | --config FILE (--input-ids 1,2,3 | --text "...")
+//                    --max-new-tokens N [--tokenizer PATH] [--prefill-chunk N] [--json] [--logits]
+// Prints the output ids, or with --text the generated text. With --json prints
+// {"output_ids": [...]} (plus "text" with --text, and with --logits a "logits" array with one
+// row per position of prompt + output; row t = logits after consuming token t).
+// --text needs a tokenizer: --tokenizer PATH (tokenizer.json or its directory), else the
+// config's model.tokenizer, else the model directory's tokenizer.json.
 #include <boost/json.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,16 +19,21 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
 #include "hyserve/worker/engine.h"
+#ifdef HYSERVE_HAVE_TOKENIZER
+#include "hyserve/tokenizer/bpe_tokenizer.h"
+#endif
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: hyserve-generate (--model DIR | --config FILE) --input-ids 1,2,3 --max-new-tokens N\n"
-    "                        [--prefill-chunk N] [--json] [--logits]\n";
+    "usage: hyserve-generate (--model DIR | --config FILE) (--input-ids 1,2,3 | --text TEXT)\n"
+    "                        --max-new-tokens N [--tokenizer PATH] [--prefill-chunk N] [--json] [--logits]\n";
 
 struct options {
   std::string model_dir, config_file;
   std::vector<int32_t> input_ids;
+  std::optional<std::string> text;
+  std::string tokenizer;
   int32_t max_new_tokens = 16;
   int32_t prefill_chunk = 0;
   bool json = false, logits = false;
@@ -60,6 +70,10 @@ options parse_args(int argc, char** argv) {
         o.input_ids.push_back(parse_int("--input-ids", list.substr(at, comma - at)));
         at = comma + 1;
       }
+    } else if (a == "--text") {
+      o.text = value();
+    } else if (a == "--tokenizer") {
+      o.tokenizer = value();
     } else if (a == "--max-new-tokens") {
       o.max_new_tokens = parse_int(a, value());
       if (o.max_new_tokens < 0) throw hyserve::invalid_argument_error("--max-new-tokens: must be >= 0");
@@ -79,9 +93,27 @@ options parse_args(int argc, char** argv) {
   }
   if (o.model_dir.empty() == o.config_file.empty())
     throw hyserve::invalid_argument_error("give exactly one of --model DIR or --config FILE");
-  if (o.input_ids.empty()) throw hyserve::invalid_argument_error("--input-ids: required, non-empty");
+  if (o.text && !o.input_ids.empty()) throw hyserve::invalid_argument_error("give one of --input-ids and --text");
+  if (!o.text && o.input_ids.empty()) throw hyserve::invalid_argument_error("--input-ids or --text: required, non-empty");
+  if (o.text && o.text->empty()) throw hyserve::invalid_argument_error("--text: must not be empty");
   return o;
 }
+
+#ifdef HYSERVE_HAVE_TOKENIZER
+// tokenizer.json for --text: --tokenizer (a file or a directory), the config's model.tokenizer,
+// or <model dir>/tokenizer.json.
+std::string tokenizer_path(const options& o, const hyserve::service_config& cfg) {
+  namespace fs = std::filesystem;
+  std::string p = o.tokenizer;
+  if (p.empty()) p = cfg.model.tokenizer;
+  if (p.empty() && !cfg.model.path.empty()) p = (fs::path(cfg.model.path) / "tokenizer.json").string();
+  if (p.empty() || !fs::exists(p))
+    throw hyserve::invalid_argument_error("--text needs a tokenizer: give --tokenizer PATH" +
+                                          (p.empty() ? std::string() : " (no " + p + ")"));
+  if (fs::is_directory(p)) p = (fs::path(p) / "tokenizer.json").string();
+  return p;
+}
+#endif
 
 }  // namespace
 
@@ -94,19 +126,37 @@ int main(int argc, char** argv) {
     } else {
       cfg.model.path = o.model_dir;
     }
-    const int64_t needed = static_cast<int64_t>(o.input_ids.size()) + o.max_new_tokens + 1;
+    std::vector<int32_t> input_ids = o.input_ids;
+#ifdef HYSERVE_HAVE_TOKENIZER
+    std::optional<hyserve::tokenizer::bpe_tokenizer> tok;
+    if (o.text) {
+      tok = hyserve::tokenizer::bpe_tokenizer::from_file(tokenizer_path(o, cfg));
+      input_ids = tok->encode(*o.text);
+      if (input_ids.empty()) throw hyserve::invalid_argument_error("--text: encodes to no tokens");
+    }
+#else
+    if (o.text) throw hyserve::invalid_argument_error("--text: this build has no tokenizer (PCRE2 was not found)");
+#endif
+    const int64_t needed = static_cast<int64_t>(input_ids.size()) + o.max_new_tokens + 1;
     if (cfg.cache.max_context < needed) cfg.cache.max_context = static_cast<int32_t>(needed);
     cfg.cache.max_requests = 1;
     cfg.cache.num_pages = 0;
     hyserve::worker::engine eng(cfg);
     std::vector<std::vector<float>> logits;
     const std::vector<int32_t> out =
-        eng.generate_greedy(o.input_ids, o.max_new_tokens, o.prefill_chunk, o.logits ? &logits : nullptr);
+        eng.generate_greedy(input_ids, o.max_new_tokens, o.prefill_chunk, o.logits ? &logits : nullptr);
+    std::optional<std::string> text;
+#ifdef HYSERVE_HAVE_TOKENIZER
+    if (tok) text = tok->decode(out);
+#endif
     if (o.json) {
       boost::json::object obj;
       obj["output_ids"] = boost::json::value_from(out);
+      if (text) obj["text"] = *text;
       if (o.logits) obj["logits"] = boost::json::value_from(logits);
       std::cout << boost::json::serialize(obj) << "\n";
+    } else if (text) {
+      std::cout << *text << "\n";
     } else {
       for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
       std::cout << "\n";

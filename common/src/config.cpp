@@ -296,7 +296,7 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
 }
 
 void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) {
-  const auto keys = r.check_keys(node, "model", {"path", "synthetic", "dtype"});
+  const auto keys = r.check_keys(node, "model", {"path", "synthetic", "dtype", "tokenizer"});
   if (keys.count("path") + keys.count("synthetic") != 1)
     r.fail(node, "model", "exactly one of path or synthetic must be given");
   if (keys.count("path")) {
@@ -311,6 +311,33 @@ void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) 
   if_present(node, "dtype", [&](const YAML::Node& n) {
     const size_t i = r.get_enum(n, "model.dtype", "dtype", {"float32", "bfloat16", "float16"});
     m.weight_dtype = i == 0 ? dtype::kF32 : i == 1 ? dtype::kBF16 : dtype::kF16;
+  });
+  if_present(node, "tokenizer", [&](const YAML::Node& n) {
+    m.tokenizer = r.get_string(n, "model.tokenizer");
+    if (m.tokenizer.empty()) r.fail(n, "model.tokenizer", "must not be empty");
+  });
+}
+
+void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
+  r.check_keys(node, "chat", {"template", "generation_prompt", "bos", "eos", "stop"});
+  if_present(node, "template", [&](const YAML::Node& n) { c.message_template = r.get_string(n, "chat.template"); });
+  if (c.message_template.find("{content}") == std::string::npos)
+    r.fail(is_map(node) && node["template"] ? node["template"] : node, "chat.template",
+           "must contain the {content} placeholder, got '" + c.message_template + "'");
+  if_present(node, "generation_prompt",
+             [&](const YAML::Node& n) { c.generation_prompt = r.get_string(n, "chat.generation_prompt"); });
+  if_present(node, "bos", [&](const YAML::Node& n) { c.bos = r.get_string(n, "chat.bos"); });
+  if_present(node, "eos", [&](const YAML::Node& n) { c.eos = r.get_string(n, "chat.eos"); });
+  if_present(node, "stop", [&](const YAML::Node& n) {
+    if (n.IsScalar()) {
+      c.stop.push_back(n.Scalar());
+    } else if (n.IsSequence()) {
+      for (size_t k = 0; k < n.size(); ++k) c.stop.push_back(r.get_string(n[k], "chat.stop"));
+    } else if (!n.IsNull()) {
+      r.fail(n, "chat.stop", "expected a string or a sequence of strings, got " + r.describe(n));
+    }
+    for (const std::string& s : c.stop)
+      if (s.empty()) r.fail(n, "chat.stop", "stop strings must not be empty");
   });
 }
 
@@ -337,7 +364,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
       r.fail(root, "(top level)", "expected a mapping of sections, got " + r.describe(root));
     }
     r.check_keys(root, "",
-                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server", "worker"});
+                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server", "worker",
+                  "chat"});
 
     if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
     read_model(r, root["model"], cfg.model);
@@ -442,6 +470,12 @@ service_config parse_config(const std::string& text, const std::string& file) {
       cfg.server.drain_timeout_s = r.get_seconds(n, "server.drain_timeout_s", /*allow_zero=*/true);
     });
 
+    if (root["chat"]) {
+      chat_section chat;
+      read_chat(r, root["chat"], chat);
+      cfg.chat = std::move(chat);
+    }
+
     const YAML::Node wk = root["worker"];
     r.check_keys(wk, "worker", {"step_timeout_s", "startup_timeout_s", "fail_at_step", "fail_rank"});
     if_present(wk, "step_timeout_s", [&](const YAML::Node& n) {
@@ -463,6 +497,47 @@ service_config parse_config(const std::string& text, const std::string& file) {
     throw config_error(where + ": YAML error: " + e.what());
   }
   return cfg;
+}
+
+// model.tokenizer: a file, or a directory holding tokenizer.json; relative paths as for
+// model.path. Unset: <model.path>/tokenizer.json when the checkpoint ships one.
+void resolve_tokenizer_path(service_config& cfg, const std::string& config_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (cfg.model.tokenizer.empty()) {
+    if (!cfg.model.path.empty()) {
+      const fs::path p = fs::path(cfg.model.path) / "tokenizer.json";
+      if (fs::is_regular_file(p, ec)) cfg.model.tokenizer = p.string();
+    }
+  } else {
+    const fs::path given(cfg.model.tokenizer);
+    std::vector<fs::path> candidates;
+    if (given.is_absolute()) {
+      candidates.push_back(given);
+    } else {
+      candidates.push_back(fs::absolute(given, ec));
+      candidates.push_back(fs::absolute(fs::path(config_path), ec).parent_path() / given);
+    }
+    const auto found =
+        std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& p) { return fs::exists(p, ec); });
+    if (found == candidates.end())
+      throw config_error(config_path + ": model.tokenizer: '" + cfg.model.tokenizer + "' not found" +
+                         (given.is_absolute() ? std::string()
+                                              : " (looked in the current directory and in " +
+                                                    fs::absolute(fs::path(config_path), ec).parent_path().string() +
+                                                    ")"));
+    fs::path file = *found;
+    if (fs::is_directory(file, ec)) {
+      file /= "tokenizer.json";
+      if (!fs::is_regular_file(file, ec))
+        throw config_error(config_path + ": model.tokenizer: directory '" + cfg.model.tokenizer +
+                           "' has no tokenizer.json");
+    }
+    cfg.model.tokenizer = file.lexically_normal().string();
+  }
+  if (cfg.chat && cfg.model.tokenizer.empty())
+    throw config_error(config_path + ": chat: needs a tokenizer (set model.tokenizer, or use a model directory "
+                       "with a tokenizer.json)");
 }
 
 }  // namespace
@@ -497,6 +572,7 @@ service_config load_config_file(const std::string& path) {
                                                     fs::absolute(fs::path(path), ec).parent_path().string() + ")"));
     cfg.model.path = found->lexically_normal().string();
   }
+  resolve_tokenizer_path(cfg, path);
   return cfg;
 }
 

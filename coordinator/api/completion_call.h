@@ -13,6 +13,7 @@ namespace hyserve::coordinator::api {
 enum class api_kind : uint8_t {
   kGenerate,     // POST /generate (SGLang style)
   kCompletions,  // POST /v1/completions (OpenAI style)
+  kChat,         // POST /v1/chat/completions (OpenAI style)
 };
 
 struct completion_call {
@@ -20,6 +21,7 @@ struct completion_call {
   std::vector<int32_t> input_ids;  // non-empty, every id < vocab_size
   sampling_params sampling;        // validated; prompt + max_new_tokens <= max_context
   bool stream = false;
+  std::vector<std::string> stop_strings;  // end the output before any of these (needs a tokenizer)
 };
 
 struct completion_state {
@@ -27,7 +29,9 @@ struct completion_state {
   std::string model;
   int64_t created = 0;  // unix seconds at arrival
   int32_t prompt_tokens = 0;
-  std::vector<int32_t> output_ids;  // all generated so far
+  std::vector<int32_t> output_ids;  // all generated so far (up to the one that completed a stop string)
+  bool has_text = false;            // the model has a tokenizer: responses carry text
+  std::string text;                 // output text so far (final: held-back bytes excluded)
   std::optional<finish_reason> finished;
   double latency_ms = 0.0;  // since arrival
   int64_t spec_drafted = 0;

@@ -15,21 +15,20 @@ constexpr std::string_view kNoTokenizer = "this model has no tokenizer: send tok
 constexpr int32_t kDefaultMaxTokens = 16;
 constexpr float kDefaultTemperature = 1.0f;
 
-bool is_string_array(const boost::json::value& v) {
-  if (!v.is_array() || v.get_array().empty()) return false;
-  for (const auto& e : v.get_array()) {
-    if (!e.is_string()) return false;
-  }
-  return true;
-}
-
-// The prompt: a token-id array, or an array holding exactly one token-id array.
-std::optional<api_error> read_prompt(const boost::json::object& obj, const model_info& info,
+// The prompt: a string, an array holding one string, a token-id array, or an array holding
+// exactly one token-id array.
+std::optional<api_error> read_prompt(const boost::json::object& obj, const model_info& info, const text_support& text,
                                      std::vector<int32_t>& out) {
   const auto* prompt = field(obj, "prompt");
-  if (prompt == nullptr) return invalid_param("prompt", "prompt is required (an array of token ids)");
-  if (prompt->is_string() || is_string_array(*prompt)) {
-    return invalid_param("prompt", std::string(kNoTokenizer) + " in prompt, not text");
+  if (prompt == nullptr) return invalid_param("prompt", "prompt is required (a string or an array of token ids)");
+  if (is_text_value(*prompt)) {
+    if (!text.tokenizer) return invalid_param("prompt", std::string(kNoTokenizer) + " in prompt, not text");
+    if (prompt->is_array() && prompt->get_array().size() != 1) {
+      return invalid_param("prompt", "batched prompts are not supported: send one prompt per request (got " +
+                                         std::to_string(prompt->get_array().size()) + ")");
+    }
+    const boost::json::string& s = prompt->is_string() ? prompt->get_string() : prompt->get_array()[0].get_string();
+    return encode_text(*text.tokenizer, s, "prompt", {}, out);
   }
   if (prompt->is_array() && !prompt->get_array().empty() && prompt->get_array()[0].is_array()) {
     const auto& outer = prompt->get_array();
@@ -45,12 +44,17 @@ std::optional<api_error> read_prompt(const boost::json::object& obj, const model
   return std::nullopt;
 }
 
-// `stop`: null, token ids, or strings (refused). Ids are added to the stop token ids.
-std::optional<api_error> read_stop(const boost::json::object& obj, const model_info& info, sampling_params& sampling) {
+// `stop`: null, strings (with a tokenizer) or token ids. Ids are added to the stop token ids.
+std::optional<api_error> read_stop(const boost::json::object& obj, const model_info& info, const text_support& text,
+                                   completion_call& call) {
+  sampling_params& sampling = call.sampling;
   const auto* stop = field(obj, "stop");
   if (stop == nullptr) return std::nullopt;
-  if (stop->is_string() || is_string_array(*stop)) {
-    return invalid_param("stop", std::string(kNoTokenizer) + " in stop (or stop_token_ids), not strings");
+  if (is_text_value(*stop)) {
+    if (!text.tokenizer) {
+      return invalid_param("stop", std::string(kNoTokenizer) + " in stop (or stop_token_ids), not strings");
+    }
+    return read_stop_strings(*stop, "stop", call.stop_strings);
   }
   std::vector<int32_t> ids;
   if (auto e = read_token_ids(*stop, "stop", info.vocab_size, ids)) return e;
@@ -74,10 +78,11 @@ boost::json::object usage(const completion_state& state) {
   return u;
 }
 
-boost::json::object completion_body(const completion_state& state, std::span<const int32_t> ids) {
+boost::json::object completion_body(const completion_state& state, std::span<const int32_t> ids,
+                                    std::string_view text) {
   boost::json::object choice;
   choice["index"] = 0;
-  choice["text"] = "";
+  choice["text"] = text;
   choice["token_ids"] = to_array(ids);
   choice["logprobs"] = nullptr;
   if (state.finished) {
@@ -98,14 +103,14 @@ boost::json::object completion_body(const completion_state& state, std::span<con
 
 }  // namespace
 
-parse_result<completion_call> parse_completion(std::string_view body, const model_info& info) {
+parse_result<completion_call> parse_completion(std::string_view body, const model_info& info, const text_support& text) {
   auto parsed = parse_object_body(body);
   if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
   const boost::json::object& obj = std::get<boost::json::object>(parsed);
 
   completion_call call;
   call.kind = api_kind::kCompletions;
-  if (auto e = read_prompt(obj, info, call.input_ids)) return std::move(*e);
+  if (auto e = read_prompt(obj, info, text, call.input_ids)) return std::move(*e);
 
   if (const auto* n = field(obj, "n")) {
     int64_t count = 0;
@@ -119,7 +124,7 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
   call.sampling.temperature = kDefaultTemperature;
   bool max_given = false;
   if (auto e = read_sampling(obj, keys, info, call.sampling, max_given)) return std::move(*e);
-  if (auto e = read_stop(obj, info, call.sampling)) return std::move(*e);
+  if (auto e = read_stop(obj, info, text, call)) return std::move(*e);
   if (const auto* s = field(obj, "stream")) {
     if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
   }
@@ -130,13 +135,14 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
 }
 
 boost::json::object completion_response(const completion_state& state) {
-  boost::json::object out = completion_body(state, state.output_ids);
+  boost::json::object out = completion_body(state, state.output_ids, state.text);
   out["usage"] = usage(state);
   return out;
 }
 
-boost::json::object completion_chunk(const completion_state& state, std::span<const int32_t> new_ids) {
-  boost::json::object out = completion_body(state, new_ids);
+boost::json::object completion_chunk(const completion_state& state, std::span<const int32_t> new_ids,
+                                     std::string_view new_text) {
+  boost::json::object out = completion_body(state, new_ids, new_text);
   if (state.finished) out["usage"] = usage(state);
   return out;
 }

@@ -39,6 +39,8 @@ void endpoints::register_routes(http::router& routes) const {
              guard([this](http::exchange& ex) { return generation_.handle(ex, api_kind::kGenerate); }));
   routes.add("POST", "/v1/completions",
              guard([this](http::exchange& ex) { return generation_.handle(ex, api_kind::kCompletions); }));
+  routes.add("POST", "/v1/chat/completions",
+             guard([this](http::exchange& ex) { return generation_.handle(ex, api_kind::kChat); }));
 }
 
 http::handler endpoints::guard(http::handler inner) const {

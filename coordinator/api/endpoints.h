@@ -1,6 +1,7 @@
 #pragma once
 // The service's routes:
-//   POST /generate, POST /v1/completions   generation (generation_handler)
+//   POST /generate, POST /v1/completions,
+//   POST /v1/chat/completions              generation (generation_handler)
 //   GET  /health                           200 {"status":"ok"} when the frontend is healthy, else 503
 //   GET  /v1/models                        the served model (OpenAI list format)
 //   GET  /server_info                      model_info and the server's settings

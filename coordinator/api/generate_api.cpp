@@ -41,18 +41,26 @@ boost::json::object meta_info(const completion_state& state) {
 
 }  // namespace
 
-parse_result<completion_call> parse_generate(std::string_view body, const model_info& info) {
+parse_result<completion_call> parse_generate(std::string_view body, const model_info& info, const text_support& text) {
   auto parsed = parse_object_body(body);
   if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
   const boost::json::object& obj = std::get<boost::json::object>(parsed);
 
   completion_call call;
   call.kind = api_kind::kGenerate;
-  if (field(obj, "text") != nullptr) return invalid_param("text", std::string(kNoTokenizer));
   const auto* ids = field(obj, "input_ids");
-  if (ids == nullptr) return invalid_param("input_ids", "input_ids is required (an array of token ids)");
-  if (auto e = read_token_ids(*ids, "input_ids", info.vocab_size, call.input_ids)) return std::move(*e);
-  if (call.input_ids.empty()) return invalid_param("input_ids", "input_ids must not be empty");
+  if (const auto* t = field(obj, "text")) {
+    if (!text.tokenizer) return invalid_param("text", std::string(kNoTokenizer));
+    if (ids != nullptr) return invalid_param("text", "give one of text and input_ids, not both");
+    if (!t->is_string()) {
+      return invalid_param("text", "text must be a string, got " + std::string(json_kind_name(*t)));
+    }
+    if (auto e = encode_text(*text.tokenizer, t->get_string(), "text", {}, call.input_ids)) return std::move(*e);
+  } else {
+    if (ids == nullptr) return invalid_param("input_ids", "input_ids is required (an array of token ids)");
+    if (auto e = read_token_ids(*ids, "input_ids", info.vocab_size, call.input_ids)) return std::move(*e);
+    if (call.input_ids.empty()) return invalid_param("input_ids", "input_ids must not be empty");
+  }
 
   sampling_keys keys;
   keys.prefix = "sampling_params.";
@@ -63,11 +71,19 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
                            "sampling_params must be an object, got " + std::string(json_kind_name(*sp)));
     }
     if (auto e = read_sampling(sp->get_object(), keys, info, call.sampling, max_given)) return std::move(*e);
+    if (const auto* stop = field(sp->get_object(), "stop")) {
+      if (!text.tokenizer) {
+        return invalid_param("sampling_params.stop",
+                             "this model has no tokenizer: use sampling_params.stop_token_ids, not stop strings");
+      }
+      if (auto e = read_stop_strings(*stop, "sampling_params.stop", call.stop_strings)) return std::move(*e);
+    }
   }
   if (const auto* s = field(obj, "stream")) {
     if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
   }
-  if (auto e = check_context(call.input_ids.size(), "input_ids", keys, info, max_given, call.sampling)) {
+  if (auto e = check_context(call.input_ids.size(), field(obj, "text") ? "text" : "input_ids", keys, info, max_given,
+                             call.sampling)) {
     return std::move(*e);
   }
   return call;
@@ -76,6 +92,7 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
 boost::json::object generate_response(const completion_state& state) {
   boost::json::object out;
   out["output_ids"] = to_array(state.output_ids);
+  if (state.has_text) out["text"] = state.text;
   out["meta_info"] = meta_info(state);
   return out;
 }
@@ -84,6 +101,7 @@ boost::json::object generate_chunk(const completion_state& state, std::span<cons
   boost::json::object out;
   out["output_ids"] = to_array(state.output_ids);
   out["new_ids"] = to_array(new_ids);
+  if (state.has_text) out["text"] = state.text;
   out["meta_info"] = meta_info(state);
   return out;
 }

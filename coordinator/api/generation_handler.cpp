@@ -1,11 +1,13 @@
 #include "coordinator/api/generation_handler.h"
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 
 #include <boost/json.hpp>
 
+#include "coordinator/api/chat_api.h"
 #include "coordinator/api/completions_api.h"
 #include "coordinator/api/generate_api.h"
 #include "coordinator/log.h"
@@ -21,6 +23,7 @@ const char* api_name(api_kind kind) {
   switch (kind) {
     case api_kind::kGenerate: return "generate";
     case api_kind::kCompletions: return "completions";
+    case api_kind::kChat: return "chat";
   }
   return "?";
 }
@@ -35,16 +38,46 @@ boost::json::object render_final(api_kind kind, const completion_state& state) {
   switch (kind) {
     case api_kind::kGenerate: return generate_response(state);
     case api_kind::kCompletions: return completion_response(state);
+    case api_kind::kChat: return chat_response(state);
   }
   return {};
 }
 
-boost::json::object render_chunk(api_kind kind, const completion_state& state, std::span<const int32_t> new_ids) {
+// The SSE events for one update: the ids and text that became final with it. A chat stream
+// sends text deltas only (none while a character or a possible stop string is held back) and
+// a closing chunk with the finish_reason.
+std::string render_chunks(api_kind kind, const completion_state& state, std::span<const int32_t> new_ids,
+                          std::string_view new_text) {
   switch (kind) {
-    case api_kind::kGenerate: return generate_chunk(state, new_ids);
-    case api_kind::kCompletions: return completion_chunk(state, new_ids);
+    case api_kind::kGenerate: return sse(generate_chunk(state, new_ids));
+    case api_kind::kCompletions: return sse(completion_chunk(state, new_ids, new_text));
+    case api_kind::kChat: {
+      std::string out;
+      if (!new_text.empty()) out += sse(chat_content_chunk(state, new_text));
+      if (state.finished) out += sse(chat_final_chunk(state));
+      return out;
+    }
   }
   return {};
+}
+
+parse_result<completion_call> parse_call(api_kind kind, std::string_view body, const model_info& info,
+                                         const text_support& text) {
+  switch (kind) {
+    case api_kind::kGenerate: return parse_generate(body, info, text);
+    case api_kind::kCompletions: return parse_completion(body, info, text);
+    case api_kind::kChat: return parse_chat(body, info, text);
+  }
+  return invalid_param("", "unknown API");
+}
+
+const char* prompt_param(api_kind kind) {
+  switch (kind) {
+    case api_kind::kGenerate: return "input_ids";
+    case api_kind::kCompletions: return "prompt";
+    case api_kind::kChat: return "messages";
+  }
+  return "";
 }
 
 // The answer to a submit the frontend refused; nullopt when it accepted. (Kept out of the
@@ -68,7 +101,7 @@ std::optional<http::response> refusal_response(const submit_result& submitted, a
       return http::error_response(
           400, http::kInvalidRequest,
           submitted.message.empty() ? "the request does not fit the server's limits" : submitted.message,
-          kind == api_kind::kGenerate ? "input_ids" : "prompt");
+          prompt_param(kind));
   }
   return http::error_response(500, http::kServerError, "unknown submit status");
 }
@@ -88,8 +121,7 @@ generation_handler::generation_handler(frontend& fe, metrics::service_metrics& m
 boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_kind kind) const {
   const clock::time_point arrival = clock::now();
   const model_info info = frontend_.info();
-  parse_result<completion_call> parsed =
-      kind == api_kind::kGenerate ? parse_generate(ex.body(), info) : parse_completion(ex.body(), info);
+  parse_result<completion_call> parsed = parse_call(kind, ex.body(), info, options_.text);
   if (auto* e = std::get_if<api_error>(&parsed)) {
     metrics_.count_request(e->status);
     co_await ex.respond(to_response(*e));
@@ -102,6 +134,9 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
   state.created = std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count();
   state.prompt_tokens = static_cast<int32_t>(call.input_ids.size());
+  state.has_text = options_.text.tokenizer != nullptr;
+  std::optional<text_stream> texts;
+  if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings));
 
   auto channel = std::make_shared<event_channel>(ex.executor());
   generate_request req;
@@ -121,6 +156,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
 
   bool streaming = false;
   bool gone = false;
+  bool stop_string = false;  // a stop string ended the output: the request was cancelled
   std::optional<std::string> failure;
   clock::time_point last_token = arrival;
   for (;;) {
@@ -131,7 +167,14 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
     }
     const clock::time_point now = clock::now();
     state.latency_ms = seconds_between(arrival, now) * 1e3;
-    const size_t fresh = event->new_tokens.size();
+    std::string new_text;
+    size_t fresh = event->new_tokens.size();
+    if (texts && fresh > 0) {
+      text_stream::update u = texts->push(event->new_tokens);
+      new_text = std::move(u.delta);
+      fresh = u.consumed;  // ids after the one that completed a stop string are dropped
+      stop_string = u.stopped;
+    }
     if (fresh > 0) {
       if (state.output_ids.empty()) {
         metrics_.time_to_first_token().observe(seconds_between(arrival, now));
@@ -141,32 +184,48 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
       }
       last_token = now;
       metrics_.generation_tokens().inc(static_cast<double>(fresh));
-      state.output_ids.insert(state.output_ids.end(), event->new_tokens.begin(), event->new_tokens.end());
+      state.output_ids.insert(state.output_ids.end(), event->new_tokens.begin(),
+                              event->new_tokens.begin() + static_cast<std::ptrdiff_t>(fresh));
     }
-    if (event->error) {
+    if (stop_string) {
+      // The scheduler does not know stop strings: end the request there. Its abort event is
+      // never read (the channel goes with this handler).
+      if (!event->finished) frontend_.cancel(state.id);
+      state.finished = finish_reason::kStop;
+    } else if (event->error) {
       failure = *event->error;
       break;
-    }
-    if (event->finished) {
+    } else if (event->finished) {
       state.finished = event->reason;
       state.spec_drafted = event->metrics.spec_drafted;
       state.spec_accepted = event->metrics.spec_accepted;
+      if (texts) {
+        new_text += texts->finish();
+        if (texts->stopped()) state.finished = finish_reason::kStop;
+      }
     }
-    if (call.stream && (fresh > 0 || event->finished)) {
+    if (texts) state.text = texts->text();
+    const bool done = state.finished.has_value();
+    if (call.stream && (fresh > 0 || done)) {
       if (!streaming) {
         streaming = true;
         if (!co_await ex.begin_stream(200, "text/event-stream")) {
           gone = true;
           break;
         }
+        if (kind == api_kind::kChat && !co_await ex.write_chunk(sse(chat_role_chunk(state)))) {
+          gone = true;
+          break;
+        }
       }
       const std::span<const int32_t> new_ids(state.output_ids.data() + (state.output_ids.size() - fresh), fresh);
-      if (!co_await ex.write_chunk(sse(render_chunk(kind, state, new_ids)))) {
+      const std::string chunks = render_chunks(kind, state, new_ids, new_text);
+      if (!chunks.empty() && !co_await ex.write_chunk(chunks)) {
         gone = true;
         break;
       }
     }
-    if (event->finished) break;
+    if (done) break;
   }
 
   if (gone) {

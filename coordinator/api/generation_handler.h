@@ -1,8 +1,13 @@
 #pragma once
-// Answers one generation call (/generate or /v1/completions): validate, submit to the
-// frontend, then relay the request's events as one JSON response or as server-sent events.
-// Runs on the session's strand; events reach it through an event_channel. When the client goes
-// away before the end, the request is cancelled at the frontend.
+// Answers one generation call (/generate, /v1/completions, /v1/chat/completions): validate,
+// submit to the frontend, then relay the request's events as one JSON response or as
+// server-sent events. Runs on the session's strand; events reach it through an event_channel.
+// When the client goes away before the end, the request is cancelled at the frontend.
+//
+// With a tokenizer, generated ids are also turned into text here (the scheduler stays at the
+// token level): streamed text never splits a UTF-8 character, and when a stop string appears
+// the request is cancelled at the frontend and answered as finished with "stop", its text
+// ending right before the stop string.
 #include <memory>
 #include <string>
 
@@ -10,6 +15,7 @@
 
 #include "coordinator/api/completion_call.h"
 #include "coordinator/api/event_channel.h"
+#include "coordinator/api/text_support.h"
 #include "coordinator/http/exchange.h"
 #include "coordinator/metrics/service_metrics.h"
 #include "coordinator/request.h"
@@ -19,6 +25,7 @@ namespace hyserve::coordinator::api {
 struct generation_options {
   std::string served_model_name;  // "model" in OpenAI responses; empty: frontend's model_id
   int retry_after_seconds = 1;    // Retry-After when the queue is full
+  text_support text;              // tokenizer and chat format; empty: token ids only
 };
 
 class generation_handler {

@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "coordinator/api/json_fields.h"
+#include "hyserve/common/error.h"
+#include "hyserve/common/json.h"
 
 namespace hyserve::coordinator::api {
 namespace {
@@ -92,6 +94,53 @@ std::optional<api_error> check_context(size_t prompt_tokens, std::string_view pr
                                     std::to_string(prompt + sampling.max_new_tokens) +
                                     " tokens is over the context limit of " + std::to_string(limit) + " tokens");
   }
+  return std::nullopt;
+}
+
+bool is_text_value(const boost::json::value& v) {
+  if (v.is_string()) return true;
+  if (!v.is_array() || v.get_array().empty()) return false;
+  for (const auto& e : v.get_array()) {
+    if (!e.is_string()) return false;
+  }
+  return true;
+}
+
+std::optional<api_error> read_stop_strings(const boost::json::value& v, std::string_view param,
+                                           std::vector<std::string>& out) {
+  const std::string p(param);
+  if (v.is_string()) {
+    if (v.get_string().empty()) return invalid_param(p, p + " must not be an empty string");
+    out.emplace_back(v.get_string());
+    return std::nullopt;
+  }
+  if (!v.is_array()) {
+    return invalid_param(p, p + " must be a string or an array of strings, got " + std::string(json_kind_name(v)));
+  }
+  const auto& arr = v.get_array();
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!arr[i].is_string()) {
+      return invalid_param(p, at + " must be a string, got " + std::string(json_kind_name(arr[i])) + " (" +
+                                  json_excerpt(arr[i]) + ")");
+    }
+    if (arr[i].get_string().empty()) return invalid_param(p, at + " must not be an empty string");
+    out.emplace_back(arr[i].get_string());
+  }
+  return std::nullopt;
+}
+
+std::optional<api_error> encode_text(const tokenizer::bpe_tokenizer& tok, std::string_view text, std::string_view param,
+                                     const tokenizer::encode_options& options, std::vector<int32_t>& out) {
+  const std::string p(param);
+  if (text.empty()) return invalid_param(p, p + " must not be empty");
+  out.clear();
+  try {
+    tok.encode_into(text, out, options);
+  } catch (const error& e) {
+    return invalid_param(p, p + ": " + e.what());
+  }
+  if (out.empty()) return invalid_param(p, p + " encodes to no tokens");
   return std::nullopt;
 }
 

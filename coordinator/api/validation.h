@@ -5,11 +5,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/json/object.hpp>
 
 #include "coordinator/api/api_error.h"
 #include "coordinator/request.h"
+#include "hyserve/tokenizer/bpe_tokenizer.h"
 
 namespace hyserve::coordinator::api {
 
@@ -38,5 +40,17 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
 // the limit is an error naming both numbers and the limit; a default is reduced to what fits.
 std::optional<api_error> check_context(size_t prompt_tokens, std::string_view prompt_param, const sampling_keys& keys,
                                        const model_info& info, bool max_new_tokens_given, sampling_params& sampling);
+
+// Stop strings: a string or an array of strings (none empty), appended to `out`.
+std::optional<api_error> read_stop_strings(const boost::json::value& v, std::string_view param,
+                                           std::vector<std::string>& out);
+
+// True for a string, or a non-empty array of strings: text where token ids could also go.
+bool is_text_value(const boost::json::value& v);
+
+// Token ids of `text` (special tokens written in it are recognised, as the `tokenizers`
+// library does by default). Empty results are refused.
+std::optional<api_error> encode_text(const tokenizer::bpe_tokenizer& tok, std::string_view text, std::string_view param,
+                                     const tokenizer::encode_options& options, std::vector<int32_t>& out);
 
 }  // namespace hyserve::coordinator::api

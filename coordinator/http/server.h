@@ -21,6 +21,7 @@
 
 #include <boost/json/object.hpp>
 
+#include "coordinator/api/text_support.h"
 #include "coordinator/metrics/service_metrics.h"
 #include "coordinator/request.h"
 
@@ -37,6 +38,7 @@ struct server_options {
   std::string served_model_name;       // empty: the frontend's model_id
   int retry_after_seconds = 1;         // Retry-After of 503 queue-full answers
   boost::json::object server_info;     // extra fields for GET /server_info (e.g. the config)
+  api::text_support text;              // tokenizer and chat format; empty: token ids only
 };
 
 class server {

@@ -5,6 +5,7 @@
 #include <climits>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "common_test_support.h"
 #include "hyserve/common/config.h"
@@ -108,7 +109,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "gpu_memory_fraction)");
   EXPECT_ERROR_WITH(load_config_string(model + "caches: {}"), config_error, "caches: unknown key (known: model,");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtyp: float32}"), config_error,
-                    "model.dtyp: unknown key (known: path, synthetic, dtype)");
+                    "model.dtyp: unknown key (known: path, synthetic, dtype, tokenizer)");
   EXPECT_ERROR_WITH(load_config_string("model: {synthetic: {hidden: 64}}"), config_error,
                     "model.synthetic.hidden: unknown key (known: arch, vocab_size,");
   EXPECT_ERROR_WITH(load_config_string(model + "parallel: {pp: 2}"), config_error,
@@ -367,7 +368,61 @@ TEST(Config, RepositoryConfigsLoad) {
     EXPECT_EQ(m.hidden_size, 256);
     EXPECT_EQ(m.mamba_expand, 2);
     EXPECT_EQ(m.num_layers_of(layer_kind::kAttention), 2);
+    // Both serve text with the 512-token test tokenizer and ChatML.
+    for (const service_config* c : {&tiny, &def}) {
+      EXPECT_EQ(std::filesystem::path(c->model.tokenizer),
+                (std::filesystem::path(HYSERVE_SOURCE_DIR) / "tests/fixtures/tokenizer-bpe512/tokenizer.json")
+                    .lexically_normal());
+      ASSERT_TRUE(c->chat.has_value());
+      EXPECT_EQ(c->chat->eos, "<|im_end|>");
+    }
   });
+}
+
+TEST(Config, TokenizerPathAndChatSection) {
+  test::scratch_dir dir;
+  std::filesystem::create_directories(dir.file("ckpt"));
+  std::filesystem::create_directories(dir.file("tok"));
+  test::write_file(dir.file("tok/tokenizer.json"), "{}");
+  const std::string p = dir.file("service.yaml");
+
+  // A directory holding tokenizer.json, relative to the config file; chat defaults to ChatML.
+  test::write_file(p, "model: {path: ckpt, tokenizer: tok}\nchat: {}\n");
+  service_config c = load_config_file(p);
+  EXPECT_EQ(c.model.tokenizer, dir.file("tok/tokenizer.json"));
+  ASSERT_TRUE(c.chat.has_value());
+  EXPECT_EQ(c.chat->message_template, "<|im_start|>{role}\n{content}<|im_end|>\n");
+  EXPECT_EQ(c.chat->generation_prompt, "<|im_start|>assistant\n");
+
+  // Default: the checkpoint's own tokenizer.json, when there is one.
+  test::write_file(p, "model: {path: ckpt}\n");
+  EXPECT_EQ(load_config_file(p).model.tokenizer, "");
+  test::write_file(dir.file("ckpt/tokenizer.json"), "{}");
+  EXPECT_EQ(load_config_file(p).model.tokenizer, dir.file("ckpt/tokenizer.json"));
+
+  // Every chat field.
+  test::write_file(p, "model: {path: ckpt, tokenizer: tok/tokenizer.json}\n"
+                      "chat: {template: \"[{role}] {content}\\n\", generation_prompt: '[assistant] ', bos: '<s>',\n"
+                      "       eos: '</s>', stop: ['Assistant:', 'User:']}\n");
+  c = load_config_file(p);
+  EXPECT_EQ(c.chat->message_template, "[{role}] {content}\n");
+  EXPECT_EQ(c.chat->bos, "<s>");
+  EXPECT_EQ(c.chat->eos, "</s>");
+  EXPECT_EQ(c.chat->stop, (std::vector<std::string>{"Assistant:", "User:"}));
+
+  // Errors name the path.
+  test::write_file(p, "model: {path: ckpt, tokenizer: nowhere}\n");
+  EXPECT_ERROR_WITH(load_config_file(p), config_error, "model.tokenizer: 'nowhere' not found");
+  test::write_file(p, "model: {path: ckpt, tokenizer: .}\n");
+  EXPECT_ERROR_WITH(load_config_file(p), config_error, "model.tokenizer: directory '.' has no tokenizer.json");
+  test::write_file(p, "model: {synthetic: {}}\nchat: {}\n");
+  EXPECT_ERROR_WITH(load_config_file(p), config_error, "chat: needs a tokenizer");
+  const std::string model = "model: {path: /x}\n";
+  EXPECT_ERROR_WITH(load_config_string(model + "chat: {template: 'no placeholder'}"), config_error,
+                    "chat.template: must contain the {content} placeholder");
+  EXPECT_ERROR_WITH(load_config_string(model + "chat: {stop: ['']}"), config_error, "chat.stop: stop strings must not be empty");
+  EXPECT_ERROR_WITH(load_config_string(model + "chat: {stop: {a: 1}}"), config_error, "chat.stop: expected a string");
+  EXPECT_ERROR_WITH(load_config_string(model + "chat: {roles: 1}"), config_error, "chat.roles: unknown key");
 }
 
 TEST(Config, ResolveModelConfigReadsCheckpointConfig) {

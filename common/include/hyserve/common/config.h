@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "hyserve/common/dtype.h"
 #include "hyserve/common/model_config.h"
@@ -22,6 +23,10 @@ struct model_section {
   std::string path;                               // HF checkpoint directory (exclusive with synthetic)
   std::optional<synthetic_model_config> synthetic;
   dtype weight_dtype = dtype::kF32;               // `dtype`: float32 | bfloat16 | float16
+  // `tokenizer`: a tokenizer.json file or a directory holding one. Resolved by load_config_file
+  // to the file's path; by default <path>/tokenizer.json when it exists. Empty: no tokenizer
+  // (the API then takes token ids only).
+  std::string tokenizer;
 };
 
 struct parallel_section {
@@ -75,6 +80,17 @@ struct worker_section {
   int32_t fail_rank = 0;             // test only: tp rank that throws
 };
 
+// `chat`: how /v1/chat/completions turns messages into a prompt (ChatML style):
+//   bos + template(message 1) + ... + template(message n) + generation_prompt
+// where template has {role} and {content} placeholders. Needs a tokenizer.
+struct chat_section {
+  std::string message_template = "<|im_start|>{role}\n{content}<|im_end|>\n";  // `template`
+  std::string generation_prompt = "<|im_start|>assistant\n";
+  std::string bos;                // text before the first message (e.g. "<s>"); may be empty
+  std::string eos;                // a token's text that ends the reply (e.g. "<|im_end|>"); may be empty
+  std::vector<std::string> stop;  // stop strings added to every chat request
+};
+
 struct service_config {
   model_section model;
   device_kind device = device_kind::kCpu;
@@ -85,6 +101,7 @@ struct service_config {
   speculative_section speculative;
   server_section server;
   worker_section worker;
+  std::optional<chat_section> chat;  // absent: /v1/chat/completions is refused
   std::string source;  // file it was loaded from ("<string>" for load_config_string)
 };
 

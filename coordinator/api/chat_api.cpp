@@ -1,0 +1,188 @@
+#include "coordinator/api/chat_api.h"
+
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "coordinator/api/json_fields.h"
+#include "coordinator/api/validation.h"
+#include "hyserve/common/json.h"
+
+namespace hyserve::coordinator::api {
+namespace {
+
+constexpr float kDefaultTemperature = 1.0f;
+
+// content: a string, null (""), or an array of {"type": "text", "text": "..."} parts (joined).
+std::optional<api_error> read_content(const boost::json::value* v, const std::string& param, std::string& out) {
+  if (v == nullptr) return std::nullopt;
+  if (v->is_string()) {
+    out = v->get_string();
+    return std::nullopt;
+  }
+  if (!v->is_array()) {
+    return invalid_param(param, param + " must be a string or an array of text parts, got " +
+                                    std::string(json_kind_name(*v)));
+  }
+  const auto& parts = v->get_array();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string at = param + "[" + std::to_string(i) + "]";
+    const auto* part = parts[i].if_object();
+    const boost::json::value* type = part ? field(*part, "type") : nullptr;
+    const boost::json::value* text = part ? field(*part, "text") : nullptr;
+    if (type == nullptr || !type->is_string() || type->get_string() != "text" || text == nullptr ||
+        !text->is_string()) {
+      return invalid_param(param, at + " must be {\"type\": \"text\", \"text\": string} (only text is supported), got " +
+                                      json_excerpt(parts[i]));
+    }
+    out += text->get_string();
+  }
+  return std::nullopt;
+}
+
+std::optional<api_error> read_messages(const boost::json::object& obj, std::vector<chat_message>& out) {
+  const auto* messages = field(obj, "messages");
+  if (messages == nullptr) return invalid_param("messages", "messages is required (an array of {role, content})");
+  if (!messages->is_array()) {
+    return invalid_param("messages", "messages must be an array of {role, content}, got " +
+                                         std::string(json_kind_name(*messages)));
+  }
+  const auto& arr = messages->get_array();
+  if (arr.empty()) return invalid_param("messages", "messages must not be empty");
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!arr[i].is_object()) {
+      return invalid_param(at, at + " must be an object {role, content}, got " + std::string(json_kind_name(arr[i])));
+    }
+    const auto& m = arr[i].get_object();
+    chat_message msg;
+    const auto* role = field(m, "role");
+    if (role == nullptr || !role->is_string() || role->get_string().empty()) {
+      return invalid_param(at + ".role", at + ".role must be a non-empty string");
+    }
+    msg.role = role->get_string();
+    if (auto e = read_content(field(m, "content"), at + ".content", msg.content)) return e;
+    out.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+boost::json::object usage(const completion_state& state) {
+  boost::json::object u;
+  const auto completion = static_cast<int64_t>(state.output_ids.size());
+  u["prompt_tokens"] = state.prompt_tokens;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = state.prompt_tokens + completion;
+  return u;
+}
+
+boost::json::value finish_value(const completion_state& state) {
+  if (!state.finished) return nullptr;
+  return boost::json::string(finish_reason_name(*state.finished));
+}
+
+boost::json::object envelope(const completion_state& state, const char* object, boost::json::object choice) {
+  boost::json::object out;
+  out["id"] = "chatcmpl-" + std::to_string(state.id);
+  out["object"] = object;
+  out["created"] = state.created;
+  out["model"] = state.model;
+  boost::json::array choices;
+  choices.emplace_back(std::move(choice));
+  out["choices"] = std::move(choices);
+  return out;
+}
+
+boost::json::object chunk(const completion_state& state, boost::json::object delta, bool final) {
+  boost::json::object choice;
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = final ? finish_value(state) : nullptr;
+  return envelope(state, "chat.completion.chunk", std::move(choice));
+}
+
+}  // namespace
+
+parse_result<completion_call> parse_chat(std::string_view body, const model_info& info, const text_support& text) {
+  auto parsed = parse_object_body(body);
+  if (auto* e = std::get_if<api_error>(&parsed)) return std::move(*e);
+  const boost::json::object& obj = std::get<boost::json::object>(parsed);
+
+  completion_call call;
+  call.kind = api_kind::kChat;
+  if (!text.tokenizer) {
+    return invalid_param("messages", "this model has no tokenizer: chat needs one (use /generate with input_ids)");
+  }
+  if (!text.chat) {
+    return invalid_param("messages", "this model has no chat template: set `chat` in the server configuration");
+  }
+  std::vector<chat_message> messages;
+  if (auto e = read_messages(obj, messages)) return std::move(*e);
+  tokenizer::encode_options enc;
+  enc.add_special_tokens = false;  // the format's bos stands for the model's BOS
+  if (auto e = encode_text(*text.tokenizer, render_chat(*text.chat, messages), "messages", enc, call.input_ids)) {
+    return std::move(*e);
+  }
+
+  if (const auto* n = field(obj, "n")) {
+    int64_t count = 0;
+    if (auto e = read_integer(*n, "n", count)) return std::move(*e);
+    if (count != 1) return invalid_param("n", "only n = 1 is supported, got " + std::to_string(count));
+  }
+  sampling_keys keys;
+  keys.max_new_tokens = field(obj, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  call.sampling.max_new_tokens = info.max_context;  // reduced to what fits by check_context
+  call.sampling.temperature = kDefaultTemperature;
+  bool max_given = false;
+  if (auto e = read_sampling(obj, keys, info, call.sampling, max_given)) return std::move(*e);
+  call.sampling.stop_token_ids.insert(call.sampling.stop_token_ids.end(), text.chat->stop_token_ids.begin(),
+                                      text.chat->stop_token_ids.end());
+  call.stop_strings = text.chat->stop;
+  if (const auto* stop = field(obj, "stop")) {
+    if (auto e = read_stop_strings(*stop, "stop", call.stop_strings)) return std::move(*e);
+  }
+  if (const auto* s = field(obj, "stream")) {
+    if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
+  }
+  if (auto e = check_context(call.input_ids.size(), "messages", keys, info, max_given, call.sampling)) {
+    return std::move(*e);
+  }
+  return call;
+}
+
+boost::json::object chat_response(const completion_state& state) {
+  boost::json::object message;
+  message["role"] = "assistant";
+  message["content"] = state.text;
+  boost::json::object choice;
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_value(state);
+  boost::json::object out = envelope(state, "chat.completion", std::move(choice));
+  out["usage"] = usage(state);
+  return out;
+}
+
+boost::json::object chat_role_chunk(const completion_state& state) {
+  boost::json::object delta;
+  delta["role"] = "assistant";
+  delta["content"] = "";
+  return chunk(state, std::move(delta), false);
+}
+
+boost::json::object chat_content_chunk(const completion_state& state, std::string_view content) {
+  boost::json::object delta;
+  delta["content"] = content;
+  return chunk(state, std::move(delta), false);
+}
+
+boost::json::object chat_final_chunk(const completion_state& state) {
+  boost::json::object out = chunk(state, boost::json::object(), true);
+  out["usage"] = usage(state);
+  return out;
+}
+
+}  // namespace hyserve::coordinator::api
