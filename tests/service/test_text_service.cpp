@@ -1,0 +1,314 @@
+// Text in, text out against the real service (coordinator + worker under mpirun) with the
+// bamba-tiny checkpoint, the 512-token test tokenizer and a ChatML chat format: text prompts
+// in /generate, string prompts in /v1/completions, /v1/chat/completions plain and streamed,
+// stop strings spanning tokens, usage counts, and a malformed tokenizer.json at start-up.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hyserve/tokenizer/bpe_tokenizer.h"
+#include "hyserve/tokenizer/utf8.h"
+#include "service_test_support.h"
+
+namespace hyserve::service_test {
+namespace {
+
+namespace json = boost::json;
+
+std::string tokenizer_dir() { return std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/tokenizer-bpe512"; }
+
+const tokenizer::bpe_tokenizer& local_tokenizer() {
+  static const tokenizer::bpe_tokenizer tok = tokenizer::bpe_tokenizer::from_file(tokenizer_dir() + "/tokenizer.json");
+  return tok;
+}
+
+std::string text_config() {
+  return "model: {path: @MODEL@, tokenizer: " + tokenizer_dir() + R"(}
+parallel: {tp: 1, dp: 1}
+cache: {page_size: 16, max_requests: 8, max_context: 512}
+server: {host: 127.0.0.1, port: @PORT@}
+chat:
+  template: "<|im_start|>{role}\n{content}<|im_end|>\n"
+  generation_prompt: "<|im_start|>assistant\n"
+  eos: "<|im_end|>"
+)";
+}
+
+// A streamed chat or completion: the text deltas in order and what the last chunk said.
+struct text_stream_result {
+  unsigned status = 0;
+  std::vector<std::string> deltas;
+  std::string finish;
+  std::string first_role;  // chat: the role of the first delta
+  int64_t completion_tokens = -1, prompt_tokens = -1;
+  bool saw_done = false;
+  std::string error;
+  std::string joined() const {
+    std::string s;
+    for (const auto& d : deltas) s += d;
+    return s;
+  }
+};
+
+text_stream_result stream_text(uint16_t port, const std::string& target, const json::object& body) {
+  text_stream_result s;
+  http_connection c(port);
+  s.status = c.begin_stream(target, json::serialize(body));
+  if (s.status != 200) {
+    s.error = "begin_stream: " + c.error();
+    return s;
+  }
+  const bool chat = target == "/v1/chat/completions";
+  bool first = true;
+  while (auto ev = c.next_event()) {
+    if (*ev == "[DONE]") {
+      s.saw_done = true;
+      break;
+    }
+    const json::value v = [&] {
+      boost::system::error_code ec;
+      json::value parsed = json::parse(*ev, ec);
+      return ec ? json::value() : parsed;
+    }();
+    if (!v.is_object() || v.as_object().contains("error")) {
+      s.error = "bad event: " + *ev;
+      break;
+    }
+    const auto& choice = v.at("choices").as_array().at(0).as_object();
+    if (chat) {
+      const auto& delta = choice.at("delta").as_object();
+      if (first) {
+        if (const auto* r = delta.if_contains("role")) s.first_role = std::string(r->as_string());
+      } else if (const auto* content = delta.if_contains("content")) {
+        s.deltas.emplace_back(content->as_string());
+      }
+    } else {
+      s.deltas.emplace_back(choice.at("text").as_string());
+    }
+    first = false;
+    if (const auto* f = choice.if_contains("finish_reason"); f && f->is_string()) s.finish = std::string(f->as_string());
+    if (const auto* u = v.as_object().if_contains("usage")) {
+      s.completion_tokens = u->at("completion_tokens").to_number<int64_t>();
+      s.prompt_tokens = u->at("prompt_tokens").to_number<int64_t>();
+    }
+  }
+  if (!s.saw_done && s.error.empty()) s.error = "stream ended without [DONE]: " + c.stream_error();
+  return s;
+}
+
+class TextService : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    service_ = std::make_unique<service_process>("text", text_config(), 1);
+    service_->launch();
+  }
+  static void TearDownTestSuite() { service_.reset(); }
+  void SetUp() override {
+    ASSERT_TRUE(service_ && service_->port() != 0) << "the service did not start: " << service_->report();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::printf("---- service log tail ----\n%s\n", service_->log_tail(3000).c_str());
+  }
+  static uint16_t port() { return service_->port(); }
+
+  static inline std::unique_ptr<service_process> service_;
+};
+
+TEST_F(TextService, GenerateTextMatchesTokenIds) {
+  const std::string prompt = "The quick brown fox jumps over the lazy dog.";
+  const std::vector<int32_t> ids = local_tokenizer().encode(prompt);
+  json::object body;
+  body["text"] = prompt;
+  body["sampling_params"] = json::object{{"max_new_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  const http_reply r = http_post(port(), "/generate", json::serialize(body));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  const json::value v = r.json();
+  const std::vector<int32_t> out = ids_of(v.at("output_ids"));
+  EXPECT_EQ(out.size(), 16u);
+  EXPECT_EQ(v.at("text").as_string(), local_tokenizer().decode(out));
+  EXPECT_EQ(v.at("meta_info").at("prompt_tokens").to_number<size_t>(), ids.size());
+  // Same prompt as ids: same output.
+  const generation g = generate(port(), ids, greedy(16, true));
+  EXPECT_EQ(g.ids, out) << g;
+}
+
+TEST_F(TextService, CompletionsStringPromptAndUsage) {
+  const std::string prompt = "def main():\n    print(";
+  json::object body{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+  const http_reply r = http_post(port(), "/v1/completions", json::serialize(body));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  const json::value v = r.json();
+  const auto& choice = v.at("choices").at(0);
+  const std::vector<int32_t> out = ids_of(choice.at("token_ids"));
+  const std::string text(choice.at("text").as_string());
+  EXPECT_TRUE(tokenizer::utf8_is_valid(text));
+  const int64_t prompt_tokens = static_cast<int64_t>(local_tokenizer().encode(prompt).size());
+  EXPECT_EQ(v.at("usage").at("prompt_tokens").to_number<int64_t>(), prompt_tokens);
+  EXPECT_EQ(v.at("usage").at("completion_tokens").to_number<int64_t>(), static_cast<int64_t>(out.size()));
+  EXPECT_EQ(v.at("usage").at("total_tokens").to_number<int64_t>(), prompt_tokens + static_cast<int64_t>(out.size()));
+  const std::string finish(choice.at("finish_reason").as_string());
+  if (finish == "length") {
+    EXPECT_EQ(out.size(), 12u);
+  } else {
+    EXPECT_EQ(finish, "stop");  // EOS (a special token: not in the text)
+  }
+  EXPECT_EQ(text, local_tokenizer().decode(out));
+
+  // Streamed: the deltas concatenate to the same text, each valid UTF-8.
+  body["stream"] = true;
+  const text_stream_result s = stream_text(port(), "/v1/completions", body);
+  ASSERT_EQ(s.status, 200u) << s.error;
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  for (const std::string& d : s.deltas) EXPECT_TRUE(tokenizer::utf8_is_valid(d)) << d;
+  EXPECT_EQ(s.joined(), text);
+  EXPECT_EQ(s.finish, finish);
+  EXPECT_EQ(s.completion_tokens, static_cast<int64_t>(out.size()));
+}
+
+// Several prompts, plain and streamed: the same text; deltas never split a character. The
+// checkpoint's random-looking output over this tokenizer has plenty of bytes >= 0x80.
+TEST_F(TextService, ChatStreamAgreesWithNonStream) {
+  bool saw_multibyte = false;
+  for (const char* content : {"Hello!", "Write a haiku about caf\xC3\xA9s \xF0\x9F\x99\x82", "1 + 1 = ?",
+                              "\xE4\xBD\xA0\xE5\xA5\xBD"}) {
+    SCOPED_TRACE(content);
+    json::object body{{"model", "bamba-tiny"},
+                      {"messages", json::array{json::object{{"role", "system"}, {"content", "Be brief."}},
+                                               json::object{{"role", "user"}, {"content", content}}}},
+                      {"max_tokens", 40},
+                      {"temperature", 0}};
+    const http_reply r = http_post(port(), "/v1/chat/completions", json::serialize(body));
+    ASSERT_EQ(r.status, 200u) << r.describe();
+    const json::value v = r.json();
+    EXPECT_EQ(v.at("object").as_string(), "chat.completion");
+    const auto& choice = v.at("choices").at(0);
+    EXPECT_EQ(choice.at("message").at("role").as_string(), "assistant");
+    const std::string text(choice.at("message").at("content").as_string());
+    const std::string finish(choice.at("finish_reason").as_string());
+    const int64_t completion = v.at("usage").at("completion_tokens").to_number<int64_t>();
+    const int64_t prompt = v.at("usage").at("prompt_tokens").to_number<int64_t>();
+    EXPECT_EQ(v.at("usage").at("total_tokens").to_number<int64_t>(), prompt + completion);
+    tokenizer::encode_options no_template;
+    no_template.add_special_tokens = false;
+    const std::string rendered = std::string("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n") + content +
+                                 "<|im_end|>\n<|im_start|>assistant\n";
+    EXPECT_EQ(prompt, static_cast<int64_t>(local_tokenizer().encode(rendered, no_template).size()));
+    EXPECT_TRUE(finish == "length" ? completion == 40 : finish == "stop") << finish << " " << completion;
+    if (std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }))
+      saw_multibyte = true;
+
+    body["stream"] = true;
+    const text_stream_result s = stream_text(port(), "/v1/chat/completions", body);
+    ASSERT_EQ(s.status, 200u) << s.error;
+    EXPECT_TRUE(s.error.empty()) << s.error;
+    EXPECT_EQ(s.first_role, "assistant");
+    for (const std::string& d : s.deltas) EXPECT_TRUE(tokenizer::utf8_is_valid(d)) << "invalid delta";
+    EXPECT_EQ(s.joined(), text);
+    EXPECT_EQ(s.finish, finish);
+    EXPECT_EQ(s.completion_tokens, completion);
+    EXPECT_EQ(s.prompt_tokens, prompt);
+  }
+  EXPECT_TRUE(saw_multibyte) << "no output had a multi-byte character: the streaming check is weaker than meant";
+}
+
+// A stop string made of the end of one generated token and the start of the next: the output
+// ends before it, finish_reason is "stop", and usage counts the tokens up to the one that
+// completed it.
+TEST_F(TextService, StopStringAcrossTokensIsTrimmed) {
+  const std::string prompt = "Once upon a time";
+  json::object body{{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}};
+  const http_reply plain = http_post(port(), "/v1/completions", json::serialize(body));
+  ASSERT_EQ(plain.status, 200u) << plain.describe();
+  const std::vector<int32_t> out = ids_of(plain.json().at("choices").at(0).at("token_ids"));
+  ASSERT_EQ(out.size(), 40u);
+  // The first boundary between two printable ASCII tokens whose straddling pair of characters
+  // does not occur earlier in the text.
+  const auto& tok = local_tokenizer();
+  const auto ascii = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7F; });
+  };
+  std::optional<size_t> cut;
+  std::string stop;
+  for (size_t i = 2; i + 1 < out.size() && !cut; ++i) {
+    const std::string_view a = tok.token_bytes(out[i]), b = tok.token_bytes(out[i + 1]);
+    if (tok.is_special(out[i]) || tok.is_special(out[i + 1]) || !ascii(a) || !ascii(b)) continue;
+    const std::string candidate = std::string(a.substr(a.size() - 1)) + std::string(b.substr(0, 1));
+    const std::string before = tok.decode(std::vector<int32_t>(out.begin(), out.begin() + static_cast<long>(i) + 1));
+    if (before.find(candidate) != std::string::npos) continue;
+    cut = i;
+    stop = candidate;
+  }
+  ASSERT_TRUE(cut.has_value()) << "no usable token boundary in " << ids_text(out);
+  const std::string head = tok.decode(std::vector<int32_t>(out.begin(), out.begin() + static_cast<long>(*cut) + 1));
+  const std::string expected = head.substr(0, head.size() - 1);
+  const int64_t expected_tokens = static_cast<int64_t>(*cut) + 2;
+
+  body["stop"] = json::array{"\x01never", json::string(stop)};
+  const http_reply r = http_post(port(), "/v1/completions", json::serialize(body));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  const json::value v = r.json();
+  EXPECT_EQ(v.at("choices").at(0).at("text").as_string(), expected) << "stop " << stop;
+  EXPECT_EQ(v.at("choices").at(0).at("finish_reason").as_string(), "stop");
+  EXPECT_EQ(v.at("usage").at("completion_tokens").to_number<int64_t>(), expected_tokens);
+
+  body["stream"] = true;
+  const text_stream_result s = stream_text(port(), "/v1/completions", body);
+  ASSERT_EQ(s.status, 200u) << s.error;
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  EXPECT_EQ(s.joined(), expected);
+  EXPECT_EQ(s.finish, "stop");
+  EXPECT_EQ(s.completion_tokens, expected_tokens);
+
+  // Chat too (its prompt differs, so find nothing in particular: the stop string just must
+  // not appear in the answer, and the request stays healthy).
+  json::object chat{{"messages", json::array{json::object{{"role", "user"}, {"content", prompt}}}},
+                    {"max_tokens", 30},
+                    {"temperature", 0},
+                    {"stop", stop}};
+  const http_reply c = http_post(port(), "/v1/chat/completions", json::serialize(chat));
+  ASSERT_EQ(c.status, 200u) << c.describe();
+  EXPECT_EQ(std::string(c.json().at("choices").at(0).at("message").at("content").as_string()).find(stop),
+            std::string::npos);
+
+  // The cancelled requests freed their slots: the service still answers.
+  EXPECT_EQ(http_get(port(), "/health").status, 200u);
+  const generation g = generate(port(), tok.encode(prompt), greedy(4, true));
+  EXPECT_EQ(g.status, 200u) << g;
+}
+
+// A malformed tokenizer.json is a start-up error naming the field, reported by the coordinator;
+// the workers are shut down and every rank exits.
+TEST(TextServiceLaunch, MalformedTokenizerIsAClearStartupError) {
+  const std::string bad_dir = ::testing::TempDir() + "hyserve-bad-tokenizer";
+  std::filesystem::create_directories(bad_dir);
+  std::ofstream(bad_dir + "/tokenizer.json") << R"({"version": "1.0", "added_tokens": [], "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "post_processor": null, "decoder": {"type": "ByteLevel"}, "model": {"type": "WordPiece", "vocab": {}}})";
+  service_process svc("badtok", "model: {path: @MODEL@, tokenizer: " + bad_dir + R"(}
+parallel: {tp: 1, dp: 1}
+cache: {page_size: 16, max_requests: 2, max_context: 128}
+server: {host: 127.0.0.1, port: @PORT@}
+)",
+                      1);
+  ASSERT_TRUE(svc.start()) << svc.report();
+  const std::optional<int> status = svc.wait_exit(90s);
+  ASSERT_TRUE(status.has_value()) << "the job did not end within 90 s\n" << svc.log_tail();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status);
+  const std::string log = svc.log();
+  EXPECT_NE(log.find("[rank 0] configuration error"), std::string::npos) << log;
+  EXPECT_NE(log.find("model.tokenizer"), std::string::npos) << log;
+  EXPECT_NE(log.find("model.type"), std::string::npos) << "the field is not named:\n" << log;
+  EXPECT_NE(log.find("shut down"), std::string::npos) << "the worker did not shut down on its own:\n" << log;
+  EXPECT_EQ(log.find("serving on"), std::string::npos) << log;
+  EXPECT_TRUE(svc.wait_ranks_gone(10s));
+}
+
+}  // namespace
+}  // namespace hyserve::service_test
