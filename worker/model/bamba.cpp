@@ -25,8 +25,8 @@ int64_t split(int64_t n, int tp, const char* what) {
 
 struct bamba_layer {
   layer_kind kind = layer_kind::kMamba2;
-  host_tensor input_norm;
-  host_tensor pre_ff_norm;
+  tensor input_norm;
+  tensor pre_ff_norm;
   layers::mamba2_weights mamba;
   layers::attention_weights attn;
   layers::mlp_weights mlp;
@@ -35,8 +35,9 @@ struct bamba_layer {
 
 class bamba_model final : public model {
  public:
-  bamba_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm)
-      : mc_(mc), tp_(tp), comm_(comm) {
+  bamba_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
+              const kernels::exec_context& ctx)
+      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx) {
     if (mc.attention_bias) throw config_error("Bamba: attention_bias = true is not supported");
     if (mc.mlp_bias) throw config_error("Bamba: mlp_bias = true is not supported");
     if (mc.mamba_proj_bias) throw config_error("Bamba: mamba_proj_bias = true is not supported");
@@ -72,6 +73,7 @@ class bamba_model final : public model {
                              " is a Gated DeltaNet layer; Bamba has only Mamba2 and attention layers");
       }
     }
+    place_weights();
   }
 
   const model_config& config() const override { return mc_; }
@@ -87,66 +89,69 @@ class bamba_model final : public model {
   }
 
   int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_value()); }
+  const kernels::exec_context& exec() const override { return ctx_; }
 
-  host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
-                      const forward_options& opts) override {
+  tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                 const forward_options& opts) override {
     const std::vector<int32_t> ids = layers::batch_token_ids(batch);
     for (size_t t = 0; t < ids.size(); ++t)
       if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
         throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " +
                                      std::to_string(t) + " is outside the vocabulary [0, " +
                                      std::to_string(mc_.vocab_size) + ")");
-    host_tensor h = layers::embed(ids, embed_, tp_.rank * vocab_local_, comm_);
+    layers::attention_step step;
+    const bool attention = mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0;
+    if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
+    const layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
+
+    tensor h = layers::embed(layers::upload_i32(ids, ctx_), embed_, tp_.rank * vocab_local_, comm_, ctx_);
     if (opts.hidden_states) opts.hidden_states->clear();
-    auto capture = [&](const host_tensor& t) {
-      if (!opts.hidden_states) return;
-      host_tensor copy(dtype::kF32, t.shape());
-      std::memcpy(copy.data(), t.data(), t.nbytes());
-      opts.hidden_states->push_back(std::move(copy));
+    auto capture = [&](const tensor& t) {
+      if (opts.hidden_states) opts.hidden_states->push_back(tensor::copy_of(t, device_kind::kCpu));
     };
     capture(h);
 
-    layers::attention_step step;
-    if (mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0)
-      step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
-
     for (bamba_layer& L : layers_) {
-      host_tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps);
-      host_tensor mixed;
+      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ctx_);
+      tensor mixed;
       switch (L.kind) {
         case layer_kind::kMamba2:
-          mixed = layers::mamba2_forward(L.mamba, x, meta, ctx.mamba->layer(L.cache_index), comm_);
+          mixed = layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_);
           break;
         case layer_kind::kAttention:
-          mixed = layers::attention_forward(L.attn, x, meta, step, ctx.kv->layer(L.cache_index), comm_);
+          mixed = layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);
           break;
         case layer_kind::kGatedDeltaNet:
           throw error("Bamba: Gated DeltaNet layer in a Bamba model");  // rejected at load
       }
-      layers::add_inplace(h, mixed);
-      host_tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps), comm_);
-      layers::add_inplace(h, y);
+      layers::add_inplace(h, mixed, ctx_);
+      tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ctx_), comm_, ctx_);
+      layers::add_inplace(h, y, ctx_);
       capture(h);
     }
 
     // Final norm and lm_head only on the rows that need logits.
-    host_tensor rows;
-    if (opts.all_logits) {
-      rows = std::move(h);
-    } else {
-      const int64_t H = mc_.hidden_size;
-      rows = host_tensor::f32({static_cast<int64_t>(meta.logit_token_indices.size()), H});
-      for (size_t i = 0; i < meta.logit_token_indices.size(); ++i)
-        std::memcpy(rows.as<float>() + static_cast<int64_t>(i) * H,
-                    h.as<float>() + static_cast<int64_t>(meta.logit_token_indices[i]) * H,
-                    static_cast<size_t>(H) * sizeof(float));
-    }
-    host_tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps);
+    const tensor rows =
+        opts.all_logits ? std::move(h) : layers::gather_rows(h, layers::upload_i32(meta.logit_token_indices, ctx_), ctx_);
+    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ctx_);
     if (opts.hidden_states && opts.all_logits) capture(normed);
-    return layers::lm_head(normed, lm_head_, comm_);
+    return layers::lm_head(normed, lm_head_, comm_, ctx_);
   }
 
  private:
+  // Weights are loaded on the host and placed on the model's device once.
+  void place_weights() {
+    const device_kind d = ctx_.device;
+    for (tensor* t : {&embed_, &final_norm_, &lm_head_}) layers::place(*t, d);
+    for (bamba_layer& L : layers_) {
+      layers::place(L.input_norm, d);
+      layers::place(L.pre_ff_norm, d);
+      layers::place(L.mlp, d);
+      if (L.kind == layer_kind::kMamba2) layers::place(L.mamba, d);
+      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d);
+    }
+  }
+
   int64_t groups_local() const {
     // B/C groups split when n_groups % tp == 0, replicated when n_groups == 1.
     if (mc_.mamba_n_groups % tp_.size == 0) return mc_.mamba_n_groups / tp_.size;
@@ -212,9 +217,8 @@ class bamba_model final : public model {
     for (const range& c : xbc) in_rows.push_back({di + c.first, di + c.second});
     in_rows.push_back({di + conv + r * hl, di + conv + (r + 1) * hl});  // dt
     w.in_proj = ws.load_row_ranges(p + "in_proj.weight", {in_dim, H}, in_rows);
-    host_tensor conv_w = ws.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc);
-    w.conv_w = host_tensor::f32({conv_w.shape()[0], K});
-    std::memcpy(w.conv_w.data(), conv_w.data(), conv_w.nbytes());
+    w.conv_w = ws.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc);
+    w.conv_w.reshape({w.conv_w.shape()[0], K});
     if (mc_.mamba_conv_bias) w.conv_b = ws.load_row_ranges(p + "conv1d.bias", {conv}, xbc);
     w.dt_bias = ws.load_slice(p + "dt_bias", {nh}, 0, r * hl, (r + 1) * hl);
     w.A_log = ws.load_slice(p + "A_log", {nh}, 0, r * hl, (r + 1) * hl);
@@ -238,18 +242,19 @@ class bamba_model final : public model {
   model_config mc_;
   tp_placement tp_;
   collective* comm_;
+  kernels::exec_context ctx_;
   int64_t vocab_local_ = 0;
-  host_tensor embed_;       // [vocab_local, hidden]
-  host_tensor final_norm_;  // [hidden]
-  host_tensor lm_head_;     // [vocab_local, hidden]
+  tensor embed_;       // [vocab_local, hidden]
+  tensor final_norm_;  // [hidden]
+  tensor lm_head_;     // [vocab_local, hidden]
   std::vector<bamba_layer> layers_;
 };
 
 }  // namespace
 
 std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                  collective* comm) {
-  return std::make_unique<bamba_model>(mc, weights, tp, comm);
+                                  collective* comm, const kernels::exec_context& ctx) {
+  return std::make_unique<bamba_model>(mc, weights, tp, comm, ctx);
 }
 
 }  // namespace hyserve::worker

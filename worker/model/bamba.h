@@ -8,6 +8,6 @@
 namespace hyserve::worker {
 
 std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                  collective* comm);
+                                  collective* comm, const kernels::exec_context& ctx);
 
 }  // namespace hyserve::worker

@@ -7,6 +7,8 @@
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
+#include "hyserve/kernels/row_ops.h"
+#include "hyserve/kernels/run.h"
 #include "load_util.h"
 
 namespace hyserve::worker::layers {
@@ -44,7 +46,7 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
 namespace {
 
 // In place: RMSNorm over each head_dim slice of a contiguous [T, heads·head_dim] tensor.
-void head_rmsnorm(host_tensor& t, int64_t heads, int64_t head_dim, const host_tensor& weight, float eps) {
+void head_rmsnorm(tensor& t, int64_t heads, int64_t head_dim, const tensor& weight, float eps, const exec_context& ctx) {
   kernels::rmsnorm_params n;
   n.x = t.as<float>();
   n.weight = weight.as<float>();
@@ -53,27 +55,31 @@ void head_rmsnorm(host_tensor& t, int64_t heads, int64_t head_dim, const host_te
   n.cols = head_dim;
   n.x_stride = n.out_stride = head_dim;
   n.eps = eps;
-  kernels::run_cpu(n);
+  kernels::run(n, ctx);
 }
 
 }  // namespace
 
-host_tensor gated_attention_forward(const gated_attention_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                                    const attention_step& step, kv_layer_cache& cache, collective* comm) {
+void place(gated_attention_weights& w, device_kind device) {
+  for (tensor* t : {&w.q, &w.gate, &w.k, &w.v, &w.o, &w.q_norm, &w.k_norm}) place(*t, device);
+}
+
+tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0];
   const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
-  host_tensor q = linear(x, w.q);  // [T, qh·hd]
-  host_tensor k = linear(x, w.k);  // [T, kvh·hd]
-  host_tensor v = linear(x, w.v);
-  host_tensor attn = host_tensor::f32({T, qw});
+  tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
+  tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
+  tensor v = linear(x, w.v, ctx);
+  tensor attn = tensor::f32({T, qw}, ctx.device);
   if (T > 0) {
-    head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps);
-    head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps);
+    head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps, ctx);
+    head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps, ctx);
 
     kernels::rope_params r;
     r.q = q.as<float>();
     r.k = k.as<float>();
-    r.positions = meta.positions.data();
+    r.positions = in.positions.as<int32_t>();
     r.n_tokens = T;
     r.n_q_heads = w.q_heads;
     r.n_kv_heads = w.kv_heads;
@@ -82,45 +88,50 @@ host_tensor gated_attention_forward(const gated_attention_weights& w, const host
     r.q_stride = qw;
     r.k_stride = kw;
     r.theta = w.rope_theta;
-    kernels::run_cpu(r);
+    kernels::run(r, ctx);
 
     kernels::kv_write_params kv;
     kv.k = k.as<float>();
     kv.v = v.as<float>();
-    kv.locs = step.locs.data();
+    kv.locs = in.locs.as<int32_t>();
     kv.k_cache = cache.k.as<float>();
     kv.v_cache = cache.v.as<float>();
     kv.n_tokens = T;
     kv.kv_heads = w.kv_heads;
     kv.head_dim = w.head_dim;
     kv.k_stride = kv.v_stride = kw;
-    kernels::run_cpu(kv);
+    kernels::run(kv, ctx);
 
     kernels::paged_attention_params a;
     a.q = q.as<float>();
     a.k_cache = cache.k.as<float>();
     a.v_cache = cache.v.as<float>();
     a.out = attn.as<float>();
-    a.query_start_loc = meta.query_start_loc.data();
-    a.seq_lens = step.seq_lens.data();
-    a.page_table = step.page_table.data();
-    a.batch = meta.batch_size;
+    a.query_start_loc = in.query_start_loc.as<int32_t>();
+    a.seq_lens = in.seq_lens.as<int32_t>();
+    a.page_table = in.page_table.as<int32_t>();
+    a.batch = in.batch_size;
     a.q_heads = w.q_heads;
     a.kv_heads = w.kv_heads;
     a.head_dim = w.head_dim;
-    a.page_size = step.page_size;
-    a.page_table_stride = step.page_table_stride;
+    a.page_size = in.page_size;
+    a.page_table_stride = in.page_table_stride;
     a.q_stride = a.out_stride = qw;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    kernels::run_cpu(a);
+    kernels::run(a, ctx);
 
     // Output gate: attn · sigmoid(gate).
-    const host_tensor gate = linear(x, w.gate);
-    float* o = attn.as<float>();
-    const float* g = gate.as<float>();
-    for (int64_t i = 0; i < T * qw; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    const tensor gate = linear(x, w.gate, ctx);
+    kernels::sigmoid_mul_params sg;
+    sg.x = attn.as<float>();
+    sg.gate = gate.as<float>();
+    sg.out = attn.as<float>();
+    sg.rows = T;
+    sg.cols = qw;
+    sg.x_stride = sg.gate_stride = sg.out_stride = qw;
+    kernels::run(sg, ctx);
   }
-  host_tensor out = linear(attn, w.o);
+  tensor out = linear(attn, w.o, ctx);
   reduce_partial(out, comm);
   return out;
 }

@@ -18,13 +18,13 @@
 namespace hyserve::worker::layers {
 
 struct gated_attention_weights {
-  host_tensor q;       // [q_heads·head_dim, hidden]: the query half of each head's q_proj rows
-  host_tensor gate;    // [q_heads·head_dim, hidden]: the gate half
-  host_tensor k;       // [kv_heads·head_dim, hidden]
-  host_tensor v;       // [kv_heads·head_dim, hidden]
-  host_tensor o;       // [hidden, q_heads·head_dim]
-  host_tensor q_norm;  // [head_dim], as a plain RMSNorm weight (zero-centred 1 + w folded in)
-  host_tensor k_norm;  // [head_dim], likewise
+  tensor q;       // [q_heads·head_dim, hidden]: the query half of each head's q_proj rows
+  tensor gate;    // [q_heads·head_dim, hidden]: the gate half
+  tensor k;       // [kv_heads·head_dim, hidden]
+  tensor v;       // [kv_heads·head_dim, hidden]
+  tensor o;       // [hidden, q_heads·head_dim]
+  tensor q_norm;  // [head_dim], as a plain RMSNorm weight (zero-centred 1 + w folded in)
+  tensor k_norm;  // [head_dim], likewise
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
   float rope_theta = 10000.0f;
   float eps = 1e-6f;
@@ -36,7 +36,8 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
                                              tp_placement tp);
 
 // x [T, hidden] → [T, hidden], reduced over tp. Writes the batch's K/V into the cache.
-host_tensor gated_attention_forward(const gated_attention_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                                    const attention_step& step, kv_layer_cache& cache, collective* comm);
+void place(gated_attention_weights& w, device_kind device);
+tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

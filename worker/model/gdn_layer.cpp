@@ -10,6 +10,7 @@
 #include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/run.h"
 #include "layers.h"
 #include "load_util.h"
 
@@ -46,9 +47,9 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
   std::vector<range> ba;
   for (const int64_t off : {int64_t{0}, ratio})
     for (int64_t g = g0; g < g0 + hk_local; ++g) ba.push_back({g * 2 * ratio + off, g * 2 * ratio + off + ratio});
-  const host_tensor p_qkvz = ws.load_row_ranges(prefix + "in_proj_qkvz.weight", {HK * group, H}, qkvz);
-  const host_tensor p_ba = ws.load_row_ranges(prefix + "in_proj_ba.weight", {HV * 2, H}, ba);
-  w.in_proj = host_tensor::f32({p_qkvz.shape()[0] + p_ba.shape()[0], H});
+  const tensor p_qkvz = ws.load_row_ranges(prefix + "in_proj_qkvz.weight", {HK * group, H}, qkvz);
+  const tensor p_ba = ws.load_row_ranges(prefix + "in_proj_ba.weight", {HV * 2, H}, ba);
+  w.in_proj = tensor::f32({p_qkvz.shape()[0] + p_ba.shape()[0], H});
   std::memcpy(w.in_proj.data(), p_qkvz.data(), p_qkvz.nbytes());
   std::memcpy(w.in_proj.as<float>() + p_qkvz.numel(), p_ba.data(), p_ba.nbytes());
 
@@ -56,9 +57,8 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
   const std::vector<range> conv_rows = {{g0 * dk, (g0 + hk_local) * dk},
                                         {key_dim + g0 * dk, key_dim + (g0 + hk_local) * dk},
                                         {2 * key_dim + hv0 * dv, 2 * key_dim + (hv0 + hv_local) * dv}};
-  const host_tensor conv_w = ws.load_row_ranges(prefix + "conv1d.weight", {conv, 1, K}, conv_rows);
-  w.conv_w = host_tensor::f32({conv_w.shape()[0], K});
-  std::memcpy(w.conv_w.data(), conv_w.data(), conv_w.nbytes());
+  w.conv_w = ws.load_row_ranges(prefix + "conv1d.weight", {conv, 1, K}, conv_rows);
+  w.conv_w.reshape({w.conv_w.shape()[0], K});
   if (ws.contains(prefix + "conv1d.bias")) w.conv_b = ws.load_row_ranges(prefix + "conv1d.bias", {conv}, conv_rows);
 
   w.dt_bias = ws.load_slice(prefix + "dt_bias", {HV}, 0, hv0, hv0 + hv_local);
@@ -70,8 +70,8 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 
 namespace {
 
-void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const host_tensor& proj,
-                     const host_tensor& qkv, host_tensor& core, mamba_layer_state& state, const hybrid_metadata& meta) {
+void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const tensor& proj, const tensor& qkv,
+                     tensor& core, mamba_layer_state& state, const step_inputs& in) {
   const int64_t conv = w.conv_dim(), in_w = proj.shape()[1];
   p.q = qkv.as<float>();
   p.k = qkv.as<float>() + w.key_dim();
@@ -82,8 +82,8 @@ void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const 
   p.dt_bias = w.dt_bias.as<float>();
   p.out = core.as<float>();
   p.states = state.ssm.as<float>();
-  p.state_indices = meta.mamba_slots.data();
-  p.batch = meta.batch_size;
+  p.state_indices = in.mamba_slots.as<int32_t>();
+  p.batch = in.batch_size;
   p.heads_k = w.heads_k;
   p.heads_v = w.heads_v;
   p.k_dim = w.head_k_dim;
@@ -96,13 +96,17 @@ void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const 
 
 }  // namespace
 
-host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                        mamba_layer_state& state, collective* comm) {
+void place(gdn_weights& w, device_kind device) {
+  for (tensor* t : {&w.in_proj, &w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.norm, &w.out_proj}) place(*t, device);
+}
+
+tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
+                   collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
-  if (T == 0) return host_tensor::f32({0, hidden});
+  if (T == 0) return tensor::f32({0, hidden}, ctx.device);
 
   bool recurrent_step = false;  // one token per row updating state in place
-  switch (meta.mode) {
+  switch (in.mode) {
     case forward_mode::kExtend:
     case forward_mode::kMixed:
     case forward_mode::kDraftExtend:
@@ -111,19 +115,19 @@ host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid
       recurrent_step = true;
       break;
     case forward_mode::kIdle:
-      return host_tensor::f32({0, hidden});
+      return tensor::f32({0, hidden}, ctx.device);
     case forward_mode::kTargetVerify:
     case forward_mode::kDraft:
       throw invalid_argument_error(std::string("Gated DeltaNet mixer: forward mode ") +
-                                   std::string(forward_mode_name(meta.mode)) +
+                                   std::string(forward_mode_name(in.mode)) +
                                    " needs the per-step state path, which this build does not have");
   }
 
   const int64_t conv = w.conv_dim(), vd = w.value_dim();
-  host_tensor proj = linear(x, w.in_proj);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
+  tensor proj = linear(x, w.in_proj, ctx);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
   const int64_t in_w = proj.shape()[1];
-  host_tensor qkv = host_tensor::f32({T, conv});  // after conv + SiLU
-  host_tensor core = host_tensor::f32({T, vd});
+  tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
+  tensor core = tensor::f32({T, vd}, ctx.device);
 
   if (recurrent_step) {
     kernels::conv1d_update_params c;
@@ -131,41 +135,41 @@ host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid
     c.weight = w.conv_w.as<float>();
     c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
     c.out = qkv.as<float>();
-    c.state_indices = meta.mamba_slots.data();
+    c.state_indices = in.mamba_slots.as<int32_t>();
     c.conv_states = state.conv.as<float>();
-    c.batch = meta.batch_size;
+    c.batch = in.batch_size;
     c.dim = conv;
     c.width = w.conv_width;
     c.x_stride = in_w;
     c.out_stride = conv;
     c.silu = true;
-    kernels::run_cpu(c);
+    kernels::run(c, ctx);
     kernels::gdn_state_update_params s;
-    fill_gdn_common(s, w, proj, qkv, core, state, meta);
-    kernels::run_cpu(s);
+    fill_gdn_common(s, w, proj, qkv, core, state, in);
+    kernels::run(s, ctx);
   } else {
     kernels::conv1d_varlen_params c;
     c.x = proj.as<float>();
     c.weight = w.conv_w.as<float>();
     c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
     c.out = qkv.as<float>();
-    c.query_start_loc = meta.query_start_loc.data();
-    c.state_indices = meta.mamba_slots.data();
-    c.has_initial_state = meta.has_initial_state.data();
+    c.query_start_loc = in.query_start_loc.as<int32_t>();
+    c.state_indices = in.mamba_slots.as<int32_t>();
+    c.has_initial_state = in.initial_state_flags();
     c.conv_states = state.conv.as<float>();
-    c.batch = meta.batch_size;
+    c.batch = in.batch_size;
     c.dim = conv;
     c.width = w.conv_width;
     c.x_stride = in_w;
     c.out_stride = conv;
     c.silu = true;
-    kernels::run_cpu(c);
+    kernels::run(c, ctx);
     kernels::gdn_chunk_scan_params s;
-    fill_gdn_common(s, w, proj, qkv, core, state, meta);
-    s.query_start_loc = meta.query_start_loc.data();
-    s.has_initial_state = meta.has_initial_state.data();
+    fill_gdn_common(s, w, proj, qkv, core, state, in);
+    s.query_start_loc = in.query_start_loc.as<int32_t>();
+    s.has_initial_state = in.initial_state_flags();
     s.chunk_size = w.chunk_size;
-    kernels::run_cpu(s);
+    kernels::run(s, ctx);
   }
 
   // Norm before gate, per head: rmsnorm over each head's V channels (rows = tokens · heads),
@@ -178,8 +182,8 @@ host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid
   n.cols = w.head_v_dim;
   n.x_stride = n.out_stride = w.head_v_dim;
   n.eps = w.eps;
-  kernels::run_cpu(n);
-  host_tensor gated = host_tensor::f32({T, vd});
+  kernels::run(n, ctx);
+  tensor gated = tensor::f32({T, vd}, ctx.device);
   kernels::swiglu_params g;
   g.gate = proj.as<float>() + conv;  // z
   g.up = core.as<float>();
@@ -188,9 +192,9 @@ host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid
   g.cols = vd;
   g.gate_stride = in_w;
   g.up_stride = g.out_stride = vd;
-  kernels::run_cpu(g);
+  kernels::run(g, ctx);
 
-  host_tensor out = linear(gated, w.out_proj);
+  tensor out = linear(gated, w.out_proj, ctx);
   reduce_partial(out, comm);
   return out;
 }

@@ -14,6 +14,7 @@
 #include "hyserve/worker/hybrid_metadata.h"
 #include "hyserve/worker/memory_pools.h"
 #include "hyserve/worker/model.h"
+#include "layers.h"
 #include "weights.h"
 
 namespace hyserve::worker::layers {
@@ -21,13 +22,13 @@ namespace hyserve::worker::layers {
 struct gdn_weights {
   // [conv_dim + value_dim + 2·heads_v, hidden] (local): q | k | v | z | b | a, each block in
   // head order. The checkpoint interleaves them per key-head group; loading de-interleaves.
-  host_tensor in_proj;
-  host_tensor conv_w;                // [conv_dim, K]: q | k | v channels
-  host_tensor conv_b;                // [conv_dim]; empty = no bias
-  host_tensor dt_bias;               // [heads_v]
-  host_tensor A_log;                 // [heads_v]
-  host_tensor norm;                  // [head_v_dim], shared by all heads
-  host_tensor out_proj;              // [hidden, value_dim]
+  tensor in_proj;
+  tensor conv_w;                // [conv_dim, K]: q | k | v channels
+  tensor conv_b;                // [conv_dim]; empty = no bias
+  tensor dt_bias;               // [heads_v]
+  tensor A_log;                 // [heads_v]
+  tensor norm;                  // [head_v_dim], shared by all heads
+  tensor out_proj;              // [hidden, value_dim]
   int64_t heads_k = 0, heads_v = 0;  // local counts
   int64_t head_k_dim = 0, head_v_dim = 0;
   int64_t conv_width = 0;
@@ -46,7 +47,8 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 // x [T, hidden] → [T, hidden] (reduced over tp). Reads and writes the conv window and the
 // recurrent state of the batch's slots; Extend/Mixed/DraftExtend run the chunked scan, Decode
 // the single-token update.
-host_tensor gdn_forward(const gdn_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                        mamba_layer_state& state, collective* comm);
+void place(gdn_weights& w, device_kind device);
+tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
+                   collective* comm, const exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

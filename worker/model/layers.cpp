@@ -12,27 +12,49 @@
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
+#include "hyserve/kernels/row_ops.h"
+#include "hyserve/kernels/run.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::worker::layers {
 
-host_tensor linear(const host_tensor& x, const host_tensor& w) {
+void place(tensor& t, device_kind device) {
+  if (t.device() != device) t = tensor::copy_of(t, device);
+}
+
+tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   HYSERVE_CHECK(w.shape()[1] == in, "linear: input width " + std::to_string(in) + " vs weight " + w.shape().str());
-  host_tensor y = host_tensor::f32({rows, out});
-  if (rows > 0) kernels::linear_cpu(x.as<float>(), w.as<float>(), y.as<float>(), rows, out, in);
+  tensor y = tensor::f32({rows, out}, ctx.device);
+  if (rows == 0 || out == 0) return y;
+  kernels::gemm_params p;
+  p.a = x.as<float>();
+  p.b = w.as<float>();
+  p.c = y.as<float>();
+  p.m = rows;
+  p.n = out;
+  p.k = in;
+  p.lda = p.ldb = in;
+  p.ldc = out;
+  p.trans_b = true;
+  kernels::run(p, ctx);
   return y;
 }
 
-void add_inplace(host_tensor& a, const host_tensor& b) {
+void add_inplace(tensor& a, const tensor& b, const exec_context& ctx) {
   HYSERVE_CHECK(a.numel() == b.numel(), "add_inplace: shape mismatch");
-  float* pa = a.as<float>();
-  const float* pb = b.as<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) pa[i] += pb[i];
+  if (a.numel() == 0) return;
+  kernels::row_add_params p;
+  p.x = b.as<float>();
+  p.out = a.as<float>();
+  p.rows = a.shape()[0];
+  p.cols = a.numel() / p.rows;
+  p.x_stride = p.out_stride = p.cols;
+  kernels::run(p, ctx);
 }
 
-host_tensor rmsnorm(const host_tensor& x, const host_tensor& weight, float eps) {
-  host_tensor y(dtype::kF32, x.shape());
+tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_context& ctx) {
+  tensor y(dtype::kF32, x.shape(), ctx.device);
   kernels::rmsnorm_params p;
   p.x = x.as<float>();
   p.weight = weight.as<float>();
@@ -41,37 +63,59 @@ host_tensor rmsnorm(const host_tensor& x, const host_tensor& weight, float eps) 
   p.cols = x.shape()[1];
   p.x_stride = p.out_stride = p.cols;
   p.eps = eps;
-  if (p.rows > 0) kernels::run_cpu(p);
+  if (p.rows > 0) kernels::run(p, ctx);
   return y;
 }
 
-void reduce_partial(host_tensor& x, collective* comm) {
+void reduce_partial(tensor& x, collective* comm) {
   if (comm && comm->size() > 1) comm->all_reduce_sum(x.as<float>(), x.numel());
 }
 
-host_tensor embed(const std::vector<int32_t>& ids, const host_tensor& table, int64_t vocab_start, collective* comm) {
-  const int64_t hidden = table.shape()[1];
-  host_tensor out = host_tensor::f32({static_cast<int64_t>(ids.size()), hidden});
+tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx) {
+  const int64_t n = rows.numel(), cols = x.shape()[1];
+  tensor out = tensor::f32({n, cols}, ctx.device);
+  if (n == 0 || cols == 0) return out;
+  // The embedding lookup is a row gather: x plays the table of rows [0, T).
   kernels::embedding_params p;
-  p.ids = ids.data();
+  p.ids = rows.as<int32_t>();
+  p.table = x.as<float>();
+  p.out = out.as<float>();
+  p.n_tokens = n;
+  p.hidden = cols;
+  p.vocab_start = 0;
+  p.vocab_end = x.shape()[0];
+  kernels::run(p, ctx);
+  return out;
+}
+
+tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx) {
+  return tensor::from_host(v.data(), dtype::kI32, static_cast<int64_t>(v.size()), ctx.device);
+}
+
+tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx) {
+  const int64_t hidden = table.shape()[1];
+  tensor out = tensor::f32({ids.numel(), hidden}, ctx.device);
+  kernels::embedding_params p;
+  p.ids = ids.as<int32_t>();
   p.table = table.as<float>();
   p.out = out.as<float>();
-  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.n_tokens = ids.numel();
   p.hidden = hidden;
   p.vocab_start = vocab_start;
   p.vocab_end = vocab_start + table.shape()[0];
-  if (p.n_tokens > 0) kernels::run_cpu(p);
+  if (p.n_tokens > 0) kernels::run(p, ctx);
   reduce_partial(out, comm);
   return out;
 }
 
-host_tensor lm_head(const host_tensor& x, const host_tensor& w_local, collective* comm) {
-  host_tensor local = linear(x, w_local);  // [R, vocab_local]
-  if (!comm || comm->size() == 1) return local;
+tensor lm_head(const tensor& x, const tensor& w_local, collective* comm, const exec_context& ctx) {
+  tensor local = linear(x, w_local, ctx);  // [R, vocab_local]
+  if (!comm || comm->size() == 1) return local.to_host();
   const int64_t rows = local.shape()[0], vl = local.shape()[1], tp = comm->size();
-  host_tensor gathered = host_tensor::f32({tp, rows, vl});
-  comm->all_gather(local.as<float>(), gathered.as<float>(), local.numel());
-  host_tensor out = host_tensor::f32({rows, vl * tp});  // [R, vocab], rank r's columns at r·vl
+  tensor gathered_dev = tensor::f32({tp, rows, vl}, ctx.device);
+  comm->all_gather(local.as<float>(), gathered_dev.as<float>(), local.numel());
+  const tensor gathered = gathered_dev.to_host();
+  tensor out = tensor::f32({rows, vl * tp});  // [R, vocab], rank r's columns at r·vl
   for (int64_t r = 0; r < tp; ++r)
     for (int64_t i = 0; i < rows; ++i)
       std::memcpy(out.as<float>() + i * vl * tp + r * vl, gathered.as<float>() + (r * rows + i) * vl,
@@ -86,9 +130,13 @@ std::vector<int32_t> batch_token_ids(const forward_batch& batch) {
   return ids;
 }
 
-host_tensor mlp_forward(const mlp_weights& w, const host_tensor& x, collective* comm) {
-  host_tensor gate = linear(x, w.gate);
-  host_tensor up = linear(x, w.up);
+void place(mlp_weights& w, device_kind device) {
+  for (tensor* t : {&w.gate, &w.up, &w.down}) place(*t, device);
+}
+
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
+  tensor gate = linear(x, w.gate, ctx);
+  tensor up = linear(x, w.up, ctx);
   kernels::swiglu_params p;
   p.gate = gate.as<float>();
   p.up = up.as<float>();
@@ -96,8 +144,8 @@ host_tensor mlp_forward(const mlp_weights& w, const host_tensor& x, collective* 
   p.rows = gate.shape()[0];
   p.cols = gate.shape()[1];
   p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0) kernels::run_cpu(p);
-  host_tensor out = linear(gate, w.down);
+  if (p.rows > 0) kernels::run(p, ctx);
+  tensor out = linear(gate, w.down, ctx);
   reduce_partial(out, comm);
   return out;
 }
@@ -133,17 +181,41 @@ attention_step build_attention_step(const forward_batch& batch, const hybrid_met
   return s;
 }
 
-host_tensor attention_forward(const attention_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                              const attention_step& step, kv_layer_cache& cache, collective* comm) {
+step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const exec_context& ctx) {
+  step_inputs in;
+  in.mode = meta.mode;
+  in.batch_size = meta.batch_size;
+  in.num_tokens = meta.num_tokens;
+  in.query_start_loc = upload_i32(meta.query_start_loc, ctx);
+  in.mamba_slots = upload_i32(meta.mamba_slots, ctx);
+  in.has_initial_state = tensor::i32({(static_cast<int64_t>(meta.has_initial_state.size()) + 3) / 4}, ctx.device);
+  in.has_initial_state.copy_from_host(meta.has_initial_state.data(), meta.has_initial_state.size());
+  in.positions = upload_i32(meta.positions, ctx);
+  if (step) {
+    in.locs = upload_i32(step->locs, ctx);
+    in.page_table = upload_i32(step->page_table, ctx);
+    in.seq_lens = upload_i32(step->seq_lens, ctx);
+    in.page_table_stride = step->page_table_stride;
+    in.page_size = step->page_size;
+  }
+  return in;
+}
+
+void place(attention_weights& w, device_kind device) {
+  for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place(*t, device);
+}
+
+tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
+                         collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0];
-  host_tensor q = linear(x, w.q);  // [T, qh·hd]
-  host_tensor k = linear(x, w.k);  // [T, kvh·hd]
-  host_tensor v = linear(x, w.v);
+  tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
+  tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
+  tensor v = linear(x, w.v, ctx);
   if (T > 0) {
     kernels::rope_params r;
     r.q = q.as<float>();
     r.k = k.as<float>();
-    r.positions = meta.positions.data();
+    r.positions = in.positions.as<int32_t>();
     r.n_tokens = T;
     r.n_q_heads = w.q_heads;
     r.n_kv_heads = w.kv_heads;
@@ -152,49 +224,49 @@ host_tensor attention_forward(const attention_weights& w, const host_tensor& x, 
     r.q_stride = w.q_heads * w.head_dim;
     r.k_stride = w.kv_heads * w.head_dim;
     r.theta = w.rope_theta;
-    kernels::run_cpu(r);
+    kernels::run(r, ctx);
 
     kernels::kv_write_params kw;
     kw.k = k.as<float>();
     kw.v = v.as<float>();
-    kw.locs = step.locs.data();
+    kw.locs = in.locs.as<int32_t>();
     kw.k_cache = cache.k.as<float>();
     kw.v_cache = cache.v.as<float>();
     kw.n_tokens = T;
     kw.kv_heads = w.kv_heads;
     kw.head_dim = w.head_dim;
     kw.k_stride = kw.v_stride = w.kv_heads * w.head_dim;
-    kernels::run_cpu(kw);
+    kernels::run(kw, ctx);
   }
-  host_tensor attn = host_tensor::f32({T, w.q_heads * w.head_dim});
+  tensor attn = tensor::f32({T, w.q_heads * w.head_dim}, ctx.device);
   if (T > 0) {
     kernels::paged_attention_params a;
     a.q = q.as<float>();
     a.k_cache = cache.k.as<float>();
     a.v_cache = cache.v.as<float>();
     a.out = attn.as<float>();
-    a.query_start_loc = meta.query_start_loc.data();
-    a.seq_lens = step.seq_lens.data();
-    a.page_table = step.page_table.data();
-    a.batch = meta.batch_size;
+    a.query_start_loc = in.query_start_loc.as<int32_t>();
+    a.seq_lens = in.seq_lens.as<int32_t>();
+    a.page_table = in.page_table.as<int32_t>();
+    a.batch = in.batch_size;
     a.q_heads = w.q_heads;
     a.kv_heads = w.kv_heads;
     a.head_dim = w.head_dim;
-    a.page_size = step.page_size;
-    a.page_table_stride = step.page_table_stride;
+    a.page_size = in.page_size;
+    a.page_table_stride = in.page_table_stride;
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    kernels::run_cpu(a);
+    kernels::run(a, ctx);
   }
-  host_tensor out = linear(attn, w.o);
+  tensor out = linear(attn, w.o, ctx);
   reduce_partial(out, comm);
   return out;
 }
 
 namespace {
 
-void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, const host_tensor& proj,
-                     const host_tensor& xbc, host_tensor& y, mamba_layer_state& state, const hybrid_metadata& meta) {
+void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, const tensor& proj, const tensor& xbc,
+                     tensor& y, mamba_layer_state& state, const step_inputs& in) {
   const int64_t di = w.d_inner(), conv = w.conv_dim(), in_w = proj.shape()[1];
   p.x = xbc.as<float>();
   p.dt = proj.as<float>() + di + conv;
@@ -205,8 +277,8 @@ void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, con
   p.D = w.D.as<float>();
   p.y = y.as<float>();
   p.ssm_states = state.ssm.as<float>();
-  p.state_indices = meta.mamba_slots.data();
-  p.batch = meta.batch_size;
+  p.state_indices = in.mamba_slots.as<int32_t>();
+  p.batch = in.batch_size;
   p.heads = w.heads;
   p.head_dim = w.head_dim;
   p.d_state = w.d_state;
@@ -222,18 +294,23 @@ void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, con
 
 }  // namespace
 
-host_tensor mamba2_forward(const mamba2_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                           mamba_layer_state& state, collective* comm) {
+void place(mamba2_weights& w, device_kind device) {
+  for (tensor* t : {&w.in_proj, &w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.D, &w.norm, &w.out_proj})
+    place(*t, device);
+}
+
+tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
+                      collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
-  if (T == 0) return host_tensor::f32({0, hidden});
+  if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   const int64_t di = w.d_inner(), conv = w.conv_dim();
-  host_tensor proj = linear(x, w.in_proj);  // [T, di + conv + heads]: z | xBC | dt
+  tensor proj = linear(x, w.in_proj, ctx);  // [T, di + conv + heads]: z | xBC | dt
   const int64_t in_w = proj.shape()[1];
-  host_tensor xbc = host_tensor::f32({T, conv});  // after conv + SiLU
-  host_tensor y = host_tensor::f32({T, di});
+  tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
+  tensor y = tensor::f32({T, di}, ctx.device);
 
   bool recurrent_step = false;  // one token per row updating state in place
-  switch (meta.mode) {
+  switch (in.mode) {
     case forward_mode::kExtend:
     case forward_mode::kMixed:
     case forward_mode::kDraftExtend:
@@ -242,11 +319,11 @@ host_tensor mamba2_forward(const mamba2_weights& w, const host_tensor& x, const 
       recurrent_step = true;
       break;
     case forward_mode::kIdle:
-      return host_tensor::f32({0, hidden});
+      return tensor::f32({0, hidden}, ctx.device);
     case forward_mode::kTargetVerify:
     case forward_mode::kDraft:
       throw invalid_argument_error(std::string("Mamba2 mixer: forward mode ") +
-                                   std::string(forward_mode_name(meta.mode)) +
+                                   std::string(forward_mode_name(in.mode)) +
                                    " needs the per-step state path, which this build does not have");
   }
 
@@ -256,41 +333,41 @@ host_tensor mamba2_forward(const mamba2_weights& w, const host_tensor& x, const 
     c.weight = w.conv_w.as<float>();
     c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
     c.out = xbc.as<float>();
-    c.state_indices = meta.mamba_slots.data();
+    c.state_indices = in.mamba_slots.as<int32_t>();
     c.conv_states = state.conv.as<float>();
-    c.batch = meta.batch_size;
+    c.batch = in.batch_size;
     c.dim = conv;
     c.width = w.conv_width;
     c.x_stride = in_w;
     c.out_stride = conv;
     c.silu = true;
-    kernels::run_cpu(c);
+    kernels::run(c, ctx);
     kernels::selective_state_update_params s;
-    fill_ssm_common(s, w, proj, xbc, y, state, meta);
-    kernels::run_cpu(s);
+    fill_ssm_common(s, w, proj, xbc, y, state, in);
+    kernels::run(s, ctx);
   } else {
     kernels::conv1d_varlen_params c;
     c.x = proj.as<float>() + di;
     c.weight = w.conv_w.as<float>();
     c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
     c.out = xbc.as<float>();
-    c.query_start_loc = meta.query_start_loc.data();
-    c.state_indices = meta.mamba_slots.data();
-    c.has_initial_state = meta.has_initial_state.data();
+    c.query_start_loc = in.query_start_loc.as<int32_t>();
+    c.state_indices = in.mamba_slots.as<int32_t>();
+    c.has_initial_state = in.initial_state_flags();
     c.conv_states = state.conv.as<float>();
-    c.batch = meta.batch_size;
+    c.batch = in.batch_size;
     c.dim = conv;
     c.width = w.conv_width;
     c.x_stride = in_w;
     c.out_stride = conv;
     c.silu = true;
-    kernels::run_cpu(c);
+    kernels::run(c, ctx);
     kernels::ssd_chunk_scan_params s;
-    fill_ssm_common(s, w, proj, xbc, y, state, meta);
-    s.query_start_loc = meta.query_start_loc.data();
-    s.has_initial_state = meta.has_initial_state.data();
+    fill_ssm_common(s, w, proj, xbc, y, state, in);
+    s.query_start_loc = in.query_start_loc.as<int32_t>();
+    s.has_initial_state = in.initial_state_flags();
     s.chunk_size = w.chunk_size;
-    kernels::run_cpu(s);
+    kernels::run(s, ctx);
   }
 
   // Gated RMSNorm over groups; a group split across ranks reduces its sum of squares first.
@@ -306,19 +383,19 @@ host_tensor mamba2_forward(const mamba2_weights& w, const host_tensor& x, const 
   g.out_stride = di;
   g.group_size = w.norm_group_size;
   g.eps = w.eps;
-  host_tensor sumsq;
+  tensor sumsq;
   if (w.norm_group_global > w.norm_group_size && comm && comm->size() > 1) {
-    sumsq = host_tensor::f32({T, di / w.norm_group_size});
+    sumsq = tensor::f32({T, di / w.norm_group_size}, ctx.device);
     g.sumsq_out = sumsq.as<float>();
-    kernels::run_cpu(g);
+    kernels::run(g, ctx);
     comm->all_reduce_sum(sumsq.as<float>(), sumsq.numel());
     g.sumsq_out = nullptr;
     g.sumsq_in = sumsq.as<float>();
     g.group_count = w.norm_group_global;
   }
-  kernels::run_cpu(g);
+  kernels::run(g, ctx);
 
-  host_tensor out = linear(y, w.out_proj);
+  tensor out = linear(y, w.out_proj, ctx);
   reduce_partial(out, comm);
   return out;
 }

@@ -1,12 +1,15 @@
 #pragma once
 // Shared layer builders for hybrid architectures: norms, projections, the Mamba2 mixer,
 // attention over the paged KV cache, and the SwiGLU MLP. Activations are contiguous f32
-// [num_tokens, features] host tensors; tensor-parallel partial sums are reduced through the
-// collective (null = tp 1).
+// [num_tokens, features] tensors on the model's device (ctx.device): weights, activations,
+// caches and the per-step metadata all live there, and every op goes through kernels::run, so
+// the same code runs on the CPU and on CUDA. Tensor-parallel partial sums are reduced through
+// the collective (null = tp 1), which must accept pointers of that device.
 #include <cstdint>
 #include <vector>
 
 #include "hyserve/common/tensor.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
@@ -14,28 +17,39 @@
 
 namespace hyserve::worker::layers {
 
-// y = x · wᵀ: x [T, in], w [out, in] → [T, out].
-host_tensor linear(const host_tensor& x, const host_tensor& w);
-// a += b (same shape).
-void add_inplace(host_tensor& a, const host_tensor& b);
-host_tensor rmsnorm(const host_tensor& x, const host_tensor& weight, float eps);
-// Sums a row-parallel partial result over the tp group.
-void reduce_partial(host_tensor& x, collective* comm);
+using kernels::exec_context;
 
-// Vocab-parallel embedding: table holds rows [vocab_start, vocab_start + rows) → [T, hidden].
-host_tensor embed(const std::vector<int32_t>& ids, const host_tensor& table, int64_t vocab_start, collective* comm);
-// Vocab-parallel lm_head: x [R, hidden] · w_localᵀ, gathered to [R, vocab].
-host_tensor lm_head(const host_tensor& x, const host_tensor& w_local, collective* comm);
+// Copies t to `device` in place (weights are loaded on the host and placed once).
+void place(tensor& t, device_kind device);
+
+// y = x · wᵀ: x [T, in], w [out, in] → [T, out].
+tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
+// a += b (same shape).
+void add_inplace(tensor& a, const tensor& b, const exec_context& ctx);
+tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_context& ctx);
+// Sums a row-parallel partial result over the tp group.
+void reduce_partial(tensor& x, collective* comm);
+// Rows `rows` (i32 [R] on ctx.device) of x [T, cols] → [R, cols].
+tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx);
+// A host vector as a 1-D i32 tensor on ctx.device.
+tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx);
+
+// Vocab-parallel embedding: table holds rows [vocab_start, vocab_start + rows) of the
+// vocabulary; ids i32 [T] on ctx.device → [T, hidden].
+tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx);
+// Vocab-parallel lm_head: x [R, hidden] · w_localᵀ, gathered to [R, vocab], returned on the HOST.
+tensor lm_head(const tensor& x, const tensor& w_local, collective* comm, const exec_context& ctx);
 
 // Tokens of the batch gathered into one list, in query_start_loc order.
 std::vector<int32_t> batch_token_ids(const forward_batch& batch);
 
 struct mlp_weights {
-  host_tensor gate;  // [inter_local, hidden]
-  host_tensor up;    // [inter_local, hidden]
-  host_tensor down;  // [hidden, inter_local]
+  tensor gate;  // [inter_local, hidden]
+  tensor up;    // [inter_local, hidden]
+  tensor down;  // [hidden, inter_local]
 };
-host_tensor mlp_forward(const mlp_weights& w, const host_tensor& x, collective* comm);
+void place(mlp_weights& w, device_kind device);
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
 
 // KV bookkeeping of one step, shared by every attention layer.
 struct attention_step {
@@ -48,26 +62,47 @@ struct attention_step {
 attention_step build_attention_step(const forward_batch& batch, const hybrid_metadata& meta,
                                     const req_to_token_pool& req_to_token, int32_t page_size);
 
+// The step's metadata on the model's device, uploaded once per step and read by every layer.
+struct step_inputs {
+  forward_mode mode = forward_mode::kIdle;
+  int64_t batch_size = 0, num_tokens = 0;
+  tensor query_start_loc;    // i32 [bs + 1]
+  tensor mamba_slots;        // i32 [bs]; -1 = padding
+  tensor has_initial_state;  // [bs] bytes (uint8), held in an i32 tensor of ceil(bs / 4) elements
+  tensor positions;          // i32 [num_tokens]
+  // Attention layers only (empty otherwise): see attention_step.
+  tensor locs;               // i32 [num_tokens]
+  tensor page_table;         // i32 [bs, page_table_stride]
+  tensor seq_lens;           // i32 [bs]
+  int64_t page_table_stride = 0;
+  int32_t page_size = 0;
+
+  const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }
+};
+// step may be null (no attention layers).
+step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const exec_context& ctx);
+
 struct attention_weights {
-  host_tensor q;  // [q_heads_local·head_dim, hidden]
-  host_tensor k;  // [kv_heads_local·head_dim, hidden]
-  host_tensor v;  // [kv_heads_local·head_dim, hidden]
-  host_tensor o;  // [hidden, q_heads_local·head_dim]
+  tensor q;  // [q_heads_local·head_dim, hidden]
+  tensor k;  // [kv_heads_local·head_dim, hidden]
+  tensor v;  // [kv_heads_local·head_dim, hidden]
+  tensor o;  // [hidden, q_heads_local·head_dim]
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
   float rope_theta = 10000.0f;
 };
-host_tensor attention_forward(const attention_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                              const attention_step& step, kv_layer_cache& cache, collective* comm);
+void place(attention_weights& w, device_kind device);
+tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
+                         collective* comm, const exec_context& ctx);
 
 struct mamba2_weights {
-  host_tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
-  host_tensor conv_w;    // [conv_local, K]
-  host_tensor conv_b;    // [conv_local]; empty = no bias
-  host_tensor dt_bias;   // [heads_local]
-  host_tensor A_log;     // [heads_local]
-  host_tensor D;         // [heads_local]
-  host_tensor norm;      // [di_local]
-  host_tensor out_proj;  // [hidden, di_local]
+  tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
+  tensor conv_w;    // [conv_local, K]
+  tensor conv_b;    // [conv_local]; empty = no bias
+  tensor dt_bias;   // [heads_local]
+  tensor A_log;     // [heads_local]
+  tensor D;         // [heads_local]
+  tensor norm;      // [di_local]
+  tensor out_proj;  // [hidden, di_local]
   int64_t heads = 0, head_dim = 0, d_state = 0, groups = 0;  // local counts
   int64_t conv_width = 0, chunk_size = 256;
   int64_t norm_group_size = 0;    // local channels per gated-norm group
@@ -77,7 +112,8 @@ struct mamba2_weights {
   int64_t d_inner() const { return heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }
 };
-host_tensor mamba2_forward(const mamba2_weights& w, const host_tensor& x, const hybrid_metadata& meta,
-                           mamba_layer_state& state, collective* comm);
+void place(mamba2_weights& w, device_kind device);
+tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
+                      collective* comm, const exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

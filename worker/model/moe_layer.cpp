@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "hyserve/kernels/activation.h"
+#include "hyserve/kernels/row_ops.h"
+#include "hyserve/kernels/run.h"
 #include "load_util.h"
 
 namespace hyserve::worker::layers {
@@ -25,10 +27,10 @@ void load_swiglu(const weight_source& ws, const std::string& p, int64_t hidden, 
 
 // down · (silu(gate · x) ⊙ up · x) on this rank's slice of the intermediate dimension: a partial
 // sum over tp.
-host_tensor swiglu_partial(const mlp_weights& w, const host_tensor& x) {
-  const host_tensor gate = linear(x, w.gate);
-  const host_tensor up = linear(x, w.up);
-  host_tensor act = host_tensor::f32(gate.shape());
+tensor swiglu_partial(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
+  const tensor gate = linear(x, w.gate, ctx);
+  const tensor up = linear(x, w.up, ctx);
+  tensor act = tensor::f32(gate.shape(), ctx.device);
   kernels::swiglu_params p;
   p.gate = gate.as<float>();
   p.up = up.as<float>();
@@ -36,8 +38,8 @@ host_tensor swiglu_partial(const mlp_weights& w, const host_tensor& x) {
   p.rows = gate.shape()[0];
   p.cols = gate.shape()[1];
   p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0 && p.cols > 0) kernels::run_cpu(p);
-  return linear(act, w.down);
+  if (p.rows > 0 && p.cols > 0) kernels::run(p, ctx);
+  return linear(act, w.down, ctx);
 }
 
 }  // namespace
@@ -60,15 +62,22 @@ moe_weights load_moe(const weight_source& ws, const std::string& prefix, const m
   return w;
 }
 
-host_tensor moe_forward(const moe_weights& w, const host_tensor& x, collective* comm) {
+void place(moe_weights& w, device_kind device) {
+  place(w.router, device);
+  for (mlp_weights& e : w.experts) place(e, device);
+  place(w.shared, device);
+  place(w.shared_gate, device);
+}
+
+tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
   const int64_t E = static_cast<int64_t>(w.experts.size()), k = w.top_k;
-  host_tensor out = host_tensor::f32({T, H});
+  tensor out = tensor::f32({T, H}, ctx.device);
 
   // Routing: softmax over experts, the k largest (ties to the lower index), optionally
   // renormalised. Tokens and their weights are then grouped by expert.
-  const host_tensor logits = linear(x, w.router);  // [T, E]
-  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(E));
+  const tensor logits = linear(x, w.router, ctx).to_host();  // [T, E]
+  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(E));
   std::vector<std::vector<float>> weights(static_cast<size_t>(E));
   std::vector<float> prob(static_cast<size_t>(E));
   std::vector<int64_t> order(static_cast<size_t>(E));
@@ -87,41 +96,46 @@ host_tensor moe_forward(const moe_weights& w, const host_tensor& x, collective* 
     for (int64_t j = 0; j < k; ++j) top_sum += prob[static_cast<size_t>(order[static_cast<size_t>(j)])];
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[static_cast<size_t>(j)];
-      tokens[static_cast<size_t>(e)].push_back(t);
+      tokens[static_cast<size_t>(e)].push_back(static_cast<int32_t>(t));
       weights[static_cast<size_t>(e)].push_back(w.norm_topk_prob ? prob[static_cast<size_t>(e)] / top_sum
                                                                  : prob[static_cast<size_t>(e)]);
     }
   }
 
-  // Experts in index order, each over the tokens routed to it.
+  // Experts in index order, each over the tokens routed to it (distinct rows, so the weighted
+  // scatter-add into out has no conflicts).
   for (int64_t e = 0; e < E; ++e) {
-    const std::vector<int64_t>& idx = tokens[static_cast<size_t>(e)];
+    const std::vector<int32_t>& idx = tokens[static_cast<size_t>(e)];
     if (idx.empty()) continue;
-    const auto n = static_cast<int64_t>(idx.size());
-    host_tensor xe = host_tensor::f32({n, H});
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(xe.as<float>() + i * H, x.as<float>() + idx[static_cast<size_t>(i)] * H,
-                  static_cast<size_t>(H) * sizeof(float));
-    const host_tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], xe);
-    for (int64_t i = 0; i < n; ++i) {
-      const float wt = weights[static_cast<size_t>(e)][static_cast<size_t>(i)];
-      float* o = out.as<float>() + idx[static_cast<size_t>(i)] * H;
-      const float* y = ye.as<float>() + i * H;
-      for (int64_t c = 0; c < H; ++c) o[c] += wt * y[c];
-    }
+    const tensor rows = upload_i32(idx, ctx);
+    const tensor wt = tensor::from_host(weights[static_cast<size_t>(e)].data(), dtype::kF32,
+                                        static_cast<int64_t>(idx.size()), ctx.device);
+    const tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], gather_rows(x, rows, ctx), ctx);
+    kernels::row_add_params p;
+    p.x = ye.as<float>();
+    p.out = out.as<float>();
+    p.out_rows = rows.as<int32_t>();
+    p.weights = wt.as<float>();
+    p.rows = static_cast<int64_t>(idx.size());
+    p.cols = H;
+    p.x_stride = p.out_stride = H;
+    kernels::run(p, ctx);
   }
 
   // Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
   // partial sum before the reduction.
   if (!w.shared.gate.empty() && T > 0) {
-    const host_tensor ys = swiglu_partial(w.shared, x);
-    const host_tensor gl = w.shared_gate.empty() ? host_tensor() : linear(x, w.shared_gate);  // [T, 1]
-    for (int64_t t = 0; t < T; ++t) {
-      const float g = gl.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-gl.as<float>()[t]));
-      float* o = out.as<float>() + t * H;
-      const float* y = ys.as<float>() + t * H;
-      for (int64_t c = 0; c < H; ++c) o[c] += g * y[c];
-    }
+    const tensor ys = swiglu_partial(w.shared, x, ctx);
+    const tensor gl = w.shared_gate.empty() ? tensor() : linear(x, w.shared_gate, ctx);  // [T, 1]
+    kernels::row_add_params p;
+    p.x = ys.as<float>();
+    p.out = out.as<float>();
+    p.gate_logits = gl.empty() ? nullptr : gl.as<float>();
+    p.gate_stride = 1;
+    p.rows = T;
+    p.cols = H;
+    p.x_stride = p.out_stride = H;
+    kernels::run(p, ctx);
   }
   reduce_partial(out, comm);
   return out;

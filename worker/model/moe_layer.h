@@ -19,10 +19,10 @@
 namespace hyserve::worker::layers {
 
 struct moe_weights {
-  host_tensor router;                // [num_experts, hidden]
+  tensor router;                // [num_experts, hidden]
   std::vector<mlp_weights> experts;  // [num_experts], each [moe_inter_local, hidden] / [hidden, moe_inter_local]
   mlp_weights shared;                // [shared_inter_local, hidden] …; empty gate = no shared expert
-  host_tensor shared_gate;           // [1, hidden]; empty = shared expert ungated
+  tensor shared_gate;           // [1, hidden]; empty = shared expert ungated
   int64_t top_k = 1;
   bool norm_topk_prob = true;
 };
@@ -31,7 +31,10 @@ struct moe_weights {
 // experts stored one by one (experts.{e}.gate_proj/up_proj/down_proj).
 moe_weights load_moe(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp);
 
-// x [T, hidden] → [T, hidden], reduced over tp.
-host_tensor moe_forward(const moe_weights& w, const host_tensor& x, collective* comm);
+void place(moe_weights& w, device_kind device);
+
+// x [T, hidden] → [T, hidden], reduced over tp. Routing runs on the host over the router
+// logits ([T, num_experts], copied back); experts run on ctx.device over gathered rows.
+tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

@@ -20,8 +20,8 @@ std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i)
 struct qwen3_next_layer {
   layer_kind kind = layer_kind::kGatedDeltaNet;
   bool moe = false;
-  host_tensor input_norm;           // [hidden], 1 + w
-  host_tensor post_attention_norm;  // [hidden], 1 + w
+  tensor input_norm;           // [hidden], 1 + w
+  tensor post_attention_norm;  // [hidden], 1 + w
   layers::gdn_weights gdn;
   layers::gated_attention_weights attn;
   layers::moe_weights moe_block;
@@ -33,8 +33,9 @@ struct qwen3_next_layer {
 // scales by 1 + w, and is loaded as the plain weight 1 + w. The GDN output norm is not.
 class qwen3_next_model final : public model {
  public:
-  qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm)
-      : mc_(mc), tp_(tp), comm_(comm) {
+  qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
+                   const kernels::exec_context& ctx)
+      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx) {
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
     const int r = tp.rank, n = tp.size;
@@ -78,6 +79,7 @@ class qwen3_next_model final : public model {
         L.mlp.down = ws.load_slice(p + "mlp.down_proj.weight", {H, I}, 1, r * il, (r + 1) * il);
       }
     }
+    place_weights();
   }
 
   const model_config& config() const override { return mc_; }
@@ -97,83 +99,90 @@ class qwen3_next_model final : public model {
   }
 
   int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_); }
+  const kernels::exec_context& exec() const override { return ctx_; }
 
-  host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
-                      const forward_options& opts) override {
+  tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                 const forward_options& opts) override {
     const std::vector<int32_t> ids = layers::batch_token_ids(batch);
     for (size_t t = 0; t < ids.size(); ++t)
       if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
         throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " + std::to_string(t) +
                                      " is outside the vocabulary [0, " + std::to_string(mc_.vocab_size) + ")");
-    host_tensor h = layers::embed(ids, embed_, tp_.rank * vocab_local_, comm_);
+    layers::attention_step step;
+    const bool attention = mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0;
+    if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
+    const layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
+
+    tensor h = layers::embed(layers::upload_i32(ids, ctx_), embed_, tp_.rank * vocab_local_, comm_, ctx_);
     if (opts.hidden_states) opts.hidden_states->clear();
-    auto capture = [&](const host_tensor& t) {
-      if (!opts.hidden_states) return;
-      host_tensor copy(dtype::kF32, t.shape());
-      std::memcpy(copy.data(), t.data(), t.nbytes());
-      opts.hidden_states->push_back(std::move(copy));
+    auto capture = [&](const tensor& t) {
+      if (opts.hidden_states) opts.hidden_states->push_back(tensor::copy_of(t, device_kind::kCpu));
     };
     capture(h);
 
-    layers::attention_step step;
-    if (mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0)
-      step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
-
     for (qwen3_next_layer& L : layers_) {
-      host_tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps);
-      host_tensor mixed;
+      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ctx_);
+      tensor mixed;
       switch (L.kind) {
         case layer_kind::kGatedDeltaNet:
-          mixed = layers::gdn_forward(L.gdn, x, meta, ctx.mamba->layer(L.cache_index), comm_);
+          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_);
           break;
         case layer_kind::kAttention:
-          mixed = layers::gated_attention_forward(L.attn, x, meta, step, ctx.kv->layer(L.cache_index), comm_);
+          mixed = layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);
           break;
         case layer_kind::kMamba2:
           throw error("Qwen3-Next: Mamba2 layer in a Qwen3-Next model");  // rejected at load
       }
-      layers::add_inplace(h, mixed);
-      const host_tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps);
-      const host_tensor y =
-          L.moe ? layers::moe_forward(L.moe_block, y_in, comm_) : layers::mlp_forward(L.mlp, y_in, comm_);
-      layers::add_inplace(h, y);
+      layers::add_inplace(h, mixed, ctx_);
+      const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ctx_);
+      const tensor y = L.moe ? layers::moe_forward(L.moe_block, y_in, comm_, ctx_)
+                             : layers::mlp_forward(L.mlp, y_in, comm_, ctx_);
+      layers::add_inplace(h, y, ctx_);
       capture(h);
     }
 
     // Final norm and lm_head only on the rows that need logits.
-    host_tensor rows;
-    if (opts.all_logits) {
-      rows = std::move(h);
-    } else {
-      const int64_t H = mc_.hidden_size;
-      rows = host_tensor::f32({static_cast<int64_t>(meta.logit_token_indices.size()), H});
-      for (size_t i = 0; i < meta.logit_token_indices.size(); ++i)
-        std::memcpy(rows.as<float>() + static_cast<int64_t>(i) * H,
-                    h.as<float>() + static_cast<int64_t>(meta.logit_token_indices[i]) * H,
-                    static_cast<size_t>(H) * sizeof(float));
-    }
-    host_tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps);
+    const tensor rows =
+        opts.all_logits ? std::move(h) : layers::gather_rows(h, layers::upload_i32(meta.logit_token_indices, ctx_), ctx_);
+    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ctx_);
     if (opts.hidden_states && opts.all_logits) capture(normed);
-    return layers::lm_head(normed, lm_head_, comm_);
+    return layers::lm_head(normed, lm_head_, comm_, ctx_);
   }
 
  private:
+  // Weights are loaded on the host and placed on the model's device once.
+  void place_weights() {
+    const device_kind d = ctx_.device;
+    for (tensor* t : {&embed_, &final_norm_, &lm_head_}) layers::place(*t, d);
+    for (qwen3_next_layer& L : layers_) {
+      layers::place(L.input_norm, d);
+      layers::place(L.post_attention_norm, d);
+      if (L.kind == layer_kind::kGatedDeltaNet) layers::place(L.gdn, d);
+      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d);
+      if (L.moe)
+        layers::place(L.moe_block, d);
+      else
+        layers::place(L.mlp, d);
+    }
+  }
+
   model_config mc_;
   tp_placement tp_;
   collective* comm_;
+  kernels::exec_context ctx_;
   int64_t vocab_local_ = 0;
   int64_t kv_heads_local_ = 0;
-  host_tensor embed_;       // [vocab_local, hidden]
-  host_tensor final_norm_;  // [hidden], 1 + w
-  host_tensor lm_head_;     // [vocab_local, hidden]
+  tensor embed_;       // [vocab_local, hidden]
+  tensor final_norm_;  // [hidden], 1 + w
+  tensor lm_head_;     // [vocab_local, hidden]
   std::vector<qwen3_next_layer> layers_;
 };
 
 }  // namespace
 
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                       collective* comm) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm);
+                                       collective* comm, const kernels::exec_context& ctx) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx);
 }
 
 }  // namespace hyserve::worker

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/kernels/sampling.h"
 #include "hyserve/worker/hybrid_metadata.h"
 
@@ -13,8 +14,10 @@ namespace {
 
 int32_t pages_needed(int32_t len, int32_t page_size) { return (len + page_size - 1) / page_size; }
 
+// device: cuda runs on CUDA device 0 (config_error when there is none).
 std::unique_ptr<model> build_local_model(const service_config& cfg, collective* comm) {
-  return make_model(cfg, resolve_model_config(cfg), tp_placement{}, comm);
+  const kernels::exec_context ctx = kernels::open_device(cfg.device, 0);
+  return make_model(cfg, resolve_model_config(cfg), tp_placement{}, comm, ctx);
 }
 
 }  // namespace
@@ -29,15 +32,19 @@ engine::engine(std::unique_ptr<model> m, const cache_section& cache) : model_(st
 void engine::init_pools(const cache_section& cache) {
   const model_config& mc = model_->config();
   page_size_ = cache.page_size;
-  const int32_t pages_per_req = pages_needed(cache.max_context, cache.page_size);
-  const int32_t num_pages = cache.num_pages > 0 ? cache.num_pages : cache.max_requests * pages_per_req;
+  const device_kind device = model_->exec().device;
+  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
+  const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
+  const int32_t num_pages = plan_kv_pages(
+      cache, device,
+      kv_cache::bytes_per_page(attn_layers, cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
+      mamba_state_cache::bytes_per_slot(recurrent_layers, model_->mamba_shape()) * (int64_t{cache.max_requests} + 1));
   req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
   pages_ = std::make_unique<kv_page_allocator>(num_pages);
-  kv_ = std::make_unique<kv_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention)), num_pages,
-                                   cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim));
+  kv_ = std::make_unique<kv_cache>(attn_layers, num_pages, cache.page_size, model_->kv_heads_local(),
+                                   static_cast<int32_t>(mc.head_dim), device);
   slots_ = std::make_unique<mamba_slot_allocator>(cache.max_requests);
-  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_recurrent_layers()),
-                                               cache.max_requests, model_->mamba_shape());
+  mamba_ = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, model_->mamba_shape(), device);
 }
 
 engine::~engine() = default;

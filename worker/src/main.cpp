@@ -14,6 +14,7 @@
 #include "hyserve/common/error.h"
 #include "hyserve/common/topology.h"
 #include "hyserve/common/wire.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/worker/mpi_collective.h"
 #include "hyserve/worker/runner.h"
 
@@ -100,8 +101,17 @@ int run(int argc, char** argv) {
   try {
     const model_config mc = resolve_model_config(cfg);
     worker::fault_injection fault{cfg.worker.fail_at_step, cfg.worker.fail_rank};
+    // device: cuda — worker w (dp_rank · tp + tp_rank, its rank among the workers) uses CUDA device
+    // w % cuda_device_count(). The MPI collective reduces host memory, so tp > 1 on CUDA waits
+    // for a device collective.
+    if (cfg.device == device_kind::kCuda && t.tp > 1)
+      throw config_error("device: cuda with parallel.tp > 1 needs a device collective, which this worker does not use yet");
+    const int ordinal =
+        cfg.device == device_kind::kCuda ? (t.dp_rank() * t.tp + t.tp_rank()) % std::max(1, kernels::cuda_device_count()) : 0;
+    const kernels::exec_context ctx = kernels::open_device(cfg.device, ordinal);
     r = std::make_unique<worker::runner>(
-        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get()), cfg.cache, comm.get(), fault);
+        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get(), ctx), cfg.cache, comm.get(),
+        fault);
   } catch (const error& e) {
     say(t, std::string("start-up failed: ") + e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -1,11 +1,11 @@
 #include "hyserve/worker/memory_pools.h"
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <string>
 
 #include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
 
 namespace hyserve::worker {
 namespace {
@@ -127,7 +127,12 @@ void kv_page_allocator::free(const std::vector<int32_t>& pages) {
 
 // ---- kv_cache ----
 
-kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim)
+int64_t kv_cache::bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim) {
+  return int64_t{2} * num_layers * page_size * kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim,
+                   device_kind device)
     : page_size_(page_size), num_pages_(num_pages) {
   require_non_negative("kv_cache num_layers", num_layers);
   require_non_negative("kv_cache num_pages", num_pages);
@@ -136,7 +141,7 @@ kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int
   require_positive("kv_cache head_dim", head_dim);
   layers_.reserve(static_cast<size_t>(num_layers));
   const shape_t shape{num_pages, page_size, kv_heads, head_dim};
-  for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({host_tensor::f32(shape), host_tensor::f32(shape)});
+  for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({tensor::f32(shape, device), tensor::f32(shape, device)});
 }
 
 // ---- mamba_slot_allocator ----
@@ -162,7 +167,14 @@ void mamba_slot_allocator::free(int32_t slot) {
 
 // ---- mamba_state_cache ----
 
-mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape)
+int64_t mamba_state_cache::bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape) {
+  const int64_t conv = int64_t{shape.conv_dim} * (shape.conv_width - 1);
+  const int64_t ssm = int64_t{shape.heads} * shape.head_dim * shape.d_state;
+  return num_layers * (conv + ssm) * static_cast<int64_t>(sizeof(float));
+}
+
+mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape,
+                                     device_kind device)
     : n_slots_(n_slots), shape_(shape) {
   require_non_negative("mamba_state_cache num_layers", num_layers);
   require_non_negative("mamba_state_cache n_slots", n_slots);
@@ -174,8 +186,8 @@ mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const 
   layers_.reserve(static_cast<size_t>(num_layers));
   const int64_t slots = static_cast<int64_t>(n_slots) + 1;  // + the padding slot
   for (int32_t l = 0; l < num_layers; ++l)
-    layers_.push_back({host_tensor::f32({slots, shape.conv_dim, shape.conv_width - 1}),
-                       host_tensor::f32({slots, shape.heads, shape.head_dim, shape.d_state})});
+    layers_.push_back({tensor::f32({slots, shape.conv_dim, shape.conv_width - 1}, device),
+                       tensor::f32({slots, shape.heads, shape.head_dim, shape.d_state}, device)});
 }
 
 void mamba_state_cache::reset_slot(int32_t slot) {
@@ -183,12 +195,30 @@ void mamba_state_cache::reset_slot(int32_t slot) {
     throw invalid_argument_error("mamba slot " + std::to_string(slot) + " is outside [0, " + std::to_string(n_slots_) +
                                  "] (slot " + std::to_string(n_slots_) + " is the padding slot)");
   for (mamba_layer_state& st : layers_) {
-    for (host_tensor* t : {&st.conv, &st.ssm}) {
-      const int64_t per_slot = t->numel() / t->shape()[0];
+    for (tensor* t : {&st.conv, &st.ssm}) {
+      const auto per_slot = static_cast<size_t>(t->numel() / t->shape()[0]) * sizeof(float);
       if (per_slot == 0) continue;  // conv_width 1 keeps no conv window
-      std::memset(t->as<float>() + slot * per_slot, 0, static_cast<size_t>(per_slot) * sizeof(float));
+      t->zero_range(static_cast<size_t>(slot) * per_slot, per_slot);
     }
   }
+}
+
+// ---- sizing ----
+
+int32_t plan_kv_pages(const cache_section& cache, device_kind device, int64_t page_bytes, int64_t state_bytes) {
+  if (cache.num_pages > 0) return cache.num_pages;
+  const int64_t pages_per_req = (int64_t{cache.max_context} + cache.page_size - 1) / cache.page_size;
+  const int64_t addressable = int64_t{cache.max_requests} * pages_per_req;
+  if (device == device_kind::kCpu || page_bytes <= 0) return static_cast<int32_t>(addressable);
+  const kernels::device_memory_info mem = kernels::cuda_memory_info();
+  const double budget = static_cast<double>(mem.free_bytes) * cache.gpu_memory_fraction - static_cast<double>(state_bytes);
+  const int64_t fit = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(page_bytes)) : 0;
+  if (fit < 1)
+    throw capacity_error("cache.gpu_memory_fraction = " + std::to_string(cache.gpu_memory_fraction) + " of " +
+                         std::to_string(mem.free_bytes) + " free device bytes leaves no room for a KV page of " +
+                         std::to_string(page_bytes) + " bytes after " + std::to_string(state_bytes) +
+                         " bytes of recurrent state");
+  return static_cast<int32_t>(std::min(fit, addressable));
 }
 
 }  // namespace hyserve::worker

@@ -19,13 +19,25 @@ runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective*
   const model_config& mc = model_->config();
   page_size_ = cache.page_size;
   max_requests_ = cache.max_requests;
-  const int32_t pages_per_req = (cache.max_context + cache.page_size - 1) / cache.page_size;
-  num_pages_ = cache.num_pages > 0 ? cache.num_pages : cache.max_requests * pages_per_req;
+  const device_kind device = model_->exec().device;
+  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
+  const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
+  num_pages_ = plan_kv_pages(
+      cache, device,
+      kv_cache::bytes_per_page(attn_layers, cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
+      mamba_state_cache::bytes_per_slot(recurrent_layers, model_->mamba_shape()) * (int64_t{cache.max_requests} + 1));
+  // Ranks measuring free device memory may disagree; take the smallest pool so the
+  // coordinator's page numbers are valid on every rank.
+  if (device != device_kind::kCpu && comm_ && comm_->size() > 1) {
+    std::vector<float> all(static_cast<size_t>(comm_->size()));
+    const auto mine = static_cast<float>(num_pages_);
+    comm_->all_gather(&mine, all.data(), 1);
+    num_pages_ = static_cast<int32_t>(*std::min_element(all.begin(), all.end()));
+  }
   req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
-  kv_ = std::make_unique<kv_cache>(static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention)), num_pages_,
-                                   cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim));
-  mamba_ = std::make_unique<mamba_state_cache>(static_cast<int32_t>(mc.num_recurrent_layers()),
-                                               cache.max_requests, model_->mamba_shape());
+  kv_ = std::make_unique<kv_cache>(attn_layers, num_pages_, cache.page_size, model_->kv_heads_local(),
+                                   static_cast<int32_t>(mc.head_dim), device);
+  mamba_ = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, model_->mamba_shape(), device);
 }
 
 runner::~runner() = default;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "hyserve/common/config.h"
 #include "hyserve/common/tensor.h"
 
 namespace hyserve::worker {
@@ -44,15 +45,19 @@ class kv_page_allocator {
   std::vector<uint8_t> in_use_;
 };
 
-// K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each.
+// K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each, on
+// the cache's device.
 struct kv_layer_cache {
-  host_tensor k;
-  host_tensor v;
+  tensor k;
+  tensor v;
 };
 
 class kv_cache {
  public:
-  kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim);
+  kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim,
+           device_kind device = device_kind::kCpu);
+  // Bytes of K and V for one page in every layer (what one more page costs).
+  static int64_t bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim);
   kv_layer_cache& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
   int32_t page_size() const { return page_size_; }
   int32_t num_pages() const { return num_pages_; }
@@ -78,10 +83,10 @@ class mamba_slot_allocator {
   std::vector<uint8_t> in_use_;
 };
 
-// Conv window and SSM state of one SSM layer.
+// Conv window and SSM state of one SSM layer, on the cache's device.
 struct mamba_layer_state {
-  host_tensor conv;  // [n_slots + 1, conv_dim, K-1], oldest first
-  host_tensor ssm;   // [n_slots + 1, heads, head_dim, d_state]
+  tensor conv;  // [n_slots + 1, conv_dim, K-1], oldest first
+  tensor ssm;   // [n_slots + 1, heads, head_dim, d_state]
 };
 
 struct mamba_state_shape {
@@ -91,7 +96,10 @@ struct mamba_state_shape {
 
 class mamba_state_cache {
  public:
-  mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape);
+  mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape,
+                    device_kind device = device_kind::kCpu);
+  // Bytes of conv window and state of one slot in every layer.
+  static int64_t bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape);
   mamba_layer_state& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
   // Zeroes one slot in every layer (a freshly allocated request starts from zero state).
   void reset_slot(int32_t slot);
@@ -103,5 +111,15 @@ class mamba_state_cache {
   mamba_state_shape shape_;
   std::vector<mamba_layer_state> layers_;
 };
+
+// Pages of the KV pool. cache.num_pages > 0 is taken as given. Otherwise on the CPU:
+// max_requests · ceil(max_context / page_size) (every request can reach max_context). On CUDA,
+// measured after the weights are resident:
+//   budget    = free_device_bytes · gpu_memory_fraction − state_bytes
+//   num_pages = min(floor(budget / page_bytes), max_requests · ceil(max_context / page_size))
+// where page_bytes = kv_cache::bytes_per_page(...) and state_bytes is the recurrent-state cache
+// (mamba_state_cache::bytes_per_slot(...) · (max_requests + 1)). Throws capacity_error when the
+// budget holds no page.
+int32_t plan_kv_pages(const cache_section& cache, device_kind device, int64_t page_bytes, int64_t state_bytes);
 
 }  // namespace hyserve::worker

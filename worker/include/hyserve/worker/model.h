@@ -7,6 +7,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/model_config.h"
 #include "hyserve/common/tensor.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
@@ -42,16 +43,20 @@ class model {
   // Per-rank cache shapes (heads split by tp).
   virtual mamba_state_shape mamba_shape() const = 0;
   virtual int32_t kv_heads_local() const = 0;
-  // Runs one step. Returns logits [rows, vocab] (rows = logit_token_indices.size(), or
-  // num_tokens with all_logits). Writes KV for the batch's tokens at the locations that
+  // The device the model's weights live on and its ops run on; the caches of ctx must live
+  // there too.
+  virtual const kernels::exec_context& exec() const = 0;
+  // Runs one step. Returns logits [rows, vocab] as a HOST tensor (rows =
+  // logit_token_indices.size(), or num_tokens with all_logits); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
   // ctx.req_to_token holds for their positions, and updates SSM/conv state per the mode.
-  virtual host_tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+  virtual tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                               const forward_options& opts) = 0;
 };
 
-// Builds the configured model: weights from the checkpoint directory or synthetic. comm may be
-// null for tp = 1.
+// Builds the configured model: weights from the checkpoint directory or synthetic, loaded on the
+// host and placed on ctx.device (kernels::open_device gives the context). comm may be null for
+// tp = 1.
 std::unique_ptr<model> make_model(const service_config& cfg, const model_config& mc, tp_placement tp,
-                                  collective* comm);
+                                  collective* comm, const kernels::exec_context& ctx = {});
 
 }  // namespace hyserve::worker
