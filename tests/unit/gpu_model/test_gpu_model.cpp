@@ -144,8 +144,8 @@ TEST_P(GpuFixture, BatchedExtendDecodeMixedMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::Values("bamba-tiny", "qwen3next-tiny"),
-                         [](const auto& info) {
-                           std::string s = info.param;
+                         [](const ::testing::TestParamInfo<std::string>& fixture) {
+                           std::string s = fixture.param;
                            std::replace(s.begin(), s.end(), '-', '_');
                            return "Cuda_f32_" + s;
                          });
