@@ -298,10 +298,24 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // slices empty; those exit after writing an empty partial.
   const auto n_slices =
       static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
-  // Decode slices: about 12 four-warp blocks per SM (register-bound residency is ~3-4 per SM),
-  // so that batch × kv_heads far below the SM count still streams K/V from every SM.
-  const auto n_dec = static_cast<int>(
-      std::clamp<int64_t>(ceil_div(12 * sm_count(), p.batch * p.kv_heads), 1, kMaxDecodeSlices));
+  // Decode slices: at least ~3 waves of resident four-warp blocks (register-bound: ~3 per SM),
+  // and a slice count whose block total fills its last wave best (slices are equal work: a
+  // wave one-tenth full costs nearly a whole wave).
+  const int64_t pairs = p.batch * p.kv_heads;
+  const int64_t resident = 3 * static_cast<int64_t>(sm_count());
+  int n_dec = 1;
+  if (pairs < 3 * resident) {
+    double best = 0.0;
+    const int64_t lo = std::min<int64_t>(ceil_div(3 * resident, pairs), kMaxDecodeSlices);
+    for (int64_t n = lo; n <= std::min<int64_t>(2 * lo, kMaxDecodeSlices); ++n) {
+      const int64_t blocks = n * pairs;
+      const double fill = static_cast<double>(blocks) / static_cast<double>(ceil_div(blocks, resident) * resident);
+      if (fill > best + 1e-9) {
+        best = fill;
+        n_dec = static_cast<int>(n);
+      }
+    }
+  }
   const int n_part = decode_kernel ? n_dec : n_slices;
   attn_partials part;
   if (n_part > 1) {

@@ -88,47 +88,56 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   const int64_t ps = p.page_size;
   const float4* k_cache = reinterpret_cast<const float4*>(p.k_cache);
   const float4* v_cache = reinterpret_cast<const float4*>(p.v_cache);
-  constexpr int kStep = kWarps * NG;  // keys per block step
+  // Each step a group takes two keys (s and s + NG), both loaded before either is used: twice
+  // the bytes in flight per warp.
+  constexpr int kStep = kWarps * NG * 2;  // keys per block step
   for (int64_t s0 = kb; s0 < ke; s0 += kStep) {
-    const int64_t s = s0 + warp * NG + grp;  // this group's key
-    const bool valid = s < ke;
-    float4 kv[NC], vv[NC];
-    if (valid) {
-      const int64_t loc = static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
-      const int64_t base = ((loc * p.kv_heads + kvh) * D) / 4 + li;
+    float4 kv[2][NC], vv[2][NC];
+    bool valid[2];
 #pragma unroll
-      for (int c = 0; c < NC; ++c) kv[c] = __ldcs(k_cache + base + LPK * c);
+    for (int u = 0; u < 2; ++u) {
+      const int64_t s = s0 + (2 * warp + u) * NG + grp;  // this group's key u
+      valid[u] = s < ke;
+      if (valid[u]) {
+        const int64_t loc = static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
+        const int64_t base = ((loc * p.kv_heads + kvh) * D) / 4 + li;
 #pragma unroll
-      for (int c = 0; c < NC; ++c) vv[c] = __ldcs(v_cache + base + LPK * c);
-    } else {
+        for (int c = 0; c < NC; ++c) kv[u][c] = __ldcs(k_cache + base + LPK * c);
 #pragma unroll
-      for (int c = 0; c < NC; ++c) kv[c] = vv[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c = 0; c < NC; ++c) vv[u][c] = __ldcs(v_cache + base + LPK * c);
+      } else {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) kv[u][c] = vv[u][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
-    float sc[G];
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float d = 0.0f;
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-        d += q[h][c][0] * kv[c].x + q[h][c][1] * kv[c].y + q[h][c][2] * kv[c].z + q[h][c][3] * kv[c].w;
-#pragma unroll
-      for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      sc[h] = d;
-    }
-    if (valid) {  // uniform inside a group
+    for (int u = 0; u < 2; ++u) {
+      float sc[G];
 #pragma unroll
       for (int h = 0; h < G; ++h) {
-        const float m_new = fmaxf(m[h], sc[h]);
-        const float corr = expf(m[h] - m_new);  // m = -inf first: exp(-inf) = 0, acc is 0 anyway
-        const float pk = expf(sc[h] - m_new);
-        m[h] = m_new;
-        l[h] = l[h] * corr + pk;
+        float d = 0.0f;
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          acc[h][c][0] = acc[h][c][0] * corr + pk * vv[c].x;
-          acc[h][c][1] = acc[h][c][1] * corr + pk * vv[c].y;
-          acc[h][c][2] = acc[h][c][2] * corr + pk * vv[c].z;
-          acc[h][c][3] = acc[h][c][3] * corr + pk * vv[c].w;
+        for (int c = 0; c < NC; ++c)
+          d += q[h][c][0] * kv[u][c].x + q[h][c][1] * kv[u][c].y + q[h][c][2] * kv[u][c].z + q[h][c][3] * kv[u][c].w;
+#pragma unroll
+        for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[h] = d;
+      }
+      if (valid[u]) {  // uniform inside a group
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float m_new = fmaxf(m[h], sc[h]);
+          const float corr = expf(m[h] - m_new);  // m = -inf first: exp(-inf) = 0, acc is 0 anyway
+          const float pk = expf(sc[h] - m_new);
+          m[h] = m_new;
+          l[h] = l[h] * corr + pk;
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            acc[h][c][0] = acc[h][c][0] * corr + pk * vv[u][c].x;
+            acc[h][c][1] = acc[h][c][1] * corr + pk * vv[u][c].y;
+            acc[h][c][2] = acc[h][c][2] * corr + pk * vv[u][c].z;
+            acc[h][c][3] = acc[h][c][3] * corr + pk * vv[u][c].w;
+          }
         }
       }
     }

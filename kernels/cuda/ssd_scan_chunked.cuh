@@ -223,21 +223,42 @@ __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chun
     const double A = -exp(static_cast<double>(p.A_log[h]));
     const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
 
-    // Stage the chunk; rows >= L are zeros (dt = 0 keeps cum flat, x = B = C = 0).
-    for (int e = tid; e < Q * N; e += kThreads) {
-      const int j = e / N, n = e % N;
-      float bv = 0.0f, cv = 0.0f;
-      if (j < L) {
-        const int64_t off = (t0 + j) * p.bc_stride + grp * N + n;
-        bv = to_float(Bg[off]);
-        cv = to_float(Cg[off]);
+    // Stage the chunk; rows >= L are zeros (dt = 0 keeps cum flat, x = B = C = 0). Loads are
+    // batched kUnroll deep into registers before the shared stores, so that a thread has that
+    // many L2/DRAM requests in flight instead of one.
+    constexpr int kUnroll = 8;
+    static_assert((Q * N) % (kThreads * kUnroll) == 0 && (Q * P) % (kThreads * kUnroll) == 0, "whole batches");
+    for (int e0 = 0; e0 < Q * N; e0 += kThreads * kUnroll) {
+      float bv[kUnroll], cv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = e0 + u * kThreads + tid, j = e / N, n = e % N;
+        bv[u] = cv[u] = 0.0f;
+        if (j < L) {
+          const int64_t off = (t0 + j) * p.bc_stride + grp * N + n;
+          bv[u] = to_float(Bg[off]);
+          cv[u] = to_float(Cg[off]);
+        }
       }
-      Bs[j * kLdB + n] = bv;
-      Cs[j * kLdC + n] = cv;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = e0 + u * kThreads + tid, j = e / N, n = e % N;
+        Bs[j * kLdB + n] = bv[u];
+        Cs[j * kLdC + n] = cv[u];
+      }
     }
-    for (int e = tid; e < Q * P; e += kThreads) {
-      const int j = e / P, pp = e % P;
-      Xs[j * kLdX + pp] = j < L ? to_float(xg[(t0 + j) * p.x_stride + h * P + pp]) : 0.0f;
+    for (int e0 = 0; e0 < Q * P; e0 += kThreads * kUnroll) {
+      float xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = e0 + u * kThreads + tid, j = e / P, pp = e % P;
+        xv[u] = j < L ? to_float(xg[(t0 + j) * p.x_stride + h * P + pp]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = e0 + u * kThreads + tid, j = e / P, pp = e % P;
+        Xs[j * kLdX + pp] = xv[u];
+      }
     }
     if (tid < Q) dtv[tid] = tid < L ? step_size(p, to_float(dtg[(t0 + tid) * p.dt_stride + h]), h) : 0.0f;
     __syncthreads();
