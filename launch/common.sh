@@ -23,6 +23,10 @@ install_deps() {
   local wanted=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libyaml-cpp-dev
                 libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev)
   have_boost_181 || wanted+=(libboost1.81-dev)
+  # The OpenAI client test (tests/openai_client) runs on Node.js. Only when absent: a
+  # NodeSource nodejs bundles npm and conflicts with Debian's npm package.
+  command -v node >/dev/null || wanted+=(nodejs)
+  command -v npm >/dev/null || wanted+=(npm)
   local missing=()
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
