@@ -26,7 +26,7 @@ using conv_width_table = int_table<2, 3, 4>;
 // Mamba2 d_state of the decode state update (the chunk scan takes any d_state that fits).
 using ssm_state_dim_table = int_table<16, 32, 64, 128, 256>;
 // Attention head_dim.
-using attention_head_dim_table = int_table<32, 64, 128, 256>;
+using attention_head_dim_table = int_table<16, 32, 64, 128, 256>;
 // Gated DeltaNet key dim K (Qwen3-Next uses 128).
 using gdn_key_dim_table = int_table<16, 32, 64, 128, 256>;
 
