@@ -375,8 +375,12 @@ TEST_F(Tp2Service, BadInputMatrix) {
     const http_reply r = http_get(port(), "/no/such/route");
     EXPECT_EQ(r.status, 404u) << r.describe();
     EXPECT_TRUE(error_object(r).has_value()) << r.body;
-    const http_reply r2 = http_post(port(), "/v1/chat/completions", R"({"messages": []})");
+    const http_reply r2 = http_post(port(), "/v1/embeddings", R"({"input": "x"})");
     EXPECT_EQ(r2.status, 404u) << r2.describe();
+    // Chat exists, but this model has no tokenizer.
+    const http_reply chat = http_post(port(), "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})");
+    EXPECT_EQ(chat.status, 400u) << chat.describe();
+    EXPECT_NE(chat.body.find("this model has no tokenizer"), std::string::npos) << chat.body;
     const http_reply g = http_get(port(), "/generate");
     EXPECT_EQ(g.status, 405u) << g.describe();
     EXPECT_NE(g.header("allow").find("POST"), std::string::npos) << g.header("allow");
