@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
                       config_case{"synthetic_groups2_split", synthetic_yaml(2, 2)},
                       config_case{"synthetic_groups1_kv1_replicated", synthetic_yaml(1, 1)},
                       config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n"}),
-    [](const auto& info) { return info.param.name; });
+    [](const auto& param_info) { return param_info.param.name; });
 
 TEST(TpStartup, UnsupportedSplitNamesTheDimension) {
   int rank = 0, world = 1;

@@ -30,35 +30,24 @@ engine::engine(const service_config& cfg) : comm_(make_local_collective()) {
 engine::engine(std::unique_ptr<model> m, const cache_section& cache) : model_(std::move(m)) { init_pools(cache); }
 
 void engine::init_pools(const cache_section& cache) {
-  const model_config& mc = model_->config();
   page_size_ = cache.page_size;
-  const device_kind device = model_->exec().device;
-  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
-  const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
-  const int32_t num_pages = plan_kv_pages(
-      cache, device,
-      kv_cache::bytes_per_page(attn_layers, cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
-      mamba_state_cache::bytes_per_slot(recurrent_layers, model_->mamba_shape()) * (int64_t{cache.max_requests} + 1));
-  req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
-  pages_ = std::make_unique<kv_page_allocator>(num_pages);
-  kv_ = std::make_unique<kv_cache>(attn_layers, num_pages, cache.page_size, model_->kv_heads_local(),
-                                   static_cast<int32_t>(mc.head_dim), device);
+  pools_ = make_state_pools(*model_, cache, nullptr);
+  pages_ = std::make_unique<kv_page_allocator>(pools_.num_pages);
   slots_ = std::make_unique<mamba_slot_allocator>(cache.max_requests);
-  mamba_ = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, model_->mamba_shape(), device);
 }
 
 engine::~engine() = default;
 
 int32_t engine::open_request() {
-  auto req_slot = req_to_token_->alloc();
+  auto req_slot = pools_.req_to_token->alloc();
   if (!req_slot) throw capacity_error("no free request slot (cache.max_requests = " +
-                                      std::to_string(req_to_token_->max_requests()) + ")");
+                                      std::to_string(pools_.req_to_token->max_requests()) + ")");
   auto mamba_slot = slots_->alloc();
   if (!mamba_slot) {
-    req_to_token_->free(*req_slot);
+    pools_.req_to_token->free(*req_slot);
     throw capacity_error("no free mamba state slot");
   }
-  mamba_->reset_slot(*mamba_slot);
+  pools_.recurrent->reset_slot(*mamba_slot);
   const int32_t handle = next_handle_++;
   requests_[handle] = request_state{*req_slot, *mamba_slot, 0, {}};
   return handle;
@@ -68,7 +57,7 @@ void engine::close_request(int32_t request) {
   auto it = requests_.find(request);
   if (it == requests_.end()) throw invalid_argument_error("unknown request " + std::to_string(request));
   pages_->free(it->second.pages);
-  req_to_token_->free(it->second.req_slot);
+  pools_.req_to_token->free(it->second.req_slot);
   slots_->free(it->second.mamba_slot);
   requests_.erase(it);
 }
@@ -76,18 +65,18 @@ void engine::close_request(int32_t request) {
 int32_t engine::cached_len(int32_t request) const { return requests_.at(request).cached; }
 
 void engine::reserve_kv(request_state& r, int32_t new_len) {
-  if (new_len > req_to_token_->max_context())
+  if (new_len > pools_.req_to_token->max_context())
     throw capacity_error("sequence length " + std::to_string(new_len) + " exceeds cache.max_context = " +
-                         std::to_string(req_to_token_->max_context()));
+                         std::to_string(pools_.req_to_token->max_context()));
   const int32_t need = pages_needed(new_len, page_size_) - static_cast<int32_t>(r.pages.size());
   if (need <= 0) return;
   auto got = pages_->alloc(need);
   if (!got) throw capacity_error("out of KV pages (" + std::to_string(pages_->available()) + " free, " +
                                  std::to_string(need) + " needed)");
-  int32_t* table = req_to_token_->row(r.req_slot);
+  int32_t* table = pools_.req_to_token->row(r.req_slot);
   for (int32_t page : *got) {
     const int32_t first = static_cast<int32_t>(r.pages.size()) * page_size_;
-    for (int32_t o = 0; o < page_size_ && first + o < req_to_token_->max_context(); ++o)
+    for (int32_t o = 0; o < page_size_ && first + o < pools_.req_to_token->max_context(); ++o)
       table[first + o] = page * page_size_ + o;
     r.pages.push_back(page);
   }
@@ -111,7 +100,7 @@ host_tensor engine::step(forward_mode mode, const std::vector<step_row>& rows, c
     batch.rows.push_back(std::move(row));
   }
   const hybrid_metadata meta = build_hybrid_metadata(batch);
-  model_context ctx{req_to_token_.get(), kv_.get(), mamba_.get()};
+  const model_context ctx = pools_.context();
   host_tensor logits = model_->forward(batch, meta, ctx, opts);
   for (const step_row& in : rows) requests_[in.request].cached += static_cast<int32_t>(in.tokens.size());
   return logits;

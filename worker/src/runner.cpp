@@ -16,28 +16,9 @@ namespace hyserve::worker {
 
 runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault)
     : model_(std::move(m)), comm_(comm), fault_(fault) {
-  const model_config& mc = model_->config();
   page_size_ = cache.page_size;
   max_requests_ = cache.max_requests;
-  const device_kind device = model_->exec().device;
-  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
-  const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
-  num_pages_ = plan_kv_pages(
-      cache, device,
-      kv_cache::bytes_per_page(attn_layers, cache.page_size, model_->kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
-      mamba_state_cache::bytes_per_slot(recurrent_layers, model_->mamba_shape()) * (int64_t{cache.max_requests} + 1));
-  // Ranks measuring free device memory may disagree; take the smallest pool so the
-  // coordinator's page numbers are valid on every rank.
-  if (device != device_kind::kCpu && comm_ && comm_->size() > 1) {
-    std::vector<float> all(static_cast<size_t>(comm_->size()));
-    const auto mine = static_cast<float>(num_pages_);
-    comm_->all_gather(&mine, all.data(), 1);
-    num_pages_ = static_cast<int32_t>(*std::min_element(all.begin(), all.end()));
-  }
-  req_to_token_ = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
-  kv_ = std::make_unique<kv_cache>(attn_layers, num_pages_, cache.page_size, model_->kv_heads_local(),
-                                   static_cast<int32_t>(mc.head_dim), device);
-  mamba_ = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, model_->mamba_shape(), device);
+  pools_ = make_state_pools(*model_, cache, comm_);
 }
 
 runner::~runner() = default;
@@ -46,10 +27,10 @@ wire::hello runner::capacity(int32_t dp_rank) const {
   wire::hello h;
   h.dp_rank = dp_rank;
   h.tp_size = comm_ ? comm_->size() : 1;
-  h.num_pages = num_pages_;
+  h.num_pages = pools_.num_pages;
   h.mamba_slots = max_requests_;
   h.max_requests = max_requests_;
-  h.max_context = req_to_token_->max_context();
+  h.max_context = pools_.req_to_token->max_context();
   h.page_size = page_size_;
   h.vocab_size = model_->config().vocab_size;
   char host[256] = {};
@@ -66,24 +47,24 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
   batch.is_tree = plan.is_tree;
   for (int32_t slot : plan.free_req_slots) {
     if (slot < 0 || slot >= max_requests_) throw invalid_argument_error("free_req_slots: bad slot " + std::to_string(slot));
-    std::fill_n(req_to_token_->row(slot), req_to_token_->max_context(), -1);
+    std::fill_n(pools_.req_to_token->row(slot), pools_.req_to_token->max_context(), -1);
   }
-  const int32_t max_ctx = req_to_token_->max_context();
+  const int32_t max_ctx = pools_.req_to_token->max_context();
   for (const wire::plan_row& r : plan.rows) {
     const bool padding = r.mamba_slot < 0;
     if (!padding) {
       if (r.req_slot < 0 || r.req_slot >= max_requests_)
         throw invalid_argument_error("request " + std::to_string(r.request_id) + ": req_slot " +
                                      std::to_string(r.req_slot) + " outside [0, " + std::to_string(max_requests_) + ")");
-      if (r.mamba_slot >= mamba_->n_slots())
+      if (r.mamba_slot >= pools_.recurrent->n_slots())
         throw invalid_argument_error("request " + std::to_string(r.request_id) + ": mamba_slot " +
-                                     std::to_string(r.mamba_slot) + " outside [0, " + std::to_string(mamba_->n_slots()) + ")");
+                                     std::to_string(r.mamba_slot) + " outside [0, " + std::to_string(pools_.recurrent->n_slots()) + ")");
       if (r.first_page_pos % page_size_ != 0)
         throw invalid_argument_error("first_page_pos " + std::to_string(r.first_page_pos) + " is not page aligned");
-      int32_t* table = req_to_token_->row(r.req_slot);
+      int32_t* table = pools_.req_to_token->row(r.req_slot);
       for (size_t i = 0; i < r.new_pages.size(); ++i) {
         const int32_t page = r.new_pages[i];
-        if (page < 0 || page >= num_pages_) throw invalid_argument_error("page " + std::to_string(page) + " out of range");
+        if (page < 0 || page >= pools_.num_pages) throw invalid_argument_error("page " + std::to_string(page) + " out of range");
         const int32_t first = r.first_page_pos + static_cast<int32_t>(i) * page_size_;
         for (int32_t o = 0; o < page_size_ && first + o < max_ctx; ++o) table[first + o] = page * page_size_ + o;
       }
@@ -103,14 +84,14 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
     batch.rows.push_back(std::move(row));
   }
   for (const wire::plan_row& r : plan.rows)
-    if (r.reset_state && r.mamba_slot >= 0) mamba_->reset_slot(r.mamba_slot);
+    if (r.reset_state && r.mamba_slot >= 0) pools_.recurrent->reset_slot(r.mamba_slot);
 }
 
 wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& batch) {
   wire::step_result res;
   res.step_id = plan.step_id;
   const hybrid_metadata meta = build_hybrid_metadata(batch);
-  const model_context ctx{req_to_token_.get(), kv_.get(), mamba_.get()};
+  const model_context ctx = pools_.context();
   const host_tensor logits = model_->forward(batch, meta, ctx, forward_options{});
   const int64_t vocab = model_->config().vocab_size;
   // One logit row per row (per token for TargetVerify), in row order.

@@ -142,7 +142,7 @@ TEST_P(BambaChunked, ChunkedExtendEqualsWholeExtend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, BambaChunked, ::testing::Values(1, 5, 16, 17),
-                         [](const auto& info) { return "chunk" + std::to_string(info.param); });
+                         [](const auto& param_info) { return "chunk" + std::to_string(param_info.param); });
 
 // All three prompts in one engine: an Extend batch (prompt 2 only half), Decode batches, then a
 // Mixed batch that finishes prompt 2's prefill while 0 and 1 decode, then Decode to the end.

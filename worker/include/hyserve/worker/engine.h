@@ -9,6 +9,7 @@
 
 #include "hyserve/common/config.h"
 #include "hyserve/worker/model.h"
+#include "hyserve/worker/state_pools.h"
 
 namespace hyserve::worker {
 
@@ -55,11 +56,9 @@ class engine {
   std::unique_ptr<collective> comm_;
   std::unique_ptr<model> model_;
   int32_t page_size_ = 16;
-  std::unique_ptr<req_to_token_pool> req_to_token_;
   std::unique_ptr<kv_page_allocator> pages_;
-  std::unique_ptr<kv_cache> kv_;
   std::unique_ptr<mamba_slot_allocator> slots_;
-  std::unique_ptr<mamba_state_cache> mamba_;
+  state_pools pools_;
   std::unordered_map<int32_t, request_state> requests_;
   int32_t next_handle_ = 0;
 };

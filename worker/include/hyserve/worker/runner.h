@@ -10,6 +10,7 @@
 #include "hyserve/common/wire.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/model.h"
+#include "hyserve/worker/state_pools.h"
 
 namespace hyserve::worker {
 
@@ -38,11 +39,8 @@ class runner {
   fault_injection fault_;
   int64_t executed_ = 0;
   int32_t page_size_ = 16;
-  int32_t num_pages_ = 0;
   int32_t max_requests_ = 0;
-  std::unique_ptr<req_to_token_pool> req_to_token_;
-  std::unique_ptr<kv_cache> kv_;
-  std::unique_ptr<mamba_state_cache> mamba_;
+  state_pools pools_;
 };
 
 }  // namespace hyserve::worker

@@ -1,0 +1,32 @@
+#include "hyserve/worker/state_pools.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace hyserve::worker {
+
+state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm) {
+  const model_config& mc = m.config();
+  const device_kind device = m.exec().device;
+  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
+  const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
+  state_pools p;
+  p.num_pages = plan_kv_pages(
+      cache, device,
+      kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
+      mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape()) * (int64_t{cache.max_requests} + 1));
+  // Ranks measuring free device memory may disagree.
+  if (device != device_kind::kCpu && comm && comm->size() > 1) {
+    std::vector<float> all(static_cast<size_t>(comm->size()));
+    const auto mine = static_cast<float>(p.num_pages);
+    comm->all_gather(&mine, all.data(), 1);
+    p.num_pages = static_cast<int32_t>(*std::min_element(all.begin(), all.end()));
+  }
+  p.req_to_token = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
+  p.kv = std::make_unique<kv_cache>(attn_layers, p.num_pages, cache.page_size, m.kv_heads_local(),
+                                    static_cast<int32_t>(mc.head_dim), device);
+  p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, m.mamba_shape(), device);
+  return p;
+}
+
+}  // namespace hyserve::worker
