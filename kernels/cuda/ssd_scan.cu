@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_
   const float4* B4 = reinterpret_cast<const float4*>(Bs);
   const float4* C4 = reinterpret_cast<const float4*>(Cs);
 
-  float* state = p.ssm_states + (slot * p.heads + h) * static_cast<int64_t>(P) * N;
+  float* state = static_cast<float*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N;
   for (int e = tid; e < P * N; e += kScanThreads) S[(e / N) * ld + e % N] = init ? state[e] : 0.0f;
 
   const T* xg = reinterpret_cast<const T*>(p.x) + h * P;

@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chun
       __threadfence();
     }
     __syncthreads();  // also: every warp is done with Bs, which Ss overlays
-    float* state = p.ssm_states + (slot * H + h) * static_cast<int64_t>(P) * N;
+    float* state = static_cast<float*>(p.ssm_states) + (slot * H + h) * static_cast<int64_t>(P) * N;
     const float total = static_cast<float>(exp(cum_end));
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {

@@ -2,6 +2,7 @@
 // Pieces shared by the SSD chunk scan and the decode state update.
 #include <string>
 
+#include "../cpu/ssm_dtype.h"
 #include "common.cuh"
 #include "hyserve/kernels/ssm.h"
 
@@ -20,6 +21,9 @@ __device__ __forceinline__ float step_size(const ssm_common_params& p, float raw
 // The CPU op's checks of the host-visible fields; state_indices (device memory) are not read:
 // a slot < 0 is a padding row.
 inline void check_ssm_common(const ssm_common_params& p, const char* op) {
+  cpu_detail::require_ssm_dtypes(p, op);
+  if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "the CUDA kernels take f32");
+  if (p.state_dtype != dtype::kF32) fail(op, "state_dtype", dtype_name(p.state_dtype), "the CUDA kernels take f32");
   require_ptr(p.x, op, "x");
   require_ptr(p.dt, op, "dt");
   require_ptr(p.A_log, op, "A_log");

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   T* y = reinterpret_cast<T*>(p.y) + b * p.y_stride + h * P;
   const T* bv = reinterpret_cast<const T*>(p.B) + b * p.bc_stride + g * N;
   const T* cv = reinterpret_cast<const T*>(p.C) + b * p.bc_stride + g * N;
-  float4* state = reinterpret_cast<float4*>(p.ssm_states + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
+  float4* state = reinterpret_cast<float4*>(static_cast<float*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
 
   // This lane's columns: float4 index c·L + seg_lane of every row. B and C rows may be
   // unaligned (any bc_stride), so they are read as scalars once.

@@ -51,7 +51,8 @@ TEST(CudaValidation, Cuda_f32_UnsupportedDispatchValuesAreErrors) {
   expect_invalid([&] { run_cuda(c); }, "width");
 
   selective_state_update_params s;
-  s.x = s.dt = s.A_log = s.B = s.C = buf.data();
+  s.A_log = buf.data();
+  s.x = s.dt = s.B = s.C = s.A_log;
   s.y = s.ssm_states = buf.data() + 8192;
   s.state_indices = ibuf.data();
   s.batch = 1;

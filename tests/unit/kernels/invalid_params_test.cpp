@@ -177,7 +177,8 @@ TEST(InvalidParams, Conv) {
 template <class Params>
 Params ssm_ok(const int32_t* slots) {
   Params p;
-  p.x = p.dt = p.A_log = p.B = p.C = f();
+  p.A_log = f();
+  p.x = p.dt = p.B = p.C = p.A_log;
   p.y = f();
   p.ssm_states = f();
   p.state_indices = slots;
