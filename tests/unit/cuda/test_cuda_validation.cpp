@@ -25,7 +25,8 @@ TEST(CudaValidation, Cuda_f32_UnsupportedDispatchValuesAreErrors) {
   device_array<int32_t> ibuf(64);
 
   paged_attention_params a;
-  a.q = a.k_cache = a.v_cache = a.out = buf.data();
+  a.q = a.out = buf.data();
+  a.k_cache = a.v_cache = buf.data();
   a.query_start_loc = a.seq_lens = a.page_table = ibuf.data();
   a.batch = 1;
   a.q_heads = 4;
@@ -82,7 +83,8 @@ TEST(CudaValidation, Cuda_f32_CpuChecksApply) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   device_array<float> buf(1024);
   gemm_params g;
-  g.a = g.b = g.c = buf.data();
+  g.a = g.c = buf.data();
+  g.b = buf.data();
   g.m = g.n = g.k = 4;
   g.lda = 3;  // shorter than a row of A
   g.ldb = g.ldc = 4;
