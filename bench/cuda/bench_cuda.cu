@@ -11,6 +11,7 @@
 //
 //   hyserve-bench-cuda            all ops
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm
+//   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,11 +20,13 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
 #include "cuda/device_buffer.h"
+#include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/norm.h"
@@ -171,17 +174,47 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
 }
 
 // Decode attention over a paged cache: 32 q heads over 8 kv heads, head_dim 128, page 16,
-// LEN cached tokens per row (4096 at every batch; 32768 and 131072 at batch 8).
-void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t LEN, std::vector<int> batches) {
+// LEN cached tokens per row (4096 at every batch; 32768 and 131072 at batch 8). kv_dtype: the
+// cache's element type (f32 or bf16); the bytes reported are those the op moves with it (the
+// cache at its element size, q and out in f32, the page table).
+void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t LEN, std::vector<int> batches,
+                            hyserve::dtype kv_dtype = hyserve::dtype::kF32) {
   const int64_t QH = 32, KVH = 8, D = 128, PS = 16;
   const int64_t pages_per_row = LEN / PS;
+  const bool bf16 = kv_dtype == hyserve::dtype::kBF16;
+  const size_t esz = hyserve::dtype_size(kv_dtype);
   for (int bs : batches) {
     const size_t cache_elems = static_cast<size_t>(bs * pages_per_row * PS * KVH * D);
-    const int n_sets = sets_for(2 * cache_elems * sizeof(float));
+    const int n_sets = sets_for(2 * cache_elems * esz);
     std::vector<device_array<float>> k, v;
+    std::vector<device_array<uint16_t>> k16, v16;
     for (int s = 0; s < n_sets; ++s) {
-      k.push_back(random_device_hash(cache_elems, 20 + s));
-      v.push_back(random_device_hash(cache_elems, 40 + s));
+      if (!bf16) {
+        k.push_back(random_device_hash(cache_elems, 20 + s));
+        v.push_back(random_device_hash(cache_elems, 40 + s));
+        continue;
+      }
+      // bf16 sets: the same random f32 values rounded by the kv_write op (one token per cache row).
+      const int64_t row_elems = KVH * D, n_rows = static_cast<int64_t>(cache_elems) / row_elems;
+      std::vector<int32_t> locs(static_cast<size_t>(n_rows));
+      for (int64_t i = 0; i < n_rows; ++i) locs[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      device_array<int32_t> dlocs(locs);
+      k16.emplace_back(cache_elems);
+      v16.emplace_back(cache_elems);
+      for (int kv = 0; kv < 2; ++kv) {
+        device_array<float> src = random_device_hash(cache_elems, (kv == 0 ? 20 : 40) + s);
+        kv_write_params w;
+        w.k = w.v = src.data();
+        w.locs = dlocs.data();
+        w.k_cache = w.v_cache = (kv == 0 ? k16 : v16).back().data();
+        w.n_tokens = n_rows;
+        w.kv_heads = KVH;
+        w.head_dim = D;
+        w.k_stride = w.v_stride = row_elems;
+        w.kv_dtype = kv_dtype;
+        run_cuda(w, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
     }
     auto q = random_device(static_cast<size_t>(bs * QH * D), 6);
     device_array<float> out(static_cast<size_t>(bs * QH * D));
@@ -205,13 +238,17 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t
     p.page_table_stride = pages_per_row;
     p.q_stride = p.out_stride = QH * D;
     p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.kv_dtype = kv_dtype;
     const double us = time_call_us(stream, n_sets, [&](int s) {
-      p.k_cache = k[static_cast<size_t>(s)].data();
-      p.v_cache = v[static_cast<size_t>(s)].data();
+      p.k_cache = bf16 ? static_cast<const void*>(k16[static_cast<size_t>(s)].data()) : k[static_cast<size_t>(s)].data();
+      p.v_cache = bf16 ? static_cast<const void*>(v16[static_cast<size_t>(s)].data()) : v[static_cast<size_t>(s)].data();
       run_cuda(p, stream);
     });
-    const double bytes = 4.0 * (2.0 * static_cast<double>(cache_elems) + 2.0 * bs * QH * D) + 4.0 * table.size();
-    rows.push_back({"attention_decode", "QH32 KVH8 D128 page16 ctx" + std::to_string(LEN), bs, us, bytes});
+    const double bytes = static_cast<double>(esz) * 2.0 * static_cast<double>(cache_elems) + 4.0 * 2.0 * bs * QH * D +
+                         4.0 * static_cast<double>(table.size());
+    rows.push_back({"attention_decode", std::string("QH32 KVH8 D128 page16 ") + (bf16 ? "kv bf16 " : "") + "ctx" +
+                                            std::to_string(LEN),
+                    bs, us, bytes});
   }
 }
 
@@ -292,7 +329,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hyserve-bench-cuda: no CUDA device\n");
     return 1;
   }
-  std::vector<std::string> ops(argv + 1, argv + argc);
+  std::vector<std::string> ops;
+  std::string kv_arg;  // attention_decode: --kv=f32|bf16|both
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kv=", 0) == 0)
+      kv_arg = a.substr(5);
+    else
+      ops.push_back(a);
+  }
   auto want = [&](const char* op) { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); };
   try {
     cudaDeviceProp prop{};
@@ -306,9 +351,17 @@ int main(int argc, char** argv) {
     std::vector<row> rows;
     if (want("ssm_update")) bench_ssm_update(stream, rows);
     if (want("attention_decode")) {
-      bench_attention_decode(stream, rows, 4096, {1, 16, 64, 256});
-      bench_attention_decode(stream, rows, 32768, {8});
-      bench_attention_decode(stream, rows, 131072, {8});
+      // --kv=f32 | --kv=bf16 | --kv=both (default): the KV cache element types to run.
+      const std::string kv = kv_arg.empty() ? "both" : kv_arg;
+      std::vector<hyserve::dtype> kv_types;
+      if (kv == "f32" || kv == "both") kv_types.push_back(hyserve::dtype::kF32);
+      if (kv == "bf16" || kv == "both") kv_types.push_back(hyserve::dtype::kBF16);
+      if (kv_types.empty()) throw std::runtime_error("--kv must be f32, bf16 or both, got '" + kv + "'");
+      for (const hyserve::dtype t : kv_types) {
+        bench_attention_decode(stream, rows, 4096, {1, 16, 64, 256}, t);
+        bench_attention_decode(stream, rows, 32768, {8}, t);
+        bench_attention_decode(stream, rows, 131072, {8}, t);
+      }
     }
     if (want("ssd_scan")) bench_ssd_scan(stream, rows);
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
