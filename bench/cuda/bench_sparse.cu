@@ -24,8 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/check.h"
-#include "cuda/device_buffer.h"
+#include "bench_util.cuh"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
@@ -34,75 +33,15 @@
 namespace hyserve::kernels {
 namespace {
 
-constexpr int kCallsPerGraph = 32;
-constexpr int kReplays = 10;
+using bench::copy_bandwidth;
 
-float median_ms(cudaStream_t stream, const std::function<void()>& fn) {
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> t;
-  for (int r = 0; r < kReplays + 2; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 2) t.push_back(ms);  // the first two are warm-up
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-double copy_bandwidth(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  device_buffer a(bytes), b(bytes);
-  a.fill_bytes(1);
-  const float ms = median_ms(stream, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
-}
-
-// Per-call time (µs) of call() over kCallsPerGraph calls captured in one graph and replayed.
-// The working sets here (≥ 0.5 GB) exceed L2 many times over, so no rotation is needed.
+// The working sets here (≥ 0.5 GB) exceed L2 many times over, so no input rotation is needed.
 double time_call_us(cudaStream_t stream, const std::function<void()>& call) {
-  call();  // warm-up outside the capture: module load, shared-memory attributes
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < kCallsPerGraph; ++i) call();
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = median_ms(stream, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / kCallsPerGraph;
-}
-
-__global__ void fill_hash_kernel(float* out, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed * 0x85EBCA77u;
-    h ^= h >> 16;
-    h *= 0x7FEB352Du;
-    h ^= h >> 15;
-    h *= 0x846CA68Bu;
-    h ^= h >> 16;
-    out[i] = lo + (hi - lo) * static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
-  }
+  return bench::time_call_us(stream, 1, [&](int) { call(); });
 }
 
 device_array<float> random_device(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  device_array<float> a(n);
-  fill_hash_kernel<<<1024, 256>>>(a.data(), n, seed, lo, hi);
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  return a;
+  return bench::random_device_hash(n, seed, lo, hi);
 }
 
 struct row {
