@@ -12,6 +12,8 @@
 //   hyserve-bench-cuda            all ops
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
+//   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
+//   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -130,20 +132,43 @@ struct row {
   double us, bytes;
 };
 
-// Mamba2 decode: 128 heads × head_dim 64 × d_state 128, 8 groups, fp32 state.
-void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
+// Random values of element type t (f32, or bf16 rounded to nearest even) as raw device bytes.
+device_array<uint8_t> random_typed(size_t n, uint32_t seed, hyserve::dtype t, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<uint8_t> raw(n * hyserve::dtype_size(t));
+  for (size_t i = 0; i < n; ++i) {
+    const float v = dist(gen);
+    if (t == hyserve::dtype::kBF16) {
+      const uint16_t h = hyserve::f32_to_bf16(v);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(raw.data() + 4 * i, &v, 4);
+    }
+  }
+  return device_array<uint8_t>(raw);
+}
+
+std::string ssm_types(hyserve::dtype io, hyserve::dtype st) {
+  return " io=" + std::string(hyserve::dtype_name(io)) + " st=" + std::string(hyserve::dtype_name(st));
+}
+
+// Mamba2 decode: 128 heads × head_dim 64 × d_state 128, 8 groups; x/dt/B/C/y in io, states in st.
+// Bytes: the state read and written at its element size, x, y, B, C, dt at the io size.
+void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
   const int64_t H = 128, P = 64, N = 128, G = 8;
+  const double es = static_cast<double>(hyserve::dtype_size(io)), ss = static_cast<double>(hyserve::dtype_size(st));
   for (int bs : kBatches) {
     const size_t state_elems = static_cast<size_t>(bs) * H * P * N;
-    const int n_sets = sets_for(state_elems * sizeof(float));
-    std::vector<device_array<float>> states;
-    for (int s = 0; s < n_sets; ++s) states.push_back(random_device(state_elems, 10 + s, -0.5f, 0.5f));
-    auto x = random_device(static_cast<size_t>(bs * H * P), 1);
-    auto dt = random_device(static_cast<size_t>(bs * H), 2, -3.0f, 0.0f);
-    auto bc = random_device(static_cast<size_t>(bs * 2 * G * N), 3);
+    const int n_sets = sets_for(state_elems * hyserve::dtype_size(st));
+    std::vector<device_array<uint8_t>> states;
+    for (int s = 0; s < n_sets; ++s) states.push_back(random_typed(state_elems, 10 + s, st, -0.5f, 0.5f));
+    auto x = random_typed(static_cast<size_t>(bs * H * P), 1, io);
+    auto dt = random_typed(static_cast<size_t>(bs * H), 2, io, -3.0f, 0.0f);
+    auto bc = random_typed(static_cast<size_t>(bs * 2 * G * N), 3, io);
     auto a_log = random_device(static_cast<size_t>(H), 4);
     auto d = random_device(static_cast<size_t>(H), 5);
-    device_array<float> y(static_cast<size_t>(bs * H * P));
+    device_array<uint8_t> y(static_cast<size_t>(bs * H * P) * hyserve::dtype_size(io));
     std::vector<int32_t> slots(static_cast<size_t>(bs));
     for (int b = 0; b < bs; ++b) slots[b] = b;
     device_array<int32_t> dslots(slots);
@@ -152,7 +177,7 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
     p.dt = dt.data();
     p.A_log = a_log.data();
     p.B = bc.data();
-    p.C = bc.data() + G * N;
+    p.C = bc.data() + G * N * hyserve::dtype_size(io);
     p.D = d.data();
     p.y = y.data();
     p.state_indices = dslots.data();
@@ -164,12 +189,15 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
     p.x_stride = p.y_stride = H * P;
     p.dt_stride = H;
     p.bc_stride = 2 * G * N;
+    p.io_dtype = io;
+    p.state_dtype = st;
     const double us = time_call_us(stream, n_sets, [&](int s) {
       p.ssm_states = states[static_cast<size_t>(s)].data();
       run_cuda(p, stream);
     });
-    const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + 2.0 * bs * H * P + 2.0 * bs * G * N + bs * H);
-    rows.push_back({"ssm_update", "H128 P64 N128 G8", bs, us, bytes});
+    const double bytes =
+        ss * 2.0 * static_cast<double>(state_elems) + es * (2.0 * bs * H * P + 2.0 * bs * G * N + bs * H);
+    rows.push_back({"ssm_update", "H128 P64 N128 G8" + ssm_types(io, st), bs, us, bytes});
   }
 }
 
@@ -252,34 +280,40 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t
   }
 }
 
-// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens.
-void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows) {
+// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens, each with an
+// initial state; x/dt/B/C/y in io, states in st. Bytes: inputs read and y written once at the io
+// size, the initial states read and the final states written at the state size.
+void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
   const int64_t H = 128, P = 64, N = 128, G = 8;
+  const double es = static_cast<double>(hyserve::dtype_size(io)), ss = static_cast<double>(hyserve::dtype_size(st));
   for (int bs : kBatches) {
     const int64_t len = std::max<int64_t>(256, 16384 / bs);
     const int64_t T = bs * len;
-    auto x = random_device(static_cast<size_t>(T * H * P), 1);
-    auto dt = random_device(static_cast<size_t>(T * H), 2, -3.0f, 0.0f);
-    auto bc = random_device(static_cast<size_t>(T * 2 * G * N), 3);
+    auto x = random_typed(static_cast<size_t>(T * H * P), 1, io);
+    auto dt = random_typed(static_cast<size_t>(T * H), 2, io, -3.0f, 0.0f);
+    auto bc = random_typed(static_cast<size_t>(T * 2 * G * N), 3, io);
     auto a_log = random_device(static_cast<size_t>(H), 4);
     auto d = random_device(static_cast<size_t>(H), 5);
-    device_array<float> y(static_cast<size_t>(T * H * P));
-    device_array<float> states(static_cast<size_t>(bs * H * P * N));
+    device_array<uint8_t> y(static_cast<size_t>(T * H * P) * hyserve::dtype_size(io));
+    auto states = random_typed(static_cast<size_t>(bs * H * P * N), 6, st, -0.5f, 0.5f);
     std::vector<int32_t> slots(static_cast<size_t>(bs)), qsl(static_cast<size_t>(bs + 1));
+    std::vector<uint8_t> init(static_cast<size_t>(bs), 1);
     for (int b = 0; b < bs; ++b) slots[b] = b;
     for (int b = 0; b <= bs; ++b) qsl[b] = static_cast<int32_t>(b * len);
     device_array<int32_t> dslots(slots), dqsl(qsl);
+    device_array<uint8_t> dinit(init);
     ssd_chunk_scan_params p;
     p.x = x.data();
     p.dt = dt.data();
     p.A_log = a_log.data();
     p.B = bc.data();
-    p.C = bc.data() + G * N;
+    p.C = bc.data() + G * N * hyserve::dtype_size(io);
     p.D = d.data();
     p.y = y.data();
     p.ssm_states = states.data();
     p.state_indices = dslots.data();
     p.query_start_loc = dqsl.data();
+    p.has_initial_state = dinit.data();
     p.batch = bs;
     p.heads = H;
     p.head_dim = P;
@@ -288,9 +322,11 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows) {
     p.x_stride = p.y_stride = H * P;
     p.dt_stride = H;
     p.bc_stride = 2 * G * N;
+    p.io_dtype = io;
+    p.state_dtype = st;
     const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
-    const double bytes = 4.0 * (static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + 2.0 * bs * H * P * N);
-    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len), bs, us, bytes});
+    const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
+    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st), bs, us, bytes});
   }
 }
 
@@ -331,13 +367,27 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> ops;
   std::string kv_arg;  // attention_decode: --kv=f32|bf16|both
+  std::string ssm_io_arg, ssm_state_arg;  // ssm_update, ssd_scan: --ssm-io=..., --ssm-state=...
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--kv=", 0) == 0)
       kv_arg = a.substr(5);
+    else if (a.rfind("--ssm-io=", 0) == 0)
+      ssm_io_arg = a.substr(9);
+    else if (a.rfind("--ssm-state=", 0) == 0)
+      ssm_state_arg = a.substr(12);
     else
       ops.push_back(a);
   }
+  // f32 | bf16 | both (default both) → the element types to run.
+  auto ssm_type_list = [](const std::string& arg, const char* flag) {
+    const std::string v = arg.empty() ? "both" : arg;
+    std::vector<hyserve::dtype> types;
+    if (v == "f32" || v == "both") types.push_back(hyserve::dtype::kF32);
+    if (v == "bf16" || v == "both") types.push_back(hyserve::dtype::kBF16);
+    if (types.empty()) throw std::runtime_error(std::string(flag) + " must be f32, bf16 or both, got '" + v + "'");
+    return types;
+  };
   auto want = [&](const char* op) { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); };
   try {
     cudaDeviceProp prop{};
@@ -349,7 +399,12 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n\n", copy_bw / 1e9);
 
     std::vector<row> rows;
-    if (want("ssm_update")) bench_ssm_update(stream, rows);
+    const auto ssm_io = ssm_type_list(ssm_io_arg, "--ssm-io");
+    const auto ssm_state = ssm_type_list(ssm_state_arg, "--ssm-state");
+    if (want("ssm_update")) {
+      for (const hyserve::dtype io : ssm_io)
+        for (const hyserve::dtype st : ssm_state) bench_ssm_update(stream, rows, io, st);
+    }
     if (want("attention_decode")) {
       // --kv=f32 | --kv=bf16 | --kv=both (default): the KV cache element types to run.
       const std::string kv = kv_arg.empty() ? "both" : kv_arg;
@@ -363,7 +418,10 @@ int main(int argc, char** argv) {
         bench_attention_decode(stream, rows, 131072, {8}, t);
       }
     }
-    if (want("ssd_scan")) bench_ssd_scan(stream, rows);
+    if (want("ssd_scan")) {
+      for (const hyserve::dtype io : ssm_io)
+        for (const hyserve::dtype st : ssm_state) bench_ssd_scan(stream, rows, io, st);
+    }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
 
     std::printf("%-18s %-32s %6s %12s %12s %10s %8s\n", "op", "shape", "batch", "time_us", "MB_moved", "GB/s",
