@@ -103,6 +103,7 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     kv.head_dim = w.head_dim;
     kv.k_stride = kv.v_stride = kw;
     kernels::run(kv, ctx);
+    update_page_summaries(cache, k, w.kv_heads, w.head_dim, in, ctx);
 
     kernels::paged_attention_params a;
     a.q = q.as<float>();
@@ -111,14 +112,15 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     a.kv_dtype = cache.k.type();
     a.out = attn.as<float>();
     a.query_start_loc = in.query_start_loc.as<int32_t>();
-    a.seq_lens = in.seq_lens.as<int32_t>();
-    a.page_table = in.page_table.as<int32_t>();
+    const attention_pages pages = select_attention_pages(q, w.q_heads, w.kv_heads, w.head_dim, cache, in, ctx);
+    a.seq_lens = pages.seq_lens;
+    a.page_table = pages.page_table;
     a.batch = in.batch_size;
     a.q_heads = w.q_heads;
     a.kv_heads = w.kv_heads;
     a.head_dim = w.head_dim;
     a.page_size = in.page_size;
-    a.page_table_stride = in.page_table_stride;
+    a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = qw;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     kernels::run(a, ctx);

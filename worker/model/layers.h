@@ -14,6 +14,7 @@
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
 #include "hyserve/worker/memory_pools.h"
+#include "sparse_select.h"
 
 namespace hyserve::worker::layers {
 
@@ -80,6 +81,7 @@ struct step_inputs {
   tensor seq_lens;           // i32 [bs]
   int64_t page_table_stride = 0;
   int32_t page_size = 0;
+  sparse_step sparse;        // sparse Top-K attention of this step (sparse_select.h)
 
   const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }
 };

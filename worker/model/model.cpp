@@ -22,9 +22,9 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
                                                                : make_checkpoint_weights(cfg.model.path);
   switch (mc.arch) {
     case model_arch::kBamba:
-      return make_bamba(mc, *weights, tp, comm, ctx, weight_type);
+      return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity);
     case model_arch::kQwen3Next:
-      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type);
+      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity);
   }
   throw config_error("unknown model architecture");
 }

@@ -34,8 +34,8 @@ struct qwen3_next_layer {
 class qwen3_next_model final : public model {
  public:
   qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                   const kernels::exec_context& ctx, dtype weight_type)
-      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type) {
+                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity)
+      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type), sparsity_(sparsity) {
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
     const int r = tp.rank, n = tp.size;
@@ -100,6 +100,7 @@ class qwen3_next_model final : public model {
 
   int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_); }
   const kernels::exec_context& exec() const override { return ctx_; }
+  void set_sparsity(const sparsity_section& sparsity) override { sparsity_ = sparsity; }
 
   tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                  const forward_options& opts) override {
@@ -111,7 +112,9 @@ class qwen3_next_model final : public model {
     layers::attention_step step;
     const bool attention = mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0;
     if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
-    const layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
+    layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
+    if (attention) in.sparse = layers::plan_sparse_step(sparsity_, batch, meta, step.page_table_stride, step.page_size, ctx_);
+    if (opts.sparse_stats) *opts.sparse_stats = in.sparse.stats;
 
     tensor h = layers::embed(layers::upload_i32(ids, ctx_), embed_, tp_.rank * vocab_local_, comm_, ctx_);
     if (opts.hidden_states) opts.hidden_states->clear();
@@ -172,6 +175,7 @@ class qwen3_next_model final : public model {
   collective* comm_;
   kernels::exec_context ctx_;
   dtype weight_type_ = dtype::kF32;  // linear layers, embedding, lm_head
+  sparsity_section sparsity_;         // sparse Top-K decode attention
   int64_t vocab_local_ = 0;
   int64_t kv_heads_local_ = 0;
   tensor embed_;       // [vocab_local, hidden]
@@ -183,8 +187,9 @@ class qwen3_next_model final : public model {
 }  // namespace
 
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type);
+                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type,
+                                       const sparsity_section& sparsity) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity);
 }
 
 }  // namespace hyserve::worker

@@ -22,6 +22,8 @@ struct batch_row {
   int32_t draft_step = 0;
   // Mixed mode: true when the row is a decode row (one token continuing a prompt).
   bool is_decode = false;
+  // The request disabled sparse attention (sampling_params.sparse: false): dense attention only.
+  bool dense_attention = false;
 };
 
 struct forward_batch {

@@ -50,6 +50,11 @@ class kv_page_allocator {
 struct kv_layer_cache {
   tensor k;
   tensor v;
+  // Page summaries for sparse attention (DESIGN.md §5, §7): f32 [num_pages, kv_heads, head_dim]
+  // element-wise min / max of each page's keys. Empty unless sparsity.algorithm is quest; then
+  // allocated on the device of k by the first step that writes keys (worker/model/sparse_select.h).
+  tensor key_min{};
+  tensor key_max{};
 };
 
 class kv_cache {

@@ -22,12 +22,24 @@ struct model_context {
   mamba_state_cache* mamba = nullptr;         // one layer state per SSM layer, in layer order
 };
 
+// What decode attention read in one step (DESIGN.md §7), summed over the step's rows; the same
+// for every attention layer (the layers read equally many pages per row, only which differ).
+struct sparse_attention_stats {
+  int64_t decode_rows = 0;  // rows of a Decode / TargetVerify step (padding excluded); 0 otherwise
+  int64_t sparse_rows = 0;  // of those, rows that attended over a page selection
+  int64_t pages_read = 0;   // KV pages one attention layer read for those rows
+  int64_t dense_pages = 0;  // pages the same rows hold (what dense attention reads)
+};
+
 struct forward_options {
   // false: logits for meta.logit_token_indices only; true: logits for every token of the batch.
   bool all_logits = false;
   // When set, receives [num_tokens, hidden] hidden states: the embedding output, the output of
   // every layer, and the final-normed output (num_layers + 2 tensors).
   std::vector<host_tensor>* hidden_states = nullptr;
+  // When set, receives the step's decode attention statistics (zero for models without
+  // attention layers and for other modes).
+  sparse_attention_stats* sparse_stats = nullptr;
 };
 
 // Tensor-parallel placement of this model instance.
@@ -46,6 +58,9 @@ class model {
   // The device the model's weights live on and its ops run on; the caches of ctx must live
   // there too.
   virtual const kernels::exec_context& exec() const = 0;
+  // Sparse Top-K decode attention from the next step on (DESIGN.md §7; make_model passes
+  // cfg.sparsity). Page summaries are kept from the first step run with algorithm quest.
+  virtual void set_sparsity(const sparsity_section& sparsity) = 0;
   // Runs one step. Returns logits [rows, vocab] as a HOST tensor (rows =
   // logit_token_indices.size(), or num_tokens with all_logits); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
   // ctx.req_to_token holds for their positions, and updates SSM/conv state per the mode.
