@@ -1,11 +1,21 @@
 // SSD chunk scan (varlen prefill).
 //
-// Two implementations, chosen by (head_dim, d_state) in run_cuda:
+// Implementations, chosen by (head_dim, d_state) and the io type in run_cuda:
 //   ssd_chunked_table pairs → chunked SSD on the tensor cores: f32 io in ssd_scan_chunked.cuh
 //                             (3xTF32, one (chunk, head) per work item, state passed through the
-//                             slot or an f32 carry), bf16 io in ssd_scan_bf16.cuh (bf16 mma,
-//                             one block per (row, head, state slice), state kept in registers).
+//                             slot or an f32 carry); bf16 io one of two paths:
+//       parallel   (default) ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
+//                            the chunks of each row, outputs in parallel (f32 chunk states in a
+//                            stream-ordered workspace);
+//       sequential           ssd_scan_bf16.cuh: one block per (row, head, state slice) walking
+//                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
+// The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|sequential
+// (unset or anything else: parallel); ssd_scan_paths.h selects it per call (tests, benchmarks).
+// The parallel path reserves workspace for HYSERVE_SSD_MAX_TOKENS tokens (default 16384; the
+// token count is device data) plus one partial chunk per row, 4 MiB per 256-token chunk at 128
+// heads × 64 × 128; a batch needing more chunks is computed by the general kernel below instead
+// (decided on the device: no host synchronisation, graph-capturable).
 // Both compute the CPU op's formulation with a double cumsum; neither depends on chunk_size
 // (validated only: the chunk length is each kernel's own).
 //
@@ -27,8 +37,13 @@
 #include <type_traits>
 
 #include "dispatch.h"
+#include <cstdlib>
+#include <cstring>
+
 #include "ssd_scan_bf16.cuh"
 #include "ssd_scan_chunked.cuh"
+#include "ssd_scan_parallel.cuh"
+#include "ssd_scan_paths.h"
 #include "ssm_common.cuh"
 
 namespace hyserve::kernels {
@@ -55,7 +70,9 @@ struct scan_layout {
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 template <class T, class TS>
-__global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_scan_params p, int q) {
+__global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_scan_params p, int q,
+                                                                const int* gate) {
+  if (gate != nullptr && gate[1] == 0) return;  // parallel path's overflow flag: not raised
   const int64_t h = blockIdx.x;
   const int64_t b = blockIdx.y;
   const int64_t slot = p.state_indices[b];
@@ -219,10 +236,11 @@ scan_layout pick_layout(int P, int N) {
 }
 
 template <class T, class TS>
-void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaStream_t stream) {
+void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaStream_t stream,
+                     const int* gate = nullptr) {
   reserve_dynamic_shared(reinterpret_cast<const void*>(&ssd_scan_kernel<T, TS>), l.bytes);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  ssd_scan_kernel<T, TS><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q);
+  ssd_scan_kernel<T, TS><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q, gate);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -251,6 +269,74 @@ void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
       const dim3 grid(static_cast<unsigned>(p.heads * (P / PS)), static_cast<unsigned>(p.batch));
       kernel<<<grid, ssd_bf16::kThreads, smem, stream>>>(p, vec);
       HYSERVE_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// bf16 io, chunk-parallel: plan, chunk states, state pass, outputs; then the general kernel gated
+// on the overflow flag (exits at once unless the batch needed more chunks than reserved).
+int64_t parallel_max_tokens() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("HYSERVE_SSD_MAX_TOKENS");
+    const long long n = e != nullptr ? std::atoll(e) : 0;
+    return n > 0 ? static_cast<int64_t>(n) : int64_t{16384};
+  }();
+  return v;
+}
+
+template <class TS>
+void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t stream) {
+  namespace sp = ssd_par;
+  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
+    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
+      constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
+      const int64_t cap64 = (parallel_max_tokens() + sp::kQ - 1) / sp::kQ + p.batch;
+      const int64_t max_cap = std::min<int64_t>(65535 / (sp::kQ / sp::kTile), int64_t{1} << 30);
+      const int cap = static_cast<int>(std::min(cap64, max_cap));
+      // Workspace: info [4], chunk_off [batch + 1] (ints, rounded to 16 bytes), decay [cap, heads],
+      // states [cap, heads, P, N] (16-byte aligned).
+      const int64_t n_ints = (4 + p.batch + 1 + 3) / 4 * 4;
+      const int64_t n_decay = (static_cast<int64_t>(cap) * p.heads + 3) / 4 * 4;
+      const int64_t n_states = static_cast<int64_t>(cap) * p.heads * P * N;
+      void* raw = nullptr;
+      const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(n_decay + n_states);
+      CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
+      sp::workspace ws;
+      ws.info = static_cast<int*>(raw);
+      ws.chunk_off = ws.info + 4;
+      ws.decay = reinterpret_cast<float*>(ws.info + n_ints);
+      ws.states = ws.decay + n_decay;
+      ws.cap = cap;
+      const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
+
+      sp::plan_kernel<<<1, sp::kPlanThreads, 0, stream>>>(p, ws);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+      {
+        const auto kernel = &sp::chunk_state_kernel<P, N>;
+        constexpr size_t smem = sp::state_tiles<P, N>::kBytes;
+        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+        const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(cap));
+        kernel<<<grid, sp::kStateThreads, smem, stream>>>(p, ws, vec);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      }
+      {
+        const int64_t threads = p.heads * P * N / 4;
+        const dim3 grid(static_cast<unsigned>((threads + sp::kPassThreads - 1) / sp::kPassThreads),
+                        static_cast<unsigned>(p.batch));
+        sp::state_pass_kernel<TS, P, N><<<grid, sp::kPassThreads, 0, stream>>>(p, ws);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      }
+      {
+        const auto kernel = &sp::chunk_out_kernel<P, N>;
+        constexpr size_t smem = sp::out_tiles<P, N>::kBytes;
+        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+        const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(cap * (sp::kQ / sp::kTile)));
+        kernel<<<grid, sp::kThreads, smem, stream>>>(p, ws, vec);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      }
+      const scan_layout l = pick_layout(P, N);
+      launch_ssd_scan<__nv_bfloat16, TS>(p, l, stream, ws.info);  // overflow fallback
+      CUDA_CHECK(cudaFreeAsync(raw, stream));
     });
   });
 }
@@ -300,8 +386,19 @@ void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
 
 using namespace cuda_detail;
 
-void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
+ssd_scan_path ssd_scan_default_path() {
+  static const ssd_scan_path path = [] {
+    const char* e = std::getenv("HYSERVE_SSD_SCAN");
+    return e != nullptr && std::strcmp(e, "sequential") == 0 ? ssd_scan_path::sequential : ssd_scan_path::parallel;
+  }();
+  return path;
+}
+
+void run_cuda(const ssd_chunk_scan_params& p, void* stream) { run_cuda(p, ssd_scan_path::automatic, stream); }
+
+void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) {
   constexpr const char* op = "ssd_chunk_scan";
+  if (path == ssd_scan_path::automatic) path = ssd_scan_default_path();
   check_ssm_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
@@ -309,8 +406,10 @@ void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
     dispatch_ssm_types(p, [&](auto io, auto st) {
       using TI = typename decltype(io)::type;
       using TS = typename decltype(st)::type;
-      if constexpr (std::is_same_v<TI, __nv_bfloat16>) launch_ssd_bf16_seq<TS>(p, as_stream(stream));
-      else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
+      if constexpr (std::is_same_v<TI, __nv_bfloat16>) {
+        if (path == ssd_scan_path::parallel) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
+        else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
+      } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
     });
     return;
   }

@@ -1,0 +1,21 @@
+#pragma once
+// Explicit choice between the two bf16-io SSD chunk scan implementations (tests and benchmarks
+// run both in one process). run_cuda(ssd_chunk_scan_params) picks one from HYSERVE_SSD_SCAN
+// (see ssd_scan.cu); other shapes and f32 io take their own kernels whichever path is asked.
+// CUDA-free: reachable as "cuda/ssd_scan_paths.h" by whoever links the kernels.
+#include "hyserve/kernels/ssm.h"
+
+namespace hyserve::kernels {
+
+enum class ssd_scan_path {
+  automatic,   // HYSERVE_SSD_SCAN, else the default (parallel)
+  sequential,  // one block per (row, head, state slice) walking the row's chunks in order
+  parallel,    // chunk states in parallel, a state pass over chunks, outputs in parallel
+};
+
+void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream = nullptr);
+
+// The path run_cuda(p, stream) takes for bf16 io (environment read once).
+ssd_scan_path ssd_scan_default_path();
+
+}  // namespace hyserve::kernels
