@@ -139,6 +139,9 @@ int run(int argc, char** argv) {
     metrics.free_kv_pages().set(static_cast<double>(pages));
     metrics.free_mamba_slots().set(static_cast<double>(slots));
   };
+  obs.on_decode_attention = [&metrics](int64_t rows, int64_t sparse, int64_t pages) {
+    metrics.record_decode_attention(rows, sparse, pages);
+  };
   sched.set_observer(std::move(obs));
 
   http::server_options opts;

@@ -215,6 +215,7 @@ void scheduler::schedule_group(int g) {
     row.sample.seed = *r.req.sampling.seed;
     row.output_index = static_cast<int32_t>(r.output.size());
     row.is_decode = is_decode;
+    row.dense_attention = !r.req.sampling.sparse;
     plan.rows.push_back(std::move(row));
     r.in_step = true;
     gs.step_rows.push_back(r.req.id);
@@ -270,6 +271,8 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   } catch (const error& e) {
     failure = std::string("corrupt step result: ") + e.what();
   }
+  if (failure.empty() && res->decode_rows > 0 && observer_.on_decode_attention)
+    observer_.on_decode_attention(res->decode_rows, res->sparse_rows, res->pages_read);
   const std::vector<uint64_t> ids = gs.step_rows;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);

@@ -27,6 +27,8 @@ struct scheduler_observer {
   std::function<void(int64_t queued, int64_t running)> on_load;
   std::function<void(int64_t free_pages, int64_t free_slots)> on_capacity;
   std::function<void()> on_cancel;
+  // A step result's decode attention: rows, sparse rows, KV pages one attention layer read.
+  std::function<void(int64_t decode_rows, int64_t sparse_rows, int64_t pages_read)> on_decode_attention;
 };
 
 class scheduler final : public frontend {

@@ -10,7 +10,7 @@ namespace {
 
 // Minimum encoded size of one vector element; a count is rejected unless count * size fits in
 // the bytes left, which bounds every reservation by the size of the input.
-constexpr size_t kPlanRowMinBytes = 8 + 4 + 4 + 4 + 4 + 4 + 4 + (4 + 4 + 4 + 8) + 4 + 1 + 1 + 4 + 4 + 4;
+constexpr size_t kPlanRowMinBytes = 8 + 4 + 4 + 4 + 4 + 4 + 4 + (4 + 4 + 4 + 8) + 4 + 1 + 1 + 1 + 4 + 4 + 4;
 constexpr size_t kCommitBytes = 4 + 4 + 4;
 constexpr size_t kRowResultMinBytes = 8 + 4 + 4;
 
@@ -274,6 +274,12 @@ void validate(const step_result& m) {
       fail(name_of({kRows, i, ""}) + ": logprobs has " + std::to_string(r.logprobs.size()) + " entries for " +
            std::to_string(r.tokens.size()) + " tokens (must be equal, or empty)");
   }
+  check_at_least(m.decode_rows, 0, {nullptr, 0, "step_result.decode_rows"});
+  check_at_least(m.sparse_rows, 0, {nullptr, 0, "step_result.sparse_rows"});
+  if (m.sparse_rows > m.decode_rows)
+    fail("step_result.sparse_rows " + std::to_string(m.sparse_rows) + " exceeds decode_rows " +
+         std::to_string(m.decode_rows));
+  check_at_least(m.pages_read, int64_t{0}, {nullptr, 0, "step_result.pages_read"});
 }
 
 void validate(const hello& m) {
@@ -326,6 +332,7 @@ std::vector<uint8_t> encode(const step_plan& m) {
     w.i32(r.output_index);
     w.boolean(r.is_decode);
     w.boolean(r.reset_state);
+    w.boolean(r.dense_attention);
     w.i32(r.draft_step);
     w.i32s(r.retrieve_next_token, kMaxTokensPerRow, "plan_row.retrieve_next_token");
     w.i32s(r.retrieve_next_sibling, kMaxTokensPerRow, "plan_row.retrieve_next_sibling");
@@ -353,6 +360,9 @@ std::vector<uint8_t> encode(const step_result& m) {
     w.f32s(r.logprobs, kMaxTokensPerRow, "row_result.logprobs");
   }
   w.f64(m.step_ms);
+  w.i32(m.decode_rows);
+  w.i32(m.sparse_rows);
+  w.i64(m.pages_read);
   return w.finish(message_type::kStepResult);
 }
 
@@ -403,6 +413,7 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     row.output_index = r.i32("plan_row.output_index");
     row.is_decode = r.boolean("plan_row.is_decode");
     row.reset_state = r.boolean("plan_row.reset_state");
+    row.dense_attention = r.boolean("plan_row.dense_attention");
     row.draft_step = r.i32("plan_row.draft_step");
     row.retrieve_next_token = r.i32s(kMaxTokensPerRow, "plan_row.retrieve_next_token");
     row.retrieve_next_sibling = r.i32s(kMaxTokensPerRow, "plan_row.retrieve_next_sibling");
@@ -436,6 +447,9 @@ step_result decode_step_result(std::span<const uint8_t> bytes) {
     row.logprobs = r.f32s(kMaxTokensPerRow, "row_result.logprobs");
   }
   m.step_ms = r.f64("step_result.step_ms");
+  m.decode_rows = r.i32("step_result.decode_rows");
+  m.sparse_rows = r.i32("step_result.sparse_rows");
+  m.pages_read = r.i64("step_result.pages_read");
   r.expect_end(message_type::kStepResult);
   validate(m);
   return m;

@@ -70,6 +70,9 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
   if (const auto* v = field(obj, keys.ignore_eos)) {
     if (auto e = read_bool(*v, keys.param(keys.ignore_eos), out.ignore_eos)) return e;
   }
+  if (const auto* v = field(obj, keys.sparse)) {
+    if (auto e = read_bool(*v, keys.param(keys.sparse), out.sparse)) return e;
+  }
   return std::nullopt;
 }
 

@@ -26,13 +26,15 @@ struct sampling_keys {
   std::string seed = "seed";
   std::string stop_token_ids = "stop_token_ids";
   std::string ignore_eos = "ignore_eos";
+  std::string sparse = "sparse";  // false: this request's decode attention stays dense
 
   std::string param(std::string_view key) const { return prefix + std::string(key); }
 };
 
 // Reads the sampling fields present in `obj` over the defaults already in `out`. Sets
 // `max_new_tokens_given` when the request set it. Checks: max_new_tokens in [0, max_context],
-// temperature finite and >= 0, top_p in (0, 1], top_k >= -1, stop ids inside the vocabulary.
+// temperature finite and >= 0, top_p in (0, 1], top_k >= -1, stop ids inside the vocabulary,
+// sparse a boolean.
 std::optional<api_error> read_sampling(const boost::json::object& obj, const sampling_keys& keys, const model_info& info,
                                        sampling_params& out, bool& max_new_tokens_given);
 

@@ -16,6 +16,12 @@
 //   hyserve_inter_token_latency_seconds       histogram gap between generated tokens
 //   hyserve_request_latency_seconds           histogram arrival → final event
 //   hyserve_step_seconds{mode}                histogram one scheduler step by forward mode (scheduler)
+//   hyserve_decode_rows_total                 counter   decode / verify rows run (padding excluded)
+//   hyserve_sparse_decode_rows_total          counter   of those, rows that attended over a sparse page selection
+//   hyserve_sparse_decode_row_fraction        gauge     sparse_decode_rows_total / decode_rows_total
+//   hyserve_attention_pages_read_per_step     histogram KV pages one attention layer read in a decode step
+//   hyserve_attention_pages_read_total        counter   the sum of those
+// The decode attention metrics come from the workers' step results (DESIGN.md §7).
 #include <string>
 #include <string_view>
 
@@ -48,6 +54,9 @@ class service_metrics {
   gauge& free_mamba_slots() { return free_mamba_slots_; }
   // `mode` is the forward mode's name ("extend", "decode", ...).
   histogram& step_seconds(std::string_view mode);
+  // One Decode / TargetVerify step's attention as a worker reported it: its rows, how many were
+  // sparse, and the KV pages one attention layer read. Steps without decode rows are ignored.
+  void record_decode_attention(int64_t decode_rows, int64_t sparse_rows, int64_t pages_read);
 
  private:
   registry registry_;  // declared first: the references below point into it
@@ -61,6 +70,11 @@ class service_metrics {
   gauge& running_requests_;
   gauge& free_kv_pages_;
   gauge& free_mamba_slots_;
+  counter& decode_rows_;
+  counter& sparse_decode_rows_;
+  gauge& sparse_decode_row_fraction_;
+  histogram& pages_read_per_step_;
+  counter& pages_read_;
 };
 
 }  // namespace hyserve::coordinator::metrics

@@ -82,5 +82,23 @@ TEST(metrics_registry, ConcurrentUpdatesAreCounted) {
   EXPECT_TRUE(has_line(text, R"(hyserve_step_seconds_count{mode="decode"} 4000)"));
 }
 
+TEST(metrics_registry, DecodeAttentionFromStepResults) {
+  service_metrics m;
+  m.record_decode_attention(4, 3, 1000);  // 4 rows, 3 sparse, 1000 pages read
+  m.record_decode_attention(0, 0, 0);     // a step without decode rows changes nothing
+  m.record_decode_attention(4, 1, 3000);
+  const std::string text = m.render();
+  EXPECT_TRUE(has_line(text, "hyserve_decode_rows_total 8"));
+  EXPECT_TRUE(has_line(text, "hyserve_sparse_decode_rows_total 4"));
+  EXPECT_TRUE(has_line(text, "hyserve_sparse_decode_row_fraction 0.5"));
+  EXPECT_TRUE(has_line(text, "hyserve_attention_pages_read_total 4000"));
+  EXPECT_TRUE(has_line(text, "# TYPE hyserve_attention_pages_read_per_step histogram"));
+  EXPECT_TRUE(has_line(text, R"(hyserve_attention_pages_read_per_step_bucket{le="512"} 0)"));
+  EXPECT_TRUE(has_line(text, R"(hyserve_attention_pages_read_per_step_bucket{le="1024"} 1)"));
+  EXPECT_TRUE(has_line(text, R"(hyserve_attention_pages_read_per_step_bucket{le="4096"} 2)"));
+  EXPECT_TRUE(has_line(text, "hyserve_attention_pages_read_per_step_count 2"));
+  EXPECT_TRUE(has_line(text, "hyserve_attention_pages_read_per_step_sum 4000"));
+}
+
 }  // namespace
 }  // namespace hyserve::coordinator::metrics

@@ -81,6 +81,7 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
     row.retrieve_next_sibling = r.retrieve_next_sibling;
     row.draft_step = r.draft_step;
     row.is_decode = r.is_decode;
+    row.dense_attention = r.dense_attention;
     batch.rows.push_back(std::move(row));
   }
   for (const wire::plan_row& r : plan.rows)
@@ -92,7 +93,13 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   res.step_id = plan.step_id;
   const hybrid_metadata meta = build_hybrid_metadata(batch);
   const model_context ctx = pools_.context();
-  const host_tensor logits = model_->forward(batch, meta, ctx, forward_options{});
+  sparse_attention_stats attention;
+  forward_options opts;
+  opts.sparse_stats = &attention;
+  const host_tensor logits = model_->forward(batch, meta, ctx, opts);
+  res.decode_rows = static_cast<int32_t>(attention.decode_rows);
+  res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
+  res.pages_read = attention.pages_read;
   const int64_t vocab = model_->config().vocab_size;
   // One logit row per row (per token for TargetVerify), in row order.
   const size_t per_row = meta.logit_token_indices.size() / std::max<size_t>(batch.rows.size(), 1);

@@ -65,7 +65,8 @@ static bool operator==(const plan_row& a, const plan_row& b) {
   return a.request_id == b.request_id && a.req_slot == b.req_slot && a.mamba_slot == b.mamba_slot &&
          a.prefix_len == b.prefix_len && a.tokens == b.tokens && a.first_page_pos == b.first_page_pos &&
          a.new_pages == b.new_pages && a.sample == b.sample && a.output_index == b.output_index &&
-         a.is_decode == b.is_decode && a.reset_state == b.reset_state && a.draft_step == b.draft_step &&
+         a.is_decode == b.is_decode && a.reset_state == b.reset_state && a.dense_attention == b.dense_attention &&
+         a.draft_step == b.draft_step &&
          a.retrieve_next_token == b.retrieve_next_token && a.retrieve_next_sibling == b.retrieve_next_sibling;
 }
 static bool operator==(const commit_op& a, const commit_op& b) {
@@ -82,7 +83,8 @@ static bool operator==(const row_result& a, const row_result& b) {
                     [](float x, float y) { return same_bits(x, y); });
 }
 static bool operator==(const step_result& a, const step_result& b) {
-  return a.step_id == b.step_id && a.ok == b.ok && a.error == b.error && a.rows == b.rows && same_bits(a.step_ms, b.step_ms);
+  return a.step_id == b.step_id && a.ok == b.ok && a.error == b.error && a.rows == b.rows && same_bits(a.step_ms, b.step_ms) &&
+         a.decode_rows == b.decode_rows && a.sparse_rows == b.sparse_rows && a.pages_read == b.pages_read;
 }
 static bool operator==(const hello& a, const hello& b) {
   return a.dp_rank == b.dp_rank && a.tp_size == b.tp_size && a.num_pages == b.num_pages && a.mamba_slots == b.mamba_slots &&
@@ -114,6 +116,7 @@ step_plan sample_plan() {
   a.output_index = 12;
   a.is_decode = true;
   a.reset_state = true;
+  a.dense_attention = true;
   a.draft_step = 2;
   plan_row b = a;
   b.request_id = -42;
@@ -123,6 +126,7 @@ step_plan sample_plan() {
   b.new_pages = {};
   b.sample = {1.5f, 1, 0.5f, 1};
   b.is_decode = false;
+  b.dense_attention = false;
   b.retrieve_next_token = {1, 2, -1};
   b.retrieve_next_sibling = {-1, -1, -1};
   plan_row pad;
@@ -143,6 +147,9 @@ step_result sample_result() {
   m.error = "mode byte 9 not supported (supported: extend, decode, …)";
   m.rows = {{5, {1, 2, 3}, {-0.5f, -1.25f, -0.0f}}, {-6, {42}, {}}, {std::numeric_limits<int64_t>::min(), {}, {}}};
   m.step_ms = 12.375;
+  m.decode_rows = 3;
+  m.sparse_rows = 2;
+  m.pages_read = 0x123456789LL;  // over 32 bits
   return m;
 }
 
@@ -200,6 +207,9 @@ constexpr size_t kPlanMode = kHeaderBytes + 8;
 constexpr size_t kPlanDraftLen = kPlanMode + 1;
 constexpr size_t kPlanIsTree = kPlanDraftLen + 4;
 constexpr size_t kPlanRowCount = kPlanIsTree + 2;
+// Row 0 of sample_plan(): request_id, req_slot, mamba_slot, prefix_len, 4 tokens, first_page_pos,
+// 2 new pages, sampling, output_index, is_decode, reset_state, then dense_attention.
+constexpr size_t kPlanRow0DenseAttention = kPlanRowCount + 4 + 8 + 4 + 4 + 4 + (4 + 16) + 4 + (4 + 8) + 20 + 4 + 1 + 1;
 constexpr size_t kResultOk = kHeaderBytes + 8;
 constexpr size_t kResultErrorLen = kResultOk + 1;
 
@@ -265,6 +275,18 @@ TEST(WireRoundTrip, StepResultAllFieldsSet) {
   ASSERT_EQ(out.rows.size(), 3u);
   EXPECT_TRUE(std::signbit(out.rows[0].logprobs[2]));
   EXPECT_EQ(out.step_ms, 12.375);
+  EXPECT_EQ(out.decode_rows, 3);
+  EXPECT_EQ(out.sparse_rows, 2);
+  EXPECT_EQ(out.pages_read, 0x123456789LL);
+}
+
+TEST(WireRoundTrip, StepPlanDenseAttentionFlagPerRow) {
+  const step_plan out = decode_step_plan(encode(sample_plan()));
+  ASSERT_EQ(out.rows.size(), 3u);
+  EXPECT_TRUE(out.rows[0].dense_attention);
+  EXPECT_FALSE(out.rows[1].dense_attention);
+  EXPECT_FALSE(out.rows[2].dense_attention);
+  EXPECT_FALSE(plan_row{}.dense_attention);  // sparse attention is allowed unless a request opts out
 }
 
 TEST(WireRoundTrip, StepResultOk) {
@@ -292,7 +314,7 @@ TEST(WireRoundTrip, Shutdown) {
 TEST(WireRoundTrip, HeaderLayoutIsLittleEndian) {
   const bytes_t bytes = encode(sample_hello());
   EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 4), "HYSV");
-  EXPECT_EQ(bytes[4], 1);
+  EXPECT_EQ(bytes[4], 2);
   EXPECT_EQ(bytes[5], 0);
   EXPECT_EQ(bytes[6], static_cast<uint8_t>(message_type::kHello));
   EXPECT_EQ(bytes[7], 0);
@@ -301,16 +323,16 @@ TEST(WireRoundTrip, HeaderLayoutIsLittleEndian) {
 }
 
 TEST(WireRoundTrip, EncodedSizesOfMinimalMessages) {
-  // Pins the layout: a plan is 27 fixed bytes + 70 per empty row + 12 per commit; a result is
-  // 25 fixed bytes + 16 per empty row; hello is 40 bytes + the host.
+  // Pins the layout: a plan is 27 fixed bytes + 71 per empty row + 12 per commit; a result is
+  // 41 fixed bytes + 16 per empty row; hello is 40 bytes + the host.
   step_plan p;
   p.rows.resize(3);
   p.commits.resize(2, commit_op{0, 0, 0});
-  EXPECT_EQ(encode(p).size(), kHeaderBytes + 27 + 3 * 70 + 2 * 12);
+  EXPECT_EQ(encode(p).size(), kHeaderBytes + 27 + 3 * 71 + 2 * 12);
   EXPECT_TRUE(decode_step_plan(encode(p)) == p);
   step_result r;
   r.rows.resize(4);
-  EXPECT_EQ(encode(r).size(), kHeaderBytes + 25 + 4 * 16);
+  EXPECT_EQ(encode(r).size(), kHeaderBytes + 41 + 4 * 16);
   EXPECT_TRUE(decode_step_result(encode(r)) == r);
   hello h;
   EXPECT_EQ(encode(h).size(), kHeaderBytes + 40);
@@ -336,10 +358,12 @@ TEST(WireHeader, BadMagic) {
 
 TEST(WireHeader, UnsupportedVersion) {
   bytes_t b = encode(sample_plan());
-  set_u16(b, 4, 2);
-  EXPECT_WIRE_ERROR(decode_step_plan(b), "unsupported wire version 2 (supported: 1)");
+  set_u16(b, 4, 3);
+  EXPECT_WIRE_ERROR(decode_step_plan(b), "unsupported wire version 3 (supported: 2)");
+  set_u16(b, 4, 1);  // the format before plan_row.dense_attention and the step statistics
+  EXPECT_WIRE_ERROR(decode_step_plan(b), "unsupported wire version 1 (supported: 2)");
   set_u16(b, 4, 0);
-  EXPECT_WIRE_ERROR(peek_type(b), "unsupported wire version 0 (supported: 1)");
+  EXPECT_WIRE_ERROR(peek_type(b), "unsupported wire version 0 (supported: 2)");
 }
 
 TEST(WireHeader, WrongType) {
@@ -463,6 +487,30 @@ TEST(WireCorruption, BoolByteMustBeZeroOrOne) {
   r[kResultOk] = 0xff;
   reseal(r);
   EXPECT_WIRE_ERROR(decode_step_result(r), "step_result.ok is 255");
+  bytes_t d = encode(sample_plan());
+  ASSERT_EQ(d[kPlanRow0DenseAttention], 1);
+  d[kPlanRow0DenseAttention] = 3;
+  reseal(d);
+  EXPECT_WIRE_ERROR(decode_step_plan(d), "bool plan_row.dense_attention is 3 (must be 0 or 1) at offset " +
+                                             std::to_string(kPlanRow0DenseAttention));
+}
+
+TEST(WireLimits, DecodeAttentionStatisticsAreChecked) {
+  step_result m = sample_result();
+  m.sparse_rows = 4;  // more sparse rows than decode rows
+  EXPECT_WIRE_ERROR(encode(m), "step_result.sparse_rows 4 exceeds decode_rows 3");
+  m = sample_result();
+  m.decode_rows = -1;
+  m.sparse_rows = 0;
+  EXPECT_WIRE_ERROR(encode(m), "step_result.decode_rows is -1 (must be >= 0)");
+  m = sample_result();
+  m.pages_read = -5;
+  EXPECT_WIRE_ERROR(encode(m), "step_result.pages_read is -5 (must be >= 0)");
+  // The decoder checks the same: the statistics are the last 16 payload bytes.
+  bytes_t b = encode(sample_result());
+  set_u32(b, b.size() - 12, 9);  // sparse_rows 9 > decode_rows 3
+  reseal(b);
+  EXPECT_WIRE_ERROR(decode_step_result(b), "step_result.sparse_rows 9 exceeds decode_rows 3");
 }
 
 // ---- limits and semantic checks -------------------------------------------------------------

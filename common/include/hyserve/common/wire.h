@@ -20,7 +20,8 @@ class wire_error : public error {
 };
 
 inline constexpr uint32_t kMagic = 0x56535948;  // "HYSV"
-inline constexpr uint16_t kVersion = 1;
+// 2: plan_row.dense_attention; step_result's decode attention statistics.
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kHeaderBytes = 16;
 
 // Sanity limits, checked by encode and decode alike. A decoder also checks every count against
@@ -61,6 +62,7 @@ struct plan_row {
   int32_t output_index = 0;  // how many tokens the request has generated so far (sampling seed)
   bool is_decode = false;    // Mixed mode: this row is a decode row
   bool reset_state = false;  // zero the mamba slot before running (first chunk of a request)
+  bool dense_attention = false;  // the request set sampling_params.sparse: false
   int32_t draft_step = 0;    // Draft mode
   std::vector<int32_t> retrieve_next_token;    // tree TargetVerify only, [D]
   std::vector<int32_t> retrieve_next_sibling;  // tree TargetVerify only, [D]
@@ -96,6 +98,12 @@ struct step_result {
   std::string error;  // when !ok: what failed (the step's requests fail, the worker stays up)
   std::vector<row_result> rows;
   double step_ms = 0.0;
+  // Decode attention of the step (DESIGN.md §7): rows of a Decode / TargetVerify step (padding
+  // excluded), those that attended over a sparse page selection, and the KV pages one attention
+  // layer read for them (all pages of a dense row). Zero for other modes.
+  int32_t decode_rows = 0;
+  int32_t sparse_rows = 0;
+  int64_t pages_read = 0;
 };
 
 struct hello {
@@ -120,7 +128,8 @@ std::vector<uint8_t> encode_shutdown();
 //     output_index, draft_step, top_k >= 0, retrieve_next_token/_sibling both empty or of
 //     equal length with values >= -1; free_req_slots >= 0; commits: mamba_slot >= -1,
 //     row >= 0, accepted_step >= 0. The mode byte and the float sampling values pass through.
-//   step_result: per row logprobs empty or as long as tokens.
+//   step_result: per row logprobs empty or as long as tokens; 0 <= sparse_rows <= decode_rows;
+//     pages_read >= 0.
 //   hello: every count >= 0, tp_size >= 1.
 // Bools are one byte that must be 0 or 1; floats and doubles travel as their IEEE-754 bits.
 
