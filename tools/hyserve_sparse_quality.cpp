@@ -13,8 +13,9 @@
 //     so every step compares the two models on the same context).
 // Per budget it reports, over the `steps` decode steps: the mean (over steps and vocabulary) and
 // the largest absolute difference of the logits against dense, and the top-1 agreement (the
-// fraction of steps whose argmax equals the dense argmax). min_seq_len is 0: every decode row
-// whose page count exceeds the budget is sparse. The sparsity section of CONFIG is ignored.
+// fraction of steps whose argmax equals the dense argmax), and how many decode steps were sparse
+// and the KV pages one attention layer read per step. min_seq_len is 0: every decode row whose
+// page count exceeds the budget is sparse. The sparsity section of CONFIG is ignored.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -133,8 +134,18 @@ std::vector<float> prefill(hyserve::worker::engine& eng, int32_t req, const std:
   return std::vector<float>(row, row + vocab);
 }
 
-std::vector<float> decode(hyserve::worker::engine& eng, int32_t req, int32_t token) {
-  const hyserve::host_tensor l = eng.step(hyserve::worker::forward_mode::kDecode, {hyserve::worker::step_row{req, {token}}});
+// One Decode step; adds the step's decode attention statistics to `stats`.
+std::vector<float> decode(hyserve::worker::engine& eng, int32_t req, int32_t token,
+                          hyserve::worker::sparse_attention_stats& stats) {
+  hyserve::worker::sparse_attention_stats step;
+  hyserve::worker::forward_options opts;
+  opts.sparse_stats = &step;
+  const hyserve::host_tensor l =
+      eng.step(hyserve::worker::forward_mode::kDecode, {hyserve::worker::step_row{req, {token}}}, opts);
+  stats.decode_rows += step.decode_rows;
+  stats.sparse_rows += step.sparse_rows;
+  stats.pages_read += step.pages_read;
+  stats.dense_pages += step.dense_pages;
   return std::vector<float>(l.as<float>(), l.as<float>() + l.numel());
 }
 
@@ -143,6 +154,7 @@ struct budget_result {
   double mean_abs = 0.0, max_abs = 0.0, prefill_max_abs = 0.0;
   int32_t top1_agree = 0;
   double seconds = 0.0;
+  hyserve::worker::sparse_attention_stats attention;  // summed over the decode steps
 };
 
 int run(const options& o) {
@@ -187,8 +199,9 @@ int run(const options& o) {
     const int32_t r = eng.open_request();
     dense_prefill = prefill(eng, r, prompt, o.prefill_chunk);
     tokens.push_back(argmax(dense_prefill.data(), vocab));
+    hyserve::worker::sparse_attention_stats unused;
     for (int32_t s = 0; s < o.steps; ++s) {
-      dense_logits.push_back(decode(eng, r, tokens.back()));
+      dense_logits.push_back(decode(eng, r, tokens.back(), unused));
       tokens.push_back(argmax(dense_logits.back().data(), vocab));
     }
     eng.close_request(r);
@@ -215,7 +228,7 @@ int run(const options& o) {
       res.prefill_max_abs = std::max(res.prefill_max_abs, std::abs(static_cast<double>(pre[v]) - dense_prefill[v]));
     double sum = 0.0;
     for (int32_t s = 0; s < o.steps; ++s) {
-      const std::vector<float> l = decode(eng, r, tokens[static_cast<size_t>(s)]);
+      const std::vector<float> l = decode(eng, r, tokens[static_cast<size_t>(s)], res.attention);
       const std::vector<float>& d = dense_logits[static_cast<size_t>(s)];
       for (int64_t v = 0; v < vocab; ++v) {
         const double diff = std::abs(static_cast<double>(l[v]) - d[v]);
@@ -235,11 +248,12 @@ int run(const options& o) {
   std::printf("sparse vs dense decode logits: prompt %d tokens (%d pages of %d), %d greedy decode steps, sink %d, "
               "recent %d pages\n",
               o.prompt_len, prompt_pages, page, o.steps, o.sink_pages, o.recent_pages);
-  std::printf("%14s %12s %16s %16s %14s %18s\n", "budget_tokens", "page_budget", "mean_abs_diff", "max_abs_diff",
-              "top1_agree", "prefill_max_diff");
+  std::printf("%14s %12s %16s %16s %14s %18s %13s %16s\n", "budget_tokens", "page_budget", "mean_abs_diff",
+              "max_abs_diff", "top1_agree", "prefill_max_diff", "sparse_steps", "pages_per_step");
   for (const budget_result& r : results)
-    std::printf("%14d %12d %16.6g %16.6g %8d/%-5d %18.3g\n", r.budget_tokens, r.page_budget, r.mean_abs, r.max_abs,
-                r.top1_agree, o.steps, r.prefill_max_abs);
+    std::printf("%14d %12d %16.6g %16.6g %8d/%-5d %18.3g %13lld %16.1f\n", r.budget_tokens, r.page_budget, r.mean_abs,
+                r.max_abs, r.top1_agree, o.steps, r.prefill_max_abs, static_cast<long long>(r.attention.sparse_rows),
+                static_cast<double>(r.attention.pages_read) / o.steps);
 
   if (!o.json_out.empty()) {
     json::object report;
@@ -264,6 +278,9 @@ int run(const options& o) {
                       {"top1_agree", r.top1_agree},
                       {"top1_agreement", static_cast<double>(r.top1_agree) / o.steps},
                       {"prefill_max_abs_diff", r.prefill_max_abs},
+                      {"sparse_steps", r.attention.sparse_rows},
+                      {"pages_read_per_step", static_cast<double>(r.attention.pages_read) / o.steps},
+                      {"dense_pages_per_step", static_cast<double>(r.attention.dense_pages) / o.steps},
                       {"seconds", r.seconds}});
     report["budgets"] = rows;
     std::ofstream out(o.json_out);
