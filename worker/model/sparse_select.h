@@ -4,7 +4,8 @@
 // With `sparsity.algorithm: quest`, every attention layer keeps per-page key summaries
 // (kv_layer_cache::key_min / key_max, allocated on the first step that writes keys) and updates
 // them right after each KV write, in every forward mode, so the summaries of every page are
-// current whenever a decode step reads them.
+// current whenever a decode step reads them. They cost 2·kv_heads·head_dim·4 bytes per page and
+// attention layer (1/8 of bf16 K+V at page size 16), outside the KV memory plan.
 //
 // Selection runs in Decode and TargetVerify steps only. Per attention layer, sparse_select
 // writes a compact page table and effective lengths into per-step scratch, and the paged

@@ -59,7 +59,8 @@ class model {
   // there too.
   virtual const kernels::exec_context& exec() const = 0;
   // Sparse Top-K decode attention from the next step on (DESIGN.md §7; make_model passes
-  // cfg.sparsity). Page summaries are kept from the first step run with algorithm quest.
+  // cfg.sparsity). Page summaries are kept from the first step run with algorithm quest: switch
+  // to quest only between requests (KV written before has no summaries).
   virtual void set_sparsity(const sparsity_section& sparsity) = 0;
   // Runs one step. Returns logits [rows, vocab] as a HOST tensor (rows =
   // logit_token_indices.size(), or num_tokens with all_logits); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
