@@ -28,6 +28,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_buffer.h"
+#include "cuda/ssd_scan_paths.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
@@ -324,9 +325,16 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
     p.bc_stride = 2 * G * N;
     p.io_dtype = io;
     p.state_dtype = st;
-    const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
     const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
-    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st), bs, us, bytes});
+    // bf16 io: both scan paths in the same run (the default is ssd_scan_default_path()).
+    const bool two = io == hyserve::dtype::kBF16;
+    for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel}) {
+      if (!two && path == ssd_scan_path::parallel) continue;
+      const ssd_scan_path use = two ? path : ssd_scan_path::automatic;
+      const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, use, stream); });
+      const std::string tag = !two ? "" : path == ssd_scan_path::parallel ? " par" : " seq";
+      rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
+    }
   }
 }
 

@@ -4,7 +4,9 @@
 //     -I kernels/include -I common/include -I kernels bench/cuda/ssd_standalone.cu \
 //     kernels/cuda/ssd_scan.cu kernels/cuda/ssm_update.cu kernels/cpu/ssm.cpp common/src/error.cpp
 // Prints relative L2 errors (CUDA vs CPU, same bf16/f32 inputs) and medians of event-timed runs
-// with bytes moved, GB/s and the ratio to a 1 GiB device-to-device copy.
+// with bytes moved, GB/s and the ratio to a 1 GiB device-to-device copy. bf16-io scans run both
+// paths (seq: one block per row walking its chunks; par: chunk-parallel) in the same run.
+// Arguments: check | time | (none: both).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/ssd_scan_paths.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/ssm.h"
 
@@ -153,10 +156,13 @@ struct problem {
 };
 
 const char* dn(dtype t) { return t == dtype::kF32 ? "f32" : "bf16"; }
+const char* path_name(ssd_scan_path path) {
+  return path == ssd_scan_path::sequential ? " seq" : path == ssd_scan_path::parallel ? " par" : "";
+}
 
 // Scan: CUDA vs CPU on the same inputs; lens per row (-1: padding row of 3 tokens).
 void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> lens, int init_mode, dtype io, dtype st,
-                bool pad_strides, uint32_t seed) {
+                bool pad_strides, uint32_t seed, ssd_scan_path path = ssd_scan_path::automatic) {
   std::vector<int32_t> qsl{0}, idx;
   std::vector<uint8_t> init;
   const int64_t B = static_cast<int64_t>(lens.size());
@@ -184,7 +190,7 @@ void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> len
   pg.query_start_loc = dqsl.as<int32_t>();
   pg.has_initial_state = init_mode ? dinit.as<uint8_t>() : nullptr;
   pg.chunk_size = 256;
-  run_cuda(pg, nullptr);
+  run_cuda(pg, path, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   run_cpu(pc);
   htensor gy = pr.y, gs = pr.states;
@@ -202,8 +208,9 @@ void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> len
   if (!ok) ++g_failures;
   std::string ls;
   for (int l : lens) ls += std::to_string(l) + ",";
-  std::printf("%s scan H%ld P%ld N%ld G%ld lens[%s] init%d io=%s st=%s%s: y rel %.2e max %.2e | states rel %.2e max %.2e%s\n",
-              ok ? "PASS" : "FAIL", H, P, N, G, ls.c_str(), init_mode, dn(io), dn(st), pad_strides ? " padded" : "",
+  std::printf("%s scan%s H%ld P%ld N%ld G%ld lens[%s] init%d io=%s st=%s%s: y rel %.2e max %.2e | states rel %.2e max %.2e%s\n",
+              ok ? "PASS" : "FAIL", path_name(path), H, P, N, G, ls.c_str(), init_mode, dn(io), dn(st),
+              pad_strides ? " padded" : "",
               ey.rel(), ey.max_abs, es.rel(), es.max_abs, untouched ? "" : " (sentinel overwritten)");
 }
 
@@ -277,7 +284,7 @@ void report(const char* what, double ms, double bytes) {
               100.0 * gbs / g_copy_gbs);
 }
 
-void time_scan(int64_t bs, int64_t len, dtype io, dtype st) {
+void time_scan(int64_t bs, int64_t len, dtype io, dtype st, ssd_scan_path path = ssd_scan_path::automatic) {
   const int64_t H = 128, P = 64, N = 128, G = 8, T = bs * len;
   const size_t es = dtype_size(io), ss = dtype_size(st);
   std::vector<int32_t> qsl(static_cast<size_t>(bs + 1)), idx(static_cast<size_t>(bs));
@@ -313,10 +320,10 @@ void time_scan(int64_t bs, int64_t len, dtype io, dtype st) {
   p.chunk_size = 256;
   p.io_dtype = io;
   p.state_dtype = st;
-  const double ms = median_ms([&](int) { run_cuda(p, nullptr); }, 15);
+  const double ms = median_ms([&](int) { run_cuda(p, path, nullptr); }, 15);
   const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + 2.0 * ss * bs * H * P * N;
   char what[128];
-  std::snprintf(what, sizeof what, "ssd_scan T%ld bs%ld io=%s st=%s", T, bs, dn(io), dn(st));
+  std::snprintf(what, sizeof what, "ssd_scan%s T%ld bs%ld io=%s st=%s", path_name(path), T, bs, dn(io), dn(st));
   report(what, ms, bytes);
 }
 
@@ -373,13 +380,23 @@ int main(int argc, char** argv) {
   const bool timing = argc < 2 || std::strcmp(argv[1], "check") != 0;
   try {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
+    const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel;
     if (check) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
-          // tensor-core path (P64 N128), lengths around the kernels' chunk (64) and the nominal 256
-          check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11);
-          check_scan(8, 64, 128, 2, {129, 5, 330}, 1, io, st, true, 12);
-          check_scan(8, 64, 128, 2, {300, 77}, 0, io, st, false, 13);
+          // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
+          for (ssd_scan_path path : {Seq, Par}) {
+            if (io == F && path == Par) continue;  // f32 io has one tensor-core path
+            if (io == F) path = ssd_scan_path::automatic;
+            check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
+            check_scan(8, 64, 128, 2, {129, 5, 330}, 1, io, st, true, 12, path);
+            check_scan(8, 64, 128, 2, {300, 77}, 0, io, st, false, 13, path);
+            if (io == Bf) {
+              check_scan(8, 64, 128, 2, {1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 700, 4096, 0, -1}, 2, io, st,
+                         false, 20, path);
+              check_scan(4, 64, 128, 1, {4096}, 1, io, st, true, 21, path);
+            }
+          }
           // fallback kernel shapes
           check_scan(4, 8, 16, 2, {37, 16, 1, -1}, 2, io, st, false, 14);
           check_scan(4, 32, 64, 1, {100, 3}, 1, io, st, true, 15);
@@ -387,17 +404,26 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18);  // production head shape
-      check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19);
+      for (ssd_scan_path path : {Seq, Par}) {
+        check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
+        check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
+        check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
+      }
+      // More chunks than the parallel path reserves by default: the general kernel takes the batch.
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par);
       std::printf("checks: %d failures\n", g_failures);
     }
     if (timing) {
       time_copy();
-      for (dtype io : {Bf, F}) {
-        for (dtype st : {F, Bf}) time_scan(1, 16384, io, st);
+      for (dtype st : {F, Bf}) {
+        for (ssd_scan_path path : {Seq, Par}) time_scan(1, 16384, Bf, st, path);
       }
-      time_scan(16, 1024, Bf, F);
-      time_scan(64, 256, Bf, F);
+      for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
+      for (ssd_scan_path path : {Seq, Par}) {
+        time_scan(16, 1024, Bf, F, path);
+        time_scan(64, 256, Bf, F, path);
+        time_scan(256, 64, Bf, F, path);
+      }
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           for (int64_t bs : {1, 16, 64, 256}) time_update(bs, io, st);
