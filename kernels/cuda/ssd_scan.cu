@@ -12,6 +12,9 @@
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|sequential
 // (unset or anything else: parallel); ssd_scan_paths.h selects it per call (tests, benchmarks).
+// The default (not an explicit choice) takes the sequential path for batches of more than
+// kParallelMaxBatch rows: there every row adds a partial chunk to the workspace (4 MiB each at
+// the production shape), while the sequential kernel already has batch × heads × 2 blocks.
 // The parallel path reserves workspace for HYSERVE_SSD_MAX_TOKENS tokens (default 16384; the
 // token count is device data) plus one partial chunk per row, 4 MiB per 256-token chunk at 128
 // heads × 64 × 128; a batch needing more chunks is computed by the general kernel below instead
@@ -275,6 +278,8 @@ void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
 
 // bf16 io, chunk-parallel: plan, chunk states, state pass, outputs; then the general kernel gated
 // on the overflow flag (exits at once unless the batch needed more chunks than reserved).
+constexpr int64_t kParallelMaxBatch = 64;
+
 int64_t parallel_max_tokens() {
   static const int64_t v = [] {
     const char* e = std::getenv("HYSERVE_SSD_MAX_TOKENS");
@@ -398,7 +403,10 @@ void run_cuda(const ssd_chunk_scan_params& p, void* stream) { run_cuda(p, ssd_sc
 
 void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) {
   constexpr const char* op = "ssd_chunk_scan";
-  if (path == ssd_scan_path::automatic) path = ssd_scan_default_path();
+  if (path == ssd_scan_path::automatic) {
+    path = ssd_scan_default_path();
+    if (p.batch > kParallelMaxBatch) path = ssd_scan_path::sequential;
+  }
   check_ssm_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");

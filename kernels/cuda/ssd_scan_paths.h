@@ -8,7 +8,7 @@
 namespace hyserve::kernels {
 
 enum class ssd_scan_path {
-  automatic,   // HYSERVE_SSD_SCAN, else the default (parallel)
+  automatic,   // HYSERVE_SSD_SCAN (default parallel); sequential for batches of more than 64 rows
   sequential,  // one block per (row, head, state slice) walking the row's chunks in order
   parallel,    // chunk states in parallel, a state pass over chunks, outputs in parallel
 };
