@@ -27,12 +27,14 @@
 //   phase 1: reads x 256 MiB + B 32 MiB, writes states 256 MiB;  2·T·H·P·N = 34 GFLOP.
 //   phase 2: reads states 256 MiB, writes S_in 256 MiB (+ slot states), elementwise.
 //   phase 3: reads states 256 MiB, x 256 MiB (+ L2 re-reads of the diagonal tiles), B, C,
-//            writes y 256 MiB; C·S_inᵀ 34 GFLOP, causal C·Bᵀ ≈ T·Q·N·H·(5/8) ≈ 86 GFLOP at
-//            64-row tiles, W·X ≈ 43 GFLOP.
-//   total ≈ 1.9 GiB of DRAM traffic (≈ 0.42 ms at 4.8 TB/s) and ≈ 200 GFLOP of bf16 mma
-//   (≈ 0.3 ms at a realistic 650 TFLOP/s for mma.sync); at Q = 64 the state traffic alone is
-//   4 GiB (≈ 0.9 ms), at Q = 128 ≈ 2 GiB; Q = 256 doubles the causal C·Bᵀ work of Q = 128
-//   (+43 GFLOP) but halves its state traffic (−1 GiB), and matches the upstream default.
+//            writes y 256 MiB; C·S_inᵀ 34 GFLOP; causal C·Bᵀ: per (chunk, head) 8.5 of the 16
+//            64×64 blocks (6 below the diagonal, 4 diagonal ones at 10/16 by warp skipping),
+//            2·T·Q·N·H·8.5/16 ≈ 73 GFLOP; W·X the same blocks at K = 64 ≈ 37 GFLOP.
+//   total ≈ 1.9 GiB of DRAM traffic (≈ 0.42 ms at 4.8 TB/s) and ≈ 180 GFLOP of bf16 mma
+//   (≈ 0.3 ms at a realistic 600 TFLOP/s for mma.sync); at Q = 64 the state traffic alone is
+//   4 GiB (≈ 0.9 ms), at Q = 128 ≈ 2 GiB; Q = 256 doubles the causal C·Bᵀ and W·X work of
+//   Q = 128 (+55 GFLOP, ≈ +0.09 ms) but halves its state traffic (−1 GiB, ≈ −0.2 ms), and
+//   matches the upstream default.
 // Workspace: the chunk states are indexed by global chunk; their number is not known on the
 // host, so the host reserves a capacity (see ssd_scan.cu) and the plan kernel raises an
 // overflow flag when the batch needs more: then the three kernels exit at once and the general
