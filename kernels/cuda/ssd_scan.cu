@@ -11,7 +11,9 @@
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|sequential
-// (unset or anything else: parallel); ssd_scan_paths.h selects it per call (tests, benchmarks).
+// (unset or anything else: sequential, the path measured on the device so far; the parallel
+// path becomes the default once its device timing and checks are in bench/results);
+// ssd_scan_paths.h selects it per call (tests, benchmarks).
 // The default (not an explicit choice) takes the sequential path for batches of more than
 // kParallelMaxBatch rows: there every row adds a partial chunk to the workspace (4 MiB each at
 // the production shape), while the sequential kernel already has batch × heads × 2 blocks.
@@ -394,7 +396,7 @@ using namespace cuda_detail;
 ssd_scan_path ssd_scan_default_path() {
   static const ssd_scan_path path = [] {
     const char* e = std::getenv("HYSERVE_SSD_SCAN");
-    return e != nullptr && std::strcmp(e, "sequential") == 0 ? ssd_scan_path::sequential : ssd_scan_path::parallel;
+    return e != nullptr && std::strcmp(e, "parallel") == 0 ? ssd_scan_path::parallel : ssd_scan_path::sequential;
   }();
   return path;
 }

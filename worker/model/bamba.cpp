@@ -91,6 +91,7 @@ class bamba_model final : public model {
   int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_value()); }
   const kernels::exec_context& exec() const override { return ctx_; }
   void set_sparsity(const sparsity_section& sparsity) override { sparsity_ = sparsity; }
+  const sparsity_section& sparsity() const override { return sparsity_; }
 
   tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                  const forward_options& opts) override {

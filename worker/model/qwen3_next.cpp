@@ -101,6 +101,7 @@ class qwen3_next_model final : public model {
   int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_); }
   const kernels::exec_context& exec() const override { return ctx_; }
   void set_sparsity(const sparsity_section& sparsity) override { sparsity_ = sparsity; }
+  const sparsity_section& sparsity() const override { return sparsity_; }
 
   tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                  const forward_options& opts) override {

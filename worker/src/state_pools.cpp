@@ -36,9 +36,12 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
   const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
   const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
   state_pools p;
-  p.num_pages = plan_kv_pages(cache, device,
-                              kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(),
-                                                       static_cast<int32_t>(mc.head_dim), cache.kv_dtype),
+  int64_t page_bytes = kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(),
+                                                static_cast<int32_t>(mc.head_dim), cache.kv_dtype);
+  // Sparse Top-K keeps f32 key_min/key_max [kv_heads, head_dim] per page and attention layer.
+  if (m.sparsity().algorithm == sparsity_algorithm::kQuest)
+    page_bytes += int64_t{attn_layers} * 2 * m.kv_heads_local() * mc.head_dim * static_cast<int64_t>(sizeof(float));
+  p.num_pages = plan_kv_pages(cache, device, page_bytes,
                               mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape(), cache.ssm_state_dtype) *
                                   (int64_t{cache.max_requests} + 1));
   // Ranks measuring free device memory may disagree.

@@ -18,9 +18,20 @@ std::vector<std::filesystem::path> shipped_configs() {
   return out;
 }
 
-TEST(ShippedConfigs, EveryConfigLoads) {
-  const auto saved = std::filesystem::current_path();
-  std::filesystem::current_path(HYSERVE_SOURCE_DIR);  // relative model and tokenizer paths
+// Relative model and tokenizer paths in the configs are relative to the repository root.
+class ShippedConfigs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = std::filesystem::current_path();
+    std::filesystem::current_path(HYSERVE_SOURCE_DIR);
+  }
+  void TearDown() override { std::filesystem::current_path(saved_); }
+
+ private:
+  std::filesystem::path saved_;
+};
+
+TEST_F(ShippedConfigs, EveryConfigLoads) {
   const std::vector<std::filesystem::path> files = shipped_configs();
   EXPECT_GE(files.size(), 4u);
   for (const auto& f : files) {
@@ -30,10 +41,9 @@ TEST(ShippedConfigs, EveryConfigLoads) {
       (void)resolve_model_config(c);
     });
   }
-  std::filesystem::current_path(saved);
 }
 
-TEST(ShippedConfigs, GpuConfigsRunBf16OnCuda) {
+TEST_F(ShippedConfigs, GpuConfigsRunBf16OnCuda) {
   for (const char* name : {"configs/cuda.yaml", "configs/bamba-9b-synthetic-cuda.yaml"}) {
     SCOPED_TRACE(name);
     const service_config c = load_config_file(std::string(HYSERVE_SOURCE_DIR) + "/" + name);

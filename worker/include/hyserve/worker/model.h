@@ -62,6 +62,7 @@ class model {
   // cfg.sparsity). Page summaries are kept from the first step run with algorithm quest: switch
   // to quest only between requests (KV written before has no summaries).
   virtual void set_sparsity(const sparsity_section& sparsity) = 0;
+  virtual const sparsity_section& sparsity() const = 0;
   // Runs one step. Returns logits [rows, vocab] as a HOST tensor (rows =
   // logit_token_indices.size(), or num_tokens with all_logits); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
   // ctx.req_to_token holds for their positions, and updates SSM/conv state per the mode.
