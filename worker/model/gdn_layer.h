@@ -48,7 +48,8 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 // recurrent state of the batch's slots; Extend/Mixed/DraftExtend run the chunked scan, Decode
 // the single-token update.
 void place(gdn_weights& w, device_kind device);
+// steps: per-step states for TargetVerify / Draft (the persistent state is then only read).
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                   collective* comm, const exec_context& ctx);
+                   collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);
 
 }  // namespace hyserve::worker::layers
