@@ -15,6 +15,7 @@
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/sampling.h"
+#include "hyserve/kernels/sparse_attention.h"
 #include "hyserve/kernels/ssm.h"
 
 #ifndef HYSERVE_HAVE_CUDA
@@ -78,6 +79,8 @@ HYSERVE_INSTANTIATE_RUN(row_add_params)
 HYSERVE_INSTANTIATE_RUN(sigmoid_mul_params)
 HYSERVE_INSTANTIATE_RUN(kv_write_params)
 HYSERVE_INSTANTIATE_RUN(paged_attention_params)
+HYSERVE_INSTANTIATE_RUN(page_summary_update_params)
+HYSERVE_INSTANTIATE_RUN(sparse_select_params)
 HYSERVE_INSTANTIATE_RUN(conv1d_varlen_params)
 HYSERVE_INSTANTIATE_RUN(conv1d_update_params)
 HYSERVE_INSTANTIATE_RUN(ssd_chunk_scan_params)

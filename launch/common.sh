@@ -39,8 +39,12 @@ install_deps() {
     log "missing packages (${missing[*]}) and no apt-get: install them by hand"; return 1
   fi
   log "installing: ${missing[*]}"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    # Offline, or another distribution's names (a newer Boost, a GPU image with its own
+    # stack): go on with what is present; configuring names anything that is really missing.
+    log "could not install ${missing[*]}; building with what is present"
+  fi
 }
 
 # build_project [TARGET...]: configure, then build the given targets (default: everything).

@@ -19,9 +19,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
 #include "hyserve/worker/engine.h"
-#ifdef HYSERVE_HAVE_TOKENIZER
 #include "hyserve/tokenizer/bpe_tokenizer.h"
-#endif
 
 namespace {
 
@@ -99,7 +97,6 @@ options parse_args(int argc, char** argv) {
   return o;
 }
 
-#ifdef HYSERVE_HAVE_TOKENIZER
 // tokenizer.json for --text: --tokenizer (a file or a directory), the config's model.tokenizer,
 // or <model dir>/tokenizer.json.
 std::string tokenizer_path(const options& o, const hyserve::service_config& cfg) {
@@ -113,7 +110,6 @@ std::string tokenizer_path(const options& o, const hyserve::service_config& cfg)
   if (fs::is_directory(p)) p = (fs::path(p) / "tokenizer.json").string();
   return p;
 }
-#endif
 
 }  // namespace
 
@@ -127,16 +123,12 @@ int main(int argc, char** argv) {
       cfg.model.path = o.model_dir;
     }
     std::vector<int32_t> input_ids = o.input_ids;
-#ifdef HYSERVE_HAVE_TOKENIZER
     std::optional<hyserve::tokenizer::bpe_tokenizer> tok;
     if (o.text) {
       tok = hyserve::tokenizer::bpe_tokenizer::from_file(tokenizer_path(o, cfg));
       input_ids = tok->encode(*o.text);
       if (input_ids.empty()) throw hyserve::invalid_argument_error("--text: encodes to no tokens");
     }
-#else
-    if (o.text) throw hyserve::invalid_argument_error("--text: this build has no tokenizer (PCRE2 was not found)");
-#endif
     const int64_t needed = static_cast<int64_t>(input_ids.size()) + o.max_new_tokens + 1;
     if (cfg.cache.max_context < needed) cfg.cache.max_context = static_cast<int32_t>(needed);
     cfg.cache.max_requests = 1;
@@ -146,9 +138,7 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> out =
         eng.generate_greedy(input_ids, o.max_new_tokens, o.prefill_chunk, o.logits ? &logits : nullptr);
     std::optional<std::string> text;
-#ifdef HYSERVE_HAVE_TOKENIZER
     if (tok) text = tok->decode(out);
-#endif
     if (o.json) {
       boost::json::object obj;
       obj["output_ids"] = boost::json::value_from(out);

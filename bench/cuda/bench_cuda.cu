@@ -11,6 +11,9 @@
 //
 //   hyserve-bench-cuda            all ops
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm
+//   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
+//   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
+//   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,11 +22,13 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
 #include "cuda/device_buffer.h"
+#include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/norm.h"
@@ -127,20 +132,43 @@ struct row {
   double us, bytes;
 };
 
-// Mamba2 decode: 128 heads × head_dim 64 × d_state 128, 8 groups, fp32 state.
-void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
+// Random values of element type t (f32, or bf16 rounded to nearest even) as raw device bytes.
+device_array<uint8_t> random_typed(size_t n, uint32_t seed, hyserve::dtype t, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<uint8_t> raw(n * hyserve::dtype_size(t));
+  for (size_t i = 0; i < n; ++i) {
+    const float v = dist(gen);
+    if (t == hyserve::dtype::kBF16) {
+      const uint16_t h = hyserve::f32_to_bf16(v);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(raw.data() + 4 * i, &v, 4);
+    }
+  }
+  return device_array<uint8_t>(raw);
+}
+
+std::string ssm_types(hyserve::dtype io, hyserve::dtype st) {
+  return " io=" + std::string(hyserve::dtype_name(io)) + " st=" + std::string(hyserve::dtype_name(st));
+}
+
+// Mamba2 decode: 128 heads × head_dim 64 × d_state 128, 8 groups; x/dt/B/C/y in io, states in st.
+// Bytes: the state read and written at its element size, x, y, B, C, dt at the io size.
+void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
   const int64_t H = 128, P = 64, N = 128, G = 8;
+  const double es = static_cast<double>(hyserve::dtype_size(io)), ss = static_cast<double>(hyserve::dtype_size(st));
   for (int bs : kBatches) {
     const size_t state_elems = static_cast<size_t>(bs) * H * P * N;
-    const int n_sets = sets_for(state_elems * sizeof(float));
-    std::vector<device_array<float>> states;
-    for (int s = 0; s < n_sets; ++s) states.push_back(random_device(state_elems, 10 + s, -0.5f, 0.5f));
-    auto x = random_device(static_cast<size_t>(bs * H * P), 1);
-    auto dt = random_device(static_cast<size_t>(bs * H), 2, -3.0f, 0.0f);
-    auto bc = random_device(static_cast<size_t>(bs * 2 * G * N), 3);
+    const int n_sets = sets_for(state_elems * hyserve::dtype_size(st));
+    std::vector<device_array<uint8_t>> states;
+    for (int s = 0; s < n_sets; ++s) states.push_back(random_typed(state_elems, 10 + s, st, -0.5f, 0.5f));
+    auto x = random_typed(static_cast<size_t>(bs * H * P), 1, io);
+    auto dt = random_typed(static_cast<size_t>(bs * H), 2, io, -3.0f, 0.0f);
+    auto bc = random_typed(static_cast<size_t>(bs * 2 * G * N), 3, io);
     auto a_log = random_device(static_cast<size_t>(H), 4);
     auto d = random_device(static_cast<size_t>(H), 5);
-    device_array<float> y(static_cast<size_t>(bs * H * P));
+    device_array<uint8_t> y(static_cast<size_t>(bs * H * P) * hyserve::dtype_size(io));
     std::vector<int32_t> slots(static_cast<size_t>(bs));
     for (int b = 0; b < bs; ++b) slots[b] = b;
     device_array<int32_t> dslots(slots);
@@ -149,7 +177,7 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
     p.dt = dt.data();
     p.A_log = a_log.data();
     p.B = bc.data();
-    p.C = bc.data() + G * N;
+    p.C = bc.data() + G * N * hyserve::dtype_size(io);
     p.D = d.data();
     p.y = y.data();
     p.state_indices = dslots.data();
@@ -161,27 +189,60 @@ void bench_ssm_update(cudaStream_t stream, std::vector<row>& rows) {
     p.x_stride = p.y_stride = H * P;
     p.dt_stride = H;
     p.bc_stride = 2 * G * N;
+    p.io_dtype = io;
+    p.state_dtype = st;
     const double us = time_call_us(stream, n_sets, [&](int s) {
       p.ssm_states = states[static_cast<size_t>(s)].data();
       run_cuda(p, stream);
     });
-    const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + 2.0 * bs * H * P + 2.0 * bs * G * N + bs * H);
-    rows.push_back({"ssm_update", "H128 P64 N128 G8", bs, us, bytes});
+    const double bytes =
+        ss * 2.0 * static_cast<double>(state_elems) + es * (2.0 * bs * H * P + 2.0 * bs * G * N + bs * H);
+    rows.push_back({"ssm_update", "H128 P64 N128 G8" + ssm_types(io, st), bs, us, bytes});
   }
 }
 
 // Decode attention over a paged cache: 32 q heads over 8 kv heads, head_dim 128, page 16,
-// LEN cached tokens per row (4096 at every batch; 32768 and 131072 at batch 8).
-void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t LEN, std::vector<int> batches) {
+// LEN cached tokens per row (4096 at every batch; 32768 and 131072 at batch 8). kv_dtype: the
+// cache's element type (f32 or bf16); the bytes reported are those the op moves with it (the
+// cache at its element size, q and out in f32, the page table).
+void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t LEN, std::vector<int> batches,
+                            hyserve::dtype kv_dtype = hyserve::dtype::kF32) {
   const int64_t QH = 32, KVH = 8, D = 128, PS = 16;
   const int64_t pages_per_row = LEN / PS;
+  const bool bf16 = kv_dtype == hyserve::dtype::kBF16;
+  const size_t esz = hyserve::dtype_size(kv_dtype);
   for (int bs : batches) {
     const size_t cache_elems = static_cast<size_t>(bs * pages_per_row * PS * KVH * D);
-    const int n_sets = sets_for(2 * cache_elems * sizeof(float));
+    const int n_sets = sets_for(2 * cache_elems * esz);
     std::vector<device_array<float>> k, v;
+    std::vector<device_array<uint16_t>> k16, v16;
     for (int s = 0; s < n_sets; ++s) {
-      k.push_back(random_device_hash(cache_elems, 20 + s));
-      v.push_back(random_device_hash(cache_elems, 40 + s));
+      if (!bf16) {
+        k.push_back(random_device_hash(cache_elems, 20 + s));
+        v.push_back(random_device_hash(cache_elems, 40 + s));
+        continue;
+      }
+      // bf16 sets: the same random f32 values rounded by the kv_write op (one token per cache row).
+      const int64_t row_elems = KVH * D, n_rows = static_cast<int64_t>(cache_elems) / row_elems;
+      std::vector<int32_t> locs(static_cast<size_t>(n_rows));
+      for (int64_t i = 0; i < n_rows; ++i) locs[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      device_array<int32_t> dlocs(locs);
+      k16.emplace_back(cache_elems);
+      v16.emplace_back(cache_elems);
+      for (int kv = 0; kv < 2; ++kv) {
+        device_array<float> src = random_device_hash(cache_elems, (kv == 0 ? 20 : 40) + s);
+        kv_write_params w;
+        w.k = w.v = src.data();
+        w.locs = dlocs.data();
+        w.k_cache = w.v_cache = (kv == 0 ? k16 : v16).back().data();
+        w.n_tokens = n_rows;
+        w.kv_heads = KVH;
+        w.head_dim = D;
+        w.k_stride = w.v_stride = row_elems;
+        w.kv_dtype = kv_dtype;
+        run_cuda(w, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
     }
     auto q = random_device(static_cast<size_t>(bs * QH * D), 6);
     device_array<float> out(static_cast<size_t>(bs * QH * D));
@@ -205,44 +266,54 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t
     p.page_table_stride = pages_per_row;
     p.q_stride = p.out_stride = QH * D;
     p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.kv_dtype = kv_dtype;
     const double us = time_call_us(stream, n_sets, [&](int s) {
-      p.k_cache = k[static_cast<size_t>(s)].data();
-      p.v_cache = v[static_cast<size_t>(s)].data();
+      p.k_cache = bf16 ? static_cast<const void*>(k16[static_cast<size_t>(s)].data()) : k[static_cast<size_t>(s)].data();
+      p.v_cache = bf16 ? static_cast<const void*>(v16[static_cast<size_t>(s)].data()) : v[static_cast<size_t>(s)].data();
       run_cuda(p, stream);
     });
-    const double bytes = 4.0 * (2.0 * static_cast<double>(cache_elems) + 2.0 * bs * QH * D) + 4.0 * table.size();
-    rows.push_back({"attention_decode", "QH32 KVH8 D128 page16 ctx" + std::to_string(LEN), bs, us, bytes});
+    const double bytes = static_cast<double>(esz) * 2.0 * static_cast<double>(cache_elems) + 4.0 * 2.0 * bs * QH * D +
+                         4.0 * static_cast<double>(table.size());
+    rows.push_back({"attention_decode", std::string("QH32 KVH8 D128 page16 ") + (bf16 ? "kv bf16 " : "") + "ctx" +
+                                            std::to_string(LEN),
+                    bs, us, bytes});
   }
 }
 
-// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens.
-void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows) {
+// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens, each with an
+// initial state; x/dt/B/C/y in io, states in st. Bytes: inputs read and y written once at the io
+// size, the initial states read and the final states written at the state size.
+void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
   const int64_t H = 128, P = 64, N = 128, G = 8;
+  const double es = static_cast<double>(hyserve::dtype_size(io)), ss = static_cast<double>(hyserve::dtype_size(st));
   for (int bs : kBatches) {
     const int64_t len = std::max<int64_t>(256, 16384 / bs);
     const int64_t T = bs * len;
-    auto x = random_device(static_cast<size_t>(T * H * P), 1);
-    auto dt = random_device(static_cast<size_t>(T * H), 2, -3.0f, 0.0f);
-    auto bc = random_device(static_cast<size_t>(T * 2 * G * N), 3);
+    auto x = random_typed(static_cast<size_t>(T * H * P), 1, io);
+    auto dt = random_typed(static_cast<size_t>(T * H), 2, io, -3.0f, 0.0f);
+    auto bc = random_typed(static_cast<size_t>(T * 2 * G * N), 3, io);
     auto a_log = random_device(static_cast<size_t>(H), 4);
     auto d = random_device(static_cast<size_t>(H), 5);
-    device_array<float> y(static_cast<size_t>(T * H * P));
-    device_array<float> states(static_cast<size_t>(bs * H * P * N));
+    device_array<uint8_t> y(static_cast<size_t>(T * H * P) * hyserve::dtype_size(io));
+    auto states = random_typed(static_cast<size_t>(bs * H * P * N), 6, st, -0.5f, 0.5f);
     std::vector<int32_t> slots(static_cast<size_t>(bs)), qsl(static_cast<size_t>(bs + 1));
+    std::vector<uint8_t> init(static_cast<size_t>(bs), 1);
     for (int b = 0; b < bs; ++b) slots[b] = b;
     for (int b = 0; b <= bs; ++b) qsl[b] = static_cast<int32_t>(b * len);
     device_array<int32_t> dslots(slots), dqsl(qsl);
+    device_array<uint8_t> dinit(init);
     ssd_chunk_scan_params p;
     p.x = x.data();
     p.dt = dt.data();
     p.A_log = a_log.data();
     p.B = bc.data();
-    p.C = bc.data() + G * N;
+    p.C = bc.data() + G * N * hyserve::dtype_size(io);
     p.D = d.data();
     p.y = y.data();
     p.ssm_states = states.data();
     p.state_indices = dslots.data();
     p.query_start_loc = dqsl.data();
+    p.has_initial_state = dinit.data();
     p.batch = bs;
     p.heads = H;
     p.head_dim = P;
@@ -251,9 +322,11 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows) {
     p.x_stride = p.y_stride = H * P;
     p.dt_stride = H;
     p.bc_stride = 2 * G * N;
+    p.io_dtype = io;
+    p.state_dtype = st;
     const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
-    const double bytes = 4.0 * (static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + 2.0 * bs * H * P * N);
-    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len), bs, us, bytes});
+    const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
+    rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st), bs, us, bytes});
   }
 }
 
@@ -292,7 +365,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hyserve-bench-cuda: no CUDA device\n");
     return 1;
   }
-  std::vector<std::string> ops(argv + 1, argv + argc);
+  std::vector<std::string> ops;
+  std::string kv_arg;  // attention_decode: --kv=f32|bf16|both
+  std::string ssm_io_arg, ssm_state_arg;  // ssm_update, ssd_scan: --ssm-io=..., --ssm-state=...
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kv=", 0) == 0)
+      kv_arg = a.substr(5);
+    else if (a.rfind("--ssm-io=", 0) == 0)
+      ssm_io_arg = a.substr(9);
+    else if (a.rfind("--ssm-state=", 0) == 0)
+      ssm_state_arg = a.substr(12);
+    else
+      ops.push_back(a);
+  }
+  // f32 | bf16 | both (default both) → the element types to run.
+  auto ssm_type_list = [](const std::string& arg, const char* flag) {
+    const std::string v = arg.empty() ? "both" : arg;
+    std::vector<hyserve::dtype> types;
+    if (v == "f32" || v == "both") types.push_back(hyserve::dtype::kF32);
+    if (v == "bf16" || v == "both") types.push_back(hyserve::dtype::kBF16);
+    if (types.empty()) throw std::runtime_error(std::string(flag) + " must be f32, bf16 or both, got '" + v + "'");
+    return types;
+  };
   auto want = [&](const char* op) { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); };
   try {
     cudaDeviceProp prop{};
@@ -304,13 +399,29 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n\n", copy_bw / 1e9);
 
     std::vector<row> rows;
-    if (want("ssm_update")) bench_ssm_update(stream, rows);
-    if (want("attention_decode")) {
-      bench_attention_decode(stream, rows, 4096, {1, 16, 64, 256});
-      bench_attention_decode(stream, rows, 32768, {8});
-      bench_attention_decode(stream, rows, 131072, {8});
+    const auto ssm_io = ssm_type_list(ssm_io_arg, "--ssm-io");
+    const auto ssm_state = ssm_type_list(ssm_state_arg, "--ssm-state");
+    if (want("ssm_update")) {
+      for (const hyserve::dtype io : ssm_io)
+        for (const hyserve::dtype st : ssm_state) bench_ssm_update(stream, rows, io, st);
     }
-    if (want("ssd_scan")) bench_ssd_scan(stream, rows);
+    if (want("attention_decode")) {
+      // --kv=f32 | --kv=bf16 | --kv=both (default): the KV cache element types to run.
+      const std::string kv = kv_arg.empty() ? "both" : kv_arg;
+      std::vector<hyserve::dtype> kv_types;
+      if (kv == "f32" || kv == "both") kv_types.push_back(hyserve::dtype::kF32);
+      if (kv == "bf16" || kv == "both") kv_types.push_back(hyserve::dtype::kBF16);
+      if (kv_types.empty()) throw std::runtime_error("--kv must be f32, bf16 or both, got '" + kv + "'");
+      for (const hyserve::dtype t : kv_types) {
+        bench_attention_decode(stream, rows, 4096, {1, 16, 64, 256}, t);
+        bench_attention_decode(stream, rows, 32768, {8}, t);
+        bench_attention_decode(stream, rows, 131072, {8}, t);
+      }
+    }
+    if (want("ssd_scan")) {
+      for (const hyserve::dtype io : ssm_io)
+        for (const hyserve::dtype st : ssm_state) bench_ssd_scan(stream, rows, io, st);
+    }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
 
     std::printf("%-18s %-32s %6s %12s %12s %10s %8s\n", "op", "shape", "batch", "time_us", "MB_moved", "GB/s",

@@ -380,7 +380,16 @@ service_config parse_config(const std::string& text, const std::string& file) {
     if_present(par, "dp", [&](const YAML::Node& n) { cfg.parallel.dp = r.get_int32_min(n, "parallel.dp", 1); });
 
     const YAML::Node cache = root["cache"];
-    r.check_keys(cache, "cache", {"page_size", "max_requests", "max_context", "num_pages", "gpu_memory_fraction"});
+    r.check_keys(cache, "cache",
+                 {"page_size", "max_requests", "max_context", "num_pages", "gpu_memory_fraction", "kv_dtype",
+                  "ssm_state_dtype"});
+    // Cache element types: "cache.kv_dtype: unknown dtype 'x' (known: float32, bfloat16)".
+    auto cache_dtype = [&](const YAML::Node& n, const std::string& path) {
+      return r.get_enum(n, path, "dtype", {"float32", "bfloat16"}) == 0 ? dtype::kF32 : dtype::kBF16;
+    };
+    if_present(cache, "kv_dtype", [&](const YAML::Node& n) { cfg.cache.kv_dtype = cache_dtype(n, "cache.kv_dtype"); });
+    if_present(cache, "ssm_state_dtype",
+               [&](const YAML::Node& n) { cfg.cache.ssm_state_dtype = cache_dtype(n, "cache.ssm_state_dtype"); });
     if_present(cache, "page_size", [&](const YAML::Node& n) {
       const int32_t v = r.get_int32(n, "cache.page_size");
       if (v < 1 || (v & (v - 1)) != 0) r.fail(n, "cache.page_size", "must be a power of two, got " + std::to_string(v));

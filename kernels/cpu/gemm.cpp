@@ -2,11 +2,54 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "dtype_dispatch.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
 
 using namespace cpu_detail;
+
+namespace {
+
+// f32 elements of b widened per block: bounded scratch (about 1 MiB), never a whole-matrix copy.
+constexpr int64_t kWidenBlockElems = int64_t{1} << 18;
+
+// C = alpha · op(A) · op(B) + beta · C with B stored as bf16: columns of C in blocks of nb,
+// each block's slice of B widened to f32 (exact) and handed to sgemm.
+void gemm_bf16_b(const gemm_params& p) {
+  const auto* b = static_cast<const uint16_t*>(p.b);
+  const int64_t nb = std::min(p.n, std::max<int64_t>(kWidenBlockElems / p.k, 16));
+  std::vector<float> tile(static_cast<size_t>(nb * p.k));
+  for (int64_t n0 = 0; n0 < p.n; n0 += nb) {
+    const int64_t cols = std::min(nb, p.n - n0);
+    // trans_b: B is [n, k], the block is rows n0..n0+cols (ld k). Otherwise B is [k, n], the
+    // block is columns n0..n0+cols of every row (ld cols).
+    if (p.trans_b) {
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < cols; ++j) {
+        const uint16_t* src = b + (n0 + j) * p.ldb;
+        float* dst = tile.data() + j * p.k;
+        for (int64_t i = 0; i < p.k; ++i) dst[i] = bf16_to_f32(src[i]);
+      }
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < p.k; ++i) {
+        const uint16_t* src = b + i * p.ldb + n0;
+        float* dst = tile.data() + i * cols;
+        for (int64_t j = 0; j < cols; ++j) dst[j] = bf16_to_f32(src[j]);
+      }
+    }
+    cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(p.m), static_cast<int>(cols), static_cast<int>(p.k), p.alpha, p.a,
+                static_cast<int>(p.lda), tile.data(), static_cast<int>(p.trans_b ? p.k : cols), p.beta, p.c + n0,
+                static_cast<int>(p.ldc));
+  }
+}
+
+}  // namespace
 
 void run_cpu(const gemm_params& p) {
   constexpr const char* op = "gemm";
@@ -20,6 +63,7 @@ void run_cpu(const gemm_params& p) {
   require_stride(p.lda, p.trans_a ? p.m : p.k, op, "lda");
   require_stride(p.ldb, p.trans_b ? p.k : p.n, op, "ldb");
   require_stride(p.ldc, p.n, op, "ldc");
+  require_storage(p.b_dtype, op, "b_dtype");
   // cblas takes int sizes; larger problems would silently wrap.
   constexpr int64_t kMaxBlas = 0x7fffffff;
   if (p.m > kMaxBlas) fail(op, "m", p.m, "exceeds the BLAS int range");
@@ -29,9 +73,16 @@ void run_cpu(const gemm_params& p) {
   if (p.ldb > kMaxBlas) fail(op, "ldb", p.ldb, "exceeds the BLAS int range");
   if (p.ldc > kMaxBlas) fail(op, "ldc", p.ldc, "exceeds the BLAS int range");
 
-  cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), p.alpha, p.a,
-              static_cast<int>(p.lda), p.b, static_cast<int>(p.ldb), p.beta, p.c, static_cast<int>(p.ldc));
+  dispatch_storage(p.b_dtype, op, "b_dtype", [&](auto tag) {
+    if constexpr (decltype(tag)::value == dtype::kF32) {
+      cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), p.alpha, p.a,
+                  static_cast<int>(p.lda), static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.beta, p.c,
+                  static_cast<int>(p.ldc));
+    } else {
+      gemm_bf16_b(p);
+    }
+  });
 }
 
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate) {

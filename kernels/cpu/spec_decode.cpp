@@ -78,6 +78,11 @@ void check_ssm(const ssm_common_params& p, const char* op) {
   require_stride(p.bc_stride, p.n_groups * p.d_state, op, "bc_stride");
   require_stride(p.y_stride, p.heads * p.head_dim, op, "y_stride");
   require_state_indices(p.state_indices, p.batch, op);
+  if constexpr (requires { p.io_dtype; }) {
+    if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "must be float32 (speculative steps)");
+    if (p.state_dtype != dtype::kF32)
+      fail(op, "state_dtype", dtype_name(p.state_dtype), "must be float32 (speculative steps)");
+  }
 }
 
 void check_gdn(const gdn_common_params& p, const char* op) {
@@ -327,6 +332,11 @@ void run_cpu(const paged_attention_tree_params& p) {
   require_positive(p.head_dim, op, "head_dim");
   require_positive(p.page_size, op, "page_size");
   require_positive(p.tree_nodes, op, "tree_nodes");
+  if constexpr (requires { p.kv_dtype; }) {
+    if (p.kv_dtype != dtype::kF32) fail(op, "kv_dtype", dtype_name(p.kv_dtype), "must be float32 (tree drafts)");
+  }
+  const auto* k_cache = static_cast<const float*>(p.k_cache);
+  const auto* v_cache = static_cast<const float*>(p.v_cache);
   if (p.q_heads % p.kv_heads != 0)
     fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
   require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
@@ -375,7 +385,7 @@ void run_cpu(const paged_attention_tree_params& p) {
           float m = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s <= last; ++s) {
             if (!seen(s)) continue;
-            const float* kk = p.k_cache + cache_offset(s);
+            const float* kk = k_cache + cache_offset(s);
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
             for (int64_t d = 0; d < D; ++d) dot += q[d] * kk[d];
@@ -388,7 +398,7 @@ void run_cpu(const paged_attention_tree_params& p) {
             if (!seen(s)) continue;
             const float w = std::exp(scores[static_cast<size_t>(s)] - m);
             denom += w;
-            const float* v = p.v_cache + cache_offset(s);
+            const float* v = v_cache + cache_offset(s);
 #pragma omp simd
             for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += w * v[d];
           }

@@ -7,6 +7,10 @@
 // stages, the next tile loading while the current one is used. For scores, lane j holds key
 // j; for P·V, lane c holds 16-byte column chunk c and the probabilities are broadcast by shuffle.
 //
+// Element types: q and out are f32; the K/V cache is KV (float or __nv_bfloat16, from
+// paged_attention_params::kv_dtype). Shared-memory tiles hold cache elements as stored (a
+// 16-byte cp.async chunk is 4 f32 or 8 bf16) and are widened to f32 where used.
+//
 // The host does not know the rows' query counts (they live on the device), so each block
 // decides on the device:
 //   q_len == 1 (decode) and G = q_heads / kv_heads in decode_group_table: the block exits; the
@@ -19,6 +23,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../cpu/dtype_dispatch.h"
 #include "attention_decode.cuh"
 #include "common.cuh"
 #include "dispatch.h"
@@ -40,12 +45,12 @@ constexpr int kMaxDecodeSlices = 256;
 using decode_group_table = int_table<1, 2, 4, 8>;
 constexpr int64_t kMaxGrid = 65535;
 
-template <class T, int D>
+template <class KV, int D>
 struct attn_smem {
-  static constexpr int kN = pack16<T>::kN;  // elements per 16-byte chunk
-  static constexpr int kLd = D + kN;        // one chunk of padding: lane-per-key reads avoid conflicts
-  T k[2][kKeysPerTile][kLd];
-  T v[2][kKeysPerTile][kLd];
+  static constexpr int kN = pack16<KV>::kN;  // cache elements per 16-byte chunk
+  static constexpr int kLd = D + kN;         // one chunk of padding: lane-per-key reads avoid conflicts
+  KV k[2][kKeysPerTile][kLd];
+  KV v[2][kKeysPerTile][kLd];
   float q[kRowsPerTile][D];
 };
 
@@ -64,9 +69,9 @@ struct attn_partials {
   float2* ml = nullptr;  // [batch, q_heads, n_slices] (running max, Σ p)
 };
 
-template <class T, int D>
+template <class KV, int D>
 struct attn_block {
-  using smem_t = attn_smem<T, D>;
+  using smem_t = attn_smem<KV, D>;
   static constexpr int kN = smem_t::kN;
   static constexpr int kChunks = D / kN;                    // 16-byte chunks per head row
   static constexpr int kLaneChunks = (kChunks + 31) / 32;  // P·V columns per lane
@@ -81,16 +86,16 @@ struct attn_block {
   __device__ void run(int r0, int64_t kb, int64_t ke, int slice, int n_slices, const attn_partials& part) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int M = q_len * group;
-    const T* k_cache = reinterpret_cast<const T*>(p.k_cache);
-    const T* v_cache = reinterpret_cast<const T*>(p.v_cache);
-    const T* q = reinterpret_cast<const T*>(p.q);
+    const KV* k_cache = reinterpret_cast<const KV*>(p.k_cache);
+    const KV* v_cache = reinterpret_cast<const KV*>(p.v_cache);
+    const float* q = p.q;
 
     for (int e = tid; e < kRowsPerTile * D; e += kAttnThreads) {
       const int r = e / D, d = e % D, row = r0 + r;
       float v = 0.0f;
       if (row < M) {
         const int64_t head = kvh * group + row % group;
-        v = to_float(q[(q_start + row / group) * p.q_stride + head * D + d]);
+        v = q[(q_start + row / group) * p.q_stride + head * D + d];
       }
       sm.q[r][d] = v;
     }
@@ -126,8 +131,8 @@ struct attn_block {
       for (int e = tid; e < kKeysPerTile * kChunks; e += kAttnThreads) {
         const int key = e / kChunks, ch = e % kChunks;
         const int64_t s = kt0 + key;
-        T* kd = &sm.k[stage][key][ch * kN];
-        T* vd = &sm.v[stage][key][ch * kN];
+        KV* kd = &sm.k[stage][key][ch * kN];
+        KV* vd = &sm.v[stage][key][ch * kN];
         if (s < key_end) {
           const int si = static_cast<int>(s);
           const int64_t loc = static_cast<int64_t>(pages[si / ps]) * ps + si % ps;
@@ -136,9 +141,9 @@ struct attn_block {
           cp_async16(vd, v_cache + off);
         } else {
           // Past the range: zeros, so that a masked key's p = 0 never multiplies garbage.
-          pack16<T> zero;
+          pack16<KV> zero;
 #pragma unroll
-          for (int j = 0; j < kN; ++j) zero.v[j] = from_float<T>(0.0f);
+          for (int j = 0; j < kN; ++j) zero.v[j] = from_float<KV>(0.0f);
           store_pack(kd, zero);
           store_pack(vd, zero);
         }
@@ -167,7 +172,7 @@ struct attn_block {
         float dot = 0.0f;
 #pragma unroll 8
         for (int c = 0; c < kChunks; ++c) {
-          const pack16<T> kp = load_pack(&sm.k[st][lane][c * kN]);
+          const pack16<KV> kp = load_pack(&sm.k[st][lane][c * kN]);
           const float* qr = &sm.q[r][c * kN];
 #pragma unroll
           for (int e = 0; e < kN; ++e) dot += qr[e] * to_float(kp.v[e]);
@@ -195,7 +200,7 @@ struct attn_block {
         for (int c = 0; c < kLaneChunks; ++c) {
           const int ch = lane + 32 * c;
           if (ch < kChunks) {
-            const pack16<T> vp = load_pack(&sm.v[st][j][ch * kN]);
+            const pack16<KV> vp = load_pack(&sm.v[st][j][ch * kN]);
 #pragma unroll
             for (int k = 0; k < kRowsPerWarp; ++k)
 #pragma unroll
@@ -222,25 +227,25 @@ struct attn_block {
             for (int e = 0; e < kN; ++e) part.acc[idx * D + ch * kN + e] = acc[k][c][e];
         }
       } else {
-        T* o = reinterpret_cast<T*>(p.out) + (q_start + row / group) * p.out_stride + head * D;
+        float* o = p.out + (q_start + row / group) * p.out_stride + head * D;
         const float inv = 1.0f / l[k];
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
           const int ch = lane + 32 * c;
           if (ch < kChunks)
 #pragma unroll
-            for (int e = 0; e < kN; ++e) o[ch * kN + e] = from_float<T>(acc[k][c][e] * inv);
+            for (int e = 0; e < kN; ++e) o[ch * kN + e] = acc[k][c][e] * inv;
         }
       }
     }
   }
 };
 
-template <class T, int D>
+template <class KV, int D>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
                                                                        const attn_partials part, bool skip_decode) {
   extern __shared__ uint4 smem_raw[];
-  auto& sm = *reinterpret_cast<attn_smem<T, D>*>(smem_raw);
+  auto& sm = *reinterpret_cast<attn_smem<KV, D>*>(smem_raw);
   const int slice = blockIdx.x;
   const int64_t b = blockIdx.z;
   const int64_t q_start = p.query_start_loc[b];
@@ -249,7 +254,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   if (q_len == 1 && skip_decode) return;  // served by the decode kernel
   const int64_t len = p.seq_lens[b];
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
-  attn_block<T, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
+  attn_block<KV, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
                        static_cast<int>(p.q_heads / p.kv_heads)};
   const int M = q_len * blk.group;
   if (q_len == 1) {
@@ -263,7 +268,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
 }
 
 // Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s.
-template <class T, int D>
+template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
                                                                          const attn_partials part) {
   const int64_t head = blockIdx.x;
@@ -279,18 +284,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
     if (ml.x != -INFINITY) den += ml.y * expf(ml.x - mx);
   }
   const float inv = 1.0f / den;
-  T* o = reinterpret_cast<T*>(p.out) + q_start * p.out_stride + head * D;
+  float* o = p.out + q_start * p.out_stride + head * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float num = 0.0f;
     for (int s = 0; s < n_slices; ++s) {
       const float2 ml = part.ml[base + s];
       if (ml.x != -INFINITY) num += part.acc[(base + s) * D + d] * expf(ml.x - mx);
     }
-    o[d] = from_float<T>(num * inv);
+    o[d] = num * inv;
   }
 }
 
-template <class T>
+template <class KV>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
   const bool decode_kernel = decode_group_table::supports(p.q_heads / p.kv_heads);
   // Extend slices: about 8 blocks per SM (2-3 waves of resident blocks), so that a small batch
@@ -331,29 +336,25 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       dispatch(decode_group_table{}, p.q_heads / p.kv_heads, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
         constexpr int G = decltype(gq)::value;
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-        attn_decode::decode_kernel<T, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec,
+        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec,
                                                                                          {part.acc, part.ml});
         HYSERVE_CUDA_CHECK_LAUNCH();
       });
     }
-    const size_t smem = sizeof(attn_smem<T, D>);
-    reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<T, D>), smem);
+    const size_t smem = sizeof(attn_smem<KV, D>);
+    reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
     const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-    paged_attention_kernel<T, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
+    paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
     HYSERVE_CUDA_CHECK_LAUNCH();
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-      attention_combine_kernel<T, D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part);
+      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });
   if (n_part > 1) CUDA_CHECK(cudaFreeAsync(part.ml, stream));
 }
 
-#define HYSERVE_INSTANTIATE(T) \
-  template void launch_paged_attention<T>(const paged_attention_params&, cudaStream_t);
-HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
-#undef HYSERVE_INSTANTIATE
 
 }  // namespace
 }  // namespace cuda_detail
@@ -391,7 +392,12 @@ void run_cuda(const paged_attention_params& p, void* stream) {
   if (p.page_size > 0x7fffffff) fail(op, "page_size", p.page_size, "exceeds the int range");
   require_aligned16(p.k_cache, op, "k_cache");
   require_aligned16(p.v_cache, op, "v_cache");
-  launch_paged_attention<float>(p, as_stream(stream));
+  cpu_detail::dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {
+    if constexpr (decltype(tag)::value == dtype::kBF16)
+      launch_paged_attention<__nv_bfloat16>(p, as_stream(stream));
+    else
+      launch_paged_attention<float>(p, as_stream(stream));
+  });
 }
 
 }  // namespace hyserve::kernels

@@ -15,7 +15,13 @@
 // kLanesPerKey is chosen so that acc (G × kDims floats) stays at 32 registers (q takes as many):
 // G = 4, D = 128 gives 16 lanes per key, 8 dims per lane, 2 keys per warp step, and ~100
 // registers, so that 4+ blocks per SM keep enough 16-byte loads in flight.
+//
+// Cache element type KV: float or __nv_bfloat16 (q and out are f32, arithmetic f32). A lane's
+// dimensions come in chunks of E consecutive elements, one load each: 4 f32 (16 bytes), 8 bf16
+// (16 bytes) when G <= 4, else 4 bf16 (8 bytes; keeps acc at the register budget). A bf16 cache
+// moves half the bytes of an f32 one for the same work.
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "hyserve/kernels/attention.h"
@@ -27,16 +33,52 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMinKeysPerSlice = 64;
 
-template <int D, int G>
+// Elements per load of a KV cache element type for G heads per kv head.
+template <class KV, int G>
+inline constexpr int kChunkElems = (sizeof(KV) == 2 && G <= 4) ? 8 : 4;
+
+template <int D, int G, int E>
 struct shape {
   static constexpr int kMaxAcc = 32;  // acc floats per lane: G·kDims (q takes as many)
-  static constexpr int kDimsWanted = kMaxAcc / G < 4 ? 4 : kMaxAcc / G;
-  static constexpr int kDimsMin = D / 32 < 4 ? 4 : D / 32;  // at most 32 lanes per key
+  static constexpr int kDimsWanted = kMaxAcc / G < E ? E : kMaxAcc / G;
+  static constexpr int kDimsMin = D / 32 < E ? E : D / 32;  // at most 32 lanes per key
   static constexpr int kDims = kDimsWanted < kDimsMin ? kDimsMin : (kDimsWanted > D ? D : kDimsWanted);
   static constexpr int kLanesPerKey = D / kDims;
   static constexpr int kGroups = 32 / kLanesPerKey;  // keys per warp step
-  static constexpr int kChunks = kDims / 4;          // float4 per lane per key
-  static_assert(D % kDims == 0 && kDims % 4 == 0 && kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "layout");
+  static constexpr int kChunks = kDims / E;          // loads per lane per key
+  static_assert(D % kDims == 0 && kDims % E == 0 && kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "layout");
+};
+
+// One load of E cache elements (8 or 16 bytes), streamed (__ldcs: read once), widened to f32.
+template <class KV, int E>
+struct kv_chunk {
+  static constexpr int kBytes = E * static_cast<int>(sizeof(KV));
+  static_assert(kBytes == 8 || kBytes == 16, "8- or 16-byte loads");
+  using raw_t = std::conditional_t<kBytes == 16, uint4, uint2>;
+  static constexpr int kWords = kBytes / 4;
+
+  raw_t raw;
+
+  __device__ __forceinline__ void load(const KV* p) { raw = __ldcs(reinterpret_cast<const raw_t*>(p)); }
+  __device__ __forceinline__ void zero() {
+    if constexpr (kBytes == 16)
+      raw = make_uint4(0u, 0u, 0u, 0u);
+    else
+      raw = make_uint2(0u, 0u);
+  }
+  __device__ __forceinline__ void widen(float (&f)[E]) const {
+    const auto* w = reinterpret_cast<const uint32_t*>(&raw);
+    if constexpr (sizeof(KV) == 4) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) f[i] = __uint_as_float(w[i]);
+    } else {  // bf16: element 2i in the low half of word i (little-endian)
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      }
+    }
+  }
 };
 
 struct partials {
@@ -44,11 +86,12 @@ struct partials {
   float2* ml = nullptr;  // [batch, q_heads, n_slices] (running max, Σ p)
 };
 
-template <class T, int D, int G>
+template <class KV, int D, int G>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices,
                                                           const partials part) {
-  static_assert(std::is_same_v<T, float>, "fp32 cache: 4 elements per 16-byte load");
-  using sh = shape<D, G>;
+  constexpr int E = kChunkElems<KV, G>;
+  using sh = shape<D, G, E>;
+  using chunk = kv_chunk<KV, E>;
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
   const int slice = blockIdx.x;
   const int64_t kvh = blockIdx.y, b = blockIdx.z;
@@ -65,34 +108,36 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   const int64_t ke = len < kb + per_slice ? len : kb + per_slice;
 
   // q of the G heads at this lane's dimensions, pre-scaled. Dimension of (chunk c, element e):
-  // 4·(li + LPK·c) + e.
-  float q[G][NC][4];
-  const T* qrow = reinterpret_cast<const T*>(p.q) + q_start * p.q_stride + kvh * G * D;
+  // E·(li + LPK·c) + e.
+  float q[G][NC][E];
+  const float* qrow = p.q + q_start * p.q_stride + kvh * G * D;
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
     for (int c = 0; c < NC; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) q[h][c][e] = to_float(qrow[h * D + 4 * (li + LPK * c) + e]) * p.scale;
+      for (int e = 0; e < E; ++e) q[h][c][e] = qrow[h * D + E * (li + LPK * c) + e] * p.scale;
 
-  float m[G], l[G], acc[G][NC][4];
+  float m[G], l[G], acc[G][NC][E];
 #pragma unroll
   for (int h = 0; h < G; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < NC; ++c) acc[h][c][0] = acc[h][c][1] = acc[h][c][2] = acc[h][c][3] = 0.0f;
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[h][c][e] = 0.0f;
   }
 
   const int32_t* pages = p.page_table + b * p.page_table_stride;
   const int64_t ps = p.page_size;
-  const float4* k_cache = reinterpret_cast<const float4*>(p.k_cache);
-  const float4* v_cache = reinterpret_cast<const float4*>(p.v_cache);
+  const KV* k_cache = static_cast<const KV*>(p.k_cache);
+  const KV* v_cache = static_cast<const KV*>(p.v_cache);
   // Each step a group takes two keys (s and s + NG), both loaded before either is used: twice
   // the bytes in flight per warp.
   constexpr int kStep = kWarps * NG * 2;  // keys per block step
   for (int64_t s0 = kb; s0 < ke; s0 += kStep) {
-    float4 kv[2][NC], vv[2][NC];
+    chunk kv[2][NC], vv[2][NC];
     bool valid[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -100,30 +145,40 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
       valid[u] = s < ke;
       if (valid[u]) {
         const int64_t loc = static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
-        const int64_t base = ((loc * p.kv_heads + kvh) * D) / 4 + li;
+        const int64_t base = (loc * p.kv_heads + kvh) * D + E * li;  // elements
 #pragma unroll
-        for (int c = 0; c < NC; ++c) kv[u][c] = __ldcs(k_cache + base + LPK * c);
+        for (int c = 0; c < NC; ++c) kv[u][c].load(k_cache + base + E * LPK * c);
 #pragma unroll
-        for (int c = 0; c < NC; ++c) vv[u][c] = __ldcs(v_cache + base + LPK * c);
+        for (int c = 0; c < NC; ++c) vv[u][c].load(v_cache + base + E * LPK * c);
       } else {
 #pragma unroll
-        for (int c = 0; c < NC; ++c) kv[u][c] = vv[u][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c = 0; c < NC; ++c) {
+          kv[u][c].zero();
+          vv[u][c].zero();
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
+      float kf[NC][E];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) kv[u][c].widen(kf[c]);
       float sc[G];
 #pragma unroll
       for (int h = 0; h < G; ++h) {
         float d = 0.0f;
 #pragma unroll
         for (int c = 0; c < NC; ++c)
-          d += q[h][c][0] * kv[u][c].x + q[h][c][1] * kv[u][c].y + q[h][c][2] * kv[u][c].z + q[h][c][3] * kv[u][c].w;
+#pragma unroll
+          for (int e = 0; e < E; ++e) d += q[h][c][e] * kf[c][e];
 #pragma unroll
         for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         sc[h] = d;
       }
       if (valid[u]) {  // uniform inside a group
+        float vf[NC][E];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) vv[u][c].widen(vf[c]);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
           const float m_new = fmaxf(m[h], sc[h]);
@@ -132,12 +187,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
           m[h] = m_new;
           l[h] = l[h] * corr + pk;
 #pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            acc[h][c][0] = acc[h][c][0] * corr + pk * vv[u][c].x;
-            acc[h][c][1] = acc[h][c][1] * corr + pk * vv[u][c].y;
-            acc[h][c][2] = acc[h][c][2] * corr + pk * vv[u][c].z;
-            acc[h][c][3] = acc[h][c][3] * corr + pk * vv[u][c].w;
-          }
+          for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[h][c][e] = acc[h][c][e] * corr + pk * vf[c][e];
         }
       }
     }
@@ -158,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
 #pragma unroll
     for (int c = 0; c < NC; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < E; ++e) {
         float a = acc[h][c][e] * f;
 #pragma unroll
         for (int o = LPK; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -176,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s_acc[warp][h][4 * (li + LPK * c) + e] = acc[h][c][e];
+        for (int e = 0; e < E; ++e) s_acc[warp][h][E * (li + LPK * c) + e] = acc[h][c][e];
     }
   }
   __syncthreads();
@@ -201,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
       if (d == 0) part.ml[idx] = make_float2(mx, lsum);
       part.acc[idx * D + d] = a;
     } else {
-      reinterpret_cast<T*>(p.out)[q_start * p.out_stride + head * D + d] = from_float<T>(a / lsum);
+      p.out[q_start * p.out_stride + head * D + d] = a / lsum;
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/attention.h"
@@ -34,15 +35,46 @@ __device__ __forceinline__ void copy_row(T* __restrict__ dst, const T* __restric
   }
 }
 
-template <class T, bool Vec>
+// dst[0, n) = src[0, n) converted (f32 ↔ bf16, round to nearest even), or zeros when src is
+// null. Vec: n is a multiple of 8 and both pointers 16-byte aligned (8 elements per step).
+template <class Dst, class Src, bool Vec>
+__device__ __forceinline__ void convert_row(Dst* __restrict__ dst, const Src* __restrict__ src, int64_t n) {
+  if constexpr (std::is_same_v<Dst, Src>) {
+    copy_row<Dst, Vec>(dst, src, n);
+  } else if constexpr (Vec) {
+    constexpr int kN = 8;
+    for (int64_t i = threadIdx.x * kN; i < n; i += blockDim.x * kN) {
+      float f[kN];
+#pragma unroll
+      for (int j = 0; j < kN; j += pack16<Src>::kN) {
+        const pack16<Src> v = src != nullptr ? load_pack(src + i + j) : pack16<Src>{};
+#pragma unroll
+        for (int e = 0; e < pack16<Src>::kN; ++e) f[j + e] = src != nullptr ? to_float(v.v[e]) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kN; j += pack16<Dst>::kN) {
+        pack16<Dst> o;
+#pragma unroll
+        for (int e = 0; e < pack16<Dst>::kN; ++e) o.v[e] = from_float<Dst>(f[j + e]);
+        store_pack(dst + i + j, o);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      dst[i] = from_float<Dst>(src != nullptr ? to_float(src[i]) : 0.0f);
+  }
+}
+
+// Table element type S (f32 or bf16); activations T.
+template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_params p) {
   const int64_t t = blockIdx.x;
   const int64_t id = p.ids[t];
-  const T* table = reinterpret_cast<const T*>(p.table);
+  const S* table = reinterpret_cast<const S*>(p.table);
   // Ids of another vocab shard (and, unlike the CPU op which rejects them on the host,
   // negative ids) give zero rows.
-  const T* src = (id >= p.vocab_start && id < p.vocab_end) ? table + (id - p.vocab_start) * p.hidden : nullptr;
-  copy_row<T, Vec>(reinterpret_cast<T*>(p.out) + t * p.hidden, src, p.hidden);
+  const S* src = (id >= p.vocab_start && id < p.vocab_end) ? table + (id - p.vocab_start) * p.hidden : nullptr;
+  convert_row<T, S, Vec>(reinterpret_cast<T*>(p.out) + t * p.hidden, src, p.hidden);
 }
 
 template <class T, bool Vec>
@@ -103,23 +135,33 @@ __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, 
   }
 }
 
-template <class T, bool Vec>
+// Activations T, cache element type S (f32 or bf16).
+template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p) {
   const int64_t t = blockIdx.x;
   const int64_t loc = p.locs[t];
   if (loc < 0) return;  // padding token
   const int64_t row = p.kv_heads * p.head_dim;
-  copy_row<T, Vec>(reinterpret_cast<T*>(p.k_cache) + loc * row, reinterpret_cast<const T*>(p.k) + t * p.k_stride, row);
-  copy_row<T, Vec>(reinterpret_cast<T*>(p.v_cache) + loc * row, reinterpret_cast<const T*>(p.v) + t * p.v_stride, row);
+  convert_row<S, T, Vec>(reinterpret_cast<S*>(p.k_cache) + loc * row, reinterpret_cast<const T*>(p.k) + t * p.k_stride,
+                         row);
+  convert_row<S, T, Vec>(reinterpret_cast<S*>(p.v_cache) + loc * row, reinterpret_cast<const T*>(p.v) + t * p.v_stride,
+                         row);
 }
+
+// Storage type of a dtype tag (cpu_detail::dispatch_storage).
+template <dtype D>
+using storage_t = std::conditional_t<D == dtype::kBF16, __nv_bfloat16, float>;
 
 template <class T>
 void launch_embedding(const embedding_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n_tokens));
-  if (vector_ok({p.table, p.out}, {p.hidden}, pack16<T>::kN))
-    embedding_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
-  else
-    embedding_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+  cpu_detail::dispatch_storage(p.table_dtype, "embedding", "table_dtype", [&](auto tag) {
+    using S = storage_t<decltype(tag)::value>;
+    if (vector_ok({p.table, p.out}, {p.hidden}, std::is_same_v<T, S> ? pack16<T>::kN : 8))
+      embedding_kernel<T, S, true><<<grid, kRowThreads, 0, stream>>>(p);
+    else
+      embedding_kernel<T, S, false><<<grid, kRowThreads, 0, stream>>>(p);
+  });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -147,10 +189,13 @@ template <class T>
 void launch_kv_write(const kv_write_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n_tokens));
   const int64_t row = p.kv_heads * p.head_dim;
-  if (vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, pack16<T>::kN))
-    kv_write_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
-  else
-    kv_write_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+  cpu_detail::dispatch_storage(p.kv_dtype, "kv_write", "kv_dtype", [&](auto tag) {
+    using S = storage_t<decltype(tag)::value>;
+    if (vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, std::is_same_v<T, S> ? pack16<T>::kN : 8))
+      kv_write_kernel<T, S, true><<<grid, kRowThreads, 0, stream>>>(p);
+    else
+      kv_write_kernel<T, S, false><<<grid, kRowThreads, 0, stream>>>(p);
+  });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -185,6 +230,7 @@ void run_cuda(const embedding_params& p, void* stream) {
   require_positive(p.hidden, op, "hidden");
   require_non_negative(p.vocab_start, op, "vocab_start");
   if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
+  cpu_detail::require_storage(p.table_dtype, op, "table_dtype");
   require_grid_x(p.n_tokens, op, "n_tokens");
   launch_embedding<float>(p, as_stream(stream));
 }
@@ -248,6 +294,7 @@ void run_cuda(const kv_write_params& p, void* stream) {
   const int64_t row = p.kv_heads * p.head_dim;
   require_stride(p.k_stride, row, op, "k_stride");
   require_stride(p.v_stride, row, op, "v_stride");
+  cpu_detail::require_storage(p.kv_dtype, op, "kv_dtype");
   require_grid_x(p.n_tokens, op, "n_tokens");
   launch_kv_write<float>(p, as_stream(stream));
 }

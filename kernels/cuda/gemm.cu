@@ -1,12 +1,19 @@
 // Dense matrix multiply through cuBLAS. Row-major C = op(A)·op(B) is column-major
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so the operands are passed swapped, each with its own transpose flag.
 // Math mode is CUBLAS_DEFAULT_MATH: true fp32, no TF32, so results agree with the CPU op.
+//
+// bf16 B (a linear layer's weight): op(A) is rounded to bf16 into a stream-ordered scratch
+// buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
+// f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <unordered_map>
 
+#include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
 #include "hyserve/kernels/gemm.h"
 
@@ -47,6 +54,37 @@ cublasHandle_t handle_for_current_device() {
   return h->get();
 }
 
+// dst[r, c] = bf16(src[r · ld + c]) for r < rows, c < cols; dst compact.
+__global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t rows,
+                                     int64_t cols, int64_t ld) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    dst[i] = __float2bfloat16(src[r * ld + c]);
+  }
+}
+
+void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
+  // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
+  const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
+  __nv_bfloat16* a16 = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a16), static_cast<size_t>(a_rows * a_cols) * 2, stream));
+  const int64_t n = a_rows * a_cols;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
+  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  cublasHandle_t handle = handle_for_current_device();
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const cublasStatus_t status =
+      cublasGemmEx(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b, CUDA_R_16BF,
+                   static_cast<int>(p.ldb), a16, CUDA_R_16BF, static_cast<int>(a_cols), &p.beta, p.c, CUDA_R_32F,
+                   static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  CUDA_CHECK(cudaFreeAsync(a16, stream));  // stream-ordered: freed after the GEMM has read it
+  CUBLAS_CHECK(status);
+}
+
 }  // namespace
 }  // namespace cuda_detail
 
@@ -70,12 +108,17 @@ void run_cuda(const gemm_params& p, void* stream) {
   if (p.lda > kMaxBlas) fail(op, "lda", p.lda, "exceeds the BLAS int range");
   if (p.ldb > kMaxBlas) fail(op, "ldb", p.ldb, "exceeds the BLAS int range");
   if (p.ldc > kMaxBlas) fail(op, "ldc", p.ldc, "exceeds the BLAS int range");
+  cpu_detail::require_storage(p.b_dtype, op, "b_dtype");
+  if (p.b_dtype == dtype::kBF16) {
+    gemm_bf16_b(p, as_stream(stream));
+    return;
+  }
 
   cublasHandle_t handle = handle_for_current_device();
   CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
   CUBLAS_CHECK(cublasSgemm(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b,
-                           static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
+                           static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha,
+                           static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
                            static_cast<int>(p.ldc)));
 }
 

@@ -195,7 +195,7 @@ __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) dot += qv[i] * p.k_cache[off + d];
+      if (d < D) dot += qv[i] * static_cast<const float*>(p.k_cache)[off + d];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -206,7 +206,7 @@ __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) acc[i] = acc[i] * corr + w * p.v_cache[off + d];
+      if (d < D) acc[i] = acc[i] * corr + w * static_cast<const float*>(p.v_cache)[off + d];
     }
     m = m_new;
   }
@@ -258,6 +258,9 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream) {
   require_positive(p.n_groups, op, "n_groups");
   require_positive(p.tokens_per_row, op, "tokens_per_row");
   if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "must be float32 (speculative steps)");
+  if (p.state_dtype != dtype::kF32)
+    fail(op, "state_dtype", dtype_name(p.state_dtype), "must be float32 (speculative steps)");
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
   ssm_update_multi_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
@@ -339,6 +342,7 @@ void run_cuda(const paged_attention_tree_params& p, void* stream) {
   require_positive(p.kv_heads, op, "kv_heads");
   require_positive(p.tree_nodes, op, "tree_nodes");
   if (p.tree_nodes > 128) fail(op, "tree_nodes", p.tree_nodes, "must be <= 128");
+  if (p.kv_dtype != dtype::kF32) fail(op, "kv_dtype", dtype_name(p.kv_dtype), "must be float32 (tree drafts)");
   if (p.head_dim < 1 || p.head_dim > kTreeMaxHeadDim) fail(op, "head_dim", p.head_dim, "must be in [1, 256]");
   const dim3 grid(static_cast<unsigned>(p.batch * p.tree_nodes), static_cast<unsigned>(p.q_heads));
   tree_attention_kernel<<<grid, 32, 0, as_stream(stream)>>>(p);

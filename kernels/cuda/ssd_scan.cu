@@ -1,8 +1,10 @@
 // SSD chunk scan (varlen prefill).
 //
 // Two implementations, chosen by (head_dim, d_state) in run_cuda:
-//   ssd_chunked_table pairs → ssd_scan_chunked.cuh: chunked SSD on the tensor cores (3xTF32),
-//                             one (chunk, head) per work item, state passed through the slot.
+//   ssd_chunked_table pairs → chunked SSD on the tensor cores: f32 io in ssd_scan_chunked.cuh
+//                             (3xTF32, one (chunk, head) per work item, state passed through the
+//                             slot or an f32 carry), bf16 io in ssd_scan_bf16.cuh (bf16 mma,
+//                             one block per (row, head, state slice), state kept in registers).
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // Both compute the CPU op's formulation with a double cumsum; neither depends on chunk_size
 // (validated only: the chunk length is each kernel's own).
@@ -22,8 +24,10 @@
 // its loads.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "dispatch.h"
+#include "ssd_scan_bf16.cuh"
 #include "ssd_scan_chunked.cuh"
 #include "ssm_common.cuh"
 
@@ -50,7 +54,7 @@ struct scan_layout {
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-template <class T>
+template <class T, class TS>
 __global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_scan_params p, int q) {
   const int64_t h = blockIdx.x;
   const int64_t b = blockIdx.y;
@@ -82,8 +86,8 @@ __global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_
   const float4* B4 = reinterpret_cast<const float4*>(Bs);
   const float4* C4 = reinterpret_cast<const float4*>(Cs);
 
-  float* state = p.ssm_states + (slot * p.heads + h) * static_cast<int64_t>(P) * N;
-  for (int e = tid; e < P * N; e += kScanThreads) S[(e / N) * ld + e % N] = init ? state[e] : 0.0f;
+  TS* state = static_cast<TS*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N;
+  for (int e = tid; e < P * N; e += kScanThreads) S[(e / N) * ld + e % N] = init ? to_float(state[e]) : 0.0f;
 
   const T* xg = reinterpret_cast<const T*>(p.x) + h * P;
   const T* dtg = reinterpret_cast<const T*>(p.dt) + h;
@@ -201,7 +205,7 @@ __global__ void __launch_bounds__(kScanThreads) ssd_scan_kernel(const ssd_chunk_
     __syncthreads();  // S complete and the chunk tiles free before the next chunk
   }
 
-  for (int e = tid; e < P * N; e += kScanThreads) state[e] = S[(e / N) * ld + e % N];
+  for (int e = tid; e < P * N; e += kScanThreads) state[e] = from_float<TS>(S[(e / N) * ld + e % N]);
 }
 
 // Longest chunk (of 32, 16, 8) whose tiles fit the opt-in shared memory; 0 if none does.
@@ -214,11 +218,11 @@ scan_layout pick_layout(int P, int N) {
   return scan_layout(0, P, N);
 }
 
-template <class T>
+template <class T, class TS>
 void launch_ssd_scan(const ssd_chunk_scan_params& p, const scan_layout& l, cudaStream_t stream) {
-  reserve_dynamic_shared(reinterpret_cast<const void*>(&ssd_scan_kernel<T>), l.bytes);
+  reserve_dynamic_shared(reinterpret_cast<const void*>(&ssd_scan_kernel<T, TS>), l.bytes);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  ssd_scan_kernel<T><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q);
+  ssd_scan_kernel<T, TS><<<grid, kScanThreads, l.bytes, stream>>>(p, l.q);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -232,30 +236,55 @@ bool chunked_supports(const ssd_chunk_scan_params& p) {
          p.batch < (int64_t{1} << 30) && p.heads < (int64_t{1} << 20);
 }
 
-template <class T>
+// f32 io: the 3xTF32 kernel (fp32 accuracy), chunks claimed by ticket, state chained between
+// chunks through the slot (f32 states) or an f32 carry in the workspace (bf16 states).
+// bf16 io: one block per (row, head, slice of 32 state rows) walking the row's chunks.
+template <class TS>
+void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
+  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
+    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
+      constexpr int P = decltype(hd)::value, N = decltype(ds)::value, PS = 32;
+      const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TS, P, N, PS>;
+      constexpr size_t smem = ssd_bf16::seq_tiles<P, N, PS>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
+      const dim3 grid(static_cast<unsigned>(p.heads * (P / PS)), static_cast<unsigned>(p.batch));
+      kernel<<<grid, ssd_bf16::kThreads, smem, stream>>>(p, vec);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+template <class T, class TS>
 void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   namespace sc = ssd_chunked;
-  // Workspace: chunk offsets [batch + 1], flags [batch, heads], ticket [1]; flags and ticket
-  // start at zero (the plan kernel writes the offsets).
+  static_assert(std::is_same_v<T, float>, "bf16 io takes launch_ssd_bf16_seq");
+  constexpr bool kChain = !std::is_same_v<TS, float>;
+  // Workspace: chunk offsets [batch + 1], flags [batch, heads], ticket [1], and
+  // for non-f32 states the f32 carry [batch, heads, head_dim, d_state]. Flags and ticket start
+  // at zero (the plan kernel writes the offsets).
   const int64_t n_offsets = p.batch + 1, n_flags = p.batch * p.heads;
+  const int64_t n_ints = (n_offsets + n_flags + 1 + 3) / 4 * 4;  // the carry starts 16-byte aligned
+  const int64_t n_chain = kChain ? p.batch * p.heads * p.head_dim * p.d_state : 0;
   void* raw = nullptr;
-  const size_t bytes = sizeof(int) * static_cast<size_t>(n_offsets + n_flags + 1);
+  const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(n_chain);
   CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
   sc::workspace ws;
   ws.chunk_offsets = static_cast<int*>(raw);
   ws.flags = ws.chunk_offsets + n_offsets;
   ws.ticket = ws.flags + n_flags;
+  ws.chain = kChain ? reinterpret_cast<float*>(ws.chunk_offsets + n_ints) : nullptr;
   CUDA_CHECK(cudaMemsetAsync(ws.flags, 0, sizeof(int) * static_cast<size_t>(n_flags + 1), stream));
   sc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
   HYSERVE_CUDA_CHECK_LAUNCH();
   dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
-      const auto kernel = &sc::ssd_chunked_kernel<T, P, N>;
-      constexpr size_t smem = sc::tiles<P, N>::kBytes;
-      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
       // Persistent grid: as many blocks as are resident at once; items are claimed by ticket,
       // so correctness does not depend on this number.
+      const auto kernel = &sc::ssd_chunked_kernel<T, TS, P, N>;
+      constexpr size_t smem = sc::tiles<P, N>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
       int per_sm = 0;
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, sc::kThreads, smem));
       const int grid = sm_count() * std::max(per_sm, 1);
@@ -265,12 +294,6 @@ void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   });
   CUDA_CHECK(cudaFreeAsync(raw, stream));
 }
-
-#define HYSERVE_INSTANTIATE(T)                                                                       \
-  template void launch_ssd_scan<T>(const ssd_chunk_scan_params&, const scan_layout&, cudaStream_t); \
-  template void launch_ssd_chunked<T>(const ssd_chunk_scan_params&, cudaStream_t);
-HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
-#undef HYSERVE_INSTANTIATE
 
 }  // namespace
 }  // namespace cuda_detail
@@ -283,7 +306,12 @@ void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
   if (chunked_supports(p)) {
-    launch_ssd_chunked<float>(p, as_stream(stream));
+    dispatch_ssm_types(p, [&](auto io, auto st) {
+      using TI = typename decltype(io)::type;
+      using TS = typename decltype(st)::type;
+      if constexpr (std::is_same_v<TI, __nv_bfloat16>) launch_ssd_bf16_seq<TS>(p, as_stream(stream));
+      else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
+    });
     return;
   }
   const scan_layout l = pick_layout(static_cast<int>(p.head_dim), static_cast<int>(p.d_state));
@@ -292,7 +320,9 @@ void run_cuda(const ssd_chunk_scan_params& p, void* stream) {
          ("with head_dim " + std::to_string(p.head_dim) + " the state does not fit the CUDA kernel's shared memory")
              .c_str());
   }
-  launch_ssd_scan<float>(p, l, as_stream(stream));
+  dispatch_ssm_types(p, [&](auto io, auto st) {
+    launch_ssd_scan<typename decltype(io)::type, typename decltype(st)::type>(p, l, as_stream(stream));
+  });
 }
 
 }  // namespace hyserve::kernels

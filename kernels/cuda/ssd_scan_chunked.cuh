@@ -28,6 +28,7 @@
 // (Q = 64 token rows of y and of C·Bᵀ; P = 64 state rows of S_loc). Shared-memory row strides
 // are padded so that fragment loads are (mostly) free of bank conflicts: see tiles<P, N>.
 #include <cstdint>
+#include <type_traits>
 
 #include "ssm_common.cuh"
 
@@ -103,8 +104,31 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 
 struct workspace {
   int* chunk_offsets = nullptr;  // [batch + 1] first global chunk of each row (padding rows: 0 chunks)
-  int* flags = nullptr;          // [batch, heads] chunks of (row, head) whose S_out is published
+  int* flags = nullptr;          // [batch, heads, flags_per_head] chunks of (row, head[, slice]) published
   int* ticket = nullptr;         // [1] next work item
+  float* chain = nullptr;        // [batch, heads, P, N] f32 carry between chunks when the state type
+                                 // is not f32 (null: the carry lives in the f32 slot itself)
+};
+
+// The carry between chunks: chunk 0 reads the slot (its state type), later chunks the f32 chain;
+// the last chunk writes the slot, earlier ones the chain. With f32 states the chain is the slot.
+template <class TS>
+struct state_chain {
+  TS* slot;
+  float* chain;
+  __device__ __forceinline__ state_chain(const ssm_common_params& p, const workspace& ws, int64_t b, int64_t slot_idx,
+                                         int64_t h, int64_t PN) {
+    slot = static_cast<TS*>(p.ssm_states) + (slot_idx * p.heads + h) * PN;
+    if constexpr (std::is_same_v<TS, float>) chain = slot;
+    else chain = ws.chain + (b * p.heads + h) * PN;
+  }
+  __device__ __forceinline__ float2 load(bool first, int64_t off) const {
+    return first ? load_state2(slot + off) : load_state2(chain + off);
+  }
+  __device__ __forceinline__ void store(bool last, int64_t off, float2 v) const {
+    if (last) store_state2(slot + off, v);
+    else store_state2(chain + off, v);
+  }
 };
 
 // chunk_offsets by one block: chunks(b) = 0 for padding rows, max(1, ceil(len / Q)) otherwise.
@@ -169,7 +193,7 @@ struct tiles {
   static constexpr size_t kBytes = sizeof(double) * Q + sizeof(float) * kFloats + 16 * sizeof(int);
 };
 
-template <class T, int P, int N>
+template <class T, class TS, int P, int N>
 __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chunk_scan_params p, workspace ws) {
   using tl = tiles<P, N>;
   constexpr int Q = tl::Q;
@@ -333,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chun
       __threadfence();
     }
     __syncthreads();  // also: every warp is done with Bs, which Ss overlays
-    float* state = p.ssm_states + (slot * H + h) * static_cast<int64_t>(P) * N;
+    const state_chain<TS> st(p, ws, b, slot, h, static_cast<int64_t>(P) * N);
+    const bool last = gc + 1 == ws.chunk_offsets[b + 1];
     const float total = static_cast<float>(exp(cum_end));
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
@@ -342,11 +367,11 @@ __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chun
         const int pp = r0 + g + 8 * half;
         const int nn = 8 * n + 2 * t;
         float2 s_in = make_float2(0.0f, 0.0f);
-        if (carry) s_in = __ldcg(reinterpret_cast<const float2*>(state + pp * N + nn));
+        if (carry) s_in = st.load(kc == 0, pp * N + nn);
         float2 s_out;
         s_out.x = total * s_in.x + sl[n][2 * half];
         s_out.y = total * s_in.y + sl[n][2 * half + 1];
-        __stcg(reinterpret_cast<float2*>(state + pp * N + nn), s_out);
+        st.store(last, pp * N + nn, s_out);
         *reinterpret_cast<float2*>(&Ss[pp * kLdS + nn]) = s_in;
       }
     }

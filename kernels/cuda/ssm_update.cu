@@ -1,8 +1,10 @@
 // Selective state update (decode): the memory-bound hot path. Each state element is read once
-// and written once, as 16-byte streaming accesses coalesced across a warp.
+// and written once, as 16-byte streaming accesses coalesced across a warp. State f32 or bf16
+// (compute f32, stored rounded to nearest even), io f32 or bf16.
 //
 // Block = (head h, row b, slice z of the head_dim rows), 128 threads. A state row (d_state
-// floats) is covered by L = min(32, N/4) lanes, each holding N/(4L) float4 columns; a warp thus
+// elements) is covered by L = min(32, N/kPack) lanes (kPack = 4 floats or 8 bf16 per 16 bytes),
+// each holding N/(kPack·L) packs; a warp thus
 // updates 32/L rows at once and reduces y over its L-lane segment with xor shuffles. Each thread
 // keeps its B and C columns in registers and issues kUnroll rows' loads before the first use,
 // so several 16-byte loads per thread are in flight.
@@ -19,14 +21,18 @@ constexpr int kUpdateThreads = 128;
 constexpr int kUpdateWarps = kUpdateThreads / 32;
 constexpr int kUnroll = 4;
 
-template <class T, int N>
+// TI: element type of x, dt, B, C, y; TS: of the state. A 16-byte state pack holds kPack
+// elements (4 floats or 8 bf16); a state row is covered by L = min(32, N / kPack) lanes.
+template <class TI, class TS, int N>
 __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const selective_state_update_params p,
                                                                      int rows_per_slice) {
-  constexpr int L = N / 4 < 32 ? N / 4 : 32;  // lanes per state row
-  constexpr int kCols = N / (4 * L);           // float4 columns per lane
+  using pk = pack_traits<TS>;
+  constexpr int kPack = pk::kN;
+  constexpr int L = N / kPack < 32 ? N / kPack : 32;  // lanes per state row
+  constexpr int kCols = N / (kPack * L);               // packs per lane
   constexpr int kRowsPerWarp = 32 / L;
   constexpr int kRowsPerPass = kUpdateWarps * kRowsPerWarp;
-  static_assert(N % 4 == 0 && (N / 4 <= 32 || (N / 4) % 32 == 0), "d_state must tile the warp");
+  static_assert(N % kPack == 0 && (N / kPack <= 32 || (N / kPack) % 32 == 0), "d_state must tile the warp");
 
   const int64_t h = blockIdx.x;
   const int64_t b = blockIdx.y;
@@ -42,30 +48,30 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   const int row_in_pass = warp * kRowsPerWarp + lane / L;
 
   const int64_t g = h / (p.heads / p.n_groups);
-  const float dt = step_size(p, to_float(reinterpret_cast<const T*>(p.dt)[b * p.dt_stride + h]), h);
+  const float dt = step_size(p, to_float(static_cast<const TI*>(p.dt)[b * p.dt_stride + h]), h);
   const float decay = expf(dt * -expf(p.A_log[h]));
   const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
-  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_stride + h * P;
-  T* y = reinterpret_cast<T*>(p.y) + b * p.y_stride + h * P;
-  const T* bv = reinterpret_cast<const T*>(p.B) + b * p.bc_stride + g * N;
-  const T* cv = reinterpret_cast<const T*>(p.C) + b * p.bc_stride + g * N;
-  float4* state = reinterpret_cast<float4*>(p.ssm_states + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
+  const TI* x = static_cast<const TI*>(p.x) + b * p.x_stride + h * P;
+  TI* y = static_cast<TI*>(p.y) + b * p.y_stride + h * P;
+  const TI* bv = static_cast<const TI*>(p.B) + b * p.bc_stride + g * N;
+  const TI* cv = static_cast<const TI*>(p.C) + b * p.bc_stride + g * N;
+  uint4* state = reinterpret_cast<uint4*>(static_cast<TS*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
 
-  // This lane's columns: float4 index c·L + seg_lane of every row. B and C rows may be
-  // unaligned (any bc_stride), so they are read as scalars once.
-  float bc[kCols][4], cc[kCols][4];
+  // This lane's columns: pack c·L + seg_lane of every row. B and C rows may be unaligned (any
+  // bc_stride), so they are read as scalars once.
+  float bc[kCols][kPack], cc[kCols][kPack];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int n = (c * L + seg_lane) * 4 + e;
+    for (int e = 0; e < kPack; ++e) {
+      const int n = (c * L + seg_lane) * kPack + e;
       bc[c][e] = to_float(bv[n]);
       cc[c][e] = to_float(cv[n]);
     }
   }
 
   for (int p0 = p_begin; p0 < p_end; p0 += kUnroll * kRowsPerPass) {
-    float4 s[kUnroll][kCols];
+    uint4 s[kUnroll][kCols];
     float xv[kUnroll] = {};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -73,7 +79,7 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
       if (row < p_end) {
         xv[u] = to_float(x[row]);
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / 4) + c * L + seg_lane);
+        for (int c = 0; c < kCols; ++c) s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane);
       }
     }
 #pragma unroll
@@ -85,24 +91,25 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
         const float coef = dt * xv[u];
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          float4 v = s[u][c];
-          v.x = v.x * decay + coef * bc[c][0];
-          v.y = v.y * decay + coef * bc[c][1];
-          v.z = v.z * decay + coef * bc[c][2];
-          v.w = v.w * decay + coef * bc[c][3];
-          out += v.x * cc[c][0] + v.y * cc[c][1] + v.z * cc[c][2] + v.w * cc[c][3];
-          __stcs(state + static_cast<int64_t>(row) * (N / 4) + c * L + seg_lane, v);
+          float v[kPack];
+          pk::unpack(s[u][c], v);
+#pragma unroll
+          for (int e = 0; e < kPack; ++e) {
+            v[e] = v[e] * decay + coef * bc[c][e];
+            out += v[e] * cc[c][e];  // y from the f32 state, before it is rounded for storage
+          }
+          __stcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane, pk::pack(v));
         }
       }
       // Every lane joins the shuffles; xor offsets below L stay inside the segment.
 #pragma unroll
       for (int o = L / 2; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
-      if (live && seg_lane == 0) y[row] = from_float<T>(out + d_skip * xv[u]);
+      if (live && seg_lane == 0) y[row] = from_float<TI>(out + d_skip * xv[u]);
     }
   }
 }
 
-template <class T>
+template <class TI, class TS>
 void launch_ssm_update(const selective_state_update_params& p, cudaStream_t stream) {
   // Slices of head_dim rows: enough blocks for a few waves when batch × heads is small.
   const int64_t blocks = p.batch * p.heads;
@@ -112,15 +119,10 @@ void launch_ssm_update(const selective_state_update_params& p, cudaStream_t stre
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(ceil_div(p.head_dim, rows_per_slice)));
   dispatch(ssm_state_dim_table{}, p.d_state, "selective_state_update", "d_state", [&](auto n) {
-    ssm_update_kernel<T, decltype(n)::value><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
+    ssm_update_kernel<TI, TS, decltype(n)::value><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
-
-#define HYSERVE_INSTANTIATE(T) \
-  template void launch_ssm_update<T>(const selective_state_update_params&, cudaStream_t);
-HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
-#undef HYSERVE_INSTANTIATE
 
 }  // namespace
 }  // namespace cuda_detail
@@ -133,7 +135,9 @@ void run_cuda(const selective_state_update_params& p, void* stream) {
   if (!ssm_state_dim_table::supports(p.d_state)) {
     fail(op, "d_state", p.d_state, ("unsupported by the CUDA kernels; built for " + ssm_state_dim_table::list()).c_str());
   }
-  launch_ssm_update<float>(p, as_stream(stream));
+  dispatch_ssm_types(p, [&](auto io, auto st) {
+    launch_ssm_update<typename decltype(io)::type, typename decltype(st)::type>(p, as_stream(stream));
+  });
 }
 
 }  // namespace hyserve::kernels

@@ -2,6 +2,8 @@
 // tokenizer: text prompts in /generate and /v1/completions, /v1/chat/completions (plain and
 // streamed), stop strings that span tokens, and the refusals without a tokenizer or a chat
 // format.
+// These tests load the fixture tokenizer, whose pre-tokenizer is a Regex: they need PCRE2.
+#if HYSERVE_TOKENIZER_HAS_REGEX
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -448,3 +450,5 @@ TEST_F(no_chat_test, ChatIsRefusedWithoutAChatFormat) {
 
 }  // namespace
 }  // namespace hyserve::coordinator::testing
+
+#endif  // HYSERVE_TOKENIZER_HAS_REGEX

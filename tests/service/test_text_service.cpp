@@ -2,6 +2,8 @@
 // bamba-tiny checkpoint, the 512-token test tokenizer and a ChatML chat format: text prompts
 // in /generate, string prompts in /v1/completions, /v1/chat/completions plain and streamed,
 // stop strings spanning tokens, usage counts, and a malformed tokenizer.json at start-up.
+// These tests load the fixture tokenizer, whose pre-tokenizer is a Regex: they need PCRE2.
+#if HYSERVE_TOKENIZER_HAS_REGEX
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -312,3 +314,5 @@ server: {host: 127.0.0.1, port: @PORT@}
 
 }  // namespace
 }  // namespace hyserve::service_test
+
+#endif  // HYSERVE_TOKENIZER_HAS_REGEX

@@ -1,11 +1,15 @@
 #include "pattern.h"
 
+#if HYSERVE_TOKENIZER_HAS_REGEX
 #include <pcre2.h>
+#endif
 
 #include "hyserve/common/error.h"
 #include "utf8_scan.h"
 
 namespace hyserve::tokenizer {
+
+#if HYSERVE_TOKENIZER_HAS_REGEX
 
 namespace {
 
@@ -75,6 +79,28 @@ std::unique_ptr<split_pattern> split_pattern::regex(std::string_view pattern, st
   return p;
 }
 
+#else  // !HYSERVE_TOKENIZER_HAS_REGEX: literal patterns only
+
+struct split_pattern::regex_code {};
+struct match_scratch::state {};
+
+match_scratch::match_scratch() = default;
+match_scratch::~match_scratch() = default;
+
+match_scratch::state& match_scratch::get() {
+  if (!state_) state_ = std::make_unique<state>();
+  return *state_;
+}
+
+split_pattern::~split_pattern() = default;
+
+std::unique_ptr<split_pattern> split_pattern::regex(std::string_view, std::string& error) {
+  error = "this build has no regex support (PCRE2 was not found when it was built: install libpcre2-dev and rebuild)";
+  return nullptr;
+}
+
+#endif  // HYSERVE_TOKENIZER_HAS_REGEX
+
 std::unique_ptr<split_pattern> split_pattern::literal(std::string_view text) {
   std::unique_ptr<split_pattern> p(new split_pattern());
   p->source_ = std::string(text);
@@ -90,6 +116,7 @@ bool split_pattern::find_next(std::string_view subject, size_t offset, match_scr
     out = {pos, pos + source_.size()};
     return true;
   }
+#if HYSERVE_TOKENIZER_HAS_REGEX
   match_scratch::state& st = scratch.get();
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   while (offset < n) {
@@ -122,6 +149,10 @@ bool split_pattern::find_next(std::string_view subject, size_t offset, match_scr
     offset = at + utf8_lead_len(static_cast<unsigned char>(subject[at]));
   }
   return false;
+#else
+  (void)scratch;
+  return false;  // unreachable: regex() never builds a pattern without PCRE2
+#endif
 }
 
 }  // namespace hyserve::tokenizer

@@ -98,7 +98,7 @@ std::shared_ptr<const split_pattern> load_pattern(const reader& r, const json::v
   if (lit) return split_pattern::literal(r.string(*lit, member(path, "String")));
   std::string error;
   std::unique_ptr<split_pattern> p = split_pattern::regex(r.string(*re, member(path, "Regex")), error);
-  if (!p) r.fail(member(path, "Regex"), "invalid regular expression: " + error);
+  if (!p) r.fail(member(path, "Regex"), (HYSERVE_TOKENIZER_HAS_REGEX ? "invalid regular expression: " : "") + error);
   return p;
 }
 
@@ -276,7 +276,7 @@ split_behavior parse_behavior(const reader& r, const json::value& v, const std::
 std::shared_ptr<const split_pattern> compile_builtin(const reader& r, std::string_view pattern, const std::string& path) {
   std::string error;
   std::unique_ptr<split_pattern> p = split_pattern::regex(pattern, error);
-  if (!p) r.fail(path, "built-in pattern failed to compile: " + error);
+  if (!p) r.fail(path, (HYSERVE_TOKENIZER_HAS_REGEX ? "built-in pattern failed to compile: " : "") + error);
   return p;
 }
 

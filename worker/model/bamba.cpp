@@ -36,8 +36,8 @@ struct bamba_layer {
 class bamba_model final : public model {
  public:
   bamba_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-              const kernels::exec_context& ctx)
-      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx) {
+              const kernels::exec_context& ctx, dtype weight_type)
+      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type) {
     if (mc.attention_bias) throw config_error("Bamba: attention_bias = true is not supported");
     if (mc.mlp_bias) throw config_error("Bamba: mlp_bias = true is not supported");
     if (mc.mamba_proj_bias) throw config_error("Bamba: mamba_proj_bias = true is not supported");
@@ -143,13 +143,14 @@ class bamba_model final : public model {
   // Weights are loaded on the host and placed on the model's device once.
   void place_weights() {
     const device_kind d = ctx_.device;
-    for (tensor* t : {&embed_, &final_norm_, &lm_head_}) layers::place(*t, d);
+    for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
+    layers::place(final_norm_, d);
     for (bamba_layer& L : layers_) {
       layers::place(L.input_norm, d);
       layers::place(L.pre_ff_norm, d);
-      layers::place(L.mlp, d);
-      if (L.kind == layer_kind::kMamba2) layers::place(L.mamba, d);
-      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d);
+      layers::place(L.mlp, d, weight_type_);
+      if (L.kind == layer_kind::kMamba2) layers::place(L.mamba, d, weight_type_);
+      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
     }
   }
 
@@ -244,6 +245,7 @@ class bamba_model final : public model {
   tp_placement tp_;
   collective* comm_;
   kernels::exec_context ctx_;
+  dtype weight_type_ = dtype::kF32;  // linear layers, embedding, lm_head
   int64_t vocab_local_ = 0;
   tensor embed_;       // [vocab_local, hidden]
   tensor final_norm_;  // [hidden]
@@ -254,8 +256,8 @@ class bamba_model final : public model {
 }  // namespace
 
 std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                  collective* comm, const kernels::exec_context& ctx) {
-  return std::make_unique<bamba_model>(mc, weights, tp, comm, ctx);
+                                  collective* comm, const kernels::exec_context& ctx, dtype weight_type) {
+  return std::make_unique<bamba_model>(mc, weights, tp, comm, ctx, weight_type);
 }
 
 }  // namespace hyserve::worker

@@ -7,7 +7,8 @@
 
 namespace hyserve::worker {
 
+// weight_type (model.dtype, f32 or bf16): storage of the linear layers, embedding and lm_head.
 std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                  collective* comm, const kernels::exec_context& ctx);
+                                  collective* comm, const kernels::exec_context& ctx, dtype weight_type = dtype::kF32);
 
 }  // namespace hyserve::worker

@@ -60,8 +60,9 @@ void head_rmsnorm(tensor& t, int64_t heads, int64_t head_dim, const tensor& weig
 
 }  // namespace
 
-void place(gated_attention_weights& w, device_kind device) {
-  for (tensor* t : {&w.q, &w.gate, &w.k, &w.v, &w.o, &w.q_norm, &w.k_norm}) place(*t, device);
+void place(gated_attention_weights& w, device_kind device, dtype weight_type) {
+  for (tensor* t : {&w.q, &w.gate, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
+  for (tensor* t : {&w.q_norm, &w.k_norm}) place(*t, device);
 }
 
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
@@ -94,8 +95,9 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     kv.k = k.as<float>();
     kv.v = v.as<float>();
     kv.locs = in.locs.as<int32_t>();
-    kv.k_cache = cache.k.as<float>();
-    kv.v_cache = cache.v.as<float>();
+    kv.k_cache = cache.k.data();
+    kv.v_cache = cache.v.data();
+    kv.kv_dtype = cache.k.type();
     kv.n_tokens = T;
     kv.kv_heads = w.kv_heads;
     kv.head_dim = w.head_dim;
@@ -104,8 +106,9 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
 
     kernels::paged_attention_params a;
     a.q = q.as<float>();
-    a.k_cache = cache.k.as<float>();
-    a.v_cache = cache.v.as<float>();
+    a.k_cache = cache.k.data();
+    a.v_cache = cache.v.data();
+    a.kv_dtype = cache.k.type();
     a.out = attn.as<float>();
     a.query_start_loc = in.query_start_loc.as<int32_t>();
     a.seq_lens = in.seq_lens.as<int32_t>();

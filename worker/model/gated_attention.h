@@ -36,7 +36,8 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
                                              tp_placement tp);
 
 // x [T, hidden] → [T, hidden], reduced over tp. Writes the batch's K/V into the cache.
-void place(gated_attention_weights& w, device_kind device);
+// Projections in weight_type (model.dtype); q_norm and k_norm stay f32.
+void place(gated_attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
                                kv_layer_cache& cache, collective* comm, const exec_context& ctx);
 

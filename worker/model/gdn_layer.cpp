@@ -96,8 +96,9 @@ void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const 
 
 }  // namespace
 
-void place(gdn_weights& w, device_kind device) {
-  for (tensor* t : {&w.in_proj, &w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.norm, &w.out_proj}) place(*t, device);
+void place(gdn_weights& w, device_kind device, dtype weight_type) {
+  for (tensor* t : {&w.in_proj, &w.out_proj}) place_weight(*t, device, weight_type);
+  for (tensor* t : {&w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.norm}) place(*t, device);
 }
 
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,

@@ -47,7 +47,8 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 // x [T, hidden] → [T, hidden] (reduced over tp). Reads and writes the conv window and the
 // recurrent state of the batch's slots; Extend/Mixed/DraftExtend run the chunked scan, Decode
 // the single-token update.
-void place(gdn_weights& w, device_kind device);
+// in_proj and out_proj in weight_type (model.dtype); conv, norm, dt_bias and A_log stay f32.
+void place(gdn_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // steps: per-step states for TargetVerify / Draft (the persistent state is then only read).
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
                    collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);

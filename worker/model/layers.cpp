@@ -22,6 +22,22 @@ void place(tensor& t, device_kind device) {
   if (t.device() != device) t = tensor::copy_of(t, device);
 }
 
+void place_weight(tensor& t, device_kind device, dtype type) {
+  if (!t.empty() && t.type() != type) {
+    HYSERVE_CHECK(t.type() == dtype::kF32 && t.device() == device_kind::kCpu && type == dtype::kBF16,
+                  "place_weight: converts f32 host weights to bf16 only (got " + std::string(dtype_name(t.type())) +
+                      " to " + std::string(dtype_name(type)) + ")");
+    tensor converted(type, t.shape());
+    const float* src = t.as<float>();
+    auto* dst = converted.as<uint16_t>();
+    const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+    t = std::move(converted);
+  }
+  place(t, device);
+}
+
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   HYSERVE_CHECK(w.shape()[1] == in, "linear: input width " + std::to_string(in) + " vs weight " + w.shape().str());
@@ -29,7 +45,8 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   if (rows == 0 || out == 0) return y;
   kernels::gemm_params p;
   p.a = x.as<float>();
-  p.b = w.as<float>();
+  p.b = w.data();
+  p.b_dtype = w.type();
   p.c = y.as<float>();
   p.m = rows;
   p.n = out;
@@ -97,7 +114,8 @@ tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collec
   tensor out = tensor::f32({ids.numel(), hidden}, ctx.device);
   kernels::embedding_params p;
   p.ids = ids.as<int32_t>();
-  p.table = table.as<float>();
+  p.table = table.data();
+  p.table_dtype = table.type();
   p.out = out.as<float>();
   p.n_tokens = ids.numel();
   p.hidden = hidden;
@@ -130,8 +148,8 @@ std::vector<int32_t> batch_token_ids(const forward_batch& batch) {
   return ids;
 }
 
-void place(mlp_weights& w, device_kind device) {
-  for (tensor* t : {&w.gate, &w.up, &w.down}) place(*t, device);
+void place(mlp_weights& w, device_kind device, dtype weight_type) {
+  for (tensor* t : {&w.gate, &w.up, &w.down}) place_weight(*t, device, weight_type);
 }
 
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
@@ -236,8 +254,8 @@ void run_attention(const kernels::paged_attention_params& a, const step_inputs& 
   kernels::run(a, ctx);
 }
 
-void place(attention_weights& w, device_kind device) {
-  for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place(*t, device);
+void place(attention_weights& w, device_kind device, dtype weight_type) {
+  for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
 }
 
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
@@ -265,8 +283,9 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     kw.k = k.as<float>();
     kw.v = v.as<float>();
     kw.locs = in.locs.as<int32_t>();
-    kw.k_cache = cache.k.as<float>();
-    kw.v_cache = cache.v.as<float>();
+    kw.k_cache = cache.k.data();
+    kw.v_cache = cache.v.data();
+    kw.kv_dtype = cache.k.type();
     kw.n_tokens = T;
     kw.kv_heads = w.kv_heads;
     kw.head_dim = w.head_dim;
@@ -277,8 +296,9 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
   if (T > 0) {
     kernels::paged_attention_params a;
     a.q = q.as<float>();
-    a.k_cache = cache.k.as<float>();
-    a.v_cache = cache.v.as<float>();
+    a.k_cache = cache.k.data();
+    a.v_cache = cache.v.data();
+    a.kv_dtype = cache.k.type();
     a.out = attn.as<float>();
     a.query_start_loc = in.query_start_loc.as<int32_t>();
     a.seq_lens = in.seq_lens.as<int32_t>();
@@ -300,6 +320,21 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
 
 namespace {
 
+// The SSM state slots in the state cache's element type. The Mamba2 kernels take bf16 state
+// through ssm_common_params::state_dtype (with void* state pointers); a kernels header without
+// that field takes f32 state only, and make_state_pools refuses cache.ssm_state_dtype: bfloat16
+// in that build.
+template <class P>
+void set_ssm_state(P& p, tensor& ssm) {
+  if constexpr (requires { p.state_dtype; }) {
+    p.ssm_states = ssm.data();
+    p.state_dtype = ssm.type();
+  } else {
+    HYSERVE_CHECK(ssm.type() == dtype::kF32, "Mamba2 mixer: this build's SSM kernels take f32 state only");
+    p.ssm_states = ssm.as<float>();
+  }
+}
+
 void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, const tensor& proj, const tensor& xbc,
                      tensor& y, mamba_layer_state& state, const step_inputs& in) {
   const int64_t di = w.d_inner(), conv = w.conv_dim(), in_w = proj.shape()[1];
@@ -311,7 +346,7 @@ void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, con
   p.C = xbc.as<float>() + di + w.groups * w.d_state;
   p.D = w.D.as<float>();
   p.y = y.as<float>();
-  p.ssm_states = state.ssm.as<float>();
+  set_ssm_state(p, state.ssm);
   p.state_indices = in.mamba_slots.as<int32_t>();
   p.batch = in.batch_size;
   p.heads = w.heads;
@@ -329,9 +364,9 @@ void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, con
 
 }  // namespace
 
-void place(mamba2_weights& w, device_kind device) {
-  for (tensor* t : {&w.in_proj, &w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.D, &w.norm, &w.out_proj})
-    place(*t, device);
+void place(mamba2_weights& w, device_kind device, dtype weight_type) {
+  for (tensor* t : {&w.in_proj, &w.out_proj}) place_weight(*t, device, weight_type);
+  for (tensor* t : {&w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.D, &w.norm}) place(*t, device);
 }
 
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,

@@ -22,8 +22,12 @@ using kernels::exec_context;
 
 // Copies t to `device` in place (weights are loaded on the host and placed once).
 void place(tensor& t, device_kind device);
+// A weight of a linear layer or an embedding table (model.dtype): an f32 host tensor converted
+// to `type` (bf16: round to nearest even, stored as bf16 only) and placed on `device`. Norm and
+// conv weights, A_log, D and dt_bias stay f32 and use place().
+void place_weight(tensor& t, device_kind device, dtype type);
 
-// y = x · wᵀ: x [T, in], w [out, in] → [T, out].
+// y = x · wᵀ: x [T, in] f32, w [out, in] f32 or bf16 → [T, out] f32.
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
 // a += b (same shape).
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx);
@@ -35,7 +39,7 @@ tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx)
 // A host vector as a 1-D i32 tensor on ctx.device.
 tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx);
 
-// Vocab-parallel embedding: table holds rows [vocab_start, vocab_start + rows) of the
+// Vocab-parallel embedding (table f32 or bf16, output f32): table holds rows [vocab_start, vocab_start + rows) of the
 // vocabulary; ids i32 [T] on ctx.device → [T, hidden].
 tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx);
 // Vocab-parallel lm_head: x [R, hidden] · w_localᵀ, gathered to [R, vocab], returned on the HOST.
@@ -49,7 +53,7 @@ struct mlp_weights {
   tensor up;    // [inter_local, hidden]
   tensor down;  // [hidden, inter_local]
 };
-void place(mlp_weights& w, device_kind device);
+void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
 
 // KV bookkeeping of one step, shared by every attention layer.
@@ -99,7 +103,7 @@ struct attention_weights {
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
   float rope_theta = 10000.0f;
 };
-void place(attention_weights& w, device_kind device);
+void place(attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
@@ -123,7 +127,8 @@ struct mamba2_weights {
   int64_t d_inner() const { return heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }
 };
-void place(mamba2_weights& w, device_kind device);
+// in_proj and out_proj in weight_type; conv, norm, dt_bias, A_log and D stay f32.
+void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // steps: the layer's per-step states (model_context::mamba_steps), needed by TargetVerify and
 // Draft, which never write `state`.
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,

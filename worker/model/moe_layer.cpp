@@ -62,11 +62,11 @@ moe_weights load_moe(const weight_source& ws, const std::string& prefix, const m
   return w;
 }
 
-void place(moe_weights& w, device_kind device) {
-  place(w.router, device);
-  for (mlp_weights& e : w.experts) place(e, device);
-  place(w.shared, device);
-  place(w.shared_gate, device);
+void place(moe_weights& w, device_kind device, dtype weight_type) {
+  place_weight(w.router, device, weight_type);
+  for (mlp_weights& e : w.experts) place(e, device, weight_type);
+  place(w.shared, device, weight_type);
+  place_weight(w.shared_gate, device, weight_type);
 }
 
 tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {

@@ -31,7 +31,8 @@ struct moe_weights {
 // experts stored one by one (experts.{e}.gate_proj/up_proj/down_proj).
 moe_weights load_moe(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp);
 
-void place(moe_weights& w, device_kind device);
+// Router, experts and shared gate in weight_type (model.dtype).
+void place(moe_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 
 // x [T, hidden] → [T, hidden], reduced over tp. Routing runs on the host over the router
 // logits ([T, num_experts], copied back); experts run on ctx.device over gathered rows.

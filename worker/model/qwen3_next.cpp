@@ -34,8 +34,8 @@ struct qwen3_next_layer {
 class qwen3_next_model final : public model {
  public:
   qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                   const kernels::exec_context& ctx)
-      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx) {
+                   const kernels::exec_context& ctx, dtype weight_type)
+      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type) {
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
     const int r = tp.rank, n = tp.size;
@@ -154,16 +154,17 @@ class qwen3_next_model final : public model {
   // Weights are loaded on the host and placed on the model's device once.
   void place_weights() {
     const device_kind d = ctx_.device;
-    for (tensor* t : {&embed_, &final_norm_, &lm_head_}) layers::place(*t, d);
+    for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
+    layers::place(final_norm_, d);
     for (qwen3_next_layer& L : layers_) {
       layers::place(L.input_norm, d);
       layers::place(L.post_attention_norm, d);
-      if (L.kind == layer_kind::kGatedDeltaNet) layers::place(L.gdn, d);
-      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d);
+      if (L.kind == layer_kind::kGatedDeltaNet) layers::place(L.gdn, d, weight_type_);
+      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
       if (L.moe)
-        layers::place(L.moe_block, d);
+        layers::place(L.moe_block, d, weight_type_);
       else
-        layers::place(L.mlp, d);
+        layers::place(L.mlp, d, weight_type_);
     }
   }
 
@@ -171,6 +172,7 @@ class qwen3_next_model final : public model {
   tp_placement tp_;
   collective* comm_;
   kernels::exec_context ctx_;
+  dtype weight_type_ = dtype::kF32;  // linear layers, embedding, lm_head
   int64_t vocab_local_ = 0;
   int64_t kv_heads_local_ = 0;
   tensor embed_;       // [vocab_local, hidden]
@@ -182,8 +184,8 @@ class qwen3_next_model final : public model {
 }  // namespace
 
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                       collective* comm, const kernels::exec_context& ctx) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx);
+                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type);
 }
 
 }  // namespace hyserve::worker

@@ -45,11 +45,30 @@ class checkpoint_weights final : public weight_source {
   checkpoint ckpt_;
 };
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+// splitmix64's finaliser over a counter: element i of a tensor depends only on (seed, name, i),
+// so large tensors fill in parallel and the result does not depend on the thread count.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+double unit_uniform(uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }
+
+// Approximately N(0, stddev²): the Irwin–Hall sum of the hash's four 16-bit quarters (each
+// uniform on [0, 1)), centred and scaled to unit variance. Cheap enough for 10⁹-element
+// synthetic models; tails are bounded at ±2√3·stddev.
+float approx_normal(uint64_t h, float stddev) {
+  const float s = static_cast<float>((h & 0xffffu) + ((h >> 16) & 0xffffu) + ((h >> 32) & 0xffffu) + (h >> 48));
+  return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f * stddev;
+}
+
+// p[i] = f(hash of element i), in parallel for large tensors.
+template <class F>
+void fill_hashed(float* p, int64_t n, uint64_t base, F f) {
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) p[i] = f(i, mix64(base + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull));
 }
 
 uint64_t fnv1a(std::string_view s) {
@@ -74,29 +93,24 @@ class synthetic_weights final : public weight_source {
     host_tensor t = host_tensor::f32(expected);
     float* p = t.as<float>();
     const int64_t n = t.numel();
-    uint64_t state = seed_ ^ fnv1a(name);
-    auto uniform = [&] { return static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0); };
-    auto normal = [&](double stddev) {
-      const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
-      return static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-    };
+    const uint64_t base = seed_ ^ fnv1a(name);
     if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) {
-      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f + normal(0.05);
+      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return 1.0f + approx_normal(h, 0.05f); });
     } else if (ends_with(name, "A_log")) {
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::log(1.0 + static_cast<double>(i % 16)));
+      fill_hashed(p, n, base, [](int64_t i, uint64_t) { return static_cast<float>(std::log(1.0 + static_cast<double>(i % 16))); });
     } else if (ends_with(name, ".D")) {
-      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f;
+      fill_hashed(p, n, base, [](int64_t, uint64_t) { return 1.0f; });
     } else if (ends_with(name, "dt_bias")) {
-      for (int64_t i = 0; i < n; ++i) {
-        const double dt = std::exp(std::log(1e-3) + uniform() * (std::log(1e-1) - std::log(1e-3)));
-        p[i] = static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
-      }
+      fill_hashed(p, n, base, [](int64_t, uint64_t h) {
+        const double dt = std::exp(std::log(1e-3) + unit_uniform(h) * (std::log(1e-1) - std::log(1e-3)));
+        return static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
+      });
     } else if (ends_with(name, "conv1d.weight")) {
-      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.2);
+      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.2f); });
     } else if (ends_with(name, ".bias")) {
-      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.01);
+      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.01f); });
     } else {
-      for (int64_t i = 0; i < n; ++i) p[i] = normal(0.02);
+      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.02f); });
     }
     return t;
   }

@@ -17,6 +17,9 @@
 #include "hyserve/kernels/device.h"
 #include "hyserve/worker/mpi_collective.h"
 #include "hyserve/worker/runner.h"
+#if HYSERVE_HAVE_NCCL
+#include "comm/nccl_collective.h"
+#endif
 
 namespace {
 
@@ -97,20 +100,29 @@ int run(int argc, char** argv) {
   MPI_Comm tp_comm;
   MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
   std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);
+  std::unique_ptr<worker::collective> device_comm;  // NCCL, for tp > 1 on CUDA
   std::unique_ptr<worker::runner> r;
   try {
     const model_config mc = resolve_model_config(cfg);
     worker::fault_injection fault{cfg.worker.fail_at_step, cfg.worker.fail_rank};
     // device: cuda — worker w (dp_rank · tp + tp_rank, its rank among the workers) uses CUDA device
-    // w % cuda_device_count(). The MPI collective reduces host memory, so tp > 1 on CUDA waits
-    // for a device collective.
-    if (cfg.device == device_kind::kCuda && t.tp > 1)
-      throw config_error("device: cuda with parallel.tp > 1 needs a device collective, which this worker does not use yet");
+    // w % cuda_device_count(). The model's tensor-parallel reductions then run on device memory
+    // through NCCL over tp_comm (every wait bounded by worker.step_timeout_s); the runner keeps
+    // the MPI collective for its host-side agreement.
     const int ordinal =
         cfg.device == device_kind::kCuda ? (t.dp_rank() * t.tp + t.tp_rank()) % std::max(1, kernels::cuda_device_count()) : 0;
     const kernels::exec_context ctx = kernels::open_device(cfg.device, ordinal);
+    worker::collective* model_comm = comm.get();
+    if (cfg.device == device_kind::kCuda && t.tp > 1) {
+#if HYSERVE_HAVE_NCCL
+      device_comm = worker::make_nccl_collective(tp_comm, cfg.worker.step_timeout_s, ordinal);
+      model_comm = device_comm.get();
+#else
+      throw config_error("device: cuda with parallel.tp > 1 needs NCCL, which this build does not have");
+#endif
+    }
     r = std::make_unique<worker::runner>(
-        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get(), ctx), cfg.cache, comm.get(),
+        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx), cfg.cache, comm.get(),
         fault);
     r->set_draft_model(worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get(), ctx),
                        cfg.cache);

@@ -127,13 +127,16 @@ void kv_page_allocator::free(const std::vector<int32_t>& pages) {
 
 // ---- kv_cache ----
 
-int64_t kv_cache::bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim) {
-  return int64_t{2} * num_layers * page_size * kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+int64_t kv_cache::bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim,
+                                 dtype type) {
+  return int64_t{2} * num_layers * page_size * kv_heads * head_dim * static_cast<int64_t>(dtype_size(type));
 }
 
 kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim,
-                   device_kind device)
-    : page_size_(page_size), num_pages_(num_pages) {
+                   device_kind device, dtype type)
+    : page_size_(page_size), num_pages_(num_pages), type_(type) {
+  if (type != dtype::kF32 && type != dtype::kBF16)
+    throw invalid_argument_error("kv_cache element type " + std::string(dtype_name(type)) + " (supported: f32, bf16)");
   require_non_negative("kv_cache num_layers", num_layers);
   require_non_negative("kv_cache num_pages", num_pages);
   require_positive("kv_cache page_size", page_size);
@@ -141,7 +144,7 @@ kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int
   require_positive("kv_cache head_dim", head_dim);
   layers_.reserve(static_cast<size_t>(num_layers));
   const shape_t shape{num_pages, page_size, kv_heads, head_dim};
-  for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({tensor::f32(shape, device), tensor::f32(shape, device)});
+  for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({tensor(type, shape, device), tensor(type, shape, device)});
 }
 
 // ---- mamba_slot_allocator ----
@@ -167,15 +170,18 @@ void mamba_slot_allocator::free(int32_t slot) {
 
 // ---- mamba_state_cache ----
 
-int64_t mamba_state_cache::bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape) {
+int64_t mamba_state_cache::bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape, dtype state_type) {
   const int64_t conv = int64_t{shape.conv_dim} * (shape.conv_width - 1);
   const int64_t ssm = int64_t{shape.heads} * shape.head_dim * shape.d_state;
-  return num_layers * (conv + ssm) * static_cast<int64_t>(sizeof(float));
+  return num_layers * (conv * static_cast<int64_t>(sizeof(float)) + ssm * static_cast<int64_t>(dtype_size(state_type)));
 }
 
 mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape,
-                                     device_kind device)
+                                     device_kind device, dtype state_type)
     : n_slots_(n_slots), shape_(shape) {
+  if (state_type != dtype::kF32 && state_type != dtype::kBF16)
+    throw invalid_argument_error("mamba_state_cache state type " + std::string(dtype_name(state_type)) +
+                                 " (supported: f32, bf16)");
   require_non_negative("mamba_state_cache num_layers", num_layers);
   require_non_negative("mamba_state_cache n_slots", n_slots);
   require_positive("mamba_state_cache conv_dim", shape.conv_dim);
@@ -187,7 +193,7 @@ mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const 
   const int64_t slots = static_cast<int64_t>(n_slots) + 1;  // + the padding slot
   for (int32_t l = 0; l < num_layers; ++l)
     layers_.push_back({tensor::f32({slots, shape.conv_dim, shape.conv_width - 1}, device),
-                       tensor::f32({slots, shape.heads, shape.head_dim, shape.d_state}, device)});
+                       tensor(state_type, {slots, shape.heads, shape.head_dim, shape.d_state}, device)});
 }
 
 void mamba_state_cache::reset_slot(int32_t slot) {
@@ -196,7 +202,7 @@ void mamba_state_cache::reset_slot(int32_t slot) {
                                  "] (slot " + std::to_string(n_slots_) + " is the padding slot)");
   for (mamba_layer_state& st : layers_) {
     for (tensor* t : {&st.conv, &st.ssm}) {
-      const auto per_slot = static_cast<size_t>(t->numel() / t->shape()[0]) * sizeof(float);
+      const auto per_slot = static_cast<size_t>(t->numel() / t->shape()[0]) * dtype_size(t->type());
       if (per_slot == 0) continue;  // conv_width 1 keeps no conv window
       t->zero_range(static_cast<size_t>(slot) * per_slot, per_slot);
     }

@@ -11,16 +11,38 @@
 
 namespace hyserve::worker {
 
+namespace {
+
+// The Mamba2 kernels take a bf16 SSM state when their params carry state_dtype.
+template <class P>
+constexpr bool ssm_params_have_state_dtype = requires(P& p) { p.state_dtype; };
+
+// cache.ssm_state_dtype against what the model's recurrent layers support.
+void check_state_dtype(const model_config& mc, dtype state_type) {
+  if (state_type == dtype::kF32) return;
+  if (mc.num_layers_of(layer_kind::kGatedDeltaNet) > 0)
+    throw config_error("cache.ssm_state_dtype: bfloat16 is not supported by Gated DeltaNet layers (their state "
+                       "stays float32); use float32 for this model");
+  if constexpr (!ssm_params_have_state_dtype<kernels::ssm_common_params>) {
+    throw config_error("cache.ssm_state_dtype: bfloat16 needs the bf16 Mamba2 state kernels, which this build "
+                       "does not have; use float32");
+  }
+}
+
+}  // namespace
+
 state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm) {
   const model_config& mc = m.config();
   const device_kind device = m.exec().device;
+  check_state_dtype(mc, cache.ssm_state_dtype);
   const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
   const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
   state_pools p;
-  p.num_pages = plan_kv_pages(
-      cache, device,
-      kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(), static_cast<int32_t>(mc.head_dim)),
-      mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape()) * (int64_t{cache.max_requests} + 1));
+  p.num_pages = plan_kv_pages(cache, device,
+                              kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(),
+                                                       static_cast<int32_t>(mc.head_dim), cache.kv_dtype),
+                              mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape(), cache.ssm_state_dtype) *
+                                  (int64_t{cache.max_requests} + 1));
   // Ranks measuring free device memory may disagree.
   if (device != device_kind::kCpu && comm && comm->size() > 1) {
     std::vector<float> all(static_cast<size_t>(comm->size()));
@@ -30,8 +52,9 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
   }
   p.req_to_token = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
   p.kv = std::make_unique<kv_cache>(attn_layers, p.num_pages, cache.page_size, m.kv_heads_local(),
-                                    static_cast<int32_t>(mc.head_dim), device);
-  p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, m.mamba_shape(), device);
+                                    static_cast<int32_t>(mc.head_dim), device, cache.kv_dtype);
+  p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, m.mamba_shape(), device,
+                                                    cache.ssm_state_dtype);
   p.recurrent_layers = recurrent_layers;
   p.attn_layers = attn_layers;
   return p;
@@ -59,6 +82,8 @@ void state_pools::move_kv(int32_t req_slot, int32_t from, int32_t to, const kern
   if (src < 0 || dst < 0)
     throw invalid_argument_error("kv move: position " + std::to_string(src < 0 ? from : to) + " has no KV location");
   if (src == dst || attn_layers == 0) return;
+  if (kv->layer(0).k.type() != dtype::kF32)
+    throw config_error("speculative tree drafts need cache.kv_dtype: float32 (the accepted path's KV is moved)");
   const tensor locs = tensor::from_host(&dst, dtype::kI32, 1, ctx.device);
   const int64_t tokens = int64_t{kv->num_pages()} * kv->page_size();
   for (int32_t l = 0; l < attn_layers; ++l) {
@@ -96,6 +121,8 @@ void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vec
       throw invalid_argument_error("commit: accepted_step " + std::to_string(step[i]) + " outside [0, " +
                                    std::to_string(step_cols) + ")");
   }
+  if (recurrent->layer(0).ssm.type() != dtype::kF32)
+    throw config_error("speculative decoding needs cache.ssm_state_dtype: float32 (per-step states are float32)");
   std::vector<float*> ssm, conv;
   std::vector<const float*> ssm_src, conv_src;
   for (int32_t l = 0; l < recurrent_layers; ++l) {

@@ -82,6 +82,8 @@ TEST(Config, MissingKeysTakeDefaults) {
   EXPECT_EQ(c.cache.max_context, d.cache.max_context);
   EXPECT_EQ(c.cache.num_pages, d.cache.num_pages);
   EXPECT_EQ(c.cache.gpu_memory_fraction, d.cache.gpu_memory_fraction);
+  EXPECT_EQ(c.cache.kv_dtype, dtype::kF32);
+  EXPECT_EQ(c.cache.ssm_state_dtype, dtype::kF32);
   EXPECT_EQ(c.scheduler.max_batch_tokens, d.scheduler.max_batch_tokens);
   EXPECT_EQ(c.scheduler.max_running, d.scheduler.max_running);
   EXPECT_EQ(c.scheduler.chunked_prefill, d.scheduler.chunked_prefill);
@@ -106,7 +108,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
   const std::string model = "model: {path: /ckpt}\n";
   EXPECT_ERROR_WITH(load_config_string(model + "cache: {pag_size: 16}"), config_error,
                     "cache.pag_size: unknown key (known: page_size, max_requests, max_context, num_pages, "
-                    "gpu_memory_fraction)");
+                    "gpu_memory_fraction, kv_dtype, ssm_state_dtype)");
   EXPECT_ERROR_WITH(load_config_string(model + "caches: {}"), config_error, "caches: unknown key (known: model,");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtyp: float32}"), config_error,
                     "model.dtyp: unknown key (known: path, synthetic, dtype, tokenizer)");
@@ -432,6 +434,25 @@ TEST(Config, ResolveModelConfigReadsCheckpointConfig) {
   EXPECT_EQ(m.layer_kinds[1], layer_kind::kAttention);
   c.model.path = "/nonexistent/ckpt";
   EXPECT_ERROR_WITH(resolve_model_config(c), config_error, "/nonexistent/ckpt/config.json");
+}
+
+TEST(Config, CacheElementTypes) {
+  const std::string model = "model: {path: /ckpt}\n";
+  const service_config c = load_config_string(model + "cache: {kv_dtype: bfloat16, ssm_state_dtype: bfloat16}");
+  EXPECT_EQ(c.cache.kv_dtype, dtype::kBF16);
+  EXPECT_EQ(c.cache.ssm_state_dtype, dtype::kBF16);
+  const service_config f = load_config_string(model + "cache: {kv_dtype: float32, ssm_state_dtype: float32}");
+  EXPECT_EQ(f.cache.kv_dtype, dtype::kF32);
+  EXPECT_EQ(f.cache.ssm_state_dtype, dtype::kF32);
+  const service_config mixed = load_config_string(model + "cache: {kv_dtype: bfloat16}");
+  EXPECT_EQ(mixed.cache.kv_dtype, dtype::kBF16);
+  EXPECT_EQ(mixed.cache.ssm_state_dtype, dtype::kF32);
+
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {kv_dtype: float16}"), config_error,
+                    "cache.kv_dtype: unknown dtype 'float16' (known: float32, bfloat16)");
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {ssm_state_dtype: bf16}"), config_error,
+                    "cache.ssm_state_dtype: unknown dtype 'bf16' (known: float32, bfloat16)");
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {kv_dtype: [float32]}"), config_error, "cache.kv_dtype:");
 }
 
 }  // namespace

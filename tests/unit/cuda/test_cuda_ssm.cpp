@@ -1,9 +1,14 @@
 // Backend ops: SSD chunk scan and selective state update, CUDA against CPU.
+// bf16 io and/or state (the Cuda_bf16 suites): both backends read the same bf16 inputs and
+// compute in f32; y is compared at |Δ| <= 3e-2 + 2e-2·|want| (about two bf16 ulps: the CUDA
+// scan also rounds the operands of its tensor-core products, C·Bᵀ-weights, dt·x and the entering
+// state, to bf16) and the states at 1e-2 + 1e-2·|want|.
 // Tolerance (fp32): |Δ| <= 2e-5 + 1e-4·|want| on y and on the states for the update (d_state-
 // term dot products in another order); 5e-5 + 1e-4·|want| for the scan, whose chunked sums and
 // state carries over hundreds of tokens reorder more additions (values are O(0.1)–O(10)).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,6 +17,7 @@
 #if defined(HYSERVE_HAVE_CUDA)
 
 #include "cuda_test_util.h"
+#include "hyserve/common/dtype.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels {
@@ -271,6 +277,211 @@ TEST(SsmCudaConsistency, Cuda_f32_ScanThenUpdatesEqualsLongScan) {
   expect_match(split.dy.download(), whole.dy.download(), 5e-5, 1e-4, "y");
   expect_match(split.dstates.download(), whole.dstates.download(), 5e-5, 1e-4, "states");
 }
+
+// ---------------------------------------------------------------------------------------------
+// bf16 io and/or bf16 state
+
+// Raw bytes of floats in one element type; bf16 0xffff (the poison pattern) decodes to poison().
+std::vector<uint8_t> encode(const std::vector<float>& v, dtype t) {
+  std::vector<uint8_t> raw(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == dtype::kF32) {
+      std::memcpy(raw.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = f32_to_bf16(v[i]);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+    }
+  }
+  return raw;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& raw, dtype t) {
+  std::vector<float> v(raw.size() / dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == dtype::kF32) {
+      std::memcpy(&v[i], raw.data() + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      v[i] = h == 0xffffu ? poison() : bf16_to_f32(h);
+    }
+  }
+  return v;
+}
+
+// One problem in (io, state) types, host and device copies of the same bytes.
+struct typed_problem {
+  dtype io, st;
+  int64_t heads, head_dim, d_state, n_groups;
+  int64_t x_stride, dt_stride, bc_stride, y_stride;
+  std::vector<float> dt_bias, A_log, D;
+  std::vector<uint8_t> x, dt, bc, y, states;
+  device_array<float> ddt_bias, dA_log, dD;
+  device_array<uint8_t> dx, ddt, dbc, dy, dstates;
+
+  // aligned: row strides keep 16-byte rows (the vector path); otherwise odd strides.
+  typed_problem(dtype io_, dtype st_, int64_t tokens, int64_t heads_, int64_t head_dim_, int64_t d_state_,
+                int64_t n_groups_, int64_t n_slots, bool aligned, uint32_t seed)
+      : io(io_), st(st_), heads(heads_), head_dim(head_dim_), d_state(d_state_), n_groups(n_groups_) {
+    const int64_t pad = aligned ? 8 : 3;
+    x_stride = heads * head_dim + pad;
+    dt_stride = heads + 1;
+    bc_stride = 2 * n_groups * d_state + pad;
+    y_stride = heads * head_dim + pad;
+    dt_bias = random_floats(static_cast<size_t>(heads), seed + 3, -0.5f, 0.5f);
+    A_log = random_floats(static_cast<size_t>(heads), seed + 4, -1.0f, 1.0f);
+    D = random_floats(static_cast<size_t>(heads), seed + 7);
+    x = encode(random_floats(static_cast<size_t>(tokens * x_stride), seed + 1), io);
+    dt = encode(random_floats(static_cast<size_t>(tokens * dt_stride), seed + 2, -3.0f, 1.0f), io);
+    bc = encode(random_floats(static_cast<size_t>(tokens * bc_stride), seed + 5), io);
+    y.assign(static_cast<size_t>(tokens * y_stride) * dtype_size(io), 0xff);
+    states = encode(random_floats(static_cast<size_t>((n_slots + 1) * heads * head_dim * d_state), seed + 8), st);
+    ddt_bias = to_device(dt_bias);
+    dA_log = to_device(A_log);
+    dD = to_device(D);
+    dx = to_device(x);
+    ddt = to_device(dt);
+    dbc = to_device(bc);
+    dy = to_device(y);
+    dstates = to_device(states);
+  }
+
+  void fill(ssm_common_params& p, const int32_t* slots, int64_t batch, bool device) {
+    const size_t es = dtype_size(io);
+    const uint8_t* bcp = device ? dbc.data() : bc.data();
+    p.x = device ? dx.data() : x.data();
+    p.dt = device ? ddt.data() : dt.data();
+    p.dt_bias = device ? ddt_bias.data() : dt_bias.data();
+    p.A_log = device ? dA_log.data() : A_log.data();
+    p.B = bcp;
+    p.C = bcp + static_cast<size_t>(n_groups * d_state) * es;
+    p.D = device ? dD.data() : D.data();
+    p.y = device ? dy.data() : y.data();
+    p.ssm_states = device ? dstates.data() : states.data();
+    p.state_indices = slots;
+    p.batch = batch;
+    p.heads = heads;
+    p.head_dim = head_dim;
+    p.d_state = d_state;
+    p.n_groups = n_groups;
+    p.x_stride = x_stride;
+    p.dt_stride = dt_stride;
+    p.bc_stride = bc_stride;
+    p.y_stride = y_stride;
+    p.io_dtype = io;
+    p.state_dtype = st;
+  }
+
+  void check(const std::string& what) {
+    expect_match(decode(dy.download(), io), decode(y, io), 3e-2, 2e-2, what + " y");
+    expect_match(decode(dstates.download(), st), decode(states, st), 1e-2, 1e-2, what + " states");
+  }
+};
+
+struct typed_case {
+  dtype io, st;
+  int n_groups, heads, head_dim, d_state;
+  std::vector<int> lens;  // scan: per row; update: {batch}
+  int init;               // scan: 0 none, 1 all rows, 2 alternate rows
+  bool pad;               // a padding row (slot -1)
+  bool aligned;
+};
+
+std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
+  const auto& c = info.param;
+  std::string s = "Cuda_bf16_io" + std::string(dtype_name(c.io)) + "_state" + std::string(dtype_name(c.st)) +
+                  "_heads" + std::to_string(c.heads) + "_hd" + std::to_string(c.head_dim) + "_dstate" +
+                  std::to_string(c.d_state) + "_ngroups" + std::to_string(c.n_groups) + "_len" + join(c.lens);
+  s += c.init == 0 ? "_noinit" : c.init == 1 ? "_init" : "_mixedinit";
+  if (c.pad) s += "_pad";
+  s += c.aligned ? "_aligned" : "_oddstrides";
+  return s;
+}
+
+class SsdScanTypedCuda : public testing::TestWithParam<typed_case> {};
+
+TEST_P(SsdScanTypedCuda, MatchesCpu) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const typed_case& c = GetParam();
+  std::vector<int32_t> qsl{0};
+  for (int len : c.lens) qsl.push_back(qsl.back() + len);
+  if (c.pad) qsl.push_back(qsl.back() + 4);
+  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
+  const int64_t n_slots = 2 * batch + 2;
+  typed_problem prob(c.io, c.st, std::max(qsl.back(), 1), c.heads, c.head_dim, c.d_state, c.n_groups, n_slots,
+                     c.aligned, 3000u + static_cast<uint32_t>(qsl.back()));
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    slots[b] = static_cast<int32_t>(n_slots - 2 * b);
+    has_init[b] = c.init == 1 || (c.init == 2 && b % 2 == 0);
+  }
+  if (c.pad) slots[batch - 1] = -1;
+  auto dqsl = to_device(qsl), dslots = to_device(slots);
+  auto dinit = to_device(has_init);
+  ssd_chunk_scan_params pc, pg;
+  prob.fill(pc, slots.data(), batch, false);
+  pc.query_start_loc = qsl.data();
+  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
+  prob.fill(pg, dslots.data(), batch, true);
+  pg.query_start_loc = dqsl.data();
+  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
+  run_cpu(pc);
+  run_cuda(pg);
+  device_synchronize();
+  prob.check("scan");
+}
+
+const dtype kF = dtype::kF32, kB = dtype::kBF16;
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, SsdScanTypedCuda,
+    testing::Values(
+        // Tensor-core shape (head_dim 64, d_state 128): lengths around the 64-token kernel chunk
+        // and the 256 chunk_size, an empty live row, a padding row, mixed initial states.
+        typed_case{kB, kF, 2, 8, 64, 128, {1, 63, 64, 65, 0, 200, 256, 257, 700}, 2, true, true},
+        typed_case{kB, kB, 2, 8, 64, 128, {1, 63, 64, 65, 0, 200, 256, 257, 700}, 2, true, true},
+        typed_case{kB, kF, 2, 8, 64, 128, {129, 5, 330}, 1, false, false},  // scalar loads and stores
+        typed_case{kB, kB, 2, 8, 64, 128, {300, 77}, 0, true, false},
+        typed_case{kF, kB, 2, 8, 64, 128, {129, 5, 330}, 2, true, true},   // f32 io, bf16 state (f32 carry)
+        // Production head shape: 128 heads, 8 groups.
+        typed_case{kB, kF, 8, 128, 64, 128, {1000, 530}, 2, true, true},
+        typed_case{kB, kB, 8, 128, 64, 128, {1000, 530}, 1, false, true},
+        // The general kernel (other head shapes).
+        typed_case{kB, kB, 2, 4, 8, 16, {37, 16, 1}, 2, true, false},
+        typed_case{kF, kB, 1, 4, 32, 64, {100, 3}, 1, false, true},
+        typed_case{kB, kF, 1, 4, 32, 64, {100, 3}, 1, true, true}),
+    typed_name);
+
+class SsmUpdateTypedCuda : public testing::TestWithParam<typed_case> {};
+
+TEST_P(SsmUpdateTypedCuda, MatchesCpu) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const typed_case& c = GetParam();
+  const int64_t batch = c.lens.at(0);
+  const int64_t n_slots = batch + 3;
+  typed_problem prob(c.io, c.st, batch, c.heads, c.head_dim, c.d_state, c.n_groups, n_slots, c.aligned,
+                     700u + static_cast<uint32_t>(batch));
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) slots[b] = static_cast<int32_t>(n_slots - b);
+  if (c.pad && batch > 1) slots[1] = -1;
+  auto dslots = to_device(slots);
+  selective_state_update_params pc, pg;
+  prob.fill(pc, slots.data(), batch, false);
+  prob.fill(pg, dslots.data(), batch, true);
+  run_cpu(pc);
+  run_cuda(pg);
+  device_synchronize();
+  prob.check("update");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SsmUpdateTypedCuda,
+                         testing::Values(typed_case{kB, kB, 1, 128, 64, 128, {64}, 0, true, true},  // production
+                                         typed_case{kB, kF, 8, 128, 64, 128, {3}, 0, true, true},
+                                         typed_case{kF, kB, 2, 8, 64, 16, {5}, 0, true, false},
+                                         typed_case{kB, kB, 2, 8, 64, 256, {7}, 0, false, false},
+                                         typed_case{kB, kB, 1, 4, 32, 32, {9}, 0, true, false}),
+                         typed_name);
 
 }  // namespace
 }  // namespace hyserve::kernels

@@ -25,7 +25,8 @@ TEST(CudaValidation, Cuda_f32_UnsupportedDispatchValuesAreErrors) {
   device_array<int32_t> ibuf(64);
 
   paged_attention_params a;
-  a.q = a.k_cache = a.v_cache = a.out = buf.data();
+  a.q = a.out = buf.data();
+  a.k_cache = a.v_cache = buf.data();
   a.query_start_loc = a.seq_lens = a.page_table = ibuf.data();
   a.batch = 1;
   a.q_heads = 4;
@@ -51,7 +52,8 @@ TEST(CudaValidation, Cuda_f32_UnsupportedDispatchValuesAreErrors) {
   expect_invalid([&] { run_cuda(c); }, "width");
 
   selective_state_update_params s;
-  s.x = s.dt = s.A_log = s.B = s.C = buf.data();
+  s.A_log = buf.data();
+  s.x = s.dt = s.B = s.C = s.A_log;
   s.y = s.ssm_states = buf.data() + 8192;
   s.state_indices = ibuf.data();
   s.batch = 1;
@@ -81,7 +83,8 @@ TEST(CudaValidation, Cuda_f32_CpuChecksApply) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   device_array<float> buf(1024);
   gemm_params g;
-  g.a = g.b = g.c = buf.data();
+  g.a = g.c = buf.data();
+  g.b = buf.data();
   g.m = g.n = g.k = 4;
   g.lda = 3;  // shorter than a row of A
   g.ldb = g.ldc = 4;

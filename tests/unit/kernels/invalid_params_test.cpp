@@ -24,7 +24,8 @@ float* f() { return buf.data(); }
 
 TEST(InvalidParams, Gemm) {
   gemm_params ok;
-  ok.a = ok.b = f();
+  ok.a = f();
+  ok.b = f();
   ok.c = f();
   ok.m = ok.n = ok.k = 4;
   ok.lda = ok.ldb = ok.ldc = 4;
@@ -177,7 +178,8 @@ TEST(InvalidParams, Conv) {
 template <class Params>
 Params ssm_ok(const int32_t* slots) {
   Params p;
-  p.x = p.dt = p.A_log = p.B = p.C = f();
+  p.A_log = f();
+  p.x = p.dt = p.B = p.C = p.A_log;
   p.y = f();
   p.ssm_states = f();
   p.state_indices = slots;
@@ -235,7 +237,8 @@ TEST(InvalidParams, Attention) {
   const std::vector<int32_t> seq_lens{5};
   const std::vector<int32_t> pages{0, 1, -1};
   paged_attention_params p;
-  p.q = p.k_cache = p.v_cache = f();
+  p.q = f();
+  p.k_cache = p.v_cache = f();
   p.out = f();
   p.query_start_loc = qsl.data();
   p.seq_lens = seq_lens.data();

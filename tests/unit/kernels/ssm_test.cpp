@@ -3,15 +3,23 @@
 //   S_t = exp(dt·A)·S_{t-1} + dt·x_t ⊗ B_t;  y_t = S_t·C_t + D·x_t
 // Tolerance: |got − want| <= 1e-5 + 1e-5·|want| on outputs and final states (values are O(0.1)
 // to O(10); the largest observed error of the fp32 kernels is 1.5e-6, at d_state 128).
+// bf16 variants (SsmBf16): inputs are bf16 values, the reference runs on the same values in
+// double; y and bf16 states are compared at 1e-2 + 8e-3·|want| (one bf16 rounding of the result,
+// 2^-8 relative at most, plus the f32 error), f32 states at the fp32 tolerance. With bf16 states
+// the decode update rounds the state once per step, as the reference does.
 #include "hyserve/kernels/ssm.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "hyserve/common/dtype.h"
 #include "kernel_test_util.h"
 
 namespace hyserve::kernels {
@@ -367,6 +375,210 @@ TEST(SsmConsistency, ScanThenUpdatesEqualsLongScan) {
   }
   expect_close(split.y, whole.y, kAtol, kRtol, "y");
   expect_close(split.states, whole.states, kAtol, kRtol, "states");
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 io and/or bf16 state, against the per-step recurrence on the same (bf16) values
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+void round_all(std::vector<float>& v) {
+  for (auto& e : v) e = round_bf16(e);
+}
+
+// Values of v (already bf16-representable when t is bf16) as raw elements of type t.
+std::vector<uint8_t> encode(const std::vector<float>& v, dtype t) {
+  std::vector<uint8_t> raw(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == dtype::kF32) {
+      std::memcpy(raw.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = f32_to_bf16(v[i]);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+    }
+  }
+  return raw;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& raw, dtype t) {
+  std::vector<float> v(raw.size() / dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == dtype::kF32) {
+      std::memcpy(&v[i], raw.data() + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      v[i] = bf16_to_f32(h);
+    }
+  }
+  return v;
+}
+
+struct typed_buffers {
+  std::vector<uint8_t> x, dt, B, C, y, states;
+  // Rounds the problem's io tensors (and states) to bf16 where their type is bf16, then encodes.
+  typed_buffers(ssm_problem& prob, dtype io, dtype st) {
+    if (io == dtype::kBF16) {
+      for (auto* v : {&prob.x, &prob.dt, &prob.B, &prob.C}) round_all(*v);
+    }
+    if (st == dtype::kBF16) round_all(prob.states);
+    x = encode(prob.x, io);
+    dt = encode(prob.dt, io);
+    B = encode(prob.B, io);
+    C = encode(prob.C, io);
+    y = encode(prob.y, io);
+    states = encode(prob.states, st);
+  }
+  void fill(ssm_common_params& p, dtype io, dtype st) {
+    p.x = x.data();
+    p.dt = dt.data();
+    p.B = B.data();
+    p.C = C.data();
+    p.y = y.data();
+    p.ssm_states = states.data();
+    p.io_dtype = io;
+    p.state_dtype = st;
+  }
+};
+
+struct bf16_case {
+  dtype io, st;
+};
+
+std::string bf16_name(const testing::TestParamInfo<bf16_case>& info) {
+  return "io" + std::string(dtype_name(info.param.io)) + "_state" + std::string(dtype_name(info.param.st));
+}
+
+class SsmBf16 : public testing::TestWithParam<bf16_case> {};
+
+constexpr double kBf16Atol = 1e-2;
+constexpr double kBf16Rtol = 8e-3;
+
+TEST_P(SsmBf16, ScanMatchesRecurrence) {
+  const auto [io, st] = GetParam();
+  // Lengths around the chunk (16): 1, 15, 16, 17, 40; an empty row; a padding row; mixed init.
+  const std::vector<int32_t> qsl{0, 1, 16, 32, 49, 89, 89, 93};
+  const int64_t batch = 7, live = 6, heads = 4, hd = 8, ds = 16, groups = 2;
+  const int64_t n_slots = 2 * batch + 2;
+  ssm_problem prob(qsl.back(), heads, hd, ds, groups, n_slots, 4242u);
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    slots[b] = static_cast<int32_t>(n_slots - 2 * b);
+    has_init[b] = b % 2 == 0;
+  }
+  slots[batch - 1] = -1;
+  typed_buffers buf(prob, io, st);
+  ssd_chunk_scan_params p;
+  prob.fill(p, slots.data(), batch, true, true);
+  buf.fill(p, io, st);
+  p.query_start_loc = qsl.data();
+  p.has_initial_state = has_init.data();
+  p.chunk_size = 16;
+
+  const int64_t state_elems = heads * hd * ds, row = heads * hd;
+  std::vector<double> y_ref(static_cast<size_t>(qsl.back() * row), 0.0);
+  std::vector<std::vector<double>> final_ref(static_cast<size_t>(live));
+  for (int64_t b = 0; b < live; ++b) {
+    std::vector<double> S(static_cast<size_t>(state_elems), 0.0);
+    if (has_init[b]) S.assign(prob.states.begin() + slots[b] * state_elems, prob.states.begin() + (slots[b] + 1) * state_elems);
+    prob.recurrence(p, qsl[b], qsl[b + 1], S, y_ref);
+    final_ref[b] = S;
+  }
+  const std::vector<uint8_t> states_before = buf.states, y_before = buf.y;
+  run_cpu(p);
+  const std::vector<float> y = decode(buf.y, io), states = decode(buf.states, st);
+  const double s_atol = st == dtype::kF32 ? kAtol : kBf16Atol, s_rtol = st == dtype::kF32 ? kRtol : kBf16Rtol;
+  for (int64_t b = 0; b < live; ++b) {
+    for (int64_t t = qsl[b]; t < qsl[b + 1]; ++t) {
+      expect_close(y.data() + t * prob.y_stride, y_ref.data() + t * row, static_cast<size_t>(row), kBf16Atol,
+                   kBf16Rtol, "y token " + std::to_string(t));
+    }
+    expect_close(states.data() + slots[b] * state_elems, final_ref[b].data(), static_cast<size_t>(state_elems), s_atol,
+                 s_rtol, "final state row " + std::to_string(b));
+  }
+  // The padding row's outputs and the slots no row names are untouched, bit for bit.
+  const size_t es = dtype_size(io), ss = dtype_size(st);
+  for (size_t i = static_cast<size_t>(qsl[live] * prob.y_stride) * es; i < buf.y.size(); ++i)
+    ASSERT_EQ(buf.y[i], y_before[i]) << "padding row y byte " << i;
+  for (int64_t s = 0; s <= n_slots; ++s) {
+    if (std::find(slots.begin(), slots.begin() + live, s) != slots.begin() + live) continue;
+    for (size_t i = static_cast<size_t>(s * state_elems) * ss; i < static_cast<size_t>((s + 1) * state_elems) * ss; ++i)
+      ASSERT_EQ(buf.states[i], states_before[i]) << "slot " << s;
+  }
+}
+
+TEST_P(SsmBf16, UpdateMatchesRecurrence) {
+  const auto [io, st] = GetParam();
+  const int64_t batch = 5, heads = 8, hd = 16, ds = 32, groups = 4, n_slots = batch + 3, steps = 4;
+  ssm_problem prob(batch * steps, heads, hd, ds, groups, n_slots, 977u);
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) slots[b] = static_cast<int32_t>(n_slots - b);
+  slots[1] = -1;
+  typed_buffers buf(prob, io, st);
+  const int64_t state_elems = heads * hd * ds, row = heads * hd;
+  // Reference: per row, `steps` single-token updates; with bf16 states the state is rounded to
+  // bf16 after every step, as the op stores it.
+  std::vector<std::vector<double>> S(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    if (slots[b] >= 0) S[b].assign(prob.states.begin() + slots[b] * state_elems, prob.states.begin() + (slots[b] + 1) * state_elems);
+  }
+  const size_t es = dtype_size(io);
+  for (int64_t k = 0; k < steps; ++k) {
+    // Step k reads token rows [k·batch, (k+1)·batch).
+    selective_state_update_params p;
+    prob.fill(p, slots.data(), batch, true, true);
+    buf.fill(p, io, st);
+    const int64_t t0 = k * batch;
+    p.x = buf.x.data() + static_cast<size_t>(t0 * prob.x_stride) * es;
+    p.dt = buf.dt.data() + static_cast<size_t>(t0 * prob.dt_stride) * es;
+    p.B = buf.B.data() + static_cast<size_t>(t0 * prob.bc_stride) * es;
+    p.C = buf.C.data() + static_cast<size_t>(t0 * prob.bc_stride) * es;
+    p.y = buf.y.data() + static_cast<size_t>(t0 * prob.y_stride) * es;
+    std::vector<double> y_ref(static_cast<size_t>((t0 + batch) * row), 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (slots[b] < 0) continue;
+      prob.recurrence(p, t0 + b, t0 + b + 1, S[b], y_ref);
+      if (st == dtype::kBF16) {
+        for (auto& e : S[b]) e = round_bf16(static_cast<float>(e));
+      }
+    }
+    run_cpu(p);
+    const std::vector<float> y = decode(buf.y, io), states = decode(buf.states, st);
+    const double s_atol = st == dtype::kF32 ? kAtol : kBf16Atol, s_rtol = st == dtype::kF32 ? kRtol : kBf16Rtol;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (slots[b] < 0) continue;
+      const int64_t t = t0 + b;
+      expect_close(y.data() + t * prob.y_stride, y_ref.data() + t * row, static_cast<size_t>(row), kBf16Atol, kBf16Rtol,
+                   "y step " + std::to_string(k) + " row " + std::to_string(b));
+      expect_close(states.data() + slots[b] * state_elems, S[b].data(), static_cast<size_t>(state_elems), s_atol, s_rtol,
+                   "state step " + std::to_string(k) + " row " + std::to_string(b));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, SsmBf16,
+                         testing::Values(bf16_case{dtype::kBF16, dtype::kF32}, bf16_case{dtype::kBF16, dtype::kBF16},
+                                         bf16_case{dtype::kF32, dtype::kBF16}),
+                         bf16_name);
+
+// Element types other than f32 and bf16 are rejected, naming the field.
+TEST(SsmBf16Types, UnsupportedTypesAreErrors) {
+  ssm_problem prob(3, 2, 4, 8, 1, 1, 5u);
+  const std::vector<int32_t> qsl{0, 3};
+  const int32_t slot = 0;
+  ssd_chunk_scan_params p;
+  prob.fill(p, &slot, 1, true, true);
+  p.query_start_loc = qsl.data();
+  p.io_dtype = dtype::kF16;
+  EXPECT_THROW(run_cpu(p), invalid_argument_error);
+  p.io_dtype = dtype::kF32;
+  p.state_dtype = dtype::kI32;
+  EXPECT_THROW(run_cpu(p), invalid_argument_error);
+  selective_state_update_params u;
+  prob.fill(u, &slot, 1, true, true);
+  u.state_dtype = dtype::kF16;
+  EXPECT_THROW(run_cpu(u), invalid_argument_error);
 }
 
 }  // namespace

@@ -40,6 +40,8 @@ struct cache_section {
   int32_t max_context = 4096;
   int32_t num_pages = 0;           // 0 = derived: max_requests · ceil(max_context / page_size)
   double gpu_memory_fraction = 0.85;  // (0, 1]
+  dtype kv_dtype = dtype::kF32;         // `kv_dtype`: float32 | bfloat16 (KV cache pages)
+  dtype ssm_state_dtype = dtype::kF32;  // `ssm_state_dtype`: float32 | bfloat16 (Mamba2 SSM state)
 };
 
 struct scheduler_section {

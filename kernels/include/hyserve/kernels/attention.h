@@ -3,7 +3,13 @@
 // KV cache per layer: [num_pages, page_size, kv_heads, head_dim]; a flat location
 // loc = page * page_size + offset addresses one token. page_table[b, i] is the page holding
 // tokens [i·page_size, (i+1)·page_size) of row b.
+//
+// Element types: the K/V cache is kv_dtype, f32 or bf16 (anything else is rejected naming the
+// field); k, v, q and out are f32. Writing a bf16 cache rounds to nearest even; attention
+// widens cached elements to f32 and accumulates (scores, softmax, P·V) in f32.
 #include <cstdint>
+
+#include "hyserve/common/dtype.h"
 
 namespace hyserve::kernels {
 
@@ -12,11 +18,12 @@ struct kv_write_params {
   const float* __restrict__ k = nullptr;  // [n_tokens, kv_heads, head_dim], row stride k_stride
   const float* __restrict__ v = nullptr;  // [n_tokens, kv_heads, head_dim], row stride v_stride
   const int32_t* __restrict__ locs = nullptr;  // [n_tokens]; -1 = skip (padding)
-  float* k_cache = nullptr;
-  float* v_cache = nullptr;
+  void* k_cache = nullptr;  // kv_dtype [num_pages · page_size, kv_heads, head_dim]
+  void* v_cache = nullptr;
   int64_t n_tokens = 0;
   int64_t kv_heads = 0, head_dim = 0;
   int64_t k_stride = 0, v_stride = 0;
+  dtype kv_dtype = dtype::kF32;  // f32 or bf16
 };
 
 void run_cpu(const kv_write_params& p);
@@ -28,8 +35,8 @@ void run_cuda(const kv_write_params& p, void* stream = nullptr);
 // kv head h / (q_heads / kv_heads).
 struct paged_attention_params {
   const float* __restrict__ q = nullptr;  // [n_tokens, q_heads, head_dim], row stride q_stride
-  const float* __restrict__ k_cache = nullptr;
-  const float* __restrict__ v_cache = nullptr;
+  const void* __restrict__ k_cache = nullptr;  // kv_dtype
+  const void* __restrict__ v_cache = nullptr;
   float* __restrict__ out = nullptr;      // [n_tokens, q_heads, head_dim], row stride out_stride
   const int32_t* __restrict__ query_start_loc = nullptr;  // [batch + 1]
   const int32_t* __restrict__ seq_lens = nullptr;         // [batch] total length incl. new tokens
@@ -40,6 +47,7 @@ struct paged_attention_params {
   int64_t page_table_stride = 0;
   int64_t q_stride = 0, out_stride = 0;
   float scale = 1.0f;
+  dtype kv_dtype = dtype::kF32;  // element type of k_cache / v_cache: f32 or bf16
 };
 
 void run_cpu(const paged_attention_params& p);

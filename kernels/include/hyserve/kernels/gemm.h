@@ -1,13 +1,21 @@
 #pragma once
 // Dense matrix multiply, row-major: C[m,n] = alpha * op(A)[m,k] · op(B)[k,n] + beta * C.
 // A linear layer y = x · Wᵀ with W [out, in] is gemm with trans_b = true.
+//
+// Element types: a and c are f32; b (the weight of a linear layer) is b_dtype, f32 or bf16
+// (anything else is rejected naming the field). Accumulation is f32. With a bf16 b the CPU op
+// widens b block by block (no f32 copy of the whole matrix); the CUDA op rounds a to bf16 in a
+// scratch buffer and runs a bf16 × bf16 → f32 tensor-core GEMM with f32 accumulation, so its
+// result differs from the CPU op by the rounding of a (tests compare with bf16-exact a).
 #include <cstdint>
+
+#include "hyserve/common/dtype.h"
 
 namespace hyserve::kernels {
 
 struct gemm_params {
   const float* __restrict__ a = nullptr;  // [m, k] (or [k, m] when trans_a), row stride lda
-  const float* __restrict__ b = nullptr;  // [k, n] (or [n, k] when trans_b), row stride ldb
+  const void* __restrict__ b = nullptr;   // b_dtype [k, n] (or [n, k] when trans_b), row stride ldb
   float* __restrict__ c = nullptr;        // [m, n], row stride ldc
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
@@ -15,6 +23,7 @@ struct gemm_params {
   bool trans_b = false;
   float alpha = 1.0f;
   float beta = 0.0f;
+  dtype b_dtype = dtype::kF32;  // element type of b: f32 or bf16
 };
 
 void run_cpu(const gemm_params& p);

@@ -26,6 +26,8 @@ class engine {
   ~engine();
 
   const model_config& config() const { return model_->config(); }
+  // The request state (KV pages, recurrent state) in their configured element types.
+  const state_pools& pools() const { return pools_; }
 
   // A request slot with zeroed SSM/conv state; throws capacity_error when none is free.
   int32_t open_request();

@@ -46,7 +46,7 @@ class kv_page_allocator {
 };
 
 // K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each, on
-// the cache's device.
+// the cache's device, in the cache's element type (f32 or bf16: cache.kv_dtype).
 struct kv_layer_cache {
   tensor k;
   tensor v;
@@ -55,15 +55,18 @@ struct kv_layer_cache {
 class kv_cache {
  public:
   kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t kv_heads, int32_t head_dim,
-           device_kind device = device_kind::kCpu);
+           device_kind device = device_kind::kCpu, dtype type = dtype::kF32);
   // Bytes of K and V for one page in every layer (what one more page costs).
-  static int64_t bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim);
+  static int64_t bytes_per_page(int32_t num_layers, int32_t page_size, int32_t kv_heads, int32_t head_dim,
+                                dtype type = dtype::kF32);
   kv_layer_cache& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
   int32_t page_size() const { return page_size_; }
   int32_t num_pages() const { return num_pages_; }
+  dtype type() const { return type_; }
 
  private:
   int32_t page_size_, num_pages_;
+  dtype type_ = dtype::kF32;
   std::vector<kv_layer_cache> layers_;
 };
 
@@ -83,9 +86,10 @@ class mamba_slot_allocator {
   std::vector<uint8_t> in_use_;
 };
 
-// Conv window and SSM state of one SSM layer, on the cache's device.
+// Conv window and SSM state of one SSM layer, on the cache's device. The conv window is f32;
+// the SSM state is the cache's state type (f32, or bf16 with cache.ssm_state_dtype: bfloat16).
 struct mamba_layer_state {
-  tensor conv;  // [n_slots + 1, conv_dim, K-1], oldest first
+  tensor conv;  // f32 [n_slots + 1, conv_dim, K-1], oldest first
   tensor ssm;   // [n_slots + 1, heads, head_dim, d_state]
 };
 
@@ -97,9 +101,9 @@ struct mamba_state_shape {
 class mamba_state_cache {
  public:
   mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape,
-                    device_kind device = device_kind::kCpu);
+                    device_kind device = device_kind::kCpu, dtype state_type = dtype::kF32);
   // Bytes of conv window and state of one slot in every layer.
-  static int64_t bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape);
+  static int64_t bytes_per_slot(int32_t num_layers, const mamba_state_shape& shape, dtype state_type = dtype::kF32);
   mamba_layer_state& layer(int32_t i) { return layers_.at(static_cast<size_t>(i)); }
   // Zeroes one slot in every layer (a freshly allocated request starts from zero state).
   void reset_slot(int32_t slot);

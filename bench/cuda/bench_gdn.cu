@@ -1,0 +1,124 @@
+// Gated DeltaNet kernels on the device (Qwen3-Next shapes: 16 key heads, 32 value heads,
+// K = V = 128, fp32 state), as ratios to the copy bandwidth measured in the same run:
+//   - gdn_decode: the recurrent state update at batch 1/16/64/256 (bytes: the state read and
+//     written once per row, plus the token's q, k, v, a, b and output);
+//   - gdn_prefill: the varlen chunked prefill of 16384 tokens as one sequence and as 16 × 1024
+//     (bytes: inputs read and output written once, final states written; the op is
+//     compute-bound, so the time is the figure to compare).
+//   hyserve-bench-gdn
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "bench_util.cuh"
+#include "hyserve/kernels/device.h"
+#include "hyserve/kernels/gdn.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using bench::bench_row;
+
+constexpr int64_t HK = 16, HV = 32, K = 128, V = 128;
+constexpr int64_t kQkvDim = 2 * HK * K + HV * V;  // the conv output row: q | k | v
+
+void fill_common(gdn_common_params& p, const device_array<float>& qkv, const device_array<float>& ab,
+                 const device_array<float>& a_log, const device_array<float>& dt_bias, device_array<float>& out,
+                 const device_array<int32_t>& slots, int64_t batch) {
+  p.q = qkv.data();
+  p.k = qkv.data() + HK * K;
+  p.v = qkv.data() + 2 * HK * K;
+  p.a = ab.data();
+  p.b = ab.data() + HV;
+  p.A_log = a_log.data();
+  p.dt_bias = dt_bias.data();
+  p.out = out.data();
+  p.state_indices = slots.data();
+  p.batch = batch;
+  p.heads_k = HK;
+  p.heads_v = HV;
+  p.k_dim = K;
+  p.v_dim = V;
+  p.q_stride = p.k_stride = p.v_stride = kQkvDim;
+  p.a_stride = p.b_stride = 2 * HV;
+  p.out_stride = HV * V;
+}
+
+void bench_decode(cudaStream_t stream, std::vector<bench_row>& rows) {
+  for (int bs : {1, 16, 64, 256}) {
+    const size_t state_elems = static_cast<size_t>(bs) * HV * V * K;
+    const int n_sets = bench::sets_for(state_elems * sizeof(float));
+    std::vector<device_array<float>> states;
+    for (int s = 0; s < n_sets; ++s) states.push_back(bench::random_device_hash(state_elems, 10 + s, -0.1f, 0.1f));
+    auto qkv = bench::random_device(static_cast<size_t>(bs * kQkvDim), 1);
+    auto ab = bench::random_device(static_cast<size_t>(bs * 2 * HV), 2);
+    auto a_log = bench::random_device(HV, 3, -1.0f, 0.5f);
+    auto dt_bias = bench::random_device(HV, 4);
+    device_array<float> out(static_cast<size_t>(bs * HV * V));
+    std::vector<int32_t> slot(static_cast<size_t>(bs));
+    for (int b = 0; b < bs; ++b) slot[static_cast<size_t>(b)] = b;
+    device_array<int32_t> slots(slot);
+    gdn_state_update_params p;
+    fill_common(p, qkv, ab, a_log, dt_bias, out, slots, bs);
+    const double us = bench::time_call_us(stream, n_sets, [&](int s) {
+      p.states = states[static_cast<size_t>(s)].data();
+      run_cuda(p, stream);
+    });
+    const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + bs * (kQkvDim + 2 * HV + HV * V));
+    rows.push_back({"gdn_decode", "HK16 HV32 K128 V128 f32", bs, us, bytes});
+  }
+}
+
+void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows) {
+  const int64_t T = 16384;
+  for (int64_t seqs : {int64_t{1}, int64_t{16}}) {
+    const int64_t len = T / seqs;
+    auto qkv = bench::random_device_hash(static_cast<size_t>(T * kQkvDim), 1);
+    auto ab = bench::random_device_hash(static_cast<size_t>(T * 2 * HV), 2);
+    auto a_log = bench::random_device(HV, 3, -1.0f, 0.5f);
+    auto dt_bias = bench::random_device(HV, 4);
+    device_array<float> out(static_cast<size_t>(T * HV * V));
+    device_array<float> states(static_cast<size_t>((seqs + 1) * HV * V * K));
+    std::vector<int32_t> slot(static_cast<size_t>(seqs)), qsl(static_cast<size_t>(seqs + 1));
+    for (int64_t b = 0; b < seqs; ++b) slot[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+    for (int64_t b = 0; b <= seqs; ++b) qsl[static_cast<size_t>(b)] = static_cast<int32_t>(b * len);
+    device_array<int32_t> slots(slot), dqsl(qsl);
+    gdn_chunk_scan_params p;
+    fill_common(p, qkv, ab, a_log, dt_bias, out, slots, seqs);
+    p.states = states.data();
+    p.query_start_loc = dqsl.data();
+    const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
+    const double bytes = 4.0 * (static_cast<double>(T) * (kQkvDim + 2 * HV + HV * V) +
+                                static_cast<double>(seqs) * HV * V * K);
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "HK16 HV32 K128 len%lld", static_cast<long long>(len));
+    rows.push_back({"gdn_prefill", shape, static_cast<int>(seqs), us, bytes});
+  }
+}
+
+}  // namespace
+}  // namespace hyserve::kernels
+
+int main() {
+  using namespace hyserve::kernels;
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "hyserve-bench-gdn: no CUDA device\n");
+    return 1;
+  }
+  try {
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const double copy_bw = bench::copy_bandwidth(stream);
+    bench::print_device(copy_bw);
+    std::vector<bench::bench_row> rows;
+    bench_decode(stream, rows);
+    bench_prefill(stream, rows);
+    bench::print_rows(rows, copy_bw);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyserve-bench-gdn: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,404 @@
+#pragma once
+// SSD chunk scan for bf16 io on the tensor cores: mma.sync m16n8k16 bf16 with f32 accumulation,
+// operands staged per chunk in shared memory as bf16 and fed by ldmatrix. (The f32-io path,
+// ssd_scan_chunked.cuh, keeps fp32 accuracy with 3xTF32.)
+//
+// Per chunk of Q = 64 tokens, with cum_i = Σ_{s<=i} dt_s·A inside the chunk (double) and S_in
+// the state entering it:
+//   W     = (C·Bᵀ) ∘ exp(cum_i − cum_j)·dt_j, j <= i     C·Bᵀ on the tensor cores; W stays in
+//                                                     registers as the A operand of W·X
+//   y     = W·X + exp(cum_i) · C·S_inᵀ + D·x
+//   S_loc = (coef ∘ X)ᵀ·B,  coef_j = exp(cum_L − cum_j)·dt_j
+//   S_out = exp(cum_L)·S_in + S_loc
+// Block = (row b, head h, slice of PS state rows); it walks the row's chunks in order and keeps
+// its slice of the state in registers (f32) from the first chunk to the last, so the inter-chunk
+// state pass needs no memory round trip and no workspace; the initial state is read once and the
+// final state written once (rounded to the state type). Warp w owns token rows [16w, 16w+16) of
+// C·Bᵀ, W and y, and state columns [w·N/4, (w+1)·N/4) of the slice. The next chunk's B, C, x
+// and dt are loaded into registers while the current one is computed. The operands of the state
+// products (coef·x, S_in) are rounded to bf16; accumulation and the carried state are f32.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "ssd_scan_chunked.cuh"  // kChunk
+#include "ssm_common.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace ssd_bf16 {
+
+using ssd_chunked::kChunk;
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(ptr)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(ptr)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) { return pack_traits<bf16>::pack2(a, b); }
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) { return pack_traits<bf16>::unpack2(w); }
+
+// ldmatrix lane addresses (lane l). Fragment layouts (PTX m16n8k16 bf16), g = l / 4, t = l % 4:
+//   A (16 × 16): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16 × 8):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+// A stored row-major [m][k]:                      row m0 + (l & 15), column k0 + 8·(l >> 4)
+// A stored transposed [k][m] (.trans):            row k0 + (l & 7) + 8·(l >> 4), column m0 + 8·((l >> 3) & 1)
+// B for two n-tiles stored [n][k] (k contiguous): row n0 + (l & 7) + 8·(l >> 4), column k0 + 8·((l >> 3) & 1)
+// B for two n-tiles stored [k][n] (.trans):       row k0 + (l & 15), column n0 + 8·(l >> 4)
+// (x4 results: B tile n0 = {r0, r1}, tile n0 + 8 = {r2, r3}.)
+
+// 8 consecutive io elements (16 bytes when vec) as raw bf16 bits.
+__device__ __forceinline__ uint4 load8(const bf16* src, bool vec) {
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) h[e] = __bfloat16_as_ushort(src[e]);
+  return make_uint4(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16), h[4] | (uint32_t{h[5]} << 16),
+                    h[6] | (uint32_t{h[7]} << 16));
+}
+
+// Block = (row b, head h, slice of PS state rows); it walks the row's chunks in order and keeps
+// its slice of the state in registers (f32) from the first chunk to the last: no chain through
+// memory and no workspace. Warp w owns token rows [16w, 16w+16) of C·Bᵀ, W and y, and state
+// columns [w·N/4, (w+1)·N/4) of the slice. The next chunk's B, C, x and dt are loaded into
+// registers while the current one is computed.
+
+template <int P, int N, int PS>
+struct seq_tiles {
+  static_assert(kChunk == 16 * kWarps && kChunk == 64, "warp w owns token rows [16w, 16w+16)");
+  static_assert(PS % 16 == 0 && P % PS == 0, "state slices of whole m16 tiles");
+  static_assert(N % (16 * kWarps) == 0, "each warp owns whole pairs of n-tiles of the state");
+  static constexpr int Q = kChunk;
+  static constexpr int kLdN = N + 8;   // Cs, Bs, Ss rows
+  static constexpr int kLdP = PS + 8;  // Xs, Xc rows
+  static constexpr size_t kBf16 = static_cast<size_t>(2 * Q * kLdN + PS * kLdN + 2 * Q * kLdP);
+  static constexpr size_t kBytes = sizeof(double) * Q + sizeof(bf16) * kBf16 + sizeof(float) * 3 * Q;
+  static constexpr int kMinBlocks = PS <= 16 ? 4 : 2;
+};
+
+template <class TS, int P, int N, int PS>
+__global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
+    ssd_bf16_seq_kernel(const ssd_chunk_scan_params p, bool vec) {
+  using tl = seq_tiles<P, N, PS>;
+  constexpr int Q = tl::Q, kLdN = tl::kLdN, kLdP = tl::kLdP;
+  constexpr int kSplit = P / PS;
+  constexpr int MT = PS / 16;         // state m-tiles (16 rows) of the slice
+  constexpr int NW = N / kWarps;      // state columns per warp
+  constexpr int NT = NW / 8;          // state n-tiles per warp
+  constexpr int kBC = Q * N / 8 / kThreads, kX = Q * PS / 8 / kThreads;
+  static_assert(kBC * kThreads * 8 == Q * N && kX * kThreads * 8 == Q * PS, "whole load batches");
+  extern __shared__ double smem_d[];
+  double* cum = smem_d;                                  // [Q]
+  bf16* Cs = reinterpret_cast<bf16*>(cum + Q);           // [Q][kLdN]
+  bf16* Bs = Cs + Q * kLdN;                              // [Q][kLdN]
+  bf16* Ss = Bs + Q * kLdN;                              // [PS][kLdN] S_in of the slice
+  bf16* Xs = Ss + PS * kLdN;                             // [Q][kLdP] x of the slice
+  bf16* Xc = Xs + Q * kLdP;                              // [Q][kLdP] coef_j · x_j
+  float* dtv = reinterpret_cast<float*>(Xc + Q * kLdP);  // [Q]
+  float* coef = dtv + Q;                                 // [Q]
+  float* ecum = coef + Q;                                // [Q]
+
+  const int64_t h = blockIdx.x / kSplit;
+  const int p0 = static_cast<int>(blockIdx.x % kSplit) * PS;
+  const int64_t b = blockIdx.y;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;  // padding row: output rows and state untouched
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = 16 * warp;
+  const int64_t H = p.heads;
+  const int64_t start = p.query_start_loc[b];
+  const int64_t len = p.query_start_loc[b + 1] - start;
+  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
+  const int64_t grp = h / (p.heads / p.n_groups);
+  const double A = -exp(static_cast<double>(p.A_log[h]));
+  const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+  const bf16* xg = static_cast<const bf16*>(p.x);
+  const bf16* dtg = static_cast<const bf16*>(p.dt);
+  const bf16* Bg = static_cast<const bf16*>(p.B);
+  const bf16* Cg = static_cast<const bf16*>(p.C);
+  bf16* yg = static_cast<bf16*>(p.y);
+  TS* state = static_cast<TS*>(p.ssm_states) + (slot * H + h) * static_cast<int64_t>(P) * N;
+
+  // This warp's state tile: rows p0 + 16·mt + g (+8), columns warp·NW + 8·nt + 2t (+1).
+  float s[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int pr = p0 + 16 * mt + g + 8 * half, nc = warp * NW + 8 * nt + 2 * t;
+        const float2 v = init ? load_state2(state + static_cast<int64_t>(pr) * N + nc) : make_float2(0.0f, 0.0f);
+        s[mt][nt][2 * half] = v.x;
+        s[mt][nt][2 * half + 1] = v.y;
+      }
+    }
+  }
+
+  uint4 bv[kBC], cv[kBC], xv[kX];
+  float dtr = 0.0f;
+  auto prefetch = [&](int64_t c0) {
+    const int64_t rest = len - c0;
+    const int L = rest >= Q ? Q : static_cast<int>(rest);
+    const int64_t t0 = start + c0;
+#pragma unroll
+    for (int u = 0; u < kBC; ++u) {
+      const int e = u * kThreads + tid, j = e / (N / 8), c = e % (N / 8);
+      bv[u] = cv[u] = make_uint4(0, 0, 0, 0);
+      if (j < L) {
+        const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * c;
+        bv[u] = load8(Bg + off, vec);
+        cv[u] = load8(Cg + off, vec);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kX; ++u) {
+      const int e = u * kThreads + tid, j = e / (PS / 8), c = e % (PS / 8);
+      xv[u] = make_uint4(0, 0, 0, 0);
+      if (j < L) xv[u] = load8(xg + (t0 + j) * p.x_stride + h * P + p0 + 8 * c, vec);
+    }
+    dtr = tid < L ? __bfloat162float(dtg[(t0 + tid) * p.dt_stride + h]) : 0.0f;
+  };
+
+  if (len > 0) prefetch(0);
+  for (int64_t c0 = 0; c0 < len; c0 += Q) {
+    const int64_t rest = len - c0;
+    const int L = rest >= Q ? Q : static_cast<int>(rest);
+    const int64_t t0 = start + c0;
+    const bool carry = init || c0 > 0;
+
+    // The previous chunk ended with a barrier: the tiles are free.
+#pragma unroll
+    for (int u = 0; u < kBC; ++u) {
+      const int e = u * kThreads + tid, j = e / (N / 8), c = e % (N / 8);
+      *reinterpret_cast<uint4*>(Bs + j * kLdN + 8 * c) = bv[u];
+      *reinterpret_cast<uint4*>(Cs + j * kLdN + 8 * c) = cv[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kX; ++u) {
+      const int e = u * kThreads + tid, j = e / (PS / 8), c = e % (PS / 8);
+      *reinterpret_cast<uint4*>(Xs + j * kLdP + 8 * c) = xv[u];
+    }
+    if (tid < Q) dtv[tid] = tid < L ? step_size(p, dtr, h) : 0.0f;
+    if (c0 + Q < len) prefetch(c0 + Q);  // in flight while this chunk is computed
+    __syncthreads();
+    if (warp == 0) {  // inclusive scan of dt·A in double, two tokens per lane
+      const double a0 = static_cast<double>(dtv[2 * lane]) * A;
+      const double a1 = static_cast<double>(dtv[2 * lane + 1]) * A;
+      double run = a0 + a1;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double v = __shfl_up_sync(0xffffffffu, run, o);
+        if (lane >= o) run += v;
+      }
+      cum[2 * lane + 1] = run;
+      cum[2 * lane] = run - a1;
+    }
+    __syncthreads();
+    const double cum_end = cum[Q - 1];
+    if (tid < Q) {
+      ecum[tid] = static_cast<float>(exp(cum[tid]));
+      coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kX; ++u) {
+      const int e = u * kThreads + tid, j = e / (PS / 8), c = e % (PS / 8);
+      float f[8];
+      pack_traits<bf16>::unpack(*reinterpret_cast<const uint4*>(Xs + j * kLdP + 8 * c), f);
+      const float cj = coef[j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[k] *= cj;
+      *reinterpret_cast<uint4*>(Xc + j * kLdP + 8 * c) = pack_traits<bf16>::pack(f);
+    }
+    __syncthreads();
+
+    // C·Bᵀ rows [r0, r0+16), then W as A fragments.
+    uint32_t wa[Q / 16][4];
+    {
+      float cb[Q / 8][4];
+#pragma unroll
+      for (int n = 0; n < Q / 8; ++n) cb[n][0] = cb[n][1] = cb[n][2] = cb[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < Q / 16; ++np) {
+          if (np <= warp) {
+            uint32_t bq[4];
+            ldsm_x4(bq, Bs + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+            mma_bf16(cb[2 * np], a, bq[0], bq[1]);
+            mma_bf16(cb[2 * np + 1], a, bq[2], bq[3]);
+          }
+        }
+      }
+      const int i_lo = r0 + g, i_hi = r0 + g + 8;
+      const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
+#pragma unroll
+      for (int kk = 0; kk < Q / 16; ++kk) {
+        wa[kk][0] = wa[kk][1] = wa[kk][2] = wa[kk][3] = 0u;
+        if (kk <= warp) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int n = 2 * kk + half;
+            const int j0 = 8 * n + 2 * t, j1 = j0 + 1;
+            const double cj0 = cum[j0], cj1 = cum[j1];
+            const float d0 = dtv[j0], d1 = dtv[j1];
+            const float w00 = j0 <= i_lo ? cb[n][0] * expf(static_cast<float>(ci_lo - cj0)) * d0 : 0.0f;
+            const float w01 = j1 <= i_lo ? cb[n][1] * expf(static_cast<float>(ci_lo - cj1)) * d1 : 0.0f;
+            const float w10 = j0 <= i_hi ? cb[n][2] * expf(static_cast<float>(ci_hi - cj0)) * d0 : 0.0f;
+            const float w11 = j1 <= i_hi ? cb[n][3] * expf(static_cast<float>(ci_hi - cj1)) * d1 : 0.0f;
+            wa[kk][2 * half] = pack_bf16x2(w00, w01);
+            wa[kk][2 * half + 1] = pack_bf16x2(w10, w11);
+          }
+        }
+      }
+    }
+
+    // y rows [r0, r0+16), slice columns = W · X.
+    float acc[PS / 8][4];
+#pragma unroll
+    for (int n = 0; n < PS / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Q / 16; ++kk) {
+      if (kk <= warp) {
+#pragma unroll
+        for (int np = 0; np < PS / 16; ++np) {
+          uint32_t bq[4];
+          ldsm_x4_t(bq, Xs + (kk * 16 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
+          mma_bf16(acc[2 * np], wa[kk], bq[0], bq[1]);
+          mma_bf16(acc[2 * np + 1], wa[kk], bq[2], bq[3]);
+        }
+      }
+    }
+
+    // S_loc of this warp's tile: A(p, j) = Xc[j][p], B(j, n) = Bs[j][n].
+    {
+      float sl[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) sl[mt][nt][0] = sl[mt][nt][1] = sl[mt][nt][2] = sl[mt][nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < Q / 16; ++kk) {
+        if (kk * 16 < L) {
+          uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+            ldsm_x4_t(a[mt], Xc + (kk * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdP + 16 * mt + 8 * ((lane >> 3) & 1));
+#pragma unroll
+          for (int ntp = 0; ntp < NT / 2; ++ntp) {
+            uint32_t bq[4];
+            ldsm_x4_t(bq, Bs + (kk * 16 + (lane & 15)) * kLdN + warp * NW + 16 * ntp + 8 * (lane >> 4));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma_bf16(sl[mt][2 * ntp], a[mt], bq[0], bq[1]);
+              mma_bf16(sl[mt][2 * ntp + 1], a[mt], bq[2], bq[3]);
+            }
+          }
+        }
+      }
+      // S_in (bf16) to shared memory for C·S_inᵀ; the carried state becomes S_out.
+      const float total = static_cast<float>(exp(cum_end));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int pr = 16 * mt + g + 8 * half, nc = warp * NW + 8 * nt + 2 * t;
+            float& s0 = s[mt][nt][2 * half];
+            float& s1 = s[mt][nt][2 * half + 1];
+            if (carry) *reinterpret_cast<uint32_t*>(Ss + pr * kLdN + nc) = pack_bf16x2(s0, s1);
+            s0 = total * s0 + sl[mt][nt][2 * half];
+            s1 = total * s1 + sl[mt][nt][2 * half + 1];
+          }
+        }
+      }
+    }
+    __syncthreads();  // Ss complete
+
+    if (carry) {  // y rows += exp(cum_i) · C_i·S_inᵀ (slice columns)
+      float a2[PS / 8][4];
+#pragma unroll
+      for (int n = 0; n < PS / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < PS / 16; ++np) {
+          uint32_t bq[4];
+          ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+          mma_bf16(a2[2 * np], a, bq[0], bq[1]);
+          mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
+        }
+      }
+      const float e_lo = ecum[r0 + g], e_hi = ecum[r0 + g + 8];
+#pragma unroll
+      for (int n = 0; n < PS / 8; ++n) {
+        acc[n][0] += e_lo * a2[n][0];
+        acc[n][1] += e_lo * a2[n][1];
+        acc[n][2] += e_hi * a2[n][2];
+        acc[n][3] += e_hi * a2[n][3];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < PS / 8; ++n) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
+        if (i < L) {
+          const float2 xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
+          const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
+          bf16* dst = yg + (t0 + i) * p.y_stride + h * P + p0 + pc;
+          if (vec) {
+            *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
+          } else {
+            dst[0] = __float2bfloat16_rn(y0);
+            dst[1] = __float2bfloat16_rn(y1);
+          }
+        }
+      }
+    }
+    __syncthreads();  // tiles free before the next chunk is staged
+  }
+
+  // Final state of the row (a row without tokens keeps its initial state, or zeros).
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int pr = p0 + 16 * mt + g + 8 * half, nc = warp * NW + 8 * nt + 2 * t;
+        store_state2(state + static_cast<int64_t>(pr) * N + nc, make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+      }
+    }
+  }
+}
+
+}  // namespace ssd_bf16
+}  // namespace hyserve::kernels::cuda_detail

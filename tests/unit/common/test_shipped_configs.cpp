@@ -1,0 +1,61 @@
+// Every YAML file under configs/ loads and validates (the files launch/serve.sh and the
+// benchmarks take), and the GPU configs say what they promise.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/config.h"
+
+namespace hyserve {
+namespace {
+
+std::vector<std::filesystem::path> shipped_configs() {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(HYSERVE_SOURCE_DIR) / "configs"))
+    if (e.path().extension() == ".yaml") out.push_back(e.path());
+  return out;
+}
+
+TEST(ShippedConfigs, EveryConfigLoads) {
+  const auto saved = std::filesystem::current_path();
+  std::filesystem::current_path(HYSERVE_SOURCE_DIR);  // relative model and tokenizer paths
+  const std::vector<std::filesystem::path> files = shipped_configs();
+  EXPECT_GE(files.size(), 4u);
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    EXPECT_NO_THROW({
+      const service_config c = load_config_file(f.string());
+      (void)resolve_model_config(c);
+    });
+  }
+  std::filesystem::current_path(saved);
+}
+
+TEST(ShippedConfigs, GpuConfigsRunBf16OnCuda) {
+  for (const char* name : {"configs/cuda.yaml", "configs/bamba-9b-synthetic-cuda.yaml"}) {
+    SCOPED_TRACE(name);
+    const service_config c = load_config_file(std::string(HYSERVE_SOURCE_DIR) + "/" + name);
+    EXPECT_EQ(c.device, device_kind::kCuda);
+    EXPECT_EQ(c.model.weight_dtype, dtype::kBF16);
+    EXPECT_EQ(c.cache.kv_dtype, dtype::kBF16);
+  }
+  // The benchmark model: Bamba-9B-shaped.
+  const service_config big = load_config_file(std::string(HYSERVE_SOURCE_DIR) + "/configs/bamba-9b-synthetic-cuda.yaml");
+  const model_config m = resolve_model_config(big);
+  EXPECT_EQ(m.hidden_size, 4096);
+  EXPECT_EQ(m.num_layers, 32);
+  EXPECT_EQ(m.num_layers_of(layer_kind::kAttention), 3);
+  EXPECT_EQ(m.layer_kinds[9], layer_kind::kAttention);
+  EXPECT_EQ(m.layer_kinds[18], layer_kind::kAttention);
+  EXPECT_EQ(m.layer_kinds[27], layer_kind::kAttention);
+  EXPECT_EQ(m.mamba_n_heads, 128);
+  EXPECT_EQ(m.mamba_d_head, 64);
+  EXPECT_EQ(m.mamba_d_state, 128);
+  EXPECT_EQ(m.intermediate_size, 14336);
+  EXPECT_EQ(m.vocab_size, 128256);
+}
+
+}  // namespace
+}  // namespace hyserve

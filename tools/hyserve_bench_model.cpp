@@ -1,0 +1,281 @@
+// hyserve-bench-model: end-to-end step timings of one model on one device, in a single process
+// (the engine: the same model, pools and forward modes the workers run, without the service).
+//   hyserve-bench-model CONFIG [--batches 1,16,64] [--prompt-len 1024] [--decode-steps 32]
+//                       [--prefill-len 8192] [--json FILE]
+// Reports, from one run:
+//   - the device-to-device copy bandwidth (read + write of a 1 GiB buffer);
+//   - prefill: wall time and tokens/s of one Extend step over a prefill-len prompt;
+//   - decode at each batch size: every row first prefilled with prompt-len tokens, then
+//     decode-steps Decode steps over all rows; the median step time and tokens/s;
+//   - the bytes-moved floor of a batch-1 decode step: the weights every step reads (linear
+//     layers and lm_head; one embedding row), the SSM and conv states and the KV of the
+//     context, each read once, at the copy bandwidth measured here; and the ratio of the
+//     measured batch-1 step to that floor.
+// Step times are host wall times around engine::step, which includes building the step's
+// metadata, uploading it and copying the logits back to the host.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
+#include "hyserve/worker/engine.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+namespace json = boost::json;
+
+struct options {
+  std::string config;
+  std::vector<int32_t> batches{1, 16, 64};
+  int32_t prompt_len = 1024;
+  int32_t decode_steps = 32;
+  int32_t prefill_len = 8192;
+  std::string json_out;
+};
+
+std::vector<int32_t> parse_list(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int v = std::stoi(item);
+    if (v <= 0) throw hyserve::invalid_argument_error("--batches: sizes must be positive, got " + item);
+    out.push_back(v);
+  }
+  if (out.empty()) throw hyserve::invalid_argument_error("--batches: empty list");
+  return out;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw hyserve::invalid_argument_error(a + " needs a value");
+      return argv[++i];
+    };
+    auto positive = [&](const std::string& name) {
+      const int v = std::stoi(value());
+      if (v <= 0) throw hyserve::invalid_argument_error(name + " must be positive");
+      return static_cast<int32_t>(v);
+    };
+    if (a == "--batches") o.batches = parse_list(value());
+    else if (a == "--prompt-len") o.prompt_len = positive(a);
+    else if (a == "--decode-steps") o.decode_steps = positive(a);
+    else if (a == "--prefill-len") o.prefill_len = positive(a);
+    else if (a == "--json") o.json_out = value();
+    else if (!a.empty() && a[0] != '-' && o.config.empty()) o.config = a;
+    else throw hyserve::invalid_argument_error("unknown argument " + a);
+  }
+  if (o.config.empty()) throw hyserve::invalid_argument_error("usage: hyserve-bench-model CONFIG [options]");
+  return o;
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Read + write bandwidth of a device-to-device copy of 1 GiB (0 on the CPU).
+double copy_bandwidth(hyserve::device_kind device) {
+  if (device != hyserve::device_kind::kCuda) return 0.0;
+  namespace k = hyserve::kernels;
+  const size_t bytes = size_t{1} << 30;
+  void* a = k::device_alloc(bytes);
+  void* b = k::device_alloc(bytes);
+  k::device_memset(a, 1, bytes);
+  k::device_copy_d2d(b, a, bytes);
+  k::stream_synchronize(nullptr);
+  const int reps = 10;
+  const auto t0 = clock_type::now();
+  for (int r = 0; r < reps; ++r) k::device_copy_d2d(b, a, bytes);
+  k::stream_synchronize(nullptr);
+  const double s = seconds_since(t0);
+  k::device_free(a);
+  k::device_free(b);
+  return 2.0 * static_cast<double>(bytes) * reps / s;
+}
+
+size_t dtype_bytes(hyserve::dtype t) { return hyserve::dtype_size(t); }
+
+// Bytes a batch-1 decode step must read at least once, for a Bamba-style model.
+struct floor_bytes {
+  double weights = 0, states = 0, kv = 0;
+  double total() const { return weights + states + kv; }
+};
+
+floor_bytes decode_floor(const hyserve::service_config& cfg, const hyserve::model_config& mc, int64_t context) {
+  const double w = static_cast<double>(dtype_bytes(cfg.model.weight_dtype));
+  const double H = static_cast<double>(mc.hidden_size), V = static_cast<double>(mc.vocab_size);
+  floor_bytes f;
+  f.weights += H * w;                                   // one embedding row
+  f.weights += V * H * w;                               // lm_head (the embedding table when tied)
+  f.weights += H * 4;                                   // final norm
+  const double I = static_cast<double>(mc.intermediate_size);
+  const double state_b = static_cast<double>(dtype_bytes(cfg.cache.ssm_state_dtype));
+  const double kv_b = static_cast<double>(dtype_bytes(cfg.cache.kv_dtype));
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    f.weights += 2 * H * 4;       // two norms
+    f.weights += 3 * H * I * w;   // gate, up, down
+    switch (mc.layer_kinds[static_cast<size_t>(l)]) {
+      case hyserve::layer_kind::kMamba2: {
+        const double d_in = static_cast<double>(mc.mamba_intermediate());
+        const double conv = static_cast<double>(mc.mamba_conv_dim());
+        f.weights += H * static_cast<double>(mc.mamba_in_proj_dim()) * w + d_in * H * w;
+        f.weights += conv * static_cast<double>(mc.mamba_d_conv) * 4 + d_in * 4 + 3 * mc.mamba_n_heads * 4.0;
+        f.states += static_cast<double>(mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state) * state_b;
+        f.states += conv * static_cast<double>(mc.mamba_d_conv - 1) * 4;
+        break;
+      }
+      case hyserve::layer_kind::kAttention: {
+        const double q = static_cast<double>(mc.num_attention_heads * mc.head_dim);
+        const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+        f.weights += (H * q + 2 * H * kv + q * H) * w;
+        f.kv += 2 * kv * static_cast<double>(context) * kv_b;
+        break;
+      }
+      case hyserve::layer_kind::kGatedDeltaNet:
+        throw hyserve::invalid_argument_error("hyserve-bench-model: the floor is computed for Bamba-style models only");
+    }
+  }
+  return f;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<int32_t> synthetic_prompt(int32_t len, int64_t vocab, uint32_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  uint32_t x = 2463534242u ^ salt;
+  for (auto& t : p) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    t = static_cast<int32_t>(x % static_cast<uint32_t>(vocab));
+  }
+  return p;
+}
+
+int run(const options& o) {
+  using hyserve::worker::forward_mode;
+  using hyserve::worker::step_row;
+  hyserve::service_config cfg = hyserve::load_config_file(o.config);
+  const int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  const int32_t max_ctx = std::max(o.prompt_len + o.decode_steps + 8, o.prefill_len + 8);
+  cfg.cache.max_requests = std::max(max_batch, 1);
+  cfg.cache.max_context = max_ctx;
+  const int32_t page = cfg.cache.page_size;
+  cfg.cache.num_pages = max_batch * ((o.prompt_len + o.decode_steps + 8 + page - 1) / page) +
+                        (o.prefill_len + 8 + page - 1) / page;
+
+  std::fprintf(stderr, "loading %s ...\n", o.config.c_str());
+  const auto t_load = clock_type::now();
+  hyserve::worker::engine eng(cfg);
+  const hyserve::model_config& mc = eng.config();
+  std::fprintf(stderr, "loaded in %.1f s\n", seconds_since(t_load));
+  const double copy_bw = copy_bandwidth(cfg.device);
+
+  json::object report;
+  report["config"] = o.config;
+  report["device"] = cfg.device == hyserve::device_kind::kCuda ? "cuda" : "cpu";
+  report["weight_dtype"] = std::string(hyserve::dtype_name(cfg.model.weight_dtype));
+  report["kv_dtype"] = std::string(hyserve::dtype_name(cfg.cache.kv_dtype));
+  report["ssm_state_dtype"] = std::string(hyserve::dtype_name(cfg.cache.ssm_state_dtype));
+  report["copy_GBps"] = copy_bw / 1e9;
+  std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n", copy_bw / 1e9);
+
+  // Warm-up: one short prefill and a few decodes (cuBLAS handles, the memory pool).
+  {
+    const int32_t r = eng.open_request();
+    eng.step(forward_mode::kExtend, {step_row{r, synthetic_prompt(64, mc.vocab_size, 7)}});
+    for (int i = 0; i < 3; ++i) eng.step(forward_mode::kDecode, {step_row{r, {1}}});
+    eng.close_request(r);
+  }
+
+  // Prefill: one prompt of prefill_len tokens in one Extend step.
+  {
+    const int32_t r = eng.open_request();
+    const auto t0 = clock_type::now();
+    eng.step(forward_mode::kExtend, {step_row{r, synthetic_prompt(o.prefill_len, mc.vocab_size, 11)}});
+    const double s = seconds_since(t0);
+    eng.close_request(r);
+    std::printf("prefill  %6d tokens: %9.2f ms  %10.0f tokens/s\n", o.prefill_len, s * 1e3, o.prefill_len / s);
+    report["prefill"] = {{"tokens", o.prefill_len}, {"ms", s * 1e3}, {"tokens_per_s", o.prefill_len / s}};
+  }
+
+  json::array decode;
+  double b1_step = 0;
+  for (int32_t b : o.batches) {
+    std::vector<int32_t> reqs;
+    for (int32_t i = 0; i < b; ++i) reqs.push_back(eng.open_request());
+    // Prefill the rows a few at a time (bounded activation memory).
+    const int32_t group = std::max(1, 16384 / o.prompt_len);
+    for (int32_t i = 0; i < b; i += group) {
+      std::vector<step_row> rows;
+      for (int32_t j = i; j < std::min(b, i + group); ++j)
+        rows.push_back(step_row{reqs[static_cast<size_t>(j)],
+                                synthetic_prompt(o.prompt_len, mc.vocab_size, 100u + static_cast<uint32_t>(j))});
+      eng.step(forward_mode::kExtend, rows);
+    }
+    std::vector<double> times;
+    for (int32_t s = -2; s < o.decode_steps; ++s) {  // two untimed steps first
+      std::vector<step_row> rows;
+      for (int32_t j = 0; j < b; ++j)
+        rows.push_back(step_row{reqs[static_cast<size_t>(j)],
+                                {static_cast<int32_t>((7 * (s + 3) + j) % mc.vocab_size)}});
+      const auto t0 = clock_type::now();
+      eng.step(forward_mode::kDecode, rows);
+      if (s >= 0) times.push_back(seconds_since(t0));
+    }
+    for (int32_t r : reqs) eng.close_request(r);
+    const double med = median(times);
+    if (b == 1) b1_step = med;
+    std::printf("decode   batch %4d (context %d): step %8.3f ms (median of %d)  %10.1f tokens/s\n", b, o.prompt_len,
+                med * 1e3, o.decode_steps, b / med);
+    decode.push_back({{"batch", b}, {"context", o.prompt_len}, {"step_ms", med * 1e3}, {"tokens_per_s", b / med}});
+  }
+  report["decode"] = decode;
+
+  if (mc.arch == hyserve::model_arch::kBamba && copy_bw > 0) {
+    const floor_bytes f = decode_floor(cfg, mc, o.prompt_len + o.decode_steps / 2);
+    const double floor_s = f.total() / copy_bw;
+    std::printf("batch-1 decode floor: weights %.2f GB + states %.3f GB + KV %.3f GB = %.2f GB -> %.3f ms at %.0f GB/s\n",
+                f.weights / 1e9, f.states / 1e9, f.kv / 1e9, f.total() / 1e9, floor_s * 1e3, copy_bw / 1e9);
+    json::object fl{{"weights_GB", f.weights / 1e9}, {"states_GB", f.states / 1e9}, {"kv_GB", f.kv / 1e9},
+                    {"floor_ms", floor_s * 1e3}};
+    if (b1_step > 0) {
+      std::printf("batch-1 decode step / floor = %.3f\n", b1_step / floor_s);
+      fl["b1_step_over_floor"] = b1_step / floor_s;
+    }
+    report["b1_floor"] = fl;
+  }
+  if (!o.json_out.empty()) {
+    std::ofstream out(o.json_out);
+    out << json::serialize(report) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "hyserve-bench-model: " << e.what() << "\n";
+    return 1;
+  }
+}
