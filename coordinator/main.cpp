@@ -142,6 +142,19 @@ int run(int argc, char** argv) {
   obs.on_decode_attention = [&metrics](int64_t rows, int64_t sparse, int64_t pages) {
     metrics.record_decode_attention(rows, sparse, pages);
   };
+  {
+    // Speculative decoding: tokens drafted and accepted over all verify rows (acceptance rate =
+    // accepted / drafted), and verify rows that had drafts (mean accepted length = accepted / rounds).
+    auto& reg = metrics.metric_registry();
+    auto& drafted = reg.counter_series("hyserve_spec_draft_tokens_total", "Speculative draft tokens proposed.");
+    auto& accepted = reg.counter_series("hyserve_spec_accepted_tokens_total", "Speculative draft tokens accepted.");
+    auto& rounds = reg.counter_series("hyserve_spec_verify_rows_total", "Speculative verify rows that carried drafts.");
+    obs.on_spec = [&drafted, &accepted, &rounds](int64_t d, int64_t a) {
+      drafted.inc(static_cast<double>(d));
+      accepted.inc(static_cast<double>(a));
+      rounds.inc(1.0);
+    };
+  }
   sched.set_observer(std::move(obs));
 
   http::server_options opts;

@@ -39,7 +39,9 @@ scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vec
 
 int32_t scheduler::pages_for(const request_state& r) const {
   const int32_t ps = hellos_.front().page_size;
-  const int64_t len = static_cast<int64_t>(r.req.input_ids.size()) + r.req.sampling.max_new_tokens;
+  int64_t len = static_cast<int64_t>(r.req.input_ids.size()) + r.req.sampling.max_new_tokens;
+  // Verify steps write up to num_draft_tokens positions past the last accepted token.
+  if (spec_enabled()) len = std::min<int64_t>(len + cfg_.speculative.num_draft_tokens, info_.max_context);
   return static_cast<int32_t>((len + ps - 1) / ps);
 }
 
@@ -87,6 +89,7 @@ void scheduler::take_submissions() {
     request_state r;
     if (!req.sampling.seed) req.sampling.seed = id * 0x9e3779b97f4a7c15ull;
     r.req = std::move(req);
+    if (spec_enabled()) r.budget.emplace(cfg_.speculative.num_draft_tokens, cfg_.speculative.min_accept_rate);
     requests_.emplace(id, std::move(r));
     waiting_.push_back(id);
   }
@@ -138,6 +141,8 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
   ev.metrics.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
   ev.metrics.completion_tokens = static_cast<int32_t>(r.output.size());
   ev.metrics.latency_ms = ms_since(r.req.arrival);
+  ev.metrics.spec_drafted = r.drafted;
+  ev.metrics.spec_accepted = r.accepted;
   if (!r.output.empty())
     ev.metrics.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.req.arrival).count();
   if (r.req.sink) r.req.sink(std::move(ev));
@@ -183,25 +188,70 @@ void scheduler::admit() {
   }
 }
 
+wire::plan_row scheduler::base_row(request_state& r) const {
+  wire::plan_row row;
+  row.request_id = static_cast<int64_t>(r.req.id);
+  row.req_slot = r.req_slot;
+  row.mamba_slot = r.mamba_slot;
+  row.prefix_len = r.consumed;
+  row.sample.temperature = r.req.sampling.temperature;
+  row.sample.top_k = r.req.sampling.top_k > 0 ? r.req.sampling.top_k : 0;
+  row.sample.top_p = r.req.sampling.top_p;
+  row.sample.seed = *r.req.sampling.seed;
+  row.output_index = static_cast<int32_t>(r.output.size());
+  return row;
+}
+
+void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  plan.step_id = next_step_++;
+  plan.free_req_slots = std::move(gs.released_req_slots);
+  gs.released_req_slots.clear();
+  plan.commits = std::move(gs.commits);
+  gs.commits.clear();
+  plan.draft_commits = std::move(gs.draft_commits);
+  gs.draft_commits.clear();
+  plan.kv_moves = std::move(gs.kv_moves);
+  gs.kv_moves.clear();
+  gs.mode = mode;
+  gs.in_flight = true;
+  gs.step_id = plan.step_id;
+  gs.sent_at = clock::now();
+  link_.send_plan(g, wire::encode(plan));
+}
+
 void scheduler::schedule_group(int g) {
   group_state& gs = groups_[static_cast<size_t>(g)];
-  if (gs.in_flight || gs.running.empty()) return;
-  wire::step_plan plan;
-  plan.step_id = next_step_++;
-  int32_t budget = cfg_.scheduler.max_batch_tokens;
+  if (gs.in_flight) return;
+  if (gs.round_active) {
+    send_round_step(g);
+    return;
+  }
+  if (gs.running.empty()) return;
   std::vector<uint64_t> decode_ids, prefill_ids;
   for (uint64_t id : gs.running) {
     const request_state& r = requests_.at(id);
     (r.total_len() - r.consumed == 1 && r.consumed > 0 ? decode_ids : prefill_ids).push_back(id);
   }
+  if (spec_enabled() && !decode_ids.empty() && (prefill_ids.empty() || gs.last_was_prefill)) {
+    gs.last_was_prefill = false;
+    if (start_round(g, decode_ids)) return;
+    schedule_plain(g, decode_ids, {});  // nobody has drafts: an ordinary decode step
+    return;
+  }
+  gs.last_was_prefill = !prefill_ids.empty();
+  schedule_plain(g, decode_ids, prefill_ids);
+}
+
+void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  wire::step_plan plan;
+  int32_t budget = cfg_.scheduler.max_batch_tokens;
   gs.step_rows.clear();
   gs.step_tokens.clear();
+  gs.kind = group_state::step_kind::kPlain;
   auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
-    wire::plan_row row;
-    row.request_id = static_cast<int64_t>(r.req.id);
-    row.req_slot = r.req_slot;
-    row.mamba_slot = r.mamba_slot;
-    row.prefix_len = r.consumed;
+    wire::plan_row row = base_row(r);
     for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
     if (!r.pages_sent) {
       row.first_page_pos = 0;
@@ -209,11 +259,6 @@ void scheduler::schedule_group(int g) {
       row.reset_state = true;
       r.pages_sent = true;
     }
-    row.sample.temperature = r.req.sampling.temperature;
-    row.sample.top_k = r.req.sampling.top_k > 0 ? r.req.sampling.top_k : 0;
-    row.sample.top_p = r.req.sampling.top_p;
-    row.sample.seed = *r.req.sampling.seed;
-    row.output_index = static_cast<int32_t>(r.output.size());
     row.is_decode = is_decode;
     row.dense_attention = !r.req.sampling.sparse;
     plan.rows.push_back(std::move(row));
@@ -236,24 +281,173 @@ void scheduler::schedule_group(int g) {
   if (plan.rows.empty()) return;
   const bool has_prefill = plan.rows.size() > n_decode;
   const bool has_decode = n_decode > 0;
+  const char* mode = "decode";
   if (has_prefill && has_decode) {
     plan.mode = 2;  // Mixed
-    gs.mode = "mixed";
+    mode = "mixed";
   } else if (has_prefill) {
     plan.mode = 0;  // Extend
-    gs.mode = "extend";
+    mode = "extend";
     for (auto& row : plan.rows) row.is_decode = false;
   } else {
     plan.mode = 1;  // Decode
-    gs.mode = "decode";
     for (auto& row : plan.rows) row.is_decode = false;
   }
-  plan.free_req_slots = std::move(gs.released_req_slots);
-  gs.released_req_slots.clear();
-  gs.in_flight = true;
-  gs.step_id = plan.step_id;
-  gs.sent_at = clock::now();
-  link_.send_plan(g, wire::encode(plan));
+  send_plan(g, plan, mode);
+}
+
+// Starts a speculative round over the decode-ready requests. n-gram: one TargetVerify step with
+// the drafts found by prompt lookup. draft_model: Draft steps 0..k (step j consumes the last
+// accepted token, then draft j, and proposes draft j+1; the extra step k lets the draft's state
+// reach every accepted length), then TargetVerify. Returns false when no request drafts.
+bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  const speculative_section& sc = cfg_.speculative;
+  const int32_t ps = hellos_.front().page_size;
+  int32_t most = 0;
+  int32_t cap_all = sc.num_draft_tokens;
+  for (uint64_t id : decode_ids) {
+    request_state& r = requests_.at(id);
+    // Verify writes positions consumed .. consumed + drafts: they must exist in the page table.
+    const int32_t room = std::min(info_.max_context, static_cast<int32_t>(r.pages.size()) * ps) - r.total_len();
+    const int32_t cap = std::max(0, std::min(r.budget->allowed(), room));
+    cap_all = std::min(cap_all, std::max(0, room));
+    r.drafts = {};
+    r.round_drafts = cap;
+    if (sc.algorithm == speculative_algorithm::kNgram && cap > 0) {
+      std::vector<int32_t> toks;
+      toks.reserve(static_cast<size_t>(r.total_len()));
+      for (int32_t i = 0; i < r.total_len(); ++i) toks.push_back(r.token_at(i));
+      r.drafts = spec::ngram_propose(toks, sc.ngram, cap);
+      r.round_drafts = static_cast<int32_t>(r.drafts.tokens.size());
+    }
+    most = std::max(most, r.round_drafts);
+  }
+  if (most == 0) return false;
+  gs.round_ids = decode_ids;
+  gs.round_step = 0;
+  if (sc.algorithm == speculative_algorithm::kDraftModel) {
+    gs.round_k = std::min(most, cap_all);
+    if (gs.round_k == 0) return false;
+    for (uint64_t id : decode_ids) {
+      request_state& r = requests_.at(id);
+      r.round_drafts = std::min(r.round_drafts, gs.round_k);
+    }
+  } else {
+    gs.round_k = most;
+    gs.round_step = gs.round_k + 1;  // straight to verify
+  }
+  gs.round_active = true;
+  send_round_step(g);
+  return true;
+}
+
+void scheduler::send_round_step(int g) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  const int32_t k = gs.round_k;
+  const bool verify = gs.round_step > k;
+  wire::step_plan plan;
+  plan.draft_len = k + 1;
+  plan.mode = verify ? 4 : 6;  // TargetVerify : Draft
+  if (verify)
+    for (uint64_t id : gs.round_ids)
+      if (auto it = requests_.find(id); it != requests_.end() && !it->second.drafts.is_chain()) plan.is_tree = true;
+  gs.kind = verify ? group_state::step_kind::kVerify : group_state::step_kind::kDraft;
+  gs.step_rows.clear();
+  gs.step_tokens.clear();
+  for (uint64_t id : gs.round_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) {  // finished between the round's steps: padding keeps row indices
+      // (a padding row of a tree batch without links is laid out as a chain)
+      wire::plan_row pad;
+      pad.request_id = -1;
+      pad.tokens.assign(verify ? static_cast<size_t>(k + 1) : 1, 0);
+      plan.rows.push_back(std::move(pad));
+      gs.step_rows.push_back(0);
+      gs.step_tokens.push_back(0);
+      continue;
+    }
+    request_state& r = it->second;
+    wire::plan_row row = base_row(r);
+    const int32_t last = r.token_at(r.total_len() - 1);
+    if (verify) {
+      row.tokens.push_back(last);
+      spec::draft_tree padded = r.drafts;  // filler nodes continue the last node as a chain
+      while (static_cast<int32_t>(padded.tokens.size()) < k) {
+        padded.tokens.push_back(last);
+        padded.parent.push_back(static_cast<int32_t>(padded.tokens.size()) - 1);
+      }
+      row.tokens.insert(row.tokens.end(), padded.tokens.begin(), padded.tokens.end());
+      if (plan.is_tree) padded.links(row.retrieve_next_token, row.retrieve_next_sibling);
+    } else {
+      const int32_t j = gs.round_step;
+      row.tokens.push_back(j == 0 ? last : r.drafts.tokens.at(static_cast<size_t>(j - 1)));
+      row.prefix_len = r.consumed + j;
+      row.draft_step = j;
+    }
+    plan.rows.push_back(std::move(row));
+    r.in_step = true;
+    gs.step_rows.push_back(id);
+    gs.step_tokens.push_back(0);
+  }
+  send_plan(g, plan, verify ? "target_verify" : "draft");
+}
+
+bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens) {
+  const sampling_params& sp = r.req.sampling;
+  request_event ev;
+  std::optional<finish_reason> done;
+  for (int32_t tok : tokens) {
+    if (r.output.empty()) r.first_token = clock::now();
+    r.output.push_back(tok);
+    ev.new_tokens.push_back(tok);
+    const bool is_stop = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end() ||
+                         (!sp.ignore_eos && info_.eos_token_id >= 0 && tok == info_.eos_token_id);
+    if (is_stop) done = finish_reason::kStop;
+    else if (static_cast<int32_t>(r.output.size()) >= sp.max_new_tokens || r.total_len() >= info_.max_context)
+      done = finish_reason::kLength;
+    if (done) break;
+  }
+  if (r.req.sink) r.req.sink(std::move(ev));
+  if (done) finish(r.req.id, *done, std::nullopt);
+  return done.has_value();
+}
+
+void scheduler::handle_verify(int g, const wire::step_result& res) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  gs.round_active = false;
+  const bool with_draft = cfg_.speculative.algorithm == speculative_algorithm::kDraftModel;
+  for (size_t i = 0; i < gs.round_ids.size(); ++i) {
+    auto it = requests_.find(gs.round_ids[i]);
+    if (it == requests_.end()) continue;
+    request_state& r = it->second;
+    const std::vector<int32_t>& target = res.rows[i].tokens;
+    spec::draft_tree counted = r.drafts;  // only the drafts that count this round
+    counted.tokens.resize(std::min(counted.tokens.size(), static_cast<size_t>(r.round_drafts)));
+    counted.parent.resize(counted.tokens.size());
+    const std::vector<int32_t> path = spec::accept_path(counted, target);
+    const auto a = static_cast<int32_t>(path.size());
+    std::vector<int32_t> out;
+    for (int32_t n : path) out.push_back(counted.tokens[static_cast<size_t>(n - 1)]);
+    out.push_back(target.at(path.empty() ? 0 : static_cast<size_t>(path.back())));
+    const auto n_drafts = static_cast<int32_t>(counted.tokens.size());
+    r.drafted += n_drafts;
+    r.accepted += a;
+    r.budget->record(n_drafts, a);
+    if (observer_.on_spec && n_drafts > 0) observer_.on_spec(n_drafts, a);
+    // The cache now holds the last token and the accepted drafts; the bonus token is next.
+    r.consumed += a + 1;
+    const int32_t step = path.empty() ? 0 : path.back();
+    const auto row = static_cast<int32_t>(i);
+    const int32_t prefix = r.consumed - (a + 1);
+    if (emit(r, out)) continue;
+    gs.commits.push_back(wire::commit_op{r.mamba_slot, row, step});
+    // Tree drafts: node n's KV sits at prefix + n; the accepted path moves to its depths.
+    for (size_t j = 0; j < path.size(); ++j)
+      if (path[j] != static_cast<int32_t>(j + 1))
+        gs.kv_moves.push_back(wire::kv_move_op{r.req_slot, prefix + path[j], prefix + static_cast<int32_t>(j + 1)});
+    if (with_draft) gs.draft_commits.push_back(wire::commit_op{r.mamba_slot, row, step});
+  }
 }
 
 void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
@@ -274,40 +468,49 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   if (failure.empty() && res->decode_rows > 0 && observer_.on_decode_attention)
     observer_.on_decode_attention(res->decode_rows, res->sparse_rows, res->pages_read);
   const std::vector<uint64_t> ids = gs.step_rows;
+  if (!failure.empty()) gs.round_active = false;
+  // Failures and cancellations first; they end the request whatever the step was.
+  bool any_cancelled = false;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);
-    if (it == requests_.end()) continue;
+    if (it == requests_.end() || ids[i] == 0) continue;
     request_state& r = it->second;
     r.in_step = false;
     if (!failure.empty()) {
       std::fprintf(stderr, "[coordinator] step %llu on group %d failed: %s\n",
                    static_cast<unsigned long long>(gs.step_id), g, failure.c_str());
       finish(r.req.id, finish_reason::kAbort, "worker error: " + failure);
-      continue;
-    }
-    if (r.cancelled) {
+    } else if (r.cancelled) {
+      any_cancelled = true;
       finish(r.req.id, finish_reason::kAbort, std::nullopt);
-      continue;
     }
+  }
+  (void)any_cancelled;
+  if (!failure.empty()) return;
+  switch (gs.kind) {
+    case group_state::step_kind::kDraft:
+      for (size_t i = 0; i < ids.size(); ++i) {
+        auto it = requests_.find(ids[i]);
+        // Step k's proposal is not verified (the step only advances the draft's state).
+        if (it == requests_.end() || static_cast<int32_t>(it->second.drafts.tokens.size()) >= gs.round_k) continue;
+        it->second.drafts.tokens.push_back(res->rows[i].tokens.at(0));
+        it->second.drafts.parent.push_back(static_cast<int32_t>(it->second.drafts.parent.size()));
+      }
+      ++gs.round_step;
+      return;
+    case group_state::step_kind::kVerify:
+      handle_verify(g, *res);
+      return;
+    case group_state::step_kind::kPlain:
+      break;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = requests_.find(ids[i]);
+    if (it == requests_.end()) continue;
+    request_state& r = it->second;
     r.consumed += gs.step_tokens[i];
     if (r.consumed < r.total_len()) continue;  // a prefill chunk that does not end the prompt
-    const int32_t tok = res->rows[i].tokens.at(0);
-    if (r.output.empty()) r.first_token = clock::now();
-    r.output.push_back(tok);
-    const sampling_params& sp = r.req.sampling;
-    const bool is_stop = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end() ||
-                         (!sp.ignore_eos && info_.eos_token_id >= 0 && tok == info_.eos_token_id);
-    request_event ev;
-    ev.new_tokens = {tok};
-    if (is_stop) {
-      if (r.req.sink) r.req.sink(std::move(ev));
-      finish(r.req.id, finish_reason::kStop, std::nullopt);
-    } else if (static_cast<int32_t>(r.output.size()) >= sp.max_new_tokens || r.total_len() >= info_.max_context) {
-      if (r.req.sink) r.req.sink(std::move(ev));
-      finish(r.req.id, finish_reason::kLength, std::nullopt);
-    } else if (r.req.sink) {
-      r.req.sink(std::move(ev));
-    }
+    emit(r, {res->rows[i].tokens.at(0)});
   }
 }
 

@@ -18,6 +18,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/wire.h"
 #include "coordinator/request.h"
+#include "coordinator/speculative.h"
 #include "coordinator/transport.h"
 
 namespace hyserve::coordinator {
@@ -29,6 +30,8 @@ struct scheduler_observer {
   std::function<void()> on_cancel;
   // A step result's decode attention: rows, sparse rows, KV pages one attention layer read.
   std::function<void(int64_t decode_rows, int64_t sparse_rows, int64_t pages_read)> on_decode_attention;
+  // One speculative verify row: drafts proposed and accepted.
+  std::function<void(int64_t drafted, int64_t accepted)> on_spec;
 };
 
 class scheduler final : public frontend {
@@ -59,6 +62,11 @@ class scheduler final : public frontend {
     bool in_step = false;
     bool cancelled = false;
     clock::time_point first_token;
+    // Speculative decoding.
+    std::optional<spec::draft_budget> budget;
+    spec::draft_tree drafts;  // the round in flight (draft_model: grows one token per Draft step)
+    int32_t round_drafts = 0;  // drafts that count this round
+    int64_t drafted = 0, accepted = 0;
     int32_t total_len() const { return static_cast<int32_t>(req.input_ids.size() + output.size()); }
     int32_t token_at(int32_t i) const {
       const auto n = static_cast<int32_t>(req.input_ids.size());
@@ -75,12 +83,32 @@ class scheduler final : public frontend {
     std::vector<uint64_t> step_rows;
     std::vector<int32_t> step_tokens;  // tokens fed per row
     clock::time_point sent_at;
+    // Speculative decoding: what the step in flight is, commits for the next plan, and the
+    // draft-model round in progress (its rows keep their order across its Draft steps).
+    enum class step_kind : uint8_t { kPlain, kDraft, kVerify };
+    step_kind kind = step_kind::kPlain;
+    std::vector<wire::commit_op> commits, draft_commits;
+    std::vector<wire::kv_move_op> kv_moves;
+    bool round_active = false;
+    std::vector<uint64_t> round_ids;
+    int32_t round_k = 0, round_step = 0;
+    bool last_was_prefill = false;
   };
 
   void take_submissions();
   void take_cancellations();
   void admit();
   void schedule_group(int g);
+  void schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
+  bool start_round(int g, const std::vector<uint64_t>& decode_ids);
+  void send_round_step(int g);
+  void send_plan(int g, wire::step_plan& plan, const char* mode);
+  wire::plan_row base_row(request_state& r) const;
+  // Appends tokens to a request's output, finishing it on a stop token, max_new_tokens or the
+  // context limit (later tokens are dropped). Returns true when it finished.
+  bool emit(request_state& r, const std::vector<int32_t>& tokens);
+  void handle_verify(int g, const wire::step_result& res);
+  bool spec_enabled() const { return cfg_.speculative.algorithm != speculative_algorithm::kNone; }
   void handle_result(int g, const std::vector<uint8_t>& bytes);
   void finish(uint64_t id, finish_reason reason, std::optional<std::string> error);
   void release(request_state& r);

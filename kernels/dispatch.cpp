@@ -88,5 +88,10 @@ HYSERVE_INSTANTIATE_RUN(selective_state_update_params)
 HYSERVE_INSTANTIATE_RUN(gdn_chunk_scan_params)
 HYSERVE_INSTANTIATE_RUN(gdn_state_update_params)
 HYSERVE_INSTANTIATE_RUN(argmax_params)
+HYSERVE_INSTANTIATE_RUN(selective_state_update_multi_params)
+HYSERVE_INSTANTIATE_RUN(conv1d_update_multi_params)
+HYSERVE_INSTANTIATE_RUN(gdn_state_update_multi_params)
+HYSERVE_INSTANTIATE_RUN(state_commit_params)
+HYSERVE_INSTANTIATE_RUN(paged_attention_tree_params)
 
 }  // namespace hyserve::kernels

@@ -446,7 +446,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
                  std::to_string(cfg.sparsity.page_budget));
 
     const YAML::Node spec = root["speculative"];
-    r.check_keys(spec, "speculative", {"algorithm", "num_draft_tokens"});
+    r.check_keys(spec, "speculative", {"algorithm", "num_draft_tokens", "ngram", "draft_model", "min_accept_rate"});
     if_present(spec, "algorithm", [&](const YAML::Node& n) {
       const size_t i = r.get_enum(n, "speculative.algorithm", "algorithm", {"none", "ngram", "draft_model"});
       cfg.speculative.algorithm = i == 0   ? speculative_algorithm::kNone
@@ -455,7 +455,48 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
     if_present(spec, "num_draft_tokens", [&](const YAML::Node& n) {
       cfg.speculative.num_draft_tokens = r.get_int32_min(n, "speculative.num_draft_tokens", 1);
+      if (cfg.speculative.num_draft_tokens > 64)
+        r.fail(n, "speculative.num_draft_tokens",
+               "must be <= 64, got " + std::to_string(cfg.speculative.num_draft_tokens));
     });
+    if_present(spec, "min_accept_rate", [&](const YAML::Node& n) {
+      const double v = r.get_double(n, "speculative.min_accept_rate");
+      if (!(v >= 0.0 && v <= 1.0)) r.fail(n, "speculative.min_accept_rate", "must be in [0, 1], got " + std::to_string(v));
+      cfg.speculative.min_accept_rate = v;
+    });
+    if_present(spec, "ngram", [&](const YAML::Node& ng) {
+      r.check_keys(ng, "speculative.ngram", {"min_match", "max_match", "max_tree_width"});
+      ngram_spec_section& s = cfg.speculative.ngram;
+      if_present(ng, "min_match", [&](const YAML::Node& n) { s.min_match = r.get_int32_min(n, "speculative.ngram.min_match", 1); });
+      if_present(ng, "max_match", [&](const YAML::Node& n) { s.max_match = r.get_int32_min(n, "speculative.ngram.max_match", 1); });
+      if_present(ng, "max_tree_width", [&](const YAML::Node& n) {
+        s.max_tree_width = r.get_int32_min(n, "speculative.ngram.max_tree_width", 1);
+      });
+      if (s.max_match < s.min_match)
+        r.fail(ng["max_match"] ? ng["max_match"] : ng, "speculative.ngram.max_match",
+               "must be >= min_match = " + std::to_string(s.min_match) + ", got " + std::to_string(s.max_match));
+    });
+    if_present(spec, "draft_model", [&](const YAML::Node& dm) {
+      const auto keys = r.check_keys(dm, "speculative.draft_model", {"path", "synthetic"});
+      if (keys.count("path") + keys.count("synthetic") != 1)
+        r.fail(dm, "speculative.draft_model", "exactly one of path or synthetic must be given");
+      if (keys.count("path")) {
+        cfg.speculative.draft_model.path = r.get_string(dm["path"], "speculative.draft_model.path");
+        if (cfg.speculative.draft_model.path.empty())
+          r.fail(dm["path"], "speculative.draft_model.path", "must not be empty");
+      } else {
+        const YAML::Node syn = dm["synthetic"];
+        r.check_keys(syn, "speculative.draft_model.synthetic", {"num_layers"});
+        if (!is_map(syn) || !syn["num_layers"])
+          r.fail(syn, "speculative.draft_model.synthetic", "needs num_layers (the target's first N layers)");
+        cfg.speculative.draft_model.synthetic_num_layers =
+            r.get_int32_min(syn["num_layers"], "speculative.draft_model.synthetic.num_layers", 1);
+      }
+    });
+    if (cfg.speculative.algorithm == speculative_algorithm::kDraftModel && cfg.speculative.draft_model.path.empty() &&
+        cfg.speculative.draft_model.synthetic_num_layers == 0)
+      r.fail(is_map(spec) ? spec : root, "speculative.draft_model",
+             "is required when speculative.algorithm is draft_model (path or synthetic)");
 
     const YAML::Node srv = root["server"];
     r.check_keys(srv, "server", {"host", "port", "api_key", "max_body_bytes", "threads", "drain_timeout_s"});

@@ -130,6 +130,10 @@ class reader {
     return v;
   }
 
+  bool at_end() const { return pos_ == p_.size(); }
+  size_t left() const { return p_.size() - pos_; }
+  size_t where() const { return kHeaderBytes + pos_; }
+
   void expect_end(message_type type) const {
     if (pos_ != p_.size())
       fail(std::to_string(p_.size() - pos_) + " trailing bytes after the " + message_type_name(type) + " payload at offset " +
@@ -234,6 +238,13 @@ void validate(const step_plan& m) {
   check_size(m.rows.size(), kMaxRows, {nullptr, 0, kRows});
   check_size(m.free_req_slots.size(), kMaxRows, {nullptr, 0, "step_plan.free_req_slots"});
   check_size(m.commits.size(), kMaxRows, {nullptr, 0, "step_plan.commits"});
+  check_size(m.draft_commits.size(), kMaxRows, {nullptr, 0, "step_plan.draft_commits"});
+  check_size(m.kv_moves.size(), kMaxRows, {nullptr, 0, "step_plan.kv_moves"});
+  for (size_t i = 0; i < m.kv_moves.size(); ++i) {
+    check_at_least(m.kv_moves[i].req_slot, 0, {"step_plan.kv_moves", i, "req_slot"});
+    check_at_least(m.kv_moves[i].from_pos, 0, {"step_plan.kv_moves", i, "from_pos"});
+    check_at_least(m.kv_moves[i].to_pos, 0, {"step_plan.kv_moves", i, "to_pos"});
+  }
   for (size_t i = 0; i < m.rows.size(); ++i) {
     const plan_row& r = m.rows[i];
     check_at_least(r.req_slot, -1, {kRows, i, "req_slot"});
@@ -260,6 +271,12 @@ void validate(const step_plan& m) {
     check_at_least(c.mamba_slot, -1, {"step_plan.commits", i, "mamba_slot"});
     check_at_least(c.row, 0, {"step_plan.commits", i, "row"});
     check_at_least(c.accepted_step, 0, {"step_plan.commits", i, "accepted_step"});
+  }
+  for (size_t i = 0; i < m.draft_commits.size(); ++i) {
+    const commit_op& c = m.draft_commits[i];
+    check_at_least(c.mamba_slot, -1, {"step_plan.draft_commits", i, "mamba_slot"});
+    check_at_least(c.row, 0, {"step_plan.draft_commits", i, "row"});
+    check_at_least(c.accepted_step, 0, {"step_plan.draft_commits", i, "accepted_step"});
   }
 }
 
@@ -344,6 +361,23 @@ std::vector<uint8_t> encode(const step_plan& m) {
     w.i32(c.row);
     w.i32(c.accepted_step);
   }
+  // Optional trailing extension: written only when used, so a plan without it is byte-identical
+  // to a version-1 plan from before the extension.
+  if (!m.draft_commits.empty() || !m.kv_moves.empty()) {
+    w.u8(kPlanExtensionSpec);
+    w.count(m.draft_commits.size(), kMaxRows, "step_plan.draft_commits");
+    for (const commit_op& c : m.draft_commits) {
+      w.i32(c.mamba_slot);
+      w.i32(c.row);
+      w.i32(c.accepted_step);
+    }
+    w.count(m.kv_moves.size(), kMaxRows, "step_plan.kv_moves");
+    for (const kv_move_op& k : m.kv_moves) {
+      w.i32(k.req_slot);
+      w.i32(k.from_pos);
+      w.i32(k.to_pos);
+    }
+  }
   return w.finish(message_type::kStepPlan);
 }
 
@@ -426,6 +460,33 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     c.mamba_slot = r.i32("commit_op.mamba_slot");
     c.row = r.i32("commit_op.row");
     c.accepted_step = r.i32("commit_op.accepted_step");
+  }
+  if (!r.at_end()) {
+    const size_t trailing = r.left();
+    const size_t at = r.where();
+    const uint8_t ext = r.u8("step_plan.extension");
+    if (ext != kPlanExtensionSpec)
+      fail(std::to_string(trailing) + " trailing bytes after the step_plan payload at offset " + std::to_string(at) +
+           " (unknown extension tag " + std::to_string(ext) + "; supported: " + std::to_string(kPlanExtensionSpec) +
+           " speculative commits)");
+    const uint32_t n = r.count(kMaxRows, kCommitBytes, "step_plan.draft_commits");
+    m.draft_commits.reserve(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      commit_op& c = m.draft_commits.emplace_back();
+      c.mamba_slot = r.i32("draft_commit_op.mamba_slot");
+      c.row = r.i32("draft_commit_op.row");
+      c.accepted_step = r.i32("draft_commit_op.accepted_step");
+    }
+    const uint32_t moves = r.count(kMaxRows, 12, "step_plan.kv_moves");
+    m.kv_moves.reserve(moves);
+    for (uint32_t i = 0; i < moves; ++i) {
+      kv_move_op& k = m.kv_moves.emplace_back();
+      k.req_slot = r.i32("kv_move_op.req_slot");
+      k.from_pos = r.i32("kv_move_op.from_pos");
+      k.to_pos = r.i32("kv_move_op.to_pos");
+    }
+    if (m.draft_commits.empty() && m.kv_moves.empty())
+      throw wire_error("step_plan: the speculative extension is present but empty");
   }
   r.expect_end(message_type::kStepPlan);
   validate(m);

@@ -120,7 +120,8 @@ class bamba_model final : public model {
       tensor mixed;
       switch (L.kind) {
         case layer_kind::kMamba2:
-          mixed = layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_);
+          mixed = layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_,
+                                         ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
           break;
         case layer_kind::kAttention:
           mixed = layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);

@@ -123,7 +123,7 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = qw;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    kernels::run(a, ctx);
+    run_attention(a, in, ctx);
 
     // Output gate: attn · sigmoid(gate).
     const tensor gate = linear(x, w.gate, ctx);

@@ -102,11 +102,12 @@ void place(gdn_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                   collective* comm, const exec_context& ctx) {
+                   collective* comm, const exec_context& ctx, mamba_layer_state* steps) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
 
   bool recurrent_step = false;  // one token per row updating state in place
+  bool per_step = false;        // tokens written to per-step states, persistent state untouched
   switch (in.mode) {
     case forward_mode::kExtend:
     case forward_mode::kMixed:
@@ -119,9 +120,11 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
       return tensor::f32({0, hidden}, ctx.device);
     case forward_mode::kTargetVerify:
     case forward_mode::kDraft:
-      throw invalid_argument_error(std::string("Gated DeltaNet mixer: forward mode ") +
-                                   std::string(forward_mode_name(in.mode)) +
-                                   " needs the per-step state path, which this build does not have");
+      if (!steps)
+        throw invalid_argument_error(std::string("Gated DeltaNet mixer: forward mode ") +
+                                     std::string(forward_mode_name(in.mode)) + " needs per-step state storage");
+      per_step = true;
+      break;
   }
 
   const int64_t conv = w.conv_dim(), vd = w.value_dim();
@@ -130,7 +133,35 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);
 
-  if (recurrent_step) {
+  if (per_step) {
+    kernels::conv1d_update_multi_params c;
+    c.x = proj.as<float>();
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = qkv.as<float>();
+    c.state_indices = in.mamba_slots.as<int32_t>();
+    c.conv_states = state.conv.as<float>();
+    c.step_windows = steps->conv.as<float>();
+    c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
+    c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
+    c.batch = in.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.tokens_per_row = in.spec_tokens_per_row;
+    c.steps = in.spec_steps;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run(c, ctx);
+    kernels::gdn_state_update_multi_params s;
+    fill_gdn_common(s, w, proj, qkv, core, state, in);
+    s.step_states = steps->ssm.as<float>();
+    s.retrieve_parent = c.retrieve_parent;
+    s.first_step = c.first_step;
+    s.tokens_per_row = in.spec_tokens_per_row;
+    s.steps = in.spec_steps;
+    kernels::run(s, ctx);
+  } else if (recurrent_step) {
     kernels::conv1d_update_params c;
     c.x = proj.as<float>();
     c.weight = w.conv_w.as<float>();

@@ -192,7 +192,10 @@ attention_step build_attention_step(const forward_batch& batch, const hybrid_met
       s.page_table[b * static_cast<size_t>(s.page_table_stride) + static_cast<size_t>(i)] = loc / page_size;
     }
     for (int32_t t = meta.query_start_loc[b]; t < meta.query_start_loc[b + 1]; ++t) {
-      const int32_t pos = meta.positions[static_cast<size_t>(t)];
+      // Tree drafts: node k's KV goes to position prefix + k (siblings share a RoPE position);
+      // the commit moves the accepted path's entries to their depths.
+      const int32_t pos = meta.is_tree ? meta.prefix_lens[b] + (t - meta.query_start_loc[b])
+                                       : meta.positions[static_cast<size_t>(t)];
       s.locs[static_cast<size_t>(t)] = table[pos];
     }
   }
@@ -216,7 +219,39 @@ step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step,
     in.page_table_stride = step->page_table_stride;
     in.page_size = step->page_size;
   }
+  switch (meta.mode) {
+    case forward_mode::kTargetVerify:
+      in.spec_tokens_per_row = meta.draft_len;
+      in.spec_steps = meta.draft_len;
+      in.spec_tree = meta.is_tree;
+      if (meta.is_tree) in.retrieve_parent = upload_i32(meta.retrieve_parent, ctx);
+      break;
+    case forward_mode::kDraft:
+      in.spec_tokens_per_row = 1;
+      in.spec_steps = meta.draft_len;
+      in.first_step = upload_i32(meta.draft_steps, ctx);
+      in.spec_first_step = true;
+      break;
+    case forward_mode::kExtend:
+    case forward_mode::kDecode:
+    case forward_mode::kMixed:
+    case forward_mode::kIdle:
+    case forward_mode::kDraftExtend:
+      break;
+  }
   return in;
+}
+
+void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx) {
+  if (in.mode == forward_mode::kTargetVerify && in.spec_tree) {
+    kernels::paged_attention_tree_params t;
+    static_cast<kernels::paged_attention_params&>(t) = a;
+    t.retrieve_parent = in.retrieve_parent.as<int32_t>();
+    t.tree_nodes = in.spec_tokens_per_row;
+    kernels::run(t, ctx);
+    return;
+  }
+  kernels::run(a, ctx);
 }
 
 void place(attention_weights& w, device_kind device, dtype weight_type) {
@@ -278,7 +313,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    kernels::run(a, ctx);
+    run_attention(a, in, ctx);
   }
   tensor out = linear(attn, w.o, ctx);
   reduce_partial(out, comm);
@@ -337,7 +372,7 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx) {
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   const int64_t di = w.d_inner(), conv = w.conv_dim();
@@ -347,6 +382,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   tensor y = tensor::f32({T, di}, ctx.device);
 
   bool recurrent_step = false;  // one token per row updating state in place
+  bool per_step = false;        // tokens written to per-step states, persistent state untouched
   switch (in.mode) {
     case forward_mode::kExtend:
     case forward_mode::kMixed:
@@ -359,12 +395,42 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
       return tensor::f32({0, hidden}, ctx.device);
     case forward_mode::kTargetVerify:
     case forward_mode::kDraft:
-      throw invalid_argument_error(std::string("Mamba2 mixer: forward mode ") +
-                                   std::string(forward_mode_name(in.mode)) +
-                                   " needs the per-step state path, which this build does not have");
+      if (!steps)
+        throw invalid_argument_error(std::string("Mamba2 mixer: forward mode ") +
+                                     std::string(forward_mode_name(in.mode)) + " needs per-step state storage");
+      per_step = true;
+      break;
   }
 
-  if (recurrent_step) {
+  if (per_step) {
+    kernels::conv1d_update_multi_params c;
+    c.x = proj.as<float>() + di;
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = xbc.as<float>();
+    c.state_indices = in.mamba_slots.as<int32_t>();
+    c.conv_states = state.conv.as<float>();
+    c.step_windows = steps->conv.as<float>();
+    c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
+    c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
+    c.batch = in.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.tokens_per_row = in.spec_tokens_per_row;
+    c.steps = in.spec_steps;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run(c, ctx);
+    kernels::selective_state_update_multi_params s;
+    fill_ssm_common(s, w, proj, xbc, y, state, in);
+    s.step_states = steps->ssm.as<float>();
+    s.retrieve_parent = c.retrieve_parent;
+    s.first_step = c.first_step;
+    s.tokens_per_row = in.spec_tokens_per_row;
+    s.steps = in.spec_steps;
+    kernels::run(s, ctx);
+  } else if (recurrent_step) {
     kernels::conv1d_update_params c;
     c.x = proj.as<float>() + di;
     c.weight = w.conv_w.as<float>();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hyserve/common/tensor.h"
+#include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
@@ -82,6 +83,14 @@ struct step_inputs {
   int64_t page_table_stride = 0;
   int32_t page_size = 0;
   sparse_step sparse;        // sparse Top-K attention of this step (sparse_select.h)
+  // TargetVerify / Draft (per-step states): tokens per row, step columns per row, the tree
+  // parents (TargetVerify with tree drafts; empty = chain) and the start column of each row
+  // (Draft: the row's draft step; empty = 0).
+  int64_t spec_tokens_per_row = 0, spec_steps = 0;
+  bool spec_tree = false;        // retrieve_parent is set
+  bool spec_first_step = false;  // first_step is set
+  tensor retrieve_parent;  // i32 [bs, tokens_per_row]
+  tensor first_step;       // i32 [bs]
 
   const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }
 };
@@ -97,6 +106,8 @@ struct attention_weights {
   float rope_theta = 10000.0f;
 };
 void place(attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
+// Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
+void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
                          collective* comm, const exec_context& ctx);
 
@@ -120,7 +131,9 @@ struct mamba2_weights {
 };
 // in_proj and out_proj in weight_type; conv, norm, dt_bias, A_log and D stay f32.
 void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF32);
+// steps: the layer's per-step states (model_context::mamba_steps), needed by TargetVerify and
+// Draft, which never write `state`.
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx);
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);
 
 }  // namespace hyserve::worker::layers

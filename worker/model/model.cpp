@@ -1,6 +1,8 @@
 #include "hyserve/worker/model.h"
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "bamba.h"
 #include "hyserve/common/error.h"
@@ -27,6 +29,39 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
       return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity);
   }
   throw config_error("unknown model architecture");
+}
+
+std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_config& mc, tp_placement tp,
+                                        collective* comm, const kernels::exec_context& ctx) {
+  if (cfg.speculative.algorithm != speculative_algorithm::kDraftModel) return nullptr;
+  const draft_model_spec_section& d = cfg.speculative.draft_model;
+  model_config dmc;
+  std::unique_ptr<weight_source> weights;
+  if (!d.path.empty()) {
+    dmc = read_hf_config((std::filesystem::path(d.path) / "config.json").string());
+    weights = make_checkpoint_weights(d.path);
+  } else {
+    if (d.synthetic_num_layers > mc.num_layers)
+      throw config_error("speculative.draft_model.synthetic.num_layers: " + std::to_string(d.synthetic_num_layers) +
+                         " exceeds the target's " + std::to_string(mc.num_layers) + " layers");
+    dmc = mc;
+    dmc.num_layers = d.synthetic_num_layers;
+    dmc.layer_kinds.resize(static_cast<size_t>(d.synthetic_num_layers));
+    std::erase_if(dmc.mlp_only_layers, [&](int64_t l) { return l >= dmc.num_layers; });
+    weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed)
+                                  : make_checkpoint_weights(cfg.model.path);
+  }
+  if (dmc.vocab_size != mc.vocab_size)
+    throw config_error("speculative.draft_model: vocab_size " + std::to_string(dmc.vocab_size) +
+                       " differs from the target's " + std::to_string(mc.vocab_size));
+  dmc.validate();
+  switch (dmc.arch) {
+    case model_arch::kBamba:
+      return make_bamba(dmc, *weights, tp, comm, ctx);
+    case model_arch::kQwen3Next:
+      return make_qwen3_next(dmc, *weights, tp, comm, ctx);
+  }
+  throw config_error("speculative.draft_model: unknown model architecture");
 }
 
 }  // namespace hyserve::worker

@@ -129,7 +129,8 @@ class qwen3_next_model final : public model {
       tensor mixed;
       switch (L.kind) {
         case layer_kind::kGatedDeltaNet:
-          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_);
+          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_,
+                                      ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
           break;
         case layer_kind::kAttention:
           mixed = layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);

@@ -124,6 +124,8 @@ int run(int argc, char** argv) {
     r = std::make_unique<worker::runner>(
         worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx), cfg.cache, comm.get(),
         fault);
+    r->set_draft_model(worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get(), ctx),
+                       cfg.cache);
   } catch (const error& e) {
     say(t, std::string("start-up failed: ") + e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

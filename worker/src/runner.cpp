@@ -23,6 +23,17 @@ runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective*
 
 runner::~runner() = default;
 
+void runner::set_draft_model(std::unique_ptr<model> draft, const cache_section& cache) {
+  if (!draft) return;
+  if (draft->config().vocab_size != model_->config().vocab_size)
+    throw config_error("speculative.draft_model: vocab_size " + std::to_string(draft->config().vocab_size) +
+                       " differs from the target's " + std::to_string(model_->config().vocab_size));
+  cache_section c = cache;
+  c.num_pages = pools_.num_pages;  // the coordinator's page numbers index both KV pools
+  draft_pools_ = make_state_pools(*draft, c, comm_);
+  draft_ = std::move(draft);
+}
+
 wire::hello runner::capacity(int32_t dp_rank) const {
   wire::hello h;
   h.dp_rank = dp_rank;
@@ -45,9 +56,26 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
   batch.mode = forward_mode_from_byte(plan.mode);
   batch.draft_len = plan.draft_len;
   batch.is_tree = plan.is_tree;
+  // Commits of the previous verify / draft steps come first: they finish the previous round.
+  auto commit = [&](const std::vector<wire::commit_op>& ops, state_pools& pools, const model& m) {
+    if (ops.empty()) return;
+    std::vector<int32_t> slots, rows, steps;
+    for (const wire::commit_op& c : ops) {
+      slots.push_back(c.mamba_slot);
+      rows.push_back(c.row);
+      steps.push_back(c.accepted_step);
+    }
+    pools.commit_steps(slots, rows, steps, m.exec());
+  };
+  commit(plan.commits, pools_, *model_);
+  if (!plan.draft_commits.empty() && !draft_)
+    throw invalid_argument_error("draft_commits: this worker has no draft model (speculative.algorithm is not draft_model)");
+  if (draft_) commit(plan.draft_commits, draft_pools_, *draft_);
+  for (const wire::kv_move_op& mv : plan.kv_moves) pools_.move_kv(mv.req_slot, mv.from_pos, mv.to_pos, model_->exec());
   for (int32_t slot : plan.free_req_slots) {
     if (slot < 0 || slot >= max_requests_) throw invalid_argument_error("free_req_slots: bad slot " + std::to_string(slot));
     std::fill_n(pools_.req_to_token->row(slot), pools_.req_to_token->max_context(), -1);
+    if (draft_) std::fill_n(draft_pools_.req_to_token->row(slot), draft_pools_.req_to_token->max_context(), -1);
   }
   const int32_t max_ctx = pools_.req_to_token->max_context();
   for (const wire::plan_row& r : plan.rows) {
@@ -62,11 +90,15 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
       if (r.first_page_pos % page_size_ != 0)
         throw invalid_argument_error("first_page_pos " + std::to_string(r.first_page_pos) + " is not page aligned");
       int32_t* table = pools_.req_to_token->row(r.req_slot);
+      int32_t* draft_table = draft_ ? draft_pools_.req_to_token->row(r.req_slot) : nullptr;
       for (size_t i = 0; i < r.new_pages.size(); ++i) {
         const int32_t page = r.new_pages[i];
         if (page < 0 || page >= pools_.num_pages) throw invalid_argument_error("page " + std::to_string(page) + " out of range");
         const int32_t first = r.first_page_pos + static_cast<int32_t>(i) * page_size_;
-        for (int32_t o = 0; o < page_size_ && first + o < max_ctx; ++o) table[first + o] = page * page_size_ + o;
+        for (int32_t o = 0; o < page_size_ && first + o < max_ctx; ++o) {
+          table[first + o] = page * page_size_ + o;
+          if (draft_table) draft_table[first + o] = page * page_size_ + o;
+        }
       }
       if (r.prefix_len + static_cast<int32_t>(r.tokens.size()) > max_ctx)
         throw invalid_argument_error("request " + std::to_string(r.request_id) + " exceeds max_context");
@@ -85,21 +117,47 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
     batch.rows.push_back(std::move(row));
   }
   for (const wire::plan_row& r : plan.rows)
-    if (r.reset_state && r.mamba_slot >= 0) pools_.recurrent->reset_slot(r.mamba_slot);
+    if (r.reset_state && r.mamba_slot >= 0) {
+      pools_.recurrent->reset_slot(r.mamba_slot);
+      if (draft_) draft_pools_.recurrent->reset_slot(r.mamba_slot);
+    }
 }
 
 wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& batch) {
   wire::step_result res;
   res.step_id = plan.step_id;
   const hybrid_metadata meta = build_hybrid_metadata(batch);
-  const model_context ctx = pools_.context();
+  bool on_draft = false;     // the step runs on the draft model
+  bool mirror_draft = false;  // the draft model follows the target over the same tokens
+  switch (batch.mode) {
+    case forward_mode::kDraft:
+    case forward_mode::kDraftExtend:
+      on_draft = true;
+      break;
+    case forward_mode::kExtend:
+    case forward_mode::kDecode:
+    case forward_mode::kMixed:
+      mirror_draft = draft_ != nullptr;
+      break;
+    case forward_mode::kIdle:
+    case forward_mode::kTargetVerify:
+      break;
+  }
+  if (on_draft && !draft_)
+    throw invalid_argument_error(std::string(forward_mode_name(batch.mode)) +
+                                 " step: this worker has no draft model (speculative.algorithm is not draft_model)");
+  model& m = on_draft ? *draft_ : *model_;
+  state_pools& pools = on_draft ? draft_pools_ : pools_;
+  if (batch.mode == forward_mode::kTargetVerify || batch.mode == forward_mode::kDraft)
+    pools.ensure_steps(static_cast<int32_t>(batch.rows.size()), batch.draft_len, m.exec().device);
   sparse_attention_stats attention;
   forward_options opts;
   opts.sparse_stats = &attention;
-  const host_tensor logits = model_->forward(batch, meta, ctx, opts);
+  const host_tensor logits = m.forward(batch, meta, pools.context(), opts);
   res.decode_rows = static_cast<int32_t>(attention.decode_rows);
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
   res.pages_read = attention.pages_read;
+  if (mirror_draft) (void)draft_->forward(batch, meta, draft_pools_.context(), forward_options{});
   const int64_t vocab = model_->config().vocab_size;
   // One logit row per row (per token for TargetVerify), in row order.
   const size_t per_row = meta.logit_token_indices.size() / std::max<size_t>(batch.rows.size(), 1);
@@ -112,7 +170,8 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       kernels::sample_params sp;
       sp.logits = row;
       sp.vocab = vocab;
-      sp.temperature = pr.sample.temperature;
+      // Drafts are greedy: deterministic drafts keep the target's sampling distribution.
+      sp.temperature = on_draft ? 0.0f : pr.sample.temperature;
       sp.top_k = pr.sample.top_k;
       sp.top_p = pr.sample.top_p;
       sp.seed = pr.sample.seed;

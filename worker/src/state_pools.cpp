@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "hyserve/common/error.h"
+#include "hyserve/kernels/run.h"
+#include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::worker {
@@ -56,7 +58,100 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
                                     static_cast<int32_t>(mc.head_dim), device, cache.kv_dtype);
   p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, m.mamba_shape(), device,
                                                     cache.ssm_state_dtype);
+  p.recurrent_layers = recurrent_layers;
+  p.attn_layers = attn_layers;
   return p;
+}
+
+void state_pools::ensure_steps(int32_t rows, int32_t cols, device_kind device) {
+  const int64_t need = int64_t{rows} * cols;
+  if (!steps || steps->n_slots() < need) {
+    // Grows only; a commit of the previous layout always runs before a step that grows it.
+    const auto n = static_cast<int32_t>(std::max<int64_t>(need, steps ? 2 * int64_t{steps->n_slots()} : need));
+    steps = std::make_unique<mamba_state_cache>(recurrent_layers, n, recurrent->shape(), device);
+  }
+  step_rows = rows;
+  step_cols = cols;
+}
+
+void state_pools::move_kv(int32_t req_slot, int32_t from, int32_t to, const kernels::exec_context& ctx) {
+  if (req_slot < 0 || req_slot >= req_to_token->max_requests())
+    throw invalid_argument_error("kv move: req_slot " + std::to_string(req_slot) + " out of range");
+  const int32_t max_ctx = req_to_token->max_context();
+  if (from < 0 || from >= max_ctx || to < 0 || to >= max_ctx)
+    throw invalid_argument_error("kv move: positions " + std::to_string(from) + " -> " + std::to_string(to) +
+                                 " outside [0, " + std::to_string(max_ctx) + ")");
+  const int32_t src = req_to_token->row(req_slot)[from], dst = req_to_token->row(req_slot)[to];
+  if (src < 0 || dst < 0)
+    throw invalid_argument_error("kv move: position " + std::to_string(src < 0 ? from : to) + " has no KV location");
+  if (src == dst || attn_layers == 0) return;
+  if (kv->layer(0).k.type() != dtype::kF32)
+    throw config_error("speculative tree drafts need cache.kv_dtype: float32 (the accepted path's KV is moved)");
+  const tensor locs = tensor::from_host(&dst, dtype::kI32, 1, ctx.device);
+  const int64_t tokens = int64_t{kv->num_pages()} * kv->page_size();
+  for (int32_t l = 0; l < attn_layers; ++l) {
+    kv_layer_cache& c = kv->layer(l);
+    const int64_t row = c.k.numel() / tokens;
+    if (row == 0) continue;
+    kernels::kv_write_params w;
+    w.k = c.k.as<float>() + int64_t{src} * row;
+    w.v = c.v.as<float>() + int64_t{src} * row;
+    w.locs = locs.as<int32_t>();
+    w.k_cache = c.k.as<float>();
+    w.v_cache = c.v.as<float>();
+    w.n_tokens = 1;
+    w.kv_heads = 1;
+    w.head_dim = row;
+    w.k_stride = w.v_stride = row;
+    kernels::run(w, ctx);
+  }
+}
+
+void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,
+                               const std::vector<int32_t>& step, const kernels::exec_context& ctx) {
+  if (slots.empty() || recurrent_layers == 0) return;
+  if (!steps || step_cols <= 0)
+    throw invalid_argument_error("commit: no verify or draft step has written per-step states");
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0) continue;
+    if (slots[i] >= recurrent->n_slots())
+      throw invalid_argument_error("commit: mamba_slot " + std::to_string(slots[i]) + " outside [0, " +
+                                   std::to_string(recurrent->n_slots()) + ")");
+    if (rows[i] < 0 || rows[i] >= step_rows)
+      throw invalid_argument_error("commit: row " + std::to_string(rows[i]) + " outside the last step's " +
+                                   std::to_string(step_rows) + " rows");
+    if (step[i] < 0 || step[i] >= step_cols)
+      throw invalid_argument_error("commit: accepted_step " + std::to_string(step[i]) + " outside [0, " +
+                                   std::to_string(step_cols) + ")");
+  }
+  if (recurrent->layer(0).ssm.type() != dtype::kF32)
+    throw config_error("speculative decoding needs cache.ssm_state_dtype: float32 (per-step states are float32)");
+  std::vector<float*> ssm, conv;
+  std::vector<const float*> ssm_src, conv_src;
+  for (int32_t l = 0; l < recurrent_layers; ++l) {
+    ssm.push_back(recurrent->layer(l).ssm.as<float>());
+    conv.push_back(recurrent->layer(l).conv.as<float>());
+    ssm_src.push_back(steps->layer(l).ssm.as<float>());
+    conv_src.push_back(steps->layer(l).conv.as<float>());
+  }
+  const mamba_state_shape& s = recurrent->shape();
+  const tensor d_slots = tensor::from_host(slots.data(), dtype::kI32, static_cast<int64_t>(slots.size()), ctx.device);
+  const tensor d_rows = tensor::from_host(rows.data(), dtype::kI32, static_cast<int64_t>(rows.size()), ctx.device);
+  const tensor d_step = tensor::from_host(step.data(), dtype::kI32, static_cast<int64_t>(step.size()), ctx.device);
+  kernels::state_commit_params p;
+  p.n_layers = recurrent_layers;
+  p.ssm_states = ssm.data();
+  p.ssm_steps = ssm_src.data();
+  p.conv_states = conv.data();
+  p.conv_steps = conv_src.data();
+  p.state_elems = int64_t{s.heads} * s.head_dim * s.d_state;
+  p.conv_elems = int64_t{s.conv_dim} * (s.conv_width - 1);
+  p.steps = step_cols;
+  p.slots = d_slots.as<int32_t>();
+  p.rows = d_rows.as<int32_t>();
+  p.steps_taken = d_step.as<int32_t>();
+  p.n_commits = static_cast<int64_t>(slots.size());
+  kernels::run(p, ctx);
 }
 
 }  // namespace hyserve::worker

@@ -72,10 +72,13 @@ static bool operator==(const plan_row& a, const plan_row& b) {
 static bool operator==(const commit_op& a, const commit_op& b) {
   return a.mamba_slot == b.mamba_slot && a.row == b.row && a.accepted_step == b.accepted_step;
 }
+static bool operator==(const kv_move_op& a, const kv_move_op& b) {
+  return a.req_slot == b.req_slot && a.from_pos == b.from_pos && a.to_pos == b.to_pos;
+}
 static bool operator==(const step_plan& a, const step_plan& b) {
   return a.step_id == b.step_id && a.mode == b.mode && a.draft_len == b.draft_len && a.is_tree == b.is_tree &&
          a.want_logprobs == b.want_logprobs && a.rows == b.rows && a.free_req_slots == b.free_req_slots &&
-         a.commits == b.commits;
+         a.commits == b.commits && a.draft_commits == b.draft_commits && a.kv_moves == b.kv_moves;
 }
 static bool operator==(const row_result& a, const row_result& b) {
   return a.request_id == b.request_id && a.tokens == b.tokens &&
@@ -812,6 +815,103 @@ TEST(WirePeek, EachType) {
   EXPECT_EQ(peek_type(encode(sample_plan())), message_type::kStepPlan);
   EXPECT_EQ(peek_type(encode(sample_result())), message_type::kStepResult);
   EXPECT_EQ(peek_type(encode_shutdown()), message_type::kShutdown);
+}
+
+}  // namespace
+}  // namespace hyserve::wire
+
+// ---- speculative extension of step_plan ------------------------------------------------------
+
+namespace hyserve::wire {
+namespace {
+
+step_plan spec_plan() {
+  step_plan m = sample_plan();
+  m.draft_commits = {{5, 0, 3}, {-1, 2, 0}, {0, 1, 1}};
+  m.kv_moves = {{7, 36, 34}};
+  return m;
+}
+
+TEST(WireSpecExtension, RoundTripsDraftCommits) {
+  const step_plan in = spec_plan();
+  const step_plan out = decode_step_plan(encode(in));
+  EXPECT_TRUE(out == in);
+  ASSERT_EQ(out.draft_commits.size(), 3u);
+  EXPECT_EQ(out.draft_commits[0].accepted_step, 3);
+}
+
+// Without draft commits the encoding is the pre-extension layout: same bytes, and the extension
+// adds exactly tag + count + 12 bytes per commit.
+TEST(WireSpecExtension, AbsentWhenUnusedSoOldPlansAreUnchanged) {
+  step_plan plain = sample_plan();
+  const bytes_t a = encode(plain);
+  const bytes_t b = encode(spec_plan());
+  EXPECT_EQ(b.size(), a.size() + 1 + 4 + 3 * 12 + 4 + 12);
+  EXPECT_TRUE(std::equal(a.begin() + kHeaderBytes, a.end(), b.begin() + kHeaderBytes));
+  EXPECT_TRUE(decode_step_plan(a).draft_commits.empty());
+  // Either list alone is enough to carry the extension.
+  step_plan moves_only = sample_plan();
+  moves_only.kv_moves = {{1, 5, 4}};
+  EXPECT_TRUE(decode_step_plan(encode(moves_only)) == moves_only);
+}
+
+TEST(WireSpecExtension, UnknownTagAndEmptyExtensionAreRejected) {
+  bytes_t b = encode(spec_plan());
+  const size_t tag_at = encode(sample_plan()).size();
+  b[tag_at] = 9;
+  reseal(b);
+  const std::string msg = error_of([&] { decode_step_plan(b); });
+  EXPECT_NE(msg.find("unknown extension tag 9"), std::string::npos) << msg;
+
+  bytes_t empty = encode(sample_plan());
+  empty.push_back(kPlanExtensionSpec);
+  for (int i = 0; i < 8; ++i) empty.push_back(0);
+  reseal(empty);
+  EXPECT_THROW(decode_step_plan(empty), wire_error);
+}
+
+TEST(WireSpecExtension, ValidatesDraftCommitAndKvMoveFields) {
+  step_plan m = spec_plan();
+  m.draft_commits[1].row = -1;
+  std::string msg = error_of([&] { (void)encode(m); });
+  EXPECT_NE(msg.find("draft_commits"), std::string::npos) << msg;
+  m = spec_plan();
+  m.kv_moves[0].from_pos = -3;
+  msg = error_of([&] { (void)encode(m); });
+  EXPECT_NE(msg.find("kv_moves"), std::string::npos) << msg;
+}
+
+// Every truncation is rejected, except the one that cuts exactly the whole extension off (that
+// is a valid plan without draft commits).
+TEST(WireSpecExtension, EveryTruncationRejectedOrTheBasePlan) {
+  const bytes_t good = encode(spec_plan());
+  const size_t base = encode(sample_plan()).size();
+  for (size_t n = kHeaderBytes; n < good.size(); ++n) {
+    bytes_t sealed(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
+    reseal(sealed);
+    if (n == base) {
+      EXPECT_TRUE(decode_step_plan(sealed) == sample_plan());
+      continue;
+    }
+    EXPECT_THROW(decode_step_plan(sealed), wire_error) << "prefix " << n;
+  }
+}
+
+TEST(WireSpecExtension, FuzzedExtensionsDecodeOrRejectCleanly) {
+  std::mt19937 rng(99);
+  const bytes_t good = encode(spec_plan());
+  const size_t base = encode(sample_plan()).size();
+  fuzz_counts counts;
+  for (int iter = 0; iter < 2000; ++iter) {
+    bytes_t b = good;
+    b.resize(base + rng() % (good.size() - base + 8));
+    for (size_t i = base; i < b.size(); ++i)
+      if (rng() % 3 == 0) b[i] = static_cast<uint8_t>(rng() % 4 == 0 ? rng() : rng() % 3);
+    reseal(b);
+    fuzz_all_decoders(b, counts);
+  }
+  EXPECT_GT(counts.rejected, 0);
+  EXPECT_GT(counts.decoded, 0);
 }
 
 }  // namespace

@@ -61,9 +61,25 @@ struct sparsity_section {
 };
 
 enum class speculative_algorithm : uint8_t { kNone, kNgram, kDraftModel };
+// `speculative.ngram`: prompt lookup over the request's own tokens.
+struct ngram_spec_section {
+  int32_t min_match = 1;       // shortest suffix n-gram that may match
+  int32_t max_match = 4;       // longest suffix n-gram tried first
+  int32_t max_tree_width = 1;  // > 1: several distinct continuations become a draft tree
+};
+// `speculative.draft_model`: exactly one of `path` (a checkpoint with the target's vocabulary)
+// or `synthetic: {num_layers: N}` (the target's first N layers, same embedding and head).
+struct draft_model_spec_section {
+  std::string path;
+  int32_t synthetic_num_layers = 0;  // > 0 when `synthetic` is given
+};
 struct speculative_section {
   speculative_algorithm algorithm = speculative_algorithm::kNone;
   int32_t num_draft_tokens = 4;
+  ngram_spec_section ngram;
+  draft_model_spec_section draft_model;
+  // Back-off: below this acceptance rate (over the recent rounds) a request drafts less.
+  double min_accept_rate = 0.3;
 };
 
 struct server_section {

@@ -75,6 +75,12 @@ struct commit_op {
   int32_t accepted_step = -1;
 };
 
+struct kv_move_op {
+  int32_t req_slot = -1;
+  int32_t from_pos = 0;
+  int32_t to_pos = 0;
+};
+
 struct step_plan {
   uint64_t step_id = 0;
   uint8_t mode = 0;  // hyserve::worker::forward_mode as a byte; validated by the worker
@@ -83,8 +89,17 @@ struct step_plan {
   bool want_logprobs = false;
   std::vector<plan_row> rows;
   std::vector<int32_t> free_req_slots;  // request slots released (their req→token rows reset)
-  std::vector<commit_op> commits;
+  std::vector<commit_op> commits;        // target model: keep the accepted step of a verify row
+  // Draft model (speculative draft_model): keep the accepted draft step. Travels in an optional
+  // trailing extension (tag kPlanExtensionSpec) present only when non-empty; plans without it
+  // are unchanged.
+  std::vector<commit_op> draft_commits;
+  // Tree drafts: KV entries of the accepted path moved from node order to depth order (target
+  // model, every attention layer), applied after the commits. Same extension.
+  std::vector<kv_move_op> kv_moves;
 };
+
+inline constexpr uint8_t kPlanExtensionSpec = 1;
 
 struct row_result {
   int64_t request_id = -1;

@@ -45,4 +45,32 @@ struct conv1d_update_params {
 void run_cpu(const conv1d_update_params& p);
 void run_cuda(const conv1d_update_params& p, void* stream = nullptr);
 
+// Multi-token update with per-step windows (TargetVerify, Draft): row b consumes tokens_per_row
+// tokens (rows of x: b·T + t). conv_states is only read; the window after token t of row b is
+// written to step_windows[b, first_step[b] + t]. Token t continues the window after its parent
+// (retrieve_parent[b, t]; -1 = the row's start window), or after token t-1 when retrieve_parent
+// is null. The start window is the slot's when first_step[b] == 0, else
+// step_windows[b, first_step[b] - 1].
+struct conv1d_update_multi_params {
+  const float* __restrict__ x = nullptr;       // [batch · tokens_per_row, dim], row stride x_stride
+  const float* __restrict__ weight = nullptr;  // [dim, K]
+  const float* __restrict__ bias = nullptr;    // [dim]; null = no bias
+  float* __restrict__ out = nullptr;           // [batch · tokens_per_row, dim], row stride out_stride
+  const int32_t* __restrict__ state_indices = nullptr;  // [batch]; -1 = padding row (skipped)
+  const float* conv_states = nullptr;          // [n_slots + 1, dim, K-1]; read only
+  float* step_windows = nullptr;               // [batch, steps, dim, K-1]
+  const int32_t* retrieve_parent = nullptr;    // [batch, tokens_per_row]; null = chain
+  const int32_t* first_step = nullptr;         // [batch]; null = all 0
+  int64_t batch = 0;
+  int64_t dim = 0;
+  int64_t width = 0;
+  int64_t tokens_per_row = 1;
+  int64_t steps = 1;
+  int64_t x_stride = 0, out_stride = 0;
+  bool silu = true;
+};
+
+void run_cpu(const conv1d_update_multi_params& p);
+void run_cuda(const conv1d_update_multi_params& p, void* stream = nullptr);
+
 }  // namespace hyserve::kernels

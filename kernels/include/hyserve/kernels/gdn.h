@@ -53,4 +53,20 @@ struct gdn_state_update_params : gdn_common_params {};
 void run_cpu(const gdn_state_update_params& p);
 void run_cuda(const gdn_state_update_params& p, void* stream = nullptr);
 
+// Multi-token recurrent update with per-step states (TargetVerify, Draft): row b consumes
+// tokens_per_row tokens. states is only read; the state after token t of row b goes to
+// step_states[b, first_step[b] + t]; token t starts from its parent's state (retrieve_parent,
+// -1 = the row's start) or token t-1's (chain, retrieve_parent null). The row's start is its
+// slot's state when first_step[b] == 0, else step_states[b, first_step[b] - 1].
+struct gdn_state_update_multi_params : gdn_common_params {
+  float* step_states = nullptr;              // [batch, steps, HV, V, K]
+  const int32_t* retrieve_parent = nullptr;  // [batch, tokens_per_row]; null = chain
+  const int32_t* first_step = nullptr;       // [batch]; null = all 0
+  int64_t tokens_per_row = 1;
+  int64_t steps = 1;
+};
+
+void run_cpu(const gdn_state_update_multi_params& p);
+void run_cuda(const gdn_state_update_multi_params& p, void* stream = nullptr);
+
 }  // namespace hyserve::kernels

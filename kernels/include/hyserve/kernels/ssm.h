@@ -54,4 +54,43 @@ struct selective_state_update_params : ssm_common_params {};
 void run_cpu(const selective_state_update_params& p);
 void run_cuda(const selective_state_update_params& p, void* stream = nullptr);
 
+// Multi-token update with per-step states (TargetVerify, Draft). Row b consumes tokens_per_row
+// tokens (tokens b·T .. b·T + T-1, T = tokens_per_row). The persistent state in ssm_states is
+// only read: the state after token t of row b is written to step_states[b, first_step[b] + t].
+// Token t starts from the state after its parent node (retrieve_parent[b, t]; -1 = the row's
+// start state), or after token t-1 when retrieve_parent is null (a chain). The row's start state
+// is its slot's state when first_step[b] == 0, else step_states[b, first_step[b] - 1] (a Draft
+// step continues the previous draft step of the same row). Parents precede their children.
+struct selective_state_update_multi_params : ssm_common_params {
+  float* step_states = nullptr;              // [batch, steps, heads, head_dim, d_state]
+  const int32_t* retrieve_parent = nullptr;  // [batch, tokens_per_row]; null = chain
+  const int32_t* first_step = nullptr;       // [batch]; null = all 0
+  int64_t tokens_per_row = 1;
+  int64_t steps = 1;  // step columns per row; first_step[b] + tokens_per_row <= steps
+};
+
+void run_cpu(const selective_state_update_multi_params& p);
+void run_cuda(const selective_state_update_multi_params& p, void* stream = nullptr);
+
+// Fused commit of accepted speculative steps: for every commit i and every recurrent layer l,
+//   ssm_states[l][slots[i]]  = ssm_steps[l][rows[i], steps_taken[i]]
+//   conv_states[l][slots[i]] = conv_steps[l][rows[i], steps_taken[i]]
+// in one launch. The per-layer pointer arrays are host arrays (n_layers entries) of pointers on
+// the op's device; slots, rows and steps_taken live on the op's device. A slot < 0 is skipped.
+struct state_commit_params {
+  int64_t n_layers = 0;
+  float* const* ssm_states = nullptr;        // [n_layers] → [n_slots + 1, state_elems]
+  const float* const* ssm_steps = nullptr;   // [n_layers] → [rows, steps, state_elems]
+  float* const* conv_states = nullptr;       // [n_layers] → [n_slots + 1, conv_elems]; null = none
+  const float* const* conv_steps = nullptr;  // [n_layers] → [rows, steps, conv_elems]
+  int64_t state_elems = 0, conv_elems = 0, steps = 0;
+  const int32_t* slots = nullptr;        // [n_commits]
+  const int32_t* rows = nullptr;         // [n_commits]
+  const int32_t* steps_taken = nullptr;  // [n_commits] step column to keep
+  int64_t n_commits = 0;
+};
+
+void run_cpu(const state_commit_params& p);
+void run_cuda(const state_commit_params& p, void* stream = nullptr);
+
 }  // namespace hyserve::kernels

@@ -20,6 +20,8 @@ struct model_context {
   req_to_token_pool* req_to_token = nullptr;  // token position → flat KV location
   kv_cache* kv = nullptr;                     // one layer cache per attention layer, in layer order
   mamba_state_cache* mamba = nullptr;         // one layer state per SSM layer, in layer order
+  // TargetVerify / Draft: per-step states, slot index = row · steps + step (DESIGN.md §4).
+  mamba_state_cache* mamba_steps = nullptr;
 };
 
 // What decode attention read in one step (DESIGN.md §7), summed over the step's rows; the same
@@ -75,5 +77,12 @@ class model {
 // tp = 1.
 std::unique_ptr<model> make_model(const service_config& cfg, const model_config& mc, tp_placement tp,
                                   collective* comm, const kernels::exec_context& ctx = {});
+
+// The draft model of speculative.algorithm = draft_model (null for other algorithms): the
+// checkpoint at speculative.draft_model.path, or the target (mc, same weights) cut to its first
+// speculative.draft_model.synthetic.num_layers layers. Throws config_error naming the field when
+// it cannot serve as a draft (vocabulary differs, more layers than the target).
+std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_config& mc, tp_placement tp,
+                                        collective* comm, const kernels::exec_context& ctx = {});
 
 }  // namespace hyserve::worker

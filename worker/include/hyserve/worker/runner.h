@@ -25,6 +25,11 @@ class runner {
   runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault = {});
   ~runner();
 
+  // Speculative decoding with a draft model: Draft and DraftExtend plans run on it, and it
+  // follows every Extend / Mixed / Decode plan of the target so its cache covers the same tokens.
+  // Its pools mirror the target's (same slots and page numbers).
+  void set_draft_model(std::unique_ptr<model> draft, const cache_section& cache);
+
   wire::hello capacity(int32_t dp_rank) const;
   // Never throws for a bad plan or a failed step: the result carries ok = false and the message.
   wire::step_result execute(const wire::step_plan& plan);
@@ -41,6 +46,8 @@ class runner {
   int32_t page_size_ = 16;
   int32_t max_requests_ = 0;
   state_pools pools_;
+  std::unique_ptr<model> draft_;
+  state_pools draft_pools_;
 };
 
 }  // namespace hyserve::worker

@@ -4,6 +4,7 @@
 // device memory. The offline engine and the plan runner both own one.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "hyserve/common/config.h"
 #include "hyserve/worker/collective.h"
@@ -17,8 +18,24 @@ struct state_pools {
   std::unique_ptr<kv_cache> kv;
   std::unique_ptr<mamba_state_cache> recurrent;
   int32_t num_pages = 0;
+  // Per-step SSM/conv states of TargetVerify and Draft steps: [rows · steps] entries per layer,
+  // grown on demand (ensure_steps) and read by the commit of the next plan.
+  std::unique_ptr<mamba_state_cache> steps;
+  int32_t step_rows = 0, step_cols = 0;
+  int32_t recurrent_layers = 0;
+  int32_t attn_layers = 0;  // layout of the last verify/draft step that wrote them
 
-  model_context context() const { return model_context{req_to_token.get(), kv.get(), recurrent.get()}; }
+  model_context context() const {
+    return model_context{req_to_token.get(), kv.get(), recurrent.get(), steps.get()};
+  }
+  // Makes room for rows × cols per-step states and records that layout.
+  void ensure_steps(int32_t rows, int32_t cols, device_kind device);
+  // Copies step `step` of row `row` (of the last verify/draft layout) into each slot, every layer.
+  void commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,
+                    const std::vector<int32_t>& step, const kernels::exec_context& ctx);
+  // Copies the K and V of token position `from` of request slot req_slot to position `to`, in
+  // every attention layer (tree drafts: the accepted path moves to its depths).
+  void move_kv(int32_t req_slot, int32_t from, int32_t to, const kernels::exec_context& ctx);
 };
 
 // Allocates the pools on the model's device. With comm set (a tensor-parallel group), the ranks

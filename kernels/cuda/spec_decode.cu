@@ -1,0 +1,352 @@
+// Speculative-decoding ops on CUDA: multi-token SSM / conv / GDN updates with per-step states
+// in scratch (chain or tree parents), and the fused commit of accepted steps over every layer.
+// Same contract as kernels/cpu/spec_decode.cpp. float activations and states.
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+#include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/causal_conv1d.h"
+#include "hyserve/kernels/gdn.h"
+#include "hyserve/kernels/ssm.h"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxCommitLayers = 32;  // layer pointers passed by value per launch
+
+__device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+__device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
+__device__ __forceinline__ float silu_d(float v) { return v / (1.0f + expf(-v)); }
+
+// Step column token t of row b starts from; -1 = the slot's persistent state.
+__device__ __forceinline__ int64_t start_column(const int32_t* parent, const int32_t* first_step, int64_t b,
+                                                int64_t t, int64_t T) {
+  const int64_t f = first_step != nullptr ? first_step[b] : 0;
+  const int64_t q = parent != nullptr ? parent[b * T + t] : t - 1;
+  return q >= 0 ? f + q : f - 1;
+}
+
+// Block = (head h, row b); thread = one head_dim row of the state (loops over d_state).
+// Tokens of the row run in order; each first copies its start state into its step column.
+__global__ void ssm_update_multi_kernel(const selective_state_update_multi_params p) {
+  const int64_t h = blockIdx.x, b = blockIdx.y;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;
+  const int64_t P = p.head_dim, N = p.d_state, T = p.tokens_per_row;
+  const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
+  const int64_t g = h / (p.heads / p.n_groups);
+  const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+  const float* xs = static_cast<const float*>(p.x);
+  const float* dts = static_cast<const float*>(p.dt);
+  const float* Bs = static_cast<const float*>(p.B);
+  const float* Cs = static_cast<const float*>(p.C);
+  float* ys = static_cast<float*>(p.y);
+  const float* slot_state = static_cast<const float*>(p.ssm_states);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tok = b * T + t;
+    const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+    const float* src = src_col < 0 ? slot_state + slot * state_elems + h * head_elems
+                                   : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
+    float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
+    float v = dts[tok * p.dt_stride + h] + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
+    if (p.dt_softplus) v = softplus_d(v);
+    const float dt = fminf(fmaxf(v, p.dt_min), p.dt_max);
+    const float decay = expf(dt * -expf(p.A_log[h]));
+    const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+    const float* bv = Bs + tok * p.bc_stride + g * N;
+    const float* cv = Cs + tok * p.bc_stride + g * N;
+    for (int64_t pi = threadIdx.x; pi < P; pi += blockDim.x) {
+      const float xv = xs[tok * p.x_stride + h * P + pi];
+      const float coef = dt * xv;
+      float out = 0.0f;
+      for (int64_t n = 0; n < N; ++n) {
+        const float s = src[pi * N + n] * decay + coef * bv[n];
+        S[pi * N + n] = s;
+        out += s * cv[n];
+      }
+      ys[tok * p.y_stride + h * P + pi] = out + d_skip * xv;
+    }
+    __syncthreads();  // a later token may start from this one's state
+  }
+}
+
+// Thread = (row b, channel c); tokens of the row in order.
+__global__ void conv_update_multi_kernel(const conv1d_update_multi_params p) {
+  const int64_t b = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.dim) return;
+  const int32_t slot = p.state_indices[b];
+  if (slot < 0) return;
+  const int64_t K = p.width, W = K - 1, T = p.tokens_per_row, win = p.dim * W;
+  const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tok = b * T + t;
+    const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+    const float* src = W == 0 ? nullptr
+                       : src_col < 0 ? p.conv_states + static_cast<int64_t>(slot) * win
+                                     : p.step_windows + (b * p.steps + src_col) * win;
+    const float xv = p.x[tok * p.x_stride + c];
+    float acc = p.bias != nullptr ? p.bias[c] : 0.0f;
+    for (int64_t j = 0; j < W; ++j) acc += p.weight[c * K + j] * src[c * W + j];
+    acc += p.weight[c * K + W] * xv;
+    p.out[tok * p.out_stride + c] = p.silu ? silu_d(acc) : acc;
+    if (W == 0) continue;
+    float* dst = p.step_windows + (b * p.steps + f + t) * win + c * W;
+    for (int64_t j = 0; j + 1 < W; ++j) dst[j] = src[c * W + j + 1];
+    dst[W - 1] = xv;
+  }
+}
+
+// Block = (value head h, row b); thread = one value row e of the state (loops over K). The
+// normalised q and k of the token are staged in shared memory.
+__global__ void gdn_update_multi_kernel(const gdn_state_update_multi_params p, float scale) {
+  extern __shared__ float sh[];  // q [K] | k [K] | norms [2]
+  const int64_t h = blockIdx.x, b = blockIdx.y;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;
+  const int64_t K = p.k_dim, V = p.v_dim, T = p.tokens_per_row;
+  const int64_t head_elems = V * K, state_elems = p.heads_v * head_elems;
+  const int64_t hk = h / (p.heads_v / p.heads_k);
+  const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+  float* q = sh;
+  float* k = sh + K;
+  float* norms = sh + 2 * K;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tok = b * T + t;
+    if (threadIdx.x == 0) {
+      double sq = 0.0, sk = 0.0;
+      for (int64_t x = 0; x < K; ++x) {
+        const double qv = p.q[tok * p.q_stride + hk * K + x], kv = p.k[tok * p.k_stride + hk * K + x];
+        sq += qv * qv;
+        sk += kv * kv;
+      }
+      norms[0] = p.qk_l2norm ? static_cast<float>(static_cast<double>(scale) / sqrt(sq + 1e-6)) : scale;
+      norms[1] = p.qk_l2norm ? static_cast<float>(1.0 / sqrt(sk + 1e-6)) : 1.0f;
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < K; x += blockDim.x) {
+      q[x] = p.q[tok * p.q_stride + hk * K + x] * norms[0];
+      k[x] = p.k[tok * p.k_stride + hk * K + x] * norms[1];
+    }
+    __syncthreads();
+    const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+    const float* src = src_col < 0 ? p.states + slot * state_elems + h * head_elems
+                                   : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
+    float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
+    const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+    const float decay = expf(-expf(p.A_log[h]) * softplus_d(p.a[tok * p.a_stride + h] + bias));
+    const float beta = sigmoid_d(p.b[tok * p.b_stride + h]);
+    for (int64_t e = threadIdx.x; e < V; e += blockDim.x) {
+      float pred = 0.0f;
+      for (int64_t x = 0; x < K; ++x) {
+        const float s = src[e * K + x] * decay;
+        S[e * K + x] = s;
+        pred += s * k[x];
+      }
+      const float delta = beta * (p.v[tok * p.v_stride + h * V + e] - pred);
+      float out = 0.0f;
+      for (int64_t x = 0; x < K; ++x) {
+        const float s = S[e * K + x] + delta * k[x];
+        S[e * K + x] = s;
+        out += s * q[x];
+      }
+      p.out[tok * p.out_stride + h * V + e] = out;
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kTreeMaxHeadDim = 256;
+
+// One warp per (query node, head): keys in order with an online softmax; lanes split head_dim.
+__global__ void tree_attention_kernel(const paged_attention_tree_params p) {
+  const int64_t t = blockIdx.x;  // packed query index relative to query_start_loc[0]
+  const int64_t h = blockIdx.y;
+  const int lane = threadIdx.x;
+  const int64_t Dn = p.tree_nodes, D = p.head_dim;
+  const int64_t b = t / Dn, k = t % Dn;
+  const int64_t prefix = p.seq_lens[b] - Dn;
+  const int64_t kv_row = p.kv_heads * D, kvh = h / (p.q_heads / p.kv_heads);
+  const int32_t* pages = p.page_table + b * p.page_table_stride;
+  const int64_t qt = p.query_start_loc[b] + k;
+  const float* q = p.q + qt * p.q_stride + h * D;
+  constexpr int kPer = kTreeMaxHeadDim / 32;
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t d = lane + 32 * i;
+    qv[i] = d < D ? q[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  // Ancestor set of node k as a bitmask over at most 128 nodes.
+  uint32_t anc[4] = {0, 0, 0, 0};
+  for (int64_t a = k; a >= 0; a = p.retrieve_parent[b * Dn + a]) anc[a / 32] |= 1u << (a % 32);
+  float m = -INFINITY, denom = 0.0f;
+  for (int64_t s = 0; s <= prefix + k; ++s) {
+    if (s >= prefix) {
+      const int64_t a = s - prefix;
+      if (!(anc[a / 32] & (1u << (a % 32)))) continue;
+    }
+    const int64_t off = (static_cast<int64_t>(pages[s / p.page_size]) * p.page_size + s % p.page_size) * kv_row + kvh * D;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) dot += qv[i] * static_cast<const float*>(p.k_cache)[off + d];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float score = dot * p.scale;
+    const float m_new = fmaxf(m, score);
+    const float corr = expf(m - m_new), w = expf(score - m_new);
+    denom = denom * corr + w;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) acc[i] = acc[i] * corr + w * static_cast<const float*>(p.v_cache)[off + d];
+    }
+    m = m_new;
+  }
+  float* out = p.out + qt * p.out_stride + h * D;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (d < D) out[d] = acc[i] / denom;
+  }
+}
+
+struct commit_layers {
+  float* ssm_states[kMaxCommitLayers];
+  const float* ssm_steps[kMaxCommitLayers];
+  float* conv_states[kMaxCommitLayers];
+  const float* conv_steps[kMaxCommitLayers];
+};
+
+// Block = (commit i, layer l of this launch's batch); threads copy the state then the window.
+__global__ void commit_kernel(const commit_layers L, const int32_t* slots, const int32_t* rows,
+                              const int32_t* steps_taken, int64_t steps, int64_t state_elems, int64_t conv_elems) {
+  const int64_t i = blockIdx.x, l = blockIdx.y;
+  const int64_t slot = slots[i];
+  if (slot < 0) return;
+  const int64_t col = static_cast<int64_t>(rows[i]) * steps + steps_taken[i];
+  const float* s_src = L.ssm_steps[l] + col * state_elems;
+  float* s_dst = L.ssm_states[l] + slot * state_elems;
+  for (int64_t e = threadIdx.x; e < state_elems; e += blockDim.x) s_dst[e] = s_src[e];
+  if (L.conv_states[l] == nullptr) return;
+  const float* c_src = L.conv_steps[l] + col * conv_elems;
+  float* c_dst = L.conv_states[l] + slot * conv_elems;
+  for (int64_t e = threadIdx.x; e < conv_elems; e += blockDim.x) c_dst[e] = c_src[e];
+}
+
+}  // namespace
+}  // namespace cuda_detail
+
+using namespace cuda_detail;
+
+void run_cuda(const selective_state_update_multi_params& p, void* stream) {
+  constexpr const char* op = "selective_state_update_multi";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.y, op, "y");
+  require_ptr(p.ssm_states, op, "ssm_states");
+  require_ptr(p.step_states, op, "step_states");
+  require_ptr(p.state_indices, op, "state_indices");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.heads, op, "heads");
+  require_positive(p.n_groups, op, "n_groups");
+  require_positive(p.tokens_per_row, op, "tokens_per_row");
+  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "must be float32 (speculative steps)");
+  if (p.state_dtype != dtype::kF32)
+    fail(op, "state_dtype", dtype_name(p.state_dtype), "must be float32 (speculative steps)");
+  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  ssm_update_multi_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void run_cuda(const conv1d_update_multi_params& p, void* stream) {
+  constexpr const char* op = "causal_conv1d_update_multi";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.weight, op, "weight");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.state_indices, op, "state_indices");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.dim, op, "dim");
+  require_positive(p.width, op, "width");
+  require_positive(p.tokens_per_row, op, "tokens_per_row");
+  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.dim, kThreads)), static_cast<unsigned>(p.batch));
+  conv_update_multi_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void run_cuda(const gdn_state_update_multi_params& p, void* stream) {
+  constexpr const char* op = "gdn_state_update_multi";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.states, op, "states");
+  require_ptr(p.step_states, op, "step_states");
+  require_ptr(p.state_indices, op, "state_indices");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.heads_k, op, "heads_k");
+  require_positive(p.heads_v, op, "heads_v");
+  require_positive(p.tokens_per_row, op, "tokens_per_row");
+  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.k_dim));
+  const dim3 grid(static_cast<unsigned>(p.heads_v), static_cast<unsigned>(p.batch));
+  const size_t shared = static_cast<size_t>(2 * p.k_dim + 2) * sizeof(float);
+  gdn_update_multi_kernel<<<grid, kThreads, shared, as_stream(stream)>>>(p, scale);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void run_cuda(const state_commit_params& p, void* stream) {
+  constexpr const char* op = "state_commit";
+  require_non_negative(p.n_layers, op, "n_layers");
+  require_non_negative(p.n_commits, op, "n_commits");
+  if (p.n_layers == 0 || p.n_commits == 0) return;
+  require_ptr(p.ssm_states, op, "ssm_states");
+  require_ptr(p.ssm_steps, op, "ssm_steps");
+  require_ptr(p.slots, op, "slots");
+  require_ptr(p.rows, op, "rows");
+  require_ptr(p.steps_taken, op, "steps_taken");
+  require_positive(p.steps, op, "steps");
+  const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
+  // One launch covers every layer unless there are more than kMaxCommitLayers of them.
+  for (int64_t l0 = 0; l0 < p.n_layers; l0 += kMaxCommitLayers) {
+    const int64_t n = std::min<int64_t>(kMaxCommitLayers, p.n_layers - l0);
+    commit_layers L{};
+    for (int64_t l = 0; l < n; ++l) {
+      L.ssm_states[l] = p.ssm_states[l0 + l];
+      L.ssm_steps[l] = p.ssm_steps[l0 + l];
+      L.conv_states[l] = conv ? p.conv_states[l0 + l] : nullptr;
+      L.conv_steps[l] = conv ? p.conv_steps[l0 + l] : nullptr;
+    }
+    const dim3 grid(static_cast<unsigned>(p.n_commits), static_cast<unsigned>(n));
+    commit_kernel<<<grid, 256, 0, as_stream(stream)>>>(L, p.slots, p.rows, p.steps_taken, p.steps, p.state_elems,
+                                                       p.conv_elems);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void run_cuda(const paged_attention_tree_params& p, void* stream) {
+  constexpr const char* op = "paged_attention_tree";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.retrieve_parent, op, "retrieve_parent");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.q_heads, op, "q_heads");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.tree_nodes, op, "tree_nodes");
+  if (p.tree_nodes > 128) fail(op, "tree_nodes", p.tree_nodes, "must be <= 128");
+  if (p.kv_dtype != dtype::kF32) fail(op, "kv_dtype", dtype_name(p.kv_dtype), "must be float32 (tree drafts)");
+  if (p.head_dim < 1 || p.head_dim > kTreeMaxHeadDim) fail(op, "head_dim", p.head_dim, "must be in [1, 256]");
+  const dim3 grid(static_cast<unsigned>(p.batch * p.tree_nodes), static_cast<unsigned>(p.q_heads));
+  tree_attention_kernel<<<grid, 32, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace hyserve::kernels
