@@ -6,6 +6,7 @@
 // pattern where the CPU left it). Plain C++: device memory through cuda/device_buffer.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -79,6 +80,46 @@ inline void expect_match(const std::vector<float>& got, const std::vector<float>
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements differ (atol " << atol << ", rtol "
                      << rtol << "); worst at " << worst << ": cuda " << got[worst] << ", cpu " << want[worst];
+  EXPECT_GT(checked, 0u) << what << ": the CPU op wrote nothing (vacuous comparison)";
+}
+
+// Outputs of a bf16 tensor-core pipeline (inputs and intermediate products rounded to bf16 in
+// an order the CPU op does not share): like expect_match, except that a few elements — at most
+// max(2, n / 100000) — may exceed atol + rtol·|want| (a cancellation amplifies one rounding),
+// but none may exceed 0.1 + 0.1·|want|, and the relative L2 error over all elements must stay
+// within 1e-2.
+inline void expect_match_bf16_pipeline(const std::vector<float>& got, const std::vector<float>& want, double atol,
+                                       double rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t loose = 0, hard = 0, worst = 0, checked = 0;
+  double worst_err = -1.0, diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (is_poison(want[i])) {
+      if (!is_poison(got[i])) ++hard;  // written where the CPU op wrote nothing
+      continue;
+    }
+    ++checked;
+    const double w = want[i], g = got[i];
+    if (!std::isfinite(g)) {
+      ++hard;
+      continue;
+    }
+    const double err = std::fabs(g - w);
+    diff2 += err * err;
+    ref2 += w * w;
+    if (err > atol + rtol * std::fabs(w)) ++loose;
+    if (err > 0.1 + 0.1 * std::fabs(w)) ++hard;
+    if (err > worst_err) {
+      worst_err = err;
+      worst = i;
+    }
+  }
+  const size_t allowed = std::max<size_t>(2, want.size() / 100000);
+  EXPECT_EQ(hard, 0u) << what << ": " << hard << " elements beyond 0.1 + 0.1·|want| (or NaN, or written where "
+                      << "nothing should be); worst at " << worst << ": cuda " << got[worst] << ", cpu " << want[worst];
+  EXPECT_LE(loose, allowed) << what << ": " << loose << " of " << want.size() << " elements beyond atol " << atol
+                            << " + rtol " << rtol << "·|want| (at most " << allowed << " allowed)";
+  EXPECT_LE(std::sqrt(diff2 / std::max(ref2, 1e-30)), 1e-2) << what << ": relative L2 error";
   EXPECT_GT(checked, 0u) << what << ": the CPU op wrote nothing (vacuous comparison)";
 }
 
