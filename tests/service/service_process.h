@@ -150,11 +150,23 @@ class service_process {
     command_.clear();
     for (const auto& a : args) command_ += (command_.empty() ? "" : " ") + a;
 
-    // Environment: ours, without MPI launcher variables, with OMP_NUM_THREADS=1.
+    // Environment: ours, without the per-job variables an enclosing launcher sets (rank, world,
+    // PMIx and runtime wiring), with OMP_NUM_THREADS=1. Site and user MPI configuration
+    // (OMPI_MCA_* such as plm_rsh_agent or btl choices, OMPI_ALLOW_RUN_AS_ROOT*) stays: a machine
+    // whose mpirun needs it to launch locally must get it here too.
     std::vector<std::string> env;
+    auto per_job = [](std::string_view kv) {
+      if (kv.starts_with("PMIX_") || kv.starts_with("OMP_NUM_THREADS=")) return true;
+      if (!kv.starts_with("OMPI_")) return false;
+      if (kv.starts_with("OMPI_ALLOW_RUN_AS_ROOT")) return false;
+      if (kv.starts_with("OMPI_MCA_"))
+        return kv.starts_with("OMPI_MCA_ess") || kv.starts_with("OMPI_MCA_orte") || kv.starts_with("OMPI_MCA_pmix") ||
+               kv.starts_with("OMPI_MCA_initial_wdir") || kv.starts_with("OMPI_MCA_mpi_oversubscribe");
+      return true;  // OMPI_COMM_WORLD_*, OMPI_UNIVERSE_SIZE, OMPI_FIRST_RANKS, ...
+    };
     for (char** e = environ; e && *e; ++e) {
       const std::string_view kv(*e);
-      if (kv.starts_with("OMPI_") || kv.starts_with("PMIX_") || kv.starts_with("OMP_NUM_THREADS=")) continue;
+      if (per_job(kv)) continue;
       env.emplace_back(kv);
     }
     env.emplace_back("OMP_NUM_THREADS=1");
