@@ -26,8 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/check.h"
-#include "cuda/device_buffer.h"
+#include "bench_util.cuh"
 #include "cuda/ssd_scan_paths.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
@@ -38,100 +37,14 @@
 namespace hyserve::kernels {
 namespace {
 
-constexpr int kCallsPerGraph = 32;
-constexpr int kReplays = 10;
-constexpr size_t kRotateBytes = size_t{256} << 20;  // > L2 (50 MB on H200) several times over
+using bench::copy_bandwidth;
+using bench::random_device;
+using bench::random_device_hash;
+using bench::sets_for;
+using bench::time_call_us;
+using row = bench::bench_row;
+
 constexpr int kBatches[] = {1, 16, 64, 256};
-
-// Median of kReplays timings (ms) of fn() run on stream.
-float median_ms(cudaStream_t stream, const std::function<void()>& fn) {
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> t;
-  for (int r = 0; r < kReplays + 2; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 2) t.push_back(ms);  // the first two are warm-up
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Device-to-device copy bandwidth, bytes read + written per second.
-double copy_bandwidth(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  device_buffer a(bytes), b(bytes);
-  a.fill_bytes(1);
-  const float ms = median_ms(stream, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
-}
-
-// Per-call time (µs) of call(set) over kCallsPerGraph calls rotating over n_sets sets,
-// captured once in a graph and replayed.
-double time_call_us(cudaStream_t stream, int n_sets, const std::function<void(int)>& call) {
-  for (int s = 0; s < n_sets; ++s) call(s);  // warm-up outside the capture: module load, caches
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < kCallsPerGraph; ++i) call(i % n_sets);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = median_ms(stream, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / kCallsPerGraph;
-}
-
-int sets_for(size_t bytes_per_set) {
-  return static_cast<int>(std::clamp<size_t>(kRotateBytes / std::max<size_t>(bytes_per_set, 1), 1, 64));
-}
-
-device_array<float> random_device(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return device_array<float>(v);
-}
-
-// Uniform [lo, hi) from a per-element hash, generated on the device: the long-context caches
-// (gigabytes) would take minutes through the host generator.
-__global__ void fill_hash_kernel(float* out, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed * 0x85EBCA77u;
-    h ^= h >> 16;
-    h *= 0x7FEB352Du;
-    h ^= h >> 15;
-    h *= 0x846CA68Bu;
-    h ^= h >> 16;
-    out[i] = lo + (hi - lo) * static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
-  }
-}
-
-device_array<float> random_device_hash(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  device_array<float> a(n);
-  fill_hash_kernel<<<1024, 256>>>(a.data(), n, seed, lo, hi);
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  return a;
-}
-
-struct row {
-  std::string op, shape;
-  int batch;
-  double us, bytes;
-};
 
 // Random values of element type t (f32, or bf16 rounded to nearest even) as raw device bytes.
 device_array<uint8_t> random_typed(size_t n, uint32_t seed, hyserve::dtype t, float lo = -1.0f, float hi = 1.0f) {
@@ -398,13 +311,10 @@ int main(int argc, char** argv) {
   };
   auto want = [&](const char* op) { return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end(); };
   try {
-    cudaDeviceProp prop{};
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const double copy_bw = copy_bandwidth(stream);
-    std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0);
-    std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n\n", copy_bw / 1e9);
+    bench::print_device(copy_bw);
 
     std::vector<row> rows;
     const auto ssm_io = ssm_type_list(ssm_io_arg, "--ssm-io");
@@ -432,13 +342,7 @@ int main(int argc, char** argv) {
     }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
 
-    std::printf("%-18s %-32s %6s %12s %12s %10s %8s\n", "op", "shape", "batch", "time_us", "MB_moved", "GB/s",
-                "%copy");
-    for (const row& r : rows) {
-      const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
-      std::printf("%-18s %-32s %6d %12.2f %12.2f %10.1f %7.1f%%\n", r.op.c_str(), r.shape.c_str(), r.batch, r.us,
-                  r.bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw);
-    }
+    bench::print_rows(rows, copy_bw);
     CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hyserve-bench-cuda: %s\n", e.what());
