@@ -8,13 +8,16 @@
 // Selection: one launch for the whole batch, grid (slice, row), 256 threads. Every block
 // decides the row's plan on the device (plan_sparse_row, the CPU op's rule); a dense row is
 // copied by its slice 0. For a sparse row, each block computes q̄ (mean of each kv group's
-// query heads) in shared memory and scores its slice of the middle pages, one page per warp
-// at a time, 16-byte loads of key_min/key_max; scores go to a workspace. The last block of the
-// row to finish (atomic counter after a fence, the threadfence-reduction pattern) selects:
-// radix select over order-preserving 32-bit keys (4 passes of 8 bits, shared-memory
-// histograms) finds the n_top-th largest score T and how many equal T must be taken; a
-// segmented block scan then writes the chosen pages in ascending order, ties to the lower
-// index. No host synchronisation: the workspace is stream-ordered (cudaMallocAsync), so the
+// query heads) in shared memory and scores its slice of the middle pages: a page is scored by
+// a group of `lanes` threads (the power of two nearest above its summary's float4 count, at
+// most a warp), so a warp scores 32 / lanes pages at once with 16-byte loads of key_min/key_max
+// and small summaries are not latency-bound; scores go to a workspace. The last block of the
+// row to finish (atomic counter after a fence, the threadfence-reduction pattern) selects: the
+// row's scores are turned into order-preserving 32-bit keys, in shared memory when the row fits
+// (kMaxSmemKeys), then radix select (4 passes of 8 bits; shared-memory histogram, warp-
+// aggregated with __match_any_sync so keys that share a digit do not serialise) finds the
+// n_top-th largest score T and how many equal T must be taken; a segmented block scan then
+// writes the chosen pages in ascending order, ties to the lower index. No host synchronisation: the workspace is stream-ordered (cudaMallocAsync), so the
 // op can be captured in a CUDA graph.
 #include <algorithm>
 #include <string>
@@ -30,6 +33,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxSmemKeys = 16384;  // a row's keys kept in shared memory up to this many pages
 
 // ---- page summaries ----
 
@@ -111,8 +115,10 @@ __device__ int block_exclusive_scan(int v, int* total) {
 }
 
 // The last block of a sparse row: picks n_top of the n_mid scores and writes the compact row.
+// s_keys: shared memory for the row's keys (n_mid ≤ its capacity), or null to read the scores
+// from global memory in every pass.
 __device__ void select_row(const sparse_select_params& p, const sparse_row_plan& plan, int64_t b, int64_t len,
-                           const float* scores) {
+                           const float* scores, unsigned* s_keys) {
   __shared__ int s_hist[256];
   __shared__ unsigned s_digit;
   __shared__ int s_above;
@@ -121,18 +127,31 @@ __device__ void select_row(const sparse_select_params& p, const sparse_row_plan&
   int32_t* out = p.out_page_table + b * p.out_page_table_stride;
   const int n_mid = static_cast<int>(plan.n_mid());
   const int K = static_cast<int>(plan.n_top);
+  const bool take_all = K >= n_mid;
+  if (s_keys != nullptr && K > 0 && !take_all) {
+    for (int i = tid; i < n_mid; i += kThreads) s_keys[i] = order_key(__ldcg(scores + i));
+    __syncthreads();
+  }
+  auto key = [&](int i) { return s_keys != nullptr ? s_keys[i] : order_key(__ldcg(scores + i)); };
 
   // Radix select: after the passes, prefix = the K-th largest key T and `remaining` = how many
   // keys equal to T belong to the top K.
   unsigned prefix = 0, mask = 0;
   int remaining = K;
-  if (K > 0 && K < n_mid) {
+  if (K > 0 && !take_all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       s_hist[tid] = 0;  // kThreads == 256 bins
       __syncthreads();
-      for (int i = tid; i < n_mid; i += kThreads) {
-        const unsigned k = order_key(__ldcg(scores + i));
-        if ((k & mask) == prefix) atomicAdd(&s_hist[(k >> shift) & 255u], 1);
+      // Warp-uniform trip count, so every lane takes part in __match_any_sync.
+      for (int base = warp * 32; base < n_mid; base += kThreads) {
+        const int i = base + lane;
+        unsigned bin = 256u;  // none
+        if (i < n_mid) {
+          const unsigned k = key(i);
+          if ((k & mask) == prefix) bin = (k >> shift) & 255u;
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin != 256u && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
       }
       __syncthreads();
       if (warp == 0) {
@@ -170,7 +189,6 @@ __device__ void select_row(const sparse_select_params& p, const sparse_row_plan&
       __syncthreads();  // s_digit / s_above / s_hist are rewritten by the next pass
     }
   }
-  const bool take_all = K >= n_mid;
 
   // Segment per thread, in index order: count the keys above T and equal to T.
   const int seg = (n_mid + kThreads - 1) / kThreads;
@@ -178,14 +196,14 @@ __device__ void select_row(const sparse_select_params& p, const sparse_row_plan&
   int gt = 0, eq = 0;
   if (K > 0 && !take_all) {
     for (int i = i0; i < i1; ++i) {
-      const unsigned k = order_key(__ldcg(scores + i));
+      const unsigned k = key(i);
       gt += k > prefix;
       eq += k == prefix;
     }
   }
   const int eq_before = block_exclusive_scan(eq, nullptr);
   const int eq_take = min(eq, max(0, remaining - eq_before));
-  const int mine = take_all ? i1 - i0 : gt + eq_take;
+  const int mine = take_all ? i1 - i0 : (K > 0 ? gt + eq_take : 0);
   int total = 0;
   int pos = block_exclusive_scan(mine, &total);
   if (mine > 0) {
@@ -193,7 +211,7 @@ __device__ void select_row(const sparse_select_params& p, const sparse_row_plan&
     for (int i = i0; i < i1; ++i) {
       bool pick = take_all;
       if (!pick) {
-        const unsigned k = order_key(__ldcg(scores + i));
+        const unsigned k = key(i);
         pick = k > prefix || (k == prefix && eq_seen++ < eq_take);
       }
       if (pick) out[plan.n_sink + pos++] = in[plan.n_sink + i];
@@ -206,8 +224,8 @@ __device__ void select_row(const sparse_select_params& p, const sparse_row_plan&
 }
 
 __global__ void __launch_bounds__(kThreads) sparse_select_kernel(const sparse_select_params p, int n_slices,
-                                                                 const select_ws ws) {
-  extern __shared__ float4 s_qbar4[];  // [kv_heads · head_dim / 4]
+                                                                 int lanes, int key_cap, const select_ws ws) {
+  extern __shared__ float4 s_qbar4[];  // [kv_heads · head_dim / 4], then key_cap unsigned keys
   __shared__ bool s_last;
   const int slice = blockIdx.x;
   const int64_t b = blockIdx.y;
@@ -242,27 +260,31 @@ __global__ void __launch_bounds__(kThreads) sparse_select_kernel(const sparse_se
   }
   __syncthreads();
 
-  // Score this slice of the middle pages: one page per warp at a time.
+  // Score this slice of the middle pages: groups of `lanes` threads, one page per group at a
+  // time (lanes is a power of two ≤ 32, so a warp holds 32 / lanes groups).
   const int64_t n_mid = plan.n_mid();
   const int64_t per = (n_mid + n_slices - 1) / n_slices;
   const int64_t m0 = slice * per, m1 = min(n_mid, m0 + per);
   float* scores = ws.scores + b * p.page_table_stride;
   const float4* kmin = reinterpret_cast<const float4*>(p.key_min);
   const float4* kmax = reinterpret_cast<const float4*>(p.key_max);
-  for (int64_t i = m0 + warp; i < m1; i += kWarps) {
-    const int64_t page = in[plan.n_sink + i];
-    const float4* mn = kmin + page * E4;
-    const float4* mx = kmax + page * E4;
+  const int groups = 32 / lanes, group = lane / lanes, gl = lane % lanes;
+  for (int64_t base = m0 + static_cast<int64_t>(warp) * groups; base < m1; base += static_cast<int64_t>(kWarps) * groups) {
+    const int64_t i = base + group;
     float acc = 0.0f;
+    if (i < m1) {
+      const int64_t page = in[plan.n_sink + i];
+      const float4* mn = kmin + page * E4;
+      const float4* mx = kmax + page * E4;
 #pragma unroll 4
-    for (int64_t c = lane; c < E4; c += 32) {
-      const float4 a = __ldg(mn + c), z = __ldg(mx + c), qb = s_qbar4[c];
-      acc += fmaxf(qb.x * a.x, qb.x * z.x) + fmaxf(qb.y * a.y, qb.y * z.y) + fmaxf(qb.z * a.z, qb.z * z.z) +
-             fmaxf(qb.w * a.w, qb.w * z.w);
+      for (int64_t c = gl; c < E4; c += lanes) {
+        const float4 a = __ldg(mn + c), z = __ldg(mx + c), qb = s_qbar4[c];
+        acc += fmaxf(qb.x * a.x, qb.x * z.x) + fmaxf(qb.y * a.y, qb.y * z.y) + fmaxf(qb.z * a.z, qb.z * z.z) +
+               fmaxf(qb.w * a.w, qb.w * z.w);
+      }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) scores[i] = acc;
+    for (int o = lanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (i < m1 && gl == 0) scores[i] = acc;
   }
 
   // The last block of the row to finish selects.
@@ -273,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) sparse_select_kernel(const sparse_se
   if (!s_last) return;
   __threadfence();
   if (tid == 0) ws.counters[b] = 0;
-  select_row(p, plan, b, len, scores);
+  select_row(p, plan, b, len, scores, n_mid <= key_cap ? reinterpret_cast<unsigned*>(s_qbar4 + E4) : nullptr);
 }
 
 }  // namespace
@@ -313,14 +335,25 @@ void run_cuda(const sparse_select_params& p, void* stream) {
   if (p.batch > kMaxGridY) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
   require_aligned16(p.key_min, op, "key_min");
   require_aligned16(p.key_max, op, "key_max");
-  const size_t smem = static_cast<size_t>(p.kv_heads * p.head_dim) * sizeof(float);
-  if (smem > static_cast<size_t>(max_shared_per_block_optin())) {
+  const size_t qbar_bytes = static_cast<size_t>(p.kv_heads * p.head_dim) * sizeof(float);
+  if (qbar_bytes > static_cast<size_t>(max_shared_per_block_optin())) {
     fail(op, "kv_heads * head_dim", p.kv_heads * p.head_dim, "exceeds the shared memory of a block");
   }
+  // The row's keys live in shared memory when they fit (else the selecting block re-reads the
+  // scores from global memory in every radix pass).
+  int64_t key_cap = std::min(p.page_table_stride, kMaxSmemKeys);
+  if (qbar_bytes + static_cast<size_t>(key_cap) * sizeof(unsigned) > static_cast<size_t>(max_shared_per_block_optin())) {
+    key_cap = 0;
+  }
+  const size_t smem = qbar_bytes + static_cast<size_t>(key_cap) * sizeof(unsigned);
   const cudaStream_t s = as_stream(stream);
-  // Slices per row: about 4 blocks per SM over the batch, each at least 4 pages per warp.
-  const int64_t max_slices = std::max<int64_t>(1, ceil_div(p.page_table_stride, 4 * kWarps));
-  const auto n_slices = static_cast<int>(std::clamp<int64_t>(ceil_div(4 * sm_count(), p.batch), 1, max_slices));
+  // Threads per page: the summary's float4 count rounded up to a power of two, at most a warp.
+  int lanes = 1;
+  while (lanes < 32 && lanes < p.kv_heads * p.head_dim / 4) lanes *= 2;
+  // Slices per row: about 8 blocks per SM over the batch, each scoring at least one page per group.
+  const int64_t pages_per_pass = static_cast<int64_t>(kWarps) * (32 / lanes);
+  const int64_t max_slices = std::max<int64_t>(1, ceil_div(p.page_table_stride, pages_per_pass));
+  const auto n_slices = static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch), 1, max_slices));
   select_ws ws;
   const size_t score_bytes = static_cast<size_t>(p.batch * p.page_table_stride) * sizeof(float);
   void* buf = nullptr;
@@ -330,7 +363,7 @@ void run_cuda(const sparse_select_params& p, void* stream) {
   CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, static_cast<size_t>(p.batch) * sizeof(unsigned), s));
   reserve_dynamic_shared(reinterpret_cast<const void*>(&sparse_select_kernel), smem);
   const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.batch));
-  sparse_select_kernel<<<grid, kThreads, smem, s>>>(p, n_slices, ws);
+  sparse_select_kernel<<<grid, kThreads, smem, s>>>(p, n_slices, lanes, static_cast<int>(key_cap), ws);
   HYSERVE_CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(buf, s));
 }

@@ -303,6 +303,32 @@ TEST(SparseSelectCuda, ManyPagesAndExactTies) {
   }
 }
 
+// Small summaries (several pages scored per warp: 1, 2, 4 or 8 threads per page) and rows longer
+// than the selecting block keeps in shared memory (16384 pages: those re-read their scores from
+// global memory), with and without exact ties.
+TEST(SparseSelectCuda, SmallSummariesAndRowsBeyondSharedMemory) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t D : {4, 8, 16, 32}) {
+    for (bool ties : {false, true}) {
+      select_case c;
+      c.kv_heads = 1;
+      c.q_heads = 4;
+      c.D = D;
+      c.ps = 16;
+      c.lens = {20000 * 16, 20000 * 16 - 3, 8192 * 16, 17 * 16 + 1};
+      c.q_lens = {1, 1, 1, 1};
+      c.page_budget = 256;
+      c.sink = 1;
+      c.recent = 4;
+      c.min_seq_len = 0;
+      c.multi = false;
+      c.integer_scores = ties;
+      run_select_case(c, static_cast<uint32_t>(100 + D + ties),
+                      "D " + std::to_string(D) + (ties ? " exact ties" : "") + ", 20000 pages");
+    }
+  }
+}
+
 TEST(SparseSelectCuda, RejectsBadSeqLens) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   select_case c;
