@@ -1,10 +1,14 @@
 // Gated DeltaNet kernels on the device (Qwen3-Next shapes: 16 key heads, 32 value heads,
 // K = V = 128, fp32 state), as ratios to the copy bandwidth measured in the same run:
 //   - gdn_decode: the recurrent state update at batch 1/16/64/256 (bytes: the state read and
-//     written once per row, plus the token's q, k, v, a, b and output);
+//     written once per row, plus the token's q, k, v, a, b and output), once per decode kernel
+//     (cuda/gdn_paths.cuh): gdn_decode_grid (one block per tile), gdn_decode_persistent and
+//     gdn_decode_persistent8 (resident blocks striding over tiles, next tile prefetched);
 //   - gdn_prefill: the varlen chunked prefill of 16384 tokens as one sequence and as 16 × 1024
 //     (bytes: inputs read and output written once, final states written; the op is
-//     compute-bound, so the time is the figure to compare).
+//     compute-bound, so the time is the figure to compare), once per CUDA path
+//     (cuda/gdn_paths.cuh): gdn_prefill_recurrent (token by token, CUDA cores),
+//     gdn_prefill_tc (chunked on the tensor cores, 3xTF32) and gdn_prefill_tf32 (plain TF32).
 //   hyserve-bench-gdn
 #include <cuda_runtime.h>
 
@@ -12,6 +16,7 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "cuda/gdn_paths.cuh"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/gdn.h"
 
@@ -61,12 +66,14 @@ void bench_decode(cudaStream_t stream, std::vector<bench_row>& rows) {
     device_array<int32_t> slots(slot);
     gdn_state_update_params p;
     fill_common(p, qkv, ab, a_log, dt_bias, out, slots, bs);
-    const double us = bench::time_call_us(stream, n_sets, [&](int s) {
-      p.states = states[static_cast<size_t>(s)].data();
-      run_cuda(p, stream);
-    });
     const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + bs * (kQkvDim + 2 * HV + HV * V));
-    rows.push_back({"gdn_decode", "HK16 HV32 K128 V128 f32", bs, us, bytes});
+    for (gdn_decode_path path : {gdn_decode_path::grid, gdn_decode_path::persistent, gdn_decode_path::persistent8}) {
+      const double us = bench::time_call_us(stream, n_sets, [&](int s) {
+        p.states = states[static_cast<size_t>(s)].data();
+        run_cuda(p, path, stream);
+      });
+      rows.push_back({std::string("gdn_decode_") + gdn_decode_path_name(path), "HK16 HV32 K128 V128 f32", bs, us, bytes});
+    }
   }
 }
 
@@ -88,12 +95,14 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows) {
     fill_common(p, qkv, ab, a_log, dt_bias, out, slots, seqs);
     p.states = states.data();
     p.query_start_loc = dqsl.data();
-    const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
     const double bytes = 4.0 * (static_cast<double>(T) * (kQkvDim + 2 * HV + HV * V) +
                                 static_cast<double>(seqs) * HV * V * K);
     char shape[64];
     std::snprintf(shape, sizeof shape, "HK16 HV32 K128 len%lld", static_cast<long long>(len));
-    rows.push_back({"gdn_prefill", shape, static_cast<int>(seqs), us, bytes});
+    for (gdn_prefill_path path : {gdn_prefill_path::recurrent, gdn_prefill_path::tc, gdn_prefill_path::tf32}) {
+      const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, path, stream); });
+      rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path), shape, static_cast<int>(seqs), us, bytes});
+    }
   }
 }
 

@@ -18,11 +18,17 @@
 //   o_e    = decay·qf·(s_e·q) + delta_e·qf·kf·(q·k),   s_e ← decay·s_e + delta_e·kf·k,
 // so the segment reduces |q|², |k|², q·k and, per row, s_e·k and s_e·q together with xor
 // shuffles (every lane gets every sum) before any state element changes.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common.cuh"
 #include "dispatch.h"
+#include "gdn_chunked.cuh"
+#include "gdn_decode.cuh"
+#include "gdn_paths.cuh"
 #include "hyserve/kernels/gdn.h"
 
 namespace hyserve::kernels {
@@ -55,11 +61,13 @@ struct gdn_token {
 };
 
 // qsl: token ranges [qsl[b], qsl[b+1]) (null: decode, row b is token b and always starts from
-// its slot's state). has_init: null = no initial states (prefill only).
+// its slot's state). has_init: null = no initial states (prefill only). gate: null, or a device
+// flag; the kernel does nothing unless it is nonzero (the tensor-core prefill's overflow flag).
 template <int K>
 __global__ void __launch_bounds__(kGdnThreads)
     gdn_kernel(const gdn_common_params p, const int32_t* __restrict__ qsl, const uint8_t* __restrict__ has_init,
-               float scale) {
+               float scale, const int* __restrict__ gate) {
+  if (gate != nullptr && *gate == 0) return;
   constexpr int L = K / 4 < 32 ? K / 4 : 32;  // lanes per state row
   constexpr int kCols = K / (4 * L);          // float4 columns per lane
   constexpr int kSegs = 32 / L;               // row segments per warp
@@ -230,15 +238,88 @@ void check_gdn_common(const gdn_common_params& p, const char* op) {
 }
 
 void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* has_init, const char* op,
-                cudaStream_t stream) {
+                cudaStream_t stream, const int* gate = nullptr) {
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   dispatch(gdn_key_dim_table{}, p.k_dim, op, "k_dim", [&](auto kd) {
     constexpr int K = decltype(kd)::value;
     const dim3 grid(static_cast<unsigned>(p.heads_v), static_cast<unsigned>(p.batch),
                     static_cast<unsigned>(ceil_div(p.v_dim, rows_per_block<K>())));
-    gdn_kernel<K><<<grid, kGdnThreads, 0, stream>>>(p, qsl, has_init, scale);
+    gdn_kernel<K><<<grid, kGdnThreads, 0, stream>>>(p, qsl, has_init, scale, gate);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+// ---- tensor-core prefill (gdn_chunked.cuh) ----------------------------------------------------
+
+// Key dims of the tensor-core prefill: K / 4 key columns per warp in whole n-tiles, and the
+// staged tiles of K = 128 fit one block per SM.
+using gdn_tc_key_dim_table = int_table<32, 64, 128>;
+
+bool tc_supports(const gdn_chunk_scan_params& p) {
+  return gdn_tc_key_dim_table::supports(p.k_dim) && p.heads_v <= 65535 && p.batch <= 65535 &&
+         p.v_dim <= (int64_t{1} << 24);
+}
+
+int64_t tc_max_tokens() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("HYSERVE_GDN_MAX_TOKENS");
+    const long long n = e != nullptr ? std::atoll(e) : 0;
+    return n > 0 ? static_cast<int64_t>(n) : int64_t{16384};
+  }();
+  return v;
+}
+
+// plan, intra (all chunks), state (row × head × slice); then the recurrent kernel gated on the
+// overflow flag (exits at once unless the batch needed more chunks than reserved).
+template <bool kSplit>
+void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
+  namespace tc = gdn_tc;
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
+  dispatch(gdn_tc_key_dim_table{}, p.k_dim, "gdn_chunk_scan", "k_dim", [&](auto kd) {
+    constexpr int K = decltype(kd)::value;
+    constexpr int C = tc::kChunk;
+    const int64_t cap64 = ceil_div(tc_max_tokens(), C) + p.batch;
+    const int cap = static_cast<int>(std::min<int64_t>(cap64, int64_t{1} << 30));
+    // Workspace: chunk_off [batch + 1], overflow [1] (ints, rounded to 16 bytes), then per
+    // (chunk, value head) W [C, K], P [C, C], T [C, C], tok [C, 4].
+    const int64_t n_ints = (p.batch + 2 + 3) / 4 * 4;
+    const int64_t items = static_cast<int64_t>(cap) * p.heads_v;
+    const int64_t per_item = C * K + 2 * C * C + C * tc::kTokFields;
+    void* raw = nullptr;
+    const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(items * per_item);
+    CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
+    tc::workspace ws;
+    ws.chunk_off = static_cast<int*>(raw);
+    ws.overflow = ws.chunk_off + p.batch + 1;
+    ws.W = reinterpret_cast<float*>(ws.chunk_off + n_ints);
+    ws.P = ws.W + items * C * K;
+    ws.T = ws.P + items * C * C;
+    ws.tok = ws.T + items * C * C;
+    ws.cap = cap;
+
+    tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    {
+      const auto kernel = &tc::intra_kernel<kSplit, K>;
+      constexpr size_t smem = tc::intra_tiles<K>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v));
+      kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    }
+    {
+      const auto kernel = &tc::state_kernel<kSplit, K>;
+      constexpr size_t smem = tc::state_tiles<K>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      const bool vec = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
+      const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, tc::kSlice)), static_cast<unsigned>(p.heads_v),
+                      static_cast<unsigned>(p.batch));
+      kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, vec);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    }
+    launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
+    CUDA_CHECK(cudaFreeAsync(raw, stream));
+  });
 }
 
 }  // namespace
@@ -246,18 +327,101 @@ void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* h
 
 using namespace cuda_detail;
 
-void run_cuda(const gdn_chunk_scan_params& p, void* stream) {
+gdn_prefill_path gdn_prefill_default_path() {
+  static const gdn_prefill_path path = [] {
+    const char* e = std::getenv("HYSERVE_GDN_PREFILL");
+    if (e != nullptr && std::strcmp(e, "tc") == 0) return gdn_prefill_path::tc;
+    if (e != nullptr && std::strcmp(e, "tf32") == 0) return gdn_prefill_path::tf32;
+    return gdn_prefill_path::recurrent;
+  }();
+  return path;
+}
+
+bool gdn_prefill_tc_supports(const gdn_chunk_scan_params& p) { return tc_supports(p); }
+
+const char* gdn_prefill_path_name(gdn_prefill_path path) {
+  switch (path) {
+    case gdn_prefill_path::automatic: return "automatic";
+    case gdn_prefill_path::recurrent: return "recurrent";
+    case gdn_prefill_path::tc: return "tc";
+    case gdn_prefill_path::tf32: return "tf32";
+  }
+  return "?";
+}
+
+void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* stream) {
   constexpr const char* op = "gdn_chunk_scan";
   check_gdn_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
+  if (path == gdn_prefill_path::automatic) path = gdn_prefill_default_path();
+  if (path != gdn_prefill_path::recurrent && tc_supports(p)) {
+    if (path == gdn_prefill_path::tc) launch_gdn_tc<true>(p, as_stream(stream));
+    else launch_gdn_tc<false>(p, as_stream(stream));
+    return;
+  }
   launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream));
 }
 
-void run_cuda(const gdn_state_update_params& p, void* stream) {
+void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, gdn_prefill_path::automatic, stream); }
+
+gdn_decode_path gdn_decode_default_path() {
+  static const gdn_decode_path path = [] {
+    const char* e = std::getenv("HYSERVE_GDN_DECODE");
+    if (e != nullptr && std::strcmp(e, "persistent") == 0) return gdn_decode_path::persistent;
+    if (e != nullptr && std::strcmp(e, "persistent8") == 0) return gdn_decode_path::persistent8;
+    return gdn_decode_path::grid;
+  }();
+  return path;
+}
+
+const char* gdn_decode_path_name(gdn_decode_path path) {
+  switch (path) {
+    case gdn_decode_path::automatic: return "automatic";
+    case gdn_decode_path::grid: return "grid";
+    case gdn_decode_path::persistent: return "persistent";
+    case gdn_decode_path::persistent8: return "persistent8";
+  }
+  return "?";
+}
+
+namespace {
+
+template <int kR>
+void launch_gdn_decode_persistent(const gdn_state_update_params& p, cudaStream_t stream) {
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
+  dispatch(gdn_key_dim_table{}, p.k_dim, "gdn_state_update", "k_dim", [&](auto kd) {
+    constexpr int K = decltype(kd)::value;
+    if constexpr (kR <= gdn_dec::geom<K, 1>::L) {
+      const auto kernel = &gdn_dec::decode_kernel<K, kR>;
+      const int z_blocks = static_cast<int>(ceil_div(p.v_dim, gdn_dec::geom<K, kR>::kRowsPerBlock));
+      const int64_t n_tiles = p.batch * p.heads_v * z_blocks;
+      int per_sm = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, gdn_dec::kThreads, 0));
+      const int64_t grid = std::min<int64_t>(n_tiles, static_cast<int64_t>(sm_count()) * std::max(per_sm, 1));
+      kernel<<<static_cast<unsigned>(grid), gdn_dec::kThreads, 0, stream>>>(p, scale, z_blocks, n_tiles);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    } else {
+      launch_gdn_decode_persistent<4>(p, stream);  // K too small for kR rows per lane segment
+    }
+  });
+}
+
+}  // namespace
+
+void run_cuda(const gdn_state_update_params& p, gdn_decode_path path, void* stream) {
   constexpr const char* op = "gdn_state_update";
   check_gdn_common(p, op);
-  launch_gdn(p, nullptr, nullptr, op, as_stream(stream));
+  if (path == gdn_decode_path::automatic) path = gdn_decode_default_path();
+  if (path == gdn_decode_path::persistent) {
+    launch_gdn_decode_persistent<4>(p, as_stream(stream));
+  } else if (path == gdn_decode_path::persistent8) {
+    launch_gdn_decode_persistent<8>(p, as_stream(stream));
+  } else {
+    launch_gdn(p, nullptr, nullptr, op, as_stream(stream));
+  }
 }
+
+void run_cuda(const gdn_state_update_params& p, void* stream) { run_cuda(p, gdn_decode_path::automatic, stream); }
 
 }  // namespace hyserve::kernels

@@ -1,19 +1,30 @@
 // Backend ops: Gated DeltaNet chunked prefill and decode update, CUDA against CPU.
-// The CUDA prefill walks the tokens one by one (the per-token recurrence) where the CPU op uses
-// the chunked WY form, so the two differ by fp32 rounding in a different order: over hundreds of
-// tokens with states O(1) and outputs O(0.1)–O(1) we allow |Δ| <= 2e-5 + 2e-4·|want| on outputs
-// and final states for the prefill, and 1e-5 + 1e-4·|want| for the decode update (one token:
-// only the order of the K-term dot products differs).
+// The recurrent CUDA prefill walks the tokens one by one (the per-token recurrence) where the CPU
+// op uses the chunked WY form, so the two differ by fp32 rounding in a different order: over
+// hundreds of tokens with states O(1) and outputs O(0.1)–O(1) we allow |Δ| <= 2e-5 + 2e-4·|want|
+// on outputs and final states for the prefill, and 1e-5 + 1e-4·|want| for the decode update (one
+// token: only the order of the K-term dot products differs).
+// The tensor-core prefill (cuda/gdn_paths.cuh) is checked per path: tc (3xTF32, fp32-level
+// products) against the same elementwise tolerance as the recurrent kernel; tf32 (one TF32
+// product per term, about 5e-4 relative per product) against relative L2 <= 5e-3 with every
+// element within 5e-3·rms(want) + 2e-2·|want|. Every tensor-core case prints its measured
+// relative L2 and worst element ("[gdn-tc] ...") so that the tolerance can be tightened from
+// measurements.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hyserve/kernels/device.h"
 
 #if defined(HYSERVE_HAVE_CUDA)
 
+#include "cuda/gdn_paths.cuh"
 #include "cuda_test_util.h"
 #include "hyserve/kernels/gdn.h"
 
@@ -72,6 +83,63 @@ struct gdn_problem {
   void check(const std::string& what, double atol, double rtol) {
     expect_match(dout.download(), out, atol, rtol, what + " out");
     expect_match(dstates.download(), states, atol, rtol, what + " states");
+  }
+
+  // Prints relative L2 and the worst element of outputs and states; with loose = true checks
+  // the tf32 tolerance (see the top of the file), else the elementwise atol/rtol.
+  void check_measured(const std::string& what, double atol, double rtol, bool loose) {
+    const auto got_out = dout.download();
+    const auto got_states = dstates.download();
+    measure(got_out, out, what + " out", loose);
+    measure(got_states, states, what + " states", loose);
+    if (!loose) {
+      expect_match(got_out, out, atol, rtol, what + " out");
+      expect_match(got_states, states, atol, rtol, what + " states");
+    }
+  }
+
+  static void measure(const std::vector<float>& got, const std::vector<float>& want, const std::string& what,
+                      bool loose) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double d2 = 0.0, r2 = 0.0, worst_abs = 0.0, worst_rel = 0.0;
+    size_t n = 0, untouched_bad = 0, nonfinite = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (cuda_test::is_poison(want[i])) {
+        if (!cuda_test::is_poison(got[i])) ++untouched_bad;
+        continue;
+      }
+      if (!std::isfinite(got[i])) {
+        ++nonfinite;
+        continue;
+      }
+      const double d = static_cast<double>(got[i]) - want[i];
+      d2 += d * d;
+      r2 += static_cast<double>(want[i]) * want[i];
+      ++n;
+    }
+    const double rms = n > 0 ? std::sqrt(r2 / static_cast<double>(n)) : 0.0;
+    size_t beyond = 0, worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (cuda_test::is_poison(want[i]) || !std::isfinite(got[i])) continue;
+      const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+      if (err > worst_abs) {
+        worst_abs = err;
+        worst = i;
+      }
+      worst_rel = std::max(worst_rel, err / (rms + std::fabs(static_cast<double>(want[i]))));
+      if (err > 5e-3 * rms + 2e-2 * std::fabs(static_cast<double>(want[i]))) ++beyond;
+    }
+    const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
+    std::printf("[gdn-tc] %s: rel_l2 %.3e, max |d| %.3e at %zu (cuda %.6g, cpu %.6g), max |d|/(rms+|want|) %.3e, rms %.3e, n %zu\n",
+                what.c_str(), rel_l2, worst_abs, worst, n > 0 ? got[worst] : 0.0f, n > 0 ? want[worst] : 0.0f,
+                worst_rel, rms, n);
+    EXPECT_EQ(untouched_bad, 0u) << what << ": elements written where the CPU op wrote nothing";
+    EXPECT_EQ(nonfinite, 0u) << what << ": non-finite elements";
+    EXPECT_GT(n, 0u) << what << ": the CPU op wrote nothing (vacuous comparison)";
+    if (loose) {
+      EXPECT_LE(rel_l2, 5e-3) << what << ": relative L2 error";
+      EXPECT_EQ(beyond, 0u) << what << ": elements beyond 5e-3·rms + 2e-2·|want| (worst at " << worst << ")";
+    }
   }
 
  private:
@@ -191,6 +259,90 @@ std::vector<scan_case> scan_grid() {
 INSTANTIATE_TEST_SUITE_P(Grid, GdnChunkScanCuda, testing::ValuesIn(scan_grid()), scan_name);
 
 // ---------------------------------------------------------------------------------------------
+// Chunked prefill, each CUDA path explicitly (the tensor-core kernels: K in {32, 64, 128}; other
+// key dims take the recurrent kernel whichever path is asked, and are checked the same way).
+
+using path_case = std::tuple<scan_case, gdn_prefill_path>;
+
+std::string path_case_name(const testing::TestParamInfo<path_case>& info) {
+  const scan_case& c = std::get<0>(info.param);
+  testing::TestParamInfo<scan_case> inner(c, info.index);
+  return std::string(gdn_prefill_path_name(std::get<1>(info.param))) + "_" + scan_name(inner);
+}
+
+class GdnChunkScanCudaPaths : public testing::TestWithParam<path_case> {};
+
+TEST_P(GdnChunkScanCudaPaths, MatchesCpu) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const scan_case& c = std::get<0>(GetParam());
+  const gdn_prefill_path path = std::get<1>(GetParam());
+  std::vector<int32_t> qsl{0};
+  for (int len : c.lens) qsl.push_back(qsl.back() + len);
+  if (c.pad) qsl.push_back(qsl.back() + 5);
+  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
+  const int64_t n_slots = 2 * batch + 2;
+  gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots,
+                   5000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift);
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);  // scattered, descending slots
+    has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
+  }
+  if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
+  auto dqsl = to_device(qsl);
+  auto dslots = to_device(slots);
+  auto dinit = to_device(has_init);
+
+  gdn_chunk_scan_params pc;
+  prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
+  pc.query_start_loc = qsl.data();
+  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
+  pc.chunk_size = c.chunk;
+  pc.scale = c.scale;
+  gdn_chunk_scan_params pg = pc;
+  prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
+  pg.query_start_loc = dqsl.data();
+  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
+  run_cpu(pc);
+  run_cuda(pg, path);
+  device_synchronize();
+  const bool tc = gdn_prefill_tc_supports(pg) && path != gdn_prefill_path::recurrent;
+  const std::string what = std::string(gdn_prefill_path_name(path)) + (tc ? "" : "(recurrent kernel)") + " " +
+                           testing::UnitTest::GetInstance()->current_test_info()->name();
+  prob.check_measured(what, kScanAtol, kScanRtol, tc && path == gdn_prefill_path::tf32);
+}
+
+std::vector<scan_case> tc_grid() {
+  std::vector<scan_case> g = scan_grid();
+  // Lengths around the chunk size, both head ratios, each tensor-core key dim.
+  for (const auto& [hk, hv] : {std::pair{1, 1}, std::pair{2, 4}}) {
+    for (int kd : {32, 64, 128}) {
+      for (int len : {1, 63, 64, 65, 200}) {
+        for (int init : {0, 1}) g.push_back({hk, hv, kd, kd == 32 ? 48 : kd, {len}, 64, init, false});
+      }
+    }
+  }
+  // Several sequences, mixed initial states, a padding row; value dims that are not whole
+  // 32-row slices; many chunks per row.
+  g.push_back({2, 4, 64, 48, {200, 1, 63, 64, 65}, 64, 2, true});
+  g.push_back({1, 2, 32, 20, {130, 7, 64}, 64, 1, true});
+  g.push_back({2, 2, 128, 96, {1000, 300}, 64, 2, false});
+  g.push_back({4, 8, 128, 128, {200, 0, 65, 1}, 64, 2, true});  // an empty sequence among others
+  g.push_back({2, 4, 128, 128, {200, 63}, 64, 1, false, true, true, 6.0f});  // strong decay
+  g.push_back({16, 32, 128, 128, {200, 1, 63, 64, 65, 17}, 64, 2, true});  // Qwen3-Next shape
+  // More chunks than the default reservation (16384 tokens + one per row): the recurrent kernel
+  // runs instead, gated on the device.
+  g.push_back({1, 2, 32, 32, {16500, 200}, 64, 2, false});
+  return g;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GdnChunkScanCudaPaths,
+                         testing::Combine(testing::ValuesIn(tc_grid()),
+                                          testing::Values(gdn_prefill_path::tc, gdn_prefill_path::tf32)),
+                         path_case_name);
+
+// ---------------------------------------------------------------------------------------------
 // Decode update
 
 struct update_case {
@@ -214,20 +366,25 @@ class GdnStateUpdateCuda : public testing::TestWithParam<update_case> {};
 TEST_P(GdnStateUpdateCuda, MatchesCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const update_case& c = GetParam();
-  const int64_t n_slots = c.batch + 3;
-  gdn_problem prob(c.batch, c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots, 700u + static_cast<uint32_t>(c.batch));
-  std::vector<int32_t> slots(static_cast<size_t>(c.batch));
-  for (int b = 0; b < c.batch; ++b) slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - b);
-  if (c.pad && c.batch > 1) slots[1] = -1;
-  auto dslots = to_device(slots);
-  gdn_state_update_params pc;
-  prob.fill_host(pc, slots.data(), c.batch, c.l2, c.bias);
-  gdn_state_update_params pg = pc;
-  prob.fill_device(pg, dslots.data(), c.batch, c.l2, c.bias);
-  run_cpu(pc);
-  run_cuda(pg);
-  device_synchronize();
-  prob.check("update", kUpdateAtol, kUpdateRtol);
+  // The default kernel, then each decode kernel explicitly, each on fresh inputs.
+  for (gdn_decode_path path : {gdn_decode_path::automatic, gdn_decode_path::grid, gdn_decode_path::persistent,
+                               gdn_decode_path::persistent8}) {
+    SCOPED_TRACE(gdn_decode_path_name(path));
+    const int64_t n_slots = c.batch + 3;
+    gdn_problem prob(c.batch, c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots, 700u + static_cast<uint32_t>(c.batch));
+    std::vector<int32_t> slots(static_cast<size_t>(c.batch));
+    for (int b = 0; b < c.batch; ++b) slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - b);
+    if (c.pad && c.batch > 1) slots[1] = -1;
+    auto dslots = to_device(slots);
+    gdn_state_update_params pc;
+    prob.fill_host(pc, slots.data(), c.batch, c.l2, c.bias);
+    gdn_state_update_params pg = pc;
+    prob.fill_device(pg, dslots.data(), c.batch, c.l2, c.bias);
+    run_cpu(pc);
+    run_cuda(pg, path);
+    device_synchronize();
+    prob.check(std::string("update ") + gdn_decode_path_name(path), kUpdateAtol, kUpdateRtol);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, GdnStateUpdateCuda,
@@ -236,7 +393,10 @@ INSTANTIATE_TEST_SUITE_P(Grid, GdnStateUpdateCuda,
                                          update_case{1, 1, 32, 32, 5, true},
                                          update_case{1, 2, 64, 48, 7, true},
                                          update_case{2, 2, 16, 20, 3, false, false},
-                                         update_case{2, 4, 256, 64, 9, true, true, false}),
+                                         update_case{2, 4, 256, 64, 9, true, true, false},
+                                         update_case{16, 32, 128, 128, 256, true},  // more tiles than resident blocks
+                                         update_case{2, 4, 32, 40, 300, true},      // partial 32-row tiles
+                                         update_case{1, 2, 16, 16, 33, false}),     // K too small for 8 rows per lane
                          update_name);
 
 // A CUDA prefill followed by CUDA decode steps equals one CUDA prefill over all the tokens.

@@ -1,0 +1,607 @@
+#pragma once
+// Gated DeltaNet chunked prefill on the tensor cores (the WY / UT-transform form of the delta
+// rule, as the CPU op computes it). Three launches:
+//
+//   plan    one block: chunk offsets of the rows (ceil(len / 64) chunks per live row, none for
+//           padding rows or empty sequences) and the overflow flag (more chunks than reserved);
+//   intra   one block per (chunk, value head), all chunks at once: everything that does not
+//           depend on the state entering the chunk;
+//   state   one block per (row, value head, slice of 32 value rows) walking the row's chunks in
+//           order with its state slice in registers (state rows are independent in the delta
+//           rule, so slices need no communication).
+//
+// Inside a chunk of n tokens (rows >= n are zeros) with c_i = Σ_{s<=i} g_s (double), q̂ = scale·q/|q|,
+// k̂ = k/|k| and β = sigmoid(b), the intra kernel computes
+//   A  = strictly-lower β_i (k̂_i·k̂_j) e^{c_i − c_j}         (tensor cores: K̂·K̂ᵀ)
+//   T  = (I + A)⁻¹                                          (forward substitution, a column per thread)
+//   W  = T · (β e^{c} k̂)                                    (tensor cores)
+//   P  = lower-incl. (q̂_i·k̂_j) e^{c_i − c_j}                 (tensor cores: Q̂·K̂ᵀ)
+// and per token the factors qs_i = e^{c_i}·scale/|q_i|, ks_j = e^{c_{n−1} − c_j}/|k_j|, β_j and the
+// chunk decay G = e^{c_{n−1}}, all into a workspace. For a state slice S_s [32 × K] the state
+// kernel then computes per chunk, on the tensor cores,
+//   u   = T · (β v_s) − W · S_sᵀ                 (the chunk's new values; [64 × 32])
+//   o   = (qs ⊙ q) · S_sᵀ + P · u                 (the chunk's outputs of the slice)
+//   S_s ← G · S_s + uᵀ · (ks ⊙ k)
+// reading q, k and v from the inputs (scaled while staged) and W, P, T from the workspace.
+//
+// GEMMs run on mma.sync m16n8k8 TF32 with fp32 accumulation, either split 3xTF32
+// (a = a_hi + a_lo, a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: fp32-level accuracy) or plain TF32
+// (one product, about 5e-4 relative per product; faster). 4 warps per block; warp w owns token
+// rows [16w, 16w + 16) of every token-row GEMM output, and key columns [w·K/4, (w+1)·K/4) of the
+// state update. Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major
+// A fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
+//
+// The workspace holds cap = HYSERVE_GDN_MAX_TOKENS / 64 + batch chunks (default 16384 tokens);
+// a batch needing more is computed by the recurrent kernel instead, gated on the overflow flag
+// on the device (no host synchronisation; graph-capturable).
+#include <cstdint>
+
+#include "common.cuh"
+#include "hyserve/kernels/gdn.h"
+
+namespace hyserve::kernels::cuda_detail {
+namespace gdn_tc {
+
+constexpr int kChunk = 64;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kSlice = 32;  // value rows per state block
+constexpr float kL2Eps = 1e-6f;
+constexpr int kTokFields = 4;  // qs, ks, beta, G (G in every row)
+
+// ---- TF32 mma.sync -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t to_tf32(float f) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One warp: acc[16 × 8·NT] += A[16 × k_end] · B[k_end × 8·NT] (k_end a multiple of 8).
+// a_at(r, k), r in [0, 16), and b_at(k, n), n in [0, 8·NT), give fp32 elements. Fragments (PTX
+// m16n8k8 .tf32), g = lane / 4, t = lane % 4:
+//   A: (g, k+t) (g+8, k+t) (g, k+t+4) (g+8, k+t+4);  B: (k+t, 8·tile + g) (k+t+4, 8·tile + g);
+//   acc[tile][e]: row g + 8·(e / 2), column 8·tile + 2t + e % 2.
+template <bool kSplit, int NT, class FA, class FB>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_at, FB b_at) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+  for (int k = 0; k < k_end; k += 8) {
+    const float a[4] = {a_at(g, k + t), a_at(g + 8, k + t), a_at(g, k + t + 4), a_at(g + 8, k + t + 4)};
+    uint32_t ahi[4], alo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      ahi[i] = to_tf32(a[i]);
+      alo[i] = kSplit ? to_tf32(a[i] - __uint_as_float(ahi[i])) : 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
+      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      if constexpr (kSplit) {
+        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
+        mma_tf32(acc[n], alo, b0h, b1h);  // small terms first
+        mma_tf32(acc[n], ahi, b0l, b1l);
+      }
+      mma_tf32(acc[n], ahi, b0h, b1h);
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
+__device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+struct float4x2 {
+  float4 a, b;
+};
+__device__ __forceinline__ float4x2 make_float4x2(float4 a, float4 b) { return {a, b}; }
+
+// ---- workspace and plan ----------------------------------------------------------------------
+
+struct workspace {
+  int* chunk_off = nullptr;  // [batch + 1] first global chunk of each row
+  int* overflow = nullptr;   // [1] 1: more chunks than cap (the recurrent kernel runs instead)
+  float* W = nullptr;        // [cap, HV, 64, K]
+  float* P = nullptr;        // [cap, HV, 64, 64]
+  float* T = nullptr;        // [cap, HV, 64, 64]
+  float* tok = nullptr;      // [cap, HV, 64, kTokFields]
+  int cap = 0;
+};
+
+__device__ __forceinline__ int row_chunks(const gdn_chunk_scan_params& p, int64_t b) {
+  if (p.state_indices[b] < 0) return 0;
+  const int len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+  return (len + kChunk - 1) / kChunk;
+}
+
+__global__ void __launch_bounds__(1024) plan_kernel(const gdn_chunk_scan_params p, workspace ws) {
+  __shared__ int warp_tot[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t per = ceil_div(p.batch, 1024);
+  const int64_t b0 = tid * per, b1 = min(p.batch, b0 + per);
+  int sum = 0;
+  for (int64_t b = b0; b < b1; ++b) sum += row_chunks(p, b);
+  int incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_tot[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += v;
+    }
+    warp_tot[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  int run = incl - sum + (warp > 0 ? warp_tot[warp - 1] : 0);  // exclusive prefix of this thread
+  for (int64_t b = b0; b < b1; ++b) {
+    ws.chunk_off[b] = run;
+    run += row_chunks(p, b);
+  }
+  if (tid == 1023) {  // the last thread's running sum is the total (threads past the batch add 0)
+    ws.chunk_off[p.batch] = run;
+    *ws.overflow = run > ws.cap ? 1 : 0;
+  }
+}
+
+// Stages a [ROWS × COLS] tile: kU loads in flight per thread before the stores.
+template <int ROWS, int COLS, class Load, class Store>
+__device__ __forceinline__ void stage(Load load, Store store) {
+  constexpr int kN = ROWS * COLS, kU = kN / kThreads < 8 ? kN / kThreads : 8;
+  static_assert(kU > 0 && kN % (kThreads * kU) == 0, "whole batches");
+  const int tid = threadIdx.x;
+  for (int e0 = 0; e0 < kN; e0 += kThreads * kU) {
+    decltype(load(0, 0)) v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int e = e0 + u * kThreads + tid;
+      v[u] = load(e / COLS, e % COLS);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int e = e0 + u * kThreads + tid;
+      store(e / COLS, e % COLS, v[u]);
+    }
+  }
+}
+
+// ---- intra-chunk kernel ----------------------------------------------------------------------
+
+template <int K>
+struct intra_tiles {
+  static constexpr int kLdQ = K + 4;  // Q̂ (A of Q̂·K̂ᵀ), later X = β e^c k̂ (B of T·X, 2-way conflicts)
+  static constexpr int kLdK = K + 4;  // K̂ (A of K̂·K̂ᵀ, B transposed)
+  static constexpr int kLdA = kChunk + 4;
+  static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kChunk * kLdA + 5 * kChunk;
+  static constexpr size_t kBytes = sizeof(double) * kChunk + sizeof(float) * kFloats;
+};
+
+// Row b of global chunk gc: the last b with chunk_off[b] <= gc.
+__device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch, int gc) {
+  int lo = 0, hi = static_cast<int>(batch);
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (chunk_off[mid] <= gc) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+template <bool kSplit, int K>
+__global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
+                                                         float scale) {
+  using tl = intra_tiles<K>;
+  constexpr int C = kChunk, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdA = tl::kLdA;
+  extern __shared__ double smem_d[];
+  double* cum = smem_d;                               // [C] inclusive Σ g (rows >= n: flat)
+  float* Qs = reinterpret_cast<float*>(cum + C);      // [C][kLdQ]
+  float* Ks = Qs + C * kLdQ;                          // [C][kLdK]
+  float* As = Ks + C * kLdK;                          // [C][kLdA] A, then T
+  float* qf = As + C * kLdA;                          // [C] scale / |q|
+  float* kf = qf + C;                                 // [C] 1 / |k|
+  float* beta = kf + C;                               // [C]
+  float* gl = beta + C;                               // [C] log decay
+  float* ecum = gl + C;                               // [C] e^{c}
+
+  const int gc = static_cast<int>(blockIdx.x);
+  const int64_t h = blockIdx.y;
+  if (*ws.overflow != 0 || gc >= ws.chunk_off[p.batch]) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t b = find_row(ws.chunk_off, p.batch, gc);
+  const int kc = gc - ws.chunk_off[b];
+  const int64_t t0 = p.query_start_loc[b] + static_cast<int64_t>(kc) * C;
+  const int n = min(C, p.query_start_loc[b + 1] - static_cast<int>(t0));
+  const int64_t HV = p.heads_v;
+  const int64_t hk = h / (HV / p.heads_k);
+  const int64_t it = static_cast<int64_t>(gc) * HV + h;
+
+  stage<C, K>(
+      [&](int j, int c) {
+        return j < n ? make_float2(p.q[(t0 + j) * p.q_stride + hk * K + c], p.k[(t0 + j) * p.k_stride + hk * K + c])
+                     : make_float2(0.0f, 0.0f);
+      },
+      [&](int j, int c, float2 v) {
+        Qs[j * kLdQ + c] = v.x;
+        Ks[j * kLdK + c] = v.y;
+      });
+  if (tid < C) {
+    float gv = 0.0f, bv = 0.0f;
+    if (tid < n) {
+      const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+      gv = -expf(p.A_log[h]) * softplus(p.a[(t0 + tid) * p.a_stride + h] + bias);
+      bv = 1.0f / (1.0f + expf(-p.b[(t0 + tid) * p.b_stride + h]));
+    }
+    gl[tid] = gv;
+    beta[tid] = bv;
+  }
+  __syncthreads();
+
+  // Norms: warp w, rows [16w, 16w + 16).
+  for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int c = lane; c < K; c += 32) {
+      const float qv = Qs[r * kLdQ + c], kv = Ks[r * kLdK + c];
+      sq += qv * qv;
+      sk += kv * kv;
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    if (lane == 0) {
+      qf[r] = p.qk_l2norm ? scale / sqrtf(sq + kL2Eps) : scale;
+      kf[r] = p.qk_l2norm ? 1.0f / sqrtf(sk + kL2Eps) : 1.0f;
+    }
+  }
+  if (warp == 0) {  // inclusive scan of the log decay in double, two tokens per lane
+    const double a0 = gl[2 * lane], a1 = gl[2 * lane + 1];
+    double run = a0 + a1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double v = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o) run += v;
+    }
+    cum[2 * lane + 1] = run;
+    cum[2 * lane] = run - a1;
+  }
+  __syncthreads();
+  if (tid < C) ecum[tid] = static_cast<float>(exp(cum[tid]));
+  for (int e = tid; e < C * K; e += kThreads) {
+    const int j = e / K, c = e % K;
+    Qs[j * kLdQ + c] *= qf[j];
+    Ks[j * kLdK + c] *= kf[j];
+  }
+  __syncthreads();
+
+  const int r0 = 16 * warp;
+  // A and P rows [r0, r0 + 16): columns j < r0 + 16 from the tensor cores, zeros beyond.
+  {
+    float kk[C / 8][4], qk[C / 8][4];
+    zero(kk);
+    zero(qk);
+    // All 64 columns: the tiles past the diagonal are computed and dropped.
+    warp_gemm<kSplit, C / 8>(
+        kk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; });
+    warp_gemm<kSplit, C / 8>(
+        qk, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; });
+    float* Pg = ws.P + it * C * C;
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half;
+        const int j = 8 * nt + 2 * t;
+        float2 av = make_float2(0.0f, 0.0f), pv = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int jj = j + e;
+          if (jj <= i) {
+            const float d = expf(static_cast<float>(cum[i] - cum[jj]));
+            const float pe = qk[nt][2 * half + e] * d;
+            const float ae = jj < i ? beta[i] * kk[nt][2 * half + e] * d : 0.0f;
+            if (e == 0) {
+              pv.x = pe;
+              av.x = ae;
+            } else {
+              pv.y = pe;
+              av.y = ae;
+            }
+          }
+        }
+        *reinterpret_cast<float2*>(&As[i * kLdA + j]) = av;
+        *reinterpret_cast<float2*>(&Pg[i * C + j]) = pv;
+      }
+    }
+  }
+  __syncthreads();  // A complete; Q̂ free
+
+  if (tid < C) {
+    // T = (I + A)⁻¹, column m = tid: x_i = δ_im − Σ_{j<i} A_ij x_j.
+    const int m = tid;
+    float x[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      float s = i == m ? 1.0f : 0.0f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) s -= As[i * kLdA + j] * x[j];
+      x[i] = s;
+    }
+    __syncwarp();
+    // Every thread of warps 0 and 1 has finished reading A before any writes T: the two warps
+    // meet at a named barrier (warps 2 and 3 build X meanwhile).
+    asm volatile("bar.sync 1, 64;\n" ::: "memory");
+    float* Tg = ws.T + it * C * C;
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      As[i * kLdA + m] = x[i];
+      Tg[i * C + m] = x[i];
+    }
+  } else {
+    // X = β e^{c} k̂ into the Q̂ buffer.
+    for (int e = tid - C; e < C * K; e += kThreads - C) {
+      const int j = e / K, c = e % K;
+      Qs[j * kLdQ + c] = beta[j] * ecum[j] * Ks[j * kLdK + c];
+    }
+  }
+  __syncthreads();
+
+  // W rows [r0, r0 + 16) = T[rows, j < r0 + 16] · X.
+  {
+    float acc[K / 8][4];
+    zero(acc);
+    warp_gemm<kSplit, K / 8>(
+        acc, r0 + 16, [&](int r, int k) { return As[(r0 + r) * kLdA + k]; },
+        [&](int k, int c) { return Qs[k * kLdQ + c]; });
+    float* Wg = ws.W + it * C * K;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half;
+        *reinterpret_cast<float2*>(&Wg[i * K + 8 * nt + 2 * t]) =
+            make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+      }
+    }
+  }
+  if (tid < C) {
+    const double c_last = cum[C - 1];
+    float4 f;
+    f.x = qf[tid] * ecum[tid];
+    f.y = tid < n ? static_cast<float>(exp(c_last - cum[tid])) * kf[tid] : 0.0f;
+    f.z = beta[tid];
+    f.w = static_cast<float>(exp(c_last));
+    if (tid >= n) f.x = 0.0f;
+    reinterpret_cast<float4*>(ws.tok + it * C * kTokFields)[tid] = f;
+  }
+}
+
+// ---- state kernel ----------------------------------------------------------------------------
+
+template <int K>
+struct state_tiles {
+  static constexpr int kLdW = K + 4;       // W (A)
+  static constexpr int kLdQ = K + 4;       // q' (A)
+  static constexpr int kLdK = K + 8;       // k' (B, k-major)
+  static constexpr int kLdT = kChunk + 4;  // T, P (A)
+  static constexpr int kLdY = kSlice + 8;  // β v, u (B k-major; u also A read transposed)
+  static constexpr int kLdS = K + 4;       // S slice (B read transposed)
+  static constexpr int kFloats = kChunk * (kLdW + kLdQ + kLdK + 2 * kLdT + 2 * kLdY + kTokFields) + kSlice * kLdS;
+  static constexpr size_t kBytes = sizeof(float) * kFloats;
+};
+
+template <bool kSplit, int K>
+__global__ void __launch_bounds__(kThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws,
+                                                         bool vec) {
+  using tl = state_tiles<K>;
+  constexpr int C = kChunk, BV = kSlice;
+  constexpr int kLdW = tl::kLdW, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY,
+                kLdS = tl::kLdS;
+  constexpr int KW = K / kWarps;  // state key columns per warp
+  constexpr int NTS = KW / 8;     // their n-tiles
+  static_assert(KW % 8 == 0, "key columns per warp in whole n-tiles");
+  extern __shared__ float4 smem_f4[];
+  float* Ws = reinterpret_cast<float*>(smem_f4);  // [C][kLdW]
+  float* Qs = Ws + C * kLdW;                      // [C][kLdQ] q' = qs ⊙ q
+  float* Ks = Qs + C * kLdQ;                      // [C][kLdK] k' = ks ⊙ k
+  float* Ts = Ks + C * kLdK;                      // [C][kLdT]
+  float* Ps = Ts + C * kLdT;                      // [C][kLdT]
+  float* Ys = Ps + C * kLdT;                      // [C][kLdY] β v (slice)
+  float* Us = Ys + C * kLdY;                      // [C][kLdY] u
+  float* toks = Us + C * kLdY;                    // [C][kTokFields]
+  float* Ss = toks + C * kTokFields;              // [BV][kLdS]
+
+  if (*ws.overflow != 0) return;
+  const int64_t b = blockIdx.z;
+  const int64_t slot = p.state_indices[b];
+  if (slot < 0) return;
+  const int64_t h = blockIdx.y;
+  const int v0 = static_cast<int>(blockIdx.x) * BV;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t HV = p.heads_v;
+  const int V = static_cast<int>(p.v_dim);
+  const int64_t hk = h / (HV / p.heads_k);
+  const int64_t start = p.query_start_loc[b];
+  const int len = p.query_start_loc[b + 1] - static_cast<int>(start);
+  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
+  float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
+  const int kb = warp * KW;  // this warp's state key columns
+
+  // State slice in registers: s[mt][nt][e] at value row v0 + 16·mt + g + 8·(e / 2), key
+  // kb + 8·nt + 2t + e % 2.
+  float s[2][NTS][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NTS; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (init && v0 + vl < V) v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(v0 + vl) * K + key);
+        s[mt][nt][2 * half] = v.x;
+        s[mt][nt][2 * half + 1] = v.y;
+        *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = v;
+      }
+    }
+  }
+
+  const int n_chunks = (len + C - 1) / C;
+  const int gc0 = ws.chunk_off[b];
+  const int r0 = 16 * warp;
+  for (int kc = 0; kc < n_chunks; ++kc) {
+    const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
+    const int64_t t0 = start + static_cast<int64_t>(kc) * C;
+    const int n = min(C, len - kc * C);
+    const float* Wg = ws.W + it * C * K;
+    const float* Pg = ws.P + it * C * C;
+    const float* Tg = ws.T + it * C * C;
+    const float4* tokg = reinterpret_cast<const float4*>(ws.tok + it * C * kTokFields);
+
+    stage<C, K / 4>([&](int j, int c) { return reinterpret_cast<const float4*>(Wg)[j * (K / 4) + c]; },
+                    [&](int j, int c, float4 v) { *reinterpret_cast<float4*>(&Ws[j * kLdW + 4 * c]) = v; });
+    stage<C, C / 4>(
+        [&](int j, int c) {
+          return make_float4x2(reinterpret_cast<const float4*>(Tg)[j * (C / 4) + c],
+                               reinterpret_cast<const float4*>(Pg)[j * (C / 4) + c]);
+        },
+        [&](int j, int c, float4x2 v) {
+          *reinterpret_cast<float4*>(&Ts[j * kLdT + 4 * c]) = v.a;
+          *reinterpret_cast<float4*>(&Ps[j * kLdT + 4 * c]) = v.b;
+        });
+    if (vec) {
+      stage<C, K / 4>(
+          [&](int j, int c) {
+            float4x2 r;
+            r.a = r.b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < n) {
+              const float4 f = tokg[j];
+              const float4 qv = reinterpret_cast<const float4*>(p.q + (t0 + j) * p.q_stride + hk * K)[c];
+              const float4 kv = reinterpret_cast<const float4*>(p.k + (t0 + j) * p.k_stride + hk * K)[c];
+              r.a = make_float4(qv.x * f.x, qv.y * f.x, qv.z * f.x, qv.w * f.x);
+              r.b = make_float4(kv.x * f.y, kv.y * f.y, kv.z * f.y, kv.w * f.y);
+            }
+            return r;
+          },
+          [&](int j, int c, float4x2 v) {
+            *reinterpret_cast<float4*>(&Qs[j * kLdQ + 4 * c]) = v.a;
+            *reinterpret_cast<float4*>(&Ks[j * kLdK + 4 * c]) = v.b;
+          });
+    } else {
+      stage<C, K>(
+          [&](int j, int c) {
+            float2 r = make_float2(0.0f, 0.0f);
+            if (j < n) {
+              const float4 f = tokg[j];
+              r.x = p.q[(t0 + j) * p.q_stride + hk * K + c] * f.x;
+              r.y = p.k[(t0 + j) * p.k_stride + hk * K + c] * f.y;
+            }
+            return r;
+          },
+          [&](int j, int c, float2 v) {
+            Qs[j * kLdQ + c] = v.x;
+            Ks[j * kLdK + c] = v.y;
+          });
+    }
+    stage<C, BV>(
+        [&](int j, int c) {
+          return j < n && v0 + c < V ? tokg[j].z * p.v[(t0 + j) * p.v_stride + h * V + v0 + c] : 0.0f;
+        },
+        [&](int j, int c, float v) { Ys[j * kLdY + c] = v; });
+    if (tid < C) reinterpret_cast<float4*>(toks)[tid] = tokg[tid];
+    __syncthreads();
+
+    // u rows [r0, r0 + 16) = T · (β v) − W · Sᵀ;  o rows = q' · Sᵀ.
+    float u[BV / 8][4], o[BV / 8][4];
+    zero(u);
+    zero(o);
+    warp_gemm<kSplit, BV / 8>(
+        u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
+        [&](int k, int c) { return Ys[k * kLdY + c]; });
+    warp_gemm<kSplit, BV / 8>(
+        u, K, [&](int r, int k) { return -Ws[(r0 + r) * kLdW + k]; },
+        [&](int k, int c) { return Ss[c * kLdS + k]; });
+    warp_gemm<kSplit, BV / 8>(
+        o, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; },
+        [&](int k, int c) { return Ss[c * kLdS + k]; });
+#pragma unroll
+    for (int nt = 0; nt < BV / 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half;
+        *reinterpret_cast<float2*>(&Us[i * kLdY + 8 * nt + 2 * t]) = make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
+      }
+    }
+    __syncthreads();  // u complete; every read of Ss done
+
+    // o rows += P[rows, j < r0 + 16] · u.
+    warp_gemm<kSplit, BV / 8>(
+        o, r0 + 16, [&](int r, int k) { return Ps[(r0 + r) * kLdT + k]; },
+        [&](int k, int c) { return Us[k * kLdY + c]; });
+#pragma unroll
+    for (int nt = 0; nt < BV / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + g + 8 * (e >> 1);
+        const int vv = v0 + 8 * nt + 2 * t + (e & 1);
+        if (i < n && vv < V) p.out[(t0 + i) * p.out_stride + h * V + vv] = o[nt][e];
+      }
+    }
+
+    // S ← G·S + uᵀ · k' (this warp's key columns, both 16-row halves of the slice).
+    const float G = toks[kTokFields - 1];
+    const int k_end = (n + 7) & ~7;  // rows >= n of u and k' are zeros
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NTS; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= G;
+      }
+      warp_gemm<kSplit, NTS>(
+          s[mt], k_end, [&](int r, int k) { return Us[k * kLdY + 16 * mt + r]; },
+          [&](int k, int c) { return Ks[k * kLdK + kb + c]; });
+#pragma unroll
+      for (int nt = 0; nt < NTS; ++nt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
+          *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+        }
+      }
+    }
+    __syncthreads();  // tiles free for the next chunk; Ss holds the new state
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NTS; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
+        if (v0 + vl < V)
+          *reinterpret_cast<float2*>(S + static_cast<int64_t>(v0 + vl) * K + key) =
+              make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace gdn_tc
+}  // namespace hyserve::kernels::cuda_detail

@@ -1,0 +1,45 @@
+#pragma once
+// Explicit choice between the CUDA GDN prefill implementations, and between the decode
+// kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
+// takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32;
+// unset or anything else: recurrent); run_cuda(gdn_state_update_params) takes
+// gdn_decode_default_path(), from HYSERVE_GDN_DECODE (grid | persistent | persistent8; unset or
+// anything else: grid).
+// Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the
+// recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which.
+// CUDA-free (host declarations only): reachable as "cuda/gdn_paths.cuh" by whoever links the
+// kernels.
+#include "hyserve/kernels/gdn.h"
+
+namespace hyserve::kernels {
+
+enum class gdn_prefill_path {
+  automatic,  // gdn_prefill_default_path()
+  recurrent,  // one block per (value head, row, value-row slice), token by token (CUDA cores)
+  tc,         // chunked WY form on the tensor cores, 3xTF32 (fp32-level accuracy)
+  tf32,       // the same kernels with plain TF32 products (about 1e-3 relative; faster)
+};
+
+void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* stream = nullptr);
+
+gdn_prefill_path gdn_prefill_default_path();
+
+// Whether the tensor-core paths take these shapes (else they run the recurrent kernel).
+bool gdn_prefill_tc_supports(const gdn_chunk_scan_params& p);
+
+const char* gdn_prefill_path_name(gdn_prefill_path path);
+
+enum class gdn_decode_path {
+  automatic,    // gdn_decode_default_path()
+  grid,         // one block per (value head, row, slice of 16 value rows)
+  persistent,   // resident blocks stride over the tiles, next tile loaded while one is stored; 4 rows per lane
+  persistent8,  // the same with 8 rows per lane (32 value rows per tile)
+};
+
+void run_cuda(const gdn_state_update_params& p, gdn_decode_path path, void* stream = nullptr);
+
+gdn_decode_path gdn_decode_default_path();
+
+const char* gdn_decode_path_name(gdn_decode_path path);
+
+}  // namespace hyserve::kernels
