@@ -3,25 +3,29 @@
 // Implementations, chosen by (head_dim, d_state) and the io type in run_cuda:
 //   ssd_chunked_table pairs → chunked SSD on the tensor cores: f32 io in ssd_scan_chunked.cuh
 //                             (3xTF32, one (chunk, head) per work item, state passed through the
-//                             slot or an f32 carry); bf16 io one of two paths:
-//       parallel   (default) ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
-//                            the chunks of each row, outputs in parallel (f32 chunk states in a
-//                            stream-ordered workspace);
+//                             slot or an f32 carry); bf16 io one of three paths:
+//       parallel             ssd_scan_chained.cuh: one kernel, a block per (128-token chunk,
+//                            head) claimed by ticket in chunk order; local chunk state and
+//                            intra-chunk outputs in parallel, only the state hand-off from one
+//                            chunk to the next is chained (f32, through a small workspace);
+//       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
+//                            the chunks of each row, outputs in parallel (three kernels, f32
+//                            chunk states in a stream-ordered workspace);
 //       sequential           ssd_scan_bf16.cuh: one block per (row, head, state slice) walking
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
-// The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|sequential
+// The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|phased|sequential
 // (unset or anything else: sequential, the path measured on the device so far; the parallel
 // path becomes the default once its device timing and checks are in bench/results);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
 // The default (not an explicit choice) takes the sequential path for batches of more than
-// kParallelMaxBatch rows: there every row adds a partial chunk to the workspace (4 MiB each at
-// the production shape), while the sequential kernel already has batch × heads × 2 blocks.
-// The parallel path reserves workspace for HYSERVE_SSD_MAX_TOKENS tokens (default 16384; the
-// token count is device data) plus one partial chunk per row, 4 MiB per 256-token chunk at 128
-// heads × 64 × 128; a batch needing more chunks is computed by the general kernel below instead
-// (decided on the device: no host synchronisation, graph-capturable).
-// Both compute the CPU op's formulation with a double cumsum; neither depends on chunk_size
+// kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
+// carries per row, 4 MiB each at the production shape; phased: a partial chunk, 4 MiB), while
+// the sequential kernel already has batch × heads × 2 blocks.
+// The chunk-parallel paths reserve chunks for HYSERVE_SSD_MAX_TOKENS tokens (default 16384; the
+// token count is device data) plus one per row; a batch needing more chunks is computed by the
+// general kernel below instead (decided on the device: no host synchronisation, graph-capturable).
+// All compute the CPU op's formulation with a double cumsum; none depends on chunk_size
 // (validated only: the chunk length is each kernel's own).
 //
 // Fallback kernel. One block per (head, sequence) walks the sequence in chunks
@@ -46,6 +50,7 @@
 #include <cstring>
 
 #include "ssd_scan_bf16.cuh"
+#include "ssd_scan_chained.cuh"
 #include "ssd_scan_chunked.cuh"
 #include "ssd_scan_parallel.cuh"
 #include "ssd_scan_paths.h"
@@ -348,6 +353,49 @@ void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t strea
   });
 }
 
+// bf16 io, one chained kernel: zeroed flags and ticket, plan, the kernel; then the general kernel
+// gated on the overflow flag (exits at once unless the batch needed more chunks than reserved).
+template <class TS>
+void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, cudaStream_t stream) {
+  namespace sc = ssd_chain;
+  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
+    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
+      constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
+      const int64_t cap64 = (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
+      const int64_t max_cap = std::min<int64_t>((int64_t{1} << 31) / 2 / p.heads, int64_t{1} << 30);
+      const int cap = static_cast<int>(std::min(cap64, max_cap));
+      // Workspace: info [4], chunk_off [batch + 1], flags [batch, 2, heads, warps] (ints, rounded
+      // to 16 bytes), carry [batch, 2, heads, P, N] f32. The ints start at zero.
+      const int64_t n_ints = (4 + p.batch + 1 + p.batch * 2 * p.heads * sc::kWarps + 3) / 4 * 4;
+      const int64_t n_carry = p.batch * 2 * p.heads * P * N;
+      void* raw = nullptr;
+      const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(n_carry);
+      CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
+      CUDA_CHECK(cudaMemsetAsync(raw, 0, sizeof(int) * static_cast<size_t>(n_ints), stream));
+      sc::workspace ws;
+      ws.info = static_cast<int*>(raw);
+      ws.chunk_off = ws.info + 4;
+      ws.flags = ws.chunk_off + p.batch + 1;
+      ws.carry = reinterpret_cast<float*>(ws.info + n_ints);
+      ws.cap = cap;
+      const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
+      sc::plan_kernel<<<1, sc::kPlanThreads, 0, stream>>>(p, ws);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+      {
+        const auto kernel = &sc::chain_kernel<TS, P, N>;
+        constexpr size_t smem = sc::chain_tiles<P, N>::kBytes;
+        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+        const int64_t blocks = static_cast<int64_t>(cap) * p.heads;
+        kernel<<<static_cast<unsigned>(blocks), sc::kThreads, smem, stream>>>(p, ws, vec);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      }
+      const scan_layout l = pick_layout(P, N);
+      launch_ssd_scan<__nv_bfloat16, TS>(p, l, stream, ws.info);  // overflow fallback
+      CUDA_CHECK(cudaFreeAsync(raw, stream));
+    });
+  });
+}
+
 template <class T, class TS>
 void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   namespace sc = ssd_chunked;
@@ -396,7 +444,9 @@ using namespace cuda_detail;
 ssd_scan_path ssd_scan_default_path() {
   static const ssd_scan_path path = [] {
     const char* e = std::getenv("HYSERVE_SSD_SCAN");
-    return e != nullptr && std::strcmp(e, "parallel") == 0 ? ssd_scan_path::parallel : ssd_scan_path::sequential;
+    if (e != nullptr && std::strcmp(e, "parallel") == 0) return ssd_scan_path::parallel;
+    if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
+    return ssd_scan_path::sequential;
   }();
   return path;
 }
@@ -417,7 +467,8 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
       using TI = typename decltype(io)::type;
       using TS = typename decltype(st)::type;
       if constexpr (std::is_same_v<TI, __nv_bfloat16>) {
-        if (path == ssd_scan_path::parallel) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
+        if (path == ssd_scan_path::parallel) launch_ssd_bf16_chained<TS>(p, as_stream(stream));
+        else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
     });

@@ -8,9 +8,10 @@
 namespace hyserve::kernels {
 
 enum class ssd_scan_path {
-  automatic,   // HYSERVE_SSD_SCAN (default parallel); sequential for batches of more than 64 rows
+  automatic,   // HYSERVE_SSD_SCAN (see ssd_scan.cu); sequential for batches of more than 64 rows
   sequential,  // one block per (row, head, state slice) walking the row's chunks in order
-  parallel,    // chunk states in parallel, a state pass over chunks, outputs in parallel
+  parallel,    // one kernel, a block per (chunk, head); only the state hand-off is chained
+  phased,      // three kernels: chunk states, a state pass over chunks, outputs
 };
 
 void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream = nullptr);

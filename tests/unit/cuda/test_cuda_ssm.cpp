@@ -458,8 +458,9 @@ INSTANTIATE_TEST_SUITE_P(
         typed_case{kB, kF, 1, 4, 32, 64, {100, 3}, 1, true, true}),
     typed_name);
 
-// Both bf16-io scan paths (sequential: one block per row walking its chunks; parallel: chunk
-// states, state pass, outputs) in the same run, each against the CPU op from the same inputs.
+// The bf16-io scan paths (sequential: one block per row walking its chunks; parallel: one
+// kernel, a block per (chunk, head) with the state hand-off chained; phased: chunk states, state
+// pass, outputs) in the same run, each against the CPU op from the same inputs.
 class SsdScanPathsCuda : public testing::TestWithParam<typed_case> {};
 
 TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
@@ -490,12 +491,14 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   pg.query_start_loc = dqsl.data();
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   run_cpu(pc);
-  for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel}) {
+  for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::phased}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
     device_synchronize();
-    prob.check(path == ssd_scan_path::parallel ? "parallel scan" : "sequential scan");
+    prob.check(path == ssd_scan_path::parallel ? "parallel scan"
+               : path == ssd_scan_path::phased ? "phased scan"
+                                               : "sequential scan");
   }
 }
 
@@ -525,9 +528,9 @@ std::vector<typed_case> path_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Grid, SsdScanPathsCuda, testing::ValuesIn(path_cases()), typed_name);
 
-// The production shape (16384 tokens, 128 heads, head_dim 64, d_state 128, 8 groups): the two
-// paths against each other (the CPU op at this size is too slow for a unit test; both paths are
-// checked against it above).
+// The production shape (16384 tokens, 128 heads, head_dim 64, d_state 128, 8 groups): the
+// chunk-parallel paths against the sequential one (the CPU op at this size is too slow for a unit
+// test; every path is checked against it above).
 TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   for (const dtype st : {kF, kB}) {
@@ -542,18 +545,22 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     prob.fill(pg, dslots.data(), 1, true);
     pg.query_start_loc = dqsl.data();
     pg.has_initial_state = dinit.data();
-    std::vector<float> y[2], states[2];
-    for (int k = 0; k < 2; ++k) {
+    const ssd_scan_path paths[3] = {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::phased};
+    std::vector<float> y[3], states[3];
+    for (int k = 0; k < 3; ++k) {
       prob.dy.upload(y0);
       prob.dstates.upload(s0);
-      run_cuda(pg, k == 0 ? ssd_scan_path::sequential : ssd_scan_path::parallel);
+      run_cuda(pg, paths[k]);
       device_synchronize();
       y[k] = decode(prob.dy.download(), kB);
       states[k] = decode(prob.dstates.download(), st);
     }
-    const std::string what = std::string("production shape, state ") + std::string(dtype_name(st));
-    expect_match_bf16_pipeline(y[1], y[0], 3e-2, 2e-2, what + " y");
-    expect_match(states[1], states[0], 1e-2, 1e-2, what + " states");
+    for (int k = 1; k < 3; ++k) {
+      const std::string what = std::string("production shape, ") + (k == 1 ? "parallel" : "phased") +
+                               " vs sequential, state " + std::string(dtype_name(st));
+      expect_match_bf16_pipeline(y[k], y[0], 3e-2, 2e-2, what + " y");
+      expect_match(states[k], states[0], 1e-2, 1e-2, what + " states");
+    }
   }
 }
 

@@ -1,0 +1,456 @@
+#pragma once
+// Chunk-parallel SSD scan for bf16 io (f32 or bf16 state) in one kernel: every (chunk, head) is
+// an independent block except for the hand-off of the state from one chunk to the next, which
+// goes through a small workspace and a flag per warp.
+//
+// Work item = (global chunk gc, head h), Q = 128 tokens per chunk (chunks per sequence: a
+// sequence's last chunk may be short; a live row without tokens has one empty chunk, so that its
+// final state is written like any other). Items are claimed by an atomic ticket in chunk-major
+// order (ticket = gc·H + h): an item waits only on the item of the same head and the previous
+// chunk of the same row, which holds an earlier ticket and is therefore running or done; no
+// item waits on a later one, so the chain cannot deadlock whatever the residency.
+// Per item, with cum_t = Σ_{s<=t} dt_s·A inside the chunk (double), 8 warps:
+//   1. x, B, C of the chunk to shared memory (cp.async); dt, the cumsum, exp(cum_i) and
+//      coef_j = exp(cum_end − cum_j)·dt_j.
+//   2. S_loc = (coef ∘ X)ᵀ·B (64 × 128 over K = 128 tokens; warp w owns a 32 × 32 tile), f32.
+//   3. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (warp w owns rows [16w, 16w+16);
+//      W in registers as the A operand of W·X).
+//   4. state hand-off, per warp: S_in = the previous chunk's S_out (wait for its flag), or the
+//      slot state (first chunk, has_initial_state) or zeros; S_out = exp(cum_end)·S_in + S_loc
+//      goes to the next chunk through the workspace (f32, then a release of the flag), or to
+//      the slot in the state type (last chunk of the row). S_in (bf16) to shared memory.
+//   5. y_i += exp(cum_i)·C_i·S_inᵀ + D·x_i, stored as bf16.
+// Steps 2 and 3 need no state, so by the time a block reaches step 4 its predecessor (started a
+// few dozen tickets before it) has usually published: the serial part per chunk is one wait, a
+// 32 KiB f32 read and write from L2 per (chunk, head) and a flag.
+// Numerics are those of the sequential kernel (ssd_scan_bf16.cuh): operands of the tensor-core
+// products rounded to bf16 (coef·x, the C·Bᵀ weights, S_in), f32 accumulation, f32 chained state.
+//
+// Workspace per call: info [4] (total chunks, overflow, ticket), chunk_off [batch + 1], flags
+// [batch, 2, heads, warps], carry [batch, 2, heads, P·N] f32: two carry slots per row (chunk k
+// writes slot k & 1; chunk k + 2 overwrites it only after chunk k + 1, which read it, has
+// published). Flags hold k + 1 once chunk k's S_out is in its slot; the host zeroes them.
+// Chunk counts are device data: the host reserves HYSERVE_SSD_MAX_TOKENS / Q + batch chunks;
+// past that the plan raises the overflow flag, the kernel exits at once and the general kernel
+// (gated on the flag) computes the batch.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "ssd_scan_bf16.cuh"  // mma / ldmatrix helpers, load8
+#include "ssm_common.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace ssd_chain {
+
+using bf16 = __nv_bfloat16;
+using ssd_bf16::ldsm_x4;
+using ssd_bf16::ldsm_x4_t;
+using ssd_bf16::load8;
+using ssd_bf16::mma_bf16;
+using ssd_bf16::pack_bf16x2;
+using ssd_bf16::unpack_bf16x2;
+
+constexpr int kQ = 128;  // chunk length
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPlanThreads = 1024;
+static_assert(kQ == 16 * kWarps, "warp w owns token rows [16w, 16w+16)");
+
+struct workspace {
+  int* info = nullptr;       // [0] total chunks, [1] overflow (total > cap), [2] ticket
+  int* chunk_off = nullptr;  // [batch + 1]
+  int* flags = nullptr;      // [batch, 2, heads, kWarps]
+  float* carry = nullptr;    // [batch, 2, heads, P·N] (per warp: its fragment order)
+  int cap = 0;
+};
+
+// Chunks per row: ceil(len / Q) for live rows (at least one), 0 for padding rows.
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const ssd_chunk_scan_params p, workspace ws) {
+  __shared__ int part[kPlanThreads];
+  const int tid = threadIdx.x;
+  const int64_t batch = p.batch;
+  const int64_t per = (batch + kPlanThreads - 1) / kPlanThreads;
+  const int64_t b0 = min(batch, tid * per), b1 = min(batch, b0 + per);
+  auto count = [&](int64_t b) -> int {
+    if (p.state_indices[b] < 0) return 0;
+    const int64_t len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+    return len > 0 ? static_cast<int>(min((len + kQ - 1) / kQ, int64_t{1} << 30)) : 1;
+  };
+  int local = 0;
+  for (int64_t b = b0; b < b1; ++b) local += count(b);
+  part[tid] = local;
+  __syncthreads();
+  for (int o = 1; o < kPlanThreads; o <<= 1) {  // inclusive Hillis-Steele scan
+    const int v = tid >= o ? part[tid - o] : 0;
+    __syncthreads();
+    part[tid] += v;
+    __syncthreads();
+  }
+  int run = part[tid] - local;
+  for (int64_t b = b0; b < b1; ++b) {
+    ws.chunk_off[b] = run;
+    run += count(b);
+  }
+  if (tid == kPlanThreads - 1) {
+    const int total = part[tid];
+    ws.chunk_off[batch] = total;
+    ws.info[0] = total;
+    ws.info[1] = total > ws.cap ? 1 : 0;
+  }
+}
+
+// Row of global chunk gc: the last b with chunk_off[b] <= gc (rows without chunks share an
+// offset with the next row and are skipped because chunk_off[b + 1] > gc must hold).
+__device__ __forceinline__ int64_t chunk_row(const int* off, int64_t batch, int gc) {
+  int64_t lo = 0, hi = batch;  // off[lo] <= gc < off[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (__ldg(off + mid) <= gc) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = ssd_bf16::smem_u32(smem);
+  const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ int ld_acquire(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* ptr, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+}
+
+// Two bf16 of an mma fragment register times two factors, rounded back to bf16.
+__device__ __forceinline__ uint32_t scale2(uint32_t w, float a, float b) {
+  const float2 f = unpack_bf16x2(w);
+  return pack_bf16x2(f.x * a, f.y * b);
+}
+
+template <int P, int N>
+struct chain_tiles {
+  static constexpr int kLdN = N + 8, kLdP = P + 8;
+  static constexpr size_t kBytes = sizeof(double) * (kQ + kWarps) + sizeof(float) * 3 * kQ + sizeof(int) * 4 +
+                                   sizeof(bf16) * static_cast<size_t>(kQ * kLdP + 2 * kQ * kLdN + P * kLdN);
+};
+
+template <class TS, int P, int N>
+__global__ void __launch_bounds__(kThreads, 2)
+    chain_kernel(const ssd_chunk_scan_params p, const workspace ws, bool vec) {
+  using tl = chain_tiles<P, N>;
+  constexpr int kLdN = tl::kLdN, kLdP = tl::kLdP;
+  constexpr int PW = P / 2, NW = N / 4, MT = PW / 16, NT = NW / 8;  // S tile of a warp: PW × NW
+  constexpr int kWarpState = P * N / kWarps;                          // floats of S per warp
+  constexpr int kX = kQ * P / 8 / kThreads, kBC = kQ * N / 8 / kThreads;
+  static_assert(kX * kThreads * 8 == kQ * P && kBC * kThreads * 8 == kQ * N, "whole load batches");
+  static_assert(PW % 16 == 0 && NT % 2 == 0 && P % 16 == 0 && N % 16 == 0, "whole mma tiles");
+  static_assert(MT * NT * 4 * 32 == kWarpState, "the warps' S tiles cover S");
+
+  extern __shared__ double smem_d[];
+  double* cum = smem_d;                                  // [Q]
+  double* wsum = cum + kQ;                               // [warps]
+  float* dtv = reinterpret_cast<float*>(wsum + kWarps);  // [Q] step sizes (0 past L)
+  float* coef = dtv + kQ;                                // [Q] exp(cum_end − cum_j)·dt_j
+  float* ecum = coef + kQ;                               // [Q] exp(cum_i)
+  int* item_s = reinterpret_cast<int*>(ecum + kQ);       // [4]
+  bf16* Xs = reinterpret_cast<bf16*>(item_s + 4);        // [Q][kLdP] x of the chunk
+  bf16* Bs = Xs + kQ * kLdP;                             // [Q][kLdN]
+  bf16* Cs = Bs + kQ * kLdN;                             // [Q][kLdN]
+  bf16* Ss = Cs + kQ * kLdN;                             // [P][kLdN] S_in (bf16)
+
+  if (ws.info[1] != 0) return;  // overflow: the general kernel computes the batch
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  if (tid == 0) item_s[0] = atomicAdd(ws.info + 2, 1);
+  __syncthreads();
+  const int64_t item = item_s[0];
+  const int64_t H = p.heads;
+  if (item >= static_cast<int64_t>(ws.info[0]) * H) return;  // spare block
+  const int gc = static_cast<int>(item / H);
+  const int64_t h = item % H;
+  const int64_t b = chunk_row(ws.chunk_off, p.batch, gc);
+  const int k = gc - ws.chunk_off[b];
+  const int n_chunks = ws.chunk_off[b + 1] - ws.chunk_off[b];
+  const int64_t start = p.query_start_loc[b];
+  const int64_t len = p.query_start_loc[b + 1] - start;
+  const int64_t t0 = start + static_cast<int64_t>(k) * kQ;
+  const int L = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(kQ), len - static_cast<int64_t>(k) * kQ)));
+  const bool first = k == 0, last = k + 1 == n_chunks;
+  const int64_t slot = p.state_indices[b];  // live row: padding rows have no chunks
+  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
+  const bool carry = !first || init;  // false: S_in is zero
+  const int64_t grp = h / (H / p.n_groups);
+  const double A = -exp(static_cast<double>(p.A_log[h]));
+  const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+  const bf16* xg = static_cast<const bf16*>(p.x);
+  const bf16* dtg = static_cast<const bf16*>(p.dt);
+  const bf16* Bg = static_cast<const bf16*>(p.B);
+  const bf16* Cg = static_cast<const bf16*>(p.C);
+  bf16* yg = static_cast<bf16*>(p.y);
+
+  // 1. Stage x, B, C (rows past L zero).
+#pragma unroll
+  for (int u = 0; u < kX; ++u) {
+    const int e = u * kThreads + tid, j = e / (P / 8), cc = e % (P / 8);
+    bf16* dst = Xs + j * kLdP + 8 * cc;
+    if (vec) {
+      cp_async16(dst, j < L ? xg + (t0 + j) * p.x_stride + h * P + 8 * cc : xg, j < L);
+    } else {
+      *reinterpret_cast<uint4*>(dst) =
+          j < L ? load8(xg + (t0 + j) * p.x_stride + h * P + 8 * cc, false) : make_uint4(0, 0, 0, 0);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kBC; ++u) {
+    const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
+    const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * cc;
+    bf16* db = Bs + j * kLdN + 8 * cc;
+    bf16* dc = Cs + j * kLdN + 8 * cc;
+    if (vec) {
+      cp_async16(db, j < L ? Bg + off : Bg, j < L);
+      cp_async16(dc, j < L ? Cg + off : Cg, j < L);
+    } else {
+      *reinterpret_cast<uint4*>(db) = j < L ? load8(Bg + off, false) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dc) = j < L ? load8(Cg + off, false) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // dt and the inclusive cumsum of dt·A in double (thread tid < Q owns token tid).
+  double run = 0.0;
+  if (tid < kQ) {
+    const float d = tid < L ? step_size(p, __bfloat162float(dtg[(t0 + tid) * p.dt_stride + h]), h) : 0.0f;
+    dtv[tid] = d;
+    run = static_cast<double>(d) * A;
+  }
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double v = __shfl_up_sync(0xffffffffu, run, o);
+    if (lane >= o) run += v;
+  }
+  if (lane == 31) wsum[warp] = run;
+  cp_async_wait_all();
+  __syncthreads();
+  if (tid < kQ) {
+    for (int w = 0; w < warp; ++w) run += wsum[w];
+    cum[tid] = run;
+  }
+  __syncthreads();
+  const double cum_end = cum[kQ - 1];  // = cum[L - 1]: dt is 0 past L
+  if (tid < kQ) {
+    ecum[tid] = static_cast<float>(exp(cum[tid]));
+    coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
+  }
+  __syncthreads();
+
+  // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
+  //    A(p, j) = x_j[p]·coef_j (.trans from Xs, scaled in registers), B(j, n) = Bs[j][n] (.trans).
+  const int pw0 = PW * (warp / 4), nw0 = NW * (warp % 4);
+  float sl[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) sl[mt][nt][0] = sl[mt][nt][1] = sl[mt][nt][2] = sl[mt][nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kQ / 16; ++kk) {
+    if (kk * 16 < L) {
+      const int j0 = 16 * kk;
+      const float ca0 = coef[j0 + 2 * t], ca1 = coef[j0 + 2 * t + 1];
+      const float cb0 = coef[j0 + 2 * t + 8], cb1 = coef[j0 + 2 * t + 9];
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        ldsm_x4_t(a[mt], Xs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdP + pw0 + 16 * mt + 8 * ((lane >> 3) & 1));
+        // a0, a1: tokens j0 + 2t, +1; a2, a3: tokens j0 + 2t + 8, +9.
+        a[mt][0] = scale2(a[mt][0], ca0, ca1);
+        a[mt][1] = scale2(a[mt][1], ca0, ca1);
+        a[mt][2] = scale2(a[mt][2], cb0, cb1);
+        a[mt][3] = scale2(a[mt][3], cb0, cb1);
+      }
+#pragma unroll
+      for (int ntp = 0; ntp < NT / 2; ++ntp) {
+        uint32_t bq[4];
+        ldsm_x4_t(bq, Bs + (j0 + (lane & 15)) * kLdN + nw0 + 16 * ntp + 8 * (lane >> 4));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(sl[mt][2 * ntp], a[mt], bq[0], bq[1]);
+          mma_bf16(sl[mt][2 * ntp + 1], a[mt], bq[2], bq[3]);
+        }
+      }
+    }
+  }
+
+  // 3. Intra-chunk y of rows [r0, r0 + 16): W·X over the 16-token blocks jb <= warp.
+  const int r0 = 16 * warp;
+  const int i_lo = r0 + g, i_hi = i_lo + 8;
+  float acc[P / 8][4];
+#pragma unroll
+  for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  if (r0 < L) {
+    const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
+    for (int jb = 0; jb <= warp; ++jb) {
+      const int j0 = 16 * jb;
+      float cb[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) cb[n][0] = cb[n][1] = cb[n][2] = cb[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        uint32_t a[4], bq[4];
+        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+        ldsm_x4(bq, Bs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+        mma_bf16(cb[0], a, bq[0], bq[1]);
+        mma_bf16(cb[1], a, bq[2], bq[3]);
+      }
+      uint32_t wa[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
+        const double ca = cum[ja], cbb = cum[jb2];
+        const float da = dtv[ja], db = dtv[jb2];
+        const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
+        const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
+        const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
+        const float w11 = jb2 <= i_hi ? cb[half][3] * expf(static_cast<float>(ci_hi - cbb)) * db : 0.0f;
+        wa[2 * half] = pack_bf16x2(w00, w01);
+        wa[2 * half + 1] = pack_bf16x2(w10, w11);
+      }
+#pragma unroll
+      for (int np = 0; np < P / 16; ++np) {
+        uint32_t bq[4];
+        ldsm_x4_t(bq, Xs + (j0 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
+        mma_bf16(acc[2 * np], wa, bq[0], bq[1]);
+        mma_bf16(acc[2 * np + 1], wa, bq[2], bq[3]);
+      }
+    }
+  }
+
+  // 4. State hand-off of this warp's tile.
+  {
+    const float total = static_cast<float>(exp(cum_end));
+    TS* state = static_cast<TS*>(p.ssm_states) + (slot * H + h) * static_cast<int64_t>(P) * N;
+    float si[MT][NT][4];
+    if (first) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+            const float2 v = init ? load_state2(state + static_cast<int64_t>(pr) * N + nc) : make_float2(0.0f, 0.0f);
+            si[mt][nt][2 * half] = v.x;
+            si[mt][nt][2 * half + 1] = v.y;
+          }
+    } else {
+      const int64_t prev = (b * 2 + ((k - 1) & 1)) * H + h;
+      const int* flag = ws.flags + prev * kWarps + warp;
+      while (ld_acquire(flag) < k) __nanosleep(40);
+      const float4* src = reinterpret_cast<const float4*>(ws.carry + prev * P * N + warp * kWarpState);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float4 v = __ldcg(src + (mt * NT + nt) * 32 + lane);
+          si[mt][nt][0] = v.x;
+          si[mt][nt][1] = v.y;
+          si[mt][nt][2] = v.z;
+          si[mt][nt][3] = v.w;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sl[mt][nt][e] = total * si[mt][nt][e] + sl[mt][nt][e];  // S_out
+    if (last) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+            store_state2(state + static_cast<int64_t>(pr) * N + nc,
+                         make_float2(sl[mt][nt][2 * half], sl[mt][nt][2 * half + 1]));
+          }
+    } else {
+      const int64_t cur = (b * 2 + (k & 1)) * H + h;
+      float4* dst = reinterpret_cast<float4*>(ws.carry + cur * P * N + warp * kWarpState);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          __stcg(dst + (mt * NT + nt) * 32 + lane, make_float4(sl[mt][nt][0], sl[mt][nt][1], sl[mt][nt][2], sl[mt][nt][3]));
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) st_release(ws.flags + cur * kWarps + warp, k + 1);
+    }
+    if (carry) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+            *reinterpret_cast<uint32_t*>(Ss + pr * kLdN + nc) = pack_bf16x2(si[mt][nt][2 * half], si[mt][nt][2 * half + 1]);
+          }
+    }
+  }
+  __syncthreads();  // Ss complete
+
+  // 5. y rows += exp(cum_i)·C_i·S_inᵀ + D·x_i.
+  if (r0 < L) {
+    if (carry) {
+      float a2[P / 8][4];
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < P / 16; ++np) {
+          uint32_t bq[4];
+          ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+          mma_bf16(a2[2 * np], a, bq[0], bq[1]);
+          mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
+        }
+      }
+      const float e_lo = ecum[i_lo], e_hi = ecum[i_hi];
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) {
+        acc[n][0] += e_lo * a2[n][0];
+        acc[n][1] += e_lo * a2[n][1];
+        acc[n][2] += e_hi * a2[n][2];
+        acc[n][3] += e_hi * a2[n][3];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < P / 8; ++n) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
+        if (i < L) {
+          const float2 xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
+          const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
+          bf16* dst = yg + (t0 + i) * p.y_stride + h * P + pc;
+          if (vec) {
+            *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
+          } else {
+            dst[0] = __float2bfloat16_rn(y0);
+            dst[1] = __float2bfloat16_rn(y1);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ssd_chain
+}  // namespace hyserve::kernels::cuda_detail
