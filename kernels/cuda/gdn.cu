@@ -308,13 +308,14 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
     {
-      const auto kernel = &tc::state_kernel<kSplit, K>;
+      // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.
+      const bool vec = vector_ok({p.q, p.k, p.v}, {p.q_stride, p.k_stride, p.v_stride, p.v_dim}, 4);
+      const auto kernel = vec ? &tc::state_kernel<kSplit, K, true> : &tc::state_kernel<kSplit, K, false>;
       constexpr size_t smem = tc::state_tiles<K>::kBytes;
       reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-      const bool vec = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
       const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, tc::kSlice)), static_cast<unsigned>(p.heads_v),
                       static_cast<unsigned>(p.batch));
-      kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, vec);
+      kernel<<<grid, tc::kStateThreads, smem, stream>>>(p, ws);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
     launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);

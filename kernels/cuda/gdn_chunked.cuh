@@ -26,10 +26,10 @@
 //
 // GEMMs run on mma.sync m16n8k8 TF32 with fp32 accumulation, either split 3xTF32
 // (a = a_hi + a_lo, a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: fp32-level accuracy) or plain TF32
-// (one product, about 5e-4 relative per product; faster). 4 warps per block; warp w owns token
-// rows [16w, 16w + 16) of every token-row GEMM output, and key columns [w·K/4, (w+1)·K/4) of the
-// state update. Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major
-// A fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
+// (one product, about 5e-4 relative per product; faster). The intra kernel has 4 warps, warp w
+// owning token rows [16w, 16w + 16) of its outputs; the state kernel 8 (see there).
+// Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major A
+// fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
 //
 // The workspace holds cap = HYSERVE_GDN_MAX_TOKENS / 64 + batch chunks (default 16384 tokens);
 // a batch needing more is computed by the recurrent kernel instead, gated on the overflow flag
@@ -69,8 +69,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // m16n8k8 .tf32), g = lane / 4, t = lane % 4:
 //   A: (g, k+t) (g+8, k+t) (g, k+t+4) (g+8, k+t+4);  B: (k+t, 8·tile + g) (k+t+4, 8·tile + g);
 //   acc[tile][e]: row g + 8·(e / 2), column 8·tile + 2t + e % 2.
+// n-tiles n >= nt_end are skipped (left untouched).
 template <bool kSplit, int NT, class FA, class FB>
-__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_at, FB b_at) {
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_at, FB b_at, int nt_end = NT) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll 2
   for (int k = 0; k < k_end; k += 8) {
@@ -83,6 +84,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_a
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
+      if (n >= nt_end) continue;
       const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
       const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
       if constexpr (kSplit) {
@@ -295,11 +297,14 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     float kk[C / 8][4], qk[C / 8][4];
     zero(kk);
     zero(qk);
-    // All 64 columns: the tiles past the diagonal are computed and dropped.
+    // Columns j < r0 + 16 only (n-tiles past the diagonal block stay zero).
+    const int nt_end = 2 * (warp + 1);
     warp_gemm<kSplit, C / 8>(
-        kk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; });
+        kk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; },
+        nt_end);
     warp_gemm<kSplit, C / 8>(
-        qk, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; });
+        qk, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; },
+        nt_end);
     float* Pg = ws.P + it * C * C;
 #pragma unroll
     for (int nt = 0; nt < C / 8; ++nt) {
@@ -393,38 +398,94 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
 // ---- state kernel ----------------------------------------------------------------------------
 
+constexpr int kStateWarps = 8;
+constexpr int kStateThreads = 32 * kStateWarps;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
 template <int K>
 struct state_tiles {
   static constexpr int kLdW = K + 4;       // W (A)
-  static constexpr int kLdQ = K + 4;       // q' (A)
-  static constexpr int kLdK = K + 8;       // k' (B, k-major)
+  static constexpr int kLdQ = K + 4;       // q (A)
+  static constexpr int kLdK = K + 8;       // k (B, k-major)
   static constexpr int kLdT = kChunk + 4;  // T, P (A)
-  static constexpr int kLdY = kSlice + 8;  // β v, u (B k-major; u also A read transposed)
+  static constexpr int kLdY = kSlice + 8;  // v, u (B k-major; u also A read transposed)
   static constexpr int kLdS = K + 4;       // S slice (B read transposed)
-  static constexpr int kFloats = kChunk * (kLdW + kLdQ + kLdK + 2 * kLdT + 2 * kLdY + kTokFields) + kSlice * kLdS;
+  static constexpr int kFloats =
+      kChunk * (kLdW + kLdQ + kLdK + 2 * kLdT + 2 * kLdY + 2 * kTokFields) + kSlice * kLdS;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
-template <bool kSplit, int K>
-__global__ void __launch_bounds__(kThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws,
-                                                         bool vec) {
+// Copies a [C × 4·C4] tile of 16-byte chunks: src(j, c) gives the chunk's global address and
+// whether it is read (else the chunk is zero-filled). kAsync: cp.async (the caller commits and
+// waits); else plain loads, several in flight per thread, and shared stores.
+template <bool kAsync, int C4, class Src>
+__device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
+  constexpr int kN = kChunk * C4;
+  const int tid = threadIdx.x;
+  if constexpr (kAsync) {
+    for (int e = tid; e < kN; e += kStateThreads) {
+      const int j = e / C4, c = e % C4;
+      bool full;
+      const float* g = src(j, c, full);
+      cp_async16(dst + j * ld + 4 * c, g, full);
+    }
+  } else {
+    constexpr int kU = kN / kStateThreads < 4 ? (kN / kStateThreads > 0 ? kN / kStateThreads : 1) : 4;
+    for (int e0 = 0; e0 < kN; e0 += kStateThreads * kU) {
+      float4 v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int e = e0 + u * kStateThreads + tid;
+        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (e < kN) {
+          const int j = e / C4, c = e % C4;
+          bool full;
+          const float* g = src(j, c, full);
+          if (full) v[u] = make_float4(g[0], g[1], g[2], g[3]);  // any alignment
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int e = e0 + u * kStateThreads + tid;
+        if (e < kN) *reinterpret_cast<float4*>(dst + (e / C4) * ld + 4 * (e % C4)) = v[u];
+      }
+    }
+  }
+}
+
+// One block per (row, value head, slice of 32 value rows), 8 warps. Warp w computes token rows
+// [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of u and o, and state rows [16·(w / 4), +16)
+// × key columns [(w % 4)·K/4, +K/4) of the update. The tiles of chunk k+1 are copied while
+// chunk k is computed (cp.async when the inputs allow 16-byte copies), in two groups that
+// follow the two halves of a chunk:
+//   A (W, T, q, v, token factors) — read by the first half (u, q·Sᵀ), refilled after it;
+//   B (P, k)                     — read by the second half (P·u, state update), refilled after it.
+// q, k and v are staged raw and scaled by their token factors as the fragments are read.
+template <bool kSplit, int K, bool kAsync>
+__global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
   constexpr int C = kChunk, BV = kSlice;
   constexpr int kLdW = tl::kLdW, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY,
                 kLdS = tl::kLdS;
-  constexpr int KW = K / kWarps;  // state key columns per warp
-  constexpr int NTS = KW / 8;     // their n-tiles
+  constexpr int KW = K / 4;    // state key columns per warp
+  constexpr int NTS = KW / 8;  // their n-tiles
   static_assert(KW % 8 == 0, "key columns per warp in whole n-tiles");
   extern __shared__ float4 smem_f4[];
   float* Ws = reinterpret_cast<float*>(smem_f4);  // [C][kLdW]
-  float* Qs = Ws + C * kLdW;                      // [C][kLdQ] q' = qs ⊙ q
-  float* Ks = Qs + C * kLdQ;                      // [C][kLdK] k' = ks ⊙ k
+  float* Qs = Ws + C * kLdW;                      // [C][kLdQ] raw q
+  float* Ks = Qs + C * kLdQ;                      // [C][kLdK] raw k
   float* Ts = Ks + C * kLdK;                      // [C][kLdT]
   float* Ps = Ts + C * kLdT;                      // [C][kLdT]
-  float* Ys = Ps + C * kLdT;                      // [C][kLdY] β v (slice)
+  float* Ys = Ps + C * kLdT;                      // [C][kLdY] raw v (slice)
   float* Us = Ys + C * kLdY;                      // [C][kLdY] u
-  float* toks = Us + C * kLdY;                    // [C][kTokFields]
-  float* Ss = toks + C * kTokFields;              // [BV][kLdS]
+  float* toks = Us + C * kLdY;                    // [2][C][kTokFields] by chunk parity
+  float* Ss = toks + 2 * C * kTokFields;          // [BV][kLdS]
 
   if (*ws.overflow != 0) return;
   const int64_t b = blockIdx.z;
@@ -432,7 +493,7 @@ __global__ void __launch_bounds__(kThreads) state_kernel(const gdn_chunk_scan_pa
   if (slot < 0) return;
   const int64_t h = blockIdx.y;
   const int v0 = static_cast<int>(blockIdx.x) * BV;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t HV = p.heads_v;
   const int V = static_cast<int>(p.v_dim);
   const int64_t hk = h / (HV / p.heads_k);
@@ -440,165 +501,161 @@ __global__ void __launch_bounds__(kThreads) state_kernel(const gdn_chunk_scan_pa
   const int len = p.query_start_loc[b + 1] - static_cast<int>(start);
   const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
   float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
-  const int kb = warp * KW;  // this warp's state key columns
+  const int r0 = 16 * (warp & 3);   // token rows of u and o
+  const int c0 = 16 * (warp >> 2);  // slice columns of u and o
+  const int m0 = 16 * (warp >> 2);  // slice rows of the state update
+  const int kb = (warp & 3) * KW;   // key columns of the state update
 
-  // State slice in registers: s[mt][nt][e] at value row v0 + 16·mt + g + 8·(e / 2), key
-  // kb + 8·nt + 2t + e % 2.
-  float s[2][NTS][4];
+  // State rows [m0, m0 + 16) × keys [kb, kb + KW) in registers: s[nt][e] at slice row
+  // m0 + g + 8·(e / 2), key kb + 8·nt + 2t + e % 2.
+  float s[NTS][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+  for (int nt = 0; nt < NTS; ++nt) {
 #pragma unroll
-    for (int nt = 0; nt < NTS; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
-        float2 v = make_float2(0.0f, 0.0f);
-        if (init && v0 + vl < V) v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(v0 + vl) * K + key);
-        s[mt][nt][2 * half] = v.x;
-        s[mt][nt][2 * half + 1] = v.y;
-        *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = v;
-      }
+    for (int half = 0; half < 2; ++half) {
+      const int vl = m0 + g + 8 * half, key = kb + 8 * nt + 2 * t;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (init && v0 + vl < V) v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(v0 + vl) * K + key);
+      s[nt][2 * half] = v.x;
+      s[nt][2 * half + 1] = v.y;
+      *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = v;
     }
   }
 
   const int n_chunks = (len + C - 1) / C;
   const int gc0 = ws.chunk_off[b];
-  const int r0 = 16 * warp;
-  for (int kc = 0; kc < n_chunks; ++kc) {
+  auto chunk_tokens = [&](int kc) { return min(C, len - kc * C); };
+  auto issue_a = [&](int kc) {
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
     const int64_t t0 = start + static_cast<int64_t>(kc) * C;
-    const int n = min(C, len - kc * C);
+    const int n = chunk_tokens(kc);
     const float* Wg = ws.W + it * C * K;
-    const float* Pg = ws.P + it * C * C;
     const float* Tg = ws.T + it * C * C;
-    const float4* tokg = reinterpret_cast<const float4*>(ws.tok + it * C * kTokFields);
+    const float* tokg = ws.tok + it * C * kTokFields;
+    copy_tile<kAsync, K / 4>(Ws, kLdW, [&](int j, int c, bool& full) {
+      full = true;
+      return Wg + j * K + 4 * c;
+    });
+    copy_tile<kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
+      full = true;
+      return Tg + j * C + 4 * c;
+    });
+    copy_tile<kAsync, 1>(toks + (kc & 1) * C * kTokFields, kTokFields, [&](int j, int, bool& full) {
+      full = true;
+      return tokg + j * kTokFields;
+    });
+    copy_tile<kAsync, K / 4>(Qs, kLdQ, [&](int j, int c, bool& full) {
+      full = j < n;
+      return full ? p.q + (t0 + j) * p.q_stride + hk * K + 4 * c : p.q;
+    });
+    copy_tile<kAsync, BV / 4>(Ys, kLdY, [&](int j, int c, bool& full) {
+      full = j < n && v0 + 4 * c < V;
+      return full ? p.v + (t0 + j) * p.v_stride + h * V + v0 + 4 * c : p.v;
+    });
+  };
+  auto issue_b = [&](int kc) {
+    const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
+    const int64_t t0 = start + static_cast<int64_t>(kc) * C;
+    const int n = chunk_tokens(kc);
+    const float* Pg = ws.P + it * C * C;
+    copy_tile<kAsync, C / 4>(Ps, kLdT, [&](int j, int c, bool& full) {
+      full = true;
+      return Pg + j * C + 4 * c;
+    });
+    copy_tile<kAsync, K / 4>(Ks, kLdK, [&](int j, int c, bool& full) {
+      full = j < n;
+      return full ? p.k + (t0 + j) * p.k_stride + hk * K + 4 * c : p.k;
+    });
+  };
 
-    stage<C, K / 4>([&](int j, int c) { return reinterpret_cast<const float4*>(Wg)[j * (K / 4) + c]; },
-                    [&](int j, int c, float4 v) { *reinterpret_cast<float4*>(&Ws[j * kLdW + 4 * c]) = v; });
-    stage<C, C / 4>(
-        [&](int j, int c) {
-          return make_float4x2(reinterpret_cast<const float4*>(Tg)[j * (C / 4) + c],
-                               reinterpret_cast<const float4*>(Pg)[j * (C / 4) + c]);
-        },
-        [&](int j, int c, float4x2 v) {
-          *reinterpret_cast<float4*>(&Ts[j * kLdT + 4 * c]) = v.a;
-          *reinterpret_cast<float4*>(&Ps[j * kLdT + 4 * c]) = v.b;
-        });
-    if (vec) {
-      stage<C, K / 4>(
-          [&](int j, int c) {
-            float4x2 r;
-            r.a = r.b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (j < n) {
-              const float4 f = tokg[j];
-              const float4 qv = reinterpret_cast<const float4*>(p.q + (t0 + j) * p.q_stride + hk * K)[c];
-              const float4 kv = reinterpret_cast<const float4*>(p.k + (t0 + j) * p.k_stride + hk * K)[c];
-              r.a = make_float4(qv.x * f.x, qv.y * f.x, qv.z * f.x, qv.w * f.x);
-              r.b = make_float4(kv.x * f.y, kv.y * f.y, kv.z * f.y, kv.w * f.y);
-            }
-            return r;
-          },
-          [&](int j, int c, float4x2 v) {
-            *reinterpret_cast<float4*>(&Qs[j * kLdQ + 4 * c]) = v.a;
-            *reinterpret_cast<float4*>(&Ks[j * kLdK + 4 * c]) = v.b;
-          });
-    } else {
-      stage<C, K>(
-          [&](int j, int c) {
-            float2 r = make_float2(0.0f, 0.0f);
-            if (j < n) {
-              const float4 f = tokg[j];
-              r.x = p.q[(t0 + j) * p.q_stride + hk * K + c] * f.x;
-              r.y = p.k[(t0 + j) * p.k_stride + hk * K + c] * f.y;
-            }
-            return r;
-          },
-          [&](int j, int c, float2 v) {
-            Qs[j * kLdQ + c] = v.x;
-            Ks[j * kLdK + c] = v.y;
-          });
+  if (n_chunks > 0) issue_a(0);
+  if constexpr (kAsync) cp_async_commit();
+  for (int kc = 0; kc < n_chunks; ++kc) {
+    const int64_t t0 = start + static_cast<int64_t>(kc) * C;
+    const int n = chunk_tokens(kc);
+    const float* tk = toks + (kc & 1) * C * kTokFields;  // qs, ks, beta, G per token row
+    issue_b(kc);
+    if constexpr (kAsync) {
+      cp_async_commit();
+      cp_async_wait1();  // group A of this chunk has landed (B may be in flight)
     }
-    stage<C, BV>(
-        [&](int j, int c) {
-          return j < n && v0 + c < V ? tokg[j].z * p.v[(t0 + j) * p.v_stride + h * V + v0 + c] : 0.0f;
-        },
-        [&](int j, int c, float v) { Ys[j * kLdY + c] = v; });
-    if (tid < C) reinterpret_cast<float4*>(toks)[tid] = tokg[tid];
     __syncthreads();
 
-    // u rows [r0, r0 + 16) = T · (β v) − W · Sᵀ;  o rows = q' · Sᵀ.
-    float u[BV / 8][4], o[BV / 8][4];
+    // u = T · (β v) − W · Sᵀ;  o = (qs q) · Sᵀ   (rows [r0, r0 + 16), slice columns [c0, c0 + 16)).
+    float u[2][4], o[2][4];
     zero(u);
     zero(o);
-    warp_gemm<kSplit, BV / 8>(
+    warp_gemm<kSplit, 2>(
         u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
-        [&](int k, int c) { return Ys[k * kLdY + c]; });
-    warp_gemm<kSplit, BV / 8>(
+        [&](int k, int c) { return Ys[k * kLdY + c0 + c] * tk[k * kTokFields + 2]; });
+    warp_gemm<kSplit, 2>(
         u, K, [&](int r, int k) { return -Ws[(r0 + r) * kLdW + k]; },
-        [&](int k, int c) { return Ss[c * kLdS + k]; });
-    warp_gemm<kSplit, BV / 8>(
-        o, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; },
-        [&](int k, int c) { return Ss[c * kLdS + k]; });
+        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
+    warp_gemm<kSplit, 2>(
+        o, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k] * tk[(r0 + r) * kTokFields]; },
+        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
 #pragma unroll
-    for (int nt = 0; nt < BV / 8; ++nt) {
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = r0 + g + 8 * half;
-        *reinterpret_cast<float2*>(&Us[i * kLdY + 8 * nt + 2 * t]) = make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
+        *reinterpret_cast<float2*>(&Us[i * kLdY + c0 + 8 * nt + 2 * t]) =
+            make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // u complete; every read of Ss done
+    __syncthreads();  // u complete; group A tiles and Ss read for this chunk
 
-    // o rows += P[rows, j < r0 + 16] · u.
-    warp_gemm<kSplit, BV / 8>(
+    if (kc + 1 < n_chunks) issue_a(kc + 1);
+    if constexpr (kAsync) {
+      cp_async_commit();
+      cp_async_wait1();  // group B of this chunk has landed (next A may be in flight)
+      __syncthreads();
+    }
+
+    // o += P · u;  the outputs.
+    warp_gemm<kSplit, 2>(
         o, r0 + 16, [&](int r, int k) { return Ps[(r0 + r) * kLdT + k]; },
-        [&](int k, int c) { return Us[k * kLdY + c]; });
+        [&](int k, int c) { return Us[k * kLdY + c0 + c]; });
 #pragma unroll
-    for (int nt = 0; nt < BV / 8; ++nt) {
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = r0 + g + 8 * (e >> 1);
-        const int vv = v0 + 8 * nt + 2 * t + (e & 1);
+        const int vv = v0 + c0 + 8 * nt + 2 * t + (e & 1);
         if (i < n && vv < V) p.out[(t0 + i) * p.out_stride + h * V + vv] = o[nt][e];
       }
     }
 
-    // S ← G·S + uᵀ · k' (this warp's key columns, both 16-row halves of the slice).
-    const float G = toks[kTokFields - 1];
-    const int k_end = (n + 7) & ~7;  // rows >= n of u and k' are zeros
+    // S ← G·S + uᵀ · (ks k)   (slice rows [m0, m0 + 16), keys [kb, kb + KW)).
+    const float G = tk[kTokFields - 1];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int nt = 0; nt < NTS; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < NTS; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= G;
-      }
-      warp_gemm<kSplit, NTS>(
-          s[mt], k_end, [&](int r, int k) { return Us[k * kLdY + 16 * mt + r]; },
-          [&](int k, int c) { return Ks[k * kLdK + kb + c]; });
-#pragma unroll
-      for (int nt = 0; nt < NTS; ++nt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
-          *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
-        }
-      }
+      for (int e = 0; e < 4; ++e) s[nt][e] *= G;
     }
-    __syncthreads();  // tiles free for the next chunk; Ss holds the new state
-  }
-
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+    const int k_end = (n + 7) & ~7;  // rows >= n of u and k are zeros
+    warp_gemm<kSplit, NTS>(
+        s, k_end, [&](int r, int k) { return Us[k * kLdY + m0 + r]; },
+        [&](int k, int c) { return Ks[k * kLdK + kb + c] * tk[k * kTokFields + 1]; });
 #pragma unroll
     for (int nt = 0; nt < NTS; ++nt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int vl = 16 * mt + g + 8 * half, key = kb + 8 * nt + 2 * t;
-        if (v0 + vl < V)
-          *reinterpret_cast<float2*>(S + static_cast<int64_t>(v0 + vl) * K + key) =
-              make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+        const int vl = m0 + g + 8 * half, key = kb + 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
       }
+    }
+    __syncthreads();  // group B tiles, u and the token factors free; Ss holds the new state
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < NTS; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int vl = m0 + g + 8 * half, key = kb + 8 * nt + 2 * t;
+      if (v0 + vl < V)
+        *reinterpret_cast<float2*>(S + static_cast<int64_t>(v0 + vl) * K + key) =
+            make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
     }
   }
 }

@@ -49,10 +49,12 @@ struct gdn_problem {
   std::vector<float> qkv, ab, A_log, dt_bias, out, states;
   device_array<float> dqkv, dab, dA_log, ddt_bias, dout, dstates;
 
+  // row_pad: extra floats per q | k | v row; 3 leaves rows unaligned, 4 keeps 16-byte rows (the
+  // tensor-core prefill copies them with cp.async then).
   gdn_problem(int64_t tokens_, int64_t hk, int64_t hv, int64_t kd, int64_t vd, int64_t n_slots_, uint32_t seed,
-              float a_shift = 0.0f)
+              float a_shift = 0.0f, int64_t row_pad = 3)
       : tokens(tokens_), heads_k(hk), heads_v(hv), k_dim(kd), v_dim(vd), n_slots(n_slots_) {
-    qkv_stride = 2 * hk * kd + hv * vd + 3;
+    qkv_stride = 2 * hk * kd + hv * vd + row_pad;
     ab_stride = 2 * hv + 1;
     out_stride = hv * vd + 5;
     qkv = random_floats(static_cast<size_t>(tokens * qkv_stride), seed + 1);
@@ -179,6 +181,7 @@ struct scan_case {
   bool l2 = true, bias = true;
   float a_shift = 0.0f;  // strong decay: the per-token log decay reaches about -1e3 per chunk
   float scale = 0.0f;
+  bool aligned = false;  // 16-byte aligned q | k | v rows
 };
 
 std::string scan_name(const testing::TestParamInfo<scan_case>& info) {
@@ -192,6 +195,7 @@ std::string scan_name(const testing::TestParamInfo<scan_case>& info) {
   if (!c.bias) s += "_nobias";
   if (c.a_shift != 0.0f) s += "_strongdecay";
   if (c.scale != 0.0f) s += "_scale";
+  if (c.aligned) s += "_aligned";
   return s;
 }
 
@@ -282,7 +286,8 @@ TEST_P(GdnChunkScanCudaPaths, MatchesCpu) {
   const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
   const int64_t n_slots = 2 * batch + 2;
   gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots,
-                   5000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift);
+                   5000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift,
+                   c.aligned ? 4 : 3);
   std::vector<int32_t> slots(static_cast<size_t>(batch));
   std::vector<uint8_t> has_init(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
@@ -331,6 +336,11 @@ std::vector<scan_case> tc_grid() {
   g.push_back({4, 8, 128, 128, {200, 0, 65, 1}, 64, 2, true});  // an empty sequence among others
   g.push_back({2, 4, 128, 128, {200, 63}, 64, 1, false, true, true, 6.0f});  // strong decay
   g.push_back({16, 32, 128, 128, {200, 1, 63, 64, 65, 17}, 64, 2, true});  // Qwen3-Next shape
+  // 16-byte aligned rows: q, k, v staged with cp.async, overlapping the next chunk's copies.
+  g.push_back({16, 32, 128, 128, {200, 1, 63, 64, 65, 17}, 64, 2, true, true, true, 0.0f, 0.0f, true});
+  g.push_back({1, 2, 32, 48, {130, 64, 1}, 64, 2, true, true, true, 0.0f, 0.0f, true});
+  g.push_back({2, 4, 64, 20, {63, 0, 65}, 64, 2, true, true, true, 0.0f, 0.0f, true});
+  g.push_back({2, 2, 128, 64, {1000}, 64, 1, false, true, true, 0.0f, 0.0f, true});
   // More chunks than the default reservation (16384 tokens + one per row): the recurrent kernel
   // runs instead, gated on the device.
   g.push_back({1, 2, 32, 32, {16500, 200}, 64, 2, false});
