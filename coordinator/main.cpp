@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "coordinator/api/text_support.h"
 #include "coordinator/http/server.h"
@@ -185,7 +186,12 @@ int run(int argc, char** argv) {
 
   const int rc = sched.run(g_stop);
   if (rc != 0) {
-    // A group is hung or gone: collectives cannot complete, so the whole job is ended.
+    // A group is hung or gone: collectives cannot complete, so the whole job is ended. For
+    // worker.fault_grace_s the server stays up answering 503 (/health included), so load
+    // balancers and clients see the fault rather than a refused connection; then it closes.
+    HYSERVE_LOG_ERROR("fatal worker fault; /health answers 503 for %.1f s, then the job ends",
+                      cfg.worker.fault_grace_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(cfg.worker.fault_grace_s));
     server.stop(std::chrono::milliseconds(2000));
     HYSERVE_LOG_ERROR("fatal worker fault; ending the job");
     MPI_Abort(MPI_COMM_WORLD, 3);

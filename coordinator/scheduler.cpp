@@ -564,9 +564,12 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];
       if (gs.in_flight && clock::now() - gs.sent_at > step_timeout) {
-        const std::string why = "data-parallel group " + std::to_string(g) + " (leader rank " +
-                                std::to_string(1 + static_cast<int>(g) * cfg_.parallel.tp) + ", host " +
-                                hellos_[g].host + ") did not answer step " + std::to_string(gs.step_id) +
+        const int first = 1 + static_cast<int>(g) * cfg_.parallel.tp, last = first + cfg_.parallel.tp - 1;
+        const std::string ranks = first == last ? "rank " + std::to_string(first)
+                                                : "ranks " + std::to_string(first) + "-" + std::to_string(last);
+        const std::string why = "data-parallel group " + std::to_string(g) + " (" + ranks + ", leader rank " +
+                                std::to_string(first) + " on host " + hellos_[g].host + ") did not answer step " +
+                                std::to_string(gs.step_id) +
                                 " within " + std::to_string(cfg_.worker.step_timeout_s) + " s";
         std::fprintf(stderr, "[coordinator] fatal: %s\n", why.c_str());
         healthy_ = false;

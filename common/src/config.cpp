@@ -527,12 +527,15 @@ service_config parse_config(const std::string& text, const std::string& file) {
     }
 
     const YAML::Node wk = root["worker"];
-    r.check_keys(wk, "worker", {"step_timeout_s", "startup_timeout_s", "fail_at_step", "fail_rank"});
+    r.check_keys(wk, "worker", {"step_timeout_s", "startup_timeout_s", "fault_grace_s", "fail_at_step", "fail_rank"});
     if_present(wk, "step_timeout_s", [&](const YAML::Node& n) {
       cfg.worker.step_timeout_s = r.get_seconds(n, "worker.step_timeout_s", /*allow_zero=*/false);
     });
     if_present(wk, "startup_timeout_s", [&](const YAML::Node& n) {
       cfg.worker.startup_timeout_s = r.get_seconds(n, "worker.startup_timeout_s", /*allow_zero=*/false);
+    });
+    if_present(wk, "fault_grace_s", [&](const YAML::Node& n) {
+      cfg.worker.fault_grace_s = r.get_seconds(n, "worker.fault_grace_s", /*allow_zero=*/true);
     });
     if_present(wk, "fail_at_step",
                [&](const YAML::Node& n) { cfg.worker.fail_at_step = r.get_int64_min(n, "worker.fail_at_step", -1); });

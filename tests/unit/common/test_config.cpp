@@ -30,7 +30,7 @@ scheduler: {max_batch_tokens: 1024, max_running: 16, chunked_prefill: 256, max_q
 sparsity: {algorithm: quest, page_budget: 16, sink_pages: 2, recent_pages: 4, min_seq_len: 512}
 speculative: {algorithm: ngram, num_draft_tokens: 3}
 server: {host: 0.0.0.0, port: 9000, api_key: secret, max_body_bytes: 65536, threads: 4, drain_timeout_s: 2.5}
-worker: {step_timeout_s: 5, startup_timeout_s: 30.5, fail_at_step: 7, fail_rank: 1}
+worker: {step_timeout_s: 5, startup_timeout_s: 30.5, fault_grace_s: 0.5, fail_at_step: 7, fail_rank: 1}
 )";
 
 TEST(Config, FullConfigParses) {
@@ -66,6 +66,7 @@ TEST(Config, FullConfigParses) {
   EXPECT_DOUBLE_EQ(c.server.drain_timeout_s, 2.5);
   EXPECT_DOUBLE_EQ(c.worker.step_timeout_s, 5.0);
   EXPECT_DOUBLE_EQ(c.worker.startup_timeout_s, 30.5);
+  EXPECT_DOUBLE_EQ(c.worker.fault_grace_s, 0.5);
   EXPECT_EQ(c.worker.fail_at_step, 7);
   EXPECT_EQ(c.worker.fail_rank, 1);
 }
@@ -128,7 +129,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "server.address: unknown key (known: host, port, api_key, max_body_bytes, threads, "
                     "drain_timeout_s)");
   EXPECT_ERROR_WITH(load_config_string(model + "worker: {timeout: 1}"), config_error,
-                    "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fail_at_step, fail_rank)");
+                    "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fault_grace_s, fail_at_step, fail_rank)");
 }
 
 TEST(Config, BadValuesNameThePathAndValue) {

@@ -94,6 +94,7 @@ struct server_section {
 struct worker_section {
   double step_timeout_s = 60.0;      // a group that does not answer a step in time is fatal
   double startup_timeout_s = 600.0;  // time for every group to load and say hello
+  double fault_grace_s = 2.0;        // after a fatal fault: /health answers 503 this long, then the job ends
   int64_t fail_at_step = -1;         // test only: the worker throws in this step (-1 = never)
   int32_t fail_rank = 0;             // test only: tp rank that throws
 };
