@@ -5,8 +5,9 @@
 //     kernels/cuda/ssd_scan.cu kernels/cuda/ssm_update.cu kernels/cpu/ssm.cpp common/src/error.cpp
 // Prints relative L2 errors (CUDA vs CPU, same bf16/f32 inputs) and medians of event-timed runs
 // with bytes moved, GB/s and the ratio to a 1 GiB device-to-device copy. bf16-io scans run both
-// paths (seq: one block per row walking its chunks; par: one chunk-parallel kernel with the state
-// hand-off chained; phs: chunk states, state pass, outputs in three kernels) in the same run.
+// paths (seq: one block per row walking its chunks; par / par1: one chunk-parallel kernel with
+// the state hand-off chained, persistent blocks staging ahead / a block per item; phs: chunk
+// states, state pass, outputs in three kernels) in the same run.
 // Arguments: check | time | (none: both).
 #include <cuda_runtime.h>
 
@@ -160,6 +161,7 @@ const char* dn(dtype t) { return t == dtype::kF32 ? "f32" : "bf16"; }
 const char* path_name(ssd_scan_path path) {
   return path == ssd_scan_path::sequential ? " seq"
          : path == ssd_scan_path::parallel ? " par"
+         : path == ssd_scan_path::parallel_single ? " par1"
          : path == ssd_scan_path::phased   ? " phs"
                                            : "";
 }
@@ -384,12 +386,13 @@ int main(int argc, char** argv) {
   const bool timing = argc < 2 || std::strcmp(argv[1], "check") != 0;
   try {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
-    const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased;
+    const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased,
+                        Par1 = ssd_scan_path::parallel_single;
     if (check) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
-          for (ssd_scan_path path : {Seq, Par, Phs}) {
+          for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
             if (io == F && path != Seq) continue;  // f32 io has one tensor-core path
             if (io == F) path = ssd_scan_path::automatic;
             check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
@@ -408,23 +411,24 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      for (ssd_scan_path path : {Seq, Par, Phs}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
       }
       // More chunks than the parallel path reserves by default: the general kernel takes the batch.
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par);
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par1);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);
       std::printf("checks: %d failures\n", g_failures);
     }
     if (timing) {
       time_copy();
       for (dtype st : {F, Bf}) {
-        for (ssd_scan_path path : {Seq, Par, Phs}) time_scan(1, 16384, Bf, st, path);
+        for (ssd_scan_path path : {Seq, Par, Par1, Phs}) time_scan(1, 16384, Bf, st, path);
       }
       for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
-      for (ssd_scan_path path : {Seq, Par, Phs}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
         time_scan(16, 1024, Bf, F, path);
         time_scan(64, 256, Bf, F, path);
         time_scan(256, 64, Bf, F, path);

@@ -4,17 +4,20 @@
 //   ssd_chunked_table pairs → chunked SSD on the tensor cores: f32 io in ssd_scan_chunked.cuh
 //                             (3xTF32, one (chunk, head) per work item, state passed through the
 //                             slot or an f32 carry); bf16 io one of three paths:
-//       parallel             ssd_scan_chained.cuh: one kernel, a block per (128-token chunk,
-//                            head) claimed by ticket in chunk order; local chunk state and
+//       parallel             ssd_scan_chained.cuh: one kernel over (128-token chunk, head)
+//                            items claimed by ticket in chunk order; local chunk state and
 //                            intra-chunk outputs in parallel, only the state hand-off from one
 //                            chunk to the next is chained (f32, through a small workspace);
+//                            persistent blocks stage the next item while finishing one;
+//       parallel_single      the same kernel with one block per item (no staging ahead);
 //       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
 //                            the chunks of each row, outputs in parallel (three kernels, f32
 //                            chunk states in a stream-ordered workspace);
 //       sequential           ssd_scan_bf16.cuh: one block per (row, head, state slice) walking
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
-// The bf16-io path is read once from the environment: HYSERVE_SSD_SCAN=parallel|phased|sequential
+// The bf16-io path is read once from the environment:
+// HYSERVE_SSD_SCAN=parallel|parallel_single|phased|sequential
 // (unset or anything else: sequential, the path measured on the device so far; the parallel
 // path becomes the default once its device timing and checks are in bench/results);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
@@ -356,7 +359,7 @@ void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t strea
 // bf16 io, one chained kernel: zeroed flags and ticket, plan, the kernel; then the general kernel
 // gated on the overflow flag (exits at once unless the batch needed more chunks than reserved).
 template <class TS>
-void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, cudaStream_t stream) {
+void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaStream_t stream) {
   namespace sc = ssd_chain;
   dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
@@ -381,14 +384,26 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, cudaStream_t stream
       const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
       sc::plan_kernel<<<1, sc::kPlanThreads, 0, stream>>>(p, ws);
       HYSERVE_CUDA_CHECK_LAUNCH();
-      {
-        const auto kernel = &sc::chain_kernel<TS, P, N>;
-        constexpr size_t smem = sc::chain_tiles<P, N>::kBytes;
+      constexpr size_t smem = sc::chain_tiles<P, N>::kBytes;
+      const int64_t items = static_cast<int64_t>(cap) * p.heads;
+      if (persist) {
+        // As many blocks as are resident at once (items are claimed by ticket, so correctness
+        // does not depend on this number).
+        const auto kernel = &sc::chain_kernel<TS, P, N, true>;
         reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-        const int64_t blocks = static_cast<int64_t>(cap) * p.heads;
+        static const int per_sm = [&] {
+          int v = 0;
+          CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, sc::kThreads, smem));
+          return std::max(v, 1);
+        }();
+        const int64_t blocks = std::min<int64_t>(items, static_cast<int64_t>(sm_count()) * per_sm);
         kernel<<<static_cast<unsigned>(blocks), sc::kThreads, smem, stream>>>(p, ws, vec);
-        HYSERVE_CUDA_CHECK_LAUNCH();
+      } else {
+        const auto kernel = &sc::chain_kernel<TS, P, N, false>;
+        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+        kernel<<<static_cast<unsigned>(items), sc::kThreads, smem, stream>>>(p, ws, vec);
       }
+      HYSERVE_CUDA_CHECK_LAUNCH();
       const scan_layout l = pick_layout(P, N);
       launch_ssd_scan<__nv_bfloat16, TS>(p, l, stream, ws.info);  // overflow fallback
       CUDA_CHECK(cudaFreeAsync(raw, stream));
@@ -445,6 +460,7 @@ ssd_scan_path ssd_scan_default_path() {
   static const ssd_scan_path path = [] {
     const char* e = std::getenv("HYSERVE_SSD_SCAN");
     if (e != nullptr && std::strcmp(e, "parallel") == 0) return ssd_scan_path::parallel;
+    if (e != nullptr && std::strcmp(e, "parallel_single") == 0) return ssd_scan_path::parallel_single;
     if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
     return ssd_scan_path::sequential;
   }();
@@ -467,7 +483,8 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
       using TI = typename decltype(io)::type;
       using TS = typename decltype(st)::type;
       if constexpr (std::is_same_v<TI, __nv_bfloat16>) {
-        if (path == ssd_scan_path::parallel) launch_ssd_bf16_chained<TS>(p, as_stream(stream));
+        if (path == ssd_scan_path::parallel) launch_ssd_bf16_chained<TS>(p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_single) launch_ssd_bf16_chained<TS>(p, false, as_stream(stream));
         else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));

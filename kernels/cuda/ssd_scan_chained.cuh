@@ -13,8 +13,8 @@
 //   1. x, B, C of the chunk to shared memory (cp.async); dt, the cumsum, exp(cum_i) and
 //      coef_j = exp(cum_end − cum_j)·dt_j.
 //   2. S_loc = (coef ∘ X)ᵀ·B (64 × 128 over K = 128 tokens; warp w owns a 32 × 32 tile), f32.
-//   3. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (warp w owns rows [16w, 16w+16);
-//      W in registers as the A operand of W·X).
+//   3. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (each warp owns 16 rows; W in
+//      registers as the A operand of W·X).
 //   4. state hand-off, per warp: S_in = the previous chunk's S_out (wait for its flag), or the
 //      slot state (first chunk, has_initial_state) or zeros; S_out = exp(cum_end)·S_in + S_loc
 //      goes to the next chunk through the workspace (f32, then a release of the flag), or to
@@ -55,7 +55,7 @@ constexpr int kQ = 128;  // chunk length
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPlanThreads = 1024;
-static_assert(kQ == 16 * kWarps, "warp w owns token rows [16w, 16w+16)");
+static_assert(kQ == 16 * kWarps && kWarps == 8, "each warp owns 16 token rows (see rb)");
 
 struct workspace {
   int* info = nullptr;       // [0] total chunks, [1] overflow (total > cap), [2] ticket
@@ -137,11 +137,46 @@ __device__ __forceinline__ uint32_t scale2(uint32_t w, float a, float b) {
 template <int P, int N>
 struct chain_tiles {
   static constexpr int kLdN = N + 8, kLdP = P + 8;
-  static constexpr size_t kBytes = sizeof(double) * (kQ + kWarps) + sizeof(float) * 3 * kQ + sizeof(int) * 4 +
+  static constexpr size_t kBytes = sizeof(double) * (kQ + kWarps) + sizeof(float) * 3 * kQ +
                                    sizeof(bf16) * static_cast<size_t>(kQ * kLdP + 2 * kQ * kLdN + P * kLdN);
 };
 
-template <class TS, int P, int N>
+// A work item's place: row, chunk of the row, tokens, head and its group, state slot.
+struct item_geom {
+  int64_t b, h, grp, t0, slot;
+  int k, L;
+  int first, last, init;  // chunk 0 of the row, its last chunk, the row has an initial state
+  int valid;              // 0: no item (ticket past the last one)
+};
+
+__device__ __forceinline__ item_geom resolve_item(const ssd_chunk_scan_params& p, const workspace& ws, int64_t item,
+                                                  int64_t n_items) {
+  item_geom c{};
+  c.valid = item < n_items;
+  if (!c.valid) return c;
+  const int64_t H = p.heads;
+  const int gc = static_cast<int>(item / H);
+  c.h = item % H;
+  c.grp = c.h / (H / p.n_groups);
+  c.b = chunk_row(ws.chunk_off, p.batch, gc);
+  const int off = __ldg(ws.chunk_off + c.b), n_chunks = __ldg(ws.chunk_off + c.b + 1) - off;
+  c.k = gc - off;
+  const int64_t start = p.query_start_loc[c.b];
+  const int64_t len = p.query_start_loc[c.b + 1] - start;
+  c.t0 = start + static_cast<int64_t>(c.k) * kQ;
+  c.L = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(kQ), len - static_cast<int64_t>(c.k) * kQ)));
+  c.first = c.k == 0;
+  c.last = c.k + 1 == n_chunks;
+  c.slot = p.state_indices[c.b];  // live row: padding rows have no chunks
+  c.init = p.has_initial_state != nullptr && p.has_initial_state[c.b] != 0;
+  return c;
+}
+
+// kPersist = false: one item per block (grid = reserved items). kPersist = true: a persistent
+// grid; each block claims its next item while computing the current one, stages the next
+// item's x and B once the current one is done with them (after the hand-off) and its C at the
+// end, so that the loads overlap the C·S_in product and the next item's cumsum.
+template <class TS, int P, int N, bool kPersist>
 __global__ void __launch_bounds__(kThreads, 2)
     chain_kernel(const ssd_chunk_scan_params p, const workspace ws, bool vec) {
   using tl = chain_tiles<P, N>;
@@ -159,295 +194,340 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* dtv = reinterpret_cast<float*>(wsum + kWarps);  // [Q] step sizes (0 past L)
   float* coef = dtv + kQ;                                // [Q] exp(cum_end − cum_j)·dt_j
   float* ecum = coef + kQ;                               // [Q] exp(cum_i)
-  int* item_s = reinterpret_cast<int*>(ecum + kQ);       // [4]
-  bf16* Xs = reinterpret_cast<bf16*>(item_s + 4);        // [Q][kLdP] x of the chunk
+  bf16* Xs = reinterpret_cast<bf16*>(ecum + kQ);         // [Q][kLdP] x of the chunk
   bf16* Bs = Xs + kQ * kLdP;                             // [Q][kLdN]
   bf16* Cs = Bs + kQ * kLdN;                             // [Q][kLdN]
   bf16* Ss = Cs + kQ * kLdN;                             // [P][kLdN] S_in (bf16)
+  __shared__ item_geom geo[2];                           // current item and the next one
 
   if (ws.info[1] != 0) return;  // overflow: the general kernel computes the batch
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  if (tid == 0) item_s[0] = atomicAdd(ws.info + 2, 1);
-  __syncthreads();
-  const int64_t item = item_s[0];
   const int64_t H = p.heads;
-  if (item >= static_cast<int64_t>(ws.info[0]) * H) return;  // spare block
-  const int gc = static_cast<int>(item / H);
-  const int64_t h = item % H;
-  const int64_t b = chunk_row(ws.chunk_off, p.batch, gc);
-  const int k = gc - ws.chunk_off[b];
-  const int n_chunks = ws.chunk_off[b + 1] - ws.chunk_off[b];
-  const int64_t start = p.query_start_loc[b];
-  const int64_t len = p.query_start_loc[b + 1] - start;
-  const int64_t t0 = start + static_cast<int64_t>(k) * kQ;
-  const int L = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(kQ), len - static_cast<int64_t>(k) * kQ)));
-  const bool first = k == 0, last = k + 1 == n_chunks;
-  const int64_t slot = p.state_indices[b];  // live row: padding rows have no chunks
-  const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
-  const bool carry = !first || init;  // false: S_in is zero
-  const int64_t grp = h / (H / p.n_groups);
-  const double A = -exp(static_cast<double>(p.A_log[h]));
-  const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+  const int64_t n_items = static_cast<int64_t>(ws.info[0]) * H;
   const bf16* xg = static_cast<const bf16*>(p.x);
   const bf16* dtg = static_cast<const bf16*>(p.dt);
   const bf16* Bg = static_cast<const bf16*>(p.B);
   const bf16* Cg = static_cast<const bf16*>(p.C);
   bf16* yg = static_cast<bf16*>(p.y);
 
-  // 1. Stage x, B, C (rows past L zero).
+  // Staging of an item's x and B, and of its C (rows past L zero); raw dt of token tid.
+  auto stage_xb = [&](const item_geom& c) {
 #pragma unroll
-  for (int u = 0; u < kX; ++u) {
-    const int e = u * kThreads + tid, j = e / (P / 8), cc = e % (P / 8);
-    bf16* dst = Xs + j * kLdP + 8 * cc;
-    if (vec) {
-      cp_async16(dst, j < L ? xg + (t0 + j) * p.x_stride + h * P + 8 * cc : xg, j < L);
-    } else {
-      *reinterpret_cast<uint4*>(dst) =
-          j < L ? load8(xg + (t0 + j) * p.x_stride + h * P + 8 * cc, false) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kX; ++u) {
+      const int e = u * kThreads + tid, j = e / (P / 8), cc = e % (P / 8);
+      bf16* dst = Xs + j * kLdP + 8 * cc;
+      const bool in = j < c.L;
+      if (vec) {
+        cp_async16(dst, in ? xg + (c.t0 + j) * p.x_stride + c.h * P + 8 * cc : xg, in);
+      } else {
+        *reinterpret_cast<uint4*>(dst) =
+            in ? load8(xg + (c.t0 + j) * p.x_stride + c.h * P + 8 * cc, false) : make_uint4(0, 0, 0, 0);
+      }
     }
-  }
 #pragma unroll
-  for (int u = 0; u < kBC; ++u) {
-    const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
-    const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * cc;
-    bf16* db = Bs + j * kLdN + 8 * cc;
-    bf16* dc = Cs + j * kLdN + 8 * cc;
-    if (vec) {
-      cp_async16(db, j < L ? Bg + off : Bg, j < L);
-      cp_async16(dc, j < L ? Cg + off : Cg, j < L);
-    } else {
-      *reinterpret_cast<uint4*>(db) = j < L ? load8(Bg + off, false) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dc) = j < L ? load8(Cg + off, false) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kBC; ++u) {
+      const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
+      bf16* dst = Bs + j * kLdN + 8 * cc;
+      const bool in = j < c.L;
+      const int64_t off = in ? (c.t0 + j) * p.bc_stride + c.grp * N + 8 * cc : 0;
+      if (vec) cp_async16(dst, Bg + off, in);
+      else *reinterpret_cast<uint4*>(dst) = in ? load8(Bg + off, false) : make_uint4(0, 0, 0, 0);
     }
-  }
-  // dt and the inclusive cumsum of dt·A in double (thread tid < Q owns token tid).
-  double run = 0.0;
-  if (tid < kQ) {
-    const float d = tid < L ? step_size(p, __bfloat162float(dtg[(t0 + tid) * p.dt_stride + h]), h) : 0.0f;
-    dtv[tid] = d;
-    run = static_cast<double>(d) * A;
-  }
+  };
+  auto stage_c = [&](const item_geom& c) {
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double v = __shfl_up_sync(0xffffffffu, run, o);
-    if (lane >= o) run += v;
-  }
-  if (lane == 31) wsum[warp] = run;
-  cp_async_wait_all();
-  __syncthreads();
-  if (tid < kQ) {
-    for (int w = 0; w < warp; ++w) run += wsum[w];
-    cum[tid] = run;
-  }
-  __syncthreads();
-  const double cum_end = cum[kQ - 1];  // = cum[L - 1]: dt is 0 past L
-  if (tid < kQ) {
-    ecum[tid] = static_cast<float>(exp(cum[tid]));
-    coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
-  }
-  __syncthreads();
+    for (int u = 0; u < kBC; ++u) {
+      const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
+      bf16* dst = Cs + j * kLdN + 8 * cc;
+      const bool in = j < c.L;
+      const int64_t off = in ? (c.t0 + j) * p.bc_stride + c.grp * N + 8 * cc : 0;
+      if (vec) cp_async16(dst, Cg + off, in);
+      else *reinterpret_cast<uint4*>(dst) = in ? load8(Cg + off, false) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto load_dt = [&](const item_geom& c) -> float {
+    return tid < c.L ? __bfloat162float(dtg[(c.t0 + tid) * p.dt_stride + c.h]) : 0.0f;
+  };
 
-  // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
-  //    A(p, j) = x_j[p]·coef_j (.trans from Xs, scaled in registers), B(j, n) = Bs[j][n] (.trans).
-  const int pw0 = PW * (warp / 4), nw0 = NW * (warp % 4);
-  float sl[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) sl[mt][nt][0] = sl[mt][nt][1] = sl[mt][nt][2] = sl[mt][nt][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < kQ / 16; ++kk) {
-    if (kk * 16 < L) {
-      const int j0 = 16 * kk;
-      const float ca0 = coef[j0 + 2 * t], ca1 = coef[j0 + 2 * t + 1];
-      const float cb0 = coef[j0 + 2 * t + 8], cb1 = coef[j0 + 2 * t + 9];
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        ldsm_x4_t(a[mt], Xs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdP + pw0 + 16 * mt + 8 * ((lane >> 3) & 1));
-        // a0, a1: tokens j0 + 2t, +1; a2, a3: tokens j0 + 2t + 8, +9.
-        a[mt][0] = scale2(a[mt][0], ca0, ca1);
-        a[mt][1] = scale2(a[mt][1], ca0, ca1);
-        a[mt][2] = scale2(a[mt][2], cb0, cb1);
-        a[mt][3] = scale2(a[mt][3], cb0, cb1);
-      }
-#pragma unroll
-      for (int ntp = 0; ntp < NT / 2; ++ntp) {
-        uint32_t bq[4];
-        ldsm_x4_t(bq, Bs + (j0 + (lane & 15)) * kLdN + nw0 + 16 * ntp + 8 * (lane >> 4));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(sl[mt][2 * ntp], a[mt], bq[0], bq[1]);
-          mma_bf16(sl[mt][2 * ntp + 1], a[mt], bq[2], bq[3]);
-        }
-      }
-    }
-  }
+  if (tid == 0) geo[0] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+  __syncthreads();
+  if (!geo[0].valid) return;  // spare block
+  stage_xb(geo[0]);
+  stage_c(geo[0]);
+  float dt_raw = load_dt(geo[0]);
 
-  // 3. Intra-chunk y of rows [r0, r0 + 16): W·X over the 16-token blocks jb <= warp.
-  const int r0 = 16 * warp;
-  const int i_lo = r0 + g, i_hi = i_lo + 8;
-  float acc[P / 8][4];
-#pragma unroll
-  for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  if (r0 < L) {
-    const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
-    for (int jb = 0; jb <= warp; ++jb) {
-      const int j0 = 16 * jb;
-      float cb[2][4];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) cb[n][0] = cb[n][1] = cb[n][2] = cb[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < N / 16; ++kk) {
-        uint32_t a[4], bq[4];
-        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
-        ldsm_x4(bq, Bs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
-        mma_bf16(cb[0], a, bq[0], bq[1]);
-        mma_bf16(cb[1], a, bq[2], bq[3]);
-      }
-      uint32_t wa[4];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
-        const double ca = cum[ja], cbb = cum[jb2];
-        const float da = dtv[ja], db = dtv[jb2];
-        const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
-        const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
-        const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
-        const float w11 = jb2 <= i_hi ? cb[half][3] * expf(static_cast<float>(ci_hi - cbb)) * db : 0.0f;
-        wa[2 * half] = pack_bf16x2(w00, w01);
-        wa[2 * half + 1] = pack_bf16x2(w10, w11);
-      }
-#pragma unroll
-      for (int np = 0; np < P / 16; ++np) {
-        uint32_t bq[4];
-        ldsm_x4_t(bq, Xs + (j0 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
-        mma_bf16(acc[2 * np], wa, bq[0], bq[1]);
-        mma_bf16(acc[2 * np + 1], wa, bq[2], bq[3]);
-      }
-    }
-  }
+  // The item's fields are read from shared memory where used (fewer live registers).
+  for (int ci = 0;; ci ^= 1) {
+    const item_geom& c = geo[ci];
+    const bool carry = !c.first || c.init;  // false: S_in is zero
+    const double A = -exp(static_cast<double>(p.A_log[c.h]));
+    const float d_skip = p.D != nullptr ? p.D[c.h] : 0.0f;
+    const int L = c.L;
 
-  // 4. State hand-off of this warp's tile.
-  {
-    const float total = static_cast<float>(exp(cum_end));
-    TS* state = static_cast<TS*>(p.ssm_states) + (slot * H + h) * static_cast<int64_t>(P) * N;
-    float si[MT][NT][4];
-    if (first) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
-            const float2 v = init ? load_state2(state + static_cast<int64_t>(pr) * N + nc) : make_float2(0.0f, 0.0f);
-            si[mt][nt][2 * half] = v.x;
-            si[mt][nt][2 * half + 1] = v.y;
-          }
-    } else {
-      const int64_t prev = (b * 2 + ((k - 1) & 1)) * H + h;
-      const int* flag = ws.flags + prev * kWarps + warp;
-      while (ld_acquire(flag) < k) __nanosleep(40);
-      const float4* src = reinterpret_cast<const float4*>(ws.carry + prev * P * N + warp * kWarpState);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float4 v = __ldcg(src + (mt * NT + nt) * 32 + lane);
-          si[mt][nt][0] = v.x;
-          si[mt][nt][1] = v.y;
-          si[mt][nt][2] = v.z;
-          si[mt][nt][3] = v.w;
-        }
+    // 1. dt and the inclusive cumsum of dt·A in double (thread tid < Q owns token tid); the
+    //    staged tiles land.
+    double run = 0.0;
+    if (tid < kQ) {
+      const float d = tid < L ? step_size(p, dt_raw, c.h) : 0.0f;
+      dtv[tid] = d;
+      run = static_cast<double>(d) * A;
     }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double v = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o) run += v;
+    }
+    if (lane == 31) wsum[warp] = run;
+    cp_async_wait_all();
+    __syncthreads();
+    if (tid < kQ) {
+      for (int w = 0; w < warp; ++w) run += wsum[w];
+      cum[tid] = run;
+    }
+    __syncthreads();
+    const double cum_end = cum[kQ - 1];  // = cum[L - 1]: dt is 0 past L
+    if (tid < kQ) {
+      ecum[tid] = static_cast<float>(exp(cum[tid]));
+      coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
+    }
+    __syncthreads();
+    if constexpr (kPersist) {
+      // The next item, claimed and resolved by lane 0 of warp 0 (the warp with the fewest
+      // intra-chunk blocks) while the others compute; read after the barrier that ends step 4.
+      if (tid == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+    }
+
+    // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
+    //    A(p, j) = x_j[p]·coef_j (.trans from Xs, scaled in registers), B(j, n) = Bs[j][n] (.trans).
+    const int pw0 = PW * (warp / 4), nw0 = NW * (warp % 4);
+    float sl[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt) sl[mt][nt][0] = sl[mt][nt][1] = sl[mt][nt][2] = sl[mt][nt][3] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sl[mt][nt][e] = total * si[mt][nt][e] + sl[mt][nt][e];  // S_out
-    if (last) {
+    for (int kk = 0; kk < kQ / 16; ++kk) {
+      if (kk * 16 < L) {
+        const int j0 = 16 * kk;
+        const float ca0 = coef[j0 + 2 * t], ca1 = coef[j0 + 2 * t + 1];
+        const float cb0 = coef[j0 + 2 * t + 8], cb1 = coef[j0 + 2 * t + 9];
+        uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+          ldsm_x4_t(a[mt], Xs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdP + pw0 + 16 * mt + 8 * ((lane >> 3) & 1));
+          // a0, a1: tokens j0 + 2t, +1; a2, a3: tokens j0 + 2t + 8, +9.
+          a[mt][0] = scale2(a[mt][0], ca0, ca1);
+          a[mt][1] = scale2(a[mt][1], ca0, ca1);
+          a[mt][2] = scale2(a[mt][2], cb0, cb1);
+          a[mt][3] = scale2(a[mt][3], cb0, cb1);
+        }
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int ntp = 0; ntp < NT / 2; ++ntp) {
+          uint32_t bq[4];
+          ldsm_x4_t(bq, Bs + (j0 + (lane & 15)) * kLdN + nw0 + 16 * ntp + 8 * (lane >> 4));
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
-            store_state2(state + static_cast<int64_t>(pr) * N + nc,
-                         make_float2(sl[mt][nt][2 * half], sl[mt][nt][2 * half + 1]));
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(sl[mt][2 * ntp], a[mt], bq[0], bq[1]);
+            mma_bf16(sl[mt][2 * ntp + 1], a[mt], bq[2], bq[3]);
           }
-    } else {
-      const int64_t cur = (b * 2 + (k & 1)) * H + h;
-      float4* dst = reinterpret_cast<float4*>(ws.carry + cur * P * N + warp * kWarpState);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          __stcg(dst + (mt * NT + nt) * 32 + lane, make_float4(sl[mt][nt][0], sl[mt][nt][1], sl[mt][nt][2], sl[mt][nt][3]));
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) st_release(ws.flags + cur * kWarps + warp, k + 1);
+        }
+      }
     }
-    if (carry) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
-            *reinterpret_cast<uint32_t*>(Ss + pr * kLdN + nc) = pack_bf16x2(si[mt][nt][2 * half], si[mt][nt][2 * half + 1]);
-          }
-    }
-  }
-  __syncthreads();  // Ss complete
 
-  // 5. y rows += exp(cum_i)·C_i·S_inᵀ + D·x_i.
-  if (r0 < L) {
-    if (carry) {
-      float a2[P / 8][4];
+    // 3. Intra-chunk y of rows [r0, r0 + 16), r0 = 16·rb: W·X over the 16-token blocks jb <= rb.
+    //    Row block rb = w for warps 0-3 and 11 − w for warps 4-7: warps w and w + 4 share a
+    //    scheduler and together do 9 of the 36 blocks, whichever w.
+    const int rb = warp < 4 ? warp : 11 - warp;
+    const int r0 = 16 * rb;
+    const int i_lo = r0 + g, i_hi = i_lo + 8;
+    float acc[P / 8][4];
 #pragma unroll
-      for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
+    for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    if (r0 < L) {
+      const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
+      for (int jb = 0; jb <= rb; ++jb) {
+        const int j0 = 16 * jb;
+        float cb[2][4];
 #pragma unroll
-      for (int kk = 0; kk < N / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+        for (int n = 0; n < 2; ++n) cb[n][0] = cb[n][1] = cb[n][2] = cb[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < N / 16; ++kk) {
+          uint32_t a[4], bq[4];
+          ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+          ldsm_x4(bq, Bs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+          mma_bf16(cb[0], a, bq[0], bq[1]);
+          mma_bf16(cb[1], a, bq[2], bq[3]);
+        }
+        uint32_t wa[4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
+          const double ca = cum[ja], cbb = cum[jb2];
+          const float da = dtv[ja], db = dtv[jb2];
+          const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
+          const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
+          const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
+          const float w11 = jb2 <= i_hi ? cb[half][3] * expf(static_cast<float>(ci_hi - cbb)) * db : 0.0f;
+          wa[2 * half] = pack_bf16x2(w00, w01);
+          wa[2 * half + 1] = pack_bf16x2(w10, w11);
+        }
 #pragma unroll
         for (int np = 0; np < P / 16; ++np) {
           uint32_t bq[4];
-          ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
-          mma_bf16(a2[2 * np], a, bq[0], bq[1]);
-          mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
+          ldsm_x4_t(bq, Xs + (j0 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
+          mma_bf16(acc[2 * np], wa, bq[0], bq[1]);
+          mma_bf16(acc[2 * np + 1], wa, bq[2], bq[3]);
         }
       }
-      const float e_lo = ecum[i_lo], e_hi = ecum[i_hi];
+    }
+
+    // 4. State hand-off of this warp's tile.
+    {
+      const float total = static_cast<float>(exp(cum_end));
+      TS* state = static_cast<TS*>(p.ssm_states) + (c.slot * H + c.h) * static_cast<int64_t>(P) * N;
+      float si[MT][NT][4];
+      if (c.first) {
 #pragma unroll
-      for (int n = 0; n < P / 8; ++n) {
-        acc[n][0] += e_lo * a2[n][0];
-        acc[n][1] += e_lo * a2[n][1];
-        acc[n][2] += e_hi * a2[n][2];
-        acc[n][3] += e_hi * a2[n][3];
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+              const float2 v =
+                  c.init ? load_state2(state + static_cast<int64_t>(pr) * N + nc) : make_float2(0.0f, 0.0f);
+              si[mt][nt][2 * half] = v.x;
+              si[mt][nt][2 * half + 1] = v.y;
+            }
+      } else {
+        const int64_t prev = (c.b * 2 + ((c.k - 1) & 1)) * H + c.h;
+        const int* flag = ws.flags + prev * kWarps + warp;
+        while (ld_acquire(flag) < c.k) __nanosleep(40);
+        const float4* src = reinterpret_cast<const float4*>(ws.carry + prev * P * N + warp * kWarpState);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const float4 v = __ldcg(src + (mt * NT + nt) * 32 + lane);
+            si[mt][nt][0] = v.x;
+            si[mt][nt][1] = v.y;
+            si[mt][nt][2] = v.z;
+            si[mt][nt][3] = v.w;
+          }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sl[mt][nt][e] = total * si[mt][nt][e] + sl[mt][nt][e];  // S_out
+      if (c.last) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+              store_state2(state + static_cast<int64_t>(pr) * N + nc,
+                           make_float2(sl[mt][nt][2 * half], sl[mt][nt][2 * half + 1]));
+            }
+      } else {
+        const int64_t cur = (c.b * 2 + (c.k & 1)) * H + c.h;
+        float4* dst = reinterpret_cast<float4*>(ws.carry + cur * P * N + warp * kWarpState);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            __stcg(dst + (mt * NT + nt) * 32 + lane,
+                   make_float4(sl[mt][nt][0], sl[mt][nt][1], sl[mt][nt][2], sl[mt][nt][3]));
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) st_release(ws.flags + cur * kWarps + warp, c.k + 1);
+      }
+      if (carry) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int pr = pw0 + 16 * mt + g + 8 * half, nc = nw0 + 8 * nt + 2 * t;
+              *reinterpret_cast<uint32_t*>(Ss + pr * kLdN + nc) =
+                  pack_bf16x2(si[mt][nt][2 * half], si[mt][nt][2 * half + 1]);
+            }
       }
     }
+    __syncthreads();  // Ss complete; every warp is done with Xs and Bs; the next item is resolved
+    const item_geom& nx = geo[ci ^ 1];
+    if constexpr (kPersist) {
+      if (nx.valid) {
+        stage_xb(nx);  // lands while C·S_in runs and the next item starts
+        dt_raw = load_dt(nx);
+      }
+    }
+
+    // 5. y rows += exp(cum_i)·C_i·S_inᵀ + D·x_i (x from global memory when Xs holds the next item).
+    if (r0 < L) {
+      if (carry) {
+        float a2[P / 8][4];
 #pragma unroll
-    for (int n = 0; n < P / 8; ++n) {
+        for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
-        if (i < L) {
-          const float2 xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
-          const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
-          bf16* dst = yg + (t0 + i) * p.y_stride + h * P + pc;
-          if (vec) {
-            *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
-          } else {
-            dst[0] = __float2bfloat16_rn(y0);
-            dst[1] = __float2bfloat16_rn(y1);
+        for (int kk = 0; kk < N / 16; ++kk) {
+          uint32_t a[4];
+          ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+          for (int np = 0; np < P / 16; ++np) {
+            uint32_t bq[4];
+            ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+            mma_bf16(a2[2 * np], a, bq[0], bq[1]);
+            mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
+          }
+        }
+        const float e_lo = ecum[i_lo], e_hi = ecum[i_hi];
+#pragma unroll
+        for (int n = 0; n < P / 8; ++n) {
+          acc[n][0] += e_lo * a2[n][0];
+          acc[n][1] += e_lo * a2[n][1];
+          acc[n][2] += e_hi * a2[n][2];
+          acc[n][3] += e_hi * a2[n][3];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
+          if (i < L) {
+            const int64_t row = c.t0 + i;
+            float2 xf;
+            if constexpr (kPersist) {
+              const bf16* src = xg + row * p.x_stride + c.h * P + pc;
+              xf = vec ? unpack_bf16x2(__ldg(reinterpret_cast<const unsigned int*>(src)))
+                       : make_float2(__bfloat162float(src[0]), __bfloat162float(src[1]));
+            } else {
+              xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
+            }
+            const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
+            bf16* dst = yg + row * p.y_stride + c.h * P + pc;
+            if (vec) {
+              *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
+            } else {
+              dst[0] = __float2bfloat16_rn(y0);
+              dst[1] = __float2bfloat16_rn(y1);
+            }
           }
         }
       }
+    }
+
+    if constexpr (!kPersist) {
+      break;
+    } else {
+      if (!nx.valid) break;
+      __syncthreads();  // Cs, Ss, cum and the rest are free; every thread is done with c
+      stage_c(nx);
     }
   }
 }

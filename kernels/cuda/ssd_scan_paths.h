@@ -10,8 +10,10 @@ namespace hyserve::kernels {
 enum class ssd_scan_path {
   automatic,   // HYSERVE_SSD_SCAN (see ssd_scan.cu); sequential for batches of more than 64 rows
   sequential,  // one block per (row, head, state slice) walking the row's chunks in order
-  parallel,    // one kernel, a block per (chunk, head); only the state hand-off is chained
-  phased,      // three kernels: chunk states, a state pass over chunks, outputs
+  parallel,         // one kernel over (chunk, head) items, persistent blocks staging the next
+                    // item while finishing the current one; only the state hand-off is chained
+  parallel_single,  // the same kernel, one block per item (no staging ahead)
+  phased,           // three kernels: chunk states, a state pass over chunks, outputs
 };
 
 void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream = nullptr);

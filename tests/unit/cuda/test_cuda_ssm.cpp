@@ -458,10 +458,22 @@ INSTANTIATE_TEST_SUITE_P(
         typed_case{kB, kF, 1, 4, 32, 64, {100, 3}, 1, true, true}),
     typed_name);
 
-// The bf16-io scan paths (sequential: one block per row walking its chunks; parallel: one
-// kernel, a block per (chunk, head) with the state hand-off chained; phased: chunk states, state
-// pass, outputs) in the same run, each against the CPU op from the same inputs.
+// The bf16-io scan paths (sequential: one block per row walking its chunks; parallel and
+// parallel_single: one kernel over (chunk, head) items with the state hand-off chained,
+// persistent blocks staging ahead or a block per item; phased: chunk states, state pass,
+// outputs) in the same run, each against the CPU op from the same inputs.
 class SsdScanPathsCuda : public testing::TestWithParam<typed_case> {};
+
+std::string path_label(ssd_scan_path path) {
+  switch (path) {
+    case ssd_scan_path::sequential: return "sequential";
+    case ssd_scan_path::parallel: return "parallel";
+    case ssd_scan_path::parallel_single: return "parallel_single";
+    case ssd_scan_path::phased: return "phased";
+    case ssd_scan_path::automatic: return "automatic";
+  }
+  return "?";
+}
 
 TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
@@ -491,14 +503,13 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   pg.query_start_loc = dqsl.data();
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   run_cpu(pc);
-  for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::phased}) {
+  for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
+                                    ssd_scan_path::phased}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
     device_synchronize();
-    prob.check(path == ssd_scan_path::parallel ? "parallel scan"
-               : path == ssd_scan_path::phased ? "phased scan"
-                                               : "sequential scan");
+    prob.check(path_label(path) + " scan");
   }
 }
 
@@ -545,9 +556,10 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     prob.fill(pg, dslots.data(), 1, true);
     pg.query_start_loc = dqsl.data();
     pg.has_initial_state = dinit.data();
-    const ssd_scan_path paths[3] = {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::phased};
-    std::vector<float> y[3], states[3];
-    for (int k = 0; k < 3; ++k) {
+    const ssd_scan_path paths[4] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
+                                    ssd_scan_path::parallel_single, ssd_scan_path::phased};
+    std::vector<float> y[4], states[4];
+    for (int k = 0; k < 4; ++k) {
       prob.dy.upload(y0);
       prob.dstates.upload(s0);
       run_cuda(pg, paths[k]);
@@ -555,9 +567,9 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
       y[k] = decode(prob.dy.download(), kB);
       states[k] = decode(prob.dstates.download(), st);
     }
-    for (int k = 1; k < 3; ++k) {
-      const std::string what = std::string("production shape, ") + (k == 1 ? "parallel" : "phased") +
-                               " vs sequential, state " + std::string(dtype_name(st));
+    for (int k = 1; k < 4; ++k) {
+      const std::string what = "production shape, " + path_label(paths[k]) + " vs sequential, state " +
+                               std::string(dtype_name(st));
       expect_match_bf16_pipeline(y[k], y[0], 3e-2, 2e-2, what + " y");
       expect_match(states[k], states[0], 1e-2, 1e-2, what + " states");
     }
