@@ -10,8 +10,8 @@
 // chunk of the same row, which holds an earlier ticket and is therefore running or done; no
 // item waits on a later one, so the chain cannot deadlock whatever the residency.
 // Per item, with cum_t = Σ_{s<=t} dt_s·A inside the chunk (double), 8 warps:
-//   1. x, B, C of the chunk to shared memory (cp.async); dt, the cumsum, exp(cum_i) and
-//      coef_j = exp(cum_end − cum_j)·dt_j.
+//   1. x, B, C of the chunk to shared memory (cp.async, C in its own group: it is needed from
+//      step 3); dt, the cumsum, exp(cum_i) and coef_j = exp(cum_end − cum_j)·dt_j.
 //   2. S_loc = (coef ∘ X)ᵀ·B (64 × 128 over K = 128 tokens; warp w owns a 32 × 32 tile), f32.
 //   3. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (each warp owns 16 rows; W in
 //      registers as the A operand of W·X).
@@ -117,7 +117,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
 
 __device__ __forceinline__ int ld_acquire(const int* ptr) {
   int v;
@@ -253,7 +258,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (!geo[0].valid) return;  // spare block
   stage_xb(geo[0]);
+  cp_async_commit();
   stage_c(geo[0]);
+  cp_async_commit();
   float dt_raw = load_dt(geo[0]);
 
   // The item's fields are read from shared memory where used (fewer live registers).
@@ -278,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (lane >= o) run += v;
     }
     if (lane == 31) wsum[warp] = run;
-    cp_async_wait_all();
+    cp_async_wait<1>();  // x and B landed (C may still be in flight: it is needed from step 3)
     __syncthreads();
     if (tid < kQ) {
       for (int w = 0; w < warp; ++w) run += wsum[w];
@@ -333,6 +340,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+
+    cp_async_wait<0>();  // C landed
+    __syncthreads();
 
     // 3. Intra-chunk y of rows [r0, r0 + 16), r0 = 16·rb: W·X over the 16-token blocks jb <= rb.
     //    Row block rb = w for warps 0-3 and 11 − w for warps 4-7: warps w and w + 4 share a
@@ -463,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if constexpr (kPersist) {
       if (nx.valid) {
         stage_xb(nx);  // lands while C·S_in runs and the next item starts
+        cp_async_commit();
         dt_raw = load_dt(nx);
       }
     }
@@ -528,6 +539,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (!nx.valid) break;
       __syncthreads();  // Cs, Ss, cum and the rest are free; every thread is done with c
       stage_c(nx);
+      cp_async_commit();
     }
   }
 }
