@@ -7,8 +7,13 @@
 // each holding N/(kPack·L) packs; a warp thus
 // updates 32/L rows at once and reduces y over its L-lane segment with xor shuffles. Each thread
 // keeps its B and C columns in registers and issues kUnroll rows' loads before the first use,
-// so several 16-byte loads per thread are in flight.
+// so several 16-byte loads per thread are in flight: kUnroll = 4 (a block moves 8 KiB per step:
+// 16 rows of 512 bytes for f32 states, 32 rows of 256 bytes for bf16). For f32 states
+// HYSERVE_SSM_UPDATE_UNROLL=8 takes 8 rows per thread instead (16 KiB per step, more registers,
+// fewer resident blocks), read once; the default stays 4 until the device timings compare them.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "dispatch.h"
 #include "ssm_common.cuh"
@@ -19,11 +24,10 @@ namespace {
 
 constexpr int kUpdateThreads = 128;
 constexpr int kUpdateWarps = kUpdateThreads / 32;
-constexpr int kUnroll = 4;
 
 // TI: element type of x, dt, B, C, y; TS: of the state. A 16-byte state pack holds kPack
 // elements (4 floats or 8 bf16); a state row is covered by L = min(32, N / kPack) lanes.
-template <class TI, class TS, int N>
+template <class TI, class TS, int N, int kU>
 __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const selective_state_update_params p,
                                                                      int rows_per_slice) {
   using pk = pack_traits<TS>;
@@ -70,11 +74,11 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
     }
   }
 
-  for (int p0 = p_begin; p0 < p_end; p0 += kUnroll * kRowsPerPass) {
-    uint4 s[kUnroll][kCols];
-    float xv[kUnroll] = {};
+  for (int p0 = p_begin; p0 < p_end; p0 += kU * kRowsPerPass) {
+    uint4 s[kU][kCols];
+    float xv[kU] = {};
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int row = p0 + u * kRowsPerPass + row_in_pass;
       if (row < p_end) {
         xv[u] = to_float(x[row]);
@@ -83,7 +87,7 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int row = p0 + u * kRowsPerPass + row_in_pass;
       const bool live = row < p_end;  // uniform across each L-lane segment
       float out = 0.0f;
@@ -118,8 +122,19 @@ void launch_ssm_update(const selective_state_update_params& p, cudaStream_t stre
   const auto rows_per_slice = static_cast<int>(ceil_div(p.head_dim, slices));
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(ceil_div(p.head_dim, rows_per_slice)));
+  static const bool unroll8 = [] {
+    const char* e = std::getenv("HYSERVE_SSM_UPDATE_UNROLL");
+    return e != nullptr && std::strcmp(e, "8") == 0;
+  }();
   dispatch(ssm_state_dim_table{}, p.d_state, "selective_state_update", "d_state", [&](auto n) {
-    ssm_update_kernel<TI, TS, decltype(n)::value><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
+    constexpr int N = decltype(n)::value;
+    if constexpr (sizeof(TS) == 4) {
+      if (unroll8) {
+        ssm_update_kernel<TI, TS, N, 8><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
+        return;
+      }
+    }
+    ssm_update_kernel<TI, TS, N, 4><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
