@@ -47,7 +47,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kSlice = 32;  // value rows per state block
 constexpr float kL2Eps = 1e-6f;
-constexpr int kTokFields = 4;  // qs, ks, beta, G (G in every row)
+constexpr int kTokFields = 8;  // per token: qs, ks, beta, G (every row), xs, 3 unused
 
 // ---- TF32 mma.sync -------------------------------------------------------------------------
 
@@ -97,6 +97,42 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_a
   }
 }
 
+// Two products sharing B: acc1 += A1 · B, acc2 += A2 · B (same fragments as warp_gemm; B is
+// read and split once).
+template <bool kSplit, int NT, class FA1, class FA2, class FB>
+__device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[NT][4], int k_end, FA1 a1_at, FA2 a2_at,
+                                           FB b_at, int nt_end = NT) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+  for (int k = 0; k < k_end; k += 8) {
+    const float a1[4] = {a1_at(g, k + t), a1_at(g + 8, k + t), a1_at(g, k + t + 4), a1_at(g + 8, k + t + 4)};
+    const float a2[4] = {a2_at(g, k + t), a2_at(g + 8, k + t), a2_at(g, k + t + 4), a2_at(g + 8, k + t + 4)};
+    uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a1hi[i] = to_tf32(a1[i]);
+      a1lo[i] = kSplit ? to_tf32(a1[i] - __uint_as_float(a1hi[i])) : 0u;
+      a2hi[i] = to_tf32(a2[i]);
+      a2lo[i] = kSplit ? to_tf32(a2[i] - __uint_as_float(a2hi[i])) : 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      if (n >= nt_end) continue;
+      const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
+      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      if constexpr (kSplit) {
+        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
+        mma_tf32(acc1[n], a1lo, b0h, b1h);
+        mma_tf32(acc1[n], a1hi, b0l, b1l);
+        mma_tf32(acc2[n], a2lo, b0h, b1h);
+        mma_tf32(acc2[n], a2hi, b0l, b1l);
+      }
+      mma_tf32(acc1[n], a1hi, b0h, b1h);
+      mma_tf32(acc2[n], a2hi, b0h, b1h);
+    }
+  }
+}
+
 template <int NT>
 __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 #pragma unroll
@@ -115,7 +151,6 @@ __device__ __forceinline__ float4x2 make_float4x2(float4 a, float4 b) { return {
 struct workspace {
   int* chunk_off = nullptr;  // [batch + 1] first global chunk of each row
   int* overflow = nullptr;   // [1] 1: more chunks than cap (the recurrent kernel runs instead)
-  float* W = nullptr;        // [cap, HV, 64, K]
   float* P = nullptr;        // [cap, HV, 64, 64]
   float* T = nullptr;        // [cap, HV, 64, 64]
   float* tok = nullptr;      // [cap, HV, 64, kTokFields]
@@ -189,7 +224,7 @@ __device__ __forceinline__ void stage(Load load, Store store) {
 
 template <int K>
 struct intra_tiles {
-  static constexpr int kLdQ = K + 4;  // Q̂ (A of Q̂·K̂ᵀ), later X = β e^c k̂ (B of T·X, 2-way conflicts)
+  static constexpr int kLdQ = K + 4;  // Q̂ (A of Q̂·K̂ᵀ)
   static constexpr int kLdK = K + 4;  // K̂ (A of K̂·K̂ᵀ, B transposed)
   static constexpr int kLdA = kChunk + 4;
   static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kChunk * kLdA + 5 * kChunk;
@@ -299,12 +334,9 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     zero(qk);
     // Columns j < r0 + 16 only (n-tiles past the diagonal block stay zero).
     const int nt_end = 2 * (warp + 1);
-    warp_gemm<kSplit, C / 8>(
-        kk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; },
-        nt_end);
-    warp_gemm<kSplit, C / 8>(
-        qk, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; },
-        nt_end);
+    warp_gemm2<kSplit, C / 8>(
+        kk, qk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; },
+        [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; }, nt_end);
     float* Pg = ws.P + it * C * C;
 #pragma unroll
     for (int nt = 0; nt < C / 8; ++nt) {
@@ -337,62 +369,29 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   __syncthreads();  // A complete; Q̂ free
 
   if (tid < C) {
-    // T = (I + A)⁻¹, column m = tid: x_i = δ_im − Σ_{j<i} A_ij x_j.
+    // T = (I + A)⁻¹, column m = tid: x_i = δ_im − Σ_{j<i} A_ij x_j (four partial sums, so that
+    // the dependent chain is a quarter as long), written to the workspace row by row.
     const int m = tid;
+    float* Tg = ws.T + it * C * C;
     float x[C];
 #pragma unroll
     for (int i = 0; i < C; ++i) {
-      float s = i == m ? 1.0f : 0.0f;
+      float s4[4] = {i == m ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int j = 0; j < i; ++j) s -= As[i * kLdA + j] * x[j];
-      x[i] = s;
-    }
-    __syncwarp();
-    // Every thread of warps 0 and 1 has finished reading A before any writes T: the two warps
-    // meet at a named barrier (warps 2 and 3 build X meanwhile).
-    asm volatile("bar.sync 1, 64;\n" ::: "memory");
-    float* Tg = ws.T + it * C * C;
-#pragma unroll
-    for (int i = 0; i < C; ++i) {
-      As[i * kLdA + m] = x[i];
+      for (int j = 0; j < i; ++j) s4[j & 3] -= As[i * kLdA + j] * x[j];
+      x[i] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       Tg[i * C + m] = x[i];
     }
   } else {
-    // X = β e^{c} k̂ into the Q̂ buffer.
-    for (int e = tid - C; e < C * K; e += kThreads - C) {
-      const int j = e / K, c = e % K;
-      Qs[j * kLdQ + c] = beta[j] * ecum[j] * Ks[j * kLdK + c];
-    }
-  }
-  __syncthreads();
-
-  // W rows [r0, r0 + 16) = T[rows, j < r0 + 16] · X.
-  {
-    float acc[K / 8][4];
-    zero(acc);
-    warp_gemm<kSplit, K / 8>(
-        acc, r0 + 16, [&](int r, int k) { return As[(r0 + r) * kLdA + k]; },
-        [&](int k, int c) { return Qs[k * kLdQ + c]; });
-    float* Wg = ws.W + it * C * K;
-#pragma unroll
-    for (int nt = 0; nt < K / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half;
-        *reinterpret_cast<float2*>(&Wg[i * K + 8 * nt + 2 * t]) =
-            make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
-      }
-    }
-  }
-  if (tid < C) {
+    // Token factors: qs = e^{c}·scale/|q|, ks = e^{c_last − c}/|k|, β, G = e^{c_last},
+    // xs = β·e^{c}/|k| (rows >= n: zeros but G).
+    const int j = tid - C;
     const double c_last = cum[C - 1];
-    float4 f;
-    f.x = qf[tid] * ecum[tid];
-    f.y = tid < n ? static_cast<float>(exp(c_last - cum[tid])) * kf[tid] : 0.0f;
-    f.z = beta[tid];
-    f.w = static_cast<float>(exp(c_last));
-    if (tid >= n) f.x = 0.0f;
-    reinterpret_cast<float4*>(ws.tok + it * C * kTokFields)[tid] = f;
+    const bool live = j < n;
+    float4* dst = reinterpret_cast<float4*>(ws.tok + (it * C + j) * kTokFields);
+    dst[0] = make_float4(live ? qf[j] * ecum[j] : 0.0f, live ? static_cast<float>(exp(c_last - cum[j])) * kf[j] : 0.0f,
+                         beta[j], static_cast<float>(exp(c_last)));
+    dst[1] = make_float4(live ? beta[j] * ecum[j] * kf[j] : 0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
 
@@ -410,20 +409,19 @@ __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_g
 
 template <int K>
 struct state_tiles {
-  static constexpr int kLdW = K + 4;       // W (A)
   static constexpr int kLdQ = K + 4;       // q (A)
-  static constexpr int kLdK = K + 8;       // k (B, k-major)
+  static constexpr int kLdK = K + 8;       // k (B k-major in the update; A of X·Sᵀ, 2-way conflicts)
   static constexpr int kLdT = kChunk + 4;  // T, P (A)
-  static constexpr int kLdY = kSlice + 8;  // v, u (B k-major; u also A read transposed)
+  static constexpr int kLdY = kSlice + 8;  // v, z, u (B k-major; u also A read transposed)
   static constexpr int kLdS = K + 4;       // S slice (B read transposed)
   static constexpr int kFloats =
-      kChunk * (kLdW + kLdQ + kLdK + 2 * kLdT + 2 * kLdY + 2 * kTokFields) + kSlice * kLdS;
+      kChunk * (kLdQ + 2 * kLdK + 2 * kLdT + 3 * kLdY + 2 * kTokFields) + kSlice * kLdS;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
-// Copies a [C × 4·C4] tile of 16-byte chunks: src(j, c) gives the chunk's global address and
-// whether it is read (else the chunk is zero-filled). kAsync: cp.async (the caller commits and
-// waits); else plain loads, several in flight per thread, and shared stores.
+// Copies a [C × 4·C4] tile of 16-byte chunks: src(j, c, full) gives the chunk's global address
+// and whether it is read (else the chunk is zero-filled). kAsync: cp.async (the caller commits
+// and waits); else plain loads, several in flight per thread, and shared stores.
 template <bool kAsync, int C4, class Src>
 __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
   constexpr int kN = kChunk * C4;
@@ -459,31 +457,36 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
   }
 }
 
-// One block per (row, value head, slice of 32 value rows), 8 warps. Warp w computes token rows
-// [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of u and o, and state rows [16·(w / 4), +16)
-// × key columns [(w % 4)·K/4, +K/4) of the update. The tiles of chunk k+1 are copied while
-// chunk k is computed (cp.async when the inputs allow 16-byte copies), in two groups that
-// follow the two halves of a chunk:
-//   A (W, T, q, v, token factors) — read by the first half (u, q·Sᵀ), refilled after it;
-//   B (P, k)                     — read by the second half (P·u, state update), refilled after it.
-// q, k and v are staged raw and scaled by their token factors as the fragments are read.
+// One block per (row, value head, slice of 32 value rows), 8 warps. With X = xs ⊙ k
+// (xs = β e^{c}/|k|), W = T·X, so u = T·(β v) − W·Sᵀ = T·(β v − X·Sᵀ): the state pass needs T
+// but not W. Per chunk:
+//   (1) z = β v − X·Sᵀ,  o = (qs ⊙ q)·Sᵀ     (one k-loop, shared Sᵀ fragments)
+//   (2) u = T·z
+//   (3) o += P·u → out;  S ← G·S + uᵀ·(ks ⊙ k)
+// Warp w computes token rows [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of z, u and o,
+// and slice rows [16·(w / 4), +16) × key columns [(w % 4)·K/4, +K/4) of the update. q, k and v
+// are staged raw and scaled by their token factors as the fragments are read.
+// The tiles of chunk k+1 are copied while chunk k is computed (cp.async when the inputs allow
+// 16-byte copies), in two groups:
+//   A (q, k, v, T, token factors) — issued after (2) of the previous chunk (k is double-buffered:
+//                                    the previous chunk's k is read until its end);
+//   B (P)                         — issued at the start of its chunk, read by (3).
 template <bool kSplit, int K, bool kAsync>
 __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
   constexpr int C = kChunk, BV = kSlice;
-  constexpr int kLdW = tl::kLdW, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY,
-                kLdS = tl::kLdS;
+  constexpr int kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY, kLdS = tl::kLdS;
   constexpr int KW = K / 4;    // state key columns per warp
   constexpr int NTS = KW / 8;  // their n-tiles
   static_assert(KW % 8 == 0, "key columns per warp in whole n-tiles");
   extern __shared__ float4 smem_f4[];
-  float* Ws = reinterpret_cast<float*>(smem_f4);  // [C][kLdW]
-  float* Qs = Ws + C * kLdW;                      // [C][kLdQ] raw q
-  float* Ks = Qs + C * kLdQ;                      // [C][kLdK] raw k
-  float* Ts = Ks + C * kLdK;                      // [C][kLdT]
+  float* Qs = reinterpret_cast<float*>(smem_f4);  // [C][kLdQ] raw q
+  float* Kb = Qs + C * kLdQ;                      // [2][C][kLdK] raw k by chunk parity
+  float* Ts = Kb + 2 * C * kLdK;                  // [C][kLdT]
   float* Ps = Ts + C * kLdT;                      // [C][kLdT]
   float* Ys = Ps + C * kLdT;                      // [C][kLdY] raw v (slice)
-  float* Us = Ys + C * kLdY;                      // [C][kLdY] u
+  float* Zs = Ys + C * kLdY;                      // [C][kLdY] z
+  float* Us = Zs + C * kLdY;                      // [C][kLdY] u
   float* toks = Us + C * kLdY;                    // [2][C][kTokFields] by chunk parity
   float* Ss = toks + 2 * C * kTokFields;          // [BV][kLdS]
 
@@ -501,8 +504,8 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   const int len = p.query_start_loc[b + 1] - static_cast<int>(start);
   const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
   float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
-  const int r0 = 16 * (warp & 3);   // token rows of u and o
-  const int c0 = 16 * (warp >> 2);  // slice columns of u and o
+  const int r0 = 16 * (warp & 3);   // token rows of z, u and o
+  const int c0 = 16 * (warp >> 2);  // slice columns of z, u and o
   const int m0 = 16 * (warp >> 2);  // slice rows of the state update
   const int kb = (warp & 3) * KW;   // key columns of the state update
 
@@ -529,24 +532,23 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
     const int64_t t0 = start + static_cast<int64_t>(kc) * C;
     const int n = chunk_tokens(kc);
-    const float* Wg = ws.W + it * C * K;
     const float* Tg = ws.T + it * C * C;
     const float* tokg = ws.tok + it * C * kTokFields;
-    copy_tile<kAsync, K / 4>(Ws, kLdW, [&](int j, int c, bool& full) {
-      full = true;
-      return Wg + j * K + 4 * c;
-    });
     copy_tile<kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
       full = true;
       return Tg + j * C + 4 * c;
     });
-    copy_tile<kAsync, 1>(toks + (kc & 1) * C * kTokFields, kTokFields, [&](int j, int, bool& full) {
+    copy_tile<kAsync, kTokFields / 4>(toks + (kc & 1) * C * kTokFields, kTokFields, [&](int j, int c, bool& full) {
       full = true;
-      return tokg + j * kTokFields;
+      return tokg + j * kTokFields + 4 * c;
     });
     copy_tile<kAsync, K / 4>(Qs, kLdQ, [&](int j, int c, bool& full) {
       full = j < n;
       return full ? p.q + (t0 + j) * p.q_stride + hk * K + 4 * c : p.q;
+    });
+    copy_tile<kAsync, K / 4>(Kb + (kc & 1) * C * kLdK, kLdK, [&](int j, int c, bool& full) {
+      full = j < n;
+      return full ? p.k + (t0 + j) * p.k_stride + hk * K + 4 * c : p.k;
     });
     copy_tile<kAsync, BV / 4>(Ys, kLdY, [&](int j, int c, bool& full) {
       full = j < n && v0 + 4 * c < V;
@@ -555,16 +557,10 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   };
   auto issue_b = [&](int kc) {
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
-    const int64_t t0 = start + static_cast<int64_t>(kc) * C;
-    const int n = chunk_tokens(kc);
     const float* Pg = ws.P + it * C * C;
     copy_tile<kAsync, C / 4>(Ps, kLdT, [&](int j, int c, bool& full) {
       full = true;
       return Pg + j * C + 4 * c;
-    });
-    copy_tile<kAsync, K / 4>(Ks, kLdK, [&](int j, int c, bool& full) {
-      full = j < n;
-      return full ? p.k + (t0 + j) * p.k_stride + hk * K + 4 * c : p.k;
     });
   };
 
@@ -573,7 +569,8 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   for (int kc = 0; kc < n_chunks; ++kc) {
     const int64_t t0 = start + static_cast<int64_t>(kc) * C;
     const int n = chunk_tokens(kc);
-    const float* tk = toks + (kc & 1) * C * kTokFields;  // qs, ks, beta, G per token row
+    const float* tk = toks + (kc & 1) * C * kTokFields;  // qs, ks, beta, G, xs per token row
+    const float* Ks = Kb + (kc & 1) * C * kLdK;
     issue_b(kc);
     if constexpr (kAsync) {
       cp_async_commit();
@@ -581,19 +578,32 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
     }
     __syncthreads();
 
-    // u = T · (β v) − W · Sᵀ;  o = (qs q) · Sᵀ   (rows [r0, r0 + 16), slice columns [c0, c0 + 16)).
-    float u[2][4], o[2][4];
-    zero(u);
+    // (1) z = β v − X·Sᵀ and o = (qs q)·Sᵀ: rows [r0, r0 + 16), slice columns [c0, c0 + 16).
+    float z[2][4], o[2][4];
+    zero(z);
     zero(o);
+    warp_gemm2<kSplit, 2>(
+        z, o, K, [&](int r, int k) { return -(Ks[(r0 + r) * kLdK + k] * tk[(r0 + r) * kTokFields + 4]); },
+        [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k] * tk[(r0 + r) * kTokFields]; },
+        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half, c = c0 + 8 * nt + 2 * t;
+        const float bi = tk[i * kTokFields + 2];
+        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) =
+            make_float2(bi * Ys[i * kLdY + c] + z[nt][2 * half], bi * Ys[i * kLdY + c + 1] + z[nt][2 * half + 1]);
+      }
+    }
+    __syncthreads();  // z complete
+
+    // (2) u = T·z (T lower triangular: columns j < r0 + 16).
+    float u[2][4];
+    zero(u);
     warp_gemm<kSplit, 2>(
         u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
-        [&](int k, int c) { return Ys[k * kLdY + c0 + c] * tk[k * kTokFields + 2]; });
-    warp_gemm<kSplit, 2>(
-        u, K, [&](int r, int k) { return -Ws[(r0 + r) * kLdW + k]; },
-        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
-    warp_gemm<kSplit, 2>(
-        o, K, [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k] * tk[(r0 + r) * kTokFields]; },
-        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
+        [&](int k, int c) { return Zs[k * kLdY + c0 + c]; });
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -603,7 +613,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
             make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // u complete; group A tiles and Ss read for this chunk
+    __syncthreads();  // u complete; q, v, T, Ss and z read for this chunk
 
     if (kc + 1 < n_chunks) issue_a(kc + 1);
     if constexpr (kAsync) {
@@ -612,7 +622,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
       __syncthreads();
     }
 
-    // o += P · u;  the outputs.
+    // (3) o += P·u → out.
     warp_gemm<kSplit, 2>(
         o, r0 + 16, [&](int r, int k) { return Ps[(r0 + r) * kLdT + k]; },
         [&](int k, int c) { return Us[k * kLdY + c0 + c]; });
@@ -626,8 +636,8 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
       }
     }
 
-    // S ← G·S + uᵀ · (ks k)   (slice rows [m0, m0 + 16), keys [kb, kb + KW)).
-    const float G = tk[kTokFields - 1];
+    // (3) S ← G·S + uᵀ·(ks k): slice rows [m0, m0 + 16), keys [kb, kb + KW).
+    const float G = tk[3];
 #pragma unroll
     for (int nt = 0; nt < NTS; ++nt) {
 #pragma unroll
@@ -645,7 +655,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // group B tiles, u and the token factors free; Ss holds the new state
+    __syncthreads();  // P, u, this chunk's k and token factors free; Ss holds the new state
   }
 
 #pragma unroll
