@@ -11,18 +11,18 @@
 // item waits on a later one, so the chain cannot deadlock whatever the residency.
 // Per item, with cum_t = Σ_{s<=t} dt_s·A inside the chunk (double), 8 warps:
 //   1. x, B, C of the chunk to shared memory (cp.async, C in its own group: it is needed from
-//      step 3); dt, the cumsum, exp(cum_i) and coef_j = exp(cum_end − cum_j)·dt_j.
+//      step 4); dt, the cumsum, exp(cum_i) and coef_j = exp(cum_end − cum_j)·dt_j.
 //   2. S_loc = (coef ∘ X)ᵀ·B (64 × 128 over K = 128 tokens; warp w owns a 32 × 32 tile), f32.
-//   3. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (each warp owns 16 rows; W in
-//      registers as the A operand of W·X).
-//   4. state hand-off, per warp: S_in = the previous chunk's S_out (wait for its flag), or the
+//   3. state hand-off, per warp: S_in = the previous chunk's S_out (wait for its flag), or the
 //      slot state (first chunk, has_initial_state) or zeros; S_out = exp(cum_end)·S_in + S_loc
 //      goes to the next chunk through the workspace (f32, then a release of the flag), or to
 //      the slot in the state type (last chunk of the row). S_in (bf16) to shared memory.
+//   4. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (each warp owns 16 rows; W in
+//      registers as the A operand of W·X).
 //   5. y_i += exp(cum_i)·C_i·S_inᵀ + D·x_i, stored as bf16.
-// Steps 2 and 3 need no state, so by the time a block reaches step 4 its predecessor (started a
-// few dozen tickets before it) has usually published: the serial part per chunk is one wait, a
-// 32 KiB f32 read and write from L2 per (chunk, head) and a flag.
+// The predecessor of an item holds the ticket H before it, so it started earlier and reaches
+// its own hand-off earlier: in the steady state the wait is short, and the serial part per
+// chunk is a flag, a 32 KiB f32 read and write through L2 per (chunk, head).
 // Numerics are those of the sequential kernel (ssd_scan_bf16.cuh): operands of the tensor-core
 // products rounded to bf16 (coef·x, the C·Bᵀ weights, S_in), f32 accumulation, f32 chained state.
 //
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (lane >= o) run += v;
     }
     if (lane == 31) wsum[warp] = run;
-    cp_async_wait<1>();  // x and B landed (C may still be in flight: it is needed from step 3)
+    cp_async_wait<1>();  // x and B landed (C may still be in flight: it is needed from step 4)
     __syncthreads();
     if (tid < kQ) {
       for (int w = 0; w < warp; ++w) run += wsum[w];
@@ -341,57 +341,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    cp_async_wait<0>();  // C landed
-    __syncthreads();
-
-    // 3. Intra-chunk y of rows [r0, r0 + 16), r0 = 16·rb: W·X over the 16-token blocks jb <= rb.
-    //    Row block rb = w for warps 0-3 and 11 − w for warps 4-7: warps w and w + 4 share a
-    //    scheduler and together do 9 of the 36 blocks, whichever w.
-    const int rb = warp < 4 ? warp : 11 - warp;
-    const int r0 = 16 * rb;
-    const int i_lo = r0 + g, i_hi = i_lo + 8;
-    float acc[P / 8][4];
-#pragma unroll
-    for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    if (r0 < L) {
-      const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
-      for (int jb = 0; jb <= rb; ++jb) {
-        const int j0 = 16 * jb;
-        float cb[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n) cb[n][0] = cb[n][1] = cb[n][2] = cb[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < N / 16; ++kk) {
-          uint32_t a[4], bq[4];
-          ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
-          ldsm_x4(bq, Bs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
-          mma_bf16(cb[0], a, bq[0], bq[1]);
-          mma_bf16(cb[1], a, bq[2], bq[3]);
-        }
-        uint32_t wa[4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
-          const double ca = cum[ja], cbb = cum[jb2];
-          const float da = dtv[ja], db = dtv[jb2];
-          const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
-          const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
-          const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
-          const float w11 = jb2 <= i_hi ? cb[half][3] * expf(static_cast<float>(ci_hi - cbb)) * db : 0.0f;
-          wa[2 * half] = pack_bf16x2(w00, w01);
-          wa[2 * half + 1] = pack_bf16x2(w10, w11);
-        }
-#pragma unroll
-        for (int np = 0; np < P / 16; ++np) {
-          uint32_t bq[4];
-          ldsm_x4_t(bq, Xs + (j0 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
-          mma_bf16(acc[2 * np], wa, bq[0], bq[1]);
-          mma_bf16(acc[2 * np + 1], wa, bq[2], bq[3]);
-        }
-      }
-    }
-
-    // 4. State hand-off of this warp's tile.
+    // 3. State hand-off of this warp's tile (before the intra-chunk products: S_loc is then dead
+    //    and its registers free for them).
     {
       const float total = static_cast<float>(exp(cum_end));
       TS* state = static_cast<TS*>(p.ssm_states) + (c.slot * H + c.h) * static_cast<int64_t>(P) * N;
@@ -468,6 +419,81 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
       }
     }
+    cp_async_wait<0>();  // C landed
+    __syncthreads();
+
+    // 4. Intra-chunk y of rows [r0, r0 + 16), r0 = 16·rb: W·X over the 16-token blocks jb <= rb,
+    //    two blocks at a time (independent mma chains). Row block rb = w for warps 0-3 and
+    //    11 − w for warps 4-7: warps w and w + 4 share a scheduler and together do 9 of the 36
+    //    blocks, whichever w.
+    const int rb = warp < 4 ? warp : 11 - warp;
+    const int r0 = 16 * rb;
+    const int i_lo = r0 + g, i_hi = i_lo + 8;
+    float acc[P / 8][4];
+#pragma unroll
+    for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    if (r0 < L) {
+      const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
+      // W of block j0 from its C·Bᵀ fragment, as the A operand of W·X.
+      auto weights = [&](const float (&cb)[2][4], int j0, uint32_t (&wa)[4]) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
+          const double ca = cum[ja], cbb = cum[jb2];
+          const float da = dtv[ja], db = dtv[jb2];
+          const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
+          const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
+          const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
+          const float w11 = jb2 <= i_hi ? cb[half][3] * expf(static_cast<float>(ci_hi - cbb)) * db : 0.0f;
+          wa[2 * half] = pack_bf16x2(w00, w01);
+          wa[2 * half + 1] = pack_bf16x2(w10, w11);
+        }
+      };
+      for (int jb = 0; jb <= rb; jb += 2) {
+        const bool two = jb + 1 <= rb;  // warp-uniform
+        const int j0 = 16 * jb, j1 = j0 + 16;
+        float cb0[2][4], cb1[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          cb0[n][0] = cb0[n][1] = cb0[n][2] = cb0[n][3] = 0.0f;
+          cb1[n][0] = cb1[n][1] = cb1[n][2] = cb1[n][3] = 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < N / 16; ++kk) {
+          uint32_t a[4], bq[4];
+          ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+          ldsm_x4(bq, Bs + (j0 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+          mma_bf16(cb0[0], a, bq[0], bq[1]);
+          mma_bf16(cb0[1], a, bq[2], bq[3]);
+          if (two) {
+            uint32_t bq1[4];
+            ldsm_x4(bq1, Bs + (j1 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+            mma_bf16(cb1[0], a, bq1[0], bq1[1]);
+            mma_bf16(cb1[1], a, bq1[2], bq1[3]);
+          }
+        }
+        uint32_t wa0[4], wa1[4];
+        weights(cb0, j0, wa0);
+        if (two) weights(cb1, j1, wa1);
+#pragma unroll
+        for (int np = 0; np < P / 16; ++np) {
+          uint32_t bq[4];
+          ldsm_x4_t(bq, Xs + (j0 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
+          mma_bf16(acc[2 * np], wa0, bq[0], bq[1]);
+          mma_bf16(acc[2 * np + 1], wa0, bq[2], bq[3]);
+        }
+        if (two) {
+#pragma unroll
+          for (int np = 0; np < P / 16; ++np) {
+            uint32_t bq[4];
+            ldsm_x4_t(bq, Xs + (j1 + (lane & 15)) * kLdP + np * 16 + 8 * (lane >> 4));
+            mma_bf16(acc[2 * np], wa1, bq[0], bq[1]);
+            mma_bf16(acc[2 * np + 1], wa1, bq[2], bq[3]);
+          }
+        }
+      }
+    }
+
     __syncthreads();  // Ss complete; every warp is done with Xs and Bs; the next item is resolved
     const item_geom& nx = geo[ci ^ 1];
     if constexpr (kPersist) {
