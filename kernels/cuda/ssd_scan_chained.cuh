@@ -17,9 +17,9 @@
 //      slot state (first chunk, has_initial_state) or zeros; S_out = exp(cum_end)·S_in + S_loc
 //      goes to the next chunk through the workspace (f32, then a release of the flag), or to
 //      the slot in the state type (last chunk of the row). S_in (bf16) to shared memory.
-//   4. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j  (each warp owns 16 rows; W in
-//      registers as the A operand of W·X).
-//   5. y_i += exp(cum_i)·C_i·S_inᵀ + D·x_i, stored as bf16.
+//   4. y_i  = Σ_{j<=i} (C_i·B_j)·exp(cum_i − cum_j)·dt_j·x_j + D·x_i  (each warp owns 16 rows;
+//      W in registers as the A operand of W·X).
+//   5. y_i += exp(cum_i)·C_i·S_inᵀ, stored as bf16.
 // The predecessor of an item holds the ticket H before it, so it started earlier and reaches
 // its own hand-off earlier: in the steady state the wait is short, and the serial part per
 // chunk is a flag, a 32 KiB f32 read and write through L2 per (chunk, head).
@@ -179,8 +179,9 @@ __device__ __forceinline__ item_geom resolve_item(const ssd_chunk_scan_params& p
 
 // kPersist = false: one item per block (grid = reserved items). kPersist = true: a persistent
 // grid; each block claims its next item while computing the current one, stages the next
-// item's x and B once the current one is done with them (after the hand-off) and its C at the
-// end, so that the loads overlap the C·S_in product and the next item's cumsum.
+// item's x and B once the current one is done with them (after the intra-chunk products) and
+// its C at the end, so that the loads overlap the C·S_in product, the stores of y and the next
+// item's cumsum.
 template <class TS, int P, int N, bool kPersist>
 __global__ void __launch_bounds__(kThreads, 2)
     chain_kernel(const ssd_chunk_scan_params p, const workspace ws, bool vec) {
@@ -492,6 +493,17 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         }
       }
+      // The skip term D·x_i while Xs still holds this item's x.
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
+          const float2 xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
+          acc[n][2 * half] += d_skip * xf.x;
+          acc[n][2 * half + 1] += d_skip * xf.y;
+        }
+      }
     }
 
     __syncthreads();  // Ss complete; every warp is done with Xs and Bs; the next item is resolved
@@ -504,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // 5. y rows += exp(cum_i)·C_i·S_inᵀ + D·x_i (x from global memory when Xs holds the next item).
+    // 5. y rows += exp(cum_i)·C_i·S_inᵀ (the skip term is in already), stored.
     if (r0 < L) {
       if (carry) {
         float a2[P / 8][4];
@@ -537,17 +549,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int half = 0; half < 2; ++half) {
           const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
           if (i < L) {
-            const int64_t row = c.t0 + i;
-            float2 xf;
-            if constexpr (kPersist) {
-              const bf16* src = xg + row * p.x_stride + c.h * P + pc;
-              xf = vec ? unpack_bf16x2(__ldg(reinterpret_cast<const unsigned int*>(src)))
-                       : make_float2(__bfloat162float(src[0]), __bfloat162float(src[1]));
-            } else {
-              xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
-            }
-            const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
-            bf16* dst = yg + row * p.y_stride + c.h * P + pc;
+            const float y0 = acc[n][2 * half], y1 = acc[n][2 * half + 1];
+            bf16* dst = yg + (c.t0 + i) * p.y_stride + c.h * P + pc;
             if (vec) {
               *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
             } else {
