@@ -1,6 +1,14 @@
-// Gated DeltaNet on CUDA: the varlen prefill and the decode update, one kernel for both.
+// Gated DeltaNet on CUDA: the varlen prefill and the decode update.
 //
-// The delta rule updates every value row e of a head's state S [V, K] on its own:
+// Kernels (paths in gdn_paths.cuh, chosen per call or from the environment):
+//   prefill, tc (default) / tf32: gdn_chunked.cuh, the chunked WY form on the tensor cores
+//                     (3xTF32 or plain TF32) for key dims 32, 64, 128;
+//   prefill, recurrent (HYSERVE_GDN_PREFILL=recurrent, and every other key dim), and the
+//                     decode update, grid (default): the kernel below;
+//   decode, persistent / persistent8 (HYSERVE_GDN_DECODE): gdn_decode.cuh, the same math with
+//                     resident blocks striding over tiles and the next tile prefetched.
+//
+// The kernel below. The delta rule updates every value row e of a head's state S [V, K] on its own:
 //   s_e ← decay·s_e + beta·(v_e − decay·s_e·k̂)·k̂,   o_e = s_e·q̂,
 // so rows need no communication; only q̂, k̂, decay and beta are shared by a head's rows. A
 // block takes (value head h, batch row b, slice z of kRowsPerBlock value rows), keeps its rows
@@ -330,9 +338,9 @@ using namespace cuda_detail;
 gdn_prefill_path gdn_prefill_default_path() {
   static const gdn_prefill_path path = [] {
     const char* e = std::getenv("HYSERVE_GDN_PREFILL");
-    if (e != nullptr && std::strcmp(e, "tc") == 0) return gdn_prefill_path::tc;
+    if (e != nullptr && std::strcmp(e, "recurrent") == 0) return gdn_prefill_path::recurrent;
     if (e != nullptr && std::strcmp(e, "tf32") == 0) return gdn_prefill_path::tf32;
-    return gdn_prefill_path::recurrent;
+    return gdn_prefill_path::tc;
   }();
   return path;
 }

@@ -2,7 +2,7 @@
 // Explicit choice between the CUDA GDN prefill implementations, and between the decode
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
 // takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32;
-// unset or anything else: recurrent); run_cuda(gdn_state_update_params) takes
+// unset or anything else: tc); run_cuda(gdn_state_update_params) takes
 // gdn_decode_default_path(), from HYSERVE_GDN_DECODE (grid | persistent | persistent8; unset or
 // anything else: grid).
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the

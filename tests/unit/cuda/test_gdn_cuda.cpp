@@ -1,5 +1,6 @@
 // Backend ops: Gated DeltaNet chunked prefill and decode update, CUDA against CPU.
-// The recurrent CUDA prefill walks the tokens one by one (the per-token recurrence) where the CPU
+// GdnChunkScanCuda runs the default prefill path (tc unless HYSERVE_GDN_PREFILL says otherwise);
+// GdnChunkScanCudaPaths each path explicitly. The recurrent CUDA prefill walks the tokens one by one (the per-token recurrence) where the CPU
 // op uses the chunked WY form, so the two differ by fp32 rounding in a different order: over
 // hundreds of tokens with states O(1) and outputs O(0.1)–O(1) we allow |Δ| <= 2e-5 + 2e-4·|want|
 // on outputs and final states for the prefill, and 1e-5 + 1e-4·|want| for the decode update (one
@@ -410,8 +411,10 @@ INSTANTIATE_TEST_SUITE_P(Grid, GdnStateUpdateCuda,
                          update_name);
 
 // A CUDA prefill followed by CUDA decode steps equals one CUDA prefill over all the tokens.
-TEST(GdnCudaConsistency, Cuda_f32_PrefillThenUpdatesEqualsLongPrefill) {
-  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+// Recurrent prefill: the decode kernel's own arithmetic, so equal to 1e-6 + 1e-5·|want|. The
+// tensor-core prefills compute the chunked form (as the CPU op does): equal within the
+// recurrent-vs-chunked tolerance of the prefill tests (tc), or the tf32 one.
+void prefill_then_updates(gdn_prefill_path path, double atol, double rtol) {
   const int64_t len = 70, tail = 3, hk = 2, hv = 4, K = 128, V = 64;
   gdn_problem whole(len, hk, hv, K, V, 1, 41u);
   gdn_problem split(len, hk, hv, K, V, 1, 41u);  // same seed: same inputs and states
@@ -422,11 +425,11 @@ TEST(GdnCudaConsistency, Cuda_f32_PrefillThenUpdatesEqualsLongPrefill) {
   gdn_chunk_scan_params pw;
   whole.fill_device(pw, dslot.data(), 1, true, true);
   pw.query_start_loc = dqsl_whole.data();
-  run_cuda(pw);
+  run_cuda(pw, path);
   gdn_chunk_scan_params ph;
   split.fill_device(ph, dslot.data(), 1, true, true);
   ph.query_start_loc = dqsl_head.data();
-  run_cuda(ph);
+  run_cuda(ph, path);
   for (int64_t t = len - tail; t < len; ++t) {
     gdn_state_update_params pu;
     split.fill_device(pu, dslot.data(), 1, true, true);
@@ -439,8 +442,16 @@ TEST(GdnCudaConsistency, Cuda_f32_PrefillThenUpdatesEqualsLongPrefill) {
     run_cuda(pu);
   }
   device_synchronize();
-  expect_match(split.dout.download(), whole.dout.download(), 1e-6, 1e-5, "out");
-  expect_match(split.dstates.download(), whole.dstates.download(), 1e-6, 1e-5, "states");
+  const std::string what = gdn_prefill_path_name(path);
+  expect_match(split.dout.download(), whole.dout.download(), atol, rtol, what + " out");
+  expect_match(split.dstates.download(), whole.dstates.download(), atol, rtol, what + " states");
+}
+
+TEST(GdnCudaConsistency, Cuda_f32_PrefillThenUpdatesEqualsLongPrefill) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  prefill_then_updates(gdn_prefill_path::recurrent, 1e-6, 1e-5);
+  prefill_then_updates(gdn_prefill_path::tc, kScanAtol, kScanRtol);
+  prefill_then_updates(gdn_prefill_path::tf32, 2e-3, 2e-2);
 }
 
 // Unsupported key dims and malformed params are errors naming the field, raised before launch.
