@@ -1,5 +1,6 @@
 #include "weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -64,11 +65,24 @@ float approx_normal(uint64_t h, float stddev) {
   return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f * stddev;
 }
 
-// p[i] = f(hash of element i), in parallel for large tensors.
+// The elements of a tensor to generate: `outer` runs of `width` consecutive elements, run o
+// starting at o · stride + offset of the whole tensor (a whole tensor is one run).
+struct element_runs {
+  int64_t outer = 1, width = 0, stride = 0, offset = 0;
+  int64_t count() const { return outer * width; }
+};
+
+// p[o · width + c] = f(i, hash of element i) with i = o · stride + offset + c, the element's
+// index in the whole tensor, so a shard equals the same part of the whole. Parallel for large
+// tensors.
 template <class F>
-void fill_hashed(float* p, int64_t n, uint64_t base, F f) {
-#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) p[i] = f(i, mix64(base + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull));
+void fill_hashed(float* p, const element_runs& r, uint64_t base, F f) {
+#pragma omp parallel for collapse(2) schedule(static) if (r.count() > (int64_t{1} << 16))
+  for (int64_t o = 0; o < r.outer; ++o)
+    for (int64_t c = 0; c < r.width; ++c) {
+      const int64_t i = o * r.stride + r.offset + c;
+      p[o * r.width + c] = f(i, mix64(base + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull));
+    }
 }
 
 uint64_t fnv1a(std::string_view s) {
@@ -91,51 +105,51 @@ class synthetic_weights final : public weight_source {
 
   host_tensor load(const std::string& name, const shape_t& expected) const override {
     host_tensor t = host_tensor::f32(expected);
-    float* p = t.as<float>();
-    const int64_t n = t.numel();
-    const uint64_t base = seed_ ^ fnv1a(name);
-    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) {
-      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return 1.0f + approx_normal(h, 0.05f); });
-    } else if (ends_with(name, "A_log")) {
-      fill_hashed(p, n, base, [](int64_t i, uint64_t) { return static_cast<float>(std::log(1.0 + static_cast<double>(i % 16))); });
-    } else if (ends_with(name, ".D")) {
-      fill_hashed(p, n, base, [](int64_t, uint64_t) { return 1.0f; });
-    } else if (ends_with(name, "dt_bias")) {
-      fill_hashed(p, n, base, [](int64_t, uint64_t h) {
-        const double dt = std::exp(std::log(1e-3) + unit_uniform(h) * (std::log(1e-1) - std::log(1e-3)));
-        return static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
-      });
-    } else if (ends_with(name, "conv1d.weight")) {
-      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.2f); });
-    } else if (ends_with(name, ".bias")) {
-      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.01f); });
-    } else {
-      fill_hashed(p, n, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.02f); });
-    }
+    generate(name, t.as<float>(), element_runs{1, t.numel(), t.numel(), 0});
     return t;
   }
 
+  // Only the slice's elements are generated (each depends on its index in the whole tensor).
   host_tensor load_slice(const std::string& name, const shape_t& full, int dim, int64_t begin,
                          int64_t end) const override {
     if (dim < 0 || dim >= full.ndim || begin < 0 || end < begin || end > full[dim])
       throw invalid_argument_error("synthetic weight " + name + ": bad slice [" + std::to_string(begin) + ", " +
                                    std::to_string(end) + ") of dim " + std::to_string(dim) + " of " + full.str());
-    const host_tensor whole = load(name, full);
     shape_t out_shape = full;
     out_shape[dim] = end - begin;
     host_tensor out(dtype::kF32, out_shape);
-    int64_t outer = 1, inner = 1;
-    for (int i = 0; i < dim; ++i) outer *= full[i];
+    int64_t inner = 1;
     for (int i = dim + 1; i < full.ndim; ++i) inner *= full[i];
-    const float* src = whole.as<float>();
-    float* dst = out.as<float>();
-    for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(dst + o * (end - begin) * inner, src + (o * full[dim] + begin) * inner,
-                  static_cast<size_t>((end - begin) * inner) * sizeof(float));
+    const int64_t width = (end - begin) * inner;
+    generate(name, out.as<float>(), element_runs{out.numel() / std::max<int64_t>(width, 1), width, full[dim] * inner, begin * inner});
     return out;
   }
 
  private:
+  // Initialisation by role (see weights.h) of the elements `runs` selects.
+  void generate(const std::string& name, float* p, const element_runs& runs) const {
+    const uint64_t base = seed_ ^ fnv1a(name);
+    if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return 1.0f + approx_normal(h, 0.05f); });
+    } else if (ends_with(name, "A_log")) {
+      fill_hashed(p, runs, base,
+                  [](int64_t i, uint64_t) { return static_cast<float>(std::log(1.0 + static_cast<double>(i % 16))); });
+    } else if (ends_with(name, ".D")) {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t) { return 1.0f; });
+    } else if (ends_with(name, "dt_bias")) {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t h) {
+        const double dt = std::exp(std::log(1e-3) + unit_uniform(h) * (std::log(1e-1) - std::log(1e-3)));
+        return static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
+      });
+    } else if (ends_with(name, "conv1d.weight")) {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.2f); });
+    } else if (ends_with(name, ".bias")) {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.01f); });
+    } else {
+      fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.02f); });
+    }
+  }
+
   uint64_t seed_;
 };
 
