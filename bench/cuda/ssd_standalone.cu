@@ -416,7 +416,8 @@ int main(int argc, char** argv) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
       }
-      // More chunks than the parallel path reserves by default: the general kernel takes the batch.
+      // More chunks than the phased and parallel_single paths reserve by default: the general kernel
+      // takes the batch there (the parallel path takes it itself).
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par1);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);

@@ -25,9 +25,10 @@
 // kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
 // carries per row, 4 MiB each at the production shape; phased: a partial chunk, 4 MiB), while
 // the sequential kernel already has batch × heads × 2 blocks.
-// The chunk-parallel paths reserve chunks for HYSERVE_SSD_MAX_TOKENS tokens (default 16384; the
-// token count is device data) plus one per row; a batch needing more chunks is computed by the
-// general kernel below instead (decided on the device: no host synchronisation, graph-capturable).
+// The phased and parallel_single paths reserve chunks for HYSERVE_SSD_MAX_TOKENS tokens (default
+// 16384; the token count is device data) plus one per row; a batch needing more chunks is
+// computed by the general kernel below instead (decided on the device: no host synchronisation,
+// graph-capturable). The parallel path's workspace is per row: it takes any token count.
 // All compute the CPU op's formulation with a double cumsum; none depends on chunk_size
 // (validated only: the chunk length is each kernel's own).
 //
@@ -364,8 +365,11 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaS
   dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
-      const int64_t cap64 = (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
+      // Chunks the kernel takes: the workspace does not depend on it (carries and flags are per
+      // row), so the persistent grid takes any batch whose items fit an int ticket; one block per
+      // item reserves HYSERVE_SSD_MAX_TOKENS / Q + batch (its grid size).
       const int64_t max_cap = std::min<int64_t>((int64_t{1} << 31) / 2 / p.heads, int64_t{1} << 30);
+      const int64_t cap64 = persist ? max_cap : (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
       const int cap = static_cast<int>(std::min(cap64, max_cap));
       // Workspace: info [4], chunk_off [batch + 1], flags [batch, 2, heads, warps] (ints, rounded
       // to 16 bytes), carry [batch, 2, heads, P, N] f32. The ints start at zero.

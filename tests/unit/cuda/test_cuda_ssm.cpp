@@ -531,8 +531,8 @@ std::vector<typed_case> path_cases() {
   // Production head shape: 128 heads, 8 groups, a varlen batch.
   v.push_back(typed_case{kB, kF, 8, 128, 64, 128, {2048, 700, 0, 129}, 2, true, true});
   v.push_back(typed_case{kB, kB, 8, 128, 64, 128, {2048, 700, 0, 129}, 1, true, true});
-  // More chunks than the parallel path reserves by default (16384 tokens + one per row): the
-  // general kernel takes the batch on the device.
+  // More chunks than the phased and parallel_single paths reserve by default (16384 tokens + one
+  // per row): the general kernel takes the batch on the device (the parallel path takes it itself).
   v.push_back(typed_case{kB, kF, 1, 2, 64, 128, {17000}, 1, false, true});
   return v;
 }
