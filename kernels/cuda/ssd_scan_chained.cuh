@@ -370,7 +370,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       } else {
         const int64_t prev = (c.b * 2 + ((c.k - 1) & 1)) * H + c.h;
         const int* flag = ws.flags + prev * kWarps + warp;
-        while (ld_acquire(flag) < c.k) __nanosleep(40);
+        // A predecessor publishes within microseconds; a wait of seconds is a bug: fail the
+        // launch loudly instead of hanging the device.
+        for (uint32_t spins = 0; ld_acquire(flag) < c.k; ++spins) {
+          if (spins == (1u << 22)) __trap();
+          __nanosleep(40);
+        }
         const float4* src = reinterpret_cast<const float4*>(ws.carry + prev * P * N + warp * kWarpState);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
