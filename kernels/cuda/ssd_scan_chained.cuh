@@ -36,9 +36,10 @@
 // [batch, 2, heads, warps], carry [batch, 2, heads, P·N] f32: two carry slots per row (chunk k
 // writes slot k & 1; chunk k + 2 overwrites it only after chunk k + 1, which read it, has
 // published). Flags hold k + 1 once chunk k's S_out is in its slot; the host zeroes them.
-// Chunk counts are device data: the host reserves HYSERVE_SSD_MAX_TOKENS / Q + batch chunks;
-// past that the plan raises the overflow flag, the kernel exits at once and the general kernel
-// (gated on the flag) computes the batch.
+// Chunk counts are device data: with one block per item the host launches
+// HYSERVE_SSD_MAX_TOKENS / Q + batch items' blocks, and past that the plan raises the overflow
+// flag, the kernel exits at once and the general kernel (gated on the flag) computes the batch;
+// the persistent grid takes any count (the workspace is per row).
 #include <cuda_bf16.h>
 
 #include <cstdint>
