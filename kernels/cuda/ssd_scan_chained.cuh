@@ -140,6 +140,10 @@ __device__ __forceinline__ void st_release(int* ptr, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
 // Two bf16 of an mma fragment register times two factors, rounded back to bf16.
 __device__ __forceinline__ uint32_t scale2(uint32_t w, float a, float b) {
   const float2 f = unpack_bf16x2(w);
@@ -309,7 +313,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     if constexpr (kPersist) {
       // The next item, claimed and resolved by lane 0 of warp 0 (the warp with the fewest
       // intra-chunk blocks) while the others compute; read after the barrier that ends step 4.
-      if (tid == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+      // Warp 0 also asks L2 for the next item's x (one 128-byte line per token row at the
+      // production shape), so that its staging later reads L2 rather than DRAM; B and C are
+      // shared by the group's heads and mostly in L2 already.
+      if (warp == 0) {
+        if (lane == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+        __syncwarp();
+        const item_geom& q = geo[ci ^ 1];
+        if (q.valid) {
+          for (int j = lane; j < q.L; j += 32) {
+            const bf16* row = xg + (q.t0 + j) * p.x_stride + q.h * P;
+#pragma unroll
+            for (int o = 0; o < P * 2; o += 128) prefetch_l2(reinterpret_cast<const char*>(row) + o);
+          }
+        }
+      }
     }
 
     // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
