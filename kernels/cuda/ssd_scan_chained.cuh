@@ -310,26 +310,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
     }
     __syncthreads();
-    if constexpr (kPersist) {
-      // The next item, claimed and resolved by lane 0 of warp 0 (the warp with the fewest
-      // intra-chunk blocks) while the others compute; read after the barrier that ends step 4.
-      // Warp 0 also asks L2 for the next item's x (one 128-byte line per token row at the
-      // production shape), so that its staging later reads L2 rather than DRAM; B and C are
-      // shared by the group's heads and mostly in L2 already.
-      if (warp == 0) {
-        if (lane == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
-        __syncwarp();
-        const item_geom& q = geo[ci ^ 1];
-        if (q.valid) {
-          for (int j = lane; j < q.L; j += 32) {
-            const bf16* row = xg + (q.t0 + j) * p.x_stride + q.h * P;
-#pragma unroll
-            for (int o = 0; o < P * 2; o += 128) prefetch_l2(reinterpret_cast<const char*>(row) + o);
-          }
-        }
-      }
-    }
-
     // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
     //    A(p, j) = x_j[p]·coef_j (.trans from Xs, scaled in registers), B(j, n) = Bs[j][n] (.trans).
     const int pw0 = PW * (warp / 4), nw0 = NW * (warp % 4);
@@ -452,6 +432,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     cp_async_wait<0>();  // C landed
     __syncthreads();
+    if constexpr (kPersist) {
+      // The next item, claimed and resolved by lane 0 of warp 0 (one intra-chunk block to do,
+      // while warp 4 on its scheduler does eight) and read after the barrier that ends step 4.
+      // Warp 0 also asks L2 for the next item's x (one 128-byte line per token row at the
+      // production shape), so that its staging reads L2 rather than DRAM; B and C are shared by
+      // the group's heads and mostly in L2 already.
+      if (warp == 0) {
+        if (lane == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+        __syncwarp();
+        const item_geom& q = geo[ci ^ 1];
+        if (q.valid) {
+          for (int j = lane; j < q.L; j += 32) {
+            const bf16* row = xg + (q.t0 + j) * p.x_stride + q.h * P;
+#pragma unroll
+            for (int o = 0; o < P * 2; o += 128) prefetch_l2(reinterpret_cast<const char*>(row) + o);
+          }
+        }
+      }
+    }
 
     // 4. Intra-chunk y of rows [r0, r0 + 16), r0 = 16·rb: W·X over the 16-token blocks jb <= rb,
     //    two blocks at a time (independent mma chains). Row block rb = w for warps 0-3 and
