@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
     }
     __syncthreads();
+
     // 2. S_loc of this warp's tile: rows pw0 + [0, PW), columns nw0 + [0, NW).
     //    A(p, j) = x_j[p]·coef_j (.trans from Xs, scaled in registers), B(j, n) = Bs[j][n] (.trans).
     const int pw0 = PW * (warp / 4), nw0 = NW * (warp % 4);
