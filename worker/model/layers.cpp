@@ -15,6 +15,7 @@
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/ssm.h"
+#include "step_pack.h"
 
 namespace hyserve::worker::layers {
 
@@ -89,12 +90,16 @@ void reduce_partial(tensor& x, collective* comm) {
 }
 
 tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx) {
-  const int64_t n = rows.numel(), cols = x.shape()[1];
+  return gather_rows(x, rows.as<int32_t>(), rows.numel(), ctx);
+}
+
+tensor gather_rows(const tensor& x, const int32_t* rows, int64_t n, const exec_context& ctx) {
+  const int64_t cols = x.shape()[1];
   tensor out = tensor::f32({n, cols}, ctx.device);
   if (n == 0 || cols == 0) return out;
   // The embedding lookup is a row gather: x plays the table of rows [0, T).
   kernels::embedding_params p;
-  p.ids = rows.as<int32_t>();
+  p.ids = rows;
   p.table = x.as<float>();
   p.out = out.as<float>();
   p.n_tokens = n;
@@ -110,14 +115,19 @@ tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx) {
 }
 
 tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx) {
+  return embed(ids.as<int32_t>(), ids.numel(), table, vocab_start, comm, ctx);
+}
+
+tensor embed(const int32_t* ids, int64_t n, const tensor& table, int64_t vocab_start, collective* comm,
+             const exec_context& ctx) {
   const int64_t hidden = table.shape()[1];
-  tensor out = tensor::f32({ids.numel(), hidden}, ctx.device);
+  tensor out = tensor::f32({n, hidden}, ctx.device);
   kernels::embedding_params p;
-  p.ids = ids.as<int32_t>();
+  p.ids = ids;
   p.table = table.data();
   p.table_dtype = table.type();
   p.out = out.as<float>();
-  p.n_tokens = ids.numel();
+  p.n_tokens = n;
   p.hidden = hidden;
   p.vocab_start = vocab_start;
   p.vocab_end = vocab_start + table.shape()[0];
@@ -127,7 +137,10 @@ tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collec
 }
 
 tensor lm_head(const tensor& x, const tensor& w_local, collective* comm, const exec_context& ctx) {
-  tensor local = linear(x, w_local, ctx);  // [R, vocab_local]
+  return logits_to_host(linear(x, w_local, ctx), comm, ctx);  // [R, vocab_local] → host [R, vocab]
+}
+
+tensor logits_to_host(const tensor& local, collective* comm, const exec_context& ctx) {
   if (!comm || comm->size() == 1) return local.to_host();
   const int64_t rows = local.shape()[0], vl = local.shape()[1], tp = comm->size();
   tensor gathered_dev = tensor::f32({tp, rows, vl}, ctx.device);
@@ -202,34 +215,36 @@ attention_step build_attention_step(const forward_batch& batch, const hybrid_met
   return s;
 }
 
-step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const exec_context& ctx) {
-  step_inputs in;
+void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& meta, int32_t* base, int32_t page_size) {
   in.mode = meta.mode;
-  in.batch_size = meta.batch_size;
-  in.num_tokens = meta.num_tokens;
-  in.query_start_loc = upload_i32(meta.query_start_loc, ctx);
-  in.mamba_slots = upload_i32(meta.mamba_slots, ctx);
-  in.has_initial_state = tensor::i32({(static_cast<int64_t>(meta.has_initial_state.size()) + 3) / 4}, ctx.device);
-  in.has_initial_state.copy_from_host(meta.has_initial_state.data(), meta.has_initial_state.size());
-  in.positions = upload_i32(meta.positions, ctx);
-  if (step) {
-    in.locs = upload_i32(step->locs, ctx);
-    in.page_table = upload_i32(step->page_table, ctx);
-    in.seq_lens = upload_i32(step->seq_lens, ctx);
-    in.page_table_stride = step->page_table_stride;
-    in.page_size = step->page_size;
+  in.batch_size = l.batch;
+  in.num_tokens = l.tokens;
+  in.n_logit_rows = l.logit_rows;
+  auto at = [&](int64_t offset, int64_t n) { return device_array{n > 0 ? base + offset : nullptr}; };
+  in.query_start_loc = at(l.query_start_loc, l.batch + 1);
+  in.mamba_slots = at(l.mamba_slots, l.batch);
+  in.has_initial_state = at(l.has_initial_state, (l.batch + 3) / 4);
+  in.positions = at(l.positions, l.tokens);
+  in.token_ids = at(l.token_ids, l.tokens);
+  in.logit_rows = at(l.logit_token_rows, l.logit_rows);
+  if (l.attention) {
+    in.locs = at(l.locs, l.tokens);
+    in.page_table = at(l.page_table, l.batch * l.page_table_stride);
+    in.seq_lens = at(l.seq_lens, l.batch);
+    in.page_table_stride = l.page_table_stride;
+    in.page_size = page_size;
   }
   switch (meta.mode) {
     case forward_mode::kTargetVerify:
       in.spec_tokens_per_row = meta.draft_len;
       in.spec_steps = meta.draft_len;
       in.spec_tree = meta.is_tree;
-      if (meta.is_tree) in.retrieve_parent = upload_i32(meta.retrieve_parent, ctx);
+      if (meta.is_tree) in.retrieve_parent = at(l.retrieve_parent, l.parent_entries);
       break;
     case forward_mode::kDraft:
       in.spec_tokens_per_row = 1;
       in.spec_steps = meta.draft_len;
-      in.first_step = upload_i32(meta.draft_steps, ctx);
+      in.first_step = at(l.first_step_at, l.batch);
       in.spec_first_step = true;
       break;
     case forward_mode::kExtend:
@@ -239,6 +254,16 @@ step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step,
     case forward_mode::kDraftExtend:
       break;
   }
+}
+
+step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const std::vector<int32_t>& ids,
+                        const exec_context& ctx) {
+  const step_layout l = layout_of(meta, step);
+  std::vector<int32_t> host(static_cast<size_t>(l.total));
+  pack_step(l, meta, step, ids, host.data());
+  step_inputs in;
+  in.storage = tensor::from_host(host.data(), dtype::kI32, l.total, ctx.device);
+  bind_step(in, l, meta, in.storage.as<int32_t>(), step ? step->page_size : 0);
   return in;
 }
 
