@@ -19,6 +19,7 @@ namespace {
 // unset: the legacy default stream.
 thread_local cudaStream_t t_alloc_stream = nullptr;
 thread_local bool t_alloc_stream_set = false;
+thread_local bool t_alloc_zero_fill = true;
 
 cudaStream_t alloc_stream() { return t_alloc_stream_set ? t_alloc_stream : cudaStreamLegacy; }
 
@@ -39,7 +40,7 @@ class cuda_allocator final : public device_allocator {
       throw capacity_error("device allocation of " + std::to_string(bytes) + " bytes failed: out of device memory");
     }
     CUDA_CHECK(status);
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+    if (t_alloc_zero_fill) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
     return p;
   }
   void release(void* p) noexcept override {
@@ -55,15 +56,17 @@ class cuda_allocator final : public device_allocator {
 
 }  // namespace
 
-allocation_stream_scope::allocation_stream_scope(void* stream)
-    : previous_(t_alloc_stream), previous_set_(t_alloc_stream_set) {
+allocation_stream_scope::allocation_stream_scope(void* stream, bool zero_fill)
+    : previous_(t_alloc_stream), previous_set_(t_alloc_stream_set), previous_zero_(t_alloc_zero_fill) {
   t_alloc_stream = static_cast<cudaStream_t>(stream);
   t_alloc_stream_set = true;
+  t_alloc_zero_fill = zero_fill;
 }
 
 allocation_stream_scope::~allocation_stream_scope() {
   t_alloc_stream = static_cast<cudaStream_t>(previous_);
   t_alloc_stream_set = previous_set_;
+  t_alloc_zero_fill = previous_zero_;
 }
 
 bool cuda_built() { return true; }

@@ -106,7 +106,7 @@ void captured_graph::capture_begin(void* stream) {
   HYSERVE_CHECK(stream != nullptr, "capture_begin: the legacy default stream cannot be captured");
   HYSERVE_CHECK(!t_capture_scope, "capture_begin: this thread is already capturing");
   CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
-  t_capture_scope = std::make_unique<allocation_stream_scope>(stream);
+  t_capture_scope = std::make_unique<allocation_stream_scope>(stream, /*zero_fill=*/false);
 }
 
 captured_graph captured_graph::capture_end(void* stream) {

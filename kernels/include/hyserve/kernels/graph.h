@@ -7,6 +7,9 @@
 // allocations are ordered on s (graph memory nodes, see allocation_stream_scope in device.h);
 // every tensor allocated inside the capture must be released inside it; nothing may
 // synchronise with the host (no synchronous copies, no reads of device data on the host).
+// Tensors allocated inside a capture are NOT zero-filled (no memset node per activation): the
+// captured code writes every element it reads; rows a kernel skips (padding rows) may hold
+// stale values and must only flow into row-local ops whose rows are discarded.
 #include <cstddef>
 #include <cstdint>
 
@@ -45,7 +48,7 @@ class captured_graph {
   const graph_stats& stats() const { return stats_; }
 
   // Starts capturing `stream` (thread-local capture mode) and orders this thread's tensor
-  // allocations on it until capture_end / capture_abort.
+  // allocations on it, without zero-fill, until capture_end / capture_abort.
   static void capture_begin(void* stream);
   // Ends the capture and instantiates the graph; throws (after cleaning up) when the capture
   // was invalidated by an operation that cannot be captured.
