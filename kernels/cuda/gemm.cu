@@ -21,12 +21,22 @@ namespace hyserve::kernels {
 namespace cuda_detail {
 namespace {
 
-// One cuBLAS handle; destroyed with its owner (errors logged, never thrown).
+// Workspace of one handle (the size cuBLAS recommends for Hopper). Owned by the handle and set
+// after every cublasSetStream (which resets it), so cuBLAS never allocates its own: a GEMM
+// recorded into a CUDA graph then reads a buffer that outlives the graph. One handle's GEMMs
+// are issued by one thread in order, so the streams it serves never use the workspace at once.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// One cuBLAS handle and its workspace; destroyed with its owner (errors logged, never thrown).
 class cublas_handle {
  public:
   cublas_handle() {
     CUBLAS_CHECK(cublasCreate(&handle_));
-    const cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    if (status == CUBLAS_STATUS_SUCCESS && cudaMalloc(&workspace_, kCublasWorkspaceBytes) != cudaSuccess) {
+      cudaGetLastError();
+      workspace_ = nullptr;  // cuBLAS keeps its default workspace
+    }
     if (status != CUBLAS_STATUS_SUCCESS) {
       cublasDestroy(handle_);
       CUBLAS_CHECK(status);
@@ -35,22 +45,31 @@ class cublas_handle {
   ~cublas_handle() {
     const cublasStatus_t status = cublasDestroy(handle_);
     if (status != CUBLAS_STATUS_SUCCESS) std::cerr << "cublasDestroy failed: " << cublasGetStatusString(status) << "\n";
+    if (workspace_) cudaFree(workspace_);
   }
   cublas_handle(const cublas_handle&) = delete;
   cublas_handle& operator=(const cublas_handle&) = delete;
   cublasHandle_t get() const { return handle_; }
+  // Points the handle at `stream` with this handle's workspace.
+  void bind(cudaStream_t stream) const {
+    CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    if (workspace_) CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, kCublasWorkspaceBytes));
+  }
 
  private:
   cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
 };
 
 // cuBLAS handles are not thread-safe to share and belong to one device: one per (thread, device).
-cublasHandle_t handle_for_current_device() {
+// The calling thread's handle on the current device, bound to `stream`.
+cublasHandle_t handle_for_current_device(cudaStream_t stream) {
   thread_local std::unordered_map<int, std::unique_ptr<cublas_handle>> handles;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   std::unique_ptr<cublas_handle>& h = handles[device];
   if (!h) h = std::make_unique<cublas_handle>();
+  h->bind(stream);
   return h->get();
 }
 
@@ -74,8 +93,7 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
   round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
   HYSERVE_CUDA_CHECK_LAUNCH();
-  cublasHandle_t handle = handle_for_current_device();
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  cublasHandle_t handle = handle_for_current_device(stream);
   const cublasStatus_t status =
       cublasGemmEx(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                    static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b, CUDA_R_16BF,
@@ -114,8 +132,7 @@ void run_cuda(const gemm_params& p, void* stream) {
     return;
   }
 
-  cublasHandle_t handle = handle_for_current_device();
-  CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  cublasHandle_t handle = handle_for_current_device(as_stream(stream));
   CUBLAS_CHECK(cublasSgemm(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                            static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha,
                            static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
