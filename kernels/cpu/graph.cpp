@@ -20,6 +20,7 @@ void pinned_free(void* /*p*/) noexcept {}
 void copy_h2d_async(void*, const void*, size_t, void*) { no_cuda("copy_h2d_async"); }
 void copy_d2h_async(void*, const void*, size_t, void*) { no_cuda("copy_d2h_async"); }
 void copy_d2d_async(void*, const void*, size_t, void*) { no_cuda("copy_d2d_async"); }
+void fill_zero_async(void*, size_t, void*) { no_cuda("fill_zero_async"); }
 void stream_wait_legacy(void* /*stream*/) { no_cuda("stream_wait_legacy"); }
 
 captured_graph::~captured_graph() = default;

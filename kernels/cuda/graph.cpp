@@ -68,6 +68,10 @@ void copy_d2d_async(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
 }
 
+void fill_zero_async(void* dst, size_t bytes, void* stream) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+}
+
 void stream_wait_legacy(void* stream) {
   // One event per thread, reused: recording overwrites the previous capture of the event.
   thread_local cudaEvent_t event = [] {

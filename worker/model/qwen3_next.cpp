@@ -74,6 +74,7 @@ class qwen3_next_model final : public model {
       L.moe = mc.is_moe_layer(i);
       if (L.moe) {
         L.moe_block = layers::load_moe(ws, p + "mlp.", mc, tp);
+        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
       } else {
         const int64_t I = mc.intermediate_size;
         const int64_t il = tp_split(I, n, "intermediate_size");
@@ -92,8 +93,10 @@ class qwen3_next_model final : public model {
     frame.ctx = ctx_;
     frame.sparsity = &sparsity_;
     std::string blocker = decode_graph_blocker(ctx_, graphs, tp.size);
-    const bool any_moe = std::any_of(layers_.begin(), layers_.end(), [](const qwen3_next_layer& L) { return L.moe; });
-    if (blocker.empty() && any_moe) blocker = "MoE routing reads the router logits on the host";
+    const bool host_moe = std::any_of(layers_.begin(), layers_.end(),
+                                      [](const qwen3_next_layer& L) { return L.moe && !L.moe_block.device_routing; });
+    if (blocker.empty() && host_moe)
+      blocker = "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)";
     driver_ = std::make_unique<step_driver>(frame, graphs, n_attn, n_recurrent, blocker);
   }
 

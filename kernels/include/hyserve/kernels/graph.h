@@ -23,6 +23,8 @@ void pinned_free(void* p) noexcept;
 void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
 void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream);
 void copy_d2d_async(void* dst, const void* src, size_t bytes, void* stream);
+// Sets `bytes` bytes at dst to zero, ordered on `stream` (a memset node inside a capture).
+void fill_zero_async(void* dst, size_t bytes, void* stream);
 // Makes `stream` wait for everything queued so far on the legacy default stream (where the
 // eager ops, the tensor allocator outside captures and the synchronous copies run).
 void stream_wait_legacy(void* stream);
