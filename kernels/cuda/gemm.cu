@@ -2,13 +2,15 @@
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so the operands are passed swapped, each with its own transpose flag.
 // Math mode is CUBLAS_DEFAULT_MATH: true fp32, no TF32, so results agree with the CPU op.
 //
-// bf16 B (a linear layer's weight): op(A) is rounded to bf16 into a stream-ordered scratch
+// bf16 B (a linear layer's weight): up to 4 rows of A (decode) go through a bandwidth-bound
+// skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
 // f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <unordered_map>
@@ -84,7 +86,104 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
+// Skinny GEMM with a bf16 weight (decode: m ≤ 4 rows of activations, C = α·A·Bᵀ + β·C with B
+// [n, k] row-major): memory-bound on B, so each warp streams kSkinnyRows rows of B as 16-byte
+// loads, kSkinnyUnroll of them per lane in flight, and dots them with the f32 rows of A (read
+// through the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A
+// (the CPU op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that
+// a single row cannot fill.
+constexpr int kSkinnyThreads = 256;
+constexpr int kSkinnyRows = 2;    // rows of B per warp (reuse of each A load)
+constexpr int kSkinnyUnroll = 4;  // 16-byte chunks per lane per row in flight
+constexpr int64_t kSkinnyMaxM = 4;
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <int M>
+__global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const gemm_params p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kSkinnyRows;
+  if (row0 >= p.n) return;
+  const auto* b = static_cast<const __nv_bfloat16*>(p.b);
+  const uint4* brow[kSkinnyRows];
+#pragma unroll
+  for (int r = 0; r < kSkinnyRows; ++r) {
+    const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+    brow[r] = reinterpret_cast<const uint4*>(b + row * p.ldb);
+  }
+  float acc[kSkinnyRows][M] = {};
+  const int64_t chunks = p.k / 8;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kSkinnyUnroll) {
+    uint4 w[kSkinnyUnroll][kSkinnyRows];
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) w[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      float wf[kSkinnyRows][8];
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) bf16x8_to_float(w[u][r], wf[r]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4* ap = reinterpret_cast<const float4*>(p.a + m * p.lda + c * 8);
+        const float4 x0 = __ldg(ap), x1 = __ldg(ap + 1);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int r = 0; r < kSkinnyRows; ++r)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kSkinnyRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && row0 + r < p.n) {
+        float* out = p.c + m * p.ldc + row0 + r;
+        *out = p.beta != 0.0f ? p.alpha * v + p.beta * *out : p.alpha * v;
+      }
+    }
+}
+
+bool skinny_bf16_applies(const gemm_params& p) {
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return p.m <= kSkinnyMaxM && !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 &&
+         aligned16(p.a) && aligned16(p.b);
+}
+
+void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
+  const int64_t warps = ceil_div(p.n, int64_t{kSkinnyRows});
+  const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
+  switch (p.m) {
+    case 1: skinny_bf16_kernel<1><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
+    case 2: skinny_bf16_kernel<2><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
+    case 3: skinny_bf16_kernel<3><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
+    default: skinny_bf16_kernel<4><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
+  }
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
 void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
+  if (skinny_bf16_applies(p)) {
+    skinny_bf16(p, stream);
+    return;
+  }
   // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
   const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
   __nv_bfloat16* a16 = nullptr;

@@ -4,7 +4,9 @@
 //
 // Element types: a and c are f32; b (the weight of a linear layer) is b_dtype, f32 or bf16
 // (anything else is rejected naming the field). Accumulation is f32. With a bf16 b the CPU op
-// widens b block by block (no f32 copy of the whole matrix); the CUDA op rounds a to bf16 in a
+// widens b block by block (no f32 copy of the whole matrix); the CUDA op, for m ≤ 4 with
+// trans_b (a decode linear layer, 16-byte aligned, k a multiple of 8), streams b through a
+// skinny kernel with f32 a (the CPU op's arithmetic); otherwise it rounds a to bf16 in a
 // scratch buffer and runs a bf16 × bf16 → f32 tensor-core GEMM with f32 accumulation, so its
 // result differs from the CPU op by the rounding of a (tests compare with bf16-exact a).
 #include <cstdint>
