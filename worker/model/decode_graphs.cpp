@@ -163,6 +163,11 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
         auto [pos, inserted] = graphs_.emplace(key, kernels::captured_graph::capture_end(stream_));
         graph = &pos->second;
         captured = true;
+        const kernels::graph_stats& n = graph->stats();
+        log_decode_path_once("decode graphs: captured batch " + std::to_string(key.batch) + " (page-table stride " +
+                             std::to_string(key.page_table_stride) + "): " + std::to_string(n.total()) + " nodes, " +
+                             std::to_string(n.kernels) + " kernels, " + std::to_string(n.memsets) + " memsets, " +
+                             std::to_string(n.memcpys) + " copies");
       } catch (const std::exception& e) {
         kernels::captured_graph::capture_abort(stream_);
         failed_.insert(key);
