@@ -7,6 +7,7 @@
 
 #include "../../../worker/model/decode_graphs.h"
 #include "../../../worker/model/layers.h"
+#include "../../../worker/model/step_driver.h"
 #include "../../../worker/model/step_pack.h"
 #include "hyserve/common/error.h"
 #include "hyserve/worker/forward_batch.h"
@@ -135,6 +136,48 @@ TEST(DecodeGraphPlan, PackRejectsAStepLargerThanItsLayout) {
   const layers::step_layout l = layers::make_step_layout(2, 2, 2, false, 0, 0, false);
   std::vector<int32_t> out(static_cast<size_t>(l.total));
   EXPECT_THROW(layers::pack_step(l, meta, nullptr, {1, 1, 1}, out.data()), invalid_argument_error);
+}
+
+// Which steps replay a graph and which run eagerly, and why (no device needed: the graph
+// runtime allocates nothing before its first run).
+TEST(DecodeGraphPlan, IneligibleStepsNameTheirReason) {
+  decode_graph_config c;
+  c.max_batch = 4;
+  c.vocab_local = 8;
+  const decode_graphs g(c);
+  EXPECT_EQ(g.describe(), "CUDA graphs per batch bucket {1,2,4}");
+  hybrid_metadata meta;
+  meta.mode = forward_mode::kDecode;
+  meta.batch_size = 3;
+  forward_options opts;
+  EXPECT_EQ(g.ineligible(meta, opts), "");
+  meta.batch_size = 5;
+  EXPECT_EQ(g.ineligible(meta, opts), "batch 5 above the largest bucket 4");
+  meta.batch_size = 0;
+  EXPECT_EQ(g.ineligible(meta, opts), "empty batch");
+  meta.batch_size = 2;
+  opts.eager = true;
+  EXPECT_EQ(g.ineligible(meta, opts), "forward_options.eager");
+  opts.eager = false;
+  std::vector<tensor> hidden;
+  opts.hidden_states = &hidden;
+  EXPECT_EQ(g.ineligible(meta, opts), "hidden-state capture");
+  opts.hidden_states = nullptr;
+  for (forward_mode m : kAllForwardModes) {
+    meta.mode = m;
+    EXPECT_EQ(g.ineligible(meta, opts).empty(), m == forward_mode::kDecode) << forward_mode_name(m);
+  }
+}
+
+TEST(DecodeGraphPlan, BlockersOfAWholeModel) {
+  decode_graph_options on;
+  on.enabled = true;
+  on.max_batch = 8;
+  const kernels::exec_context cuda{device_kind::kCuda, nullptr};
+  EXPECT_EQ(decode_graph_blocker(cuda, on, 1), "");
+  EXPECT_EQ(decode_graph_blocker(kernels::exec_context{}, on, 1), "device cpu");
+  EXPECT_EQ(decode_graph_blocker(cuda, decode_graph_options{}, 1), "cuda_graphs: false");
+  EXPECT_NE(decode_graph_blocker(cuda, on, 2).find("tp > 1"), std::string::npos);
 }
 
 }  // namespace
