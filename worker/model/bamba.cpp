@@ -122,22 +122,20 @@ class bamba_model final : public model {
     capture(h);
 
     for (bamba_layer& L : layers_) {
+      // Each block's output projection adds into h (block_output).
       tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
-      tensor mixed;
       switch (L.kind) {
         case layer_kind::kMamba2:
-          mixed = layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
-                                         ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
+          layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                                 ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
           break;
         case layer_kind::kAttention:
-          mixed = layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex);
+          layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
           break;
         case layer_kind::kGatedDeltaNet:
           throw error("Bamba: Gated DeltaNet layer in a Bamba model");  // rejected at load
       }
-      layers::add_inplace(h, mixed, ex);
-      tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ex), comm_, ex);
-      layers::add_inplace(h, y, ex);
+      layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ex), comm_, ex, &h);
       capture(h);
     }
 

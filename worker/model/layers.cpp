@@ -59,6 +59,35 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   return y;
 }
 
+tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx, tensor* residual) {
+  if (residual && (!comm || comm->size() == 1)) {
+    // residual += x · wᵀ in the GEMM's epilogue (beta = 1): no output tensor, no add kernel.
+    const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+    HYSERVE_CHECK(w.shape()[1] == in && residual->shape()[0] == rows && residual->numel() == rows * out,
+                  "block_output: " + x.shape().str() + " · " + w.shape().str() + " into " + residual->shape().str());
+    if (rows == 0 || out == 0) return tensor();
+    kernels::gemm_params p;
+    p.a = x.as<float>();
+    p.b = w.data();
+    p.b_dtype = w.type();
+    p.c = residual->as<float>();
+    p.m = rows;
+    p.n = out;
+    p.k = in;
+    p.lda = p.ldb = in;
+    p.ldc = out;
+    p.trans_b = true;
+    p.beta = 1.0f;
+    kernels::run(p, ctx);
+    return tensor();
+  }
+  tensor y = linear(x, w, ctx);
+  reduce_partial(y, comm);
+  if (!residual) return y;
+  add_inplace(*residual, y, ctx);
+  return tensor();
+}
+
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx) {
   HYSERVE_CHECK(a.numel() == b.numel(), "add_inplace: shape mismatch");
   if (a.numel() == 0) return;
@@ -165,7 +194,7 @@ void place(mlp_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.gate, &w.up, &w.down}) place_weight(*t, device, weight_type);
 }
 
-tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual) {
   tensor gate = linear(x, w.gate, ctx);
   tensor up = linear(x, w.up, ctx);
   kernels::swiglu_params p;
@@ -176,9 +205,7 @@ tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, cons
   p.cols = gate.shape()[1];
   p.gate_stride = p.up_stride = p.out_stride = p.cols;
   if (p.rows > 0) kernels::run(p, ctx);
-  tensor out = linear(gate, w.down, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(gate, w.down, comm, ctx, residual);
 }
 
 attention_step build_attention_step(const forward_batch& batch, const hybrid_metadata& meta,
@@ -284,7 +311,7 @@ void place(attention_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx) {
+                         collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
   tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
   tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
@@ -340,9 +367,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     run_attention(a, in, ctx);
   }
-  tensor out = linear(attn, w.o, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(attn, w.o, comm, ctx, residual);
 }
 
 namespace {
@@ -397,7 +422,7 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps) {
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   const int64_t di = w.d_inner(), conv = w.conv_dim();
@@ -523,9 +548,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   }
   kernels::run(g, ctx);
 
-  tensor out = linear(y, w.out_proj, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(y, w.out_proj, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

@@ -30,6 +30,11 @@ void place_weight(tensor& t, device_kind device, dtype type);
 
 // y = x · wᵀ: x [T, in] f32, w [out, in] f32 or bf16 → [T, out] f32.
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
+// The output projection of a block (y = x · wᵀ, reduced over tp). residual null: returns y.
+// residual set: adds y into it and returns an empty tensor; without a tp reduction in between
+// the add happens in the GEMM's epilogue (beta = 1), saving the output tensor and the add kernel.
+tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx,
+                    tensor* residual = nullptr);
 // a += b (same shape).
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx);
 tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_context& ctx);
@@ -63,7 +68,9 @@ struct mlp_weights {
   tensor down;  // [hidden, inter_local]
 };
 void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
-tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
+// residual: see block_output (the block's output added into it; an empty tensor returned).
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
+                   tensor* residual = nullptr);
 
 // KV bookkeeping of one step, shared by every attention layer.
 struct attention_step {
@@ -137,7 +144,7 @@ void place(attention_weights& w, device_kind device, dtype weight_type = dtype::
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx);
+                         collective* comm, const exec_context& ctx, tensor* residual = nullptr);
 
 struct mamba2_weights {
   tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
@@ -162,6 +169,7 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF3
 // steps: the layer's per-step states (model_context::mamba_steps), needed by TargetVerify and
 // Draft, which never write `state`.
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
+                      tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers
