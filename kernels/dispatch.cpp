@@ -70,6 +70,7 @@ void run(const Params& p, const exec_context& ctx) {
   template bool has_cuda<P>();
 
 HYSERVE_INSTANTIATE_RUN(gemm_params)
+HYSERVE_INSTANTIATE_RUN(swiglu_linear_params)
 HYSERVE_INSTANTIATE_RUN(embedding_params)
 HYSERVE_INSTANTIATE_RUN(rmsnorm_params)
 HYSERVE_INSTANTIATE_RUN(gated_rmsnorm_params)

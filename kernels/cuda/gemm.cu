@@ -17,6 +17,7 @@
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 
 namespace hyserve::kernels {
@@ -106,17 +107,32 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   }
 }
 
-template <int M>
-__global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const gemm_params p) {
+// What one skinny launch computes: c[m, row] for rows of b0 (two rows of b0 per warp), or with
+// swiglu c[m, row] = silu(x·b0[row]) · (x·b1[row]) (the gate and up rows of one output per warp).
+struct skinny_args {
+  const float* a = nullptr;
+  const __nv_bfloat16* b0 = nullptr;
+  const __nv_bfloat16* b1 = nullptr;
+  float* c = nullptr;
+  int64_t n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+template <int M, bool kSwiglu>
+__global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinny_args p) {
+  constexpr int kOutRows = kSwiglu ? 1 : kSkinnyRows;  // outputs per warp; streams per warp: 2
   const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kSkinnyRows;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kOutRows;
   if (row0 >= p.n) return;
-  const auto* b = static_cast<const __nv_bfloat16*>(p.b);
   const uint4* brow[kSkinnyRows];
 #pragma unroll
   for (int r = 0; r < kSkinnyRows; ++r) {
-    const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
-    brow[r] = reinterpret_cast<const uint4*>(b + row * p.ldb);
+    if constexpr (kSwiglu) {
+      brow[r] = reinterpret_cast<const uint4*>((r == 0 ? p.b0 : p.b1) + row0 * p.ldb);
+    } else {
+      const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+      brow[r] = reinterpret_cast<const uint4*>(p.b0 + row * p.ldb);
+    }
   }
   float acc[kSkinnyRows][M] = {};
   const int64_t chunks = p.k / 8;
@@ -150,33 +166,57 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const gemm_
 #pragma unroll
   for (int r = 0; r < kSkinnyRows; ++r)
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[r][m];
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && row0 + r < p.n) {
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  if (lane != 0) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if constexpr (kSwiglu) {
+      const float g = acc[0][m];
+      p.c[m * p.ldc + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
+    } else {
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) {
+        if (row0 + r >= p.n) break;
         float* out = p.c + m * p.ldc + row0 + r;
-        *out = p.beta != 0.0f ? p.alpha * v + p.beta * *out : p.alpha * v;
+        *out = p.beta != 0.0f ? p.alpha * acc[r][m] + p.beta * *out : p.alpha * acc[r][m];
       }
     }
+  }
 }
 
 bool skinny_bf16_applies(const gemm_params& p) {
-  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   return p.m <= kSkinnyMaxM && !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 &&
          aligned16(p.a) && aligned16(p.b);
 }
 
-void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
-  const int64_t warps = ceil_div(p.n, int64_t{kSkinnyRows});
+template <bool kSwiglu>
+void launch_skinny(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const int64_t warps = kSwiglu ? a.n : ceil_div(a.n, int64_t{kSkinnyRows});
   const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
-  switch (p.m) {
-    case 1: skinny_bf16_kernel<1><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
-    case 2: skinny_bf16_kernel<2><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
-    case 3: skinny_bf16_kernel<3><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
-    default: skinny_bf16_kernel<4><<<blocks, kSkinnyThreads, 0, stream>>>(p); break;
+  switch (m) {
+    case 1: skinny_bf16_kernel<1, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 2: skinny_bf16_kernel<2, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 3: skinny_bf16_kernel<3, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    default: skinny_bf16_kernel<4, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
   }
   HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
+  skinny_args a;
+  a.a = p.a;
+  a.b0 = static_cast<const __nv_bfloat16*>(p.b);
+  a.c = p.c;
+  a.n = p.n;
+  a.k = p.k;
+  a.lda = p.lda;
+  a.ldb = p.ldb;
+  a.ldc = p.ldc;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  launch_skinny<false>(a, p.m, stream);
 }
 
 void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
@@ -236,6 +276,61 @@ void run_cuda(const gemm_params& p, void* stream) {
                            static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha,
                            static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
                            static_cast<int>(p.ldc)));
+}
+
+void run_cuda(const swiglu_linear_params& p, void* stream) {
+  constexpr const char* op = "swiglu_linear";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.gate_w, op, "gate_w");
+  require_ptr(p.up_w, op, "up_w");
+  require_ptr(p.out, op, "out");
+  require_stride(p.out_stride, p.n, op, "out_stride");
+  if (p.m == 0) return;
+  gemm_params g;
+  g.a = p.x;
+  g.b_dtype = p.w_dtype;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.x_stride;
+  g.ldb = p.w_stride;
+  g.trans_b = true;
+  g.b = p.gate_w;
+  g.c = p.out;
+  g.ldc = p.out_stride;
+  const cudaStream_t s = as_stream(stream);
+  if (p.w_dtype == dtype::kBF16 && p.n > 0 && p.k > 0 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
+    skinny_args a;
+    a.a = p.x;
+    a.b0 = static_cast<const __nv_bfloat16*>(p.gate_w);
+    a.b1 = static_cast<const __nv_bfloat16*>(p.up_w);
+    a.c = p.out;
+    a.n = p.n;
+    a.k = p.k;
+    a.lda = p.x_stride;
+    a.ldb = p.w_stride;
+    a.ldc = p.out_stride;
+    launch_skinny<true>(a, p.m, s);
+    return;
+  }
+  // Two gemm ops into out and a scratch up, then the swiglu op.
+  float* up = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&up), static_cast<size_t>(p.m * p.n) * sizeof(float), s));
+  run_cuda(g, stream);
+  g.b = p.up_w;
+  g.c = up;
+  g.ldc = p.n;
+  run_cuda(g, stream);
+  swiglu_params w;
+  w.gate = p.out;
+  w.up = up;
+  w.out = p.out;
+  w.rows = p.m;
+  w.cols = p.n;
+  w.gate_stride = w.out_stride = p.out_stride;
+  w.up_stride = p.n;
+  run_cuda(w, stream);
+  CUDA_CHECK(cudaFreeAsync(up, s));
 }
 
 }  // namespace hyserve::kernels

@@ -194,17 +194,30 @@ void place(mlp_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.gate, &w.up, &w.down}) place_weight(*t, device, weight_type);
 }
 
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
+  const int64_t rows = x.shape()[0], in = x.shape()[1], inter = w.gate.shape()[0];
+  HYSERVE_CHECK(w.gate.shape()[1] == in && w.up.shape() == w.gate.shape() && w.up.type() == w.gate.type(),
+                "swiglu_linear: gate " + w.gate.shape().str() + ", up " + w.up.shape().str() + ", input width " +
+                    std::to_string(in));
+  tensor act = tensor::f32({rows, inter}, ctx.device);
+  if (rows == 0 || inter == 0) return act;
+  kernels::swiglu_linear_params p;
+  p.x = x.as<float>();
+  p.gate_w = w.gate.data();
+  p.up_w = w.up.data();
+  p.w_dtype = w.gate.type();
+  p.out = act.as<float>();
+  p.m = rows;
+  p.n = inter;
+  p.k = in;
+  p.x_stride = p.w_stride = in;
+  p.out_stride = inter;
+  kernels::run(p, ctx);
+  return act;
+}
+
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual) {
-  tensor gate = linear(x, w.gate, ctx);
-  tensor up = linear(x, w.up, ctx);
-  kernels::swiglu_params p;
-  p.gate = gate.as<float>();
-  p.up = up.as<float>();
-  p.out = gate.as<float>();
-  p.rows = gate.shape()[0];
-  p.cols = gate.shape()[1];
-  p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0) kernels::run(p, ctx);
+  const tensor gate = swiglu_linear(w, x, ctx);  // silu(x · gateᵀ) ⊙ (x · upᵀ)
   return block_output(gate, w.down, comm, ctx, residual);
 }
 

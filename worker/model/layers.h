@@ -68,6 +68,8 @@ struct mlp_weights {
   tensor down;  // [hidden, inter_local]
 };
 void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
+// silu(x · gateᵀ) ⊙ (x · upᵀ): [T, inter_local] in one op (kernels swiglu_linear).
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx);
 // residual: see block_output (the block's output added into it; an empty tensor returned).
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
                    tensor* residual = nullptr);

@@ -29,17 +29,7 @@ void load_swiglu(const weight_source& ws, const std::string& p, int64_t hidden, 
 // down · (silu(gate · x) ⊙ up · x) on this rank's slice of the intermediate dimension: a partial
 // sum over tp.
 tensor swiglu_partial(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
-  const tensor gate = linear(x, w.gate, ctx);
-  const tensor up = linear(x, w.up, ctx);
-  tensor act = tensor::f32(gate.shape(), ctx.device);
-  kernels::swiglu_params p;
-  p.gate = gate.as<float>();
-  p.up = up.as<float>();
-  p.out = act.as<float>();
-  p.rows = gate.shape()[0];
-  p.cols = gate.shape()[1];
-  p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0 && p.cols > 0) kernels::run(p, ctx);
+  const tensor act = swiglu_linear(w, x, ctx);
   return linear(act, w.down, ctx);
 }
 

@@ -2,7 +2,8 @@
 // [n, k] with trans_b) against the CPU op on the same data. A is NOT bf16-exact here: the skinny
 // kernel multiplies f32 A like the CPU op, so only the summation order differs:
 // |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want|. Covers m 1..4, n not a multiple of the rows per warp,
-// k of the production shapes, padded strides, alpha/beta accumulation. Skips without a device.
+// k of the production shapes, padded strides, alpha/beta accumulation; and the fused SwiGLU
+// projection (swiglu_linear) on the same kernel. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -70,10 +71,71 @@ INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
                                          skinny_case{4, 7, 8, 0, 2.0f, 0.5f},          // accumulate
                                          skinny_case{4, 1, 4096, 0, 1.0f, 0.0f},       // one output column
                                          skinny_case{1, 128256, 64, 0, 1.0f, 0.0f}),   // lm_head-wide n
-                         [](const testing::TestParamInfo<skinny_case>& info) {
-                           const auto& c = info.param;
+                         [](const testing::TestParamInfo<skinny_case>& param_info) {
+                           const auto& c = param_info.param;
                            return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
                                   (c.pad ? "_padded" : "") + (c.beta != 0.0f ? "_accumulate" : "");
+                         });
+
+// swiglu_linear on CUDA against the CPU op: the fused skinny kernel (bf16, m ≤ 4, f32 x) and the
+// fallback (m > 4: bf16-exact x, so the rounding of x inside the tensor-core GEMM is exact; f32
+// weights: cuBLAS). Tolerance as above, on silu(g)·u.
+struct swiglu_case {
+  int64_t m, n, k;
+  bool bf16;
+};
+
+class SwigluLinearCuda : public testing::TestWithParam<swiglu_case> {};
+
+TEST_P(SwigluLinearCuda, MatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const swiglu_case& c = GetParam();
+  std::vector<float> x = random_floats(static_cast<size_t>(c.m * c.k), 21);
+  if (c.m > 4)
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  const std::vector<float> g = random_floats(static_cast<size_t>(c.n * c.k), 22, -0.1f, 0.1f);
+  const std::vector<float> u = random_floats(static_cast<size_t>(c.n * c.k), 23, -0.1f, 0.1f);
+  std::vector<uint16_t> g16(g.size()), u16(u.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    g16[i] = f32_to_bf16(g[i]);
+    u16[i] = f32_to_bf16(u[i]);
+  }
+  swiglu_linear_params p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.x_stride = p.w_stride = c.k;
+  p.out_stride = c.n;
+  p.w_dtype = c.bf16 ? dtype::kBF16 : dtype::kF32;
+  std::vector<float> want(static_cast<size_t>(c.m * c.n));
+  swiglu_linear_params pc = p;
+  pc.x = x.data();
+  pc.gate_w = c.bf16 ? static_cast<const void*>(g16.data()) : g.data();
+  pc.up_w = c.bf16 ? static_cast<const void*>(u16.data()) : u.data();
+  pc.out = want.data();
+  run_cpu(pc);
+  device_array<float> dx(x), dg(g), du(u), dout(want.size());
+  device_array<uint16_t> dg16(g16), du16(u16);
+  dout.fill_bytes(0xff);
+  swiglu_linear_params pg = p;
+  pg.x = dx.data();
+  pg.gate_w = c.bf16 ? static_cast<const void*>(dg16.data()) : dg.data();
+  pg.up_w = c.bf16 ? static_cast<const void*>(du16.data()) : du.data();
+  pg.out = dout.data();
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SwigluLinearCuda,
+                         testing::Values(swiglu_case{1, 14336, 4096, true},  // Bamba-9B MLP, decode
+                                         swiglu_case{3, 333, 512, true}, swiglu_case{4, 1, 64, true},
+                                         swiglu_case{9, 130, 256, true},     // fallback: two GEMMs + swiglu
+                                         swiglu_case{2, 77, 96, false}),     // f32 weights: cuBLAS
+                         [](const testing::TestParamInfo<swiglu_case>& param_info) {
+                           const auto& c = param_info.param;
+                           return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
+                                  (c.bf16 ? "_bf16" : "_f32");
                          });
 
 }  // namespace

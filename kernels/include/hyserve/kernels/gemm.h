@@ -31,6 +31,24 @@ struct gemm_params {
 void run_cpu(const gemm_params& p);
 void run_cuda(const gemm_params& p, void* stream = nullptr);
 
+// The first half of a SwiGLU MLP in one op: out[i, j] = silu(g) · u with g = x[i, :] · gate_w[j, :]
+// and u = x[i, :] · up_w[j, :] (silu(g) = g / (1 + e^-g), as the swiglu op). x, out f32; the two
+// weights [n, k] row-major in w_dtype (f32 or bf16). The CPU op is two gemm ops and the swiglu
+// op. The CUDA op fuses everything into the skinny bf16 kernel when the gemm op would take it
+// for each weight (m ≤ 4, bf16, aligned); otherwise it runs the two gemm ops and the swiglu op.
+struct swiglu_linear_params {
+  const float* __restrict__ x = nullptr;       // [m, k], row stride x_stride
+  const void* __restrict__ gate_w = nullptr;   // w_dtype [n, k], row stride w_stride
+  const void* __restrict__ up_w = nullptr;     // w_dtype [n, k], row stride w_stride
+  float* __restrict__ out = nullptr;           // [m, n], row stride out_stride
+  int64_t m = 0, n = 0, k = 0;
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;
+  dtype w_dtype = dtype::kF32;
+};
+
+void run_cpu(const swiglu_linear_params& p);
+void run_cuda(const swiglu_linear_params& p, void* stream = nullptr);
+
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when accumulate). All contiguous.
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate = false);
 
