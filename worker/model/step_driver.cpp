@@ -1,5 +1,6 @@
 #include "step_driver.h"
 
+#include <optional>
 #include <string>
 
 #include "hyserve/common/error.h"
