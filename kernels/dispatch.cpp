@@ -70,12 +70,14 @@ void run(const Params& p, const exec_context& ctx) {
   template bool has_cuda<P>();
 
 HYSERVE_INSTANTIATE_RUN(gemm_params)
+HYSERVE_INSTANTIATE_RUN(swiglu_linear_params)
 HYSERVE_INSTANTIATE_RUN(embedding_params)
 HYSERVE_INSTANTIATE_RUN(rmsnorm_params)
 HYSERVE_INSTANTIATE_RUN(gated_rmsnorm_params)
 HYSERVE_INSTANTIATE_RUN(rope_params)
 HYSERVE_INSTANTIATE_RUN(swiglu_params)
 HYSERVE_INSTANTIATE_RUN(row_add_params)
+HYSERVE_INSTANTIATE_RUN(moe_route_params)
 HYSERVE_INSTANTIATE_RUN(sigmoid_mul_params)
 HYSERVE_INSTANTIATE_RUN(kv_write_params)
 HYSERVE_INSTANTIATE_RUN(paged_attention_params)

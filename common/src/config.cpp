@@ -364,14 +364,19 @@ service_config parse_config(const std::string& text, const std::string& file) {
       r.fail(root, "(top level)", "expected a mapping of sections, got " + r.describe(root));
     }
     r.check_keys(root, "",
-                 {"model", "device", "parallel", "cache", "scheduler", "sparsity", "speculative", "server", "worker",
-                  "chat"});
+                 {"model", "device", "cuda_graphs", "parallel", "cache", "scheduler", "sparsity", "speculative", "server",
+                  "worker", "chat"});
 
     if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
     read_model(r, root["model"], cfg.model);
 
     if_present(root, "device", [&](const YAML::Node& n) {
       cfg.device = r.get_enum(n, "device", "device", {"cpu", "cuda"}) == 0 ? device_kind::kCpu : device_kind::kCuda;
+    });
+    if_present(root, "cuda_graphs", [&](const YAML::Node& n) {
+      cfg.cuda_graphs = r.get_bool(n, "cuda_graphs");
+      if (*cfg.cuda_graphs && cfg.device != device_kind::kCuda)
+        r.fail(n, "cuda_graphs", "true needs device: cuda");
     });
 
     const YAML::Node par = root["parallel"];

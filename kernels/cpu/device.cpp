@@ -29,6 +29,9 @@ void* stream_create() { no_cuda("stream_create"); }
 void stream_destroy(void* /*stream*/) noexcept {}
 void stream_synchronize(void* /*stream*/) { no_cuda("stream_synchronize"); }
 void install_device_allocators() {}
+allocation_stream_scope::allocation_stream_scope(void* stream, bool zero_fill)
+    : previous_(stream), previous_zero_(zero_fill) {}
+allocation_stream_scope::~allocation_stream_scope() = default;
 
 exec_context open_device(device_kind kind, int /*ordinal*/) {
   if (kind == device_kind::kCuda)

@@ -1,3 +1,4 @@
+#include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 
 #include <cblas.h>
@@ -83,6 +84,43 @@ void run_cpu(const gemm_params& p) {
       gemm_bf16_b(p);
     }
   });
+}
+
+void run_cpu(const swiglu_linear_params& p) {
+  constexpr const char* op = "swiglu_linear";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.gate_w, op, "gate_w");
+  require_ptr(p.up_w, op, "up_w");
+  require_ptr(p.out, op, "out");
+  require_stride(p.out_stride, p.n, op, "out_stride");
+  if (p.m == 0) return;
+  std::vector<float> up(static_cast<size_t>(p.m * p.n));
+  gemm_params g;
+  g.a = p.x;
+  g.b_dtype = p.w_dtype;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.x_stride;
+  g.ldb = p.w_stride;
+  g.trans_b = true;
+  g.b = p.gate_w;
+  g.c = p.out;
+  g.ldc = p.out_stride;
+  run_cpu(g);
+  g.b = p.up_w;
+  g.c = up.data();
+  g.ldc = p.n;
+  run_cpu(g);
+  swiglu_params s;
+  s.gate = p.out;
+  s.up = up.data();
+  s.out = p.out;
+  s.rows = p.m;
+  s.cols = p.n;
+  s.gate_stride = s.out_stride = p.out_stride;
+  s.up_stride = p.n;
+  run_cpu(s);
 }
 
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate) {

@@ -1,6 +1,9 @@
 #include "hyserve/kernels/row_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "validate.h"
 
@@ -33,6 +36,43 @@ void run_cpu(const row_add_params& p) {
     const float* x = p.x + i * p.x_stride;
     float* o = p.out + (p.out_rows ? p.out_rows[i] : i) * p.out_stride;
     for (int64_t c = 0; c < p.cols; ++c) o[c] += w * x[c];
+  }
+}
+
+void run_cpu(const moe_route_params& p) {
+  constexpr const char* op = "moe_route";
+  require_ptr(p.logits, op, "logits");
+  require_ptr(p.weights, op, "weights");
+  require_non_negative(p.tokens, op, "tokens");
+  require_positive(p.experts, op, "experts");
+  require_positive(p.top_k, op, "top_k");
+  if (p.top_k > p.experts) fail(op, "top_k", p.top_k, "exceeds experts");
+  require_stride(p.logits_stride, p.experts, op, "logits_stride");
+  require_stride(p.weights_stride, p.tokens, op, "weights_stride");
+
+  std::vector<float> prob(static_cast<size_t>(p.experts));
+  std::vector<uint8_t> taken(static_cast<size_t>(p.experts));
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const float* l = p.logits + t * p.logits_stride;
+    float mx = l[0];
+    for (int64_t e = 1; e < p.experts; ++e) mx = std::max(mx, l[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < p.experts; ++e) sum += (prob[static_cast<size_t>(e)] = std::exp(l[e] - mx));
+    for (float& v : prob) v /= sum;
+    std::fill(taken.begin(), taken.end(), uint8_t{0});
+    float top_sum = 0.0f;
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < p.experts; ++e)
+        if (!taken[static_cast<size_t>(e)] && (best < 0 || prob[static_cast<size_t>(e)] > prob[static_cast<size_t>(best)]))
+          best = e;
+      taken[static_cast<size_t>(best)] = 1;
+      top_sum += prob[static_cast<size_t>(best)];
+    }
+    for (int64_t e = 0; e < p.experts; ++e) {
+      const float v = prob[static_cast<size_t>(e)];
+      p.weights[e * p.weights_stride + t] = taken[static_cast<size_t>(e)] ? (p.norm_topk_prob ? v / top_sum : v) : 0.0f;
+    }
   }
 }
 

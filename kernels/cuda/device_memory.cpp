@@ -15,9 +15,17 @@ namespace hyserve::kernels {
 
 namespace {
 
+// The stream this thread's tensor allocations are ordered on (allocation_stream_scope);
+// unset: the legacy default stream.
+thread_local cudaStream_t t_alloc_stream = nullptr;
+thread_local bool t_alloc_stream_set = false;
+thread_local bool t_alloc_zero_fill = true;
+
+cudaStream_t alloc_stream() { return t_alloc_stream_set ? t_alloc_stream : cudaStreamLegacy; }
+
 // The allocator behind hyserve::tensor on kCuda: stream-ordered (cudaMallocAsync /
-// cudaFreeAsync on the legacy default stream, which every op of the model runs on or
-// synchronises with) from the device's default memory pool, which keeps freed blocks cached
+// cudaFreeAsync on the legacy default stream, which every eager op of the model runs on or
+// synchronises with; on the scope's stream inside an allocation_stream_scope) from the device's default memory pool, which keeps freed blocks cached
 // (release threshold: unlimited). Per-step activations therefore cost no cudaMalloc/cudaFree
 // and no host synchronisation; the zero-fill is asynchronous too.
 class cuda_allocator final : public device_allocator {
@@ -25,18 +33,19 @@ class cuda_allocator final : public device_allocator {
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
-    const cudaError_t status = cudaMallocAsync(&p, bytes, cudaStreamLegacy);
+    const cudaStream_t stream = alloc_stream();
+    const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw capacity_error("device allocation of " + std::to_string(bytes) + " bytes failed: out of device memory");
     }
     CUDA_CHECK(status);
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy));
+    if (t_alloc_zero_fill) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
     return p;
   }
   void release(void* p) noexcept override {
     if (p == nullptr) return;
-    const cudaError_t status = cudaFreeAsync(p, cudaStreamLegacy);
+    const cudaError_t status = cudaFreeAsync(p, alloc_stream());
     if (status != cudaSuccess) std::cerr << "tensor free: cudaFreeAsync failed: " << cudaGetErrorString(status) << "\n";
   }
   void zero(void* p, size_t bytes) override { device_memset(p, 0, bytes); }
@@ -46,6 +55,19 @@ class cuda_allocator final : public device_allocator {
 };
 
 }  // namespace
+
+allocation_stream_scope::allocation_stream_scope(void* stream, bool zero_fill)
+    : previous_(t_alloc_stream), previous_set_(t_alloc_stream_set), previous_zero_(t_alloc_zero_fill) {
+  t_alloc_stream = static_cast<cudaStream_t>(stream);
+  t_alloc_stream_set = true;
+  t_alloc_zero_fill = zero_fill;
+}
+
+allocation_stream_scope::~allocation_stream_scope() {
+  t_alloc_stream = static_cast<cudaStream_t>(previous_);
+  t_alloc_stream_set = previous_set_;
+  t_alloc_zero_fill = previous_zero_;
+}
 
 bool cuda_built() { return true; }
 

@@ -2,31 +2,44 @@
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so the operands are passed swapped, each with its own transpose flag.
 // Math mode is CUBLAS_DEFAULT_MATH: true fp32, no TF32, so results agree with the CPU op.
 //
-// bf16 B (a linear layer's weight): op(A) is rounded to bf16 into a stream-ordered scratch
+// bf16 B (a linear layer's weight): up to 4 rows of A (decode) go through a bandwidth-bound
+// skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
 // f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <unordered_map>
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
 namespace {
 
-// One cuBLAS handle; destroyed with its owner (errors logged, never thrown).
+// Workspace of one handle (the size cuBLAS recommends for Hopper). Owned by the handle and set
+// after every cublasSetStream (which resets it), so cuBLAS never allocates its own: a GEMM
+// recorded into a CUDA graph then reads a buffer that outlives the graph. One handle's GEMMs
+// are issued by one thread in order, so the streams it serves never use the workspace at once.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// One cuBLAS handle and its workspace; destroyed with its owner (errors logged, never thrown).
 class cublas_handle {
  public:
   cublas_handle() {
     CUBLAS_CHECK(cublasCreate(&handle_));
-    const cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    if (status == CUBLAS_STATUS_SUCCESS && cudaMalloc(&workspace_, kCublasWorkspaceBytes) != cudaSuccess) {
+      cudaGetLastError();
+      workspace_ = nullptr;  // cuBLAS keeps its default workspace
+    }
     if (status != CUBLAS_STATUS_SUCCESS) {
       cublasDestroy(handle_);
       CUBLAS_CHECK(status);
@@ -35,22 +48,31 @@ class cublas_handle {
   ~cublas_handle() {
     const cublasStatus_t status = cublasDestroy(handle_);
     if (status != CUBLAS_STATUS_SUCCESS) std::cerr << "cublasDestroy failed: " << cublasGetStatusString(status) << "\n";
+    if (workspace_) cudaFree(workspace_);
   }
   cublas_handle(const cublas_handle&) = delete;
   cublas_handle& operator=(const cublas_handle&) = delete;
   cublasHandle_t get() const { return handle_; }
+  // Points the handle at `stream` with this handle's workspace.
+  void bind(cudaStream_t stream) const {
+    CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    if (workspace_) CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, kCublasWorkspaceBytes));
+  }
 
  private:
   cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
 };
 
 // cuBLAS handles are not thread-safe to share and belong to one device: one per (thread, device).
-cublasHandle_t handle_for_current_device() {
+// The calling thread's handle on the current device, bound to `stream`.
+cublasHandle_t handle_for_current_device(cudaStream_t stream) {
   thread_local std::unordered_map<int, std::unique_ptr<cublas_handle>> handles;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   std::unique_ptr<cublas_handle>& h = handles[device];
   if (!h) h = std::make_unique<cublas_handle>();
+  h->bind(stream);
   return h->get();
 }
 
@@ -65,7 +87,143 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
+// Skinny GEMM with a bf16 weight (decode: m ≤ 4 rows of activations, C = α·A·Bᵀ + β·C with B
+// [n, k] row-major): memory-bound on B, so each warp streams kSkinnyRows rows of B as 16-byte
+// loads, kSkinnyUnroll of them per lane in flight, and dots them with the f32 rows of A (read
+// through the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A
+// (the CPU op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that
+// a single row cannot fill.
+constexpr int kSkinnyThreads = 256;
+constexpr int kSkinnyRows = 2;    // rows of B per warp (reuse of each A load)
+constexpr int kSkinnyUnroll = 4;  // 16-byte chunks per lane per row in flight
+constexpr int64_t kSkinnyMaxM = 4;
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// What one skinny launch computes: c[m, row] for rows of b0 (two rows of b0 per warp), or with
+// swiglu c[m, row] = silu(x·b0[row]) · (x·b1[row]) (the gate and up rows of one output per warp).
+struct skinny_args {
+  const float* a = nullptr;
+  const __nv_bfloat16* b0 = nullptr;
+  const __nv_bfloat16* b1 = nullptr;
+  float* c = nullptr;
+  int64_t n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+template <int M, bool kSwiglu>
+__global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinny_args p) {
+  constexpr int kOutRows = kSwiglu ? 1 : kSkinnyRows;  // outputs per warp; streams per warp: 2
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kOutRows;
+  if (row0 >= p.n) return;
+  const uint4* brow[kSkinnyRows];
+#pragma unroll
+  for (int r = 0; r < kSkinnyRows; ++r) {
+    if constexpr (kSwiglu) {
+      brow[r] = reinterpret_cast<const uint4*>((r == 0 ? p.b0 : p.b1) + row0 * p.ldb);
+    } else {
+      const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+      brow[r] = reinterpret_cast<const uint4*>(p.b0 + row * p.ldb);
+    }
+  }
+  float acc[kSkinnyRows][M] = {};
+  const int64_t chunks = p.k / 8;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kSkinnyUnroll) {
+    uint4 w[kSkinnyUnroll][kSkinnyRows];
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) w[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      float wf[kSkinnyRows][8];
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) bf16x8_to_float(w[u][r], wf[r]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4* ap = reinterpret_cast<const float4*>(p.a + m * p.lda + c * 8);
+        const float4 x0 = __ldg(ap), x1 = __ldg(ap + 1);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int r = 0; r < kSkinnyRows; ++r)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kSkinnyRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  if (lane != 0) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if constexpr (kSwiglu) {
+      const float g = acc[0][m];
+      p.c[m * p.ldc + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
+    } else {
+#pragma unroll
+      for (int r = 0; r < kSkinnyRows; ++r) {
+        if (row0 + r >= p.n) break;
+        float* out = p.c + m * p.ldc + row0 + r;
+        *out = p.beta != 0.0f ? p.alpha * acc[r][m] + p.beta * *out : p.alpha * acc[r][m];
+      }
+    }
+  }
+}
+
+bool skinny_bf16_applies(const gemm_params& p) {
+  return p.m <= kSkinnyMaxM && !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 &&
+         aligned16(p.a) && aligned16(p.b);
+}
+
+template <bool kSwiglu>
+void launch_skinny(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const int64_t warps = kSwiglu ? a.n : ceil_div(a.n, int64_t{kSkinnyRows});
+  const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
+  switch (m) {
+    case 1: skinny_bf16_kernel<1, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 2: skinny_bf16_kernel<2, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 3: skinny_bf16_kernel<3, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    default: skinny_bf16_kernel<4, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+  }
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
+  skinny_args a;
+  a.a = p.a;
+  a.b0 = static_cast<const __nv_bfloat16*>(p.b);
+  a.c = p.c;
+  a.n = p.n;
+  a.k = p.k;
+  a.lda = p.lda;
+  a.ldb = p.ldb;
+  a.ldc = p.ldc;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  launch_skinny<false>(a, p.m, stream);
+}
+
 void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
+  if (skinny_bf16_applies(p)) {
+    skinny_bf16(p, stream);
+    return;
+  }
   // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
   const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
   __nv_bfloat16* a16 = nullptr;
@@ -74,8 +232,7 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
   round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
   HYSERVE_CUDA_CHECK_LAUNCH();
-  cublasHandle_t handle = handle_for_current_device();
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  cublasHandle_t handle = handle_for_current_device(stream);
   const cublasStatus_t status =
       cublasGemmEx(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                    static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b, CUDA_R_16BF,
@@ -114,12 +271,66 @@ void run_cuda(const gemm_params& p, void* stream) {
     return;
   }
 
-  cublasHandle_t handle = handle_for_current_device();
-  CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  cublasHandle_t handle = handle_for_current_device(as_stream(stream));
   CUBLAS_CHECK(cublasSgemm(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                            static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha,
                            static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
                            static_cast<int>(p.ldc)));
+}
+
+void run_cuda(const swiglu_linear_params& p, void* stream) {
+  constexpr const char* op = "swiglu_linear";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.gate_w, op, "gate_w");
+  require_ptr(p.up_w, op, "up_w");
+  require_ptr(p.out, op, "out");
+  require_stride(p.out_stride, p.n, op, "out_stride");
+  if (p.m == 0) return;
+  gemm_params g;
+  g.a = p.x;
+  g.b_dtype = p.w_dtype;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.x_stride;
+  g.ldb = p.w_stride;
+  g.trans_b = true;
+  g.b = p.gate_w;
+  g.c = p.out;
+  g.ldc = p.out_stride;
+  const cudaStream_t s = as_stream(stream);
+  if (p.w_dtype == dtype::kBF16 && p.n > 0 && p.k > 0 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
+    skinny_args a;
+    a.a = p.x;
+    a.b0 = static_cast<const __nv_bfloat16*>(p.gate_w);
+    a.b1 = static_cast<const __nv_bfloat16*>(p.up_w);
+    a.c = p.out;
+    a.n = p.n;
+    a.k = p.k;
+    a.lda = p.x_stride;
+    a.ldb = p.w_stride;
+    a.ldc = p.out_stride;
+    launch_skinny<true>(a, p.m, s);
+    return;
+  }
+  // Two gemm ops into out and a scratch up, then the swiglu op.
+  float* up = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&up), static_cast<size_t>(p.m * p.n) * sizeof(float), s));
+  run_cuda(g, stream);
+  g.b = p.up_w;
+  g.c = up;
+  g.ldc = p.n;
+  run_cuda(g, stream);
+  swiglu_params w;
+  w.gate = p.out;
+  w.up = up;
+  w.out = p.out;
+  w.rows = p.m;
+  w.cols = p.n;
+  w.gate_stride = w.out_stride = p.out_stride;
+  w.up_stride = p.n;
+  run_cuda(w, stream);
+  CUDA_CHECK(cudaFreeAsync(up, s));
 }
 
 }  // namespace hyserve::kernels

@@ -7,6 +7,7 @@
 
 #include "hyserve/common/error.h"
 #include "layers.h"
+#include "step_driver.h"
 
 namespace hyserve::worker {
 namespace {
@@ -36,7 +37,8 @@ struct bamba_layer {
 class bamba_model final : public model {
  public:
   bamba_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-              const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity)
+              const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
+              const decode_graph_options& graphs)
       : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type), sparsity_(sparsity) {
     if (mc.attention_bias) throw config_error("Bamba: attention_bias = true is not supported");
     if (mc.mlp_bias) throw config_error("Bamba: mlp_bias = true is not supported");
@@ -74,6 +76,15 @@ class bamba_model final : public model {
       }
     }
     place_weights();
+    step_frame frame;
+    frame.label = "Bamba, " + std::to_string(mc.num_layers) + " layers";
+    frame.vocab_size = mc.vocab_size;
+    frame.vocab_local = vocab_local_;
+    frame.attention_layers = n_attn > 0;
+    frame.comm = comm_;
+    frame.ctx = ctx_;
+    frame.sparsity = &sparsity_;
+    driver_ = std::make_unique<step_driver>(frame, graphs, n_attn, n_mamba, decode_graph_blocker(ctx_, graphs, tp.size));
   }
 
   const model_config& config() const override { return mc_; }
@@ -95,55 +106,47 @@ class bamba_model final : public model {
 
   tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                  const forward_options& opts) override {
-    const std::vector<int32_t> ids = layers::batch_token_ids(batch);
-    for (size_t t = 0; t < ids.size(); ++t)
-      if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
-        throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " +
-                                     std::to_string(t) + " is outside the vocabulary [0, " +
-                                     std::to_string(mc_.vocab_size) + ")");
-    layers::attention_step step;
-    const bool attention = mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0;
-    if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
-    layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
-    if (attention) in.sparse = layers::plan_sparse_step(sparsity_, batch, meta, step.page_table_stride, step.page_size, ctx_);
-    if (opts.sparse_stats) *opts.sparse_stats = in.sparse.stats;
+    return driver_->forward(batch, meta, ctx, opts,
+                            [&](const layers::step_inputs& in, const kernels::exec_context& ex, bool all_logits,
+                                std::vector<tensor>* hidden) { return body(in, ctx, ex, all_logits, hidden); });
+  }
 
-    tensor h = layers::embed(layers::upload_i32(ids, ctx_), embed_, tp_.rank * vocab_local_, comm_, ctx_);
-    if (opts.hidden_states) opts.hidden_states->clear();
+ private:
+  // Embedding → layers → final norm → this rank's logits, on ex (no host synchronisation).
+  tensor body(const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex,
+              bool all_logits, std::vector<tensor>* hidden) {
+    tensor h = layers::embed(in.token_ids.as<int32_t>(), in.num_tokens, embed_, tp_.rank * vocab_local_, comm_, ex);
     auto capture = [&](const tensor& t) {
-      if (opts.hidden_states) opts.hidden_states->push_back(tensor::copy_of(t, device_kind::kCpu));
+      if (hidden) hidden->push_back(tensor::copy_of(t, device_kind::kCpu));
     };
     capture(h);
 
     for (bamba_layer& L : layers_) {
-      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ctx_);
-      tensor mixed;
+      // Each block's output projection adds into h (block_output).
+      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
       switch (L.kind) {
         case layer_kind::kMamba2:
-          mixed = layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_,
-                                         ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
+          layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                                 ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
           break;
         case layer_kind::kAttention:
-          mixed = layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);
+          layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
           break;
         case layer_kind::kGatedDeltaNet:
           throw error("Bamba: Gated DeltaNet layer in a Bamba model");  // rejected at load
       }
-      layers::add_inplace(h, mixed, ctx_);
-      tensor y = layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ctx_), comm_, ctx_);
-      layers::add_inplace(h, y, ctx_);
+      layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ex), comm_, ex, &h);
       capture(h);
     }
 
     // Final norm and lm_head only on the rows that need logits.
     const tensor rows =
-        opts.all_logits ? std::move(h) : layers::gather_rows(h, layers::upload_i32(meta.logit_token_indices, ctx_), ctx_);
-    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ctx_);
-    if (opts.hidden_states && opts.all_logits) capture(normed);
-    return layers::lm_head(normed, lm_head_, comm_, ctx_);
+        all_logits ? std::move(h) : layers::gather_rows(h, in.logit_rows.as<int32_t>(), in.n_logit_rows, ex);
+    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ex);
+    if (hidden && all_logits) capture(normed);
+    return layers::linear(normed, lm_head_, ex);
   }
 
- private:
   // Weights are loaded on the host and placed on the model's device once.
   void place_weights() {
     const device_kind d = ctx_.device;
@@ -256,14 +259,15 @@ class bamba_model final : public model {
   tensor final_norm_;  // [hidden]
   tensor lm_head_;     // [vocab_local, hidden]
   std::vector<bamba_layer> layers_;
+  std::unique_ptr<step_driver> driver_;
 };
 
 }  // namespace
 
 std::unique_ptr<model> make_bamba(const model_config& mc, const weight_source& weights, tp_placement tp,
                                   collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                  const sparsity_section& sparsity) {
-  return std::make_unique<bamba_model>(mc, weights, tp, comm, ctx, weight_type, sparsity);
+                                  const sparsity_section& sparsity, const decode_graph_options& graphs) {
+  return std::make_unique<bamba_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
 }
 
 }  // namespace hyserve::worker

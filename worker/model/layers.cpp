@@ -15,6 +15,7 @@
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/ssm.h"
+#include "step_pack.h"
 
 namespace hyserve::worker::layers {
 
@@ -58,6 +59,35 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   return y;
 }
 
+tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx, tensor* residual) {
+  if (residual && (!comm || comm->size() == 1)) {
+    // residual += x · wᵀ in the GEMM's epilogue (beta = 1): no output tensor, no add kernel.
+    const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+    HYSERVE_CHECK(w.shape()[1] == in && residual->shape()[0] == rows && residual->numel() == rows * out,
+                  "block_output: " + x.shape().str() + " · " + w.shape().str() + " into " + residual->shape().str());
+    if (rows == 0 || out == 0) return tensor();
+    kernels::gemm_params p;
+    p.a = x.as<float>();
+    p.b = w.data();
+    p.b_dtype = w.type();
+    p.c = residual->as<float>();
+    p.m = rows;
+    p.n = out;
+    p.k = in;
+    p.lda = p.ldb = in;
+    p.ldc = out;
+    p.trans_b = true;
+    p.beta = 1.0f;
+    kernels::run(p, ctx);
+    return tensor();
+  }
+  tensor y = linear(x, w, ctx);
+  reduce_partial(y, comm);
+  if (!residual) return y;
+  add_inplace(*residual, y, ctx);
+  return tensor();
+}
+
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx) {
   HYSERVE_CHECK(a.numel() == b.numel(), "add_inplace: shape mismatch");
   if (a.numel() == 0) return;
@@ -89,12 +119,16 @@ void reduce_partial(tensor& x, collective* comm) {
 }
 
 tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx) {
-  const int64_t n = rows.numel(), cols = x.shape()[1];
+  return gather_rows(x, rows.as<int32_t>(), rows.numel(), ctx);
+}
+
+tensor gather_rows(const tensor& x, const int32_t* rows, int64_t n, const exec_context& ctx) {
+  const int64_t cols = x.shape()[1];
   tensor out = tensor::f32({n, cols}, ctx.device);
   if (n == 0 || cols == 0) return out;
   // The embedding lookup is a row gather: x plays the table of rows [0, T).
   kernels::embedding_params p;
-  p.ids = rows.as<int32_t>();
+  p.ids = rows;
   p.table = x.as<float>();
   p.out = out.as<float>();
   p.n_tokens = n;
@@ -110,14 +144,19 @@ tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx) {
 }
 
 tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx) {
+  return embed(ids.as<int32_t>(), ids.numel(), table, vocab_start, comm, ctx);
+}
+
+tensor embed(const int32_t* ids, int64_t n, const tensor& table, int64_t vocab_start, collective* comm,
+             const exec_context& ctx) {
   const int64_t hidden = table.shape()[1];
-  tensor out = tensor::f32({ids.numel(), hidden}, ctx.device);
+  tensor out = tensor::f32({n, hidden}, ctx.device);
   kernels::embedding_params p;
-  p.ids = ids.as<int32_t>();
+  p.ids = ids;
   p.table = table.data();
   p.table_dtype = table.type();
   p.out = out.as<float>();
-  p.n_tokens = ids.numel();
+  p.n_tokens = n;
   p.hidden = hidden;
   p.vocab_start = vocab_start;
   p.vocab_end = vocab_start + table.shape()[0];
@@ -127,7 +166,10 @@ tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collec
 }
 
 tensor lm_head(const tensor& x, const tensor& w_local, collective* comm, const exec_context& ctx) {
-  tensor local = linear(x, w_local, ctx);  // [R, vocab_local]
+  return logits_to_host(linear(x, w_local, ctx), comm, ctx);  // [R, vocab_local] → host [R, vocab]
+}
+
+tensor logits_to_host(const tensor& local, collective* comm, const exec_context& ctx) {
   if (!comm || comm->size() == 1) return local.to_host();
   const int64_t rows = local.shape()[0], vl = local.shape()[1], tp = comm->size();
   tensor gathered_dev = tensor::f32({tp, rows, vl}, ctx.device);
@@ -152,20 +194,31 @@ void place(mlp_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.gate, &w.up, &w.down}) place_weight(*t, device, weight_type);
 }
 
-tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
-  tensor gate = linear(x, w.gate, ctx);
-  tensor up = linear(x, w.up, ctx);
-  kernels::swiglu_params p;
-  p.gate = gate.as<float>();
-  p.up = up.as<float>();
-  p.out = gate.as<float>();
-  p.rows = gate.shape()[0];
-  p.cols = gate.shape()[1];
-  p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0) kernels::run(p, ctx);
-  tensor out = linear(gate, w.down, ctx);
-  reduce_partial(out, comm);
-  return out;
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
+  const int64_t rows = x.shape()[0], in = x.shape()[1], inter = w.gate.shape()[0];
+  HYSERVE_CHECK(w.gate.shape()[1] == in && w.up.shape() == w.gate.shape() && w.up.type() == w.gate.type(),
+                "swiglu_linear: gate " + w.gate.shape().str() + ", up " + w.up.shape().str() + ", input width " +
+                    std::to_string(in));
+  tensor act = tensor::f32({rows, inter}, ctx.device);
+  if (rows == 0 || inter == 0) return act;
+  kernels::swiglu_linear_params p;
+  p.x = x.as<float>();
+  p.gate_w = w.gate.data();
+  p.up_w = w.up.data();
+  p.w_dtype = w.gate.type();
+  p.out = act.as<float>();
+  p.m = rows;
+  p.n = inter;
+  p.k = in;
+  p.x_stride = p.w_stride = in;
+  p.out_stride = inter;
+  kernels::run(p, ctx);
+  return act;
+}
+
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual) {
+  const tensor gate = swiglu_linear(w, x, ctx);  // silu(x · gateᵀ) ⊙ (x · upᵀ)
+  return block_output(gate, w.down, comm, ctx, residual);
 }
 
 attention_step build_attention_step(const forward_batch& batch, const hybrid_metadata& meta,
@@ -202,34 +255,36 @@ attention_step build_attention_step(const forward_batch& batch, const hybrid_met
   return s;
 }
 
-step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const exec_context& ctx) {
-  step_inputs in;
+void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& meta, int32_t* base, int32_t page_size) {
   in.mode = meta.mode;
-  in.batch_size = meta.batch_size;
-  in.num_tokens = meta.num_tokens;
-  in.query_start_loc = upload_i32(meta.query_start_loc, ctx);
-  in.mamba_slots = upload_i32(meta.mamba_slots, ctx);
-  in.has_initial_state = tensor::i32({(static_cast<int64_t>(meta.has_initial_state.size()) + 3) / 4}, ctx.device);
-  in.has_initial_state.copy_from_host(meta.has_initial_state.data(), meta.has_initial_state.size());
-  in.positions = upload_i32(meta.positions, ctx);
-  if (step) {
-    in.locs = upload_i32(step->locs, ctx);
-    in.page_table = upload_i32(step->page_table, ctx);
-    in.seq_lens = upload_i32(step->seq_lens, ctx);
-    in.page_table_stride = step->page_table_stride;
-    in.page_size = step->page_size;
+  in.batch_size = l.batch;
+  in.num_tokens = l.tokens;
+  in.n_logit_rows = l.logit_rows;
+  auto at = [&](int64_t offset, int64_t n) { return device_array{n > 0 ? base + offset : nullptr}; };
+  in.query_start_loc = at(l.query_start_loc, l.batch + 1);
+  in.mamba_slots = at(l.mamba_slots, l.batch);
+  in.has_initial_state = at(l.has_initial_state, (l.batch + 3) / 4);
+  in.positions = at(l.positions, l.tokens);
+  in.token_ids = at(l.token_ids, l.tokens);
+  in.logit_rows = at(l.logit_token_rows, l.logit_rows);
+  if (l.attention) {
+    in.locs = at(l.locs, l.tokens);
+    in.page_table = at(l.page_table, l.batch * l.page_table_stride);
+    in.seq_lens = at(l.seq_lens, l.batch);
+    in.page_table_stride = l.page_table_stride;
+    in.page_size = page_size;
   }
   switch (meta.mode) {
     case forward_mode::kTargetVerify:
       in.spec_tokens_per_row = meta.draft_len;
       in.spec_steps = meta.draft_len;
       in.spec_tree = meta.is_tree;
-      if (meta.is_tree) in.retrieve_parent = upload_i32(meta.retrieve_parent, ctx);
+      if (meta.is_tree) in.retrieve_parent = at(l.retrieve_parent, l.parent_entries);
       break;
     case forward_mode::kDraft:
       in.spec_tokens_per_row = 1;
       in.spec_steps = meta.draft_len;
-      in.first_step = upload_i32(meta.draft_steps, ctx);
+      in.first_step = at(l.first_step_at, l.batch);
       in.spec_first_step = true;
       break;
     case forward_mode::kExtend:
@@ -239,6 +294,16 @@ step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step,
     case forward_mode::kDraftExtend:
       break;
   }
+}
+
+step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const std::vector<int32_t>& ids,
+                        const exec_context& ctx) {
+  const step_layout l = layout_of(meta, step);
+  std::vector<int32_t> host(static_cast<size_t>(l.total));
+  pack_step(l, meta, step, ids, host.data());
+  step_inputs in;
+  in.storage = tensor::from_host(host.data(), dtype::kI32, l.total, ctx.device);
+  bind_step(in, l, meta, in.storage.as<int32_t>(), step ? step->page_size : 0);
   return in;
 }
 
@@ -259,7 +324,7 @@ void place(attention_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx) {
+                         collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
   tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
   tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
@@ -315,9 +380,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     run_attention(a, in, ctx);
   }
-  tensor out = linear(attn, w.o, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(attn, w.o, comm, ctx, residual);
 }
 
 namespace {
@@ -372,7 +435,7 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps) {
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   const int64_t di = w.d_inner(), conv = w.conv_dim();
@@ -498,9 +561,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   }
   kernels::run(g, ctx);
 
-  tensor out = linear(y, w.out_proj, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(y, w.out_proj, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

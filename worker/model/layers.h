@@ -30,6 +30,11 @@ void place_weight(tensor& t, device_kind device, dtype type);
 
 // y = x · wᵀ: x [T, in] f32, w [out, in] f32 or bf16 → [T, out] f32.
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
+// The output projection of a block (y = x · wᵀ, reduced over tp). residual null: returns y.
+// residual set: adds y into it and returns an empty tensor; without a tp reduction in between
+// the add happens in the GEMM's epilogue (beta = 1), saving the output tensor and the add kernel.
+tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx,
+                    tensor* residual = nullptr);
 // a += b (same shape).
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx);
 tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_context& ctx);
@@ -37,14 +42,22 @@ tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_cont
 void reduce_partial(tensor& x, collective* comm);
 // Rows `rows` (i32 [R] on ctx.device) of x [T, cols] → [R, cols].
 tensor gather_rows(const tensor& x, const tensor& rows, const exec_context& ctx);
+// Rows rows[0..n) (i32 on ctx.device) of x [T, cols] → [n, cols].
+tensor gather_rows(const tensor& x, const int32_t* rows, int64_t n, const exec_context& ctx);
 // A host vector as a 1-D i32 tensor on ctx.device.
 tensor upload_i32(const std::vector<int32_t>& v, const exec_context& ctx);
 
 // Vocab-parallel embedding (table f32 or bf16, output f32): table holds rows [vocab_start, vocab_start + rows) of the
 // vocabulary; ids i32 [T] on ctx.device → [T, hidden].
 tensor embed(const tensor& ids, const tensor& table, int64_t vocab_start, collective* comm, const exec_context& ctx);
+// The same over n ids (i32 on ctx.device).
+tensor embed(const int32_t* ids, int64_t n, const tensor& table, int64_t vocab_start, collective* comm,
+             const exec_context& ctx);
 // Vocab-parallel lm_head: x [R, hidden] · w_localᵀ, gathered to [R, vocab], returned on the HOST.
 tensor lm_head(const tensor& x, const tensor& w_local, collective* comm, const exec_context& ctx);
+// The second half of lm_head: this rank's logits [R, vocab_local] on the device → [R, vocab] on
+// the HOST, gathered over the tp group.
+tensor logits_to_host(const tensor& local, collective* comm, const exec_context& ctx);
 
 // Tokens of the batch gathered into one list, in query_start_loc order.
 std::vector<int32_t> batch_token_ids(const forward_batch& batch);
@@ -55,7 +68,11 @@ struct mlp_weights {
   tensor down;  // [hidden, inter_local]
 };
 void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
-tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
+// silu(x · gateᵀ) ⊙ (x · upᵀ): [T, inter_local] in one op (kernels swiglu_linear).
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx);
+// residual: see block_output (the block's output added into it; an empty tensor returned).
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
+                   tensor* residual = nullptr);
 
 // KV bookkeeping of one step, shared by every attention layer.
 struct attention_step {
@@ -68,18 +85,29 @@ struct attention_step {
 attention_step build_attention_step(const forward_batch& batch, const hybrid_metadata& meta,
                                     const req_to_token_pool& req_to_token, int32_t page_size);
 
-// The step's metadata on the model's device, uploaded once per step and read by every layer.
+// A pointer into the step's packed metadata on the model's device (step_pack.h).
+struct device_array {
+  void* ptr = nullptr;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+// The step's metadata on the model's device, uploaded once per step (one packed buffer,
+// step_pack.h) and read by every layer.
 struct step_inputs {
   forward_mode mode = forward_mode::kIdle;
   int64_t batch_size = 0, num_tokens = 0;
-  tensor query_start_loc;    // i32 [bs + 1]
-  tensor mamba_slots;        // i32 [bs]; -1 = padding
-  tensor has_initial_state;  // [bs] bytes (uint8), held in an i32 tensor of ceil(bs / 4) elements
-  tensor positions;          // i32 [num_tokens]
-  // Attention layers only (empty otherwise): see attention_step.
-  tensor locs;               // i32 [num_tokens]
-  tensor page_table;         // i32 [bs, page_table_stride]
-  tensor seq_lens;           // i32 [bs]
+  device_array query_start_loc;    // i32 [bs + 1]
+  device_array mamba_slots;        // i32 [bs]; -1 = padding
+  device_array has_initial_state;  // [bs] bytes (uint8)
+  device_array positions;          // i32 [num_tokens]
+  device_array token_ids;          // i32 [num_tokens]
+  device_array logit_rows;         // i32 [n_logit_rows]: tokens whose logits the step returns
+  int64_t n_logit_rows = 0;
+  // Attention layers only (null otherwise): see attention_step.
+  device_array locs;               // i32 [num_tokens]
+  device_array page_table;         // i32 [bs, page_table_stride]
+  device_array seq_lens;           // i32 [bs]
   int64_t page_table_stride = 0;
   int32_t page_size = 0;
   sparse_step sparse;        // sparse Top-K attention of this step (sparse_select.h)
@@ -89,13 +117,22 @@ struct step_inputs {
   int64_t spec_tokens_per_row = 0, spec_steps = 0;
   bool spec_tree = false;        // retrieve_parent is set
   bool spec_first_step = false;  // first_step is set
-  tensor retrieve_parent;  // i32 [bs, tokens_per_row]
-  tensor first_step;       // i32 [bs]
+  device_array retrieve_parent;  // i32 [bs, tokens_per_row]
+  device_array first_step;       // i32 [bs]
+  tensor storage;  // the packed buffer when this step owns it (eager); empty when bound to another
 
   const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }
 };
-// step may be null (no attention layers).
-step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const exec_context& ctx);
+
+struct step_layout;
+// Points the arrays of `in` into a packed buffer of `layout` at device address `base` and sets
+// the mode's scalars from meta (batch and token counts from the layout, which may be padded).
+void bind_step(step_inputs& in, const step_layout& layout, const hybrid_metadata& meta, int32_t* base,
+               int32_t page_size);
+// The eager path: packs the step (ids: the batch's token ids) and uploads it in one copy. step
+// may be null (no attention layers).
+step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const std::vector<int32_t>& ids,
+                        const exec_context& ctx);
 
 struct attention_weights {
   tensor q;  // [q_heads_local·head_dim, hidden]
@@ -109,7 +146,7 @@ void place(attention_weights& w, device_kind device, dtype weight_type = dtype::
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx);
+                         collective* comm, const exec_context& ctx, tensor* residual = nullptr);
 
 struct mamba2_weights {
   tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
@@ -134,6 +171,7 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF3
 // steps: the layer's per-step states (model_context::mamba_steps), needed by TargetVerify and
 // Draft, which never write `state`.
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
+                      tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers

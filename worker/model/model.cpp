@@ -1,5 +1,6 @@
 #include "hyserve/worker/model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -22,11 +23,15 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
                        " is not supported by the model (supported: float32, bfloat16)");
   std::unique_ptr<weight_source> weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed)
                                                                : make_checkpoint_weights(cfg.model.path);
+  // Decode batches up to the running-request bound are captured as CUDA graphs.
+  decode_graph_options graphs;
+  graphs.enabled = cuda_graphs_enabled(cfg);
+  graphs.max_batch = std::min(cfg.scheduler.max_running, cfg.cache.max_requests);
   switch (mc.arch) {
     case model_arch::kBamba:
-      return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity);
+      return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
     case model_arch::kQwen3Next:
-      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity);
+      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
   }
   throw config_error("unknown model architecture");
 }

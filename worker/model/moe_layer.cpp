@@ -9,6 +9,7 @@
 
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/row_ops.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/kernels/run.h"
 #include "load_util.h"
 
@@ -28,17 +29,7 @@ void load_swiglu(const weight_source& ws, const std::string& p, int64_t hidden, 
 // down · (silu(gate · x) ⊙ up · x) on this rank's slice of the intermediate dimension: a partial
 // sum over tp.
 tensor swiglu_partial(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
-  const tensor gate = linear(x, w.gate, ctx);
-  const tensor up = linear(x, w.up, ctx);
-  tensor act = tensor::f32(gate.shape(), ctx.device);
-  kernels::swiglu_params p;
-  p.gate = gate.as<float>();
-  p.up = up.as<float>();
-  p.out = act.as<float>();
-  p.rows = gate.shape()[0];
-  p.cols = gate.shape()[1];
-  p.gate_stride = p.up_stride = p.out_stride = p.cols;
-  if (p.rows > 0 && p.cols > 0) kernels::run(p, ctx);
+  const tensor act = swiglu_linear(w, x, ctx);
   return linear(act, w.down, ctx);
 }
 
@@ -69,13 +60,46 @@ void place(moe_weights& w, device_kind device, dtype weight_type) {
   place_weight(w.shared_gate, device, weight_type);
 }
 
-tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
+bool dense_routing_pays(int64_t experts, device_kind device) { return device == device_kind::kCuda && experts <= 16; }
+
+namespace {
+
+// Device routing: dense [E, T] weights, every expert over every token.
+void routed_experts_dense(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
+  const int64_t T = x.shape()[0], H = x.shape()[1];
+  const int64_t E = static_cast<int64_t>(w.experts.size());
+  if (T == 0) return;
+  const tensor logits = linear(x, w.router, ctx);  // [T, E]
+  tensor dense = tensor::f32({E, T}, ctx.device);
+  kernels::moe_route_params r;
+  r.logits = logits.as<float>();
+  r.weights = dense.as<float>();
+  r.tokens = T;
+  r.experts = E;
+  r.top_k = w.top_k;
+  r.logits_stride = E;
+  r.weights_stride = T;
+  r.norm_topk_prob = w.norm_topk_prob;
+  kernels::run(r, ctx);
+  // Experts in index order, like the host path; unrouted tokens add 0 · y.
+  for (int64_t e = 0; e < E; ++e) {
+    const tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], x, ctx);
+    kernels::row_add_params p;
+    p.x = ye.as<float>();
+    p.out = out.as<float>();
+    p.weights = dense.as<float>() + e * T;
+    p.rows = T;
+    p.cols = H;
+    p.x_stride = p.out_stride = H;
+    kernels::run(p, ctx);
+  }
+}
+
+// Host routing: softmax over experts, the k largest (ties to the lower index), optionally
+// renormalised. Tokens and their weights are then grouped by expert.
+void host_routed_experts(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
   const int64_t E = static_cast<int64_t>(w.experts.size()), k = w.top_k;
-  tensor out = tensor::f32({T, H}, ctx.device);
-
-  // Routing: softmax over experts, the k largest (ties to the lower index), optionally
-  // renormalised. Tokens and their weights are then grouped by expert.
   const tensor logits = linear(x, w.router, ctx).to_host();  // [T, E]
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(E));
   std::vector<std::vector<float>> weights(static_cast<size_t>(E));
@@ -121,9 +145,12 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
     p.x_stride = p.out_stride = H;
     kernels::run(p, ctx);
   }
+}
 
-  // Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
-  // partial sum before the reduction.
+// Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
+// partial sum before the reduction.
+void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
+  const int64_t T = x.shape()[0], H = x.shape()[1];
   if (!w.shared.gate.empty() && T > 0) {
     const tensor ys = swiglu_partial(w.shared, x, ctx);
     const tensor gl = w.shared_gate.empty() ? tensor() : linear(x, w.shared_gate, ctx);  // [T, 1]
@@ -137,6 +164,21 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
     p.x_stride = p.out_stride = H;
     kernels::run(p, ctx);
   }
+}
+
+}  // namespace
+
+tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
+  const int64_t T = x.shape()[0], H = x.shape()[1];
+  tensor out = tensor::f32({T, H}, ctx.device);
+  // The experts accumulate into out: it starts from zero also where allocations are not
+  // zero-filled (inside a CUDA graph capture).
+  if (ctx.device == device_kind::kCuda) kernels::fill_zero_async(out.data(), out.nbytes(), ctx.stream);
+  if (w.device_routing)
+    routed_experts_dense(w, x, out, ctx);
+  else
+    host_routed_experts(w, x, out, ctx);
+  shared_expert(w, x, out, ctx);
   reduce_partial(out, comm);
   return out;
 }

@@ -25,7 +25,15 @@ struct moe_weights {
   tensor shared_gate;           // [1, hidden]; empty = shared expert ungated
   int64_t top_k = 1;
   bool norm_topk_prob = true;
+  // Route on the device (kernels moe_route) and run every expert over every token, weighted 0
+  // where not routed: no host synchronisation (CUDA-graph decode), at num_experts / top_k times
+  // the expert work. Chosen at load for small expert counts (dense_routing_pays).
+  bool device_routing = false;
 };
+
+// Whether device routing pays for `experts` experts on `device` (CUDA and at most 16 experts:
+// beyond that running every expert over every token costs more than the host round trip).
+bool dense_routing_pays(int64_t experts, device_kind device);
 
 // Rank tp.rank's shard of the Hugging Face Qwen3NextSparseMoeBlock under `prefix` (".../mlp."),
 // experts stored one by one (experts.{e}.gate_proj/up_proj/down_proj).
@@ -34,8 +42,9 @@ moe_weights load_moe(const weight_source& ws, const std::string& prefix, const m
 // Router, experts and shared gate in weight_type (model.dtype).
 void place(moe_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 
-// x [T, hidden] → [T, hidden], reduced over tp. Routing runs on the host over the router
-// logits ([T, num_experts], copied back); experts run on ctx.device over gathered rows.
+// x [T, hidden] → [T, hidden], reduced over tp. Host routing (default): over the router logits
+// ([T, num_experts], copied back); experts run on ctx.device over gathered rows. Device routing:
+// see moe_weights::device_routing.
 tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

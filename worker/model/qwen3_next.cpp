@@ -1,5 +1,6 @@
 #include "qwen3_next.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "layers.h"
 #include "load_util.h"
 #include "moe_layer.h"
+#include "step_driver.h"
 
 namespace hyserve::worker {
 namespace {
@@ -34,7 +36,8 @@ struct qwen3_next_layer {
 class qwen3_next_model final : public model {
  public:
   qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity)
+                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
+                   const decode_graph_options& graphs)
       : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type), sparsity_(sparsity) {
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
@@ -71,6 +74,7 @@ class qwen3_next_model final : public model {
       L.moe = mc.is_moe_layer(i);
       if (L.moe) {
         L.moe_block = layers::load_moe(ws, p + "mlp.", mc, tp);
+        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
       } else {
         const int64_t I = mc.intermediate_size;
         const int64_t il = tp_split(I, n, "intermediate_size");
@@ -80,6 +84,20 @@ class qwen3_next_model final : public model {
       }
     }
     place_weights();
+    step_frame frame;
+    frame.label = "Qwen3-Next, " + std::to_string(mc.num_layers) + " layers";
+    frame.vocab_size = mc.vocab_size;
+    frame.vocab_local = vocab_local_;
+    frame.attention_layers = n_attn > 0;
+    frame.comm = comm_;
+    frame.ctx = ctx_;
+    frame.sparsity = &sparsity_;
+    std::string blocker = decode_graph_blocker(ctx_, graphs, tp.size);
+    const bool host_moe = std::any_of(layers_.begin(), layers_.end(),
+                                      [](const qwen3_next_layer& L) { return L.moe && !L.moe_block.device_routing; });
+    if (blocker.empty() && host_moe)
+      blocker = "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)";
+    driver_ = std::make_unique<step_driver>(frame, graphs, n_attn, n_recurrent, blocker);
   }
 
   const model_config& config() const override { return mc_; }
@@ -105,56 +123,51 @@ class qwen3_next_model final : public model {
 
   tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                  const forward_options& opts) override {
-    const std::vector<int32_t> ids = layers::batch_token_ids(batch);
-    for (size_t t = 0; t < ids.size(); ++t)
-      if (ids[t] < 0 || ids[t] >= mc_.vocab_size)
-        throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " + std::to_string(t) +
-                                     " is outside the vocabulary [0, " + std::to_string(mc_.vocab_size) + ")");
-    layers::attention_step step;
-    const bool attention = mc_.num_layers_of(layer_kind::kAttention) > 0 && meta.batch_size > 0;
-    if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
-    layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ctx_);
-    if (attention) in.sparse = layers::plan_sparse_step(sparsity_, batch, meta, step.page_table_stride, step.page_size, ctx_);
-    if (opts.sparse_stats) *opts.sparse_stats = in.sparse.stats;
+    return driver_->forward(batch, meta, ctx, opts,
+                            [&](const layers::step_inputs& in, const kernels::exec_context& ex, bool all_logits,
+                                std::vector<tensor>* hidden) { return body(in, ctx, ex, all_logits, hidden); });
+  }
 
-    tensor h = layers::embed(layers::upload_i32(ids, ctx_), embed_, tp_.rank * vocab_local_, comm_, ctx_);
-    if (opts.hidden_states) opts.hidden_states->clear();
+ private:
+  // Embedding → layers → final norm → this rank's logits, on ex.
+  tensor body(const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex,
+              bool all_logits, std::vector<tensor>* hidden) {
+    tensor h = layers::embed(in.token_ids.as<int32_t>(), in.num_tokens, embed_, tp_.rank * vocab_local_, comm_, ex);
     auto capture = [&](const tensor& t) {
-      if (opts.hidden_states) opts.hidden_states->push_back(tensor::copy_of(t, device_kind::kCpu));
+      if (hidden) hidden->push_back(tensor::copy_of(t, device_kind::kCpu));
     };
     capture(h);
 
     for (qwen3_next_layer& L : layers_) {
-      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ctx_);
+      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
       tensor mixed;
       switch (L.kind) {
         case layer_kind::kGatedDeltaNet:
-          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ctx_,
+          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
                                       ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
           break;
         case layer_kind::kAttention:
-          mixed = layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ctx_);
+          mixed = layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex);
           break;
         case layer_kind::kMamba2:
           throw error("Qwen3-Next: Mamba2 layer in a Qwen3-Next model");  // rejected at load
       }
-      layers::add_inplace(h, mixed, ctx_);
-      const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ctx_);
-      const tensor y = L.moe ? layers::moe_forward(L.moe_block, y_in, comm_, ctx_)
-                             : layers::mlp_forward(L.mlp, y_in, comm_, ctx_);
-      layers::add_inplace(h, y, ctx_);
+      layers::add_inplace(h, mixed, ex);
+      const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
+      const tensor y = L.moe ? layers::moe_forward(L.moe_block, y_in, comm_, ex)
+                             : layers::mlp_forward(L.mlp, y_in, comm_, ex);
+      layers::add_inplace(h, y, ex);
       capture(h);
     }
 
     // Final norm and lm_head only on the rows that need logits.
     const tensor rows =
-        opts.all_logits ? std::move(h) : layers::gather_rows(h, layers::upload_i32(meta.logit_token_indices, ctx_), ctx_);
-    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ctx_);
-    if (opts.hidden_states && opts.all_logits) capture(normed);
-    return layers::lm_head(normed, lm_head_, comm_, ctx_);
+        all_logits ? std::move(h) : layers::gather_rows(h, in.logit_rows.as<int32_t>(), in.n_logit_rows, ex);
+    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ex);
+    if (hidden && all_logits) capture(normed);
+    return layers::linear(normed, lm_head_, ex);
   }
 
- private:
   // Weights are loaded on the host and placed on the model's device once.
   void place_weights() {
     const device_kind d = ctx_.device;
@@ -184,14 +197,15 @@ class qwen3_next_model final : public model {
   tensor final_norm_;  // [hidden], 1 + w
   tensor lm_head_;     // [vocab_local, hidden]
   std::vector<qwen3_next_layer> layers_;
+  std::unique_ptr<step_driver> driver_;
 };
 
 }  // namespace
 
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
                                        collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                       const sparsity_section& sparsity) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity);
+                                       const sparsity_section& sparsity, const decode_graph_options& graphs) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
 }
 
 }  // namespace hyserve::worker

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "hyserve/worker/model.h"
+#include "step_driver.h"
 #include "weights.h"
 
 namespace hyserve::worker {
@@ -11,6 +12,7 @@ namespace hyserve::worker {
 // weight_type (model.dtype, f32 or bf16): storage of the linear layers, embedding and lm_head.
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
                                        collective* comm, const kernels::exec_context& ctx,
-                                       dtype weight_type = dtype::kF32, const sparsity_section& sparsity = {});
+                                       dtype weight_type = dtype::kF32, const sparsity_section& sparsity = {},
+                                       const decode_graph_options& graphs = {});
 
 }  // namespace hyserve::worker

@@ -458,3 +458,21 @@ TEST(Config, CacheElementTypes) {
 
 }  // namespace
 }  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+TEST(Config, CudaGraphsDefaultOnForCudaAndRefusedOnCpu) {
+  const std::string model = "model: {path: /ckpt}\n";
+  EXPECT_FALSE(cuda_graphs_enabled(load_config_string(model)));
+  EXPECT_TRUE(cuda_graphs_enabled(load_config_string(model + "device: cuda\n")));
+  EXPECT_FALSE(cuda_graphs_enabled(load_config_string(model + "device: cuda\ncuda_graphs: false\n")));
+  EXPECT_TRUE(cuda_graphs_enabled(load_config_string(model + "device: cuda\ncuda_graphs: true\n")));
+  EXPECT_FALSE(cuda_graphs_enabled(load_config_string(model + "cuda_graphs: false\n")));
+  EXPECT_ERROR_WITH(load_config_string(model + "cuda_graphs: true\n"), config_error,
+                    "cuda_graphs: true needs device: cuda");
+  EXPECT_ERROR_WITH(load_config_string(model + "device: cuda\ncuda_graphs: maybe\n"), config_error, "cuda_graphs");
+}
+
+}  // namespace
+}  // namespace hyserve

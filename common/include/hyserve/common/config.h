@@ -113,6 +113,9 @@ struct chat_section {
 struct service_config {
   model_section model;
   device_kind device = device_kind::kCpu;
+  // `cuda_graphs`: decode steps captured and replayed as CUDA graphs per batch-size bucket
+  // (device cuda only; unset = on for device cuda). See cuda_graphs_enabled().
+  std::optional<bool> cuda_graphs;
   parallel_section parallel;
   cache_section cache;
   scheduler_section scheduler;
@@ -128,6 +131,11 @@ struct service_config {
 // directory first, then against the config file's directory.
 service_config load_config_file(const std::string& path);
 service_config load_config_string(const std::string& yaml_text);
+
+// Whether decode runs through CUDA graphs: `cuda_graphs`, by default true exactly for device cuda.
+inline bool cuda_graphs_enabled(const service_config& cfg) {
+  return cfg.cuda_graphs.value_or(cfg.device == device_kind::kCuda) && cfg.device == device_kind::kCuda;
+}
 
 // The model_config of the configured model: read_hf_config(path/config.json) or the synthetic
 // section's sizes.

@@ -38,6 +38,25 @@ void* stream_create();
 void stream_destroy(void* stream) noexcept;
 void stream_synchronize(void* stream);
 
+// While a scope lives, the CUDA tensors this thread allocates and frees are ordered on `stream`
+// (cudaMallocAsync / zero-fill / cudaFreeAsync on it) instead of the legacy default stream; under
+// stream capture they become graph memory nodes. Scopes nest; a tensor allocated inside a scope
+// must be released inside it (or after its stream has been synchronised). zero_fill = false
+// drops the zero-fill of the tensors allocated in the scope (stream capture: no memset node per
+// activation); the code in the scope must then write every element before reading it.
+class allocation_stream_scope {
+ public:
+  explicit allocation_stream_scope(void* stream, bool zero_fill = true);
+  ~allocation_stream_scope();
+  allocation_stream_scope(const allocation_stream_scope&) = delete;
+  allocation_stream_scope& operator=(const allocation_stream_scope&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+  bool previous_set_ = false;
+  bool previous_zero_ = true;
+};
+
 // Registers the CUDA allocator with hyserve::tensor (set_device_allocator). Idempotent; a no-op
 // without the CUDA backend (tensors on kCuda then fail to allocate with a clear error).
 void install_device_allocators();

@@ -21,6 +21,21 @@ struct row_add_params {
 void run_cpu(const row_add_params& p);
 void run_cuda(const row_add_params& p, void* stream = nullptr);
 
+// MoE routing on the device (dense weights): for each token t, p = softmax(logits[t, :]) over
+// the E experts; the top_k experts by p (ties to the lower index) get weight p_e, divided by the
+// sum of the top_k p when norm_topk_prob; every other expert gets 0. Written expert-major,
+// weights[e · weights_stride + t], so expert e's column is a row_add weights array.
+struct moe_route_params {
+  const float* __restrict__ logits = nullptr;  // [tokens, experts], row stride logits_stride
+  float* __restrict__ weights = nullptr;       // [experts, weights_stride] (weights_stride >= tokens)
+  int64_t tokens = 0, experts = 0, top_k = 1;
+  int64_t logits_stride = 0, weights_stride = 0;
+  bool norm_topk_prob = true;
+};
+
+void run_cpu(const moe_route_params& p);
+void run_cuda(const moe_route_params& p, void* stream = nullptr);
+
 // out[r, c] = x[r, c] · sigmoid(gate[r, c]). out may alias x.
 struct sigmoid_mul_params {
   const float* x = nullptr;                   // [rows, cols], row stride x_stride

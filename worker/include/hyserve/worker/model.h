@@ -8,6 +8,7 @@
 #include "hyserve/common/model_config.h"
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
@@ -33,6 +34,15 @@ struct sparse_attention_stats {
   int64_t dense_pages = 0;  // pages the same rows hold (what dense attention reads)
 };
 
+// How a step ran on the device (filled when forward_options::report is set).
+struct step_report {
+  bool graph = false;            // replayed (or warmed up and captured) as a CUDA graph
+  bool captured = false;         // this step captured its bucket's graph
+  int32_t graph_batch = 0;       // the padded batch of the graph (0 when eager)
+  double gpu_ms = -1.0;          // GPU time of the step's device work (CUDA; -1 on the CPU)
+  kernels::graph_stats nodes;    // nodes of the graph that ran (kernels, memsets, copies, …)
+};
+
 struct forward_options {
   // false: logits for meta.logit_token_indices only; true: logits for every token of the batch.
   bool all_logits = false;
@@ -42,6 +52,10 @@ struct forward_options {
   // When set, receives the step's decode attention statistics (zero for models without
   // attention layers and for other modes).
   sparse_attention_stats* sparse_stats = nullptr;
+  // Decode steps on CUDA run through CUDA graphs unless set (or `cuda_graphs: false`).
+  bool eager = false;
+  // When set, receives how the step ran and its GPU time.
+  step_report* report = nullptr;
 };
 
 // Tensor-parallel placement of this model instance.

@@ -1,0 +1,177 @@
+// CUDA graphs, pinned memory, async copies and event timing (hyserve/kernels/graph.h).
+#include "hyserve/kernels/graph.h"
+
+#include <cuda_runtime_api.h>
+
+#include <iostream>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "check.h"
+#include "hyserve/kernels/device.h"
+
+namespace hyserve::kernels {
+
+namespace {
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// One allocation-stream scope per capturing thread, alive from capture_begin to capture_end.
+thread_local std::unique_ptr<allocation_stream_scope> t_capture_scope;
+
+graph_stats count_nodes(cudaGraph_t graph) {
+  graph_stats s;
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    switch (type) {
+      case cudaGraphNodeTypeKernel: ++s.kernels; break;
+      case cudaGraphNodeTypeMemset: ++s.memsets; break;
+      case cudaGraphNodeTypeMemcpy: ++s.memcpys; break;
+      case cudaGraphNodeTypeMemAlloc: ++s.mem_allocs; break;
+      case cudaGraphNodeTypeMemFree: ++s.mem_frees; break;
+      default: ++s.other; break;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+void* pinned_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void pinned_free(void* p) noexcept {
+  if (p == nullptr) return;
+  const cudaError_t status = cudaFreeHost(p);
+  if (status != cudaSuccess) std::cerr << "pinned_free: cudaFreeHost failed: " << cudaGetErrorString(status) << "\n";
+}
+
+void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
+}
+
+void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)));
+}
+
+void copy_d2d_async(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+
+void fill_zero_async(void* dst, size_t bytes, void* stream) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+}
+
+void stream_wait_legacy(void* stream) {
+  // One event per thread, reused: recording overwrites the previous capture of the event.
+  thread_local cudaEvent_t event = [] {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }();
+  CUDA_CHECK(cudaEventRecord(event, cudaStreamLegacy));
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), event, 0));
+}
+
+captured_graph::~captured_graph() {
+  if (exec_ == nullptr) return;
+  const cudaError_t status = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (status != cudaSuccess) std::cerr << "cudaGraphExecDestroy failed: " << cudaGetErrorString(status) << "\n";
+}
+
+captured_graph::captured_graph(captured_graph&& o) noexcept
+    : exec_(std::exchange(o.exec_, nullptr)), stats_(o.stats_) {}
+
+captured_graph& captured_graph::operator=(captured_graph&& o) noexcept {
+  if (this != &o) {
+    captured_graph old(std::move(*this));
+    exec_ = std::exchange(o.exec_, nullptr);
+    stats_ = o.stats_;
+  }
+  return *this;
+}
+
+void captured_graph::launch(void* stream) const {
+  HYSERVE_CHECK(exec_ != nullptr, "captured_graph::launch: no graph");
+  CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
+}
+
+void captured_graph::capture_begin(void* stream) {
+  HYSERVE_CHECK(stream != nullptr, "capture_begin: the legacy default stream cannot be captured");
+  HYSERVE_CHECK(!t_capture_scope, "capture_begin: this thread is already capturing");
+  CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
+  t_capture_scope = std::make_unique<allocation_stream_scope>(stream, /*zero_fill=*/false);
+}
+
+captured_graph captured_graph::capture_end(void* stream) {
+  t_capture_scope.reset();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(as_stream(stream), &graph);
+  if (status != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    cuda_detail::throw_cuda_error(status, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  captured_graph out;
+  try {
+    out.stats_ = count_nodes(graph);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    out.exec_ = exec;
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return out;
+}
+
+void captured_graph::capture_abort(void* stream) noexcept {
+  t_capture_scope.reset();
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(as_stream(stream), &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(as_stream(stream), &graph);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+}
+
+gpu_timer::gpu_timer() {
+  cudaEvent_t b = nullptr, e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&b));
+  const cudaError_t status = cudaEventCreate(&e);
+  if (status != cudaSuccess) {
+    cudaEventDestroy(b);
+    CUDA_CHECK(status);
+  }
+  begin_ = b;
+  end_ = e;
+}
+
+gpu_timer::~gpu_timer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+
+void gpu_timer::start(void* stream) { CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(begin_), as_stream(stream))); }
+void gpu_timer::stop(void* stream) { CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(end_), as_stream(stream))); }
+
+double gpu_timer::elapsed_ms() const {
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end_)));
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)));
+  return ms;
+}
+
+}  // namespace hyserve::kernels

@@ -1,0 +1,83 @@
+#pragma once
+// CUDA graphs and the stream-ordered plumbing around them (DESIGN.md §6: decode replayed as
+// CUDA graphs). Free of CUDA headers; without the CUDA backend every call that needs a device
+// throws hyserve::error and the no-op destructors stay harmless.
+//
+// Capture contract: between capture_begin(s) and capture_end(s) the calling thread's tensor
+// allocations are ordered on s (graph memory nodes, see allocation_stream_scope in device.h);
+// every tensor allocated inside the capture must be released inside it; nothing may
+// synchronise with the host (no synchronous copies, no reads of device data on the host).
+// Tensors allocated inside a capture are NOT zero-filled (no memset node per activation): the
+// captured code writes every element it reads; rows a kernel skips (padding rows) may hold
+// stale values and must only flow into row-local ops whose rows are discarded.
+#include <cstddef>
+#include <cstdint>
+
+namespace hyserve::kernels {
+
+// Page-locked host memory (async copies from/to it overlap nothing else but never stage).
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p) noexcept;
+
+// Stream-ordered copies on `stream` (a cudaStream_t; null = legacy default stream).
+void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
+void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream);
+void copy_d2d_async(void* dst, const void* src, size_t bytes, void* stream);
+// Sets `bytes` bytes at dst to zero, ordered on `stream` (a memset node inside a capture).
+void fill_zero_async(void* dst, size_t bytes, void* stream);
+// Makes `stream` wait for everything queued so far on the legacy default stream (where the
+// eager ops, the tensor allocator outside captures and the synchronous copies run).
+void stream_wait_legacy(void* stream);
+
+// Node counts of a captured graph, by kind.
+struct graph_stats {
+  int64_t kernels = 0, memsets = 0, memcpys = 0, mem_allocs = 0, mem_frees = 0, other = 0;
+  int64_t total() const { return kernels + memsets + memcpys + mem_allocs + mem_frees + other; }
+};
+
+// An instantiated graph (cudaGraphExec_t) captured from one stream; move-only.
+class captured_graph {
+ public:
+  captured_graph() = default;
+  ~captured_graph();
+  captured_graph(captured_graph&& o) noexcept;
+  captured_graph& operator=(captured_graph&& o) noexcept;
+  captured_graph(const captured_graph&) = delete;
+  captured_graph& operator=(const captured_graph&) = delete;
+
+  bool valid() const { return exec_ != nullptr; }
+  void launch(void* stream) const;
+  const graph_stats& stats() const { return stats_; }
+
+  // Starts capturing `stream` (thread-local capture mode) and orders this thread's tensor
+  // allocations on it, without zero-fill, until capture_end / capture_abort.
+  static void capture_begin(void* stream);
+  // Ends the capture and instantiates the graph; throws (after cleaning up) when the capture
+  // was invalidated by an operation that cannot be captured.
+  static captured_graph capture_end(void* stream);
+  // Ends a capture that failed part-way (after an exception) and clears the sticky error.
+  static void capture_abort(void* stream) noexcept;
+
+ private:
+  void* exec_ = nullptr;
+  graph_stats stats_;
+};
+
+// GPU time between two points of one stream (cudaEvent pair).
+class gpu_timer {
+ public:
+  gpu_timer();
+  ~gpu_timer();
+  gpu_timer(const gpu_timer&) = delete;
+  gpu_timer& operator=(const gpu_timer&) = delete;
+  void start(void* stream);
+  void stop(void* stream);
+  // Milliseconds from start to stop; waits for the stop event.
+  double elapsed_ms() const;
+
+ private:
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+
+}  // namespace hyserve::kernels

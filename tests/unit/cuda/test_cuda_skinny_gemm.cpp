@@ -1,0 +1,142 @@
+// The skinny bf16 GEMM of the CUDA gemm op (decode linear layers: m ≤ 4 rows, bf16 weight
+// [n, k] with trans_b) against the CPU op on the same data. A is NOT bf16-exact here: the skinny
+// kernel multiplies f32 A like the CPU op, so only the summation order differs:
+// |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want|. Covers m 1..4, n not a multiple of the rows per warp,
+// k of the production shapes, padded strides, alpha/beta accumulation; and the fused SwiGLU
+// projection (swiglu_linear) on the same kernel. Skips without a device.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "hyserve/common/dtype.h"
+#include "hyserve/kernels/gemm.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using cuda_test::expect_match;
+using cuda_test::random_floats;
+
+struct skinny_case {
+  int64_t m, n, k;
+  int64_t pad;  // extra elements per row of a and b (a multiple of 8: the skinny path applies)
+  float alpha, beta;
+};
+
+class SkinnyGemmCuda : public testing::TestWithParam<skinny_case> {};
+
+TEST_P(SkinnyGemmCuda, MatchesCpuWithF32A) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const skinny_case& c = GetParam();
+  gemm_params p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.trans_b = true;
+  p.alpha = c.alpha;
+  p.beta = c.beta;
+  p.lda = c.k + c.pad;
+  p.ldb = c.k + c.pad;
+  p.ldc = c.n + 1;
+  p.b_dtype = dtype::kBF16;
+  const std::vector<float> a = random_floats(static_cast<size_t>(c.m * p.lda), 11);
+  const std::vector<float> bf = random_floats(static_cast<size_t>(c.n * p.ldb), 12);
+  std::vector<uint16_t> b(bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) b[i] = f32_to_bf16(bf[i]);
+  std::vector<float> want = random_floats(static_cast<size_t>(c.m * p.ldc), 13);
+  device_array<float> da(a), dc(want);
+  device_array<uint16_t> db(b);
+  gemm_params pc = p;
+  pc.a = a.data();
+  pc.b = b.data();
+  pc.c = want.data();
+  run_cpu(pc);
+  gemm_params pg = p;
+  pg.a = da.data();
+  pg.b = db.data();
+  pg.c = dc.data();
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dc.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "C");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
+                         testing::Values(skinny_case{1, 4096, 4096, 0, 1.0f, 0.0f},    // o_proj / out_proj
+                                         skinny_case{1, 4096, 14336, 0, 1.0f, 0.0f},   // MLP down
+                                         skinny_case{1, 14336, 4096, 0, 1.0f, 0.0f},   // MLP gate / up
+                                         skinny_case{2, 1025, 4096, 8, 1.0f, 0.0f},    // odd n, padded
+                                         skinny_case{3, 333, 512, 16, 1.0f, 0.0f},     // padded strides
+                                         skinny_case{4, 7, 8, 0, 2.0f, 0.5f},          // accumulate
+                                         skinny_case{4, 1, 4096, 0, 1.0f, 0.0f},       // one output column
+                                         skinny_case{1, 128256, 64, 0, 1.0f, 0.0f}),   // lm_head-wide n
+                         [](const testing::TestParamInfo<skinny_case>& param_info) {
+                           const auto& c = param_info.param;
+                           return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
+                                  (c.pad ? "_padded" : "") + (c.beta != 0.0f ? "_accumulate" : "");
+                         });
+
+// swiglu_linear on CUDA against the CPU op: the fused skinny kernel (bf16, m ≤ 4, f32 x) and the
+// fallback (m > 4: bf16-exact x, so the rounding of x inside the tensor-core GEMM is exact; f32
+// weights: cuBLAS). Tolerance as above, on silu(g)·u.
+struct swiglu_case {
+  int64_t m, n, k;
+  bool bf16;
+};
+
+class SwigluLinearCuda : public testing::TestWithParam<swiglu_case> {};
+
+TEST_P(SwigluLinearCuda, MatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const swiglu_case& c = GetParam();
+  std::vector<float> x = random_floats(static_cast<size_t>(c.m * c.k), 21);
+  if (c.m > 4)
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  const std::vector<float> g = random_floats(static_cast<size_t>(c.n * c.k), 22, -0.1f, 0.1f);
+  const std::vector<float> u = random_floats(static_cast<size_t>(c.n * c.k), 23, -0.1f, 0.1f);
+  std::vector<uint16_t> g16(g.size()), u16(u.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    g16[i] = f32_to_bf16(g[i]);
+    u16[i] = f32_to_bf16(u[i]);
+  }
+  swiglu_linear_params p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.x_stride = p.w_stride = c.k;
+  p.out_stride = c.n;
+  p.w_dtype = c.bf16 ? dtype::kBF16 : dtype::kF32;
+  std::vector<float> want(static_cast<size_t>(c.m * c.n));
+  swiglu_linear_params pc = p;
+  pc.x = x.data();
+  pc.gate_w = c.bf16 ? static_cast<const void*>(g16.data()) : g.data();
+  pc.up_w = c.bf16 ? static_cast<const void*>(u16.data()) : u.data();
+  pc.out = want.data();
+  run_cpu(pc);
+  device_array<float> dx(x), dg(g), du(u), dout(want.size());
+  device_array<uint16_t> dg16(g16), du16(u16);
+  dout.fill_bytes(0xff);
+  swiglu_linear_params pg = p;
+  pg.x = dx.data();
+  pg.gate_w = c.bf16 ? static_cast<const void*>(dg16.data()) : dg.data();
+  pg.up_w = c.bf16 ? static_cast<const void*>(du16.data()) : du.data();
+  pg.out = dout.data();
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SwigluLinearCuda,
+                         testing::Values(swiglu_case{1, 14336, 4096, true},  // Bamba-9B MLP, decode
+                                         swiglu_case{3, 333, 512, true}, swiglu_case{4, 1, 64, true},
+                                         swiglu_case{9, 130, 256, true},     // fallback: two GEMMs + swiglu
+                                         swiglu_case{2, 77, 96, false}),     // f32 weights: cuBLAS
+                         [](const testing::TestParamInfo<swiglu_case>& param_info) {
+                           const auto& c = param_info.param;
+                           return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
+                                  (c.bf16 ? "_bf16" : "_f32");
+                         });
+
+}  // namespace
+}  // namespace hyserve::kernels

@@ -1,0 +1,196 @@
+#include "decode_graphs.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <string>
+
+#include "hyserve/common/error.h"
+#include "step_pack.h"
+
+namespace hyserve::worker {
+
+std::vector<int32_t> decode_batch_buckets(int32_t max_batch) {
+  std::vector<int32_t> b;
+  for (int64_t v = 1; v < max_batch; v *= 2) b.push_back(static_cast<int32_t>(v));
+  if (max_batch >= 1) b.push_back(max_batch);
+  return b;
+}
+
+std::optional<int32_t> pick_batch_bucket(const std::vector<int32_t>& buckets, int32_t bs) {
+  if (bs < 1) return std::nullopt;
+  for (int32_t b : buckets)
+    if (b >= bs) return b;
+  return std::nullopt;
+}
+
+int64_t pick_page_stride(int64_t pages, int64_t max_pages) {
+  int64_t s = 1;
+  while (s < pages) s *= 2;
+  return std::max<int64_t>(1, std::min(s, std::max(max_pages, pages)));
+}
+
+void log_decode_path_once(const std::string& line) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(line).second) std::cerr << "hyserve: " << line << "\n";
+}
+
+decode_graphs::decode_graphs(const decode_graph_config& cfg) : cfg_(cfg), buckets_(decode_batch_buckets(cfg.max_batch)) {
+  HYSERVE_CHECK(!buckets_.empty(), "decode graphs: max_batch must be at least 1");
+}
+
+std::string decode_graphs::describe() const {
+  std::string list;
+  for (int32_t b : buckets_) list += (list.empty() ? "" : ",") + std::to_string(b);
+  return "CUDA graphs per batch bucket {" + list + "}";
+}
+
+decode_graphs::~decode_graphs() {
+  graphs_.clear();  // graph executables before their stream
+  if (stream_) {
+    try {
+      kernels::stream_synchronize(stream_);
+    } catch (const std::exception& e) {
+      std::cerr << "decode graphs: " << e.what() << "\n";
+    }
+    kernels::stream_destroy(stream_);
+  }
+  kernels::pinned_free(host_in_);
+  kernels::pinned_free(host_out_);
+}
+
+std::string decode_graphs::ineligible(const hybrid_metadata& meta, const forward_options& opts) const {
+  if (meta.mode != forward_mode::kDecode) return std::string(forward_mode_name(meta.mode)) + " step";
+  if (opts.eager) return "forward_options.eager";
+  if (opts.hidden_states) return "hidden-state capture";
+  if (meta.batch_size < 1) return "empty batch";
+  if (!pick_batch_bucket(buckets_, meta.batch_size))
+    return "batch " + std::to_string(meta.batch_size) + " above the largest bucket " + std::to_string(buckets_.back());
+  return {};
+}
+
+std::vector<const void*> decode_graphs::cache_addresses(const model_context& ctx) const {
+  std::vector<const void*> a;
+  for (int32_t i = 0; i < cfg_.attention_layers; ++i) {
+    a.push_back(ctx.kv->layer(i).k.data());
+    a.push_back(ctx.kv->layer(i).v.data());
+  }
+  for (int32_t i = 0; i < cfg_.state_layers; ++i) {
+    a.push_back(ctx.mamba->layer(i).conv.data());
+    a.push_back(ctx.mamba->layer(i).ssm.data());
+  }
+  return a;
+}
+
+void decode_graphs::check_caches(const model_context& ctx) {
+  std::vector<const void*> now = cache_addresses(ctx);
+  if (now == baked_) return;
+  // Other caches (another engine's pools on the same model): the graphs read the old ones.
+  if (!graphs_.empty()) log_decode_path_once("decode graphs: cache addresses changed; graphs recaptured");
+  graphs_.clear();
+  failed_.clear();
+  baked_ = std::move(now);
+}
+
+void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int32_t page_size) {
+  if (stream_) return;
+  max_pages_ = attention ? (ctx.req_to_token->max_context() + page_size - 1) / page_size : 0;
+  const layers::step_layout largest = layers::make_step_layout(cfg_.max_batch, cfg_.max_batch, cfg_.max_batch,
+                                                               attention, std::max<int64_t>(max_pages_, 1), 0, false);
+  inputs_ = tensor::i32({largest.total}, device_kind::kCuda);
+  logits_ = tensor::f32({cfg_.max_batch, cfg_.vocab_local}, device_kind::kCuda);
+  host_in_elems_ = static_cast<size_t>(largest.total);
+  host_in_ = static_cast<int32_t*>(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
+  host_out_ = static_cast<float*>(kernels::pinned_alloc(logits_.nbytes()));
+  stream_ = kernels::stream_create();
+}
+
+tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_step* step,
+                          const std::vector<int32_t>& ids, const model_context& ctx, const step_body& body,
+                          step_report* report) {
+  const int32_t bs = meta.batch_size;
+  const bool attention = step != nullptr;
+  ensure_buffers(ctx, attention, attention ? step->page_size : 0);
+  check_caches(ctx);
+  for (int32_t b = 0; b < bs; ++b)
+    HYSERVE_CHECK(meta.logit_token_indices[static_cast<size_t>(b)] == b, "decode graphs: one logits row per row");
+
+  decode_graph_key key;
+  key.batch = *pick_batch_bucket(buckets_, bs);
+  key.page_table_stride = attention ? pick_page_stride(step->page_table_stride, max_pages_) : 0;
+  const layers::step_layout layout =
+      layers::make_step_layout(key.batch, key.batch, key.batch, attention, key.page_table_stride, 0, false);
+  HYSERVE_CHECK(static_cast<size_t>(layout.total) <= host_in_elems_, "decode graphs: layout exceeds the buffer");
+  layers::pack_step(layout, meta, step, ids, host_in_);
+
+  const kernels::exec_context ex{device_kind::kCuda, stream_};
+  layers::step_inputs in;
+  layers::bind_step(in, layout, meta, inputs_.as<int32_t>(), attention ? step->page_size : 0);
+  const size_t out_bytes = static_cast<size_t>(key.batch) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
+  // The body's logits into the static output (inside a capture: a copy node).
+  auto run_body = [&] {
+    const tensor local = body(in, ex);
+    HYSERVE_CHECK(local.numel() * static_cast<int64_t>(sizeof(float)) == static_cast<int64_t>(out_bytes),
+                  "decode graphs: body returned " + local.shape().str());
+    kernels::copy_d2d_async(logits_.data(), local.data(), out_bytes, stream_);
+  };
+
+  std::optional<kernels::gpu_timer> timer;
+  if (report) timer.emplace();
+  // After every eager op queued on the legacy stream (state resets, the previous eager step).
+  kernels::stream_wait_legacy(stream_);
+  kernels::copy_h2d_async(inputs_.data(), host_in_, static_cast<size_t>(layout.total) * sizeof(int32_t), stream_);
+  if (timer) timer->start(stream_);
+
+  bool captured = false;
+  const kernels::captured_graph* graph = nullptr;
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    graph = &it->second;
+    graph->launch(stream_);
+  } else {
+    {
+      // Warm-up: this step's result, computed eagerly on the graph stream.
+      const kernels::allocation_stream_scope scope(stream_);
+      run_body();
+    }
+    if (!failed_.count(key)) {
+      try {
+        kernels::captured_graph::capture_begin(stream_);
+        run_body();  // recorded, not executed
+        auto [pos, inserted] = graphs_.emplace(key, kernels::captured_graph::capture_end(stream_));
+        graph = &pos->second;
+        captured = true;
+        const kernels::graph_stats& n = graph->stats();
+        log_decode_path_once("decode graphs: captured batch " + std::to_string(key.batch) + " (page-table stride " +
+                             std::to_string(key.page_table_stride) + "): " + std::to_string(n.total()) + " nodes, " +
+                             std::to_string(n.kernels) + " kernels, " + std::to_string(n.memsets) + " memsets, " +
+                             std::to_string(n.memcpys) + " copies");
+      } catch (const std::exception& e) {
+        kernels::captured_graph::capture_abort(stream_);
+        failed_.insert(key);
+        log_decode_path_once("decode graphs: capture of batch " + std::to_string(key.batch) + " failed (" + e.what() +
+                             "); that bucket runs eagerly");
+      }
+    }
+  }
+  if (timer) timer->stop(stream_);
+  const size_t real_bytes = static_cast<size_t>(bs) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
+  kernels::copy_d2h_async(host_out_, logits_.data(), real_bytes, stream_);
+  kernels::stream_synchronize(stream_);
+
+  tensor out = tensor::f32({bs, cfg_.vocab_local});
+  std::memcpy(out.data(), host_out_, real_bytes);
+  if (report) {
+    report->graph = graph != nullptr;
+    report->captured = captured;
+    report->graph_batch = key.batch;
+    report->gpu_ms = timer->elapsed_ms();
+    report->nodes = graph ? graph->stats() : kernels::graph_stats{};
+  }
+  return out;
+}
+
+}  // namespace hyserve::worker

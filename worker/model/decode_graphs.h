@@ -1,0 +1,108 @@
+#pragma once
+// Decode steps replayed as CUDA graphs, one graph per (batch bucket, page-table stride bucket)
+// (DESIGN.md §6, §12). A Decode batch of bs rows is padded to the smallest bucket ≥ bs
+// (1, 2, 4, … up to max_batch, and max_batch itself) with padding rows that write nowhere
+// (step_pack.h); its page table is laid out at the smallest power-of-two stride ≥ its pages.
+//
+// Per step: the host packs the padded metadata into pinned memory, one async copy puts it into
+// the static device buffer every graph reads, the key's graph is launched, and one async copy
+// returns the logits of the real rows. The first step of a key runs the model body eagerly on the
+// graph stream (its result is that step's logits: the warm-up), then captures the same body once;
+// later steps of that key replay it. Work partitioning inside the body depends only on the
+// bucket's shape, never on host-read lengths, so a replay with other lengths is valid.
+//
+// A model creates one decode_graphs when graphs can serve it at all (device cuda, config
+// `cuda_graphs`, tp = 1, dense attention, no host-routed MoE); it logs once which path decode
+// takes and why. Per step, ineligible() names why a step runs eagerly instead (other modes,
+// hidden-state capture, a batch above max_batch, forward_options::eager).
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hyserve/common/tensor.h"
+#include "hyserve/kernels/device.h"
+#include "hyserve/kernels/graph.h"
+#include "hyserve/worker/forward_batch.h"
+#include "hyserve/worker/hybrid_metadata.h"
+#include "hyserve/worker/model.h"
+#include "layers.h"
+
+namespace hyserve::worker {
+
+// ---- Host-side plan (pure; tested on the CPU) ----
+
+// 1, 2, 4, … (powers of two below max_batch), then max_batch. Empty when max_batch < 1.
+std::vector<int32_t> decode_batch_buckets(int32_t max_batch);
+// The smallest bucket ≥ bs, or nullopt when bs exceeds the largest (or bs < 1).
+std::optional<int32_t> pick_batch_bucket(const std::vector<int32_t>& buckets, int32_t bs);
+// Page-table stride of a step whose longest row needs `pages` pages: the smallest power of two
+// ≥ max(pages, 1), capped at max_pages (the pages of cache.max_context).
+int64_t pick_page_stride(int64_t pages, int64_t max_pages);
+
+struct decode_graph_key {
+  int32_t batch = 0;
+  int64_t page_table_stride = 0;  // 0 for models without attention layers
+  auto operator<=>(const decode_graph_key&) const = default;
+};
+
+// ---- Runtime ----
+
+// The device-only part of a step (embedding → layers → final norm → lm_head): reads the step
+// only through `in`, runs every op on ex.stream, returns this rank's logits [in.n_logit_rows,
+// vocab_local] f32 on the device. Must not synchronise with the host.
+using step_body = std::function<tensor(const layers::step_inputs& in, const kernels::exec_context& ex)>;
+
+struct decode_graph_config {
+  int32_t max_batch = 0;           // largest bucket
+  int64_t vocab_local = 0;         // logits columns of this rank
+  int32_t attention_layers = 0;    // caches whose addresses the graphs bake in
+  int32_t state_layers = 0;
+};
+
+class decode_graphs {
+ public:
+  explicit decode_graphs(const decode_graph_config& cfg);
+  ~decode_graphs();
+  decode_graphs(const decode_graphs&) = delete;
+  decode_graphs& operator=(const decode_graphs&) = delete;
+
+  // Empty when the step can run through a graph; otherwise why it runs eagerly.
+  std::string ineligible(const hybrid_metadata& meta, const forward_options& opts) const;
+
+  // Runs an eligible Decode step (see the file comment). step: the step's KV bookkeeping (null
+  // without attention layers); ids: its token ids. Returns host logits [bs, vocab_local].
+  tensor run(const hybrid_metadata& meta, const layers::attention_step* step, const std::vector<int32_t>& ids,
+             const model_context& ctx, const step_body& body, step_report* report);
+
+  const std::vector<int32_t>& buckets() const { return buckets_; }
+  std::string describe() const;  // "CUDA graphs per batch bucket {1,2,4,8}"
+  size_t graph_count() const { return graphs_.size(); }
+
+ private:
+  void ensure_buffers(const model_context& ctx, bool attention, int32_t page_size);
+  void check_caches(const model_context& ctx);
+  std::vector<const void*> cache_addresses(const model_context& ctx) const;
+
+  decode_graph_config cfg_;
+  std::vector<int32_t> buckets_;
+  void* stream_ = nullptr;  // non-blocking stream the graphs are captured on and replayed on
+  int64_t max_pages_ = 0;   // page-table stride cap: pages of max_context
+  tensor inputs_;           // i32 static packed metadata (largest layout)
+  tensor logits_;           // f32 [max_batch, vocab_local] static output
+  int32_t* host_in_ = nullptr;  // pinned staging
+  float* host_out_ = nullptr;
+  size_t host_in_elems_ = 0;
+  std::vector<const void*> baked_;  // cache addresses the graphs were captured with
+  std::map<decode_graph_key, kernels::captured_graph> graphs_;
+  std::set<decode_graph_key> failed_;  // keys whose capture failed: eager on the graph stream
+  mutable std::set<std::string> logged_;
+};
+
+// Logs a line to stderr once per distinct text (per process).
+void log_decode_path_once(const std::string& line);
+
+}  // namespace hyserve::worker

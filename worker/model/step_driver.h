@@ -1,0 +1,60 @@
+#pragma once
+// The architecture-independent frame of one forward step, shared by every architecture:
+// token-id checks, the step's KV bookkeeping, then either the eager path (one packed upload,
+// the model body on the model's stream, logits back on the host, gathered over tp) or, for a
+// Decode step that can, the bucket's CUDA graph (decode_graphs.h). The architecture supplies
+// only the body: embedding → layers → final norm → this rank's lm_head logits on the device.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "decode_graphs.h"
+#include "hyserve/common/config.h"
+#include "hyserve/worker/model.h"
+#include "layers.h"
+
+namespace hyserve::worker {
+
+// all_logits: logits for every token (else for in.logit_rows only). hidden: when set, receives
+// host copies of the hidden states (eager only; see forward_options::hidden_states).
+using model_body = std::function<tensor(const layers::step_inputs& in, const kernels::exec_context& ex,
+                                        bool all_logits, std::vector<tensor>* hidden)>;
+
+// `cuda_graphs` and the bucket bound, as make_model resolves them from the service config.
+struct decode_graph_options {
+  bool enabled = false;
+  int32_t max_batch = 0;
+};
+
+struct step_frame {
+  std::string label;  // the model in log lines ("Bamba, 32 layers")
+  int64_t vocab_size = 0;
+  int64_t vocab_local = 0;
+  bool attention_layers = false;
+  collective* comm = nullptr;
+  kernels::exec_context ctx;
+  const sparsity_section* sparsity = nullptr;
+};
+
+class step_driver {
+ public:
+  // why_not_graphs: empty when decode may use CUDA graphs (device cuda, options enabled);
+  // otherwise the reason decode stays eager, logged once.
+  step_driver(const step_frame& frame, const decode_graph_options& graphs, int32_t attention_layers,
+              int32_t state_layers, const std::string& why_not_graphs);
+  ~step_driver();
+
+  tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
+                 const forward_options& opts, const model_body& body);
+
+ private:
+  step_frame frame_;
+  std::unique_ptr<decode_graphs> graphs_;
+};
+
+// Why a model cannot use decode graphs at all (empty: it can): device, config, tensor
+// parallelism. Architectures add their own reasons (host-routed MoE).
+std::string decode_graph_blocker(const kernels::exec_context& ctx, const decode_graph_options& graphs, int tp_size);
+
+}  // namespace hyserve::worker
