@@ -306,9 +306,17 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
 
     tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
-    {
-      const auto kernel = &tc::intra_kernel<kSplit, K>;
-      constexpr size_t smem = tc::intra_tiles<K>::kBytes;
+    // Two value heads per intra block when consecutive pairs share a key head.
+    if ((p.heads_v / p.heads_k) % 2 == 0) {
+      const auto kernel = &tc::intra_kernel<kSplit, K, 2>;
+      constexpr size_t smem = tc::intra_tiles<K, 2>::kBytes;
+      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / 2));
+      kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    } else {
+      const auto kernel = &tc::intra_kernel<kSplit, K, 1>;
+      constexpr size_t smem = tc::intra_tiles<K, 1>::kBytes;
       reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
       const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v));
       kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);

@@ -4,8 +4,8 @@
 //
 //   plan    one block: chunk offsets of the rows (ceil(len / 64) chunks per live row, none for
 //           padding rows or empty sequences) and the overflow flag (more chunks than reserved);
-//   intra   one block per (chunk, value head), all chunks at once: everything that does not
-//           depend on the state entering the chunk;
+//   intra   one block per (chunk, value head or pair of value heads sharing a key head), all
+//           chunks at once: everything that does not depend on the state entering the chunk;
 //   state   one block per (row, value head, slice of 32 value rows) walking the row's chunks in
 //           order with its state slice in registers (state rows are independent in the delta
 //           rule, so slices need no communication).
@@ -14,15 +14,16 @@
 // k̂ = k/|k| and β = sigmoid(b), the intra kernel computes
 //   A  = strictly-lower β_i (k̂_i·k̂_j) e^{c_i − c_j}         (tensor cores: K̂·K̂ᵀ)
 //   T  = (I + A)⁻¹                                          (forward substitution, a column per thread)
-//   W  = T · (β e^{c} k̂)                                    (tensor cores)
 //   P  = lower-incl. (q̂_i·k̂_j) e^{c_i − c_j}                 (tensor cores: Q̂·K̂ᵀ)
-// and per token the factors qs_i = e^{c_i}·scale/|q_i|, ks_j = e^{c_{n−1} − c_j}/|k_j|, β_j and the
-// chunk decay G = e^{c_{n−1}}, all into a workspace. For a state slice S_s [32 × K] the state
-// kernel then computes per chunk, on the tensor cores,
-//   u   = T · (β v_s) − W · S_sᵀ                 (the chunk's new values; [64 × 32])
+// and per token the factors qs_i = e^{c_i}·scale/|q_i|, ks_j = e^{c_{n−1} − c_j}/|k_j|, β_j,
+// xs_j = β_j e^{c_j}/|k_j| and the chunk decay G = e^{c_{n−1}}, into a workspace. With
+// X = xs ⊙ k the CPU op's W = T·X and U = T·(β v), so for a state slice S_s [32 × K] the state
+// kernel computes per chunk, on the tensor cores,
+//   u   = U − W·S_sᵀ = T · (β v_s − X · S_sᵀ)     (the chunk's new values; [64 × 32])
 //   o   = (qs ⊙ q) · S_sᵀ + P · u                 (the chunk's outputs of the slice)
 //   S_s ← G · S_s + uᵀ · (ks ⊙ k)
-// reading q, k and v from the inputs (scaled while staged) and W, P, T from the workspace.
+// reading q, k and v from the inputs (scaled as their fragments are read) and T, P and the
+// token factors from the workspace.
 //
 // GEMMs run on mma.sync m16n8k8 TF32 with fp32 accumulation, either split 3xTF32
 // (a = a_hi + a_lo, a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: fp32-level accuracy) or plain TF32
@@ -222,13 +223,15 @@ __device__ __forceinline__ void stage(Load load, Store store) {
 
 // ---- intra-chunk kernel ----------------------------------------------------------------------
 
-template <int K>
+// kG value heads (1 or 2) sharing one key head per block: q, k, their norms and the raw Gram
+// products are computed once for both; masks, decays, β and T per value head.
+template <int K, int kG>
 struct intra_tiles {
   static constexpr int kLdQ = K + 4;  // Q̂ (A of Q̂·K̂ᵀ)
   static constexpr int kLdK = K + 4;  // K̂ (A of K̂·K̂ᵀ, B transposed)
   static constexpr int kLdA = kChunk + 4;
-  static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kChunk * kLdA + 5 * kChunk;
-  static constexpr size_t kBytes = sizeof(double) * kChunk + sizeof(float) * kFloats;
+  static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kG * kChunk * kLdA + (2 + 3 * kG) * kChunk;
+  static constexpr size_t kBytes = sizeof(double) * kG * kChunk + sizeof(float) * kFloats;
 };
 
 // Row b of global chunk gc: the last b with chunk_off[b] <= gc.
@@ -242,24 +245,26 @@ __device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch,
   return lo;
 }
 
-template <bool kSplit, int K>
+// Block (chunk gc, value heads kG·blockIdx.y + [0, kG)).
+template <bool kSplit, int K, int kG>
 __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
                                                          float scale) {
-  using tl = intra_tiles<K>;
+  using tl = intra_tiles<K, kG>;
   constexpr int C = kChunk, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdA = tl::kLdA;
+  static_assert(kG * C <= kThreads, "a thread per (head, token) and per (head, column of T)");
   extern __shared__ double smem_d[];
-  double* cum = smem_d;                               // [C] inclusive Σ g (rows >= n: flat)
-  float* Qs = reinterpret_cast<float*>(cum + C);      // [C][kLdQ]
+  double* cum = smem_d;                               // [kG][C] inclusive Σ g (rows >= n: flat)
+  float* Qs = reinterpret_cast<float*>(cum + kG * C);  // [C][kLdQ]
   float* Ks = Qs + C * kLdQ;                          // [C][kLdK]
-  float* As = Ks + C * kLdK;                          // [C][kLdA] A, then T
-  float* qf = As + C * kLdA;                          // [C] scale / |q|
+  float* As = Ks + C * kLdK;                          // [kG][C][kLdA]
+  float* qf = As + kG * C * kLdA;                     // [C] scale / |q|
   float* kf = qf + C;                                 // [C] 1 / |k|
-  float* beta = kf + C;                               // [C]
-  float* gl = beta + C;                               // [C] log decay
-  float* ecum = gl + C;                               // [C] e^{c}
+  float* beta = kf + C;                               // [kG][C]
+  float* gl = beta + kG * C;                          // [kG][C] log decay
+  float* ecum = gl + kG * C;                          // [kG][C] e^{c}
 
   const int gc = static_cast<int>(blockIdx.x);
-  const int64_t h = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kG;
   if (*ws.overflow != 0 || gc >= ws.chunk_off[p.batch]) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = find_row(ws.chunk_off, p.batch, gc);
@@ -267,8 +272,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   const int64_t t0 = p.query_start_loc[b] + static_cast<int64_t>(kc) * C;
   const int n = min(C, p.query_start_loc[b + 1] - static_cast<int>(t0));
   const int64_t HV = p.heads_v;
-  const int64_t hk = h / (HV / p.heads_k);
-  const int64_t it = static_cast<int64_t>(gc) * HV + h;
+  const int64_t hk = h0 / (HV / p.heads_k);
 
   stage<C, K>(
       [&](int j, int c) {
@@ -279,12 +283,14 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
         Qs[j * kLdQ + c] = v.x;
         Ks[j * kLdK + c] = v.y;
       });
-  if (tid < C) {
+  if (tid < kG * C) {
+    const int hh = tid / C, j = tid % C;
+    const int64_t h = h0 + hh;
     float gv = 0.0f, bv = 0.0f;
-    if (tid < n) {
+    if (j < n) {
       const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
-      gv = -expf(p.A_log[h]) * softplus(p.a[(t0 + tid) * p.a_stride + h] + bias);
-      bv = 1.0f / (1.0f + expf(-p.b[(t0 + tid) * p.b_stride + h]));
+      gv = -expf(p.A_log[h]) * softplus(p.a[(t0 + j) * p.a_stride + h] + bias);
+      bv = 1.0f / (1.0f + expf(-p.b[(t0 + j) * p.b_stride + h]));
     }
     gl[tid] = gv;
     beta[tid] = bv;
@@ -306,19 +312,20 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
       kf[r] = p.qk_l2norm ? 1.0f / sqrtf(sk + kL2Eps) : 1.0f;
     }
   }
-  if (warp == 0) {  // inclusive scan of the log decay in double, two tokens per lane
-    const double a0 = gl[2 * lane], a1 = gl[2 * lane + 1];
+  if (warp < kG) {  // warp hh: inclusive scan of head hh's log decay in double, two tokens per lane
+    const float* glh = gl + warp * C;
+    const double a0 = glh[2 * lane], a1 = glh[2 * lane + 1];
     double run = a0 + a1;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const double v = __shfl_up_sync(0xffffffffu, run, o);
       if (lane >= o) run += v;
     }
-    cum[2 * lane + 1] = run;
-    cum[2 * lane] = run - a1;
+    cum[warp * C + 2 * lane + 1] = run;
+    cum[warp * C + 2 * lane] = run - a1;
   }
   __syncthreads();
-  if (tid < C) ecum[tid] = static_cast<float>(exp(cum[tid]));
+  if (tid < kG * C) ecum[tid] = static_cast<float>(exp(cum[tid]));
   for (int e = tid; e < C * K; e += kThreads) {
     const int j = e / K, c = e % K;
     Qs[j * kLdQ + c] *= qf[j];
@@ -326,72 +333,83 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   }
   __syncthreads();
 
+  if (tid < kG * C) {
+    // Token factors: qs = e^{c}·scale/|q|, ks = e^{c_last − c}/|k|, β, G = e^{c_last},
+    // xs = β·e^{c}/|k| (rows >= n: zeros but G).
+    const int hh = tid / C, j = tid % C;
+    const double* ch = cum + hh * C;
+    const double c_last = ch[C - 1];
+    const bool live = j < n;
+    const int64_t it = static_cast<int64_t>(gc) * HV + h0 + hh;
+    float4* dst = reinterpret_cast<float4*>(ws.tok + (it * C + j) * kTokFields);
+    dst[0] = make_float4(live ? qf[j] * ecum[tid] : 0.0f, live ? static_cast<float>(exp(c_last - ch[j])) * kf[j] : 0.0f,
+                         beta[tid], static_cast<float>(exp(c_last)));
+    dst[1] = make_float4(live ? beta[tid] * ecum[tid] * kf[j] : 0.0f, 0.0f, 0.0f, 0.0f);
+  }
+
   const int r0 = 16 * warp;
-  // A and P rows [r0, r0 + 16): columns j < r0 + 16 from the tensor cores, zeros beyond.
+  // A and P rows [r0, r0 + 16) of each head: columns j < r0 + 16 from the tensor cores (shared
+  // by the heads), zeros beyond.
   {
     float kk[C / 8][4], qk[C / 8][4];
     zero(kk);
     zero(qk);
-    // Columns j < r0 + 16 only (n-tiles past the diagonal block stay zero).
-    const int nt_end = 2 * (warp + 1);
+    const int nt_end = 2 * (warp + 1);  // n-tiles past the diagonal block stay zero
     warp_gemm2<kSplit, C / 8>(
         kk, qk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; },
         [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; }, nt_end);
-    float* Pg = ws.P + it * C * C;
 #pragma unroll
-    for (int nt = 0; nt < C / 8; ++nt) {
+    for (int hh = 0; hh < kG; ++hh) {
+      const double* ch = cum + hh * C;
+      const float* bh = beta + hh * C;
+      float* Ah = As + hh * C * kLdA;
+      float* Pg = ws.P + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half;
-        const int j = 8 * nt + 2 * t;
-        float2 av = make_float2(0.0f, 0.0f), pv = make_float2(0.0f, 0.0f);
+      for (int nt = 0; nt < C / 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int jj = j + e;
-          if (jj <= i) {
-            const float d = expf(static_cast<float>(cum[i] - cum[jj]));
-            const float pe = qk[nt][2 * half + e] * d;
-            const float ae = jj < i ? beta[i] * kk[nt][2 * half + e] * d : 0.0f;
-            if (e == 0) {
-              pv.x = pe;
-              av.x = ae;
-            } else {
-              pv.y = pe;
-              av.y = ae;
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + g + 8 * half;
+          const int j = 8 * nt + 2 * t;
+          float2 av = make_float2(0.0f, 0.0f), pv = make_float2(0.0f, 0.0f);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int jj = j + e;
+            if (jj <= i) {
+              const float d = expf(static_cast<float>(ch[i] - ch[jj]));
+              const float pe = qk[nt][2 * half + e] * d;
+              const float ae = jj < i ? bh[i] * kk[nt][2 * half + e] * d : 0.0f;
+              if (e == 0) {
+                pv.x = pe;
+                av.x = ae;
+              } else {
+                pv.y = pe;
+                av.y = ae;
+              }
             }
           }
+          *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = av;
+          *reinterpret_cast<float2*>(&Pg[i * C + j]) = pv;
         }
-        *reinterpret_cast<float2*>(&As[i * kLdA + j]) = av;
-        *reinterpret_cast<float2*>(&Pg[i * C + j]) = pv;
       }
     }
   }
-  __syncthreads();  // A complete; Q̂ free
+  __syncthreads();  // A complete
 
-  if (tid < C) {
-    // T = (I + A)⁻¹, column m = tid: x_i = δ_im − Σ_{j<i} A_ij x_j (four partial sums, so that
-    // the dependent chain is a quarter as long), written to the workspace row by row.
-    const int m = tid;
-    float* Tg = ws.T + it * C * C;
+  if (tid < kG * C) {
+    // T = (I + A)⁻¹ of head tid / C, column m = tid % C: x_i = δ_im − Σ_{j<i} A_ij x_j (four
+    // partial sums, so that the dependent chain is a quarter as long), written row by row.
+    const int hh = tid / C, m = tid % C;
+    const float* Ah = As + hh * C * kLdA;
+    float* Tg = ws.T + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
     float x[C];
 #pragma unroll
     for (int i = 0; i < C; ++i) {
       float s4[4] = {i == m ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int j = 0; j < i; ++j) s4[j & 3] -= As[i * kLdA + j] * x[j];
+      for (int j = 0; j < i; ++j) s4[j & 3] -= Ah[i * kLdA + j] * x[j];
       x[i] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       Tg[i * C + m] = x[i];
     }
-  } else {
-    // Token factors: qs = e^{c}·scale/|q|, ks = e^{c_last − c}/|k|, β, G = e^{c_last},
-    // xs = β·e^{c}/|k| (rows >= n: zeros but G).
-    const int j = tid - C;
-    const double c_last = cum[C - 1];
-    const bool live = j < n;
-    float4* dst = reinterpret_cast<float4*>(ws.tok + (it * C + j) * kTokFields);
-    dst[0] = make_float4(live ? qf[j] * ecum[j] : 0.0f, live ? static_cast<float>(exp(c_last - cum[j])) * kf[j] : 0.0f,
-                         beta[j], static_cast<float>(exp(c_last)));
-    dst[1] = make_float4(live ? beta[j] * ecum[j] * kf[j] : 0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
 
