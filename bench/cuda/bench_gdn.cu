@@ -2,13 +2,16 @@
 // K = V = 128, fp32 state), as ratios to the copy bandwidth measured in the same run:
 //   - gdn_decode: the recurrent state update at batch 1/16/64/256 (bytes: the state read and
 //     written once per row, plus the token's q, k, v, a, b and output), once per decode kernel
-//     (cuda/gdn_paths.cuh): gdn_decode_grid (one block per tile), gdn_decode_persistent and
-//     gdn_decode_persistent8 (resident blocks striding over tiles, next tile prefetched);
+//     (cuda/gdn_paths.cuh): gdn_decode_grid (one block per tile of 16 rows), gdn_decode_persistent
+//     and gdn_decode_persistent8 (resident blocks striding over tiles, next tile prefetched),
+//     gdn_decode_tiles8 (one block per tile of 32 rows);
 //   - gdn_prefill: the varlen chunked prefill of 16384 tokens as one sequence and as 16 × 1024
 //     (bytes: inputs read and output written once, final states written; the op is
 //     compute-bound, so the time is the figure to compare), once per CUDA path
 //     (cuda/gdn_paths.cuh): gdn_prefill_recurrent (token by token, CUDA cores),
-//     gdn_prefill_tc (chunked on the tensor cores, 3xTF32) and gdn_prefill_tf32 (plain TF32).
+//     gdn_prefill_tc (chunked on the tensor cores, 3xTF32) and gdn_prefill_tf32 (plain TF32);
+//     rows *_plan and *_plan+intra time the first launches of a tensor-core path alone (the
+//     state pass is the full time minus plan+intra).
 //   hyserve-bench-gdn
 #include <cuda_runtime.h>
 
@@ -67,7 +70,8 @@ void bench_decode(cudaStream_t stream, std::vector<bench_row>& rows) {
     gdn_state_update_params p;
     fill_common(p, qkv, ab, a_log, dt_bias, out, slots, bs);
     const double bytes = 4.0 * (2.0 * static_cast<double>(state_elems) + bs * (kQkvDim + 2 * HV + HV * V));
-    for (gdn_decode_path path : {gdn_decode_path::grid, gdn_decode_path::persistent, gdn_decode_path::persistent8}) {
+    for (gdn_decode_path path : {gdn_decode_path::grid, gdn_decode_path::persistent, gdn_decode_path::persistent8,
+                                 gdn_decode_path::tiles8}) {
       const double us = bench::time_call_us(stream, n_sets, [&](int s) {
         p.states = states[static_cast<size_t>(s)].data();
         run_cuda(p, path, stream);
@@ -102,6 +106,14 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows) {
     for (gdn_prefill_path path : {gdn_prefill_path::recurrent, gdn_prefill_path::tc, gdn_prefill_path::tf32}) {
       const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, path, stream); });
       rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path), shape, static_cast<int>(seqs), us, bytes});
+    }
+    // Stages of the tensor-core paths (the state pass is the full time minus plan + intra).
+    for (bool split : {true, false}) {
+      for (int stages : {1, 2}) {
+        const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda_tc_stages(p, split, stages, stream); });
+        rows.push_back({std::string(split ? "gdn_prefill_tc" : "gdn_prefill_tf32") + (stages == 1 ? "_plan" : "_plan+intra"),
+                        shape, static_cast<int>(seqs), us, bytes});
+      }
     }
   }
 }

@@ -280,7 +280,7 @@ int64_t tc_max_tokens() {
 // plan, intra (all chunks), state (row × head × slice); then the recurrent kernel gated on the
 // overflow flag (exits at once unless the batch needed more chunks than reserved).
 template <bool kSplit>
-void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
+void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages = 3) {
   namespace tc = gdn_tc;
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   dispatch(gdn_tc_key_dim_table{}, p.k_dim, "gdn_chunk_scan", "k_dim", [&](auto kd) {
@@ -306,6 +306,10 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
 
     tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
+    if (stages < 2) {
+      CUDA_CHECK(cudaFreeAsync(raw, stream));
+      return;
+    }
     // Two value heads per intra block when consecutive pairs share a key head.
     if ((p.heads_v / p.heads_k) % 2 == 0) {
       const auto kernel = &tc::intra_kernel<kSplit, K, 2>;
@@ -321,6 +325,10 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream) {
       const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v));
       kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
       HYSERVE_CUDA_CHECK_LAUNCH();
+    }
+    if (stages < 3) {
+      CUDA_CHECK(cudaFreeAsync(raw, stream));
+      return;
     }
     {
       // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.
@@ -381,11 +389,21 @@ void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* strea
 
 void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, gdn_prefill_path::automatic, stream); }
 
+void run_cuda_tc_stages(const gdn_chunk_scan_params& p, bool split, int stages, void* stream) {
+  constexpr const char* op = "gdn_chunk_scan";
+  check_gdn_common(p, op);
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  if (!tc_supports(p)) fail(op, "k_dim", p.k_dim, "not a key dim of the tensor-core prefill");
+  if (split) launch_gdn_tc<true>(p, as_stream(stream), stages);
+  else launch_gdn_tc<false>(p, as_stream(stream), stages);
+}
+
 gdn_decode_path gdn_decode_default_path() {
   static const gdn_decode_path path = [] {
     const char* e = std::getenv("HYSERVE_GDN_DECODE");
     if (e != nullptr && std::strcmp(e, "persistent") == 0) return gdn_decode_path::persistent;
     if (e != nullptr && std::strcmp(e, "persistent8") == 0) return gdn_decode_path::persistent8;
+    if (e != nullptr && std::strcmp(e, "tiles8") == 0) return gdn_decode_path::tiles8;
     return gdn_decode_path::grid;
   }();
   return path;
@@ -397,28 +415,34 @@ const char* gdn_decode_path_name(gdn_decode_path path) {
     case gdn_decode_path::grid: return "grid";
     case gdn_decode_path::persistent: return "persistent";
     case gdn_decode_path::persistent8: return "persistent8";
+    case gdn_decode_path::tiles8: return "tiles8";
   }
   return "?";
 }
 
 namespace {
 
-template <int kR>
-void launch_gdn_decode_persistent(const gdn_state_update_params& p, cudaStream_t stream) {
+// kPrefetch: resident blocks stride over the tiles; else one block per tile.
+template <int kR, bool kPrefetch = true>
+void launch_gdn_decode_tiles(const gdn_state_update_params& p, cudaStream_t stream) {
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   dispatch(gdn_key_dim_table{}, p.k_dim, "gdn_state_update", "k_dim", [&](auto kd) {
     constexpr int K = decltype(kd)::value;
     if constexpr (kR <= gdn_dec::geom<K, 1>::L) {
-      const auto kernel = &gdn_dec::decode_kernel<K, kR>;
+      const auto kernel = &gdn_dec::decode_kernel<K, kR, kPrefetch>;
       const int z_blocks = static_cast<int>(ceil_div(p.v_dim, gdn_dec::geom<K, kR>::kRowsPerBlock));
       const int64_t n_tiles = p.batch * p.heads_v * z_blocks;
-      int per_sm = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, gdn_dec::kThreads, 0));
-      const int64_t grid = std::min<int64_t>(n_tiles, static_cast<int64_t>(sm_count()) * std::max(per_sm, 1));
+      int64_t grid = n_tiles;
+      if constexpr (kPrefetch) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, gdn_dec::kThreads, 0));
+        grid = std::min<int64_t>(n_tiles, static_cast<int64_t>(sm_count()) * std::max(per_sm, 1));
+      }
+      if (grid > 0x7fffffff) fail("gdn_state_update", "batch", p.batch, "too many tiles for the CUDA grid");
       kernel<<<static_cast<unsigned>(grid), gdn_dec::kThreads, 0, stream>>>(p, scale, z_blocks, n_tiles);
       HYSERVE_CUDA_CHECK_LAUNCH();
     } else {
-      launch_gdn_decode_persistent<4>(p, stream);  // K too small for kR rows per lane segment
+      launch_gdn_decode_tiles<4, kPrefetch>(p, stream);  // K too small for kR rows per lane segment
     }
   });
 }
@@ -430,9 +454,11 @@ void run_cuda(const gdn_state_update_params& p, gdn_decode_path path, void* stre
   check_gdn_common(p, op);
   if (path == gdn_decode_path::automatic) path = gdn_decode_default_path();
   if (path == gdn_decode_path::persistent) {
-    launch_gdn_decode_persistent<4>(p, as_stream(stream));
+    launch_gdn_decode_tiles<4>(p, as_stream(stream));
   } else if (path == gdn_decode_path::persistent8) {
-    launch_gdn_decode_persistent<8>(p, as_stream(stream));
+    launch_gdn_decode_tiles<8>(p, as_stream(stream));
+  } else if (path == gdn_decode_path::tiles8) {
+    launch_gdn_decode_tiles<8, false>(p, as_stream(stream));
   } else {
     launch_gdn(p, nullptr, nullptr, op, as_stream(stream));
   }

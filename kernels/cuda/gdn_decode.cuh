@@ -45,7 +45,8 @@ struct tile_regs {
   int row0;
 };
 
-template <int K, int kR>
+// kPrefetch false: one tile per block (grid = tiles), no second tile's registers.
+template <int K, int kR, bool kPrefetch = true>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const gdn_state_update_params p, float scale, int z_blocks,
                                                           int64_t n_tiles) {
   using ge = geom<K, kR>;
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const gdn_state_update
   int64_t tile = blockIdx.x;
   load(tile, cur);
   for (; tile < n_tiles; tile += gridDim.x) {
-    load(tile + gridDim.x, nxt);  // in flight while this tile is computed and stored
+    if constexpr (kPrefetch) load(tile + gridDim.x, nxt);  // in flight while this tile is computed and stored
     if (cur.slot >= 0) {
       float sum[kSums];
 #pragma unroll
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const gdn_state_update
         if (live && seg_lane == r) out[cur.row0 + r] = o;
       }
     }
+    if constexpr (!kPrefetch) break;
     cur = nxt;
   }
 }

@@ -3,8 +3,8 @@
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
 // takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32;
 // unset or anything else: tc); run_cuda(gdn_state_update_params) takes
-// gdn_decode_default_path(), from HYSERVE_GDN_DECODE (grid | persistent | persistent8; unset or
-// anything else: grid).
+// gdn_decode_default_path(), from HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8;
+// unset or anything else: grid).
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the
 // recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which.
 // CUDA-free (host declarations only): reachable as "cuda/gdn_paths.cuh" by whoever links the
@@ -29,11 +29,17 @@ bool gdn_prefill_tc_supports(const gdn_chunk_scan_params& p);
 
 const char* gdn_prefill_path_name(gdn_prefill_path path);
 
+// Benchmark aid: the tensor-core prefill's launches up to `stages` only (1: plan, 2: plan and
+// the intra-chunk kernel, 3: everything), for timing the stages by difference. With stages < 3
+// outputs and states are not computed.
+void run_cuda_tc_stages(const gdn_chunk_scan_params& p, bool split, int stages, void* stream = nullptr);
+
 enum class gdn_decode_path {
   automatic,    // gdn_decode_default_path()
   grid,         // one block per (value head, row, slice of 16 value rows)
   persistent,   // resident blocks stride over the tiles, next tile loaded while one is stored; 4 rows per lane
   persistent8,  // the same with 8 rows per lane (32 value rows per tile)
+  tiles8,       // one block per tile of 32 value rows (8 per lane), no prefetch
 };
 
 void run_cuda(const gdn_state_update_params& p, gdn_decode_path path, void* stream = nullptr);

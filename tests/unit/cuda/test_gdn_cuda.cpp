@@ -379,7 +379,7 @@ TEST_P(GdnStateUpdateCuda, MatchesCpu) {
   const update_case& c = GetParam();
   // The default kernel, then each decode kernel explicitly, each on fresh inputs.
   for (gdn_decode_path path : {gdn_decode_path::automatic, gdn_decode_path::grid, gdn_decode_path::persistent,
-                               gdn_decode_path::persistent8}) {
+                               gdn_decode_path::persistent8, gdn_decode_path::tiles8}) {
     SCOPED_TRACE(gdn_decode_path_name(path));
     const int64_t n_slots = c.batch + 3;
     gdn_problem prob(c.batch, c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots, 700u + static_cast<uint32_t>(c.batch));
