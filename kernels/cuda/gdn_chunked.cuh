@@ -98,16 +98,22 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_a
   }
 }
 
-// Two products sharing B: acc1 += A1 · B, acc2 += A2 · B (same fragments as warp_gemm; B is
-// read and split once).
+// Two products sharing B, acc1 += A1 · B and acc2 += A2 · B (B read and split once), for
+// operands contiguous along k (A rows and Bᵀ rows in shared memory): the k-slots
+// t and t+4 of a fragment take the adjacent elements 2t and 2t+1 of each 8-wide k step (the
+// same permutation for A and B leaves the product unchanged), so each fragment pair is one
+// 8-byte load. a1_at2(r, k), a2_at2(r, k) and b_at2(k, n) return the float2 at (r or n, k..k+1),
+// k even. Conflict-free for row strides ≡ 8 (mod 32) floats.
 template <bool kSplit, int NT, class FA1, class FA2, class FB>
-__device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[NT][4], int k_end, FA1 a1_at, FA2 a2_at,
-                                           FB b_at, int nt_end = NT) {
+__device__ __forceinline__ void warp_gemm2_kc(float (&acc1)[NT][4], float (&acc2)[NT][4], int k_end, FA1 a1_at2,
+                                              FA2 a2_at2, FB b_at2, int nt_end = NT) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll 2
   for (int k = 0; k < k_end; k += 8) {
-    const float a1[4] = {a1_at(g, k + t), a1_at(g + 8, k + t), a1_at(g, k + t + 4), a1_at(g + 8, k + t + 4)};
-    const float a2[4] = {a2_at(g, k + t), a2_at(g + 8, k + t), a2_at(g, k + t + 4), a2_at(g + 8, k + t + 4)};
+    const float2 p0 = a1_at2(g, k + 2 * t), p1 = a1_at2(g + 8, k + 2 * t);
+    const float2 q0 = a2_at2(g, k + 2 * t), q1 = a2_at2(g + 8, k + 2 * t);
+    const float a1[4] = {p0.x, p1.x, p0.y, p1.y};
+    const float a2[4] = {q0.x, q1.x, q0.y, q1.y};
     uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -119,10 +125,10 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n >= nt_end) continue;
-      const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
-      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      const float2 bb = b_at2(k + 2 * t, 8 * n + g);
+      const uint32_t b0h = to_tf32(bb.x), b1h = to_tf32(bb.y);
       if constexpr (kSplit) {
-        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
+        const uint32_t b0l = to_tf32(bb.x - __uint_as_float(b0h)), b1l = to_tf32(bb.y - __uint_as_float(b1h));
         mma_tf32(acc1[n], a1lo, b0h, b1h);
         mma_tf32(acc1[n], a1hi, b0l, b1l);
         mma_tf32(acc2[n], a2lo, b0h, b1h);
@@ -227,8 +233,8 @@ __device__ __forceinline__ void stage(Load load, Store store) {
 // products are computed once for both; masks, decays, β and T per value head.
 template <int K, int kG>
 struct intra_tiles {
-  static constexpr int kLdQ = K + 4;  // Q̂ (A of Q̂·K̂ᵀ)
-  static constexpr int kLdK = K + 4;  // K̂ (A of K̂·K̂ᵀ, B transposed)
+  static constexpr int kLdQ = K + 8;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
+  static constexpr int kLdK = K + 8;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
   static constexpr int kLdA = kChunk + 4;
   static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kG * kChunk * kLdA + (2 + 3 * kG) * kChunk;
   static constexpr size_t kBytes = sizeof(double) * kG * kChunk + sizeof(float) * kFloats;
@@ -355,9 +361,10 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     zero(kk);
     zero(qk);
     const int nt_end = 2 * (warp + 1);  // n-tiles past the diagonal block stay zero
-    warp_gemm2<kSplit, C / 8>(
-        kk, qk, K, [&](int r, int k) { return Ks[(r0 + r) * kLdK + k]; },
-        [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k]; }, [&](int k, int j) { return Ks[j * kLdK + k]; }, nt_end);
+    warp_gemm2_kc<kSplit, C / 8>(
+        kk, qk, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
+        [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
+        [&](int k, int j) { return *reinterpret_cast<const float2*>(&Ks[j * kLdK + k]); }, nt_end);
 #pragma unroll
     for (int hh = 0; hh < kG; ++hh) {
       const double* ch = cum + hh * C;
@@ -427,11 +434,11 @@ __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_g
 
 template <int K>
 struct state_tiles {
-  static constexpr int kLdQ = K + 4;       // q (A)
-  static constexpr int kLdK = K + 8;       // k (B k-major in the update; A of X·Sᵀ, 2-way conflicts)
+  static constexpr int kLdQ = K + 8;       // q (A, 8-byte fragment loads)
+  static constexpr int kLdK = K + 8;       // k (B k-major in the update; A of X·Sᵀ, 8-byte loads)
   static constexpr int kLdT = kChunk + 4;  // T, P (A)
   static constexpr int kLdY = kSlice + 8;  // v, z, u (B k-major; u also A read transposed)
-  static constexpr int kLdS = K + 4;       // S slice (B read transposed)
+  static constexpr int kLdS = K + 8;       // S slice (B read transposed, 8-byte loads)
   static constexpr int kFloats =
       kChunk * (kLdQ + 2 * kLdK + 2 * kLdT + 3 * kLdY + 2 * kTokFields) + kSlice * kLdS;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
@@ -600,10 +607,23 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
     float z[2][4], o[2][4];
     zero(z);
     zero(o);
-    warp_gemm2<kSplit, 2>(
-        z, o, K, [&](int r, int k) { return -(Ks[(r0 + r) * kLdK + k] * tk[(r0 + r) * kTokFields + 4]); },
-        [&](int r, int k) { return Qs[(r0 + r) * kLdQ + k] * tk[(r0 + r) * kTokFields]; },
-        [&](int k, int c) { return Ss[(c0 + c) * kLdS + k]; });
+    {
+      const float xs0 = -tk[(r0 + g) * kTokFields + 4], xs1 = -tk[(r0 + g + 8) * kTokFields + 4];
+      const float qs0 = tk[(r0 + g) * kTokFields], qs1 = tk[(r0 + g + 8) * kTokFields];
+      warp_gemm2_kc<kSplit, 2>(
+          z, o, K,
+          [&](int r, int k) {
+            const float2 v = *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]);
+            const float f = r < 8 ? xs0 : xs1;
+            return make_float2(v.x * f, v.y * f);
+          },
+          [&](int r, int k) {
+            const float2 v = *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]);
+            const float f = r < 8 ? qs0 : qs1;
+            return make_float2(v.x * f, v.y * f);
+          },
+          [&](int k, int c) { return *reinterpret_cast<const float2*>(&Ss[(c0 + c) * kLdS + k]); });
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
