@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "dispatch.h"
@@ -310,22 +311,23 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
       CUDA_CHECK(cudaFreeAsync(raw, stream));
       return;
     }
-    // Two value heads per intra block when consecutive pairs share a key head.
-    if ((p.heads_v / p.heads_k) % 2 == 0) {
-      const auto kernel = &tc::intra_kernel<kSplit, K, 2>;
-      constexpr size_t smem = tc::intra_tiles<K, 2>::kBytes;
+    // Two value heads per intra block when consecutive pairs share a key head; q and k staged
+    // with cp.async when their rows are 16-byte aligned.
+    const bool vec_qk = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
+    auto launch_intra = [&](auto g2, auto vq) {
+      constexpr int kG = decltype(g2)::value ? 2 : 1;
+      const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value>;
+      constexpr size_t smem = tc::intra_tiles<K, kG>::kBytes;
       reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-      const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / 2));
+      const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
       kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
       HYSERVE_CUDA_CHECK_LAUNCH();
-    } else {
-      const auto kernel = &tc::intra_kernel<kSplit, K, 1>;
-      constexpr size_t smem = tc::intra_tiles<K, 1>::kBytes;
-      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-      const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v));
-      kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
-      HYSERVE_CUDA_CHECK_LAUNCH();
-    }
+    };
+    const bool pairs = (p.heads_v / p.heads_k) % 2 == 0;
+    if (pairs && vec_qk) launch_intra(std::true_type{}, std::true_type{});
+    else if (pairs) launch_intra(std::true_type{}, std::false_type{});
+    else if (vec_qk) launch_intra(std::false_type{}, std::true_type{});
+    else launch_intra(std::false_type{}, std::false_type{});
     if (stages < 3) {
       CUDA_CHECK(cudaFreeAsync(raw, stream));
       return;

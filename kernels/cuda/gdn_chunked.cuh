@@ -153,6 +153,16 @@ struct float4x2 {
 };
 __device__ __forceinline__ float4x2 make_float4x2(float4 a, float4 b) { return {a, b}; }
 
+// 16-byte asynchronous copies to shared memory (full = false: the 16 bytes are zero-filled,
+// nothing is read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // ---- workspace and plan ----------------------------------------------------------------------
 
 struct workspace {
@@ -251,8 +261,9 @@ __device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch,
   return lo;
 }
 
-// Block (chunk gc, value heads kG·blockIdx.y + [0, kG)).
-template <bool kSplit, int K, int kG>
+// Block (chunk gc, value heads kG·blockIdx.y + [0, kG)). kVec: q and k rows are 16-byte aligned
+// (staged with cp.async), else read element by element.
+template <bool kSplit, int K, int kG, bool kVec>
 __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
                                                          float scale) {
   using tl = intra_tiles<K, kG>;
@@ -280,15 +291,25 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   const int64_t HV = p.heads_v;
   const int64_t hk = h0 / (HV / p.heads_k);
 
-  stage<C, K>(
-      [&](int j, int c) {
-        return j < n ? make_float2(p.q[(t0 + j) * p.q_stride + hk * K + c], p.k[(t0 + j) * p.k_stride + hk * K + c])
-                     : make_float2(0.0f, 0.0f);
-      },
-      [&](int j, int c, float2 v) {
-        Qs[j * kLdQ + c] = v.x;
-        Ks[j * kLdK + c] = v.y;
-      });
+  if constexpr (kVec) {
+    for (int e = tid; e < C * (K / 4); e += kThreads) {
+      const int j = e / (K / 4), c = 4 * (e % (K / 4));
+      const bool full = j < n;
+      cp_async16(&Qs[j * kLdQ + c], full ? p.q + (t0 + j) * p.q_stride + hk * K + c : p.q, full);
+      cp_async16(&Ks[j * kLdK + c], full ? p.k + (t0 + j) * p.k_stride + hk * K + c : p.k, full);
+    }
+    cp_async_commit();
+  } else {
+    stage<C, K>(
+        [&](int j, int c) {
+          return j < n ? make_float2(p.q[(t0 + j) * p.q_stride + hk * K + c], p.k[(t0 + j) * p.k_stride + hk * K + c])
+                       : make_float2(0.0f, 0.0f);
+        },
+        [&](int j, int c, float2 v) {
+          Qs[j * kLdQ + c] = v.x;
+          Ks[j * kLdK + c] = v.y;
+        });
+  }
   if (tid < kG * C) {
     const int hh = tid / C, j = tid % C;
     const int64_t h = h0 + hh;
@@ -301,6 +322,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     gl[tid] = gv;
     beta[tid] = bv;
   }
+  if constexpr (kVec) cp_async_wait0();
   __syncthreads();
 
   // Norms: warp w, rows [16w, 16w + 16).
@@ -425,12 +447,6 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 constexpr int kStateWarps = 8;
 constexpr int kStateThreads = 32 * kStateWarps;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 template <int K>
 struct state_tiles {
