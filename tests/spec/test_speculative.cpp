@@ -29,11 +29,19 @@ namespace spec = coordinator::spec;
 // Speculation variants under test.
 enum class variant { kPlain, kNgram, kNgramTree, kDraftModel };
 
-service_config fixture_config(const std::string& fixture, variant v) {
+// Storage types: f32 throughout; bf16 weights and KV cache with an f32 SSM state; bf16 weights,
+// KV cache and SSM state (Mamba2 only: Gated DeltaNet state stays f32).
+enum class precision { kF32, kBf16, kBf16State };
+
+service_config fixture_config(const std::string& fixture, variant v, precision prec = precision::kF32) {
+  const char* dtypes = prec == precision::kF32 ? ""
+                       : prec == precision::kBf16 ? ", kv_dtype: bfloat16"
+                                                  : ", kv_dtype: bfloat16, ssm_state_dtype: bfloat16";
   std::string yaml = "model: {path: " + fixture_dir(fixture) +
+                     (prec == precision::kF32 ? "" : ", dtype: bfloat16") +
                      "}\n"
                      "device: cpu\n"
-                     "cache: {page_size: 16, max_requests: 64, max_context: 512}\n"
+                     "cache: {page_size: 16, max_requests: 64, max_context: 512" + dtypes + "}\n"
                      "scheduler: {max_batch_tokens: 512, max_running: 64, chunked_prefill: 64, max_queue: 1024}\n";
   switch (v) {
     case variant::kPlain: break;
@@ -170,6 +178,58 @@ INSTANTIATE_TEST_SUITE_P(Models, SpecGreedy,
                                             ::testing::Values(variant::kNgram, variant::kNgramTree,
                                                               variant::kDraftModel)),
                          spec_case_name);
+
+// bf16 storage (model.dtype: bfloat16, cache.kv_dtype: bfloat16, and for Bamba also
+// cache.ssm_state_dtype: bfloat16): greedy speculative output equals plain bf16 decoding token
+// for token. On the CPU this holds exactly: activations are f32, the bf16 weights are widened
+// exactly before the f32 GEMM (whose per-row result does not depend on the batch shape), the
+// KV cache is written and read the same way in verify and decode, and per-step SSM states are
+// stored in the state type after every token, as decode stores them in the slot.
+using bf16_param = std::tuple<const char*, variant, precision>;
+
+class SpecGreedyBf16 : public ::testing::TestWithParam<bf16_param> {};
+
+TEST_P(SpecGreedyBf16, FixtureAndRandomPromptsMatchPlainBf16Decoding) {
+  const auto [fixture, alg, prec] = GetParam();
+  std::vector<gen_request> reqs;
+  for (const auto& p : load_reference_prompts(fixture)) {
+    gen_request g;
+    g.prompt = p.input_ids;
+    g.sampling.max_new_tokens = static_cast<int32_t>(p.greedy_ids.size());
+    g.sampling.ignore_eos = true;
+    reqs.push_back(g);
+  }
+  spec_service plain_svc(fixture_config(fixture, variant::kPlain, prec));
+  const std::vector<gen_request> random = random_requests(plain_svc.config().vocab_size, 1234);
+  reqs.insert(reqs.end(), random.begin(), random.end());
+  const auto plain = plain_svc.run(reqs);
+  spec_service spec_svc(fixture_config(fixture, alg, prec));
+  const auto got = spec_svc.run(reqs);
+  expect_same(plain, got, std::string(fixture) + " bf16");
+  EXPECT_GT(total(got, &generation::drafted), 0);
+  EXPECT_GT(total(got, &generation::accepted), 0);
+  const auto& modes = spec_svc.link().modes;
+  EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{4}), 0) << "no target_verify step";
+  if (alg == variant::kNgramTree) {
+    EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+}
+
+std::string bf16_case_name(const ::testing::TestParamInfo<bf16_param>& info) {
+  const auto& [fixture, alg, prec] = info.param;
+  return spec_case_name(::testing::TestParamInfo<std::tuple<const char*, variant>>({fixture, alg}, info.index)) +
+         (prec == precision::kBf16State ? "_bf16_state" : "_bf16");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyBf16,
+                         ::testing::Values(bf16_param{"bamba-tiny", variant::kNgram, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kNgramTree, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kDraftModel, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kNgram, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kNgram, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kNgramTree, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kDraftModel, precision::kBf16}),
+                         bf16_case_name);
 
 // A prompt without any repeated token and one new token: no round ever has a draft, so the
 // speculative service runs ordinary decode plans and matches plain decoding.

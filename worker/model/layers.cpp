@@ -424,7 +424,8 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     kernels::run(c, ctx);
     kernels::selective_state_update_multi_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
-    s.step_states = steps->ssm.as<float>();
+    HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
+    s.step_states = steps->ssm.data();
     s.retrieve_parent = c.retrieve_parent;
     s.first_step = c.first_step;
     s.tokens_per_row = in.spec_tokens_per_row;
