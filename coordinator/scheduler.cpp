@@ -233,13 +233,14 @@ void scheduler::schedule_group(int g) {
     const request_state& r = requests_.at(id);
     (r.total_len() - r.consumed == 1 && r.consumed > 0 ? decode_ids : prefill_ids).push_back(id);
   }
-  if (spec_enabled() && !decode_ids.empty() && (prefill_ids.empty() || gs.last_was_prefill)) {
-    gs.last_was_prefill = false;
-    if (start_round(g, decode_ids)) return;
-    schedule_plain(g, decode_ids, {});  // nobody has drafts: an ordinary decode step
+  // Speculative rounds carry the prefill chunks of the other requests in their verify step;
+  // a round without drafts is an ordinary Decode or Mixed step.
+  if (spec_enabled() && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
+    if (start_round(g, decode_ids, prefill_ids)) return;
+    schedule_plain(g, decode_ids, prefill_ids);
     return;
   }
-  gs.last_was_prefill = !prefill_ids.empty();
+  gs.prefill_starved = false;
   schedule_plain(g, decode_ids, prefill_ids);
 }
 
@@ -251,18 +252,9 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   gs.step_tokens.clear();
   gs.kind = group_state::step_kind::kPlain;
   auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
-    wire::plan_row row = base_row(r);
-    for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
-    if (!r.pages_sent) {
-      row.first_page_pos = 0;
-      row.new_pages = r.pages;
-      row.reset_state = true;
-      r.pages_sent = true;
-    }
+    wire::plan_row row = prefill_row(r, n);
     row.is_decode = is_decode;
-    row.dense_attention = !r.req.sampling.sparse;
     plan.rows.push_back(std::move(row));
-    r.in_step = true;
     gs.step_rows.push_back(r.req.id);
     gs.step_tokens.push_back(n);
     budget -= n;
@@ -296,11 +288,25 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   send_plan(g, plan, mode);
 }
 
+wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
+  wire::plan_row row = base_row(r);
+  for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
+  if (!r.pages_sent) {
+    row.first_page_pos = 0;
+    row.new_pages = r.pages;
+    row.reset_state = true;
+    r.pages_sent = true;
+  }
+  row.dense_attention = !r.req.sampling.sparse;
+  r.in_step = true;
+  return row;
+}
+
 // Starts a speculative round over the decode-ready requests. n-gram: one TargetVerify step with
 // the drafts found by prompt lookup. draft_model: Draft steps 0..k (step j consumes the last
 // accepted token, then draft j, and proposes draft j+1; the extra step k lets the draft's state
 // reach every accepted length), then TargetVerify. Returns false when no request drafts.
-bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids) {
+bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   const speculative_section& sc = cfg_.speculative;
   const int32_t ps = hellos_.front().page_size;
@@ -325,6 +331,7 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids) {
   }
   if (most == 0) return false;
   gs.round_ids = decode_ids;
+  gs.round_prefill = prefill_ids;
   gs.round_step = 0;
   if (sc.algorithm == speculative_algorithm::kDraftModel) {
     gs.round_k = std::min(most, cap_all);
@@ -389,6 +396,25 @@ void scheduler::send_round_step(int g) {
     r.in_step = true;
     gs.step_rows.push_back(id);
     gs.step_tokens.push_back(0);
+  }
+  if (verify && !gs.round_prefill.empty()) {
+    // Prefill chunks of the other requests ride in the verify step as extend rows.
+    int32_t budget = cfg_.scheduler.max_batch_tokens - static_cast<int32_t>(gs.round_ids.size()) * (k + 1);
+    for (uint64_t id : gs.round_prefill) {
+      if (budget <= 0) break;
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      request_state& r = it->second;
+      const int32_t n = std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget});
+      if (n <= 0) continue;
+      plan.rows.push_back(prefill_row(r, n));
+      gs.step_rows.push_back(id);
+      gs.step_tokens.push_back(n);
+      budget -= n;
+      ++plan.extend_rows;
+    }
+    gs.prefill_starved = plan.extend_rows == 0;
+    gs.round_prefill.clear();
   }
   send_plan(g, plan, verify ? "target_verify" : "draft");
 }
@@ -500,6 +526,15 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
       return;
     case group_state::step_kind::kVerify:
       handle_verify(g, *res);
+      // Extend rows after the verify rows: prefill chunks, as in a plain step.
+      for (size_t i = gs.round_ids.size(); i < ids.size(); ++i) {
+        auto it = requests_.find(ids[i]);
+        if (it == requests_.end()) continue;
+        request_state& r = it->second;
+        r.consumed += gs.step_tokens[i];
+        if (r.consumed < r.total_len()) continue;
+        emit(r, {res->rows[i].tokens.at(0)});
+      }
       return;
     case group_state::step_kind::kPlain:
       break;

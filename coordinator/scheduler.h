@@ -2,8 +2,9 @@
 // Continuous-batching scheduler (DESIGN.md §3, §5). Runs on the thread that owns MPI; HTTP
 // threads only enqueue submissions and cancellations. It owns the memory bookkeeping of every
 // data-parallel group (request slots, mamba slots, KV pages), builds one step plan per idle
-// group (Extend, Decode or Mixed with chunked prefill), and turns step results into request
-// events.
+// group (Extend, Decode or Mixed with chunked prefill; with speculation, Draft and TargetVerify
+// steps whose verify rows share the step with prefill chunks), and turns step results into
+// request events.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -92,7 +93,12 @@ class scheduler final : public frontend {
     bool round_active = false;
     std::vector<uint64_t> round_ids;
     int32_t round_k = 0, round_step = 0;
-    bool last_was_prefill = false;
+    // Requests in prefill when the round started: their next chunks ride in the round's
+    // TargetVerify step as extend rows (DESIGN.md §4 mixed batches), within max_batch_tokens.
+    std::vector<uint64_t> round_prefill;
+    // The last verify step had prefill waiting but no token budget left for it: the next step
+    // is a plain one that carries the prefill, so it cannot starve.
+    bool prefill_starved = false;
   };
 
   void take_submissions();
@@ -100,7 +106,9 @@ class scheduler final : public frontend {
   void admit();
   void schedule_group(int g);
   void schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
-  bool start_round(int g, const std::vector<uint64_t>& decode_ids);
+  bool start_round(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
+  // The next prefill chunk of r (at most max_tokens tokens) as a plan row; marks r in the step.
+  wire::plan_row prefill_row(request_state& r, int32_t n);
   void send_round_step(int g);
   void send_plan(int g, wire::step_plan& plan, const char* mode);
   wire::plan_row base_row(request_state& r) const;

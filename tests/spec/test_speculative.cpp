@@ -165,9 +165,17 @@ TEST_P(SpecGreedy, RandomPromptsStopIdsAndLengthsMatchPlainDecoding) {
   const auto& modes = spec_svc.link().modes;
   EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{4}), 0) << "no target_verify step";
   EXPECT_GT(spec_svc.link().plans_with_commits, 0);
-  if (alg == variant::kDraftModel)
+  if (alg == variant::kDraftModel) {
     EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{6}), 0) << "no draft step";
-  if (alg == variant::kNgramTree) EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  if (alg == variant::kNgramTree) {
+    EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  // Mixed batches: requests still in prefill (long prompts, 64-token chunks) shared verify steps
+  // with requests that were verifying drafts, and the outputs above still equal plain decoding.
+  EXPECT_GT(spec_svc.link().mixed_verify_plans, 0) << "no verify step carried prefill rows";
+  std::printf("%s: %d verify steps with prefill rows of %lld verify steps\n", spec_case_name({GetParam(), 0}).c_str(),
+              spec_svc.link().mixed_verify_plans, static_cast<long long>(std::count(modes.begin(), modes.end(), uint8_t{4})));
   int stopped = 0;
   for (const auto& g : got) stopped += g.reason == finish_reason::kStop;
   EXPECT_GT(stopped, 0);
@@ -213,6 +221,7 @@ TEST_P(SpecGreedyBf16, FixtureAndRandomPromptsMatchPlainBf16Decoding) {
   if (alg == variant::kNgramTree) {
     EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
   }
+  EXPECT_GT(spec_svc.link().mixed_verify_plans, 0) << "no verify step carried prefill rows";
 }
 
 std::string bf16_case_name(const ::testing::TestParamInfo<bf16_param>& info) {
@@ -313,8 +322,9 @@ TEST(SpecSampling, TemperatureOneDistributionIsPreserved) {
     // tokens, so some are accepted at temperature 1. n-gram drafts on this small random model
     // rarely are; the acceptance path is the same code for both algorithms.
     EXPECT_GT(total(got, &generation::drafted), 0);
-    if (alg == variant::kDraftModel)
+    if (alg == variant::kDraftModel) {
       EXPECT_GT(total(got, &generation::accepted), 0) << "no draft was accepted; the test would be vacuous";
+    }
     std::printf("chi-square arm %d: drafted %lld, accepted %lld\n", static_cast<int>(alg),
                 static_cast<long long>(total(got, &generation::drafted)),
                 static_cast<long long>(total(got, &generation::accepted)));

@@ -56,6 +56,7 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
   batch.mode = forward_mode_from_byte(plan.mode);
   batch.draft_len = plan.draft_len;
   batch.is_tree = plan.is_tree;
+  batch.extend_rows = plan.extend_rows;
   // Commits of the previous verify / draft steps come first: they finish the previous round.
   auto commit = [&](const std::vector<wire::commit_op>& ops, state_pools& pools, const model& m) {
     if (ops.empty()) return;
@@ -158,15 +159,24 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
   res.pages_read = attention.pages_read;
   if (mirror_draft) (void)draft_->forward(batch, meta, draft_pools_.context(), forward_options{});
+  if (draft_ && batch.mode == forward_mode::kTargetVerify && batch.extend_rows > 0) {
+    // The prefill chunks riding in the verify step run on the draft model as an Extend step,
+    // so its cache covers the same tokens.
+    forward_batch ext;
+    ext.mode = forward_mode::kExtend;
+    ext.rows.assign(batch.rows.end() - batch.extend_rows, batch.rows.end());
+    (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
+  }
   const int64_t vocab = model_->config().vocab_size;
-  // One logit row per row (per token for TargetVerify), in row order.
-  const size_t per_row = meta.logit_token_indices.size() / std::max<size_t>(batch.rows.size(), 1);
+  // Logit rows of each row (one, or one per token of a verify row), in row order.
   for (size_t b = 0; b < batch.rows.size(); ++b) {
     wire::row_result rr;
     rr.request_id = batch.rows[b].request_id;
     const wire::plan_row& pr = plan.rows[b];
+    const auto first = static_cast<size_t>(meta.logit_row_start[b]);
+    const auto per_row = static_cast<size_t>(meta.logit_row_start[b + 1]) - first;
     for (size_t j = 0; j < per_row; ++j) {
-      const float* row = logits.as<float>() + static_cast<int64_t>(b * per_row + j) * vocab;
+      const float* row = logits.as<float>() + static_cast<int64_t>(first + j) * vocab;
       kernels::sample_params sp;
       sp.logits = row;
       sp.vocab = vocab;

@@ -97,9 +97,15 @@ struct step_plan {
   // Tree drafts: KV entries of the accepted path moved from node order to depth order (target
   // model, every attention layer), applied after the commits. Same extension.
   std::vector<kv_move_op> kv_moves;
+  // TargetVerify mixed with prefill: the last extend_rows rows are prefill chunks (extend rows:
+  // any token count, their prefix from the slot, one logit row each) that ride in the verify
+  // step after its verify rows. Travels in an optional trailing extension (tag
+  // kPlanExtensionMixed) present only when non-zero.
+  int32_t extend_rows = 0;
 };
 
 inline constexpr uint8_t kPlanExtensionSpec = 1;
+inline constexpr uint8_t kPlanExtensionMixed = 2;
 
 struct row_result {
   int64_t request_id = -1;
