@@ -241,6 +241,7 @@ void validate(const step_plan& m) {
   check_size(m.draft_commits.size(), kMaxRows, {nullptr, 0, "step_plan.draft_commits"});
   check_size(m.kv_moves.size(), kMaxRows, {nullptr, 0, "step_plan.kv_moves"});
   check_at_least(m.extend_rows, 0, {nullptr, 0, "step_plan.extend_rows"});
+  check_at_least(m.draft_width, 1, {nullptr, 0, "step_plan.draft_width"});
   if (static_cast<size_t>(m.extend_rows) > m.rows.size())
     fail("step_plan.extend_rows = " + std::to_string(m.extend_rows) + " exceeds the " + std::to_string(m.rows.size()) +
          " rows of the plan");
@@ -386,6 +387,10 @@ std::vector<uint8_t> encode(const step_plan& m) {
     w.u8(kPlanExtensionMixed);
     w.i32(m.extend_rows);
   }
+  if (m.draft_width > 1) {
+    w.u8(kPlanExtensionDraftWidth);
+    w.i32(m.draft_width);
+  }
   return w.finish(message_type::kStepPlan);
 }
 
@@ -475,11 +480,11 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     const size_t trailing = r.left();
     const size_t at = r.where();
     const uint8_t ext = r.u8("step_plan.extension");
-    if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed)
+    if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed && ext != kPlanExtensionDraftWidth)
       fail(std::to_string(trailing) + " trailing bytes after the step_plan payload at offset " + std::to_string(at) +
            " (unknown extension tag " + std::to_string(ext) + "; supported, in order: " +
            std::to_string(kPlanExtensionSpec) + " speculative commits, " + std::to_string(kPlanExtensionMixed) +
-           " extend rows of a verify step)");
+           " extend rows of a verify step, " + std::to_string(kPlanExtensionDraftWidth) + " draft width)");
     if (ext <= last_ext)
       fail("step_plan extension tag " + std::to_string(ext) + " at offset " + std::to_string(at) +
            " repeats or follows a later tag (each extension at most once, in tag order)");
@@ -487,6 +492,11 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     if (ext == kPlanExtensionMixed) {
       m.extend_rows = r.i32("step_plan.extend_rows");
       if (m.extend_rows <= 0) throw wire_error("step_plan: the extend-rows extension is present but not positive");
+      continue;
+    }
+    if (ext == kPlanExtensionDraftWidth) {
+      m.draft_width = r.i32("step_plan.draft_width");
+      if (m.draft_width <= 1) throw wire_error("step_plan: the draft-width extension is present but not > 1");
       continue;
     }
     const uint32_t n = r.count(kMaxRows, kCommitBytes, "step_plan.draft_commits");

@@ -27,7 +27,7 @@ using coordinator::finish_reason;
 namespace spec = coordinator::spec;
 
 // Speculation variants under test.
-enum class variant { kPlain, kNgram, kNgramTree, kDraftModel };
+enum class variant { kPlain, kNgram, kNgramTree, kDraftModel, kDraftModelTree };
 
 // Storage types: f32 throughout; bf16 weights and KV cache with an f32 SSM state; bf16 weights,
 // KV cache and SSM state (Mamba2 only: Gated DeltaNet state stays f32).
@@ -54,6 +54,10 @@ service_config fixture_config(const std::string& fixture, variant v, precision p
       break;
     case variant::kDraftModel:
       yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 3, draft_model: {synthetic: {num_layers: 2}}}\n";
+      break;
+    case variant::kDraftModelTree:
+      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 4, draft_model: {synthetic: {num_layers: 2}, "
+              "max_tree_width: 3}}\n";
       break;
   }
   return load_config_string(yaml);
@@ -107,6 +111,7 @@ std::string spec_case_name(const ::testing::TestParamInfo<std::tuple<const char*
     case variant::kNgram: return n + "_ngram";
     case variant::kNgramTree: return n + "_ngram_tree";
     case variant::kDraftModel: return n + "_draft_model";
+    case variant::kDraftModelTree: return n + "_draft_model_tree";
   }
   return n;
 }
@@ -165,11 +170,18 @@ TEST_P(SpecGreedy, RandomPromptsStopIdsAndLengthsMatchPlainDecoding) {
   const auto& modes = spec_svc.link().modes;
   EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{4}), 0) << "no target_verify step";
   EXPECT_GT(spec_svc.link().plans_with_commits, 0);
-  if (alg == variant::kDraftModel) {
+  if (alg == variant::kDraftModel || alg == variant::kDraftModelTree) {
     EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{6}), 0) << "no draft step";
   }
-  if (alg == variant::kNgramTree) {
+  if (alg == variant::kNgramTree || alg == variant::kDraftModelTree) {
     EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  if (alg == variant::kDraftModelTree) {
+    // Accepted siblings (the draft's runner-up tokens at the first position) are fed to the
+    // draft model by DraftExtend steps: some were accepted, and the outputs still match.
+    const auto catch_up = std::count(modes.begin(), modes.end(), uint8_t{5});
+    EXPECT_GT(catch_up, 0) << "no sibling draft was accepted; the tree path would be untested";
+    std::printf("draft-model tree: %lld draft_extend steps for accepted siblings\n", static_cast<long long>(catch_up));
   }
   // Mixed batches: requests still in prefill (long prompts, 64-token chunks) shared verify steps
   // with requests that were verifying drafts, and the outputs above still equal plain decoding.
@@ -184,7 +196,7 @@ TEST_P(SpecGreedy, RandomPromptsStopIdsAndLengthsMatchPlainDecoding) {
 INSTANTIATE_TEST_SUITE_P(Models, SpecGreedy,
                          ::testing::Combine(::testing::ValuesIn(kFixtures),
                                             ::testing::Values(variant::kNgram, variant::kNgramTree,
-                                                              variant::kDraftModel)),
+                                                              variant::kDraftModel, variant::kDraftModelTree)),
                          spec_case_name);
 
 // bf16 storage (model.dtype: bfloat16, cache.kv_dtype: bfloat16, and for Bamba also
@@ -428,6 +440,9 @@ TEST(SpecConfig, FieldsAreValidatedByName) {
                 .find("speculative.draft_model"),
             std::string::npos);
   EXPECT_NE(err("speculative: {num_draft_tokens: 0}").find("speculative.num_draft_tokens"), std::string::npos);
+  EXPECT_NE(err("speculative: {algorithm: draft_model, draft_model: {synthetic: {num_layers: 1}, max_tree_width: 0}}")
+                .find("speculative.draft_model.max_tree_width"),
+            std::string::npos);
 }
 
 }  // namespace

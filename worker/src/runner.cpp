@@ -189,6 +189,18 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       const kernels::sample_output so = kernels::sample_cpu(sp);
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
+      // A draft tree's first position: the next best tokens after the greedy one, best first
+      // (ties to the lower id), as sibling drafts.
+      if (batch.mode == forward_mode::kDraft && plan.draft_width > 1 && pr.draft_step == 0 && pr.mamba_slot >= 0 &&
+          !plan.want_logprobs) {
+        std::vector<int32_t> ids;
+        for (int32_t v = 0; v < static_cast<int32_t>(vocab); ++v)
+          if (v != so.token) ids.push_back(v);
+        const auto n = static_cast<size_t>(std::min<int64_t>(plan.draft_width - 1, static_cast<int64_t>(ids.size())));
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                          [&](int32_t a, int32_t c) { return row[a] > row[c] || (row[a] == row[c] && a < c); });
+        rr.tokens.insert(rr.tokens.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+      }
     }
     res.rows.push_back(std::move(rr));
   }

@@ -102,10 +102,15 @@ struct step_plan {
   // step after its verify rows. Travels in an optional trailing extension (tag
   // kPlanExtensionMixed) present only when non-zero.
   int32_t extend_rows = 0;
+  // Draft steps of a draft-model tree: rows at draft_step 0 return the draft model's best
+  // draft_width tokens (the greedy one first) instead of one. Optional trailing extension (tag
+  // kPlanExtensionDraftWidth), present only when > 1.
+  int32_t draft_width = 1;
 };
 
 inline constexpr uint8_t kPlanExtensionSpec = 1;
 inline constexpr uint8_t kPlanExtensionMixed = 2;
+inline constexpr uint8_t kPlanExtensionDraftWidth = 3;
 
 struct row_result {
   int64_t request_id = -1;
