@@ -1,19 +1,21 @@
 // hyserve-bench-spec: speculative decoding throughput against plain decoding, in one process
 // (the service's scheduler driving a plan runner on the config's device; tools/spec_bench/).
 //   hyserve-bench-spec CONFIG [--batches 1,8,32] [--prompt-len 1024] [--new-tokens 128]
-//                      [--draft-tokens 4] [--draft-layers 0] [--repetitive self|block]
-//                      [--json FILE]
+//                      [--draft-tokens 4] [--draft-layers 0] [--draft-tree-width 1]
+//                      [--repetitive self|echo|block] [--json FILE]
 // Workloads, one prompt per row (rows differ by seed):
 //   - repetitive: a prompt that contains its own continuation. `self` (default): a random
 //     prefix P (prompt-len/4 tokens), the model's own greedy continuation C of P (prompt-len/2
-//     tokens, generated plainly first), then P again: prompt = P + C + P, so the greedy output
-//     after it tends to repeat C, which n-gram lookup finds in the prompt. `block`: a block of 64
-//     random tokens repeated up to prompt-len.
+//     tokens, generated plainly first): prompt = P + C continues the model's own greedy run, so
+//     whatever it repeats of itself is in the prompt. `echo`: P (prompt-len/4), its continuation
+//     C, then P again (a model that copies repeats C). `block`: a block of 64 random tokens
+//     repeated up to prompt-len. A model with random weights may neither copy nor repeat itself:
+//     the acceptance columns say how much there was to find.
 //   - random: prompt-len uniformly random tokens (nothing to copy; drafting must back off).
 // For each workload and batch size: greedy decoding of new-tokens tokens per row without
 // speculation, with n-gram drafts (speculative.ngram of the config, num_draft_tokens =
 // --draft-tokens) and, with --draft-layers N > 0, with the target's first N layers as the draft
-// model. Reported: decode tokens/s (tokens emitted after every row's first token, over the time
+// model (a tree of the draft's best --draft-tree-width first tokens when > 1). Reported: decode tokens/s (tokens emitted after every row's first token, over the time
 // from the last row's first token to the last finish), the speedup over plain decoding,
 // drafted/accepted tokens and the acceptance rate, the plans by mode (decode, verify, draft:
 // back-off shows as decode plans under speculation), and whether every row's output equals the
@@ -51,6 +53,7 @@ struct options {
   int32_t new_tokens = 128;
   int32_t draft_tokens = 4;
   int32_t draft_layers = 0;
+  int32_t draft_tree_width = 1;
   std::string repetitive = "self";
   std::string json_out;
 };
@@ -86,6 +89,7 @@ options parse(int argc, char** argv) {
     else if (a == "--new-tokens") o.new_tokens = number(2);
     else if (a == "--draft-tokens") o.draft_tokens = number(1);
     else if (a == "--draft-layers") o.draft_layers = number(0);
+    else if (a == "--draft-tree-width") o.draft_tree_width = number(1);
     else if (a == "--repetitive") {
       o.repetitive = value();
       if (o.repetitive != "self" && o.repetitive != "echo" && o.repetitive != "block")
@@ -149,6 +153,7 @@ service_config with_algorithm(service_config cfg, speculative_algorithm a, const
   if (a == speculative_algorithm::kDraftModel) {
     cfg.speculative.draft_model.path.clear();
     cfg.speculative.draft_model.synthetic_num_layers = o.draft_layers;
+    cfg.speculative.draft_model.max_tree_width = o.draft_tree_width;
   }
   return cfg;
 }
@@ -232,6 +237,7 @@ int run(const options& o) {
     int64_t drafted = 0, accepted = 0;
     std::vector<int64_t> modes;
     int32_t mismatched_rows = 0;
+    int32_t first_divergence = -1;  // smallest output index where a row differs from plain (-1: none)
     double speedup = 0;
   };
   std::vector<cell> cells;
@@ -245,7 +251,7 @@ int run(const options& o) {
       for (int32_t b : o.batches) {
         const std::vector<std::vector<int32_t>> prompts(w.prompts.begin(), w.prompts.begin() + b);
         const auto res = hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens);
-        cell c{w.name, b, alg, decode_throughput(res), 0, 0, res.mode_counts, 0, 0};
+        cell c{w.name, b, alg, decode_throughput(res), 0, 0, res.mode_counts, 0, -1, 0};
         std::vector<std::vector<int32_t>> outs;
         for (const auto& g : res.rows) {
           if (g.error) throw hyserve::error(std::string(algorithm_name(alg)) + " run failed: " + *g.error);
@@ -258,7 +264,13 @@ int run(const options& o) {
           c.speedup = 1.0;
         } else {
           const auto& want = plain_out.at(k);
-          for (size_t i = 0; i < outs.size(); ++i) c.mismatched_rows += outs[i] != want[i];
+          for (size_t i = 0; i < outs.size(); ++i) {
+            if (outs[i] == want[i]) continue;
+            ++c.mismatched_rows;
+            const auto at = static_cast<int32_t>(
+                std::mismatch(outs[i].begin(), outs[i].end(), want[i].begin(), want[i].end()).first - outs[i].begin());
+            c.first_divergence = c.first_divergence < 0 ? at : std::min(c.first_divergence, at);
+          }
           identical = identical && c.mismatched_rows == 0;
           for (const cell& p : cells)
             if (p.alg == speculative_algorithm::kNone && p.workload == c.workload && p.batch == b && p.tp.tokens_per_s > 0)
@@ -292,7 +304,11 @@ int run(const options& o) {
                 algorithm_name(c.alg), c.tp.tokens_per_s, c.speedup, static_cast<long long>(c.drafted),
                 static_cast<long long>(c.accepted), rate, static_cast<long long>(decode), static_cast<long long>(verify),
                 static_cast<long long>(draft),
-                c.alg == speculative_algorithm::kNone ? "-" : same ? "yes" : ("NO (" + std::to_string(c.mismatched_rows) + " rows)").c_str());
+                c.alg == speculative_algorithm::kNone ? "-"
+                : same                                ? "yes"
+                                                      : ("NO (" + std::to_string(c.mismatched_rows) + " rows, from output token " +
+                                                         std::to_string(c.first_divergence) + ")")
+                                                            .c_str());
     rows.push_back({{"workload", c.workload},
                     {"batch", c.batch},
                     {"mode", algorithm_name(c.alg)},
@@ -306,7 +322,9 @@ int run(const options& o) {
                     {"decode_plans", decode},
                     {"verify_plans", verify},
                     {"draft_plans", draft},
-                    {"identical", same}});
+                    {"identical", same},
+                    {"mismatched_rows", c.mismatched_rows},
+                    {"first_divergence", c.first_divergence}});
   }
   if (!o.json_out.empty()) {
     json::object report{{"config", o.config},
@@ -317,6 +335,8 @@ int run(const options& o) {
                         {"prompt_len", o.prompt_len},
                         {"new_tokens", o.new_tokens},
                         {"draft_tokens", o.draft_tokens},
+                        {"draft_layers", o.draft_layers},
+                        {"draft_tree_width", o.draft_tree_width},
                         {"repetitive", o.repetitive},
                         {"identical", identical},
                         {"results", rows}};
