@@ -101,8 +101,9 @@ TEST_P(SsmUpdateMultiCuda, MatchesCpu) {
   std::vector<uint8_t> y = encode(std::vector<float>(static_cast<size_t>(tokens * ys), 512.0f), c.io);
 
   auto dx = to_device(x), ddt = to_device(dt), dbc = to_device(bc), dcc = to_device(cc);
-  auto dbias = to_device(dt_bias), dA = to_device(A_log), dD = to_device(D), dstates = to_device(states);
-  auto dsteps = to_device(step_buf), dy = to_device(y), dslots = to_device(slots);
+  auto dbias = to_device(dt_bias), dA = to_device(A_log), dD = to_device(D);
+  auto dstates = to_device(states), dsteps = to_device(step_buf), dy = to_device(y);
+  auto dslots = to_device(slots);
   device_array<int32_t> dparent, dfirst;
   if (!parent.empty()) dparent = to_device(parent);
   if (!first.empty()) dfirst = to_device(first);
@@ -249,7 +250,8 @@ TEST_P(TreeAttentionCuda, MatchesCpu) {
   const auto v = encode(random_floats(static_cast<size_t>(n_pages_total * ps * kv_row), 402), c.kv);
   const auto q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 403);
   std::vector<float> out(q.size(), 0.0f);
-  auto dk = to_device(k), dv = to_device(v), dq = to_device(q), dout = to_device(out);
+  auto dk = to_device(k), dv = to_device(v);
+  auto dq = to_device(q), dout = to_device(out);
   auto dseq = to_device(seq), dtable = to_device(table), dqsl = to_device(qsl), dparent = to_device(parent);
   auto fill = [&](paged_attention_tree_params& p, bool dev) {
     p.q = dev ? dq.data() : q.data();
