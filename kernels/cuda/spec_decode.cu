@@ -32,10 +32,11 @@ __device__ __forceinline__ int64_t start_column(const int32_t* parent, const int
   return q >= 0 ? f + q : f - 1;
 }
 
-// Block = (head h, row b); thread = one head_dim row of the state (loops over d_state).
-// Tokens of the row run in order; each reads its start state (the slot's or a step column) and
-// writes its own step column. TI: element type of x, dt, B, C, y; TS: of the states (stored
-// rounded to nearest even; y from the f32 values, as the decode op computes it).
+// Block = (head h, row b); a warp per head_dim row of the state at a time, its lanes over
+// d_state (coalesced loads and stores), y reduced across the warp. Tokens of the row run in
+// order; each reads its start state (the slot's or a step column) and writes its own step
+// column. TI: element type of x, dt, B, C, y; TS: of the states (stored rounded to nearest
+// even; y from the f32 values, as the decode op computes it).
 template <class TI, class TS>
 __global__ void ssm_update_multi_kernel(const selective_state_update_multi_params p) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
@@ -45,6 +46,8 @@ __global__ void ssm_update_multi_kernel(const selective_state_update_multi_param
   const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
   const int64_t g = h / (p.heads / p.n_groups);
   const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, warps = static_cast<int>(blockDim.x) >> 5;
   const TI* xs = static_cast<const TI*>(p.x);
   const TI* dts = static_cast<const TI*>(p.dt);
   const TI* Bs = static_cast<const TI*>(p.B);
@@ -65,16 +68,18 @@ __global__ void ssm_update_multi_kernel(const selective_state_update_multi_param
     const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
     const TI* bv = Bs + tok * p.bc_stride + g * N;
     const TI* cv = Cs + tok * p.bc_stride + g * N;
-    for (int64_t pi = threadIdx.x; pi < P; pi += blockDim.x) {
+    for (int64_t pi = warp; pi < P; pi += warps) {  // uniform across the warp
       const float xv = to_float(xs[tok * p.x_stride + h * P + pi]);
       const float coef = dt * xv;
       float out = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
+      for (int64_t n = lane; n < N; n += 32) {
         const float s = to_float(src[pi * N + n]) * decay + coef * to_float(bv[n]);
         S[pi * N + n] = from_float<TS>(s);
         out += s * to_float(cv[n]);
       }
-      ys[tok * p.y_stride + h * P + pi] = from_float<TI>(out + d_skip * xv);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
+      if (lane == 0) ys[tok * p.y_stride + h * P + pi] = from_float<TI>(out + d_skip * xv);
     }
     __syncthreads();  // a later token may start from this one's state
   }
