@@ -228,18 +228,20 @@ void scheduler::schedule_group(int g) {
     return;
   }
   if (gs.running.empty()) return;
+  if (send_draft_catch_up(g)) return;
   std::vector<uint64_t> decode_ids, prefill_ids;
   for (uint64_t id : gs.running) {
     const request_state& r = requests_.at(id);
     (r.total_len() - r.consumed == 1 && r.consumed > 0 ? decode_ids : prefill_ids).push_back(id);
   }
-  if (spec_enabled() && !decode_ids.empty() && (prefill_ids.empty() || gs.last_was_prefill)) {
-    gs.last_was_prefill = false;
-    if (start_round(g, decode_ids)) return;
-    schedule_plain(g, decode_ids, {});  // nobody has drafts: an ordinary decode step
+  // Speculative rounds carry the prefill chunks of the other requests in their verify step;
+  // a round without drafts is an ordinary Decode or Mixed step.
+  if (spec_enabled() && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
+    if (start_round(g, decode_ids, prefill_ids)) return;
+    schedule_plain(g, decode_ids, prefill_ids);
     return;
   }
-  gs.last_was_prefill = !prefill_ids.empty();
+  gs.prefill_starved = false;
   schedule_plain(g, decode_ids, prefill_ids);
 }
 
@@ -251,18 +253,9 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   gs.step_tokens.clear();
   gs.kind = group_state::step_kind::kPlain;
   auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
-    wire::plan_row row = base_row(r);
-    for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
-    if (!r.pages_sent) {
-      row.first_page_pos = 0;
-      row.new_pages = r.pages;
-      row.reset_state = true;
-      r.pages_sent = true;
-    }
+    wire::plan_row row = prefill_row(r, n);
     row.is_decode = is_decode;
-    row.dense_attention = !r.req.sampling.sparse;
     plan.rows.push_back(std::move(row));
-    r.in_step = true;
     gs.step_rows.push_back(r.req.id);
     gs.step_tokens.push_back(n);
     budget -= n;
@@ -296,11 +289,25 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   send_plan(g, plan, mode);
 }
 
+wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
+  wire::plan_row row = base_row(r);
+  for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
+  if (!r.pages_sent) {
+    row.first_page_pos = 0;
+    row.new_pages = r.pages;
+    row.reset_state = true;
+    r.pages_sent = true;
+  }
+  row.dense_attention = !r.req.sampling.sparse;
+  r.in_step = true;
+  return row;
+}
+
 // Starts a speculative round over the decode-ready requests. n-gram: one TargetVerify step with
 // the drafts found by prompt lookup. draft_model: Draft steps 0..k (step j consumes the last
 // accepted token, then draft j, and proposes draft j+1; the extra step k lets the draft's state
 // reach every accepted length), then TargetVerify. Returns false when no request drafts.
-bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids) {
+bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   const speculative_section& sc = cfg_.speculative;
   const int32_t ps = hellos_.front().page_size;
@@ -325,13 +332,19 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids) {
   }
   if (most == 0) return false;
   gs.round_ids = decode_ids;
+  gs.round_prefill = prefill_ids;
   gs.round_step = 0;
   if (sc.algorithm == speculative_algorithm::kDraftModel) {
     gs.round_k = std::min(most, cap_all);
     if (gs.round_k == 0) return false;
+    // A tree leaves room for the siblings of the first position within num_draft_tokens.
+    const int32_t width = draft_tree_width();
+    if (width > 1) gs.round_k = std::max(1, gs.round_k - (width - 1));
     for (uint64_t id : decode_ids) {
       request_state& r = requests_.at(id);
+      r.round_cap = r.round_drafts;
       r.round_drafts = std::min(r.round_drafts, gs.round_k);
+      r.siblings.clear();
     }
   } else {
     gs.round_k = most;
@@ -349,9 +362,29 @@ void scheduler::send_round_step(int g) {
   wire::step_plan plan;
   plan.draft_len = k + 1;
   plan.mode = verify ? 4 : 6;  // TargetVerify : Draft
-  if (verify)
-    for (uint64_t id : gs.round_ids)
-      if (auto it = requests_.find(id); it != requests_.end() && !it->second.drafts.is_chain()) plan.is_tree = true;
+  if (!verify && gs.round_step == 0) plan.draft_width = draft_tree_width();
+  if (verify) {
+    for (uint64_t id : gs.round_ids) {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      request_state& r = it->second;
+      r.chain_nodes = static_cast<int32_t>(std::min(r.drafts.tokens.size(), static_cast<size_t>(r.round_drafts)));
+      if (!r.siblings.empty()) {
+        // Draft-model tree: the greedy chain (the drafts that count), then the first
+        // position's runner-up tokens as further children of the root, within the round's cap.
+        r.drafts.tokens.resize(static_cast<size_t>(r.chain_nodes));
+        r.drafts.parent.resize(r.drafts.tokens.size());
+        for (int32_t t : r.siblings) {
+          if (static_cast<int32_t>(r.drafts.tokens.size()) >= r.round_cap) break;
+          r.drafts.tokens.push_back(t);
+          r.drafts.parent.push_back(0);
+        }
+        r.round_drafts = static_cast<int32_t>(r.drafts.tokens.size());
+      }
+      if (!r.drafts.is_chain()) plan.is_tree = true;
+      plan.draft_len = std::max(plan.draft_len, static_cast<int32_t>(r.drafts.tokens.size()) + 1);
+    }
+  }
   gs.kind = verify ? group_state::step_kind::kVerify : group_state::step_kind::kDraft;
   gs.step_rows.clear();
   gs.step_tokens.clear();
@@ -361,7 +394,7 @@ void scheduler::send_round_step(int g) {
       // (a padding row of a tree batch without links is laid out as a chain)
       wire::plan_row pad;
       pad.request_id = -1;
-      pad.tokens.assign(verify ? static_cast<size_t>(k + 1) : 1, 0);
+      pad.tokens.assign(verify ? static_cast<size_t>(plan.draft_len) : 1, 0);
       plan.rows.push_back(std::move(pad));
       gs.step_rows.push_back(0);
       gs.step_tokens.push_back(0);
@@ -373,7 +406,7 @@ void scheduler::send_round_step(int g) {
     if (verify) {
       row.tokens.push_back(last);
       spec::draft_tree padded = r.drafts;  // filler nodes continue the last node as a chain
-      while (static_cast<int32_t>(padded.tokens.size()) < k) {
+      while (static_cast<int32_t>(padded.tokens.size()) < plan.draft_len - 1) {
         padded.tokens.push_back(last);
         padded.parent.push_back(static_cast<int32_t>(padded.tokens.size()) - 1);
       }
@@ -390,7 +423,56 @@ void scheduler::send_round_step(int g) {
     gs.step_rows.push_back(id);
     gs.step_tokens.push_back(0);
   }
+  if (verify && !gs.round_prefill.empty()) {
+    // Prefill chunks of the other requests ride in the verify step as extend rows.
+    int32_t budget = cfg_.scheduler.max_batch_tokens - static_cast<int32_t>(gs.round_ids.size()) * plan.draft_len;
+    for (uint64_t id : gs.round_prefill) {
+      if (budget <= 0) break;
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      request_state& r = it->second;
+      const int32_t n = std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget});
+      if (n <= 0) continue;
+      plan.rows.push_back(prefill_row(r, n));
+      gs.step_rows.push_back(id);
+      gs.step_tokens.push_back(n);
+      budget -= n;
+      ++plan.extend_rows;
+    }
+    gs.prefill_starved = plan.extend_rows == 0;
+    gs.round_prefill.clear();
+  }
   send_plan(g, plan, verify ? "target_verify" : "draft");
+}
+
+int32_t scheduler::draft_tree_width() const {
+  return cfg_.speculative.algorithm == speculative_algorithm::kDraftModel
+             ? std::max(1, cfg_.speculative.draft_model.max_tree_width)
+             : 1;
+}
+
+bool scheduler::send_draft_catch_up(int g) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  wire::step_plan plan;
+  plan.mode = 5;  // DraftExtend
+  gs.step_rows.clear();
+  gs.step_tokens.clear();
+  for (uint64_t id : gs.running) {
+    request_state& r = requests_.at(id);
+    if (r.draft_lag.empty()) continue;
+    // The lagging tokens sit just before the request's next token: positions consumed - n ..
+    wire::plan_row row = base_row(r);
+    row.tokens = r.draft_lag;
+    row.prefix_len = r.consumed - static_cast<int32_t>(r.draft_lag.size());
+    plan.rows.push_back(std::move(row));
+    r.in_step = true;
+    gs.step_rows.push_back(id);
+    gs.step_tokens.push_back(0);
+  }
+  if (plan.rows.empty()) return false;
+  gs.kind = group_state::step_kind::kDraftCatchUp;
+  send_plan(g, plan, "draft_extend");
+  return true;
 }
 
 bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens) {
@@ -446,7 +528,15 @@ void scheduler::handle_verify(int g, const wire::step_result& res) {
     for (size_t j = 0; j < path.size(); ++j)
       if (path[j] != static_cast<int32_t>(j + 1))
         gs.kv_moves.push_back(wire::kv_move_op{r.req_slot, prefix + path[j], prefix + static_cast<int32_t>(j + 1)});
-    if (with_draft) gs.draft_commits.push_back(wire::commit_op{r.mamba_slot, row, step});
+    if (with_draft) {
+      // The draft's step columns follow its greedy chain (column n = chain node n). An accepted
+      // sibling (a node past the chain) is not in them: keep the state after the root and feed
+      // the sibling to the draft model before its next step.
+      const bool on_chain = path.empty() || path.back() <= r.chain_nodes;
+      gs.draft_commits.push_back(wire::commit_op{r.mamba_slot, row, on_chain ? step : 0});
+      if (!on_chain) r.draft_lag = out.size() >= 2 ? std::vector<int32_t>(out.begin(), out.end() - 1) : std::vector<int32_t>{};
+    }
+    r.siblings.clear();
   }
 }
 
@@ -493,13 +583,28 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
         auto it = requests_.find(ids[i]);
         // Step k's proposal is not verified (the step only advances the draft's state).
         if (it == requests_.end() || static_cast<int32_t>(it->second.drafts.tokens.size()) >= gs.round_k) continue;
-        it->second.drafts.tokens.push_back(res->rows[i].tokens.at(0));
+        const std::vector<int32_t>& toks = res->rows[i].tokens;
+        it->second.drafts.tokens.push_back(toks.at(0));
         it->second.drafts.parent.push_back(static_cast<int32_t>(it->second.drafts.parent.size()));
+        if (gs.round_step == 0) it->second.siblings.assign(toks.begin() + 1, toks.end());
       }
       ++gs.round_step;
       return;
     case group_state::step_kind::kVerify:
       handle_verify(g, *res);
+      // Extend rows after the verify rows: prefill chunks, as in a plain step.
+      for (size_t i = gs.round_ids.size(); i < ids.size(); ++i) {
+        auto it = requests_.find(ids[i]);
+        if (it == requests_.end()) continue;
+        request_state& r = it->second;
+        r.consumed += gs.step_tokens[i];
+        if (r.consumed < r.total_len()) continue;
+        emit(r, {res->rows[i].tokens.at(0)});
+      }
+      return;
+    case group_state::step_kind::kDraftCatchUp:
+      for (uint64_t id : ids)
+        if (auto it = requests_.find(id); it != requests_.end()) it->second.draft_lag.clear();
       return;
     case group_state::step_kind::kPlain:
       break;

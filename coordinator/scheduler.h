@@ -2,8 +2,9 @@
 // Continuous-batching scheduler (DESIGN.md §3, §5). Runs on the thread that owns MPI; HTTP
 // threads only enqueue submissions and cancellations. It owns the memory bookkeeping of every
 // data-parallel group (request slots, mamba slots, KV pages), builds one step plan per idle
-// group (Extend, Decode or Mixed with chunked prefill), and turns step results into request
-// events.
+// group (Extend, Decode or Mixed with chunked prefill; with speculation, Draft and TargetVerify
+// steps whose verify rows share the step with prefill chunks), and turns step results into
+// request events.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -66,6 +67,13 @@ class scheduler final : public frontend {
     std::optional<spec::draft_budget> budget;
     spec::draft_tree drafts;  // the round in flight (draft_model: grows one token per Draft step)
     int32_t round_drafts = 0;  // drafts that count this round
+    // Draft-model trees: the draft's runner-up tokens at the first position (siblings of the
+    // greedy chain), and accepted tokens the draft model has not consumed yet (an accepted
+    // sibling), fed to it by a DraftExtend step before anything else runs on it.
+    std::vector<int32_t> siblings;
+    std::vector<int32_t> draft_lag;
+    int32_t round_cap = 0;    // draft nodes allowed this round (chain + siblings)
+    int32_t chain_nodes = 0;  // nodes 1..chain_nodes of the verified tree are the greedy chain
     int64_t drafted = 0, accepted = 0;
     int32_t total_len() const { return static_cast<int32_t>(req.input_ids.size() + output.size()); }
     int32_t token_at(int32_t i) const {
@@ -85,14 +93,19 @@ class scheduler final : public frontend {
     clock::time_point sent_at;
     // Speculative decoding: what the step in flight is, commits for the next plan, and the
     // draft-model round in progress (its rows keep their order across its Draft steps).
-    enum class step_kind : uint8_t { kPlain, kDraft, kVerify };
+    enum class step_kind : uint8_t { kPlain, kDraft, kVerify, kDraftCatchUp };
     step_kind kind = step_kind::kPlain;
     std::vector<wire::commit_op> commits, draft_commits;
     std::vector<wire::kv_move_op> kv_moves;
     bool round_active = false;
     std::vector<uint64_t> round_ids;
     int32_t round_k = 0, round_step = 0;
-    bool last_was_prefill = false;
+    // Requests in prefill when the round started: their next chunks ride in the round's
+    // TargetVerify step as extend rows (DESIGN.md §4 mixed batches), within max_batch_tokens.
+    std::vector<uint64_t> round_prefill;
+    // The last verify step had prefill waiting but no token budget left for it: the next step
+    // is a plain one that carries the prefill, so it cannot starve.
+    bool prefill_starved = false;
   };
 
   void take_submissions();
@@ -100,8 +113,13 @@ class scheduler final : public frontend {
   void admit();
   void schedule_group(int g);
   void schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
-  bool start_round(int g, const std::vector<uint64_t>& decode_ids);
+  bool start_round(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
+  // The next prefill chunk of r (at most max_tokens tokens) as a plan row; marks r in the step.
+  wire::plan_row prefill_row(request_state& r, int32_t n);
   void send_round_step(int g);
+  // Draft-model trees: a DraftExtend step feeding the draft model the accepted tokens it missed.
+  bool send_draft_catch_up(int g);
+  int32_t draft_tree_width() const;
   void send_plan(int g, wire::step_plan& plan, const char* mode);
   wire::plan_row base_row(request_state& r) const;
   // Appends tokens to a request's output, finishing it on a stop token, max_new_tokens or the

@@ -482,7 +482,10 @@ service_config parse_config(const std::string& text, const std::string& file) {
                "must be >= min_match = " + std::to_string(s.min_match) + ", got " + std::to_string(s.max_match));
     });
     if_present(spec, "draft_model", [&](const YAML::Node& dm) {
-      const auto keys = r.check_keys(dm, "speculative.draft_model", {"path", "synthetic"});
+      const auto keys = r.check_keys(dm, "speculative.draft_model", {"path", "synthetic", "max_tree_width"});
+      if (keys.count("max_tree_width"))
+        cfg.speculative.draft_model.max_tree_width =
+            r.get_int32_min(dm["max_tree_width"], "speculative.draft_model.max_tree_width", 1);
       if (keys.count("path") + keys.count("synthetic") != 1)
         r.fail(dm, "speculative.draft_model", "exactly one of path or synthetic must be given");
       if (keys.count("path")) {

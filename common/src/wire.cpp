@@ -240,6 +240,11 @@ void validate(const step_plan& m) {
   check_size(m.commits.size(), kMaxRows, {nullptr, 0, "step_plan.commits"});
   check_size(m.draft_commits.size(), kMaxRows, {nullptr, 0, "step_plan.draft_commits"});
   check_size(m.kv_moves.size(), kMaxRows, {nullptr, 0, "step_plan.kv_moves"});
+  check_at_least(m.extend_rows, 0, {nullptr, 0, "step_plan.extend_rows"});
+  check_at_least(m.draft_width, 1, {nullptr, 0, "step_plan.draft_width"});
+  if (static_cast<size_t>(m.extend_rows) > m.rows.size())
+    fail("step_plan.extend_rows = " + std::to_string(m.extend_rows) + " exceeds the " + std::to_string(m.rows.size()) +
+         " rows of the plan");
   for (size_t i = 0; i < m.kv_moves.size(); ++i) {
     check_at_least(m.kv_moves[i].req_slot, 0, {"step_plan.kv_moves", i, "req_slot"});
     check_at_least(m.kv_moves[i].from_pos, 0, {"step_plan.kv_moves", i, "from_pos"});
@@ -378,6 +383,14 @@ std::vector<uint8_t> encode(const step_plan& m) {
       w.i32(k.to_pos);
     }
   }
+  if (m.extend_rows > 0) {
+    w.u8(kPlanExtensionMixed);
+    w.i32(m.extend_rows);
+  }
+  if (m.draft_width > 1) {
+    w.u8(kPlanExtensionDraftWidth);
+    w.i32(m.draft_width);
+  }
   return w.finish(message_type::kStepPlan);
 }
 
@@ -461,14 +474,31 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     c.row = r.i32("commit_op.row");
     c.accepted_step = r.i32("commit_op.accepted_step");
   }
-  if (!r.at_end()) {
+  // Optional trailing extensions, each at most once and in tag order.
+  uint8_t last_ext = 0;
+  while (!r.at_end()) {
     const size_t trailing = r.left();
     const size_t at = r.where();
     const uint8_t ext = r.u8("step_plan.extension");
-    if (ext != kPlanExtensionSpec)
+    if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed && ext != kPlanExtensionDraftWidth)
       fail(std::to_string(trailing) + " trailing bytes after the step_plan payload at offset " + std::to_string(at) +
-           " (unknown extension tag " + std::to_string(ext) + "; supported: " + std::to_string(kPlanExtensionSpec) +
-           " speculative commits)");
+           " (unknown extension tag " + std::to_string(ext) + "; supported, in order: " +
+           std::to_string(kPlanExtensionSpec) + " speculative commits, " + std::to_string(kPlanExtensionMixed) +
+           " extend rows of a verify step, " + std::to_string(kPlanExtensionDraftWidth) + " draft width)");
+    if (ext <= last_ext)
+      fail("step_plan extension tag " + std::to_string(ext) + " at offset " + std::to_string(at) +
+           " repeats or follows a later tag (each extension at most once, in tag order)");
+    last_ext = ext;
+    if (ext == kPlanExtensionMixed) {
+      m.extend_rows = r.i32("step_plan.extend_rows");
+      if (m.extend_rows <= 0) throw wire_error("step_plan: the extend-rows extension is present but not positive");
+      continue;
+    }
+    if (ext == kPlanExtensionDraftWidth) {
+      m.draft_width = r.i32("step_plan.draft_width");
+      if (m.draft_width <= 1) throw wire_error("step_plan: the draft-width extension is present but not > 1");
+      continue;
+    }
     const uint32_t n = r.count(kMaxRows, kCommitBytes, "step_plan.draft_commits");
     m.draft_commits.reserve(n);
     for (uint32_t i = 0; i < n; ++i) {

@@ -15,6 +15,7 @@
 #include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/ssm.h"
+#include "dtype_dispatch.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -78,11 +79,8 @@ void check_ssm(const ssm_common_params& p, const char* op) {
   require_stride(p.bc_stride, p.n_groups * p.d_state, op, "bc_stride");
   require_stride(p.y_stride, p.heads * p.head_dim, op, "y_stride");
   require_state_indices(p.state_indices, p.batch, op);
-  if constexpr (requires { p.io_dtype; }) {
-    if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "must be float32 (speculative steps)");
-    if (p.state_dtype != dtype::kF32)
-      fail(op, "state_dtype", dtype_name(p.state_dtype), "must be float32 (speculative steps)");
-  }
+  require_storage(p.io_dtype, op, "io_dtype");
+  require_storage(p.state_dtype, op, "state_dtype");
 }
 
 void check_gdn(const gdn_common_params& p, const char* op) {
@@ -123,58 +121,82 @@ void normalise(const float* src, float* dst, int64_t n, bool l2, float scale) {
 
 }  // namespace
 
+namespace {
+
+// One (row, head) of the multi-token SSM update in element types TI (io) and TS (state). The
+// per-token arithmetic is update_row's of the single-token op (kernels/cpu/ssm.cpp): loads
+// widen to f32, the new state element is stored rounded to TS, y sums the unrounded values.
+template <class TI, class TS>
+void ssm_multi_head(const selective_state_update_multi_params& p, int64_t b, int64_t h, float* xf, float* bf,
+                    float* cf) {
+  const int64_t P = p.head_dim, N = p.d_state, T = p.tokens_per_row;
+  const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
+  const int64_t slot = p.state_indices[b];
+  const int64_t g = h / (p.heads / p.n_groups);
+  const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+  const auto* slots_state = static_cast<const TS*>(p.ssm_states);
+  auto* steps = static_cast<TS*>(p.step_states);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tok = b * T + t;
+    const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+    const TS* src = src_col < 0 ? slots_state + slot * state_elems + h * head_elems
+                                : steps + (b * p.steps + src_col) * state_elems + h * head_elems;
+    TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems;
+    float v = to_f32(static_cast<const TI*>(p.dt)[tok * p.dt_stride + h]) + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
+    if (p.dt_softplus) v = softplus(v);
+    const float dt = std::min(std::max(v, p.dt_min), p.dt_max);
+    const float decay = std::exp(dt * -std::exp(p.A_log[h]));
+    const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+    const TI* x = static_cast<const TI*>(p.x) + tok * p.x_stride + h * P;
+    const TI* bv = static_cast<const TI*>(p.B) + tok * p.bc_stride + g * N;
+    const TI* cv = static_cast<const TI*>(p.C) + tok * p.bc_stride + g * N;
+    for (int64_t i = 0; i < P; ++i) xf[i] = to_f32(x[i]);
+    for (int64_t n = 0; n < N; ++n) {
+      bf[n] = to_f32(bv[n]);
+      cf[n] = to_f32(cv[n]);
+    }
+    TI* y = static_cast<TI*>(p.y) + tok * p.y_stride + h * P;
+    for (int64_t pi = 0; pi < P; ++pi) {
+      const float coef = dt * xf[pi];
+      const TS* in = src + pi * N;
+      TS* row = S + pi * N;
+      float out = 0.0f;
+#pragma omp simd reduction(+ : out)
+      for (int64_t n = 0; n < N; ++n) {
+        const float s = to_f32(in[n]) * decay + coef * bf[n];
+        row[n] = from_f32<TS>(s);
+        out += s * cf[n];  // y from the f32 state, before it is rounded for storage
+      }
+      y[pi] = from_f32<TI>(out + d_skip * xf[pi]);
+    }
+  }
+}
+
+}  // namespace
+
 void run_cpu(const selective_state_update_multi_params& p) {
   constexpr const char* op = "selective_state_update_multi";
   check_ssm(p, op);
   require_ptr(p.step_states, op, "step_states");
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
-  const int64_t P = p.head_dim, N = p.d_state, T = p.tokens_per_row;
-  const int64_t heads_per_group = p.heads / p.n_groups;
-  const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
-  const auto* xs = static_cast<const float*>(p.x);
-  const auto* dts = static_cast<const float*>(p.dt);
-  const auto* Bs = static_cast<const float*>(p.B);
-  const auto* Cs = static_cast<const float*>(p.C);
-  auto* ys = static_cast<float*>(p.y);
-  const auto* slots_state = static_cast<const float*>(p.ssm_states);
-
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t h = 0; h < p.heads; ++h) {
-      const int64_t slot = p.state_indices[b];
-      if (slot < 0) continue;
-      const int64_t g = h / heads_per_group;
-      const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t tok = b * T + t;
-        const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
-        const float* src = src_col < 0 ? slots_state + slot * state_elems + h * head_elems
-                                       : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
-        float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
-        std::memcpy(S, src, static_cast<size_t>(head_elems) * sizeof(float));
-        float v = dts[tok * p.dt_stride + h] + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
-        if (p.dt_softplus) v = softplus(v);
-        const float dt = std::min(std::max(v, p.dt_min), p.dt_max);
-        const float decay = std::exp(dt * -std::exp(p.A_log[h]));
-        const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
-        const float* x = xs + tok * p.x_stride + h * P;
-        const float* bv = Bs + tok * p.bc_stride + g * N;
-        const float* cv = Cs + tok * p.bc_stride + g * N;
-        float* y = ys + tok * p.y_stride + h * P;
-        for (int64_t pi = 0; pi < P; ++pi) {
-          const float coef = dt * x[pi];
-          float* row = S + pi * N;
-          float out = 0.0f;
-#pragma omp simd reduction(+ : out)
-          for (int64_t n = 0; n < N; ++n) {
-            row[n] = row[n] * decay + coef * bv[n];
-            out += row[n] * cv[n];
+  dispatch_storage(p.io_dtype, op, "io_dtype", [&](auto io) {
+    dispatch_storage(p.state_dtype, op, "state_dtype", [&](auto st) {
+      using TI = typename host_storage<decltype(io)::value>::type;
+      using TS = typename host_storage<decltype(st)::value>::type;
+#pragma omp parallel
+      {
+        std::vector<float> xf(static_cast<size_t>(p.head_dim)), bf(static_cast<size_t>(p.d_state)),
+            cf(static_cast<size_t>(p.d_state));
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < p.batch; ++b) {
+          for (int64_t h = 0; h < p.heads; ++h) {
+            if (p.state_indices[b] < 0) continue;
+            ssm_multi_head<TI, TS>(p, b, h, xf.data(), bf.data(), cf.data());
           }
-          y[pi] = out + d_skip * x[pi];
         }
       }
-    }
-  }
+    });
+  });
 }
 
 void run_cpu(const conv1d_update_multi_params& p) {
@@ -292,8 +314,10 @@ void run_cpu(const state_commit_params& p) {
   require_ptr(p.rows, op, "rows");
   require_ptr(p.steps_taken, op, "steps_taken");
   require_positive(p.steps, op, "steps");
+  require_storage(p.state_dtype, op, "state_dtype");
   const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
   if (conv) require_ptr(p.conv_steps, op, "conv_steps");
+  const auto state_bytes = static_cast<int64_t>(dtype_size(p.state_dtype)) * p.state_elems;
   for (int64_t i = 0; i < p.n_commits; ++i) {
     if (p.slots[i] < 0) continue;
     if (p.rows[i] < 0) fail(op, "rows[" + std::to_string(i) + "]", p.rows[i], "must be >= 0");
@@ -307,8 +331,8 @@ void run_cpu(const state_commit_params& p) {
       const int64_t slot = p.slots[i];
       if (slot < 0) continue;
       const int64_t col = static_cast<int64_t>(p.rows[i]) * p.steps + p.steps_taken[i];
-      std::memcpy(p.ssm_states[l] + slot * p.state_elems, p.ssm_steps[l] + col * p.state_elems,
-                  static_cast<size_t>(p.state_elems) * sizeof(float));
+      std::memcpy(static_cast<char*>(p.ssm_states[l]) + slot * state_bytes,
+                  static_cast<const char*>(p.ssm_steps[l]) + col * state_bytes, static_cast<size_t>(state_bytes));
       if (conv)
         std::memcpy(p.conv_states[l] + slot * p.conv_elems, p.conv_steps[l] + col * p.conv_elems,
                     static_cast<size_t>(p.conv_elems) * sizeof(float));
@@ -316,50 +340,14 @@ void run_cpu(const state_commit_params& p) {
   }
 }
 
-void run_cpu(const paged_attention_tree_params& p) {
-  constexpr const char* op = "paged_attention_tree";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_ptr(p.retrieve_parent, op, "retrieve_parent");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  require_positive(p.tree_nodes, op, "tree_nodes");
-  if constexpr (requires { p.kv_dtype; }) {
-    if (p.kv_dtype != dtype::kF32) fail(op, "kv_dtype", dtype_name(p.kv_dtype), "must be float32 (tree drafts)");
-  }
-  const auto* k_cache = static_cast<const float*>(p.k_cache);
-  const auto* v_cache = static_cast<const float*>(p.v_cache);
-  if (p.q_heads % p.kv_heads != 0)
-    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+namespace {
+
+// Tree-masked attention over a cache of element type KV (float or bf16 bits), widened to f32.
+template <class KV>
+void tree_attention(const paged_attention_tree_params& p, int64_t max_len) {
+  const auto* k_cache = static_cast<const KV*>(p.k_cache);
+  const auto* v_cache = static_cast<const KV*>(p.v_cache);
   const int64_t Dn = p.tree_nodes;
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
-    if (q_len != Dn)
-      fail(op, "query_start_loc", q_len, ("row " + std::to_string(b) + " must have tree_nodes queries").c_str());
-    if (p.seq_lens[b] < Dn) fail(op, "seq_lens[" + std::to_string(b) + "]", p.seq_lens[b], "must be >= tree_nodes");
-    const int64_t n_pages = (p.seq_lens[b] + p.page_size - 1) / p.page_size;
-    if (n_pages > p.page_table_stride)
-      fail(op, "page_table_stride", p.page_table_stride,
-           ("row " + std::to_string(b) + " needs " + std::to_string(n_pages) + " pages").c_str());
-    for (int64_t k = 0; k < Dn; ++k) {
-      const int32_t q = p.retrieve_parent[b * Dn + k];
-      if (q < -1 || q >= k)
-        fail(op, "retrieve_parent[" + std::to_string(b) + ", " + std::to_string(k) + "]", q,
-             "must be -1 or an earlier node");
-    }
-    max_len = std::max<int64_t>(max_len, p.seq_lens[b]);
-  }
   const int64_t D = p.head_dim, kv_row = p.kv_heads * D, group = p.q_heads / p.kv_heads;
   const int64_t first = p.query_start_loc[0];
 #pragma omp parallel
@@ -385,10 +373,10 @@ void run_cpu(const paged_attention_tree_params& p) {
           float m = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s <= last; ++s) {
             if (!seen(s)) continue;
-            const float* kk = k_cache + cache_offset(s);
+            const KV* kk = k_cache + cache_offset(s);
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += q[d] * kk[d];
+            for (int64_t d = 0; d < D; ++d) dot += q[d] * to_f32(kk[d]);
             scores[static_cast<size_t>(s)] = dot * p.scale;
             m = std::max(m, scores[static_cast<size_t>(s)]);
           }
@@ -398,9 +386,9 @@ void run_cpu(const paged_attention_tree_params& p) {
             if (!seen(s)) continue;
             const float w = std::exp(scores[static_cast<size_t>(s)] - m);
             denom += w;
-            const float* v = v_cache + cache_offset(s);
+            const KV* v = v_cache + cache_offset(s);
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += w * v[d];
+            for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += w * to_f32(v[d]);
           }
           float* o = p.out + (first + t) * p.out_stride + h * D;
           const float inv = 1.0f / denom;
@@ -409,6 +397,54 @@ void run_cpu(const paged_attention_tree_params& p) {
       }
     }
   }
+}
+
+}  // namespace
+
+void run_cpu(const paged_attention_tree_params& p) {
+  constexpr const char* op = "paged_attention_tree";
+  require_ptr(p.q, op, "q");
+  require_ptr(p.k_cache, op, "k_cache");
+  require_ptr(p.v_cache, op, "v_cache");
+  require_ptr(p.out, op, "out");
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_ptr(p.seq_lens, op, "seq_lens");
+  require_ptr(p.page_table, op, "page_table");
+  require_ptr(p.retrieve_parent, op, "retrieve_parent");
+  require_positive(p.batch, op, "batch");
+  require_positive(p.q_heads, op, "q_heads");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  require_positive(p.page_size, op, "page_size");
+  require_positive(p.tree_nodes, op, "tree_nodes");
+  require_storage(p.kv_dtype, op, "kv_dtype");
+  if (p.q_heads % p.kv_heads != 0)
+    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
+  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
+  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  const int64_t Dn = p.tree_nodes;
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+    if (q_len != Dn)
+      fail(op, "query_start_loc", q_len, ("row " + std::to_string(b) + " must have tree_nodes queries").c_str());
+    if (p.seq_lens[b] < Dn) fail(op, "seq_lens[" + std::to_string(b) + "]", p.seq_lens[b], "must be >= tree_nodes");
+    const int64_t n_pages = (p.seq_lens[b] + p.page_size - 1) / p.page_size;
+    if (n_pages > p.page_table_stride)
+      fail(op, "page_table_stride", p.page_table_stride,
+           ("row " + std::to_string(b) + " needs " + std::to_string(n_pages) + " pages").c_str());
+    for (int64_t k = 0; k < Dn; ++k) {
+      const int32_t q = p.retrieve_parent[b * Dn + k];
+      if (q < -1 || q >= k)
+        fail(op, "retrieve_parent[" + std::to_string(b) + ", " + std::to_string(k) + "]", q,
+             "must be -1 or an earlier node");
+    }
+    max_len = std::max<int64_t>(max_len, p.seq_lens[b]);
+  }
+  dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {
+    using KV = typename host_storage<decltype(tag)::value>::type;
+    tree_attention<KV>(p, max_len);
+  });
 }
 
 }  // namespace hyserve::kernels

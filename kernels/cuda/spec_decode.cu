@@ -1,10 +1,13 @@
 // Speculative-decoding ops on CUDA: multi-token SSM / conv / GDN updates with per-step states
 // in scratch (chain or tree parents), and the fused commit of accepted steps over every layer.
-// Same contract as kernels/cpu/spec_decode.cpp. float activations and states.
+// Same contract as kernels/cpu/spec_decode.cpp: SSM io and state f32 or bf16, tree attention
+// over an f32 or bf16 KV cache, conv windows and GDN states f32.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
-#include "common.cuh"
+#include "../cpu/dtype_dispatch.h"
+#include "ssm_common.cuh"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/gdn.h"
@@ -29,8 +32,12 @@ __device__ __forceinline__ int64_t start_column(const int32_t* parent, const int
   return q >= 0 ? f + q : f - 1;
 }
 
-// Block = (head h, row b); thread = one head_dim row of the state (loops over d_state).
-// Tokens of the row run in order; each first copies its start state into its step column.
+// Block = (head h, row b); a warp per head_dim row of the state at a time, its lanes over
+// d_state (coalesced loads and stores), y reduced across the warp. Tokens of the row run in
+// order; each reads its start state (the slot's or a step column) and writes its own step
+// column. TI: element type of x, dt, B, C, y; TS: of the states (stored rounded to nearest
+// even; y from the f32 values, as the decode op computes it).
+template <class TI, class TS>
 __global__ void ssm_update_multi_kernel(const selective_state_update_multi_params p) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t slot = p.state_indices[b];
@@ -39,35 +46,40 @@ __global__ void ssm_update_multi_kernel(const selective_state_update_multi_param
   const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
   const int64_t g = h / (p.heads / p.n_groups);
   const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-  const float* xs = static_cast<const float*>(p.x);
-  const float* dts = static_cast<const float*>(p.dt);
-  const float* Bs = static_cast<const float*>(p.B);
-  const float* Cs = static_cast<const float*>(p.C);
-  float* ys = static_cast<float*>(p.y);
-  const float* slot_state = static_cast<const float*>(p.ssm_states);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, warps = static_cast<int>(blockDim.x) >> 5;
+  const TI* xs = static_cast<const TI*>(p.x);
+  const TI* dts = static_cast<const TI*>(p.dt);
+  const TI* Bs = static_cast<const TI*>(p.B);
+  const TI* Cs = static_cast<const TI*>(p.C);
+  TI* ys = static_cast<TI*>(p.y);
+  const TS* slot_state = static_cast<const TS*>(p.ssm_states);
+  TS* steps = static_cast<TS*>(p.step_states);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t tok = b * T + t;
     const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
-    const float* src = src_col < 0 ? slot_state + slot * state_elems + h * head_elems
-                                   : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
-    float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
-    float v = dts[tok * p.dt_stride + h] + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
+    const TS* src = src_col < 0 ? slot_state + slot * state_elems + h * head_elems
+                                : steps + (b * p.steps + src_col) * state_elems + h * head_elems;
+    TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems;
+    float v = to_float(dts[tok * p.dt_stride + h]) + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
     if (p.dt_softplus) v = softplus_d(v);
     const float dt = fminf(fmaxf(v, p.dt_min), p.dt_max);
     const float decay = expf(dt * -expf(p.A_log[h]));
     const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
-    const float* bv = Bs + tok * p.bc_stride + g * N;
-    const float* cv = Cs + tok * p.bc_stride + g * N;
-    for (int64_t pi = threadIdx.x; pi < P; pi += blockDim.x) {
-      const float xv = xs[tok * p.x_stride + h * P + pi];
+    const TI* bv = Bs + tok * p.bc_stride + g * N;
+    const TI* cv = Cs + tok * p.bc_stride + g * N;
+    for (int64_t pi = warp; pi < P; pi += warps) {  // uniform across the warp
+      const float xv = to_float(xs[tok * p.x_stride + h * P + pi]);
       const float coef = dt * xv;
       float out = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        const float s = src[pi * N + n] * decay + coef * bv[n];
-        S[pi * N + n] = s;
-        out += s * cv[n];
+      for (int64_t n = lane; n < N; n += 32) {
+        const float s = to_float(src[pi * N + n]) * decay + coef * to_float(bv[n]);
+        S[pi * N + n] = from_float<TS>(s);
+        out += s * to_float(cv[n]);
       }
-      ys[tok * p.y_stride + h * P + pi] = out + d_skip * xv;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
+      if (lane == 0) ys[tok * p.y_stride + h * P + pi] = from_float<TI>(out + d_skip * xv);
     }
     __syncthreads();  // a later token may start from this one's state
   }
@@ -162,6 +174,8 @@ __global__ void gdn_update_multi_kernel(const gdn_state_update_multi_params p, f
 constexpr int kTreeMaxHeadDim = 256;
 
 // One warp per (query node, head): keys in order with an online softmax; lanes split head_dim.
+// KV: element type of the cache (float or bf16), widened to f32.
+template <class KV>
 __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
   const int64_t t = blockIdx.x;  // packed query index relative to query_start_loc[0]
   const int64_t h = blockIdx.y;
@@ -195,7 +209,7 @@ __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) dot += qv[i] * static_cast<const float*>(p.k_cache)[off + d];
+      if (d < D) dot += qv[i] * to_float(static_cast<const KV*>(p.k_cache)[off + d]);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -206,7 +220,7 @@ __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) acc[i] = acc[i] * corr + w * static_cast<const float*>(p.v_cache)[off + d];
+      if (d < D) acc[i] = acc[i] * corr + w * to_float(static_cast<const KV*>(p.v_cache)[off + d]);
     }
     m = m_new;
   }
@@ -219,21 +233,23 @@ __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
 }
 
 struct commit_layers {
-  float* ssm_states[kMaxCommitLayers];
-  const float* ssm_steps[kMaxCommitLayers];
+  void* ssm_states[kMaxCommitLayers];
+  const void* ssm_steps[kMaxCommitLayers];
   float* conv_states[kMaxCommitLayers];
   const float* conv_steps[kMaxCommitLayers];
 };
 
 // Block = (commit i, layer l of this launch's batch); threads copy the state then the window.
+// TS: the state's storage type (float, or bf16 copied as its 16-bit pattern).
+template <class TS>
 __global__ void commit_kernel(const commit_layers L, const int32_t* slots, const int32_t* rows,
                               const int32_t* steps_taken, int64_t steps, int64_t state_elems, int64_t conv_elems) {
   const int64_t i = blockIdx.x, l = blockIdx.y;
   const int64_t slot = slots[i];
   if (slot < 0) return;
   const int64_t col = static_cast<int64_t>(rows[i]) * steps + steps_taken[i];
-  const float* s_src = L.ssm_steps[l] + col * state_elems;
-  float* s_dst = L.ssm_states[l] + slot * state_elems;
+  const TS* s_src = static_cast<const TS*>(L.ssm_steps[l]) + col * state_elems;
+  TS* s_dst = static_cast<TS*>(L.ssm_states[l]) + slot * state_elems;
   for (int64_t e = threadIdx.x; e < state_elems; e += blockDim.x) s_dst[e] = s_src[e];
   if (L.conv_states[l] == nullptr) return;
   const float* c_src = L.conv_steps[l] + col * conv_elems;
@@ -258,11 +274,12 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream) {
   require_positive(p.n_groups, op, "n_groups");
   require_positive(p.tokens_per_row, op, "tokens_per_row");
   if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
-  if (p.io_dtype != dtype::kF32) fail(op, "io_dtype", dtype_name(p.io_dtype), "must be float32 (speculative steps)");
-  if (p.state_dtype != dtype::kF32)
-    fail(op, "state_dtype", dtype_name(p.state_dtype), "must be float32 (speculative steps)");
+  cpu_detail::require_ssm_dtypes(p, op);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  ssm_update_multi_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(p);
+  dispatch_ssm_types(p, [&](auto io, auto st) {
+    ssm_update_multi_kernel<typename decltype(io)::type, typename decltype(st)::type>
+        <<<grid, kThreads, 0, as_stream(stream)>>>(p);
+  });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -312,6 +329,7 @@ void run_cuda(const state_commit_params& p, void* stream) {
   require_ptr(p.rows, op, "rows");
   require_ptr(p.steps_taken, op, "steps_taken");
   require_positive(p.steps, op, "steps");
+  cpu_detail::require_storage(p.state_dtype, op, "state_dtype");
   const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
   // One launch covers every layer unless there are more than kMaxCommitLayers of them.
   for (int64_t l0 = 0; l0 < p.n_layers; l0 += kMaxCommitLayers) {
@@ -324,8 +342,11 @@ void run_cuda(const state_commit_params& p, void* stream) {
       L.conv_steps[l] = conv ? p.conv_steps[l0 + l] : nullptr;
     }
     const dim3 grid(static_cast<unsigned>(p.n_commits), static_cast<unsigned>(n));
-    commit_kernel<<<grid, 256, 0, as_stream(stream)>>>(L, p.slots, p.rows, p.steps_taken, p.steps, p.state_elems,
-                                                       p.conv_elems);
+    cpu_detail::dispatch_storage(p.state_dtype, op, "state_dtype", [&](auto tag) {
+      using TS = typename cpu_detail::host_storage<decltype(tag)::value>::type;  // bits are copied
+      commit_kernel<TS><<<grid, 256, 0, as_stream(stream)>>>(L, p.slots, p.rows, p.steps_taken, p.steps,
+                                                             p.state_elems, p.conv_elems);
+    });
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
 }
@@ -342,10 +363,13 @@ void run_cuda(const paged_attention_tree_params& p, void* stream) {
   require_positive(p.kv_heads, op, "kv_heads");
   require_positive(p.tree_nodes, op, "tree_nodes");
   if (p.tree_nodes > 128) fail(op, "tree_nodes", p.tree_nodes, "must be <= 128");
-  if (p.kv_dtype != dtype::kF32) fail(op, "kv_dtype", dtype_name(p.kv_dtype), "must be float32 (tree drafts)");
+  cpu_detail::require_storage(p.kv_dtype, op, "kv_dtype");
   if (p.head_dim < 1 || p.head_dim > kTreeMaxHeadDim) fail(op, "head_dim", p.head_dim, "must be in [1, 256]");
   const dim3 grid(static_cast<unsigned>(p.batch * p.tree_nodes), static_cast<unsigned>(p.q_heads));
-  tree_attention_kernel<<<grid, 32, 0, as_stream(stream)>>>(p);
+  cpu_detail::dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {
+    using KV = std::conditional_t<decltype(tag)::value == dtype::kBF16, __nv_bfloat16, float>;
+    tree_attention_kernel<KV><<<grid, 32, 0, as_stream(stream)>>>(p);
+  });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,5 @@
 // Speculative decoding through the real service (coordinator + worker binaries under mpirun):
-// with n-gram and with draft-model drafts, TP=2 gives the same greedy outputs as TP=1 and as
+// with n-gram and with draft-model drafts (chain and tree), TP=2 gives the same greedy outputs as TP=1 and as
 // plain decoding; /generate reports spec_accept_rate and /metrics counts drafted and accepted
 // tokens.
 #include <gtest/gtest.h>
@@ -70,7 +70,8 @@ std::vector<generation> serve_and_run(const std::string& name, const std::string
 }
 
 std::string spec_name(const ::testing::TestParamInfo<std::string>& p) {
-  return p.param.find("ngram") != std::string::npos ? "ngram" : "draft_model";
+  if (p.param.find("ngram") != std::string::npos) return "ngram";
+  return p.param.find("max_tree_width") != std::string::npos ? "draft_model_tree" : "draft_model";
 }
 
 class SpecService : public ::testing::TestWithParam<std::string> {};
@@ -103,7 +104,9 @@ INSTANTIATE_TEST_SUITE_P(
     Algorithms, SpecService,
     ::testing::Values(std::string("speculative: {algorithm: ngram, num_draft_tokens: 4}\n"),
                       std::string("speculative: {algorithm: draft_model, num_draft_tokens: 3, "
-                                  "draft_model: {synthetic: {num_layers: 2}}}\n")),
+                                  "draft_model: {synthetic: {num_layers: 2}}}\n"),
+                      std::string("speculative: {algorithm: draft_model, num_draft_tokens: 4, "
+                                  "draft_model: {synthetic: {num_layers: 2}, max_tree_width: 3}}\n")),
     spec_name);
 
 }  // namespace

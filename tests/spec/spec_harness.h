@@ -35,6 +35,7 @@ class local_transport final : public coordinator::transport {
     modes.push_back(plan.mode);
     if (!plan.commits.empty()) ++plans_with_commits;
     if (plan.is_tree) ++tree_plans;
+    if (plan.mode == 4 && plan.extend_rows > 0) ++mixed_verify_plans;
     results_.emplace_back(group, wire::encode(runner_.execute(plan)));
   }
   std::optional<std::pair<int, std::vector<uint8_t>>> poll_result() override {
@@ -48,6 +49,7 @@ class local_transport final : public coordinator::transport {
   std::vector<uint8_t> modes;  // mode byte of every plan, in order
   int plans_with_commits = 0;
   int tree_plans = 0;
+  int mixed_verify_plans = 0;  // TargetVerify plans that also carry prefill chunks (extend rows)
 
  private:
   worker::runner& runner_;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "coordinator/speculative.h"
+#include "hyserve/kernels/device.h"
 #include "fixture.h"
 #include "spec_harness.h"
 
@@ -27,13 +28,22 @@ using coordinator::finish_reason;
 namespace spec = coordinator::spec;
 
 // Speculation variants under test.
-enum class variant { kPlain, kNgram, kNgramTree, kDraftModel };
+enum class variant { kPlain, kNgram, kNgramTree, kDraftModel, kDraftModelTree };
 
-service_config fixture_config(const std::string& fixture, variant v) {
+// Storage types: f32 throughout; bf16 weights and KV cache with an f32 SSM state; bf16 weights,
+// KV cache and SSM state (Mamba2 only: Gated DeltaNet state stays f32).
+enum class precision { kF32, kBf16, kBf16State };
+
+service_config fixture_config(const std::string& fixture, variant v, precision prec = precision::kF32,
+                              const std::string& device = "cpu") {
+  const char* dtypes = prec == precision::kF32 ? ""
+                       : prec == precision::kBf16 ? ", kv_dtype: bfloat16"
+                                                  : ", kv_dtype: bfloat16, ssm_state_dtype: bfloat16";
   std::string yaml = "model: {path: " + fixture_dir(fixture) +
+                     (prec == precision::kF32 ? "" : ", dtype: bfloat16") +
                      "}\n"
-                     "device: cpu\n"
-                     "cache: {page_size: 16, max_requests: 64, max_context: 512}\n"
+                     "device: " + device + "\n"
+                     "cache: {page_size: 16, max_requests: 64, max_context: 512" + dtypes + "}\n"
                      "scheduler: {max_batch_tokens: 512, max_running: 64, chunked_prefill: 64, max_queue: 1024}\n";
   switch (v) {
     case variant::kPlain: break;
@@ -46,6 +56,10 @@ service_config fixture_config(const std::string& fixture, variant v) {
       break;
     case variant::kDraftModel:
       yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 3, draft_model: {synthetic: {num_layers: 2}}}\n";
+      break;
+    case variant::kDraftModelTree:
+      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 4, draft_model: {synthetic: {num_layers: 2}, "
+              "max_tree_width: 3}}\n";
       break;
   }
   return load_config_string(yaml);
@@ -99,6 +113,7 @@ std::string spec_case_name(const ::testing::TestParamInfo<std::tuple<const char*
     case variant::kNgram: return n + "_ngram";
     case variant::kNgramTree: return n + "_ngram_tree";
     case variant::kDraftModel: return n + "_draft_model";
+    case variant::kDraftModelTree: return n + "_draft_model_tree";
   }
   return n;
 }
@@ -157,9 +172,24 @@ TEST_P(SpecGreedy, RandomPromptsStopIdsAndLengthsMatchPlainDecoding) {
   const auto& modes = spec_svc.link().modes;
   EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{4}), 0) << "no target_verify step";
   EXPECT_GT(spec_svc.link().plans_with_commits, 0);
-  if (alg == variant::kDraftModel)
+  if (alg == variant::kDraftModel || alg == variant::kDraftModelTree) {
     EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{6}), 0) << "no draft step";
-  if (alg == variant::kNgramTree) EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  if (alg == variant::kNgramTree || alg == variant::kDraftModelTree) {
+    EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  if (alg == variant::kDraftModelTree) {
+    // Accepted siblings (the draft's runner-up tokens at the first position) are fed to the
+    // draft model by DraftExtend steps: some were accepted, and the outputs still match.
+    const auto catch_up = std::count(modes.begin(), modes.end(), uint8_t{5});
+    EXPECT_GT(catch_up, 0) << "no sibling draft was accepted; the tree path would be untested";
+    std::printf("draft-model tree: %lld draft_extend steps for accepted siblings\n", static_cast<long long>(catch_up));
+  }
+  // Mixed batches: requests still in prefill (long prompts, 64-token chunks) shared verify steps
+  // with requests that were verifying drafts, and the outputs above still equal plain decoding.
+  EXPECT_GT(spec_svc.link().mixed_verify_plans, 0) << "no verify step carried prefill rows";
+  std::printf("%s: %d verify steps with prefill rows of %lld verify steps\n", spec_case_name({GetParam(), 0}).c_str(),
+              spec_svc.link().mixed_verify_plans, static_cast<long long>(std::count(modes.begin(), modes.end(), uint8_t{4})));
   int stopped = 0;
   for (const auto& g : got) stopped += g.reason == finish_reason::kStop;
   EXPECT_GT(stopped, 0);
@@ -168,8 +198,108 @@ TEST_P(SpecGreedy, RandomPromptsStopIdsAndLengthsMatchPlainDecoding) {
 INSTANTIATE_TEST_SUITE_P(Models, SpecGreedy,
                          ::testing::Combine(::testing::ValuesIn(kFixtures),
                                             ::testing::Values(variant::kNgram, variant::kNgramTree,
-                                                              variant::kDraftModel)),
+                                                              variant::kDraftModel, variant::kDraftModelTree)),
                          spec_case_name);
+
+// bf16 storage (model.dtype: bfloat16, cache.kv_dtype: bfloat16, and for Bamba also
+// cache.ssm_state_dtype: bfloat16): greedy speculative output equals plain bf16 decoding token
+// for token. On the CPU this holds exactly: activations are f32, the bf16 weights are widened
+// exactly before the f32 GEMM (whose per-row result does not depend on the batch shape), the
+// KV cache is written and read the same way in verify and decode, and per-step SSM states are
+// stored in the state type after every token, as decode stores them in the slot.
+using bf16_param = std::tuple<const char*, variant, precision>;
+
+class SpecGreedyBf16 : public ::testing::TestWithParam<bf16_param> {};
+
+TEST_P(SpecGreedyBf16, FixtureAndRandomPromptsMatchPlainBf16Decoding) {
+  const auto [fixture, alg, prec] = GetParam();
+  std::vector<gen_request> reqs;
+  for (const auto& p : load_reference_prompts(fixture)) {
+    gen_request g;
+    g.prompt = p.input_ids;
+    g.sampling.max_new_tokens = static_cast<int32_t>(p.greedy_ids.size());
+    g.sampling.ignore_eos = true;
+    reqs.push_back(g);
+  }
+  spec_service plain_svc(fixture_config(fixture, variant::kPlain, prec));
+  const std::vector<gen_request> random = random_requests(plain_svc.config().vocab_size, 1234);
+  reqs.insert(reqs.end(), random.begin(), random.end());
+  const auto plain = plain_svc.run(reqs);
+  spec_service spec_svc(fixture_config(fixture, alg, prec));
+  const auto got = spec_svc.run(reqs);
+  expect_same(plain, got, std::string(fixture) + " bf16");
+  EXPECT_GT(total(got, &generation::drafted), 0);
+  EXPECT_GT(total(got, &generation::accepted), 0);
+  const auto& modes = spec_svc.link().modes;
+  EXPECT_GT(std::count(modes.begin(), modes.end(), uint8_t{4}), 0) << "no target_verify step";
+  if (alg == variant::kNgramTree) {
+    EXPECT_GT(spec_svc.link().tree_plans, 0) << "no tree verify step";
+  }
+  EXPECT_GT(spec_svc.link().mixed_verify_plans, 0) << "no verify step carried prefill rows";
+}
+
+std::string bf16_case_name(const ::testing::TestParamInfo<bf16_param>& info) {
+  const auto& [fixture, alg, prec] = info.param;
+  return spec_case_name(::testing::TestParamInfo<std::tuple<const char*, variant>>({fixture, alg}, info.index)) +
+         (prec == precision::kBf16State ? "_bf16_state" : "_bf16");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyBf16,
+                         ::testing::Values(bf16_param{"bamba-tiny", variant::kNgram, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kNgramTree, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kDraftModel, precision::kBf16State},
+                                           bf16_param{"bamba-tiny", variant::kNgram, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kNgram, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kNgramTree, precision::kBf16},
+                                           bf16_param{"qwen3next-tiny", variant::kDraftModel, precision::kBf16}),
+                         bf16_case_name);
+
+// The same on a CUDA device (skips without one): speculative greedy output equals plain greedy
+// decoding on that device, f32 and bf16 storage, every algorithm. Verify runs the GEMMs over
+// 1 + drafts rows per request where decode runs one; this holds exactly only where the device
+// GEMM's result for a row does not depend on the other rows of the batch (the CPU's does).
+using cuda_param = std::tuple<const char*, variant, precision>;
+
+class SpecGreedyCuda : public ::testing::TestWithParam<cuda_param> {};
+
+TEST_P(SpecGreedyCuda, FixtureAndRandomPromptsMatchPlainDecodingOnTheDevice) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto [fixture, alg, prec] = GetParam();
+  std::vector<gen_request> reqs;
+  for (const auto& p : load_reference_prompts(fixture)) {
+    gen_request g;
+    g.prompt = p.input_ids;
+    g.sampling.max_new_tokens = static_cast<int32_t>(p.greedy_ids.size());
+    g.sampling.ignore_eos = true;
+    reqs.push_back(g);
+  }
+  spec_service plain_svc(fixture_config(fixture, variant::kPlain, prec, "cuda"));
+  const std::vector<gen_request> random = random_requests(plain_svc.config().vocab_size, 1234);
+  reqs.insert(reqs.end(), random.begin(), random.end());
+  const auto plain = plain_svc.run(reqs);
+  spec_service spec_svc(fixture_config(fixture, alg, prec, "cuda"));
+  const auto got = spec_svc.run(reqs);
+  expect_same(plain, got, std::string(fixture) + " cuda");
+  EXPECT_GT(total(got, &generation::accepted), 0);
+  EXPECT_GT(spec_svc.link().mixed_verify_plans, 0) << "no verify step carried prefill rows";
+}
+
+std::vector<cuda_param> cuda_params() {
+  std::vector<cuda_param> out;
+  for (const char* f : kFixtures)
+    for (variant v : {variant::kNgram, variant::kNgramTree, variant::kDraftModel, variant::kDraftModelTree})
+      for (precision p : {precision::kF32, precision::kBf16, precision::kBf16State})
+        if (!(p == precision::kBf16State && std::string(f) == "qwen3next-tiny")) out.emplace_back(f, v, p);
+  return out;
+}
+
+std::string cuda_case_name(const ::testing::TestParamInfo<cuda_param>& info) {
+  const auto& [f, v, p] = info.param;
+  return spec_case_name(::testing::TestParamInfo<std::tuple<const char*, variant>>({f, v}, 0)) +
+         (p == precision::kF32 ? "_f32" : p == precision::kBf16 ? "_bf16" : "_bf16_state");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyCuda, ::testing::ValuesIn(cuda_params()), cuda_case_name);
 
 // A prompt without any repeated token and one new token: no round ever has a draft, so the
 // speculative service runs ordinary decode plans and matches plain decoding.
@@ -253,8 +383,9 @@ TEST(SpecSampling, TemperatureOneDistributionIsPreserved) {
     // tokens, so some are accepted at temperature 1. n-gram drafts on this small random model
     // rarely are; the acceptance path is the same code for both algorithms.
     EXPECT_GT(total(got, &generation::drafted), 0);
-    if (alg == variant::kDraftModel)
+    if (alg == variant::kDraftModel) {
       EXPECT_GT(total(got, &generation::accepted), 0) << "no draft was accepted; the test would be vacuous";
+    }
     std::printf("chi-square arm %d: drafted %lld, accepted %lld\n", static_cast<int>(alg),
                 static_cast<long long>(total(got, &generation::drafted)),
                 static_cast<long long>(total(got, &generation::accepted)));
@@ -358,6 +489,9 @@ TEST(SpecConfig, FieldsAreValidatedByName) {
                 .find("speculative.draft_model"),
             std::string::npos);
   EXPECT_NE(err("speculative: {num_draft_tokens: 0}").find("speculative.num_draft_tokens"), std::string::npos);
+  EXPECT_NE(err("speculative: {algorithm: draft_model, draft_model: {synthetic: {num_layers: 1}, max_tree_width: 0}}")
+                .find("speculative.draft_model.max_tree_width"),
+            std::string::npos);
 }
 
 }  // namespace

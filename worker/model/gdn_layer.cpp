@@ -133,6 +133,33 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);
 
+  // Varlen prefill (conv + chunked delta rule from each row's slot, final state to the slot)
+  // over the rows whose slot in `slots` is >= 0.
+  auto prefill = [&](const device_array& slots) {
+    kernels::conv1d_varlen_params c;
+    c.x = proj.as<float>();
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = qkv.as<float>();
+    c.query_start_loc = in.query_start_loc.as<int32_t>();
+    c.state_indices = slots.as<int32_t>();
+    c.has_initial_state = in.initial_state_flags();
+    c.conv_states = state.conv.as<float>();
+    c.batch = in.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run(c, ctx);
+    kernels::gdn_chunk_scan_params s;
+    fill_gdn_common(s, w, proj, qkv, core, state, in);
+    s.state_indices = slots.as<int32_t>();
+    s.query_start_loc = in.query_start_loc.as<int32_t>();
+    s.has_initial_state = in.initial_state_flags();
+    s.chunk_size = w.chunk_size;
+    kernels::run(s, ctx);
+  };
   if (per_step) {
     kernels::conv1d_update_multi_params c;
     c.x = proj.as<float>();
@@ -144,7 +171,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     c.step_windows = steps->conv.as<float>();
     c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
     c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
-    c.batch = in.batch_size;
+    c.batch = in.spec_rows;
     c.dim = conv;
     c.width = w.conv_width;
     c.tokens_per_row = in.spec_tokens_per_row;
@@ -156,11 +183,13 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     kernels::gdn_state_update_multi_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     s.step_states = steps->ssm.as<float>();
+    s.batch = in.spec_rows;
     s.retrieve_parent = c.retrieve_parent;
     s.first_step = c.first_step;
     s.tokens_per_row = in.spec_tokens_per_row;
     s.steps = in.spec_steps;
     kernels::run(s, ctx);
+    if (in.spec_extend) prefill(in.extend_slots);
   } else if (recurrent_step) {
     kernels::conv1d_update_params c;
     c.x = proj.as<float>();
@@ -180,30 +209,8 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     kernels::run(s, ctx);
   } else {
-    kernels::conv1d_varlen_params c;
-    c.x = proj.as<float>();
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = qkv.as<float>();
-    c.query_start_loc = in.query_start_loc.as<int32_t>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.has_initial_state = in.initial_state_flags();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
-    kernels::gdn_chunk_scan_params s;
-    fill_gdn_common(s, w, proj, qkv, core, state, in);
-    s.query_start_loc = in.query_start_loc.as<int32_t>();
-    s.has_initial_state = in.initial_state_flags();
-    s.chunk_size = w.chunk_size;
-    kernels::run(s, ctx);
+    prefill(in.mamba_slots);
   }
-
   // Norm before gate, per head: rmsnorm over each head's V channels (rows = tokens · heads),
   // then · silu(z).
   kernels::rmsnorm_params n;

@@ -247,8 +247,9 @@ attention_step build_attention_step(const forward_batch& batch, const hybrid_met
     for (int32_t t = meta.query_start_loc[b]; t < meta.query_start_loc[b + 1]; ++t) {
       // Tree drafts: node k's KV goes to position prefix + k (siblings share a RoPE position);
       // the commit moves the accepted path's entries to their depths.
-      const int32_t pos = meta.is_tree ? meta.prefix_lens[b] + (t - meta.query_start_loc[b])
-                                       : meta.positions[static_cast<size_t>(t)];
+      const bool tree_row = meta.is_tree && static_cast<int32_t>(b) < meta.verify_rows;
+      const int32_t pos = tree_row ? meta.prefix_lens[b] + (t - meta.query_start_loc[b])
+                                   : meta.positions[static_cast<size_t>(t)];
       s.locs[static_cast<size_t>(t)] = table[pos];
     }
   }
@@ -280,8 +281,14 @@ void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& met
       in.spec_steps = meta.draft_len;
       in.spec_tree = meta.is_tree;
       if (meta.is_tree) in.retrieve_parent = at(l.retrieve_parent, l.parent_entries);
+      in.spec_rows = meta.verify_rows;
+      if (l.extend_slots) {
+        in.extend_slots = at(l.extend_slots_at, l.batch);
+        in.spec_extend = true;
+      }
       break;
     case forward_mode::kDraft:
+      in.spec_rows = meta.batch_size;
       in.spec_tokens_per_row = 1;
       in.spec_steps = meta.draft_len;
       in.first_step = at(l.first_step_at, l.batch);
@@ -309,8 +316,12 @@ step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step,
 
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx) {
   if (in.mode == forward_mode::kTargetVerify && in.spec_tree) {
+    // Extend rows riding in the step attend causally: every row runs causal attention first,
+    // then the verify rows (the first spec_rows) are overwritten with tree-masked attention.
+    if (in.spec_extend) kernels::run(a, ctx);
     kernels::paged_attention_tree_params t;
     static_cast<kernels::paged_attention_params&>(t) = a;
+    t.batch = in.spec_rows;
     t.retrieve_parent = in.retrieve_parent.as<int32_t>();
     t.tree_nodes = in.spec_tokens_per_row;
     kernels::run(t, ctx);
@@ -465,6 +476,33 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
       break;
   }
 
+  // Varlen prefill (conv + chunk scan from each row's slot, final state to the slot) over the
+  // rows whose slot in `slots` is >= 0.
+  auto prefill = [&](const device_array& slots) {
+    kernels::conv1d_varlen_params c;
+    c.x = proj.as<float>() + di;
+    c.weight = w.conv_w.as<float>();
+    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
+    c.out = xbc.as<float>();
+    c.query_start_loc = in.query_start_loc.as<int32_t>();
+    c.state_indices = slots.as<int32_t>();
+    c.has_initial_state = in.initial_state_flags();
+    c.conv_states = state.conv.as<float>();
+    c.batch = in.batch_size;
+    c.dim = conv;
+    c.width = w.conv_width;
+    c.x_stride = in_w;
+    c.out_stride = conv;
+    c.silu = true;
+    kernels::run(c, ctx);
+    kernels::ssd_chunk_scan_params s;
+    fill_ssm_common(s, w, proj, xbc, y, state, in);
+    s.state_indices = slots.as<int32_t>();
+    s.query_start_loc = in.query_start_loc.as<int32_t>();
+    s.has_initial_state = in.initial_state_flags();
+    s.chunk_size = w.chunk_size;
+    kernels::run(s, ctx);
+  };
   if (per_step) {
     kernels::conv1d_update_multi_params c;
     c.x = proj.as<float>() + di;
@@ -476,7 +514,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     c.step_windows = steps->conv.as<float>();
     c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
     c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
-    c.batch = in.batch_size;
+    c.batch = in.spec_rows;
     c.dim = conv;
     c.width = w.conv_width;
     c.tokens_per_row = in.spec_tokens_per_row;
@@ -487,12 +525,15 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     kernels::run(c, ctx);
     kernels::selective_state_update_multi_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
-    s.step_states = steps->ssm.as<float>();
+    HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
+    s.step_states = steps->ssm.data();
+    s.batch = in.spec_rows;
     s.retrieve_parent = c.retrieve_parent;
     s.first_step = c.first_step;
     s.tokens_per_row = in.spec_tokens_per_row;
     s.steps = in.spec_steps;
     kernels::run(s, ctx);
+    if (in.spec_extend) prefill(in.extend_slots);
   } else if (recurrent_step) {
     kernels::conv1d_update_params c;
     c.x = proj.as<float>() + di;
@@ -512,30 +553,8 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     kernels::run(s, ctx);
   } else {
-    kernels::conv1d_varlen_params c;
-    c.x = proj.as<float>() + di;
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = xbc.as<float>();
-    c.query_start_loc = in.query_start_loc.as<int32_t>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.has_initial_state = in.initial_state_flags();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
-    kernels::ssd_chunk_scan_params s;
-    fill_ssm_common(s, w, proj, xbc, y, state, in);
-    s.query_start_loc = in.query_start_loc.as<int32_t>();
-    s.has_initial_state = in.initial_state_flags();
-    s.chunk_size = w.chunk_size;
-    kernels::run(s, ctx);
+    prefill(in.mamba_slots);
   }
-
   // Gated RMSNorm over groups; a group split across ranks reduces its sum of squares first.
   kernels::gated_rmsnorm_params g;
   g.x = y.as<float>();

@@ -117,8 +117,15 @@ struct step_inputs {
   int64_t spec_tokens_per_row = 0, spec_steps = 0;
   bool spec_tree = false;        // retrieve_parent is set
   bool spec_first_step = false;  // first_step is set
-  device_array retrieve_parent;  // i32 [bs, tokens_per_row]
+  device_array retrieve_parent;  // i32 [spec_rows, tokens_per_row]
   device_array first_step;       // i32 [bs]
+  // Rows the per-step ops run over: the first spec_rows rows (TargetVerify: the verify rows;
+  // Draft: every row). With spec_extend (a TargetVerify step carrying prefill chunks) the
+  // remaining rows are extend rows: the prefill ops run over every row with extend_slots, in
+  // which the verify rows' slots are -1 (skipped).
+  int64_t spec_rows = 0;
+  bool spec_extend = false;
+  device_array extend_slots;     // i32 [bs]
   tensor storage;  // the packed buffer when this step owns it (eager); empty when bound to another
 
   const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }

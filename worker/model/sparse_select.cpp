@@ -62,9 +62,11 @@ sparse_step plan_sparse_step(const sparsity_section& cfg, const forward_batch& b
                 "sparse attention: the batch and its metadata disagree on the row count");
   std::vector<uint8_t> dense(bs, 0);
   const kernels::sparse_select_params p = base_params(cfg, page_size, s.multi_query_rows);
+  // Extend rows riding in a verify step (rows from meta.verify_rows on) are prefill: dense.
+  const size_t decode_rows = meta.mode == forward_mode::kTargetVerify ? static_cast<size_t>(meta.verify_rows) : bs;
   for (size_t b = 0; b < bs; ++b) {
-    if (meta.mamba_slots[b] < 0 || batch.rows[b].req_slot < 0) {
-      dense[b] = 1;  // padding row
+    if (meta.mamba_slots[b] < 0 || batch.rows[b].req_slot < 0 || b >= decode_rows) {
+      dense[b] = 1;  // padding row or extend row
       continue;
     }
     dense[b] = !quest || batch.rows[b].dense_attention ? 1 : 0;

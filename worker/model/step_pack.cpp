@@ -10,7 +10,8 @@
 namespace hyserve::worker::layers {
 
 step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, bool attention,
-                             int64_t page_table_stride, int64_t parent_entries, bool first_step) {
+                             int64_t page_table_stride, int64_t parent_entries, bool first_step,
+                             bool extend_slots) {
   step_layout l;
   l.batch = batch;
   l.tokens = tokens;
@@ -19,6 +20,7 @@ step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, 
   l.page_table_stride = attention ? page_table_stride : 0;
   l.parent_entries = parent_entries;
   l.first_step = first_step;
+  l.extend_slots = extend_slots;
   int64_t at = 0;
   auto take = [&](int64_t n) {
     const int64_t o = at;
@@ -36,6 +38,7 @@ step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, 
   l.seq_lens = take(attention ? batch : 0);
   l.retrieve_parent = take(parent_entries);
   l.first_step_at = take(first_step ? batch : 0);
+  l.extend_slots_at = take(extend_slots ? batch : 0);
   l.total = at;
   return l;
 }
@@ -45,7 +48,8 @@ step_layout layout_of(const hybrid_metadata& meta, const attention_step* step) {
   return make_step_layout(meta.batch_size, meta.num_tokens, static_cast<int64_t>(meta.logit_token_indices.size()),
                           step != nullptr, step ? step->page_table_stride : 0,
                           parents ? static_cast<int64_t>(meta.retrieve_parent.size()) : 0,
-                          meta.mode == forward_mode::kDraft);
+                          meta.mode == forward_mode::kDraft,
+                          meta.mode == forward_mode::kTargetVerify && meta.verify_rows < meta.batch_size);
 }
 
 void pack_step(const step_layout& l, const hybrid_metadata& meta, const attention_step* step,
@@ -98,6 +102,11 @@ void pack_step(const step_layout& l, const hybrid_metadata& meta, const attentio
   if (l.first_step) {
     need(static_cast<int64_t>(meta.draft_steps.size()) == bs, "draft_steps size");
     std::copy(meta.draft_steps.begin(), meta.draft_steps.end(), out + l.first_step_at);
+  }
+  if (l.extend_slots) {
+    need(meta.verify_rows <= bs, "verify_rows exceed the batch");
+    int32_t* ext = out + l.extend_slots_at;
+    for (int64_t b = 0; b < bs; ++b) ext[b] = b < meta.verify_rows ? -1 : meta.mamba_slots[static_cast<size_t>(b)];
   }
 }
 

@@ -20,13 +20,14 @@ struct attention_step;
 
 // Offsets (in i32 elements) of each array inside the packed buffer. Arrays that a step does not
 // carry have length 0 (attention: locs, page_table, seq_lens; TargetVerify trees:
-// retrieve_parent; Draft: first_step).
+// retrieve_parent; Draft: first_step; a TargetVerify step carrying prefill rows: extend_slots).
 struct step_layout {
   int64_t batch = 0, tokens = 0, logit_rows = 0;
   bool attention = false;
   int64_t page_table_stride = 0;  // entries per row of the page table (attention only)
   int64_t parent_entries = 0;     // retrieve_parent elements (batch · tree nodes), 0 = none
   bool first_step = false;        // Draft: one start column per row
+  bool extend_slots = false;      // TargetVerify with extend rows: the slots the prefill ops run over
 
   int64_t query_start_loc = 0;    // [batch + 1]
   int64_t mamba_slots = 0;        // [batch]
@@ -39,11 +40,13 @@ struct step_layout {
   int64_t seq_lens = 0;           // [batch] (attention)
   int64_t retrieve_parent = 0;    // [parent_entries]
   int64_t first_step_at = 0;      // [batch] (first_step)
+  int64_t extend_slots_at = 0;    // [batch] (extend_slots): mamba slots with the verify rows' set to -1
   int64_t total = 0;              // elements of the whole buffer
 };
 
 step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, bool attention,
-                             int64_t page_table_stride, int64_t parent_entries, bool first_step);
+                             int64_t page_table_stride, int64_t parent_entries, bool first_step,
+                             bool extend_slots = false);
 
 // The layout of exactly this step (what an eager step uploads).
 step_layout layout_of(const hybrid_metadata& meta, const attention_step* step);

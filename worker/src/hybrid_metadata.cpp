@@ -33,6 +33,8 @@ void check_rows_common(const forward_batch& b, bool padding_allowed) {
   if (b.rows.empty()) fail_batch(b, "has no rows; a step with nothing to run is an idle batch");
   if (b.is_tree && b.mode != forward_mode::kTargetVerify)
     fail_batch(b, "is_tree is set; tree drafts exist only in target_verify batches");
+  if (b.extend_rows != 0 && b.mode != forward_mode::kTargetVerify)
+    fail_batch(b, "extend_rows is set; extend rows ride only in target_verify batches");
   const bool tree = b.mode == forward_mode::kTargetVerify && b.is_tree;
   std::unordered_map<int32_t, size_t> slot_owner;
   int64_t total = 0;
@@ -64,6 +66,9 @@ hybrid_metadata start(const forward_batch& b) {
   hybrid_metadata md;
   md.mode = b.mode;
   md.batch_size = static_cast<int32_t>(b.rows.size());
+  md.verify_rows = b.mode == forward_mode::kTargetVerify ? md.batch_size : 0;
+  md.logit_row_start.reserve(b.rows.size() + 1);
+  md.logit_row_start.push_back(0);
   const size_t bs = b.rows.size();
   md.query_start_loc.reserve(bs + 1);
   md.query_start_loc.push_back(0);
@@ -92,6 +97,11 @@ void push_chain_positions(hybrid_metadata& md, const batch_row& r) {
 
 void finish(hybrid_metadata& md) { md.num_tokens = md.query_start_loc.back(); }
 
+// Marks the end of row b's logit rows (call after pushing them).
+void close_logit_row(hybrid_metadata& md) {
+  md.logit_row_start.push_back(static_cast<int32_t>(md.logit_token_indices.size()));
+}
+
 // Extend, DraftExtend and Mixed: every row extends its cached prefix by ≥1 token; Mixed decode
 // rows are extends of exactly one token on top of a cached prefix. One logit row per row.
 hybrid_metadata build_extend_like(const forward_batch& b) {
@@ -111,6 +121,7 @@ hybrid_metadata build_extend_like(const forward_batch& b) {
     push_row(md, r, r.prefix_len > 0);
     push_chain_positions(md, r);
     md.logit_token_indices.push_back(md.query_start_loc.back() - 1);
+    close_logit_row(md);
   }
   finish(md);
   return md;
@@ -143,6 +154,7 @@ hybrid_metadata build_single_token(const forward_batch& b) {
     push_row(md, r, !is_padding(r));
     push_chain_positions(md, r);
     md.logit_token_indices.push_back(md.query_start_loc.back() - 1);
+    close_logit_row(md);
   }
   finish(md);
   return md;
@@ -203,16 +215,22 @@ void derive_tree(const forward_batch& b, size_t i, const std::vector<int32_t>& n
                          "; draft nodes must be ordered parent first (parent index < node index)");
 }
 
-// TargetVerify: D tokens per row (last accepted token + D-1 drafts), a logit row per token.
-// Padding rows keep their D tokens and D logit rows; in tree mode a padding row may omit its
-// links, and is then laid out as a chain.
+// TargetVerify: D tokens per verify row (last accepted token + D-1 drafts), a logit row per
+// token. Padding rows keep their D tokens and D logit rows; in tree mode a padding row may omit
+// its links, and is then laid out as a chain. The last extend_rows rows are prefill chunks (as
+// in Extend: at least one token, chain positions, one logit row for the last token).
 hybrid_metadata build_verify(const forward_batch& b) {
   check_rows_common(b, /*padding_allowed=*/true);
   const int32_t d = b.draft_len;
   if (d < 1) fail_batch(b, "draft_len " + str(d) + " must be >= 1");
+  if (b.extend_rows < 0 || static_cast<size_t>(b.extend_rows) >= b.rows.size())
+    fail_batch(b, "extend_rows " + str(b.extend_rows) + " must be in [0, rows " + str(static_cast<int64_t>(b.rows.size())) +
+                      "): a verify step has at least one verify row");
+  const size_t n_verify = b.rows.size() - static_cast<size_t>(b.extend_rows);
   hybrid_metadata md = start(b);
   md.draft_len = d;
   md.is_tree = b.is_tree;
+  md.verify_rows = static_cast<int32_t>(n_verify);
   const size_t ud = static_cast<size_t>(d);
   md.logit_token_indices.reserve(b.rows.size() * ud);
   std::vector<int32_t> chain_next, chain_sibling(ud, -1), parent(ud), depth(ud);
@@ -224,6 +242,17 @@ hybrid_metadata build_verify(const forward_batch& b) {
   }
   for (size_t i = 0; i < b.rows.size(); ++i) {
     const batch_row& r = b.rows[i];
+    if (i >= n_verify) {  // an extend row
+      if (is_padding(r)) fail_row(b, i, "is a padding row; the extend rows of a target_verify batch are real prefill chunks");
+      if (r.tokens.empty()) fail_row(b, i, "has 0 tokens; extend rows need at least 1");
+      if (!r.retrieve_next_token.empty() || !r.retrieve_next_sibling.empty())
+        fail_row(b, i, "is an extend row with tree links; only verify rows carry tree links");
+      push_row(md, r, r.prefix_len > 0);
+      push_chain_positions(md, r);
+      md.logit_token_indices.push_back(md.query_start_loc.back() - 1);
+      close_logit_row(md);
+      continue;
+    }
     if (r.tokens.size() != ud)
       fail_row(b, i, "has " + str(static_cast<int64_t>(r.tokens.size())) + " tokens; target_verify rows have exactly " +
                          "draft_len = " + str(d) + " (the last accepted token and " + str(d - 1) + " drafts)");
@@ -244,6 +273,7 @@ hybrid_metadata build_verify(const forward_batch& b) {
       push_chain_positions(md, r);
     }
     for (int32_t k = 0; k < d; ++k) md.logit_token_indices.push_back(row_start + k);
+    close_logit_row(md);
   }
   finish(md);
   return md;
@@ -251,6 +281,7 @@ hybrid_metadata build_verify(const forward_batch& b) {
 
 // Idle: no rows; the step still runs so the worker joins every collective.
 hybrid_metadata build_idle(const forward_batch& b) {
+  if (b.extend_rows != 0) fail_batch(b, "extend_rows is set; extend rows ride only in target_verify batches");
   if (!b.rows.empty())
     fail_batch(b, "has " + str(static_cast<int64_t>(b.rows.size())) + " rows; an idle batch has none");
   if (b.is_tree) fail_batch(b, "is_tree is set; tree drafts exist only in target_verify batches");

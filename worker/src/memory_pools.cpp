@@ -178,7 +178,7 @@ int64_t mamba_state_cache::bytes_per_slot(int32_t num_layers, const mamba_state_
 
 mamba_state_cache::mamba_state_cache(int32_t num_layers, int32_t n_slots, const mamba_state_shape& shape,
                                      device_kind device, dtype state_type)
-    : n_slots_(n_slots), shape_(shape) {
+    : n_slots_(n_slots), shape_(shape), state_type_(state_type) {
   if (state_type != dtype::kF32 && state_type != dtype::kBF16)
     throw invalid_argument_error("mamba_state_cache state type " + std::string(dtype_name(state_type)) +
                                  " (supported: f32, bf16)");

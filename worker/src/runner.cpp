@@ -56,6 +56,7 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
   batch.mode = forward_mode_from_byte(plan.mode);
   batch.draft_len = plan.draft_len;
   batch.is_tree = plan.is_tree;
+  batch.extend_rows = plan.extend_rows;
   // Commits of the previous verify / draft steps come first: they finish the previous round.
   auto commit = [&](const std::vector<wire::commit_op>& ops, state_pools& pools, const model& m) {
     if (ops.empty()) return;
@@ -158,15 +159,24 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
   res.pages_read = attention.pages_read;
   if (mirror_draft) (void)draft_->forward(batch, meta, draft_pools_.context(), forward_options{});
+  if (draft_ && batch.mode == forward_mode::kTargetVerify && batch.extend_rows > 0) {
+    // The prefill chunks riding in the verify step run on the draft model as an Extend step,
+    // so its cache covers the same tokens.
+    forward_batch ext;
+    ext.mode = forward_mode::kExtend;
+    ext.rows.assign(batch.rows.end() - batch.extend_rows, batch.rows.end());
+    (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
+  }
   const int64_t vocab = model_->config().vocab_size;
-  // One logit row per row (per token for TargetVerify), in row order.
-  const size_t per_row = meta.logit_token_indices.size() / std::max<size_t>(batch.rows.size(), 1);
+  // Logit rows of each row (one, or one per token of a verify row), in row order.
   for (size_t b = 0; b < batch.rows.size(); ++b) {
     wire::row_result rr;
     rr.request_id = batch.rows[b].request_id;
     const wire::plan_row& pr = plan.rows[b];
+    const auto first = static_cast<size_t>(meta.logit_row_start[b]);
+    const auto per_row = static_cast<size_t>(meta.logit_row_start[b + 1]) - first;
     for (size_t j = 0; j < per_row; ++j) {
-      const float* row = logits.as<float>() + static_cast<int64_t>(b * per_row + j) * vocab;
+      const float* row = logits.as<float>() + static_cast<int64_t>(first + j) * vocab;
       kernels::sample_params sp;
       sp.logits = row;
       sp.vocab = vocab;
@@ -179,6 +189,18 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       const kernels::sample_output so = kernels::sample_cpu(sp);
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
+      // A draft tree's first position: the next best tokens after the greedy one, best first
+      // (ties to the lower id), as sibling drafts.
+      if (batch.mode == forward_mode::kDraft && plan.draft_width > 1 && pr.draft_step == 0 && pr.mamba_slot >= 0 &&
+          !plan.want_logprobs) {
+        std::vector<int32_t> ids;
+        for (int32_t v = 0; v < static_cast<int32_t>(vocab); ++v)
+          if (v != so.token) ids.push_back(v);
+        const auto n = static_cast<size_t>(std::min<int64_t>(plan.draft_width - 1, static_cast<int64_t>(ids.size())));
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                          [&](int32_t a, int32_t c) { return row[a] > row[c] || (row[a] == row[c] && a < c); });
+        rr.tokens.insert(rr.tokens.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+      }
     }
     res.rows.push_back(std::move(rr));
   }

@@ -7,6 +7,7 @@
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::worker {
@@ -68,7 +69,9 @@ void state_pools::ensure_steps(int32_t rows, int32_t cols, device_kind device) {
   if (!steps || steps->n_slots() < need) {
     // Grows only; a commit of the previous layout always runs before a step that grows it.
     const auto n = static_cast<int32_t>(std::max<int64_t>(need, steps ? 2 * int64_t{steps->n_slots()} : need));
-    steps = std::make_unique<mamba_state_cache>(recurrent_layers, n, recurrent->shape(), device);
+    // Per-step SSM states have the slots' element type, so a step stores exactly what a decode
+    // step would store in the slot (bf16 states are rounded after every token either way).
+    steps = std::make_unique<mamba_state_cache>(recurrent_layers, n, recurrent->shape(), device, recurrent->state_type());
   }
   step_rows = rows;
   step_cols = cols;
@@ -85,26 +88,22 @@ void state_pools::move_kv(int32_t req_slot, int32_t from, int32_t to, const kern
   if (src < 0 || dst < 0)
     throw invalid_argument_error("kv move: position " + std::to_string(src < 0 ? from : to) + " has no KV location");
   if (src == dst || attn_layers == 0) return;
-  if (kv->layer(0).k.type() != dtype::kF32)
-    throw config_error("speculative tree drafts need cache.kv_dtype: float32 (the accepted path's KV is moved)");
-  const tensor locs = tensor::from_host(&dst, dtype::kI32, 1, ctx.device);
+  // A copy of the token's K and V rows as stored (f32 or bf16), bit for bit, ordered after the
+  // work on ctx's stream and finished before the next step's kernels (tree moves are rare).
+  const bool device = ctx.device != device_kind::kCpu;
+  if (device) kernels::stream_synchronize(ctx.stream);
   const int64_t tokens = int64_t{kv->num_pages()} * kv->page_size();
   for (int32_t l = 0; l < attn_layers; ++l) {
     kv_layer_cache& c = kv->layer(l);
-    const int64_t row = c.k.numel() / tokens;
-    if (row == 0) continue;
-    kernels::kv_write_params w;
-    w.k = c.k.as<float>() + int64_t{src} * row;
-    w.v = c.v.as<float>() + int64_t{src} * row;
-    w.locs = locs.as<int32_t>();
-    w.k_cache = c.k.as<float>();
-    w.v_cache = c.v.as<float>();
-    w.n_tokens = 1;
-    w.kv_heads = 1;
-    w.head_dim = row;
-    w.k_stride = w.v_stride = row;
-    kernels::run(w, ctx);
+    const auto row_bytes = static_cast<size_t>(c.k.numel() / tokens) * dtype_size(c.k.type());
+    if (row_bytes == 0) continue;
+    device_allocator& mem = allocator_of(c.k.device());
+    for (tensor* t : {&c.k, &c.v}) {
+      auto* base = static_cast<char*>(t->data());
+      mem.copy_within(base + static_cast<size_t>(dst) * row_bytes, base + static_cast<size_t>(src) * row_bytes, row_bytes);
+    }
   }
+  if (device) kernels::stream_synchronize(nullptr);
 }
 
 void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,
@@ -124,14 +123,17 @@ void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vec
       throw invalid_argument_error("commit: accepted_step " + std::to_string(step[i]) + " outside [0, " +
                                    std::to_string(step_cols) + ")");
   }
-  if (recurrent->layer(0).ssm.type() != dtype::kF32)
-    throw config_error("speculative decoding needs cache.ssm_state_dtype: float32 (per-step states are float32)");
-  std::vector<float*> ssm, conv;
-  std::vector<const float*> ssm_src, conv_src;
+  if (steps->state_type() != recurrent->state_type())
+    throw invalid_argument_error("commit: per-step states are " + std::string(dtype_name(steps->state_type())) +
+                                 ", the slots " + std::string(dtype_name(recurrent->state_type())));
+  std::vector<void*> ssm;
+  std::vector<const void*> ssm_src;
+  std::vector<float*> conv;
+  std::vector<const float*> conv_src;
   for (int32_t l = 0; l < recurrent_layers; ++l) {
-    ssm.push_back(recurrent->layer(l).ssm.as<float>());
+    ssm.push_back(recurrent->layer(l).ssm.data());
     conv.push_back(recurrent->layer(l).conv.as<float>());
-    ssm_src.push_back(steps->layer(l).ssm.as<float>());
+    ssm_src.push_back(steps->layer(l).ssm.data());
     conv_src.push_back(steps->layer(l).conv.as<float>());
   }
   const mamba_state_shape& s = recurrent->shape();
@@ -151,6 +153,7 @@ void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vec
   p.rows = d_rows.as<int32_t>();
   p.steps_taken = d_step.as<int32_t>();
   p.n_commits = static_cast<int64_t>(slots.size());
+  p.state_dtype = recurrent->state_type();
   kernels::run(p, ctx);
 }
 

@@ -78,7 +78,8 @@ static bool operator==(const kv_move_op& a, const kv_move_op& b) {
 static bool operator==(const step_plan& a, const step_plan& b) {
   return a.step_id == b.step_id && a.mode == b.mode && a.draft_len == b.draft_len && a.is_tree == b.is_tree &&
          a.want_logprobs == b.want_logprobs && a.rows == b.rows && a.free_req_slots == b.free_req_slots &&
-         a.commits == b.commits && a.draft_commits == b.draft_commits && a.kv_moves == b.kv_moves;
+         a.commits == b.commits && a.draft_commits == b.draft_commits && a.kv_moves == b.kv_moves &&
+         a.extend_rows == b.extend_rows && a.draft_width == b.draft_width;
 }
 static bool operator==(const row_result& a, const row_result& b) {
   return a.request_id == b.request_id && a.tokens == b.tokens &&
@@ -868,6 +869,30 @@ TEST(WireSpecExtension, UnknownTagAndEmptyExtensionAreRejected) {
   for (int i = 0; i < 8; ++i) empty.push_back(0);
   reseal(empty);
   EXPECT_THROW(decode_step_plan(empty), wire_error);
+}
+
+// A verify step carrying prefill rows: extend_rows travels in its own extension after the
+// speculative one; alone, with it, and out of range.
+TEST(WireSpecExtension, ExtendRowsOfAVerifyStepRoundTrip) {
+  step_plan alone = sample_plan();
+  alone.extend_rows = 1;
+  EXPECT_TRUE(decode_step_plan(encode(alone)) == alone);
+  step_plan both = spec_plan();
+  both.extend_rows = static_cast<int32_t>(both.rows.size());
+  EXPECT_TRUE(decode_step_plan(encode(both)) == both);
+  step_plan wide = both;
+  wide.draft_width = 3;
+  EXPECT_TRUE(decode_step_plan(encode(wide)) == wide);
+  step_plan too_many = sample_plan();
+  too_many.extend_rows = static_cast<int32_t>(too_many.rows.size()) + 1;
+  const std::string msg = error_of([&] { (void)encode(too_many); });
+  EXPECT_NE(msg.find("step_plan.extend_rows"), std::string::npos) << msg;
+  // The tag may not repeat.
+  bytes_t twice = encode(alone);
+  twice.push_back(kPlanExtensionMixed);
+  for (int i = 0; i < 4; ++i) twice.push_back(i == 0 ? 1 : 0);
+  reseal(twice);
+  EXPECT_THROW(decode_step_plan(twice), wire_error);
 }
 
 TEST(WireSpecExtension, ValidatesDraftCommitAndKvMoveFields) {

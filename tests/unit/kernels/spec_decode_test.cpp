@@ -366,8 +366,8 @@ TEST(SpecDecode, ZeroDraftVerifyPlusCommitEqualsDecodeBitForBit) {
   run_cpu(cm);
   EXPECT_EQ(o1, o2);
 
-  float* ssm_layers[] = {states.data()};
-  const float* ssm_steps[] = {scratch.data()};
+  void* ssm_layers[] = {states.data()};
+  const void* ssm_steps[] = {scratch.data()};
   float* conv_layers[] = {win.data()};
   const float* conv_steps[] = {win_scratch.data()};
   const int32_t row = 0, step = 0;
@@ -392,8 +392,10 @@ TEST(SpecDecode, ZeroDraftVerifyPlusCommitEqualsDecodeBitForBit) {
 TEST(SpecDecode, CommitCopiesTheAcceptedStepOfEveryLayer) {
   const int64_t layers = 3, n_slots = 4, rows = 3, steps = 5, se = 7, ce = 3;
   std::vector<std::vector<float>> st, sc, cv, cs;
-  std::vector<float*> st_p, cv_p;
-  std::vector<const float*> sc_p, cs_p;
+  std::vector<void*> st_p;
+  std::vector<float*> cv_p;
+  std::vector<const void*> sc_p;
+  std::vector<const float*> cs_p;
   for (int64_t l = 0; l < layers; ++l) {
     st.push_back(random_floats(static_cast<size_t>((n_slots + 1) * se), 40 + static_cast<uint32_t>(l)));
     sc.push_back(random_floats(static_cast<size_t>(rows * steps * se), 50 + static_cast<uint32_t>(l)));
@@ -546,6 +548,245 @@ TEST(SpecDecode, TreeAttentionMasksToAncestors) {
         expect_close(tree_out.data() + ((b * Dn + k) * qh + h) * hd, o.data(), static_cast<size_t>(hd), 1e-5, 1e-5,
                      "tree attention b" + std::to_string(b) + " node " + std::to_string(k));
       }
+}
+
+// bf16 io and/or state: the multi-token update stores every step's state rounded to bf16 and the
+// next token starts from the stored value, so it equals a sequence of single-token decode steps
+// (each storing its state in the slot) bit for bit, in every layout.
+struct bf16_case {
+  int layout;
+  dtype io, state;
+};
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+// Element storage of one dtype: the f32 values or their bf16 patterns, behind one void*.
+struct typed_buf {
+  dtype type;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  typed_buf(dtype t, const std::vector<float>& v) : type(t) {
+    if (t == dtype::kBF16) h = to_bf16(v);
+    else f = v;
+  }
+  void* data() { return type == dtype::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(f.data()); }
+  const void* data() const {
+    return type == dtype::kBF16 ? static_cast<const void*>(h.data()) : static_cast<const void*>(f.data());
+  }
+  size_t esize() const { return type == dtype::kBF16 ? 2 : 4; }
+  char* at(int64_t i) { return static_cast<char*>(data()) + static_cast<size_t>(i) * esize(); }
+  bool same(int64_t i, const void* other, int64_t n) const {
+    return std::memcmp(static_cast<const char*>(data()) + static_cast<size_t>(i) * esize(), other,
+                       static_cast<size_t>(n) * esize()) == 0;
+  }
+};
+
+class SpecDecodeBf16 : public ::testing::TestWithParam<bf16_case> {};
+
+TEST_P(SpecDecodeBf16, SelectiveStateUpdateMultiEqualsDecodeStepsBitForBit) {
+  const bf16_case c = GetParam();
+  const layout L = layouts()[static_cast<size_t>(c.layout)];
+  const int64_t H = 4, P = 8, N = 16, G = 2, n_slots = 5, tokens = L.batch * L.T;
+  const int64_t elems = H * P * N, xs = H * P + 1, dts = H + 2, bcs = G * N + 3, ys = H * P;
+  typed_buf x(c.io, random_floats(static_cast<size_t>(tokens * xs), 1));
+  typed_buf dt(c.io, random_floats(static_cast<size_t>(tokens * dts), 2, -3.0f, 1.0f));
+  auto dt_bias = random_floats(static_cast<size_t>(H), 3, -0.5f, 0.5f);
+  auto A_log = random_floats(static_cast<size_t>(H), 4);
+  typed_buf B(c.io, random_floats(static_cast<size_t>(tokens * bcs), 5));
+  typed_buf C(c.io, random_floats(static_cast<size_t>(tokens * bcs), 6));
+  auto D = random_floats(static_cast<size_t>(H), 7);
+  typed_buf states(c.state, random_floats(static_cast<size_t>((n_slots + 1) * elems), 8));
+  const typed_buf states_before = states;
+  std::vector<float> seeded(static_cast<size_t>(L.batch * L.steps * elems), 0.0f);
+  seed_columns(L, seeded, elems, 9);
+  typed_buf steps_buf(c.state, seeded);
+  typed_buf y(c.io, std::vector<float>(static_cast<size_t>(tokens * ys), 777.0f));
+
+  auto common = [&](ssm_common_params& p) {
+    p.dt_bias = dt_bias.data();
+    p.A_log = A_log.data();
+    p.D = D.data();
+    p.heads = H;
+    p.head_dim = P;
+    p.d_state = N;
+    p.n_groups = G;
+    p.x_stride = xs;
+    p.dt_stride = dts;
+    p.bc_stride = bcs;
+    p.y_stride = ys;
+    p.io_dtype = c.io;
+    p.state_dtype = c.state;
+  };
+  selective_state_update_multi_params p;
+  common(p);
+  p.x = x.data();
+  p.dt = dt.data();
+  p.B = B.data();
+  p.C = C.data();
+  p.y = y.data();
+  p.ssm_states = states.data();
+  p.state_indices = L.slots.data();
+  p.batch = L.batch;
+  p.step_states = steps_buf.data();
+  p.retrieve_parent = L.parent.empty() ? nullptr : L.parent.data();
+  p.first_step = L.first_step.empty() ? nullptr : L.first_step.data();
+  p.tokens_per_row = L.T;
+  p.steps = L.steps;
+  run_cpu(p);
+  EXPECT_TRUE(states.same(0, states_before.data(), (n_slots + 1) * elems))
+      << "the persistent state must not change";
+
+  // Reference: node by node with the single-token op, each starting from a copy of its start
+  // state (the slot, the seeded column, or its parent's stored state).
+  std::vector<typed_buf> node;
+  node.reserve(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) node.emplace_back(c.state, std::vector<float>(static_cast<size_t>(elems)));
+  for (int64_t b = 0; b < L.batch; ++b) {
+    if (L.slots[static_cast<size_t>(b)] < 0) continue;
+    for (int64_t t = 0; t < L.T; ++t) {
+      const int64_t tok = b * L.T + t;
+      const int32_t q = L.parent_of(b, t);
+      typed_buf& s = node[static_cast<size_t>(tok)];
+      const char* start = q >= 0 ? node[static_cast<size_t>(b * L.T + q)].at(0)
+                          : L.first(b) > 0 ? steps_buf.at((b * L.steps + L.first(b) - 1) * elems)
+                                           : states.at(L.slots[static_cast<size_t>(b)] * elems);
+      std::memcpy(s.at(0), start, static_cast<size_t>(elems) * s.esize());
+      typed_buf yr(c.io, std::vector<float>(static_cast<size_t>(ys)));
+      const int32_t zero = 0;
+      selective_state_update_params r;
+      common(r);
+      r.x = x.at(tok * xs);
+      r.dt = dt.at(tok * dts);
+      r.B = B.at(tok * bcs);
+      r.C = C.at(tok * bcs);
+      r.y = yr.data();
+      r.ssm_states = s.data();
+      r.state_indices = &zero;
+      r.batch = 1;
+      run_cpu(r);
+      const std::string what = "row " + std::to_string(b) + " node " + std::to_string(t);
+      EXPECT_TRUE(y.same(tok * ys, yr.data(), ys)) << what << " y";
+      EXPECT_TRUE(steps_buf.same((b * L.steps + L.first(b) + t) * elems, s.data(), elems)) << what << " state";
+    }
+  }
+}
+
+std::string bf16_case_name(const ::testing::TestParamInfo<bf16_case>& info) {
+  return layout_name(::testing::TestParamInfo<int>(info.param.layout, info.index)) + "_io_" +
+         std::string(dtype_name(info.param.io)) + "_state_" + std::string(dtype_name(info.param.state));
+}
+
+std::vector<bf16_case> bf16_cases() {
+  std::vector<bf16_case> out;
+  for (int l = 0; l < 4; ++l)
+    for (auto [io, st] : {std::pair{dtype::kBF16, dtype::kF32}, std::pair{dtype::kF32, dtype::kBF16},
+                          std::pair{dtype::kBF16, dtype::kBF16}})
+      out.push_back({l, io, st});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SpecDecodeBf16, ::testing::ValuesIn(bf16_cases()), bf16_case_name);
+
+// The fused commit copies bf16 states bit for bit (the conv windows stay f32).
+TEST(SpecDecode, CommitCopiesBf16States) {
+  const int64_t layers = 2, n_slots = 3, rows = 2, steps = 3, se = 9, ce = 4;
+  std::vector<std::vector<uint16_t>> st, sc;
+  std::vector<std::vector<float>> cv, cs;
+  std::vector<void*> st_p;
+  std::vector<const void*> sc_p;
+  std::vector<float*> cv_p;
+  std::vector<const float*> cs_p;
+  for (int64_t l = 0; l < layers; ++l) {
+    st.push_back(to_bf16(random_floats(static_cast<size_t>((n_slots + 1) * se), 140 + static_cast<uint32_t>(l))));
+    sc.push_back(to_bf16(random_floats(static_cast<size_t>(rows * steps * se), 150 + static_cast<uint32_t>(l))));
+    cv.push_back(random_floats(static_cast<size_t>((n_slots + 1) * ce), 160 + static_cast<uint32_t>(l)));
+    cs.push_back(random_floats(static_cast<size_t>(rows * steps * ce), 170 + static_cast<uint32_t>(l)));
+  }
+  const auto st0 = st;
+  for (int64_t l = 0; l < layers; ++l) {
+    st_p.push_back(st[static_cast<size_t>(l)].data());
+    sc_p.push_back(sc[static_cast<size_t>(l)].data());
+    cv_p.push_back(cv[static_cast<size_t>(l)].data());
+    cs_p.push_back(cs[static_cast<size_t>(l)].data());
+  }
+  const std::vector<int32_t> slots = {2, 0}, crow = {1, 0}, cstep = {2, 1};
+  state_commit_params c;
+  c.n_layers = layers;
+  c.ssm_states = st_p.data();
+  c.ssm_steps = sc_p.data();
+  c.conv_states = cv_p.data();
+  c.conv_steps = cs_p.data();
+  c.state_elems = se;
+  c.conv_elems = ce;
+  c.steps = steps;
+  c.slots = slots.data();
+  c.rows = crow.data();
+  c.steps_taken = cstep.data();
+  c.n_commits = 2;
+  c.state_dtype = dtype::kBF16;
+  run_cpu(c);
+  for (size_t l = 0; l < static_cast<size_t>(layers); ++l) {
+    for (int64_t e = 0; e < se; ++e) {
+      EXPECT_EQ(st[l][static_cast<size_t>(2 * se + e)], sc[l][static_cast<size_t>((1 * steps + 2) * se + e)]);
+      EXPECT_EQ(st[l][static_cast<size_t>(0 * se + e)], sc[l][static_cast<size_t>((0 * steps + 1) * se + e)]);
+      EXPECT_EQ(st[l][static_cast<size_t>(1 * se + e)], st0[l][static_cast<size_t>(1 * se + e)]);
+    }
+    for (int64_t e = 0; e < ce; ++e)
+      EXPECT_EQ(cv[l][static_cast<size_t>(2 * ce + e)], cs[l][static_cast<size_t>((1 * steps + 2) * ce + e)]);
+  }
+  c.state_dtype = dtype::kF16;
+  EXPECT_THROW(run_cpu(c), invalid_argument_error);
+}
+
+// Tree attention over a bf16 cache equals tree attention over the f32 cache holding the same
+// (widened) values: elements are widened exactly and the arithmetic is shared; only the
+// vectorised sum order may differ (|Δ| <= 1e-6 + 1e-6·|want|).
+TEST(SpecDecode, TreeAttentionOverBf16CacheEqualsWidenedF32Cache) {
+  const int64_t batch = 2, Dn = 5, qh = 4, kvh = 2, hd = 8, ps = 4, len = 11, n_pages = 3, kv_row = kvh * hd;
+  const std::vector<int32_t> page_table = {3, 0, 5, 1, 2, 4};
+  const auto kh = to_bf16(random_floats(static_cast<size_t>(6 * ps * kv_row), 91));
+  const auto vh = to_bf16(random_floats(static_cast<size_t>(6 * ps * kv_row), 92));
+  std::vector<float> kf(kh.size()), vf(vh.size());
+  for (size_t i = 0; i < kh.size(); ++i) {
+    kf[i] = bf16_to_f32(kh[i]);
+    vf[i] = bf16_to_f32(vh[i]);
+  }
+  const auto q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 93);
+  const std::vector<int32_t> qsl = {0, static_cast<int32_t>(Dn), static_cast<int32_t>(2 * Dn)};
+  const std::vector<int32_t> seq = {static_cast<int32_t>(len), static_cast<int32_t>(len)};
+  const std::vector<int32_t> tree = {-1, 0, 0, 1, 2, -1, 0, 1, 0, 3};
+  std::vector<float> out_f(q.size(), 0.0f), out_h(q.size(), 1.0f);
+  paged_attention_tree_params t;
+  t.q = q.data();
+  t.query_start_loc = qsl.data();
+  t.seq_lens = seq.data();
+  t.page_table = page_table.data();
+  t.batch = batch;
+  t.q_heads = qh;
+  t.kv_heads = kvh;
+  t.head_dim = hd;
+  t.page_size = ps;
+  t.page_table_stride = n_pages;
+  t.q_stride = t.out_stride = qh * hd;
+  t.scale = 0.35f;
+  t.retrieve_parent = tree.data();
+  t.tree_nodes = Dn;
+  t.k_cache = kf.data();
+  t.v_cache = vf.data();
+  t.out = out_f.data();
+  run_cpu(t);
+  t.k_cache = kh.data();
+  t.v_cache = vh.data();
+  t.kv_dtype = dtype::kBF16;
+  t.out = out_h.data();
+  run_cpu(t);
+  expect_close(out_h, out_f, 1e-6, 1e-6, "bf16 cache vs widened f32 cache");
+  t.kv_dtype = dtype::kF16;
+  EXPECT_THROW(run_cpu(t), invalid_argument_error);
 }
 
 }  // namespace

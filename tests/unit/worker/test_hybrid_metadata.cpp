@@ -565,3 +565,55 @@ TEST(HybridMetadata, SameBatchGivesSameMetadataForEveryMode) {
 
 }  // namespace
 }  // namespace hyserve::worker
+
+namespace hyserve::worker {
+namespace {
+
+// ---- TargetVerify carrying prefill chunks (extend rows after the verify rows) ----
+
+TEST(HybridMetadata, TargetVerify_WithExtendRows_TreeVerifyRowsAndChainExtendRows) {
+  forward_batch b;
+  b.mode = forward_mode::kTargetVerify;
+  b.draft_len = 3;
+  b.is_tree = true;
+  batch_row v = make_row(1, 4, 10, 3);  // root → 1, root → 2
+  v.retrieve_next_token = {1, -1, -1};
+  v.retrieve_next_sibling = {-1, 2, -1};
+  b.rows = {v, make_row(2, 0, 0, 5), make_row(3, 2, 16, 2)};
+  b.extend_rows = 2;
+  const hybrid_metadata md = build_hybrid_metadata(b);
+  EXPECT_EQ(md.verify_rows, 1);
+  EXPECT_EQ(md.query_start_loc, (ints{0, 3, 8, 10}));
+  EXPECT_EQ(md.has_initial_state, (bytes{1, 0, 1}));
+  EXPECT_EQ(md.seq_lens, (ints{13, 5, 18}));
+  // Tree depths for the verify row, chain positions for the prefill chunks.
+  EXPECT_EQ(md.positions, (ints{10, 11, 11, 0, 1, 2, 3, 4, 16, 17}));
+  EXPECT_EQ(md.retrieve_parent, (ints{-1, 0, 0}));  // verify rows only
+  // D logit rows for the verify row, one (the last token) per extend row.
+  EXPECT_EQ(md.logit_token_indices, (ints{0, 1, 2, 7, 9}));
+  EXPECT_EQ(md.logit_row_start, (ints{0, 3, 4, 5}));
+}
+
+TEST(HybridMetadata, TargetVerify_ExtendRowsAreValidated) {
+  forward_batch b;
+  b.mode = forward_mode::kTargetVerify;
+  b.draft_len = 2;
+  b.rows = {make_row(1, 0, 4, 2), make_row(2, 1, 0, 0)};
+  b.extend_rows = 1;
+  EXPECT_REJECTED(b, "row 1", "0 tokens");
+  b.rows[1] = padding_row(3);
+  EXPECT_REJECTED(b, "row 1", "padding");
+  b.rows[1] = make_row(2, 1, 0, 3);
+  b.extend_rows = 2;  // no verify row left
+  EXPECT_REJECTED(b, "extend_rows 2");
+  b.extend_rows = 1;
+  b.mode = forward_mode::kExtend;
+  EXPECT_REJECTED(b, "extend_rows");
+  b.mode = forward_mode::kTargetVerify;
+  const hybrid_metadata md = build_hybrid_metadata(b);
+  EXPECT_EQ(md.verify_rows, 1);
+  EXPECT_EQ(md.logit_row_start, (ints{0, 2, 3}));
+}
+
+}  // namespace
+}  // namespace hyserve::worker

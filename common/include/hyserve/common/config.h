@@ -72,6 +72,10 @@ struct ngram_spec_section {
 struct draft_model_spec_section {
   std::string path;
   int32_t synthetic_num_layers = 0;  // > 0 when `synthetic` is given
+  // > 1: the draft model's top max_tree_width tokens at the first position become siblings of
+  // a draft tree (the greedy chain continues from the best one); num_draft_tokens bounds the
+  // node count.
+  int32_t max_tree_width = 1;
 };
 struct speculative_section {
   speculative_algorithm algorithm = speculative_algorithm::kNone;

@@ -97,9 +97,20 @@ struct step_plan {
   // Tree drafts: KV entries of the accepted path moved from node order to depth order (target
   // model, every attention layer), applied after the commits. Same extension.
   std::vector<kv_move_op> kv_moves;
+  // TargetVerify mixed with prefill: the last extend_rows rows are prefill chunks (extend rows:
+  // any token count, their prefix from the slot, one logit row each) that ride in the verify
+  // step after its verify rows. Travels in an optional trailing extension (tag
+  // kPlanExtensionMixed) present only when non-zero.
+  int32_t extend_rows = 0;
+  // Draft steps of a draft-model tree: rows at draft_step 0 return the draft model's best
+  // draft_width tokens (the greedy one first) instead of one. Optional trailing extension (tag
+  // kPlanExtensionDraftWidth), present only when > 1.
+  int32_t draft_width = 1;
 };
 
 inline constexpr uint8_t kPlanExtensionSpec = 1;
+inline constexpr uint8_t kPlanExtensionMixed = 2;
+inline constexpr uint8_t kPlanExtensionDraftWidth = 3;
 
 struct row_result {
   int64_t request_id = -1;

@@ -57,7 +57,8 @@ void run_cuda(const paged_attention_params& p, void* stream = nullptr);
 // tree_nodes queries, the draft nodes 0..D-1 (D = tree_nodes), whose keys are cached at
 // positions prefix .. prefix + D-1 in node order (prefix = seq_lens[b] - D). Node k attends to
 // the prefix, its ancestors and itself (retrieve_parent[b, k]; -1 = the root's parent). With
-// chain parents (k-1) this is causal attention over the row.
+// chain parents (k-1) this is causal attention over the row. The cache is kv_dtype (f32 or bf16),
+// widened to f32 as in paged attention.
 struct paged_attention_tree_params : paged_attention_params {
   const int32_t* __restrict__ retrieve_parent = nullptr;  // [batch, tree_nodes]
   int64_t tree_nodes = 0;

@@ -61,8 +61,12 @@ void run_cuda(const selective_state_update_params& p, void* stream = nullptr);
 // start state), or after token t-1 when retrieve_parent is null (a chain). The row's start state
 // is its slot's state when first_step[b] == 0, else step_states[b, first_step[b] - 1] (a Draft
 // step continues the previous draft step of the same row). Parents precede their children.
+// Element types as in ssm_common_params: io_dtype for x, dt, B, C, y; state_dtype for both
+// ssm_states and step_states. Every step's state is rounded to state_dtype when stored and the
+// next token starts from the stored value, exactly as a sequence of single-token decode steps
+// does; y is computed from the f32 state before rounding (as the decode op does).
 struct selective_state_update_multi_params : ssm_common_params {
-  float* step_states = nullptr;              // [batch, steps, heads, head_dim, d_state]
+  void* step_states = nullptr;               // state_dtype [batch, steps, heads, head_dim, d_state]
   const int32_t* retrieve_parent = nullptr;  // [batch, tokens_per_row]; null = chain
   const int32_t* first_step = nullptr;       // [batch]; null = all 0
   int64_t tokens_per_row = 1;
@@ -77,10 +81,12 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream = nullp
 //   conv_states[l][slots[i]] = conv_steps[l][rows[i], steps_taken[i]]
 // in one launch. The per-layer pointer arrays are host arrays (n_layers entries) of pointers on
 // the op's device; slots, rows and steps_taken live on the op's device. A slot < 0 is skipped.
+// SSM states and their steps are state_dtype (f32 or bf16, copied bit for bit); conv windows
+// are f32.
 struct state_commit_params {
   int64_t n_layers = 0;
-  float* const* ssm_states = nullptr;        // [n_layers] → [n_slots + 1, state_elems]
-  const float* const* ssm_steps = nullptr;   // [n_layers] → [rows, steps, state_elems]
+  void* const* ssm_states = nullptr;         // [n_layers] → state_dtype [n_slots + 1, state_elems]
+  const void* const* ssm_steps = nullptr;    // [n_layers] → state_dtype [rows, steps, state_elems]
   float* const* conv_states = nullptr;       // [n_layers] → [n_slots + 1, conv_elems]; null = none
   const float* const* conv_steps = nullptr;  // [n_layers] → [rows, steps, conv_elems]
   int64_t state_elems = 0, conv_elems = 0, steps = 0;
@@ -88,6 +94,7 @@ struct state_commit_params {
   const int32_t* rows = nullptr;         // [n_commits]
   const int32_t* steps_taken = nullptr;  // [n_commits] step column to keep
   int64_t n_commits = 0;
+  dtype state_dtype = dtype::kF32;  // element type of ssm_states and ssm_steps
 };
 
 void run_cpu(const state_commit_params& p);

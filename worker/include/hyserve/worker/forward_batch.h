@@ -31,6 +31,10 @@ struct forward_batch {
   std::vector<batch_row> rows;
   int32_t draft_len = 0;  // D for TargetVerify / Draft rounds
   bool is_tree = false;   // TargetVerify with tree drafts
+  // TargetVerify only: the last extend_rows rows are prefill chunks riding in the verify step
+  // (extend semantics: any token count on top of the cached prefix, one logit row each); the
+  // rows before them are the verify rows.
+  int32_t extend_rows = 0;
 
   int64_t num_tokens() const;
 };

@@ -20,14 +20,21 @@ struct hybrid_metadata {
   std::vector<int32_t> positions;         // [num_tokens] absolute position of each token
   int32_t draft_len = 0;                  // D for TargetVerify / Draft; 0 otherwise
   bool is_tree = false;
+  // TargetVerify: rows [0, verify_rows) are verify rows (D tokens, per-step states); rows
+  // [verify_rows, bs) are extend rows (prefill chunks: varlen prefill from the slot, final state
+  // written to the slot, chain positions, one logit row). verify_rows = bs without extend rows.
+  int32_t verify_rows = 0;
   std::vector<int32_t> draft_steps;       // [bs] Draft mode: scratch column per row
   // Tree TargetVerify only, [bs, D] row-major; -1 = none. retrieve_parent[b, 0] = -1 (root).
   std::vector<int32_t> retrieve_next_token;
   std::vector<int32_t> retrieve_next_sibling;
   std::vector<int32_t> retrieve_parent;
   // Rows whose tokens should produce logits: index of the last token of each row (Extend,
-  // Decode, Mixed, DraftExtend, Draft), or every token (TargetVerify). [n_logit_rows]
+  // Decode, Mixed, DraftExtend, Draft, extend rows of TargetVerify), or every token (verify rows
+  // of TargetVerify). [n_logit_rows]
   std::vector<int32_t> logit_token_indices;
+  // Logit rows of batch row b: [logit_row_start[b], logit_row_start[b + 1]). [bs + 1]
+  std::vector<int32_t> logit_row_start;
 };
 
 // Builds the metadata for any mode. Throws invalid_argument_error on an inconsistent batch

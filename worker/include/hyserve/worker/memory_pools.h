@@ -114,10 +114,12 @@ class mamba_state_cache {
   void reset_slot(int32_t slot);
   int32_t n_slots() const { return n_slots_; }
   const mamba_state_shape& shape() const { return shape_; }
+  dtype state_type() const { return state_type_; }
 
  private:
   int32_t n_slots_;
   mamba_state_shape shape_;
+  dtype state_type_ = dtype::kF32;
   std::vector<mamba_layer_state> layers_;
 };
 
