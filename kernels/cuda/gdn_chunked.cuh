@@ -453,10 +453,10 @@ struct state_tiles {
   static constexpr int kLdQ = K + 8;       // q (A, 8-byte fragment loads)
   static constexpr int kLdK = K + 8;       // k (B k-major in the update; A of X·Sᵀ, 8-byte loads)
   static constexpr int kLdT = kChunk + 4;  // T, P (A)
-  static constexpr int kLdY = kSlice + 8;  // v, z, u (B k-major; u also A read transposed)
+  static constexpr int kLdY = kSlice + 8;  // v, z, u, ks ⊙ u (B k-major; ks ⊙ u A read transposed)
   static constexpr int kLdS = K + 8;       // S slice (B read transposed, 8-byte loads)
   static constexpr int kFloats =
-      kChunk * (kLdQ + 2 * kLdK + 2 * kLdT + 3 * kLdY + 2 * kTokFields) + kSlice * kLdS;
+      kChunk * (kLdQ + 2 * kLdK + 2 * kLdT + 4 * kLdY + 2 * kTokFields) + kSlice * kLdS;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
@@ -501,12 +501,13 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
 // One block per (row, value head, slice of 32 value rows), 8 warps. With X = xs ⊙ k
 // (xs = β e^{c}/|k|), W = T·X, so u = T·(β v) − W·Sᵀ = T·(β v − X·Sᵀ): the state pass needs T
 // but not W. Per chunk:
-//   (1) z = β v − X·Sᵀ,  o = (qs ⊙ q)·Sᵀ     (one k-loop, shared Sᵀ fragments)
+//   (1) z = β v − xs ⊙ (k·Sᵀ),  o = qs ⊙ (q·Sᵀ)   (one k-loop, shared Sᵀ fragments; the token
+//                                                 factors scale the products' rows)
 //   (2) u = T·z
-//   (3) o += P·u → out;  S ← G·S + uᵀ·(ks ⊙ k)
+//   (3) o += P·u → out;  S ← G·S + (ks ⊙ u)ᵀ·k
 // Warp w computes token rows [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of z, u and o,
 // and slice rows [16·(w / 4), +16) × key columns [(w % 4)·K/4, +K/4) of the update. q, k and v
-// are staged raw and scaled by their token factors as the fragments are read.
+// are staged raw; no token factor is applied inside a product.
 // The tiles of chunk k+1 are copied while chunk k is computed (cp.async when the inputs allow
 // 16-byte copies), in two groups:
 //   A (q, k, v, T, token factors) — issued after (2) of the previous chunk (k is double-buffered:
@@ -528,7 +529,8 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   float* Ys = Ps + C * kLdT;                      // [C][kLdY] raw v (slice)
   float* Zs = Ys + C * kLdY;                      // [C][kLdY] z
   float* Us = Zs + C * kLdY;                      // [C][kLdY] u
-  float* toks = Us + C * kLdY;                    // [2][C][kTokFields] by chunk parity
+  float* Uk = Us + C * kLdY;                      // [C][kLdY] ks ⊙ u
+  float* toks = Uk + C * kLdY;                    // [2][C][kTokFields] by chunk parity
   float* Ss = toks + 2 * C * kTokFields;          // [BV][kLdS]
 
   if (*ws.overflow != 0) return;
@@ -619,35 +621,26 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
     }
     __syncthreads();
 
-    // (1) z = β v − X·Sᵀ and o = (qs q)·Sᵀ: rows [r0, r0 + 16), slice columns [c0, c0 + 16).
+    // (1) z = β v − xs ⊙ (k·Sᵀ) and o = qs ⊙ (q·Sᵀ): rows [r0, r0 + 16), slice columns
+    // [c0, c0 + 16).
     float z[2][4], o[2][4];
     zero(z);
     zero(o);
-    {
-      const float xs0 = -tk[(r0 + g) * kTokFields + 4], xs1 = -tk[(r0 + g + 8) * kTokFields + 4];
-      const float qs0 = tk[(r0 + g) * kTokFields], qs1 = tk[(r0 + g + 8) * kTokFields];
-      warp_gemm2_kc<kSplit, 2>(
-          z, o, K,
-          [&](int r, int k) {
-            const float2 v = *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]);
-            const float f = r < 8 ? xs0 : xs1;
-            return make_float2(v.x * f, v.y * f);
-          },
-          [&](int r, int k) {
-            const float2 v = *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]);
-            const float f = r < 8 ? qs0 : qs1;
-            return make_float2(v.x * f, v.y * f);
-          },
-          [&](int k, int c) { return *reinterpret_cast<const float2*>(&Ss[(c0 + c) * kLdS + k]); });
-    }
+    warp_gemm2_kc<kSplit, 2>(
+        z, o, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
+        [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
+        [&](int k, int c) { return *reinterpret_cast<const float2*>(&Ss[(c0 + c) * kLdS + k]); });
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int half = 0; half < 2; ++half) {
+      const int i = r0 + g + 8 * half;
+      const float xs = tk[i * kTokFields + 4], qs = tk[i * kTokFields], bi = tk[i * kTokFields + 2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half, c = c0 + 8 * nt + 2 * t;
-        const float bi = tk[i * kTokFields + 2];
-        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) =
-            make_float2(bi * Ys[i * kLdY + c] + z[nt][2 * half], bi * Ys[i * kLdY + c + 1] + z[nt][2 * half + 1]);
+      for (int nt = 0; nt < 2; ++nt) {
+        const int c = c0 + 8 * nt + 2 * t;
+        o[nt][2 * half] *= qs;
+        o[nt][2 * half + 1] *= qs;
+        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) = make_float2(bi * Ys[i * kLdY + c] - xs * z[nt][2 * half],
+                                                                  bi * Ys[i * kLdY + c + 1] - xs * z[nt][2 * half + 1]);
       }
     }
     __syncthreads();  // z complete
@@ -659,12 +652,14 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
         [&](int k, int c) { return Zs[k * kLdY + c0 + c]; });
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int half = 0; half < 2; ++half) {
+      const int i = r0 + g + 8 * half;
+      const float ks = tk[i * kTokFields + 1];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half;
-        *reinterpret_cast<float2*>(&Us[i * kLdY + c0 + 8 * nt + 2 * t]) =
-            make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
+      for (int nt = 0; nt < 2; ++nt) {
+        const int c = c0 + 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(&Us[i * kLdY + c]) = make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
+        *reinterpret_cast<float2*>(&Uk[i * kLdY + c]) = make_float2(ks * u[nt][2 * half], ks * u[nt][2 * half + 1]);
       }
     }
     __syncthreads();  // u complete; q, v, T, Ss and z read for this chunk
@@ -690,7 +685,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
       }
     }
 
-    // (3) S ← G·S + uᵀ·(ks k): slice rows [m0, m0 + 16), keys [kb, kb + KW).
+    // (3) S ← G·S + (ks ⊙ u)ᵀ·k: slice rows [m0, m0 + 16), keys [kb, kb + KW).
     const float G = tk[3];
 #pragma unroll
     for (int nt = 0; nt < NTS; ++nt) {
@@ -699,8 +694,8 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
     }
     const int k_end = (n + 7) & ~7;  // rows >= n of u and k are zeros
     warp_gemm<kSplit, NTS>(
-        s, k_end, [&](int r, int k) { return Us[k * kLdY + m0 + r]; },
-        [&](int k, int c) { return Ks[k * kLdK + kb + c] * tk[k * kTokFields + 1]; });
+        s, k_end, [&](int r, int k) { return Uk[k * kLdY + m0 + r]; },
+        [&](int k, int c) { return Ks[k * kLdK + kb + c]; });
 #pragma unroll
     for (int nt = 0; nt < NTS; ++nt) {
 #pragma unroll
@@ -709,7 +704,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // P, u, this chunk's k and token factors free; Ss holds the new state
+    __syncthreads();  // P, u, ks ⊙ u, this chunk's k and token factors free; Ss holds the new state
   }
 
 #pragma unroll
