@@ -11,6 +11,11 @@
 // later steps of that key replay it. Work partitioning inside the body depends only on the
 // bucket's shape, never on host-read lengths, so a replay with other lengths is valid.
 //
+// Inside a capture activations are not zero-filled (graph.h): padding rows may carry stale
+// values through row-local ops only, and their logits rows are never copied back. Captured
+// GEMMs use the capturing thread's cuBLAS handle and workspace (kernels/cuda/gemm.cu), so the
+// thread that runs the steps (the worker's, or the engine's caller) must outlive the graphs.
+//
 // A model creates one decode_graphs when graphs can serve it at all (device cuda, config
 // `cuda_graphs`, tp = 1, dense attention, no host-routed MoE); it logs once which path decode
 // takes and why. Per step, ineligible() names why a step runs eagerly instead (other modes,
