@@ -268,8 +268,10 @@ int run(const options& o) {
         if (last.graph) b1_graph = {med, gmed};
         else b1_eager = {med, gmed};
       }
-      std::printf("decode   batch %4d (context %d) %s: step %8.3f ms wall, %8.3f ms GPU (median of %d)  %10.1f tokens/s\n",
-                  b, o.prompt_len, path, med * 1e3, gmed * 1e3, o.decode_steps, b / med);
+      char gpu_text[32] = "";
+      if (gmed >= 0) std::snprintf(gpu_text, sizeof gpu_text, ", %8.3f ms GPU", gmed * 1e3);
+      std::printf("decode   batch %4d (context %d) %s: step %8.3f ms wall%s (median of %d)  %10.1f tokens/s\n", b,
+                  o.prompt_len, path, med * 1e3, gpu_text, o.decode_steps, b / med);
       const std::string key = last.graph ? "graph" : "eager";
       entry[key + "_step_ms"] = med * 1e3;
       entry[key + "_gpu_ms"] = gmed * 1e3;

@@ -92,7 +92,13 @@ void run_cpu(const swiglu_linear_params& p) {
   require_ptr(p.gate_w, op, "gate_w");
   require_ptr(p.up_w, op, "up_w");
   require_ptr(p.out, op, "out");
+  require_non_negative(p.m, op, "m");
+  require_positive(p.n, op, "n");
+  require_positive(p.k, op, "k");
+  require_stride(p.x_stride, p.k, op, "x_stride");
+  require_stride(p.w_stride, p.k, op, "w_stride");
   require_stride(p.out_stride, p.n, op, "out_stride");
+  require_storage(p.w_dtype, op, "w_dtype");
   if (p.m == 0) return;
   std::vector<float> up(static_cast<size_t>(p.m * p.n));
   gemm_params g;

@@ -284,7 +284,13 @@ void run_cuda(const swiglu_linear_params& p, void* stream) {
   require_ptr(p.gate_w, op, "gate_w");
   require_ptr(p.up_w, op, "up_w");
   require_ptr(p.out, op, "out");
+  require_non_negative(p.m, op, "m");
+  require_positive(p.n, op, "n");
+  require_positive(p.k, op, "k");
+  require_stride(p.x_stride, p.k, op, "x_stride");
+  require_stride(p.w_stride, p.k, op, "w_stride");
   require_stride(p.out_stride, p.n, op, "out_stride");
+  cpu_detail::require_storage(p.w_dtype, op, "w_dtype");
   if (p.m == 0) return;
   gemm_params g;
   g.a = p.x;
@@ -299,7 +305,7 @@ void run_cuda(const swiglu_linear_params& p, void* stream) {
   g.c = p.out;
   g.ldc = p.out_stride;
   const cudaStream_t s = as_stream(stream);
-  if (p.w_dtype == dtype::kBF16 && p.n > 0 && p.k > 0 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
+  if (p.w_dtype == dtype::kBF16 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
     skinny_args a;
     a.a = p.x;
     a.b0 = static_cast<const __nv_bfloat16*>(p.gate_w);

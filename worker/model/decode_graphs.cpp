@@ -48,19 +48,16 @@ std::string decode_graphs::describe() const {
   return "CUDA graphs per batch bucket {" + list + "}";
 }
 
-decode_graphs::~decode_graphs() {
-  graphs_.clear();  // graph executables before their stream
-  if (stream_) {
-    try {
-      kernels::stream_synchronize(stream_);
-    } catch (const std::exception& e) {
-      std::cerr << "decode graphs: " << e.what() << "\n";
-    }
-    kernels::stream_destroy(stream_);
+void decode_graphs::stream_deleter::operator()(void* s) const noexcept {
+  try {
+    kernels::stream_synchronize(s);
+  } catch (const std::exception& e) {
+    std::cerr << "decode graphs: " << e.what() << "\n";
   }
-  kernels::pinned_free(host_in_);
-  kernels::pinned_free(host_out_);
+  kernels::stream_destroy(s);
 }
+
+decode_graphs::~decode_graphs() = default;
 
 std::string decode_graphs::ineligible(const hybrid_metadata& meta, const forward_options& opts) const {
   if (meta.mode != forward_mode::kDecode) return std::string(forward_mode_name(meta.mode)) + " step";
@@ -103,9 +100,9 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
   inputs_ = tensor::i32({largest.total}, device_kind::kCuda);
   logits_ = tensor::f32({cfg_.max_batch, cfg_.vocab_local}, device_kind::kCuda);
   host_in_elems_ = static_cast<size_t>(largest.total);
-  host_in_ = static_cast<int32_t*>(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
-  host_out_ = static_cast<float*>(kernels::pinned_alloc(logits_.nbytes()));
-  stream_ = kernels::stream_create();
+  host_in_.reset(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
+  host_out_.reset(kernels::pinned_alloc(logits_.nbytes()));
+  stream_.reset(kernels::stream_create());
 }
 
 tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_step* step,
@@ -124,9 +121,11 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   const layers::step_layout layout =
       layers::make_step_layout(key.batch, key.batch, key.batch, attention, key.page_table_stride, 0, false);
   HYSERVE_CHECK(static_cast<size_t>(layout.total) <= host_in_elems_, "decode graphs: layout exceeds the buffer");
-  layers::pack_step(layout, meta, step, ids, host_in_);
+  auto* host_in = static_cast<int32_t*>(host_in_.get());
+  void* const stream = stream_.get();
+  layers::pack_step(layout, meta, step, ids, host_in);
 
-  const kernels::exec_context ex{device_kind::kCuda, stream_};
+  const kernels::exec_context ex{device_kind::kCuda, stream};
   layers::step_inputs in;
   layers::bind_step(in, layout, meta, inputs_.as<int32_t>(), attention ? step->page_size : 0);
   const size_t out_bytes = static_cast<size_t>(key.batch) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
@@ -135,32 +134,32 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
     const tensor local = body(in, ex);
     HYSERVE_CHECK(local.numel() * static_cast<int64_t>(sizeof(float)) == static_cast<int64_t>(out_bytes),
                   "decode graphs: body returned " + local.shape().str());
-    kernels::copy_d2d_async(logits_.data(), local.data(), out_bytes, stream_);
+    kernels::copy_d2d_async(logits_.data(), local.data(), out_bytes, stream);
   };
 
   std::optional<kernels::gpu_timer> timer;
   if (report) timer.emplace();
   // After every eager op queued on the legacy stream (state resets, the previous eager step).
-  kernels::stream_wait_legacy(stream_);
-  kernels::copy_h2d_async(inputs_.data(), host_in_, static_cast<size_t>(layout.total) * sizeof(int32_t), stream_);
-  if (timer) timer->start(stream_);
+  kernels::stream_wait_legacy(stream);
+  kernels::copy_h2d_async(inputs_.data(), host_in, static_cast<size_t>(layout.total) * sizeof(int32_t), stream);
+  if (timer) timer->start(stream);
 
   bool captured = false;
   const kernels::captured_graph* graph = nullptr;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     graph = &it->second;
-    graph->launch(stream_);
+    graph->launch(stream);
   } else {
     {
       // Warm-up: this step's result, computed eagerly on the graph stream.
-      const kernels::allocation_stream_scope scope(stream_);
+      const kernels::allocation_stream_scope scope(stream);
       run_body();
     }
     if (!failed_.count(key)) {
       try {
-        kernels::captured_graph::capture_begin(stream_);
+        kernels::captured_graph::capture_begin(stream);
         run_body();  // recorded, not executed
-        auto [pos, inserted] = graphs_.emplace(key, kernels::captured_graph::capture_end(stream_));
+        auto [pos, inserted] = graphs_.emplace(key, kernels::captured_graph::capture_end(stream));
         graph = &pos->second;
         captured = true;
         const kernels::graph_stats& n = graph->stats();
@@ -169,20 +168,20 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
                              std::to_string(n.kernels) + " kernels, " + std::to_string(n.memsets) + " memsets, " +
                              std::to_string(n.memcpys) + " copies");
       } catch (const std::exception& e) {
-        kernels::captured_graph::capture_abort(stream_);
+        kernels::captured_graph::capture_abort(stream);
         failed_.insert(key);
         log_decode_path_once("decode graphs: capture of batch " + std::to_string(key.batch) + " failed (" + e.what() +
                              "); that bucket runs eagerly");
       }
     }
   }
-  if (timer) timer->stop(stream_);
+  if (timer) timer->stop(stream);
   const size_t real_bytes = static_cast<size_t>(bs) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
-  kernels::copy_d2h_async(host_out_, logits_.data(), real_bytes, stream_);
-  kernels::stream_synchronize(stream_);
+  kernels::copy_d2h_async(host_out_.get(), logits_.data(), real_bytes, stream);
+  kernels::stream_synchronize(stream);
 
   tensor out = tensor::f32({bs, cfg_.vocab_local});
-  std::memcpy(out.data(), host_out_, real_bytes);
+  std::memcpy(out.data(), host_out_.get(), real_bytes);
   if (report) {
     report->graph = graph != nullptr;
     report->captured = captured;

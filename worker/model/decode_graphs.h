@@ -11,6 +11,11 @@
 // later steps of that key replay it. Work partitioning inside the body depends only on the
 // bucket's shape, never on host-read lengths, so a replay with other lengths is valid.
 //
+// Inside a capture activations are not zero-filled (graph.h): padding rows may carry stale
+// values through row-local ops only, and their logits rows are never copied back. Captured
+// GEMMs use the capturing thread's cuBLAS handle and workspace (kernels/cuda/gemm.cu), so the
+// thread that runs the steps (the worker's, or the engine's caller) must outlive the graphs.
+//
 // A model creates one decode_graphs when graphs can serve it at all (device cuda, config
 // `cuda_graphs`, tp = 1, dense attention, no host-routed MoE); it logs once which path decode
 // takes and why. Per step, ineligible() names why a step runs eagerly instead (other modes,
@@ -18,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -87,14 +93,22 @@ class decode_graphs {
   void check_caches(const model_context& ctx);
   std::vector<const void*> cache_addresses(const model_context& ctx) const;
 
+  struct stream_deleter {
+    void operator()(void* s) const noexcept;  // synchronises, then destroys
+  };
+  struct pinned_deleter {
+    void operator()(void* p) const noexcept { kernels::pinned_free(p); }
+  };
+
   decode_graph_config cfg_;
   std::vector<int32_t> buckets_;
-  void* stream_ = nullptr;  // non-blocking stream the graphs are captured on and replayed on
+  // Declared before the graphs and buffers: destroyed after them.
+  std::unique_ptr<void, stream_deleter> stream_;  // non-blocking; graphs captured and replayed on it
   int64_t max_pages_ = 0;   // page-table stride cap: pages of max_context
   tensor inputs_;           // i32 static packed metadata (largest layout)
   tensor logits_;           // f32 [max_batch, vocab_local] static output
-  int32_t* host_in_ = nullptr;  // pinned staging
-  float* host_out_ = nullptr;
+  std::unique_ptr<void, pinned_deleter> host_in_;   // pinned staging of inputs_ (i32)
+  std::unique_ptr<void, pinned_deleter> host_out_;  // pinned staging of logits_ (f32)
   size_t host_in_elems_ = 0;
   std::vector<const void*> baked_;  // cache addresses the graphs were captured with
   std::map<decode_graph_key, kernels::captured_graph> graphs_;

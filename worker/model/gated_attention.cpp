@@ -66,7 +66,7 @@ void place(gated_attention_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
-                               kv_layer_cache& cache, collective* comm, const exec_context& ctx) {
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
   const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
   tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
@@ -136,9 +136,7 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     sg.x_stride = sg.gate_stride = sg.out_stride = qw;
     kernels::run(sg, ctx);
   }
-  tensor out = linear(attn, w.o, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(attn, w.o, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

@@ -38,7 +38,9 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
 // x [T, hidden] → [T, hidden], reduced over tp. Writes the batch's K/V into the cache.
 // Projections in weight_type (model.dtype); q_norm and k_norm stay f32.
 void place(gated_attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
+// residual: see block_output (layers.h).
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
-                               kv_layer_cache& cache, collective* comm, const exec_context& ctx);
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx,
+                               tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers

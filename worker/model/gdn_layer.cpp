@@ -102,7 +102,7 @@ void place(gdn_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                   collective* comm, const exec_context& ctx, mamba_layer_state* steps) {
+                   collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
 
@@ -233,9 +233,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   g.up_stride = g.out_stride = vd;
   kernels::run(g, ctx);
 
-  tensor out = linear(gated, w.out_proj, ctx);
-  reduce_partial(out, comm);
-  return out;
+  return block_output(gated, w.out_proj, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

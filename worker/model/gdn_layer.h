@@ -50,7 +50,9 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 // in_proj and out_proj in weight_type (model.dtype); conv, norm, dt_bias and A_log stay f32.
 void place(gdn_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // steps: per-step states for TargetVerify / Draft (the persistent state is then only read).
+// residual: see block_output (layers.h).
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                   collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr);
+                   collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
+                   tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers

@@ -139,24 +139,24 @@ class qwen3_next_model final : public model {
     capture(h);
 
     for (qwen3_next_layer& L : layers_) {
+      // The mixer's output projection adds into h (block_output).
       tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
-      tensor mixed;
       switch (L.kind) {
         case layer_kind::kGatedDeltaNet:
-          mixed = layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
-                                      ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr);
+          layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                              ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
           break;
         case layer_kind::kAttention:
-          mixed = layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex);
+          layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
           break;
         case layer_kind::kMamba2:
           throw error("Qwen3-Next: Mamba2 layer in a Qwen3-Next model");  // rejected at load
       }
-      layers::add_inplace(h, mixed, ex);
       const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
-      const tensor y = L.moe ? layers::moe_forward(L.moe_block, y_in, comm_, ex)
-                             : layers::mlp_forward(L.mlp, y_in, comm_, ex);
-      layers::add_inplace(h, y, ex);
+      if (L.moe)
+        layers::add_inplace(h, layers::moe_forward(L.moe_block, y_in, comm_, ex), ex);
+      else
+        layers::mlp_forward(L.mlp, y_in, comm_, ex, &h);
       capture(h);
     }
 

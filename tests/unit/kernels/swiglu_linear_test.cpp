@@ -61,5 +61,24 @@ TEST(SwigluLinear, MatchesADoubleLoop) {
   }
 }
 
+TEST(SwigluLinear, RejectsAStrideShorterThanK) {
+  std::vector<float> x(8), w(8), out(2);
+  swiglu_linear_params p;
+  p.x = x.data();
+  p.gate_w = w.data();
+  p.up_w = w.data();
+  p.out = out.data();
+  p.m = 1;
+  p.n = 2;
+  p.k = 4;
+  p.x_stride = 3;  // < k
+  p.w_stride = 4;
+  p.out_stride = 2;
+  EXPECT_THROW(run_cpu(p), invalid_argument_error);
+  p.x_stride = 4;
+  p.w_dtype = dtype::kF16;
+  EXPECT_THROW(run_cpu(p), invalid_argument_error);
+}
+
 }  // namespace
 }  // namespace hyserve::kernels
