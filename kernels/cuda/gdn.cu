@@ -4,9 +4,11 @@
 //   prefill, tc (default) / tf32: gdn_chunked.cuh, the chunked WY form on the tensor cores
 //                     (3xTF32 or plain TF32) for key dims 32, 64, 128;
 //   prefill, recurrent (HYSERVE_GDN_PREFILL=recurrent, and every other key dim), and the
-//                     decode update, grid (default): the kernel below;
-//   decode, persistent / persistent8 (HYSERVE_GDN_DECODE): gdn_decode.cuh, the same math with
-//                     resident blocks striding over tiles and the next tile prefetched.
+//                     decode update, grid (HYSERVE_GDN_DECODE=grid): the kernel below;
+//   decode, tiles8 (default: 92-94% of copy at batch 64/256 against 82% for grid, bench/results
+//                     run 5) / persistent / persistent8: gdn_decode.cuh, the same math with
+//                     tiles of value rows (resident blocks prefetching the next tile for the
+//                     persistent variants).
 //
 // The kernel below. The delta rule updates every value row e of a head's state S [V, K] on its own:
 //   s_e ← decay·s_e + beta·(v_e − decay·s_e·k̂)·k̂,   o_e = s_e·q̂,
@@ -405,8 +407,8 @@ gdn_decode_path gdn_decode_default_path() {
     const char* e = std::getenv("HYSERVE_GDN_DECODE");
     if (e != nullptr && std::strcmp(e, "persistent") == 0) return gdn_decode_path::persistent;
     if (e != nullptr && std::strcmp(e, "persistent8") == 0) return gdn_decode_path::persistent8;
-    if (e != nullptr && std::strcmp(e, "tiles8") == 0) return gdn_decode_path::tiles8;
-    return gdn_decode_path::grid;
+    if (e != nullptr && std::strcmp(e, "grid") == 0) return gdn_decode_path::grid;
+    return gdn_decode_path::tiles8;
   }();
   return path;
 }
