@@ -2,8 +2,8 @@
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so the operands are passed swapped, each with its own transpose flag.
 // Math mode is CUBLAS_DEFAULT_MATH: true fp32, no TF32, so results agree with the CPU op.
 //
-// bf16 B (a linear layer's weight): up to 4 rows of A (decode) go through a bandwidth-bound
-// skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
+// bf16 B (a linear layer's weight): up to 8 rows of A (decode; a batch-1 verify with up to 7
+// drafts) go through a bandwidth-bound skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
 // f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
 #include <cublas_v2.h>
@@ -87,16 +87,18 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
-// Skinny GEMM with a bf16 weight (decode: m ≤ 4 rows of activations, C = α·A·Bᵀ + β·C with B
+// Skinny GEMM with a bf16 weight (decode: m ≤ 8 rows of activations, C = α·A·Bᵀ + β·C with B
 // [n, k] row-major): memory-bound on B, so each warp streams kSkinnyRows rows of B as 16-byte
 // loads, kSkinnyUnroll of them per lane in flight, and dots them with the f32 rows of A (read
 // through the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A
 // (the CPU op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that
-// a single row cannot fill.
+// a single row cannot fill. Row m's arithmetic (its own accumulators, the same chunk order and
+// the same warp reduction) does not depend on how many rows the call has: a row's result is
+// bitwise the same in a 1-row decode and in an 8-row verify.
 constexpr int kSkinnyThreads = 256;
 constexpr int kSkinnyRows = 2;    // rows of B per warp (reuse of each A load)
 constexpr int kSkinnyUnroll = 4;  // 16-byte chunks per lane per row in flight
-constexpr int64_t kSkinnyMaxM = 4;
+constexpr int64_t kSkinnyMaxM = 8;
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -199,7 +201,11 @@ void launch_skinny(const skinny_args& a, int64_t m, cudaStream_t stream) {
     case 1: skinny_bf16_kernel<1, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
     case 2: skinny_bf16_kernel<2, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
     case 3: skinny_bf16_kernel<3, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    default: skinny_bf16_kernel<4, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 4: skinny_bf16_kernel<4, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 5: skinny_bf16_kernel<5, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 6: skinny_bf16_kernel<6, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 7: skinny_bf16_kernel<7, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    default: skinny_bf16_kernel<8, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
   }
   HYSERVE_CUDA_CHECK_LAUNCH();
 }

@@ -1,11 +1,15 @@
-// The skinny bf16 GEMM of the CUDA gemm op (decode linear layers: m ≤ 4 rows, bf16 weight
+// The skinny bf16 GEMM of the CUDA gemm op (decode linear layers: m ≤ 8 rows, bf16 weight
 // [n, k] with trans_b) against the CPU op on the same data. A is NOT bf16-exact here: the skinny
 // kernel multiplies f32 A like the CPU op, so only the summation order differs:
-// |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want|. Covers m 1..4, n not a multiple of the rows per warp,
-// k of the production shapes, padded strides, alpha/beta accumulation; and the fused SwiGLU
-// projection (swiglu_linear) on the same kernel. Skips without a device.
+// |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want|. Covers m 1..8, n not a multiple of the rows per warp,
+// k of the production shapes, padded strides, alpha/beta accumulation; that row r of an m-row
+// call is bitwise the row computed by a 1-row call (a batch-1 verify of up to 7 drafts and a
+// decode step agree exactly); and the fused SwiGLU projection (swiglu_linear) on the same
+// kernel. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,12 @@ namespace {
 
 using cuda_test::expect_match;
 using cuda_test::random_floats;
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 struct skinny_case {
   int64_t m, n, k;
@@ -70,6 +80,10 @@ INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
                                          skinny_case{3, 333, 512, 16, 1.0f, 0.0f},     // padded strides
                                          skinny_case{4, 7, 8, 0, 2.0f, 0.5f},          // accumulate
                                          skinny_case{4, 1, 4096, 0, 1.0f, 0.0f},       // one output column
+                                         skinny_case{5, 1025, 4096, 8, 1.0f, 0.0f},    // verify: 1 + 4 drafts
+                                         skinny_case{6, 333, 512, 16, 2.0f, 0.5f},
+                                         skinny_case{7, 4096, 4096, 0, 1.0f, 0.0f},
+                                         skinny_case{8, 14336, 4096, 0, 1.0f, 0.0f},   // 1 + 7 drafts
                                          skinny_case{1, 128256, 64, 0, 1.0f, 0.0f}),   // lm_head-wide n
                          [](const testing::TestParamInfo<skinny_case>& param_info) {
                            const auto& c = param_info.param;
@@ -77,8 +91,95 @@ INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
                                   (c.pad ? "_padded" : "") + (c.beta != 0.0f ? "_accumulate" : "");
                          });
 
-// swiglu_linear on CUDA against the CPU op: the fused skinny kernel (bf16, m ≤ 4, f32 x) and the
-// fallback (m > 4: bf16-exact x, so the rounding of x inside the tensor-core GEMM is exact; f32
+// Row r of an m-row skinny call equals, bit for bit, the same row computed alone (m = 1): each
+// row's arithmetic is independent of the rows beside it. Both for the gemm op (with alpha/beta
+// accumulation) and the fused swiglu_linear op.
+struct invariance_case {
+  int64_t n, k;
+};
+
+class SkinnyRowInvarianceCuda : public testing::TestWithParam<invariance_case> {};
+
+TEST_P(SkinnyRowInvarianceCuda, RowOfMRowCallEqualsOneRowCall) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const invariance_case& c = GetParam();
+  constexpr int64_t kMaxM = 8;
+  const std::vector<float> a = random_floats(static_cast<size_t>(kMaxM * c.k), 31);
+  const std::vector<float> bf = random_floats(static_cast<size_t>(c.n * c.k), 32, -0.1f, 0.1f);
+  const std::vector<float> uf = random_floats(static_cast<size_t>(c.n * c.k), 33, -0.1f, 0.1f);
+  const std::vector<float> c0 = random_floats(static_cast<size_t>(kMaxM * c.n), 34);
+  std::vector<uint16_t> b(bf.size()), u(uf.size());
+  for (size_t i = 0; i < bf.size(); ++i) {
+    b[i] = f32_to_bf16(bf[i]);
+    u[i] = f32_to_bf16(uf[i]);
+  }
+  device_array<float> da(a);
+  device_array<uint16_t> db(b), du(u);
+  // One-row results of every row: gemm (alpha 1.5, beta 0.5 over c0) and swiglu_linear.
+  std::vector<std::vector<float>> gemm_one(kMaxM), swiglu_one(kMaxM);
+  auto gemm_call = [&](int64_t row, int64_t m) {
+    device_array<float> dc(std::vector<float>(c0.begin() + row * c.n, c0.begin() + (row + m) * c.n));
+    gemm_params p;
+    p.m = m;
+    p.n = c.n;
+    p.k = c.k;
+    p.trans_b = true;
+    p.alpha = 1.5f;
+    p.beta = 0.5f;
+    p.lda = p.ldb = c.k;
+    p.ldc = c.n;
+    p.b_dtype = dtype::kBF16;
+    p.a = da.data() + row * c.k;
+    p.b = db.data();
+    p.c = dc.data();
+    run_cuda(p);
+    device_synchronize();
+    return dc.download();
+  };
+  auto swiglu_call = [&](int64_t row, int64_t m) {
+    device_array<float> dout(static_cast<size_t>(m * c.n));
+    swiglu_linear_params p;
+    p.m = m;
+    p.n = c.n;
+    p.k = c.k;
+    p.x_stride = p.w_stride = c.k;
+    p.out_stride = c.n;
+    p.w_dtype = dtype::kBF16;
+    p.x = da.data() + row * c.k;
+    p.gate_w = db.data();
+    p.up_w = du.data();
+    p.out = dout.data();
+    run_cuda(p);
+    device_synchronize();
+    return dout.download();
+  };
+  for (int64_t r = 0; r < kMaxM; ++r) {
+    gemm_one[static_cast<size_t>(r)] = gemm_call(r, 1);
+    swiglu_one[static_cast<size_t>(r)] = swiglu_call(r, 1);
+  }
+  for (int64_t m = 2; m <= kMaxM; ++m) {
+    const std::vector<float> g = gemm_call(0, m), s = swiglu_call(0, m);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < c.n; ++j) {
+        const size_t i = static_cast<size_t>(r * c.n + j);
+        ASSERT_EQ(f32_bits(g[i]), f32_bits(gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
+            << "gemm m " << m << " row " << r << " col " << j << ": " << g[i] << " vs "
+            << gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)];
+        ASSERT_EQ(f32_bits(s[i]), f32_bits(swiglu_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
+            << "swiglu m " << m << " row " << r << " col " << j;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SkinnyRowInvarianceCuda,
+                         testing::Values(invariance_case{1025, 4096}, invariance_case{333, 512},
+                                         invariance_case{4096, 14336}),
+                         [](const testing::TestParamInfo<invariance_case>& param_info) {
+                           return "n" + std::to_string(param_info.param.n) + "_k" + std::to_string(param_info.param.k);
+                         });
+
+// swiglu_linear on CUDA against the CPU op: the fused skinny kernel (bf16, m ≤ 8, f32 x) and the
+// fallback (m > 8: bf16-exact x, so the rounding of x inside the tensor-core GEMM is exact; f32
 // weights: cuBLAS). Tolerance as above, on silu(g)·u.
 struct swiglu_case {
   int64_t m, n, k;
@@ -91,7 +192,7 @@ TEST_P(SwigluLinearCuda, MatchesCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const swiglu_case& c = GetParam();
   std::vector<float> x = random_floats(static_cast<size_t>(c.m * c.k), 21);
-  if (c.m > 4)
+  if (c.m > 8)
     for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
   const std::vector<float> g = random_floats(static_cast<size_t>(c.n * c.k), 22, -0.1f, 0.1f);
   const std::vector<float> u = random_floats(static_cast<size_t>(c.n * c.k), 23, -0.1f, 0.1f);
@@ -130,6 +231,7 @@ TEST_P(SwigluLinearCuda, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Grid, SwigluLinearCuda,
                          testing::Values(swiglu_case{1, 14336, 4096, true},  // Bamba-9B MLP, decode
                                          swiglu_case{3, 333, 512, true}, swiglu_case{4, 1, 64, true},
+                                         swiglu_case{8, 130, 256, true},     // 1 + 7 drafts: still fused
                                          swiglu_case{9, 130, 256, true},     // fallback: two GEMMs + swiglu
                                          swiglu_case{2, 77, 96, false}),     // f32 weights: cuBLAS
                          [](const testing::TestParamInfo<swiglu_case>& param_info) {

@@ -4,7 +4,7 @@
 //
 // Element types: a and c are f32; b (the weight of a linear layer) is b_dtype, f32 or bf16
 // (anything else is rejected naming the field). Accumulation is f32. With a bf16 b the CPU op
-// widens b block by block (no f32 copy of the whole matrix); the CUDA op, for m ≤ 4 with
+// widens b block by block (no f32 copy of the whole matrix); the CUDA op, for m ≤ 8 with
 // trans_b (a decode linear layer, 16-byte aligned, k a multiple of 8), streams b through a
 // skinny kernel with f32 a (the CPU op's arithmetic); otherwise it rounds a to bf16 in a
 // scratch buffer and runs a bf16 × bf16 → f32 tensor-core GEMM with f32 accumulation, so its
@@ -35,7 +35,7 @@ void run_cuda(const gemm_params& p, void* stream = nullptr);
 // and u = x[i, :] · up_w[j, :] (silu(g) = g / (1 + e^-g), as the swiglu op). x, out f32; the two
 // weights [n, k] row-major in w_dtype (f32 or bf16). The CPU op is two gemm ops and the swiglu
 // op. The CUDA op fuses everything into the skinny bf16 kernel when the gemm op would take it
-// for each weight (m ≤ 4, bf16, aligned); otherwise it runs the two gemm ops and the swiglu op.
+// for each weight (m ≤ 8, bf16, aligned); otherwise it runs the two gemm ops and the swiglu op.
 struct swiglu_linear_params {
   const float* __restrict__ x = nullptr;       // [m, k], row stride x_stride
   const void* __restrict__ gate_w = nullptr;   // w_dtype [n, k], row stride w_stride
