@@ -1,7 +1,7 @@
 // hyserve-bench-model: end-to-end step timings of one model on one device, in a single process
 // (the engine: the same model, pools and forward modes the workers run, without the service).
 //   hyserve-bench-model CONFIG [--batches 1,16,64] [--prompt-len 1024] [--decode-steps 32]
-//                       [--prefill-len 8192] [--json FILE]
+//                       [--prefill-len 8192] [--json FILE] [--profile-step]
 // Reports, from one run:
 //   - the device-to-device copy bandwidth (read + write of a 1 GiB buffer);
 //   - prefill: wall time and tokens/s of one Extend step over a prefill-len prompt;
@@ -16,6 +16,10 @@
 // cudaEvent pair around its device work (the graph launch, or the eager model body). Decode is
 // measured through CUDA graphs (when the config uses them) and eagerly (forward_options::eager)
 // over the same rows, and the graph's node counts explain the launches a graph saves.
+// --profile-step: one more eager Decode step per batch size, timed op by op on the device
+// (kernels::profile_start: cudaEvents between the ops, the host queueing the whole step while
+// the device holds, no zero-fill of activations as in a graph), printed per op kind with the
+// bytes the op must move and its bandwidth as a fraction of the copy bandwidth.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -47,6 +51,7 @@ struct options {
   int32_t decode_steps = 32;
   int32_t prefill_len = 8192;
   std::string json_out;
+  bool profile_step = false;
 };
 
 std::vector<int32_t> parse_list(const std::string& s) {
@@ -80,6 +85,7 @@ options parse(int argc, char** argv) {
     else if (a == "--decode-steps") o.decode_steps = positive(a);
     else if (a == "--prefill-len") o.prefill_len = positive(a);
     else if (a == "--json") o.json_out = value();
+    else if (a == "--profile-step") o.profile_step = true;
     else if (!a.empty() && a[0] != '-' && o.config.empty()) o.config = a;
     else throw hyserve::invalid_argument_error("unknown argument " + a);
   }
@@ -160,6 +166,56 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The op-level profile of one eager step, aggregated per label in order of first appearance.
+json::object print_profile(const std::vector<hyserve::kernels::profile_segment>& segs, int32_t batch, double copy_bw) {
+  struct agg {
+    std::string label;
+    int64_t calls = 0;
+    double ms = 0, bytes = 0;
+  };
+  std::vector<agg> rows;
+  double total_ms = 0, total_bytes = 0;
+  for (const auto& s : segs) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const agg& a) { return a.label == s.label; });
+    if (it == rows.end()) {
+      rows.push_back(agg{s.label});
+      it = rows.end() - 1;
+    }
+    it->calls += 1;
+    it->ms += s.ms;
+    it->bytes += s.bytes;
+    total_ms += s.ms;
+    total_bytes += s.bytes;
+  }
+  std::printf("profile  batch %4d, one eager step op by op (%zu segments, device time between cudaEvents):\n", batch,
+              segs.size());
+  std::printf("  %-18s %5s %10s %9s %10s %9s %7s %7s\n", "op", "calls", "total us", "us/call", "MB moved", "GB/s",
+              "%copy", "%step");
+  json::array out;
+  auto line = [&](const std::string& label, int64_t calls, double ms, double bytes) {
+    const double gbs = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
+    const double pct_copy = copy_bw > 0 && ms > 0 ? 100.0 * bytes / (ms * 1e-3) / copy_bw : 0.0;
+    std::printf("  %-18s %5lld %10.1f %9.2f %10.2f %9.1f %6.1f%% %6.1f%%\n", label.c_str(),
+                static_cast<long long>(calls), ms * 1e3, calls ? ms * 1e3 / static_cast<double>(calls) : 0.0,
+                bytes / 1e6, gbs, pct_copy, total_ms > 0 ? 100.0 * ms / total_ms : 0.0);
+    out.push_back(json::object{{"op", label},        {"calls", calls},     {"us", ms * 1e3},
+                               {"bytes", bytes},     {"GBps", gbs},        {"pct_copy", pct_copy}});
+  };
+  for (const agg& a : rows) line(a.label, a.calls, a.ms, a.bytes);
+  line("total", static_cast<int64_t>(segs.size()), total_ms, total_bytes);
+  // What the step would take if every op ran at the copy bandwidth, and where the rest goes.
+  if (copy_bw > 0) {
+    const double ideal_ms = total_bytes / copy_bw * 1e3;
+    std::printf("  at copy bandwidth: %.3f ms; excess %.3f ms, of which per op kind (us above its bytes / copy bw):\n",
+                ideal_ms, total_ms - ideal_ms);
+    std::vector<std::pair<double, std::string>> excess;
+    for (const agg& a : rows) excess.emplace_back(a.ms * 1e3 - a.bytes / copy_bw * 1e6, a.label);
+    std::sort(excess.begin(), excess.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    for (const auto& [us, label] : excess) std::printf("    %-18s %9.1f us\n", label.c_str(), us);
+  }
+  return json::object{{"batch", batch}, {"ops", out}, {"total_ms", total_ms}, {"total_bytes", total_bytes}};
 }
 
 std::vector<int32_t> synthetic_prompt(int32_t len, int64_t vocab, uint32_t salt) {
@@ -292,6 +348,21 @@ int run(const options& o) {
         entry["graph_copies"] = n.memcpys;
         entry["graph_allocs"] = n.mem_allocs;
       }
+    }
+    if (o.profile_step && cfg.device == hyserve::device_kind::kCuda) {
+      std::vector<step_row> rows;
+      for (int32_t j = 0; j < b; ++j)
+        rows.push_back(step_row{reqs[static_cast<size_t>(j)], {static_cast<int32_t>((5 + j) % mc.vocab_size)}});
+      hyserve::worker::forward_options opts;
+      opts.eager = true;
+      hyserve::kernels::profile_start();
+      try {
+        eng.step(forward_mode::kDecode, rows, opts);
+      } catch (...) {
+        hyserve::kernels::profile_stop();
+        throw;
+      }
+      entry["profile"] = print_profile(hyserve::kernels::profile_stop(), b, copy_bw);
     }
     for (int32_t r : reqs) eng.close_request(r);
     entry["step_ms"] = entry.contains("graph_step_ms") ? entry["graph_step_ms"] : entry["eager_step_ms"];

@@ -42,4 +42,9 @@ void gpu_timer::start(void* /*stream*/) { no_cuda("gpu_timer::start"); }
 void gpu_timer::stop(void* /*stream*/) { no_cuda("gpu_timer::stop"); }
 double gpu_timer::elapsed_ms() const { no_cuda("gpu_timer::elapsed_ms"); }
 
+bool profile_active() { return false; }
+void profile_start(double /*hold_ms*/) { no_cuda("profile_start"); }
+void profile_mark(const char* /*label*/, double /*bytes*/, void* /*stream*/) {}
+std::vector<profile_segment> profile_stop() { return {}; }
+
 }  // namespace hyserve::kernels

@@ -3,8 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -172,6 +175,76 @@ double gpu_timer::elapsed_ms() const {
   float ms = 0.0f;
   CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)));
   return ms;
+}
+
+namespace {
+
+// The profile of this thread: its events (one per mark) and their labels and bytes.
+struct step_profile {
+  bool active = false;
+  double hold_ms = 0;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> events;
+  std::vector<std::string> labels;
+  std::vector<double> bytes;
+  ~step_profile() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+};
+thread_local step_profile t_profile;
+
+void CUDART_CB hold_host(void* ms) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<double*>(ms)));
+}
+
+}  // namespace
+
+bool profile_active() { return t_profile.active; }
+
+void profile_start(double hold_ms) {
+  HYSERVE_CHECK(!t_profile.active, "profile_start: a profile is already active on this thread");
+  for (cudaEvent_t e : t_profile.events) cudaEventDestroy(e);
+  t_profile.events.clear();
+  t_profile.labels.clear();
+  t_profile.bytes.clear();
+  t_profile.hold_ms = hold_ms;
+  t_profile.active = true;
+}
+
+void profile_mark(const char* label, double bytes, void* stream) {
+  step_profile& p = t_profile;
+  if (!p.active) return;
+  if (p.events.empty()) {
+    if (label != nullptr) return;  // marks before the baseline are not part of the step
+    p.stream = as_stream(stream);
+    if (p.hold_ms > 0) CUDA_CHECK(cudaLaunchHostFunc(p.stream, hold_host, &p.hold_ms));
+  } else if (label == nullptr) {
+    return;  // one baseline per profile
+  }
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&e));
+  p.events.push_back(e);
+  p.labels.emplace_back(label ? label : "");
+  p.bytes.push_back(bytes);
+  CUDA_CHECK(cudaEventRecord(e, as_stream(stream)));
+}
+
+std::vector<profile_segment> profile_stop() {
+  step_profile& p = t_profile;
+  p.active = false;
+  std::vector<profile_segment> out;
+  if (p.events.empty()) return out;
+  CUDA_CHECK(cudaEventSynchronize(p.events.back()));
+  for (size_t i = 1; i < p.events.size(); ++i) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, p.events[i - 1], p.events[i]));
+    out.push_back(profile_segment{p.labels[i], ms, p.bytes[i]});
+  }
+  for (cudaEvent_t e : p.events) cudaEventDestroy(e);
+  p.events.clear();
+  p.labels.clear();
+  p.bytes.clear();
+  return out;
 }
 
 }  // namespace hyserve::kernels

@@ -73,6 +73,13 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
     timer.emplace();
     timer->start(frame_.ctx.stream);
   }
+  // Op-level profile (kernels::profile_start): the baseline mark; a Decode step's activations
+  // are then not zero-filled, as in a graph capture (its body writes everything it reads).
+  std::optional<kernels::allocation_stream_scope> profile_scope;
+  if (cuda && kernels::profile_active()) {
+    if (meta.mode == forward_mode::kDecode) profile_scope.emplace(frame_.ctx.stream, /*zero_fill=*/false);
+    kernels::profile_mark(nullptr, 0, frame_.ctx.stream);
+  }
   tensor local = body(in, frame_.ctx, opts.all_logits, opts.hidden_states ? &hidden : nullptr);
   if (timer) timer->stop(frame_.ctx.stream);
   if (opts.hidden_states) *opts.hidden_states = std::move(hidden);

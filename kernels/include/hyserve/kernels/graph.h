@@ -12,6 +12,8 @@
 // stale values and must only flow into row-local ops whose rows are discarded.
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace hyserve::kernels {
 
@@ -79,5 +81,23 @@ class gpu_timer {
   void* begin_ = nullptr;
   void* end_ = nullptr;
 };
+
+// Op-level GPU timing of one eager step (hyserve-bench-model --profile-step). Between
+// profile_start and profile_stop, profile_mark records a cudaEvent on `stream` after the work
+// queued so far; segment i is the GPU time from mark i-1 to mark i and carries mark i's label
+// and byte count (what the ops queued in between must move). The first mark (label null) is
+// the baseline: it first queues a host-side hold of hold_ms on the stream, so that the host
+// queues the whole step while the device waits and the segments time the device work alone,
+// not the host's launch rate. No host synchronisation until profile_stop, which waits for the
+// last event. Off (profile_active() false) the marks cost one thread-local test.
+struct profile_segment {
+  std::string label;
+  double ms = 0;
+  double bytes = 0;
+};
+bool profile_active();
+void profile_start(double hold_ms = 30.0);
+void profile_mark(const char* label, double bytes, void* stream);
+std::vector<profile_segment> profile_stop();
 
 }  // namespace hyserve::kernels
