@@ -239,13 +239,16 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
     p.io_dtype = io;
     p.state_dtype = st;
     const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
-    // bf16 io: both scan paths in the same run (the default is ssd_scan_default_path()).
+    // bf16 io: the scan paths in the same run (the default is ssd_scan_default_path()).
     const bool two = io == hyserve::dtype::kBF16;
-    for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel}) {
-      if (!two && path == ssd_scan_path::parallel) continue;
+    for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_fast}) {
+      if (!two && path != ssd_scan_path::sequential) continue;
       const ssd_scan_path use = two ? path : ssd_scan_path::automatic;
       const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, use, stream); });
-      const std::string tag = !two ? "" : path == ssd_scan_path::parallel ? " par" : " seq";
+      const std::string tag = !two                                  ? ""
+                              : path == ssd_scan_path::parallel      ? " par"
+                              : path == ssd_scan_path::parallel_fast ? " parf"
+                                                                     : " seq";
       rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
     }
   }

@@ -1,5 +1,5 @@
 // Standalone check and timing of the SSM CUDA ops (chunk scan and decode update) against the
-// CPU op, built from the SSM sources alone:
+// CPU op, built from the SSM sources alone (add -DHYSERVE_SSD_ABLATION for the ablate mode):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp \
 //     -I kernels/include -I common/include -I kernels bench/cuda/ssd_standalone.cu \
 //     kernels/cuda/ssd_scan.cu kernels/cuda/ssm_update.cu kernels/cpu/ssm.cpp common/src/error.cpp
@@ -7,8 +7,10 @@
 // with bytes moved, GB/s and the ratio to a 1 GiB device-to-device copy. bf16-io scans run both
 // paths (seq: one block per row walking its chunks; par / par1: one chunk-parallel kernel with
 // the state hand-off chained, persistent blocks staging ahead / a block per item; phs: chunk
-// states, state pass, outputs in three kernels) in the same run.
-// Arguments: check | time | (none: both).
+// states, state pass, outputs in three kernels; parf: par with the kOptFloatW and kOptOneFence
+// variants of ssd_scan_chained.cuh) in the same run.
+// Arguments: check | time | (none: both) | ablate (built with -DHYSERVE_SSD_ABLATION: timings of
+// the chained kernel's variant flags and of stages left out, see ssd_scan_chained.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +45,9 @@ int max_shared_per_block_optin() {
   }();
   return n;
 }
+// Launch helpers of the full library that the SSM sources may call: no programmatic dependent
+// launch in this driver.
+bool pdl_applies(cudaStream_t) { return false; }
 void reserve_dynamic_shared(const void* kernel, size_t bytes) {
   static std::map<const void*, size_t> done;
   if (done[kernel] >= bytes) return;
@@ -162,6 +167,7 @@ const char* path_name(ssd_scan_path path) {
   return path == ssd_scan_path::sequential ? " seq"
          : path == ssd_scan_path::parallel ? " par"
          : path == ssd_scan_path::parallel_single ? " par1"
+         : path == ssd_scan_path::parallel_fast   ? " parf"
          : path == ssd_scan_path::phased   ? " phs"
                                            : "";
 }
@@ -290,7 +296,10 @@ void report(const char* what, double ms, double bytes) {
               100.0 * gbs / g_copy_gbs);
 }
 
-void time_scan(int64_t bs, int64_t len, dtype io, dtype st, ssd_scan_path path = ssd_scan_path::automatic) {
+// flags >= 0 (built with -DHYSERVE_SSD_ABLATION): the persistent chained kernel with those
+// variant / ablation flags (ssd_scan_chained.cuh) instead of `path`.
+void time_scan(int64_t bs, int64_t len, dtype io, dtype st, ssd_scan_path path = ssd_scan_path::automatic,
+               int flags = -1) {
   const int64_t H = 128, P = 64, N = 128, G = 8, T = bs * len;
   const size_t es = dtype_size(io), ss = dtype_size(st);
   std::vector<int32_t> qsl(static_cast<size_t>(bs + 1)), idx(static_cast<size_t>(bs));
@@ -326,10 +335,21 @@ void time_scan(int64_t bs, int64_t len, dtype io, dtype st, ssd_scan_path path =
   p.chunk_size = 256;
   p.io_dtype = io;
   p.state_dtype = st;
-  const double ms = median_ms([&](int) { run_cuda(p, path, nullptr); }, 15);
+  const double ms = median_ms(
+      [&](int) {
+#ifdef HYSERVE_SSD_ABLATION
+        if (flags >= 0) return run_cuda_ssd_chain_flags(p, flags, nullptr);
+#endif
+        run_cuda(p, path, nullptr);
+      },
+      15);
   const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + 2.0 * ss * bs * H * P * N;
   char what[128];
-  std::snprintf(what, sizeof what, "ssd_scan%s T%ld bs%ld io=%s st=%s", path_name(path), T, bs, dn(io), dn(st));
+  if (flags >= 0) {
+    std::snprintf(what, sizeof what, "ssd_scan flags 0x%04x T%ld bs%ld io=%s st=%s", flags, T, bs, dn(io), dn(st));
+  } else {
+    std::snprintf(what, sizeof what, "ssd_scan%s T%ld bs%ld io=%s st=%s", path_name(path), T, bs, dn(io), dn(st));
+  }
   report(what, ms, bytes);
 }
 
@@ -382,17 +402,18 @@ void time_update(int64_t bs, dtype io, dtype st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool check = argc < 2 || std::strcmp(argv[1], "time") != 0;
-  const bool timing = argc < 2 || std::strcmp(argv[1], "check") != 0;
+  const bool ablate = argc >= 2 && std::strcmp(argv[1], "ablate") == 0;
+  const bool check = !ablate && (argc < 2 || std::strcmp(argv[1], "time") != 0);
+  const bool timing = !ablate && (argc < 2 || std::strcmp(argv[1], "check") != 0);
   try {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
     const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased,
-                        Par1 = ssd_scan_path::parallel_single;
+                        Par1 = ssd_scan_path::parallel_single, ParF = ssd_scan_path::parallel_fast;
     if (check) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
-          for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
+          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
             if (io == F && path != Seq) continue;  // f32 io has one tensor-core path
             if (io == F) path = ssd_scan_path::automatic;
             check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
@@ -411,7 +432,7 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
@@ -421,15 +442,29 @@ int main(int argc, char** argv) {
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par1);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParF);
       std::printf("checks: %d failures\n", g_failures);
+    }
+    if (ablate) {
+#ifdef HYSERVE_SSD_ABLATION
+      // Variant flags (1 f32 weights, 2 one fence) and stages left out (0x100 chain, 0x200
+      // intra-chunk products, 0x400 C·S_in, 0x800 S_loc, 0x1000 loads, 0x2000 y stores) of the
+      // persistent chained kernel; the paths for reference.
+      time_copy();
+      for (ssd_scan_path path : {Seq, Par, ParF}) time_scan(1, 16384, Bf, F, path);
+      for (int flags : {0, 1, 2, 3, 0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103}) time_scan(1, 16384, Bf, F, Par, flags);
+      for (int flags : {0, 3, 0x103, 0x203, 0x403}) time_scan(64, 256, Bf, F, Par, flags);
+#else
+      std::printf("ablate: build with -DHYSERVE_SSD_ABLATION\n");
+#endif
     }
     if (timing) {
       time_copy();
       for (dtype st : {F, Bf}) {
-        for (ssd_scan_path path : {Seq, Par, Par1, Phs}) time_scan(1, 16384, Bf, st, path);
+        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) time_scan(1, 16384, Bf, st, path);
       }
       for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
         time_scan(16, 1024, Bf, F, path);
         time_scan(64, 256, Bf, F, path);
         time_scan(256, 64, Bf, F, path);

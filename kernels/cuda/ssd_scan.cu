@@ -10,6 +10,8 @@
 //                            chunk to the next is chained (f32, through a small workspace);
 //                            persistent blocks stage the next item while finishing one;
 //       parallel_single      the same kernel with one block per item (no staging ahead);
+//       parallel_fast        parallel with the kOptFloatW and kOptOneFence variants (f32
+//                            weights with one ex2 each; one release per warp hand-off);
 //       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
 //                            the chunks of each row, outputs in parallel (three kernels, f32
 //                            chunk states in a stream-ordered workspace);
@@ -17,7 +19,7 @@
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is read once from the environment:
-// HYSERVE_SSD_SCAN=parallel|parallel_single|phased|sequential
+// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|phased|sequential
 // (unset or anything else: parallel, faster than sequential at every measured shape:
 // 16384 tokens 1.35 vs 1.85 ms, 256 rows x 256 tokens 5.77 vs 7.91 ms, bench/results run 5);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
@@ -359,7 +361,7 @@ void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t strea
 
 // bf16 io, one chained kernel: zeroed flags and ticket, plan, the kernel; then the general kernel
 // gated on the overflow flag (exits at once unless the batch needed more chunks than reserved).
-template <class TS>
+template <class TS, int kFlags = 0>
 void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaStream_t stream) {
   namespace sc = ssd_chain;
   dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
@@ -369,7 +371,7 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaS
       // row), so the persistent grid takes any batch whose items fit an int ticket; one block per
       // item reserves HYSERVE_SSD_MAX_TOKENS / Q + batch (its grid size).
       const int64_t max_cap = std::min<int64_t>((int64_t{1} << 31) / 2 / p.heads, int64_t{1} << 30);
-      const int64_t cap64 = persist ? max_cap : (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
+      const int64_t cap64 = (kFlags != 0 || persist) ? max_cap : (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
       const int cap = static_cast<int>(std::min(cap64, max_cap));
       // Workspace: info [4], chunk_off [batch + 1], flags [batch, 2, heads, warps] (ints, rounded
       // to 16 bytes), carry [batch, 2, heads, P, N] f32. The ints start at zero.
@@ -390,10 +392,10 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaS
       HYSERVE_CUDA_CHECK_LAUNCH();
       constexpr size_t smem = sc::chain_tiles<P, N>::kBytes;
       const int64_t items = static_cast<int64_t>(cap) * p.heads;
-      if (persist) {
+      if (kFlags != 0 || persist) {  // the variants are persistent only
         // As many blocks as are resident at once (items are claimed by ticket, so correctness
         // does not depend on this number).
-        const auto kernel = &sc::chain_kernel<TS, P, N, true>;
+        const auto kernel = &sc::chain_kernel<TS, P, N, true, kFlags>;
         reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
         static const int per_sm = [&] {
           int v = 0;
@@ -402,7 +404,7 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaS
         }();
         const int64_t blocks = std::min<int64_t>(items, static_cast<int64_t>(sm_count()) * per_sm);
         kernel<<<static_cast<unsigned>(blocks), sc::kThreads, smem, stream>>>(p, ws, vec);
-      } else {
+      } else if constexpr (kFlags == 0) {
         const auto kernel = &sc::chain_kernel<TS, P, N, false>;
         reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
         kernel<<<static_cast<unsigned>(items), sc::kThreads, smem, stream>>>(p, ws, vec);
@@ -465,6 +467,7 @@ ssd_scan_path ssd_scan_default_path() {
     const char* e = std::getenv("HYSERVE_SSD_SCAN");
     if (e != nullptr && std::strcmp(e, "parallel") == 0) return ssd_scan_path::parallel;
     if (e != nullptr && std::strcmp(e, "parallel_single") == 0) return ssd_scan_path::parallel_single;
+    if (e != nullptr && std::strcmp(e, "parallel_fast") == 0) return ssd_scan_path::parallel_fast;
     if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
     if (e != nullptr && std::strcmp(e, "sequential") == 0) return ssd_scan_path::sequential;
     return ssd_scan_path::parallel;
@@ -490,6 +493,8 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
       if constexpr (std::is_same_v<TI, __nv_bfloat16>) {
         if (path == ssd_scan_path::parallel) launch_ssd_bf16_chained<TS>(p, true, as_stream(stream));
         else if (path == ssd_scan_path::parallel_single) launch_ssd_bf16_chained<TS>(p, false, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_fast)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence>(p, true, as_stream(stream));
         else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
@@ -506,5 +511,37 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
     launch_ssd_scan<typename decltype(io)::type, typename decltype(st)::type>(p, l, as_stream(stream));
   });
 }
+
+#ifdef HYSERVE_SSD_ABLATION
+// Benchmark-only entry (see ssd_scan_paths.h): the persistent chained kernel with variant and
+// ablation flags; bf16 io, P = 64, N = 128.
+void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* stream) {
+  namespace sc = ssd_chain;
+  dispatch_ssm_types(p, [&](auto io, auto st) {
+    using TI = typename decltype(io)::type;
+    using TS = typename decltype(st)::type;
+    if constexpr (std::is_same_v<TI, __nv_bfloat16>) {
+      const cudaStream_t s = as_stream(stream);
+      constexpr int F = sc::kOptFloatW | sc::kOptOneFence;
+      switch (flags) {
+        case 0: launch_ssd_bf16_chained<TS, 0>(p, true, s); break;
+        case sc::kOptFloatW: launch_ssd_bf16_chained<TS, sc::kOptFloatW>(p, true, s); break;
+        case sc::kOptOneFence: launch_ssd_bf16_chained<TS, sc::kOptOneFence>(p, true, s); break;
+        case F: launch_ssd_bf16_chained<TS, F>(p, true, s); break;
+        case F | sc::kAblNoChain: launch_ssd_bf16_chained<TS, F | sc::kAblNoChain>(p, true, s); break;
+        case F | sc::kAblNoIntra: launch_ssd_bf16_chained<TS, F | sc::kAblNoIntra>(p, true, s); break;
+        case F | sc::kAblNoInter: launch_ssd_bf16_chained<TS, F | sc::kAblNoInter>(p, true, s); break;
+        case F | sc::kAblNoSloc: launch_ssd_bf16_chained<TS, F | sc::kAblNoSloc>(p, true, s); break;
+        case F | sc::kAblNoLoad: launch_ssd_bf16_chained<TS, F | sc::kAblNoLoad>(p, true, s); break;
+        case F | sc::kAblNoStore: launch_ssd_bf16_chained<TS, F | sc::kAblNoStore>(p, true, s); break;
+        case F | sc::kAblNoChain | sc::kAblNoLoad | sc::kAblNoStore:
+          launch_ssd_bf16_chained<TS, F | sc::kAblNoChain | sc::kAblNoLoad | sc::kAblNoStore>(p, true, s);
+          break;
+        default: fail("ssd_chunk_scan", "flags", flags, "not an instantiated variant");
+      }
+    }
+  });
+}
+#endif
 
 }  // namespace hyserve::kernels

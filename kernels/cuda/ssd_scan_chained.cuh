@@ -59,6 +59,26 @@ using ssd_bf16::pack_bf16x2;
 using ssd_bf16::unpack_bf16x2;
 
 constexpr int kQ = 128;  // chunk length
+
+// Variant flags of chain_kernel (template argument; 0 is the reference variant).
+//   kOptFloatW   the C·Bᵀ weights from f32 cum·log2(e) (one ex2.approx per weight, no double
+//                subtraction and conversion per weight; the f32 rounding of cum is far below
+//                the bf16 rounding of the weights);
+//   kOptOneFence the hand-off publishes with one release by lane 0 after a warp barrier (no
+//                fence per thread) and polls the predecessor's flag from lane 0 only.
+// The kAbl* flags leave out a stage to locate the time (benchmarks only: the results are wrong):
+// the chain (no wait, no carry read or write), the intra-chunk products, C·S_in, S_loc, the
+// staging loads, the y stores.
+enum : int {
+  kOptFloatW = 1,
+  kOptOneFence = 2,
+  kAblNoChain = 1 << 8,
+  kAblNoIntra = 1 << 9,
+  kAblNoInter = 1 << 10,
+  kAblNoSloc = 1 << 11,
+  kAblNoLoad = 1 << 12,
+  kAblNoStore = 1 << 13,
+};
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPlanThreads = 1024;
@@ -153,7 +173,7 @@ __device__ __forceinline__ uint32_t scale2(uint32_t w, float a, float b) {
 template <int P, int N>
 struct chain_tiles {
   static constexpr int kLdN = N + 8, kLdP = P + 8;
-  static constexpr size_t kBytes = sizeof(double) * (kQ + kWarps) + sizeof(float) * 3 * kQ +
+  static constexpr size_t kBytes = sizeof(double) * (kQ + kWarps) + sizeof(float) * 4 * kQ +
                                    sizeof(bf16) * static_cast<size_t>(kQ * kLdP + 2 * kQ * kLdN + P * kLdN);
 };
 
@@ -193,9 +213,19 @@ __device__ __forceinline__ item_geom resolve_item(const ssd_chunk_scan_params& p
 // item's x and B once the current one is done with them (after the intra-chunk products) and
 // its C at the end, so that the loads overlap the C·S_in product, the stores of y and the next
 // item's cumsum.
-template <class TS, int P, int N, bool kPersist>
+__device__ __forceinline__ float ex2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(v));
+  return r;
+}
+
+template <class TS, int P, int N, bool kPersist, int kFlags = 0>
 __global__ void __launch_bounds__(kThreads, 2)
     chain_kernel(const ssd_chunk_scan_params p, const workspace ws, bool vec) {
+  constexpr bool kFloatW = (kFlags & kOptFloatW) != 0, kOneFence = (kFlags & kOptOneFence) != 0;
+  constexpr bool kNoChain = (kFlags & kAblNoChain) != 0, kNoIntra = (kFlags & kAblNoIntra) != 0;
+  constexpr bool kNoInter = (kFlags & kAblNoInter) != 0, kNoSloc = (kFlags & kAblNoSloc) != 0;
+  constexpr bool kNoLoad = (kFlags & kAblNoLoad) != 0, kNoStore = (kFlags & kAblNoStore) != 0;
   using tl = chain_tiles<P, N>;
   constexpr int kLdN = tl::kLdN, kLdP = tl::kLdP;
   constexpr int PW = P / 2, NW = N / 4, MT = PW / 16, NT = NW / 8;  // S tile of a warp: PW × NW
@@ -211,7 +241,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* dtv = reinterpret_cast<float*>(wsum + kWarps);  // [Q] step sizes (0 past L)
   float* coef = dtv + kQ;                                // [Q] exp(cum_end − cum_j)·dt_j
   float* ecum = coef + kQ;                               // [Q] exp(cum_i)
-  bf16* Xs = reinterpret_cast<bf16*>(ecum + kQ);         // [Q][kLdP] x of the chunk
+  float* lcum = ecum + kQ;                               // [Q] cum_i·log2(e) (kOptFloatW)
+  bf16* Xs = reinterpret_cast<bf16*>(lcum + kQ);         // [Q][kLdP] x of the chunk
   bf16* Bs = Xs + kQ * kLdP;                             // [Q][kLdN]
   bf16* Cs = Bs + kQ * kLdN;                             // [Q][kLdN]
   bf16* Ss = Cs + kQ * kLdN;                             // [P][kLdN] S_in (bf16)
@@ -229,6 +260,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Staging of an item's x and B, and of its C (rows past L zero); raw dt of token tid.
   auto stage_xb = [&](const item_geom& c) {
+    if constexpr (kNoLoad) return;
+    else {
 #pragma unroll
     for (int u = 0; u < kX; ++u) {
       const int e = u * kThreads + tid, j = e / (P / 8), cc = e % (P / 8);
@@ -250,8 +283,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (vec) cp_async16(dst, Bg + off, in);
       else *reinterpret_cast<uint4*>(dst) = in ? load8(Bg + off, false) : make_uint4(0, 0, 0, 0);
     }
+    }
   };
   auto stage_c = [&](const item_geom& c) {
+    if constexpr (kNoLoad) return;
+    else {
 #pragma unroll
     for (int u = 0; u < kBC; ++u) {
       const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
@@ -261,8 +297,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (vec) cp_async16(dst, Cg + off, in);
       else *reinterpret_cast<uint4*>(dst) = in ? load8(Cg + off, false) : make_uint4(0, 0, 0, 0);
     }
+    }
   };
   auto load_dt = [&](const item_geom& c) -> float {
+    if constexpr (kNoLoad) return 0.5f;
     return tid < c.L ? __bfloat162float(dtg[(c.t0 + tid) * p.dt_stride + c.h]) : 0.0f;
   };
 
@@ -278,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The item's fields are read from shared memory where used (fewer live registers).
   for (int ci = 0;; ci ^= 1) {
     const item_geom& c = geo[ci];
-    const bool carry = !c.first || c.init;  // false: S_in is zero
+    const bool carry = kNoChain || !c.first || c.init;  // false: S_in is zero
     const double A = -exp(static_cast<double>(p.A_log[c.h]));
     const float d_skip = p.D != nullptr ? p.D[c.h] : 0.0f;
     const int L = c.L;
@@ -308,6 +346,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (tid < kQ) {
       ecum[tid] = static_cast<float>(exp(cum[tid]));
       coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
+      if constexpr (kFloatW) lcum[tid] = static_cast<float>(cum[tid] * 1.4426950408889634);
     }
     __syncthreads();
 
@@ -321,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int nt = 0; nt < NT; ++nt) sl[mt][nt][0] = sl[mt][nt][1] = sl[mt][nt][2] = sl[mt][nt][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kQ / 16; ++kk) {
-      if (kk * 16 < L) {
+      if (!kNoSloc && kk * 16 < L) {
         const int j0 = 16 * kk;
         const float ca0 = coef[j0 + 2 * t], ca1 = coef[j0 + 2 * t + 1];
         const float cb0 = coef[j0 + 2 * t + 8], cb1 = coef[j0 + 2 * t + 9];
@@ -354,7 +393,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float total = static_cast<float>(exp(cum_end));
       TS* state = static_cast<TS*>(p.ssm_states) + (c.slot * H + c.h) * static_cast<int64_t>(P) * N;
       float si[MT][NT][4];
-      if (c.first) {
+      if (kNoChain && !c.first) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) si[mt][nt][0] = si[mt][nt][1] = si[mt][nt][2] = si[mt][nt][3] = 0.0f;
+      } else if (c.first) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -372,9 +416,19 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int* flag = ws.flags + prev * kWarps + warp;
         // A predecessor publishes within microseconds; a wait of seconds is a bug: fail the
         // launch loudly instead of hanging the device.
-        for (uint32_t spins = 0; ld_acquire(flag) < c.k; ++spins) {
-          if (spins == (1u << 22)) __trap();
-          __nanosleep(40);
+        if constexpr (kOneFence) {
+          if (lane == 0) {
+            for (uint32_t spins = 0; ld_acquire(flag) < c.k; ++spins) {
+              if (spins == (1u << 22)) __trap();
+              __nanosleep(40);
+            }
+          }
+          __syncwarp();  // the other lanes' reads follow lane 0's acquire
+        } else {
+          for (uint32_t spins = 0; ld_acquire(flag) < c.k; ++spins) {
+            if (spins == (1u << 22)) __trap();
+            __nanosleep(40);
+          }
         }
         const float4* src = reinterpret_cast<const float4*>(ws.carry + prev * P * N + warp * kWarpState);
 #pragma unroll
@@ -405,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2)
               store_state2(state + static_cast<int64_t>(pr) * N + nc,
                            make_float2(sl[mt][nt][2 * half], sl[mt][nt][2 * half + 1]));
             }
-      } else {
+      } else if (!kNoChain) {
         const int64_t cur = (c.b * 2 + (c.k & 1)) * H + c.h;
         float4* dst = reinterpret_cast<float4*>(ws.carry + cur * P * N + warp * kWarpState);
 #pragma unroll
@@ -414,8 +468,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int nt = 0; nt < NT; ++nt)
             __stcg(dst + (mt * NT + nt) * 32 + lane,
                    make_float4(sl[mt][nt][0], sl[mt][nt][1], sl[mt][nt][2], sl[mt][nt][3]));
-        __threadfence();
-        __syncwarp();
+        if constexpr (!kOneFence) __threadfence();
+        __syncwarp();  // kOneFence: the warp's carry stores precede lane 0's release (cumulative)
         if (lane == 0) st_release(ws.flags + cur * kWarps + warp, c.k + 1);
       }
       if (carry) {
@@ -465,13 +519,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     if (r0 < L) {
       const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
+      [[maybe_unused]] const float li_lo = lcum[i_lo], li_hi = lcum[i_hi];
       // W of block j0 from its C·Bᵀ fragment, as the A operand of W·X.
       auto weights = [&](const float (&cb)[2][4], int j0, uint32_t (&wa)[4]) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ja = j0 + 8 * half + 2 * t, jb2 = ja + 1;
-          const double ca = cum[ja], cbb = cum[jb2];
           const float da = dtv[ja], db = dtv[jb2];
+          if constexpr (kFloatW) {
+            const float la = lcum[ja], lb = lcum[jb2];
+            const float w00 = ja <= i_lo ? cb[half][0] * ex2_approx(li_lo - la) * da : 0.0f;
+            const float w01 = jb2 <= i_lo ? cb[half][1] * ex2_approx(li_lo - lb) * db : 0.0f;
+            const float w10 = ja <= i_hi ? cb[half][2] * ex2_approx(li_hi - la) * da : 0.0f;
+            const float w11 = jb2 <= i_hi ? cb[half][3] * ex2_approx(li_hi - lb) * db : 0.0f;
+            wa[2 * half] = pack_bf16x2(w00, w01);
+            wa[2 * half + 1] = pack_bf16x2(w10, w11);
+            continue;
+          }
+          const double ca = cum[ja], cbb = cum[jb2];
           const float w00 = ja <= i_lo ? cb[half][0] * expf(static_cast<float>(ci_lo - ca)) * da : 0.0f;
           const float w01 = jb2 <= i_lo ? cb[half][1] * expf(static_cast<float>(ci_lo - cbb)) * db : 0.0f;
           const float w10 = ja <= i_hi ? cb[half][2] * expf(static_cast<float>(ci_hi - ca)) * da : 0.0f;
@@ -480,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           wa[2 * half + 1] = pack_bf16x2(w10, w11);
         }
       };
-      for (int jb = 0; jb <= rb; jb += 2) {
+      for (int jb = 0; jb <= (kNoIntra ? -1 : rb); jb += 2) {
         const bool two = jb + 1 <= rb;  // warp-uniform
         const int j0 = 16 * jb, j1 = j0 + 16;
         float cb0[2][4], cb1[2][4];
@@ -548,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // 5. y rows += exp(cum_i)·C_i·S_inᵀ (the skip term is in already), stored.
     if (r0 < L) {
-      if (carry) {
+      if (!kNoInter && carry) {
         float a2[P / 8][4];
 #pragma unroll
         for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
@@ -578,7 +643,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = r0 + g + 8 * half, pc = 8 * n + 2 * t;
-          if (i < L) {
+          if (!kNoStore && i < L) {
             const float y0 = acc[n][2 * half], y1 = acc[n][2 * half + 1];
             bf16* dst = yg + (c.t0 + i) * p.y_stride + c.h * P + pc;
             if (vec) {

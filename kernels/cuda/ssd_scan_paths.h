@@ -13,6 +13,7 @@ enum class ssd_scan_path {
   parallel,         // one kernel over (chunk, head) items, persistent blocks staging the next
                     // item while finishing the current one; only the state hand-off is chained
   parallel_single,  // the same kernel, one block per item (no staging ahead)
+  parallel_fast,    // parallel with f32 weights (one ex2 each) and one release per warp hand-off
   phased,           // three kernels: chunk states, a state pass over chunks, outputs
 };
 
@@ -20,5 +21,12 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream =
 
 // The path run_cuda(p, stream) takes for bf16 io (environment read once).
 ssd_scan_path ssd_scan_default_path();
+
+#ifdef HYSERVE_SSD_ABLATION
+// Benchmarks only (built with -DHYSERVE_SSD_ABLATION): the persistent chained kernel with the
+// variant and ablation flags of ssd_scan_chained.cuh (ssd_chain::kOpt*, kAbl*); ablations give
+// wrong results.
+void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* stream = nullptr);
+#endif
 
 }  // namespace hyserve::kernels

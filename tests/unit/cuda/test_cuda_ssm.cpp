@@ -469,6 +469,7 @@ std::string path_label(ssd_scan_path path) {
     case ssd_scan_path::sequential: return "sequential";
     case ssd_scan_path::parallel: return "parallel";
     case ssd_scan_path::parallel_single: return "parallel_single";
+    case ssd_scan_path::parallel_fast: return "parallel_fast";
     case ssd_scan_path::phased: return "phased";
     case ssd_scan_path::automatic: return "automatic";
   }
@@ -504,7 +505,7 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   run_cpu(pc);
   for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
-                                    ssd_scan_path::phased}) {
+                                    ssd_scan_path::phased, ssd_scan_path::parallel_fast}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
@@ -556,10 +557,12 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     prob.fill(pg, dslots.data(), 1, true);
     pg.query_start_loc = dqsl.data();
     pg.has_initial_state = dinit.data();
-    const ssd_scan_path paths[4] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
-                                    ssd_scan_path::parallel_single, ssd_scan_path::phased};
-    std::vector<float> y[4], states[4];
-    for (int k = 0; k < 4; ++k) {
+    const ssd_scan_path paths[] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
+                                   ssd_scan_path::parallel_single, ssd_scan_path::phased,
+                                   ssd_scan_path::parallel_fast};
+    constexpr int kPaths = static_cast<int>(sizeof(paths) / sizeof(paths[0]));
+    std::vector<float> y[kPaths], states[kPaths];
+    for (int k = 0; k < kPaths; ++k) {
       prob.dy.upload(y0);
       prob.dstates.upload(s0);
       run_cuda(pg, paths[k]);
@@ -567,7 +570,7 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
       y[k] = decode(prob.dy.download(), kB);
       states[k] = decode(prob.dstates.download(), st);
     }
-    for (int k = 1; k < 4; ++k) {
+    for (int k = 1; k < kPaths; ++k) {
       const std::string what = "production shape, " + path_label(paths[k]) + " vs sequential, state " +
                                std::string(dtype_name(st));
       expect_match_bf16_pipeline(y[k], y[0], 3e-2, 2e-2, what + " y");
