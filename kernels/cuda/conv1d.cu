@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "dispatch.h"
 #include "hyserve/kernels/causal_conv1d.h"
+#include "launch.cuh"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -92,6 +93,8 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_varlen_kernel(const conv1
 
 template <class T, int K>
 __global__ void __launch_bounds__(kConvThreads) conv1d_update_kernel(const conv1d_update_params p) {
+  pdl_wait();  // decode path: launched with programmatic dependent launch
+  pdl_launch_dependents();
   constexpr int W = K - 1;
   const int64_t b = blockIdx.y;
   const int32_t slot = p.state_indices[b];
@@ -130,9 +133,8 @@ template <class T>
 void launch_conv1d_update(const conv1d_update_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(p.dim, kConvThreads)), static_cast<unsigned>(p.batch));
   dispatch(conv_width_table{}, p.width, "causal_conv1d_update", "width", [&](auto k) {
-    conv1d_update_kernel<T, decltype(k)::value><<<grid, kConvThreads, 0, stream>>>(p);
+    launch_pdl(conv1d_update_kernel<T, decltype(k)::value>, grid, dim3(kConvThreads), 0, stream, p);
   });
-  HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 #define HYSERVE_INSTANTIATE(T)                                                         \

@@ -1,12 +1,18 @@
-// RMSNorm and gated RMSNorm: one block per (row[, group]). Two passes over the row: the sum of
+// RMSNorm and gated RMSNorm: one block per (row[, group]); programmatic dependent launches
+// (launch.cuh). Two passes over the row: the sum of
 // squares (block reduction), then the scaled write. out may alias x: every element is read
 // and written by the same thread, and all reads of pass 1 precede the reduction's barriers.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
+#include "launch.cuh"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -17,6 +23,8 @@ constexpr int kMaxGridY = 65535;
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_params p) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const T* x = reinterpret_cast<const T*>(p.x) + r * p.x_stride;
   T* o = reinterpret_cast<T*>(p.out) + r * p.out_stride;
@@ -54,6 +62,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_par
 // Block (group g, rows r = blockIdx.y, blockIdx.y + gridDim.y, ...).
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kNormThreads) gated_rmsnorm_kernel(const gated_rmsnorm_params p) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t g = blockIdx.x;
   const int64_t gs = p.group_size;
   const int64_t n_groups = p.cols / gs;
@@ -118,10 +128,9 @@ template <class T>
 void launch_rmsnorm(const rmsnorm_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows));
   if (vector_ok({p.x, p.out, p.weight}, {p.cols, p.x_stride, p.out_stride}, pack16<T>::kN))
-    rmsnorm_kernel<T, true><<<grid, kNormThreads, 0, stream>>>(p);
+    launch_pdl(rmsnorm_kernel<T, true>, grid, dim3(kNormThreads), 0, stream, p);
   else
-    rmsnorm_kernel<T, false><<<grid, kNormThreads, 0, stream>>>(p);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+    launch_pdl(rmsnorm_kernel<T, false>, grid, dim3(kNormThreads), 0, stream, p);
 }
 
 template <class T>
@@ -130,10 +139,191 @@ void launch_gated_rmsnorm(const gated_rmsnorm_params& p, cudaStream_t stream) {
   const bool vec = vector_ok({p.x, p.gate, p.out, p.weight}, {p.group_size, p.x_stride, p.gate_stride, p.out_stride},
                              pack16<T>::kN);
   if (vec)
-    gated_rmsnorm_kernel<T, true><<<grid, kNormThreads, 0, stream>>>(p);
+    launch_pdl(gated_rmsnorm_kernel<T, true>, grid, dim3(kNormThreads), 0, stream, p);
   else
-    gated_rmsnorm_kernel<T, false><<<grid, kNormThreads, 0, stream>>>(p);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+    launch_pdl(gated_rmsnorm_kernel<T, false>, grid, dim3(kNormThreads), 0, stream, p);
+}
+
+// ---- rmsnorm_linear: the decode linear layer with its input norm (norm.h) ----
+//
+// Block = 256 threads (kNormThreads: the norm's reduction is the rmsnorm kernel's). With a
+// norm, the block first normalises the m rows into shared memory exactly as rmsnorm_kernel<float,
+// true> does (same partial sums per thread, same block_sum, same scaling), so the staged rows
+// are bitwise the rmsnorm op's output. Then each warp takes tasks: two weight rows (or the gate
+// and up rows of one output, swiglu), streamed as 16-byte loads, kLinUnroll per lane in flight,
+// dotted with the rows of x in the skinny gemm kernel's order (chunk c = lane + 32·j, fmaf over
+// the 8 elements, xor-shuffle reduction), so each output equals the skinny kernel's bit for
+// bit. The grid is sized for kLinBlocksPerSm blocks per SM (HYSERVE_NORM_LINEAR_BLOCKS_PER_SM)
+// with an equal number of tasks per warp; each block stages the norm once for all its tasks.
+constexpr int kLinWarps = kNormThreads / 32;
+constexpr int kLinUnroll = 4;
+constexpr int kLinRows = 2;
+constexpr int64_t kLinMaxM = 4;
+constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
+
+__device__ __forceinline__ void lin_bf16x8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <int M, bool kSwiglu, bool kNorm>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
+  extern __shared__ float4 lin_shared[];
+  float* xs = reinterpret_cast<float*>(lin_shared);  // [M, k] normed rows (kNorm)
+  pdl_wait();  // x (and out, with beta) come from earlier kernels
+  pdl_launch_dependents();
+  const int64_t k = p.k;
+  if constexpr (kNorm) {
+    constexpr int kN = 4;
+    const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
+#pragma unroll 1
+    for (int m = 0; m < M; ++m) {
+      const float* x = p.x + m * p.x_stride;
+      float ss = 0.0f;
+      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+        const pack16<float> v = load_pack(x + i);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) ss += to_float(v.v[j]) * to_float(v.v[j]);
+      }
+      ss = block_sum(ss);
+      const auto inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(k) + p.eps));
+      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+        const pack16<float> v = load_pack(x + i);
+        float w[kN];
+        load_floats<kN>(p.norm_weight + i, w);
+        pack16<float> out;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
+        store_pack(xs + m * k + i, out);
+      }
+    }
+    __syncthreads();
+  }
+  const float* a = kNorm ? xs : p.x;
+  const int64_t lda = kNorm ? k : p.x_stride;
+
+  constexpr int kOutRows = kSwiglu ? 1 : kLinRows;
+  const int lane = threadIdx.x & 31;
+  const int64_t n_warps = static_cast<int64_t>(gridDim.x) * kLinWarps;
+  const auto* w0 = static_cast<const __nv_bfloat16*>(p.w);
+  const auto* w1 = static_cast<const __nv_bfloat16*>(p.up_w);
+  const int64_t chunks = k / 8;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kLinWarps + threadIdx.x / 32; t < tasks; t += n_warps) {
+    const int64_t row0 = t * kOutRows;
+    const uint4* brow[kLinRows];
+#pragma unroll
+    for (int r = 0; r < kLinRows; ++r) {
+      if constexpr (kSwiglu) {
+        brow[r] = reinterpret_cast<const uint4*>((r == 0 ? w0 : w1) + row0 * p.w_stride);
+      } else {
+        const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+        brow[r] = reinterpret_cast<const uint4*>(w0 + row * p.w_stride);
+      }
+    }
+    float acc[kLinRows][M] = {};
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kLinUnroll) {
+      uint4 wv[kLinUnroll][kLinRows];
+#pragma unroll
+      for (int u = 0; u < kLinUnroll; ++u) {
+        const int64_t c = c0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < kLinRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kLinUnroll; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        float wf[kLinRows][8];
+#pragma unroll
+        for (int r = 0; r < kLinRows; ++r) lin_bf16x8(wv[u][r], wf[r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float4* ap = reinterpret_cast<const float4*>(a + m * lda + c * 8);
+          float4 x0, x1;
+          if constexpr (kNorm) {
+            x0 = ap[0];
+            x1 = ap[1];
+          } else {
+            x0 = __ldg(ap);
+            x1 = __ldg(ap + 1);
+          }
+          const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+          for (int r = 0; r < kLinRows; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kLinRows; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+    if (lane != 0) continue;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if constexpr (kSwiglu) {
+        const float g = acc[0][m];
+        p.out[m * p.out_stride + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
+      } else {
+        const float alpha = 1.0f;
+#pragma unroll
+        for (int r = 0; r < kLinRows; ++r) {
+          if (row0 + r >= p.n) break;
+          float* out = p.out + m * p.out_stride + row0 + r;
+          *out = p.beta != 0.0f ? alpha * acc[r][m] + p.beta * *out : alpha * acc[r][m];
+        }
+      }
+    }
+  }
+}
+
+bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("HYSERVE_NORM_LINEAR");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM) return false;
+  if (p.norm_weight != nullptr && (p.m * p.k * 4 > kLinMaxShared || !aligned16(p.norm_weight))) return false;
+  return p.k % 8 == 0 && p.w_stride % 8 == 0 && p.x_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w) &&
+         (p.up_w == nullptr || aligned16(p.up_w));
+}
+
+template <int M, bool kSwiglu>
+void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks, cudaStream_t stream) {
+  if (p.norm_weight != nullptr) {
+    const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
+    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
+  } else {
+    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, false>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
+  }
+}
+
+template <bool kSwiglu>
+void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
+  static const int64_t per_sm = [] {
+    const char* e = std::getenv("HYSERVE_NORM_LINEAR_BLOCKS_PER_SM");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return static_cast<int64_t>(v >= 1 && v <= 8 ? v : 2);
+  }();
+  const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{kLinRows});
+  // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
+  // to amortise, so one task per warp (the skinny kernel's grid).
+  const int64_t max_warps = int64_t{sm_count()} * per_sm * kLinWarps;
+  const int64_t per_warp = p.norm_weight != nullptr ? ceil_div(tasks, max_warps) : 1;
+  const auto blocks = static_cast<unsigned>(ceil_div(tasks, per_warp * kLinWarps));
+  switch (p.m) {
+    case 1: launch_rmsnorm_linear_m<1, kSwiglu>(p, tasks, blocks, stream); break;
+    case 2: launch_rmsnorm_linear_m<2, kSwiglu>(p, tasks, blocks, stream); break;
+    case 3: launch_rmsnorm_linear_m<3, kSwiglu>(p, tasks, blocks, stream); break;
+    default: launch_rmsnorm_linear_m<4, kSwiglu>(p, tasks, blocks, stream); break;
+  }
 }
 
 #define HYSERVE_INSTANTIATE(T)                                                \
@@ -159,6 +349,80 @@ void run_cuda(const rmsnorm_params& p, void* stream) {
   if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
   if (p.rows > 0x7fffffff) fail(op, "rows", p.rows, "exceeds the CUDA grid");
   launch_rmsnorm<float>(p, as_stream(stream));
+}
+
+void run_cuda(const rmsnorm_linear_params& p, void* stream) {
+  constexpr const char* op = "rmsnorm_linear";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.w, op, "w");
+  require_ptr(p.out, op, "out");
+  require_non_negative(p.m, op, "m");
+  require_positive(p.n, op, "n");
+  require_positive(p.k, op, "k");
+  require_stride(p.x_stride, p.k, op, "x_stride");
+  require_stride(p.w_stride, p.k, op, "w_stride");
+  require_stride(p.out_stride, p.n, op, "out_stride");
+  if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
+  if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
+  if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  cpu_detail::require_storage(p.w_dtype, op, "w_dtype");
+  if (p.m == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (rmsnorm_linear_fused(p)) {
+    if (p.up_w != nullptr) launch_rmsnorm_linear<true>(p, s);
+    else launch_rmsnorm_linear<false>(p, s);
+    return;
+  }
+  // Unfused: the rmsnorm op into a scratch block, then the gemm or swiglu_linear op.
+  float* xn = nullptr;
+  const float* a = p.x;
+  int64_t lda = p.x_stride;
+  if (p.norm_weight != nullptr) {
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&xn), static_cast<size_t>(p.m * p.k) * sizeof(float), s));
+    rmsnorm_params r;
+    r.x = p.x;
+    r.weight = p.norm_weight;
+    r.out = xn;
+    r.rows = p.m;
+    r.cols = p.k;
+    r.x_stride = p.x_stride;
+    r.out_stride = p.k;
+    r.eps = p.eps;
+    run_cuda(r, stream);
+    a = xn;
+    lda = p.k;
+  }
+  if (p.up_w != nullptr) {
+    swiglu_linear_params w;
+    w.x = a;
+    w.gate_w = p.w;
+    w.up_w = p.up_w;
+    w.w_dtype = p.w_dtype;
+    w.out = p.out;
+    w.m = p.m;
+    w.n = p.n;
+    w.k = p.k;
+    w.x_stride = lda;
+    w.w_stride = p.w_stride;
+    w.out_stride = p.out_stride;
+    run_cuda(w, stream);
+  } else {
+    gemm_params g;
+    g.a = a;
+    g.b = p.w;
+    g.b_dtype = p.w_dtype;
+    g.c = p.out;
+    g.m = p.m;
+    g.n = p.n;
+    g.k = p.k;
+    g.lda = lda;
+    g.ldb = p.w_stride;
+    g.ldc = p.out_stride;
+    g.trans_b = true;
+    g.beta = p.beta;
+    run_cuda(g, stream);
+  }
+  if (xn != nullptr) CUDA_CHECK(cudaFreeAsync(xn, s));
 }
 
 void run_cuda(const gated_rmsnorm_params& p, void* stream) {

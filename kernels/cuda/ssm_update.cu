@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "dispatch.h"
+#include "launch.cuh"
 #include "ssm_common.cuh"
 
 namespace hyserve::kernels {
@@ -37,6 +38,8 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   constexpr int kRowsPerWarp = 32 / L;
   constexpr int kRowsPerPass = kUpdateWarps * kRowsPerWarp;
   static_assert(N % kPack == 0 && (N / kPack <= 32 || (N / kPack) % 32 == 0), "d_state must tile the warp");
+  pdl_wait();  // decode path: launched with programmatic dependent launch
+  pdl_launch_dependents();
 
   const int64_t h = blockIdx.x;
   const int64_t b = blockIdx.y;
@@ -130,13 +133,12 @@ void launch_ssm_update(const selective_state_update_params& p, cudaStream_t stre
     constexpr int N = decltype(n)::value;
     if constexpr (sizeof(TS) == 4) {
       if (unroll8) {
-        ssm_update_kernel<TI, TS, N, 8><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
+        launch_pdl(ssm_update_kernel<TI, TS, N, 8>, grid, dim3(kUpdateThreads), 0, stream, p, rows_per_slice);
         return;
       }
     }
-    ssm_update_kernel<TI, TS, N, 4><<<grid, kUpdateThreads, 0, stream>>>(p, rows_per_slice);
+    launch_pdl(ssm_update_kernel<TI, TS, N, 4>, grid, dim3(kUpdateThreads), 0, stream, p, rows_per_slice);
   });
-  HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

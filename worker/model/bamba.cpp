@@ -116,35 +116,48 @@ class bamba_model final : public model {
   tensor body(const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex,
               bool all_logits, std::vector<tensor>* hidden) {
     tensor h = layers::embed(in.token_ids.as<int32_t>(), in.num_tokens, embed_, tp_.rank * vocab_local_, comm_, ex);
+    layers::profile(ex, "embed", 2 * layers::nbytes(h));
     auto capture = [&](const tensor& t) {
       if (hidden) hidden->push_back(tensor::copy_of(t, device_kind::kCpu));
     };
     capture(h);
 
     for (bamba_layer& L : layers_) {
-      // Each block's output projection adds into h (block_output).
-      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
+      // Each block's output projection adds into h (block_output). The input norm of a Mamba2
+      // block and the pre-FF norm are fused into the projection that reads them.
       switch (L.kind) {
         case layer_kind::kMamba2:
-          layers::mamba2_forward(L.mamba, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
-                                 ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
+          layers::mamba2_forward(L.mamba, h, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                                 ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h,
+                                 &L.input_norm, mc_.rms_norm_eps);
           break;
-        case layer_kind::kAttention:
+        case layer_kind::kAttention: {
+          const tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
+          layers::profile(ex, "norm.input", 2 * layers::nbytes(h) + layers::nbytes(L.input_norm));
           layers::attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
           break;
+        }
         case layer_kind::kGatedDeltaNet:
           throw error("Bamba: Gated DeltaNet layer in a Bamba model");  // rejected at load
       }
-      layers::mlp_forward(L.mlp, layers::rmsnorm(h, L.pre_ff_norm, mc_.rms_norm_eps, ex), comm_, ex, &h);
+      layers::mlp_forward(L.mlp, h, comm_, ex, &h, &L.pre_ff_norm, mc_.rms_norm_eps);
       capture(h);
     }
 
     // Final norm and lm_head only on the rows that need logits.
     const tensor rows =
         all_logits ? std::move(h) : layers::gather_rows(h, in.logit_rows.as<int32_t>(), in.n_logit_rows, ex);
-    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ex);
-    if (hidden && all_logits) capture(normed);
-    return layers::linear(normed, lm_head_, ex);
+    layers::profile(ex, "final.gather", 2 * layers::nbytes(rows));
+    tensor logits;
+    if (hidden && all_logits) {
+      tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ex);
+      capture(normed);
+      logits = layers::linear(normed, lm_head_, ex);
+    } else {
+      logits = layers::norm_linear(rows, &final_norm_, mc_.rms_norm_eps, lm_head_, ex);  // final norm fused
+    }
+    layers::profile(ex, "lm_head", layers::nbytes(lm_head_) + 2 * layers::nbytes(rows) + layers::nbytes(logits));
+    return logits;
   }
 
   // Weights are loaded on the host and placed on the model's device once.

@@ -10,6 +10,7 @@
 #include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/embedding.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
 #include "hyserve/kernels/row_ops.h"
@@ -18,6 +19,10 @@
 #include "step_pack.h"
 
 namespace hyserve::worker::layers {
+
+void profile(const exec_context& ctx, const char* label, double bytes) {
+  if (ctx.device == device_kind::kCuda && kernels::profile_active()) kernels::profile_mark(label, bytes, ctx.stream);
+}
 
 void place(tensor& t, device_kind device) {
   if (t.device() != device) t = tensor::copy_of(t, device);
@@ -39,23 +44,40 @@ void place_weight(tensor& t, device_kind device, dtype type) {
   place(t, device);
 }
 
+namespace {
+
+// y (= or +=) norm(x) · wᵀ through the rmsnorm_linear op (norm null: plain; the gemm op on the
+// CPU and for shapes the decode kernel does not take).
+kernels::rmsnorm_linear_params linear_params(const tensor& x, const tensor& w, const tensor* norm, float eps, float* y,
+                                             float beta) {
+  kernels::rmsnorm_linear_params p;
+  p.x = x.as<float>();
+  p.norm_weight = norm ? norm->as<float>() : nullptr;
+  p.eps = eps;
+  p.w = w.data();
+  p.w_dtype = w.type();
+  p.out = y;
+  p.m = x.shape()[0];
+  p.n = w.shape()[0];
+  p.k = x.shape()[1];
+  p.x_stride = p.w_stride = p.k;
+  p.out_stride = p.n;
+  p.beta = beta;
+  return p;
+}
+
+}  // namespace
+
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
+  return norm_linear(x, nullptr, 0.0f, w, ctx);
+}
+
+tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   HYSERVE_CHECK(w.shape()[1] == in, "linear: input width " + std::to_string(in) + " vs weight " + w.shape().str());
   tensor y = tensor::f32({rows, out}, ctx.device);
   if (rows == 0 || out == 0) return y;
-  kernels::gemm_params p;
-  p.a = x.as<float>();
-  p.b = w.data();
-  p.b_dtype = w.type();
-  p.c = y.as<float>();
-  p.m = rows;
-  p.n = out;
-  p.k = in;
-  p.lda = p.ldb = in;
-  p.ldc = out;
-  p.trans_b = true;
-  kernels::run(p, ctx);
+  kernels::run(linear_params(x, w, norm, eps, y.as<float>(), 0.0f), ctx);
   return y;
 }
 
@@ -66,19 +88,7 @@ tensor block_output(const tensor& x, const tensor& w, collective* comm, const ex
     HYSERVE_CHECK(w.shape()[1] == in && residual->shape()[0] == rows && residual->numel() == rows * out,
                   "block_output: " + x.shape().str() + " · " + w.shape().str() + " into " + residual->shape().str());
     if (rows == 0 || out == 0) return tensor();
-    kernels::gemm_params p;
-    p.a = x.as<float>();
-    p.b = w.data();
-    p.b_dtype = w.type();
-    p.c = residual->as<float>();
-    p.m = rows;
-    p.n = out;
-    p.k = in;
-    p.lda = p.ldb = in;
-    p.ldc = out;
-    p.trans_b = true;
-    p.beta = 1.0f;
-    kernels::run(p, ctx);
+    kernels::run(linear_params(x, w, nullptr, 0.0f, residual->as<float>(), 1.0f), ctx);
     return tensor();
   }
   tensor y = linear(x, w, ctx);
@@ -194,31 +204,26 @@ void place(mlp_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.gate, &w.up, &w.down}) place_weight(*t, device, weight_type);
 }
 
-tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx, const tensor* norm, float eps) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], inter = w.gate.shape()[0];
   HYSERVE_CHECK(w.gate.shape()[1] == in && w.up.shape() == w.gate.shape() && w.up.type() == w.gate.type(),
                 "swiglu_linear: gate " + w.gate.shape().str() + ", up " + w.up.shape().str() + ", input width " +
                     std::to_string(in));
   tensor act = tensor::f32({rows, inter}, ctx.device);
   if (rows == 0 || inter == 0) return act;
-  kernels::swiglu_linear_params p;
-  p.x = x.as<float>();
-  p.gate_w = w.gate.data();
+  kernels::rmsnorm_linear_params p = linear_params(x, w.gate, norm, eps, act.as<float>(), 0.0f);
   p.up_w = w.up.data();
-  p.w_dtype = w.gate.type();
-  p.out = act.as<float>();
-  p.m = rows;
-  p.n = inter;
-  p.k = in;
-  p.x_stride = p.w_stride = in;
-  p.out_stride = inter;
   kernels::run(p, ctx);
   return act;
 }
 
-tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual) {
-  const tensor gate = swiglu_linear(w, x, ctx);  // silu(x · gateᵀ) ⊙ (x · upᵀ)
-  return block_output(gate, w.down, comm, ctx, residual);
+tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual,
+                   const tensor* norm, float eps) {
+  const tensor gate = swiglu_linear(w, x, ctx, norm, eps);  // silu(xn · gateᵀ) ⊙ (xn · upᵀ)
+  profile(ctx, "mlp.gate_up", nbytes(w.gate) + nbytes(w.up) + nbytes(x) + nbytes(gate));
+  tensor out = block_output(gate, w.down, comm, ctx, residual);
+  profile(ctx, "mlp.down", nbytes(w.down) + nbytes(gate) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
 }
 
 attention_step build_attention_step(const forward_batch& batch, const hybrid_metadata& meta,
@@ -330,6 +335,15 @@ void run_attention(const kernels::paged_attention_params& a, const step_inputs& 
   kernels::run(a, ctx);
 }
 
+namespace {
+
+// Tokens of KV the step's decode attention reads per layer (whole pages; the profile's bytes).
+double attention_context(const step_inputs& in) {
+  return static_cast<double>(in.sparse.stats.pages_read) * static_cast<double>(in.page_size);
+}
+
+}  // namespace
+
 void place(attention_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
 }
@@ -338,8 +352,11 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
                          collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
   tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
+  profile(ctx, "attn.q_proj", nbytes(w.q) + nbytes(x) + nbytes(q));
   tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
+  profile(ctx, "attn.k_proj", nbytes(w.k) + nbytes(x) + nbytes(k));
   tensor v = linear(x, w.v, ctx);
+  profile(ctx, "attn.v_proj", nbytes(w.v) + nbytes(x) + nbytes(v));
   if (T > 0) {
     kernels::rope_params r;
     r.q = q.as<float>();
@@ -354,6 +371,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     r.k_stride = w.kv_heads * w.head_dim;
     r.theta = w.rope_theta;
     kernels::run(r, ctx);
+    profile(ctx, "attn.rope", 2 * (nbytes(q) + nbytes(k)));
 
     kernels::kv_write_params kw;
     kw.k = k.as<float>();
@@ -368,6 +386,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     kw.k_stride = kw.v_stride = w.kv_heads * w.head_dim;
     kernels::run(kw, ctx);
     update_page_summaries(cache, k, w.kv_heads, w.head_dim, in, ctx);
+    profile(ctx, "attn.kv_write", 2 * (nbytes(k) + nbytes(v)));
   }
   tensor attn = tensor::f32({T, w.q_heads * w.head_dim}, ctx.device);
   if (T > 0) {
@@ -390,8 +409,14 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     run_attention(a, in, ctx);
+    // The KV of every row's context once (the host's lengths: the profile runs eagerly).
+    profile(ctx, "attn.decode",
+            nbytes(q) + nbytes(attn) + 2.0 * static_cast<double>(w.kv_heads * w.head_dim) *
+                                           static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
   }
-  return block_output(attn, w.o, comm, ctx, residual);
+  tensor out = block_output(attn, w.o, comm, ctx, residual);
+  profile(ctx, "attn.o_proj", nbytes(w.o) + nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
 }
 
 namespace {
@@ -446,11 +471,13 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual,
+                      const tensor* norm, float eps) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   const int64_t di = w.d_inner(), conv = w.conv_dim();
-  tensor proj = linear(x, w.in_proj, ctx);  // [T, di + conv + heads]: z | xBC | dt
+  tensor proj = norm_linear(x, norm, eps, w.in_proj, ctx);  // [T, di + conv + heads]: z | xBC | dt
+  profile(ctx, "mamba.in_proj", nbytes(w.in_proj) + nbytes(x) + nbytes(proj));
   const int64_t in_w = proj.shape()[1];
   tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor y = tensor::f32({T, di}, ctx.device);
@@ -549,9 +576,16 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     c.out_stride = conv;
     c.silu = true;
     kernels::run(c, ctx);
+    profile(ctx, "mamba.conv",
+            static_cast<double>(T * conv) * 8.0 + nbytes(w.conv_w) +
+                2.0 * static_cast<double>(in.batch_size * conv * (w.conv_width - 1)) * 4.0);
     kernels::selective_state_update_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     kernels::run(s, ctx);
+    profile(ctx, "mamba.ssm",
+            2.0 * static_cast<double>(in.batch_size * w.heads * w.head_dim * w.d_state) *
+                    static_cast<double>(dtype_size(state.ssm.type())) +
+                nbytes(xbc) + nbytes(y));
   } else {
     prefill(in.mamba_slots);
   }
@@ -579,8 +613,11 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     g.group_count = w.norm_group_global;
   }
   kernels::run(g, ctx);
+  profile(ctx, "mamba.gated_norm", 3 * nbytes(y) + nbytes(w.norm));
 
-  return block_output(y, w.out_proj, comm, ctx, residual);
+  tensor out = block_output(y, w.out_proj, comm, ctx, residual);
+  profile(ctx, "mamba.out_proj", nbytes(w.out_proj) + nbytes(y) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
 }
 
 }  // namespace hyserve::worker::layers

@@ -28,8 +28,17 @@ void place(tensor& t, device_kind device);
 // conv weights, A_log, D and dt_bias stay f32 and use place().
 void place_weight(tensor& t, device_kind device, dtype type);
 
+// Op-level GPU timing (kernels::profile_mark, hyserve-bench-model --profile-step): labels the
+// ops queued on ctx.stream since the previous mark with what they must move. A no-op unless a
+// profile is active on this thread (CUDA only).
+void profile(const exec_context& ctx, const char* label, double bytes);
+inline double nbytes(const tensor& t) { return static_cast<double>(t.nbytes()); }
+
 // y = x · wᵀ: x [T, in] f32, w [out, in] f32 or bf16 → [T, out] f32.
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
+// y = rmsnorm(x; norm, eps) · wᵀ (norm null: linear) in one op (kernels rmsnorm_linear: one
+// kernel at decode on CUDA).
+tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx);
 // The output projection of a block (y = x · wᵀ, reduced over tp). residual null: returns y.
 // residual set: adds y into it and returns an empty tensor; without a tp reduction in between
 // the add happens in the GEMM's epilogue (beta = 1), saving the output tensor and the add kernel.
@@ -68,11 +77,13 @@ struct mlp_weights {
   tensor down;  // [hidden, inter_local]
 };
 void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
-// silu(x · gateᵀ) ⊙ (x · upᵀ): [T, inter_local] in one op (kernels swiglu_linear).
-tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx);
+// silu(xn · gateᵀ) ⊙ (xn · upᵀ): [T, inter_local] in one op (kernels rmsnorm_linear), xn = x or,
+// with norm set, rmsnorm(x; norm, eps).
+tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx, const tensor* norm = nullptr,
+                     float eps = 0.0f);
 // residual: see block_output (the block's output added into it; an empty tensor returned).
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
-                   tensor* residual = nullptr);
+                   tensor* residual = nullptr, const tensor* norm = nullptr, float eps = 0.0f);
 
 // KV bookkeeping of one step, shared by every attention layer.
 struct attention_step {
@@ -176,9 +187,10 @@ struct mamba2_weights {
 // in_proj and out_proj in weight_type; conv, norm, dt_bias, A_log and D stay f32.
 void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // steps: the layer's per-step states (model_context::mamba_steps), needed by TargetVerify and
-// Draft, which never write `state`.
+// Draft, which never write `state`. norm: x is the block input and in_proj reads rmsnorm(x;
+// norm, eps) (the block's input norm fused into it); x may then be *residual.
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
                       collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
-                      tensor* residual = nullptr);
+                      tensor* residual = nullptr, const tensor* norm = nullptr, float eps = 0.0f);
 
 }  // namespace hyserve::worker::layers

@@ -2,6 +2,8 @@
 // RMSNorm and gated RMSNorm.
 #include <cstdint>
 
+#include "hyserve/common/dtype.h"
+
 namespace hyserve::kernels {
 
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * weight. out may alias x.
@@ -41,5 +43,33 @@ struct gated_rmsnorm_params {
 
 void run_cpu(const gated_rmsnorm_params& p);
 void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
+
+// A decode linear layer with its input RMSNorm (a block's input norm and first projection):
+//   xn = rmsnorm(x) (the rmsnorm op with norm_weight, eps), or x itself when norm_weight is null
+//   out = xn · wᵀ + beta · out              (up_w null; beta 0 or 1: the residual epilogue)
+//   out = silu(xn · wᵀ) ⊙ (xn · up_wᵀ)      (up_w set: w is the gate; the swiglu_linear op)
+// x, out f32; w and up_w [n, k] row-major in w_dtype (f32 or bf16). The CPU op is the rmsnorm
+// op into a scratch row block, then the gemm (or swiglu_linear) op. The CUDA op runs one kernel
+// for decode (bf16 weights, m ≤ 4, 16-byte aligned, k a multiple of 8; with a norm, the m normed
+// rows must fit in 46 KB of shared memory): each block recomputes the rows' sums of squares with
+// the rmsnorm kernel's arithmetic, stages the normed rows in shared memory and streams its share
+// of the weight rows against them with the skinny gemm kernel's arithmetic, so every row equals
+// the unfused CUDA ops' bit for bit; it launches with programmatic dependent launch. Otherwise
+// it runs the unfused ops. HYSERVE_NORM_LINEAR=0 disables the fused kernel.
+struct rmsnorm_linear_params {
+  const float* x = nullptr;                         // [m, k], row stride x_stride
+  const float* __restrict__ norm_weight = nullptr;  // [k]; null: no norm
+  float eps = 1e-6f;
+  const void* __restrict__ w = nullptr;             // w_dtype [n, k], row stride w_stride
+  const void* __restrict__ up_w = nullptr;          // optional: w_dtype [n, k], row stride w_stride
+  dtype w_dtype = dtype::kF32;
+  float* __restrict__ out = nullptr;                // [m, n], row stride out_stride; not aliasing x
+  int64_t m = 0, n = 0, k = 0;
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;
+  float beta = 0.0f;                                // 0 or 1 (up_w null only)
+};
+
+void run_cpu(const rmsnorm_linear_params& p);
+void run_cuda(const rmsnorm_linear_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels

@@ -1,0 +1,38 @@
+// When a launch may carry the programmatic-serialization attribute (launch.cuh).
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "check.h"
+
+namespace hyserve::kernels::cuda_detail {
+
+bool pdl_applies(cudaStream_t stream) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("HYSERVE_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  if (!enabled || stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t n = 0;
+#if CUDART_VERSION >= 13000
+  CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, &edges, &n));
+#else
+  CUDA_CHECK(cudaStreamGetCaptureInfo_v3(stream, &status, nullptr, nullptr, &deps, &edges, &n));
+#endif
+  // Not capturing: a launch after anything but a kernel is serialised as usual.
+  if (status != cudaStreamCaptureStatusActive) return status == cudaStreamCaptureStatusNone;
+  // Capturing: programmatic edges only from kernel nodes (not from memory, copy or event nodes).
+  if (n == 0) return false;
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNodeType type{};
+    CUDA_CHECK(cudaGraphNodeGetType(deps[i], &type));
+    if (type != cudaGraphNodeTypeKernel) return false;
+  }
+  return true;
+}
+
+}  // namespace hyserve::kernels::cuda_detail

@@ -1,0 +1,175 @@
+// The rmsnorm_linear op on CUDA (the decode linear layer with its input RMSNorm fused in: one
+// kernel for bf16 weights and m <= 4) against the CPU op (the rmsnorm op, then the gemm or
+// swiglu_linear op) on the same data. The kernel multiplies f32 activations like the CPU op;
+// only summation orders differ: |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want| (gemm), 1e-4 relative for the
+// swiglu product. Also: the fused kernel equals the unfused CUDA ops (the rmsnorm op into a
+// scratch block, then the skinny gemm / swiglu_linear op) bit for bit, so decode through either
+// path (and an m-row verify step) gives the same logits. Covers the norm on and off, beta 0/1
+// (the residual epilogue), swiglu, m 1..4, odd n, padded strides, k of the production shapes
+// (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4). Skips
+// without a device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "hyserve/common/dtype.h"
+#include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/norm.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using cuda_test::expect_match;
+using cuda_test::random_floats;
+
+struct nl_case {
+  int64_t m, n, k;
+  int64_t pad;  // extra elements per row of x and w (a multiple of 8)
+  bool norm, swiglu;
+  float beta;
+  bool bf16 = true;
+};
+
+std::string name_of(const testing::TestParamInfo<nl_case>& i) {
+  const nl_case& c = i.param;
+  return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) + "_pad" +
+         std::to_string(c.pad) + (c.norm ? "_norm" : "") + (c.swiglu ? "_swiglu" : "") + (c.beta != 0 ? "_acc" : "") +
+         (c.bf16 ? "" : "_f32");
+}
+
+class NormLinearCuda : public testing::TestWithParam<nl_case> {};
+
+TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const nl_case& c = GetParam();
+  rmsnorm_linear_params p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.x_stride = c.k + c.pad;
+  p.w_stride = c.k + c.pad;
+  p.out_stride = c.n + 3;
+  p.eps = 1e-5f;
+  p.beta = c.beta;
+  p.w_dtype = c.bf16 ? dtype::kBF16 : dtype::kF32;
+  const std::vector<float> x = random_floats(static_cast<size_t>(c.m * p.x_stride), 21, -2.0f, 2.0f);
+  const std::vector<float> g = random_floats(static_cast<size_t>(c.k), 22, 0.5f, 1.5f);
+  std::vector<float> w0 = random_floats(static_cast<size_t>(c.n * p.w_stride), 23, -0.05f, 0.05f);
+  std::vector<float> w1 = random_floats(static_cast<size_t>(c.n * p.w_stride), 24, -0.05f, 0.05f);
+  std::vector<uint16_t> b0(w0.size()), b1(w1.size());
+  for (size_t i = 0; i < w0.size(); ++i) {
+    b0[i] = f32_to_bf16(w0[i]);
+    b1[i] = f32_to_bf16(w1[i]);
+  }
+  const std::vector<float> out0 = random_floats(static_cast<size_t>(c.m * p.out_stride), 25);
+
+  // CPU reference.
+  std::vector<float> want = out0;
+  rmsnorm_linear_params pc = p;
+  pc.x = x.data();
+  pc.norm_weight = c.norm ? g.data() : nullptr;
+  pc.w = c.bf16 ? static_cast<const void*>(b0.data()) : w0.data();
+  pc.up_w = c.swiglu ? (c.bf16 ? static_cast<const void*>(b1.data()) : w1.data()) : nullptr;
+  pc.out = want.data();
+  run_cpu(pc);
+
+  device_array<float> dx(x), dg(g), dout(out0), dunf(out0);
+  device_array<uint16_t> db0(b0), db1(b1);
+  device_array<float> dw0(w0), dw1(w1);
+  rmsnorm_linear_params pg = p;
+  pg.x = dx.data();
+  pg.norm_weight = c.norm ? dg.data() : nullptr;
+  pg.w = c.bf16 ? static_cast<const void*>(db0.data()) : dw0.data();
+  pg.up_w = c.swiglu ? (c.bf16 ? static_cast<const void*>(db1.data()) : dw1.data()) : nullptr;
+  pg.out = dout.data();
+  run_cuda(pg);
+  device_synchronize();
+  const std::vector<float> got = dout.download();
+  if (c.bf16) {
+    expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(c.k), c.swiglu ? 1e-4 : 1e-5, "out");
+  } else {
+    // f32 weights: cuBLAS SGEMM (fp32, no TF32) after the rmsnorm op.
+    expect_match(got, want, 1e-4 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
+  }
+
+  // The unfused CUDA ops on the same data: bitwise equal.
+  if (!c.bf16) return;
+  device_array<float> xn(std::vector<float>(static_cast<size_t>(c.m * c.k), 0.0f));
+  const float* a = dx.data();
+  int64_t lda = p.x_stride;
+  if (c.norm) {
+    rmsnorm_params r;
+    r.x = dx.data();
+    r.weight = dg.data();
+    r.out = xn.data();
+    r.rows = c.m;
+    r.cols = c.k;
+    r.x_stride = p.x_stride;
+    r.out_stride = c.k;
+    r.eps = p.eps;
+    run_cuda(r);
+    a = xn.data();
+    lda = c.k;
+  }
+  if (c.swiglu) {
+    swiglu_linear_params s;
+    s.x = a;
+    s.gate_w = db0.data();
+    s.up_w = db1.data();
+    s.w_dtype = dtype::kBF16;
+    s.out = dunf.data();
+    s.m = c.m;
+    s.n = c.n;
+    s.k = c.k;
+    s.x_stride = lda;
+    s.w_stride = p.w_stride;
+    s.out_stride = p.out_stride;
+    run_cuda(s);
+  } else {
+    gemm_params q;
+    q.a = a;
+    q.b = db0.data();
+    q.b_dtype = dtype::kBF16;
+    q.c = dunf.data();
+    q.m = c.m;
+    q.n = c.n;
+    q.k = c.k;
+    q.lda = lda;
+    q.ldb = p.w_stride;
+    q.ldc = p.out_stride;
+    q.trans_b = true;
+    q.beta = c.beta;
+    run_cuda(q);
+  }
+  device_synchronize();
+  const std::vector<float> unfused = dunf.download();
+  ASSERT_EQ(unfused.size(), got.size());
+  int64_t diff = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &unfused[i], sizeof(float)) != 0) ++diff;
+  EXPECT_EQ(diff, 0) << "elements of the fused kernel's output that differ from the unfused CUDA ops";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, NormLinearCuda,
+    testing::Values(nl_case{1, 16768, 4096, 0, true, false, 0.0f},   // Mamba2 in_proj with the input norm
+                    nl_case{1, 14336, 4096, 0, true, true, 0.0f},    // pre-FF norm + gate/up (swiglu)
+                    nl_case{1, 4096, 8192, 0, false, false, 1.0f},   // out_proj into the residual
+                    nl_case{1, 4096, 14336, 0, false, false, 1.0f},  // MLP down into the residual
+                    nl_case{1, 32000, 4096, 0, true, false, 0.0f},   // final norm + lm_head
+                    nl_case{2, 1025, 4096, 8, true, false, 0.0f},    // odd n, padded, two rows
+                    nl_case{3, 333, 512, 16, true, true, 0.0f},      // padded strides, swiglu
+                    nl_case{4, 777, 1024, 8, true, false, 0.0f},     // four rows with the norm
+                    nl_case{4, 513, 8192, 0, false, false, 1.0f},    // four rows without
+                    nl_case{2, 4096, 8192, 0, true, false, 0.0f},    // staging too large: unfused
+                    nl_case{6, 300, 256, 0, true, true, 0.0f},       // m > 4: unfused
+                    nl_case{1, 300, 256, 0, true, false, 1.0f, false},  // f32 weights: unfused
+                    nl_case{1, 7, 8, 0, true, false, 0.0f}),         // tiny
+    name_of);
+
+}  // namespace
+}  // namespace hyserve::kernels
