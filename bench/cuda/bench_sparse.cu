@@ -11,6 +11,8 @@
 //   select: scoring + selection alone for batch 64 × 8192 pages, at the production summary
 //     shape (8 kv heads × 128: 8 KiB of summaries per page, 4.3 GB in all, so the time is
 //     bound by that read) and at a minimal one (1 kv head × 4 dims) where selection dominates.
+//     Both selection kernels are timed (HYSERVE_SPARSE_SELECT=v2, the default, and v1); their
+//     page tables must be identical (same scores, exact selection), which is checked.
 //
 //   hyserve-bench-sparse            everything
 //   hyserve-bench-sparse <part>...  some of: attention, select
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -35,7 +38,11 @@ namespace {
 
 using bench::copy_bandwidth;
 
-// The working sets here (≥ 0.5 GB) exceed L2 many times over, so no input rotation is needed.
+// Selects the CUDA selection kernel (read by the op at every call).
+void set_select_variant(const char* v) { ::setenv("HYSERVE_SPARSE_SELECT", v, 1); }
+
+// The working sets here (≥ 0.5 GB) exceed L2 many times over, so no input rotation is needed;
+// except select at 1 kv head × 4 dims (19 MB), whose summaries stay in L2 across calls.
 double time_call_us(cudaStream_t stream, const std::function<void()>& call) {
   return bench::time_call_us(stream, 1, [&](int) { call(); });
 }
@@ -132,6 +139,9 @@ void bench_attention(cudaStream_t stream, std::vector<row>& rows, int64_t LEN) {
   const sparse_select_params sel = s.select(budget, 1, 4);
 
   const double dense_us = time_call_us(stream, [&] { run_cuda(dense, stream); });
+  set_select_variant("v1");
+  const double select_v1_us = time_call_us(stream, [&] { run_cuda(sel, stream); });
+  set_select_variant("v2");
   const double select_us = time_call_us(stream, [&] { run_cuda(sel, stream); });
   const double sparse_us = time_call_us(stream, [&] {
     run_cuda(sel, stream);
@@ -150,6 +160,8 @@ void bench_attention(cudaStream_t stream, std::vector<row>& rows, int64_t LEN) {
   rows.push_back({"attn_dense", shape, static_cast<int>(BS), dense_us, kv_all + qo, 1.0});
   rows.push_back({"attn_select", shape + " budget4096", static_cast<int>(BS), select_us, summaries + qo / 2,
                   dense_us / select_us});
+  rows.push_back({"attn_sel_v1", shape + " budget4096", static_cast<int>(BS), select_v1_us, summaries + qo / 2,
+                  dense_us / select_v1_us});
   rows.push_back({"attn_sparse", shape + " budget4096", static_cast<int>(BS), sparse_us, summaries + kv_sel + qo,
                   dense_us / sparse_us});
 }
@@ -158,10 +170,27 @@ void bench_select(cudaStream_t stream, std::vector<row>& rows, int64_t KVH, int6
   const int64_t BS = 64, PAGES = 8192, PS = 16, QH = 4 * KVH;
   decode_setup s(BS, PAGES * PS, QH, KVH, D, PS);
   const sparse_select_params sel = s.select(256, 1, 4);
-  const double us = time_call_us(stream, [&] { run_cuda(sel, stream); });
   const double bytes = 4.0 * 2.0 * BS * PAGES * KVH * D + 4.0 * BS * PAGES;  // summaries + page table
-  rows.push_back({"select", "pages8192 budget256 KVH" + std::to_string(KVH) + " D" + std::to_string(D),
-                  static_cast<int>(BS), us, bytes});
+  const std::string shape = "pages8192 budget256 KVH" + std::to_string(KVH) + " D" + std::to_string(D);
+  std::vector<int32_t> tables[2];
+  const char* variants[2] = {"v2", "v1"};
+  for (int v = 0; v < 2; ++v) {
+    set_select_variant(variants[v]);
+    const double us = time_call_us(stream, [&] { run_cuda(sel, stream); });
+    run_cuda(sel, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    tables[v] = s.sel_table.download();
+    rows.push_back({std::string("select_") + variants[v], shape, static_cast<int>(BS), us, bytes});
+  }
+  set_select_variant("v2");
+  size_t differ = 0;
+  for (int64_t b = 0; b < BS; ++b) {
+    const auto first = static_cast<std::ptrdiff_t>(b * PAGES);
+    differ += !std::equal(tables[0].begin() + first, tables[0].begin() + first + 256, tables[1].begin() + first);
+  }
+  std::printf("select %s: v2 and v1 page tables %s (%zu of %d rows differ)\n", shape.c_str(),
+              differ == 0 ? "identical" : "DIFFER", differ, static_cast<int>(BS));
+  if (differ != 0) throw error("bench_sparse: v2 and v1 selections differ");
 }
 
 }  // namespace

@@ -7,10 +7,14 @@
 //  - selection + paged attention: |Δ| <= 2e-5 + 1e-4·|want| (as the paged attention tests).
 // Rows cover GQA 1/4/8, page sizes 1/16/64, partial last pages, dense rows (short, flagged, no
 // query), a verify row, and 8192-page rows (several scoring blocks per row, radix select).
+// Every selection case runs both CUDA selection kernels (HYSERVE_SPARSE_SELECT=v2, the default:
+// scoring kernel + one 1024-thread selecting block per row, keys in registers up to 8192 middle
+// pages, re-read beyond; v1: the last scoring block selects).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <set>
@@ -92,6 +96,9 @@ struct select_case {
   int64_t page_budget, sink, recent, min_seq_len;
   bool multi;
   bool integer_scores = false;  // few distinct, exactly representable scores: many exact ties
+  int levels = 3;               // integer_scores: distinct levels (1: every score equal)
+  bool wide_scores = false;     // summaries of both signs, pages scaled by 2^[-20, 20]: scores of both signs over many binades
+  int needle_row = -1;          // plant a needle (a page scoring far above every other) in this row's middle pages
 };
 
 struct select_data {
@@ -124,17 +131,73 @@ select_data make_data(const select_case& c, uint32_t seed) {
     s.q.assign(static_cast<size_t>(std::max(1, s.qsl.back()) * c.q_heads * c.D), 1.0f);
     std::mt19937 gen(seed);
     for (int64_t p = 0; p < s.num_pages; ++p) {
-      const float level = static_cast<float>(gen() % 3);
+      const float level = static_cast<float>(gen() % static_cast<uint32_t>(c.levels));
       s.key_max.insert(s.key_max.end(), static_cast<size_t>(row), level);
       s.key_min.insert(s.key_min.end(), static_cast<size_t>(row), level - 1.0f);
+    }
+  } else if (c.wide_scores) {
+    s.q = random_floats(static_cast<size_t>(std::max(1, s.qsl.back()) * c.q_heads * c.D), seed + 1);
+    s.key_min = random_floats(static_cast<size_t>(s.num_pages * row), seed + 2, -3.0f, 1.0f);
+    const auto spread = random_floats(static_cast<size_t>(s.num_pages * row), seed + 3, 0.0f, 1.0f);
+    std::mt19937 gen(seed);
+    for (int64_t p = 0; p < s.num_pages; ++p) {
+      const float scale = std::ldexp(1.0f, static_cast<int>(gen() % 41) - 20);
+      for (int64_t e = p * row; e < (p + 1) * row; ++e) {
+        s.key_max.push_back((s.key_min[e] + spread[e]) * scale);
+        s.key_min[e] *= scale;
+      }
     }
   } else {
     s.q = random_floats(static_cast<size_t>(std::max(1, s.qsl.back()) * c.q_heads * c.D), seed + 1);
     s.key_min = random_floats(static_cast<size_t>(s.num_pages * row), seed + 2, -1.0f, 0.0f);
     s.key_max = random_floats(static_cast<size_t>(s.num_pages * row), seed + 3, 0.0f, 1.0f);
   }
+  if (c.needle_row >= 0) {
+    // The row's middle page 2/3 of the way in: key = 10·sign(q̄) in every element, so its score
+    // is 10·Σ|q̄| while every other page (|key| ≤ 1) scores at most Σ|q̄|.
+    const auto b = static_cast<size_t>(c.needle_row);
+    const int64_t n_pages = (c.lens[b] + c.ps - 1) / c.ps;
+    const int32_t page = s.table[b * s.stride + n_pages * 2 / 3];
+    const int64_t G = c.q_heads / c.kv_heads;
+    const float* q = s.q.data() + s.qsl[b] * c.q_heads * c.D;
+    for (int64_t h = 0; h < c.kv_heads; ++h)
+      for (int64_t d = 0; d < c.D; ++d) {
+        double qb = 0.0;
+        for (int64_t g = 0; g < G; ++g) qb += q[(h * G + g) * c.D + d];
+        const float v = qb >= 0.0 ? 10.0f : -10.0f;
+        s.key_min[page * row + h * c.D + d] = v;
+        s.key_max[page * row + h * c.D + d] = v;
+      }
+  }
   return s;
 }
+
+// Sets HYSERVE_SPARSE_SELECT (the CUDA selection kernel) for a scope; restores it after.
+class select_variant {
+ public:
+  explicit select_variant(const char* v) {
+    const char* old = std::getenv(kVar);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv(kVar, v, 1);
+  }
+  ~select_variant() {
+    if (had_) {
+      ::setenv(kVar, old_.c_str(), 1);
+    } else {
+      ::unsetenv(kVar);
+    }
+  }
+  select_variant(const select_variant&) = delete;
+  select_variant& operator=(const select_variant&) = delete;
+
+ private:
+  static constexpr const char* kVar = "HYSERVE_SPARSE_SELECT";
+  bool had_ = false;
+  std::string old_;
+};
+
+constexpr const char* kVariants[] = {"v2", "v1"};
 
 sparse_select_params host_params(const select_case& c, select_data& s, std::vector<int32_t>& out_table,
                                  std::vector<int32_t>& out_lens) {
@@ -209,11 +272,9 @@ std::pair<double, double> score_of(const select_case& c, const select_data& s, s
   return {sum, mag};
 }
 
-void run_select_case(const select_case& c, uint32_t seed, const std::string& what) {
-  select_data s = make_data(c, seed);
-  std::vector<int32_t> out_table, out_lens;
-  const sparse_select_params h = host_params(c, s, out_table, out_lens);
-  run_cpu(h);
+void run_select_variant(const select_case& c, const select_data& s, const sparse_select_params& h,
+                        const std::vector<int32_t>& out_table, const std::vector<int32_t>& out_lens,
+                        const std::string& what) {
   device_select d(h, c, s);
   d.out_table.fill_bytes(0xff);
   d.out_lens.fill_bytes(0xff);
@@ -222,6 +283,14 @@ void run_select_case(const select_case& c, uint32_t seed, const std::string& wha
   const auto got_table = d.out_table.download();
   const auto got_lens = d.out_lens.download();
   expect_equal(got_lens, out_lens, what + " eff lens");
+  if (c.needle_row >= 0) {
+    const auto b = static_cast<size_t>(c.needle_row);
+    const int64_t n_pages = (c.lens[b] + c.ps - 1) / c.ps;
+    const int32_t needle = s.table[b * s.stride + n_pages * 2 / 3];
+    const int32_t* row = got_table.data() + b * s.stride;
+    const int64_t n_sel = (out_lens[b] + c.ps - 1) / c.ps;
+    EXPECT_NE(std::find(row, row + n_sel, needle), row + n_sel) << what << ": needle not selected";
+  }
   for (size_t b = 0; b < c.lens.size(); ++b) {
     const int64_t n_pages = (c.lens[b] + c.ps - 1) / c.ps;
     const int64_t n_sel = out_lens[b] == c.lens[b] ? n_pages : (out_lens[b] + c.ps - 1) / c.ps;
@@ -252,6 +321,26 @@ void run_select_case(const select_case& c, uint32_t seed, const std::string& wha
       const auto [sc, mag] = score_of(c, s, b, pg);
       EXPECT_LE(std::fabs(sc - cutoff), 1e-5 * mag) << what << " row " << b << ": page " << pg << " added";
     }
+  }
+}
+
+void run_select_case(const select_case& c, uint32_t seed, const std::string& what) {
+  select_data s = make_data(c, seed);
+  std::vector<int32_t> out_table, out_lens;
+  const sparse_select_params h = host_params(c, s, out_table, out_lens);
+  run_cpu(h);
+  if (c.needle_row >= 0) {
+    // The CPU op keeps the needle (checked here once, so the comparison below covers CUDA).
+    const auto b = static_cast<size_t>(c.needle_row);
+    const int64_t n_pages = (c.lens[b] + c.ps - 1) / c.ps;
+    const int32_t needle = s.table[b * s.stride + n_pages * 2 / 3];
+    const int32_t* row = out_table.data() + b * s.stride;
+    const int64_t n_sel = (out_lens[b] + c.ps - 1) / c.ps;
+    ASSERT_NE(std::find(row, row + n_sel, needle), row + n_sel) << what << ": needle not selected";
+  }
+  for (const char* v : kVariants) {
+    select_variant variant(v);
+    run_select_variant(c, s, h, out_table, out_lens, what + " [" + v + "]");
   }
 }
 
@@ -327,6 +416,82 @@ TEST(SparseSelectCuda, SmallSummariesAndRowsBeyondSharedMemory) {
                       "D " + std::to_string(D) + (ties ? " exact ties" : "") + ", 20000 pages");
     }
   }
+}
+
+// Budgets near the page count (n_top = n_mid − 1, a few pages to drop), rows whose queries' pages
+// leave no page to choose (n_top = 0), middle-page counts around the selecting block's register
+// capacity (8191 / 8192 / 8193: registers, then re-read keys) and lengths that split unevenly
+// over the scoring blocks, with random, exactly tied and all-equal scores.
+TEST(SparseSelectCuda, BudgetsNearPageCountAndRowSizes) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (int mode = 0; mode < 3; ++mode) {
+    select_case c;
+    c.kv_heads = 2;
+    c.q_heads = 8;
+    c.D = 8;
+    c.ps = 16;
+    // Budget 40, sink 2, recent 3: rows of 41, 42 and 47 pages keep all but 1, 2 and 7 middle
+    // pages; 8196 / 8197 / 8198 pages leave 8191 / 8192 / 8193 middle pages; the verify row's
+    // 50 queries span 4–5 pages (recent ≥ 4), and the 700-query row's 44–45 pages exceed the
+    // budget (n_top = 0). Some lengths end in a partial page.
+    c.lens = {41 * 16, 42 * 16 - 5, 47 * 16, 8196 * 16, 8197 * 16 - 1, 8198 * 16, 1000 * 16 + 3, 3 * 16 + 300 * 16 + 7, 1200 * 16};
+    c.q_lens = {1, 1, 1, 1, 1, 1, 50, 1, 700};
+    c.page_budget = 40;
+    c.sink = 2;
+    c.recent = 3;
+    c.min_seq_len = 0;
+    c.multi = true;
+    c.integer_scores = mode > 0;
+    c.levels = mode == 2 ? 1 : 3;
+    const char* names[] = {"random", "exact ties", "all equal"};
+    run_select_case(c, 500u + static_cast<uint32_t>(mode), std::string("near budget, ") + names[mode]);
+  }
+}
+
+// Scores of both signs over many binades (several radix passes, keys on both sides of zero), and
+// a planted needle that must always be selected, at the bench's 8192-page shape.
+TEST(SparseSelectCuda, WideScoresAndNeedle) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t D : {4, 128}) {
+    select_case c;
+    c.kv_heads = D == 4 ? 1 : 2;
+    c.q_heads = 4 * c.kv_heads;
+    c.D = D;
+    c.ps = 16;
+    c.lens = {8192 * 16, 5000 * 16 + 9, 8192 * 16 - 15, 257 * 16, 12000 * 16};
+    c.q_lens = {1, 1, 1, 1, 1};
+    c.page_budget = 256;
+    c.sink = 1;
+    c.recent = 4;
+    c.min_seq_len = 0;
+    c.multi = false;
+    c.wide_scores = true;
+    run_select_case(c, 600u + static_cast<uint32_t>(D), "wide scores D " + std::to_string(D));
+    c.wide_scores = false;
+    c.needle_row = 0;
+    run_select_case(c, 700u + static_cast<uint32_t>(D), "needle row 0 D " + std::to_string(D));
+    c.needle_row = 4;
+    run_select_case(c, 800u + static_cast<uint32_t>(D), "needle row 4 D " + std::to_string(D));
+  }
+}
+
+// The bench's shape (64 rows × 8192 pages, budget 256, 1 kv head × 4 dims): the selection
+// kernels agree with the CPU op.
+TEST(SparseSelectCuda, BenchShape) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  select_case c;
+  c.kv_heads = 1;
+  c.q_heads = 4;
+  c.D = 4;
+  c.ps = 16;
+  c.lens.assign(64, 8192 * 16);
+  c.q_lens.assign(64, 1);
+  c.page_budget = 256;
+  c.sink = 1;
+  c.recent = 4;
+  c.min_seq_len = 0;
+  c.multi = false;
+  run_select_case(c, 900u, "bench shape");
 }
 
 TEST(SparseSelectCuda, RejectsBadSeqLens) {
