@@ -241,13 +241,16 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
     const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
     // bf16 io: the scan paths in the same run (the default is ssd_scan_default_path()).
     const bool two = io == hyserve::dtype::kBF16;
-    for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_fast}) {
+    for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_fast,
+                                     ssd_scan_path::parallel_pair, ssd_scan_path::parallel_quad}) {
       if (!two && path != ssd_scan_path::sequential) continue;
       const ssd_scan_path use = two ? path : ssd_scan_path::automatic;
       const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, use, stream); });
       const std::string tag = !two                                  ? ""
                               : path == ssd_scan_path::parallel      ? " par"
                               : path == ssd_scan_path::parallel_fast ? " parf"
+                              : path == ssd_scan_path::parallel_pair ? " par2"
+                              : path == ssd_scan_path::parallel_quad ? " par4"
                                                                      : " seq";
       rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
     }

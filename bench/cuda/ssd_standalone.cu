@@ -168,6 +168,8 @@ const char* path_name(ssd_scan_path path) {
          : path == ssd_scan_path::parallel ? " par"
          : path == ssd_scan_path::parallel_single ? " par1"
          : path == ssd_scan_path::parallel_fast   ? " parf"
+         : path == ssd_scan_path::parallel_pair   ? " par2"
+         : path == ssd_scan_path::parallel_quad   ? " par4"
          : path == ssd_scan_path::phased   ? " phs"
                                            : "";
 }
@@ -408,12 +410,13 @@ int main(int argc, char** argv) {
   try {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
     const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased,
-                        Par1 = ssd_scan_path::parallel_single, ParF = ssd_scan_path::parallel_fast;
+                        Par1 = ssd_scan_path::parallel_single, ParF = ssd_scan_path::parallel_fast,
+                        Par2 = ssd_scan_path::parallel_pair, Par4 = ssd_scan_path::parallel_quad;
     if (check) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
-          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
+          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
             if (io == F && path != Seq) continue;  // f32 io has one tensor-core path
             if (io == F) path = ssd_scan_path::automatic;
             check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
@@ -432,7 +435,7 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
@@ -443,17 +446,20 @@ int main(int argc, char** argv) {
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par1);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParF);
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par4);  // 2 heads per group: pairs
       std::printf("checks: %d failures\n", g_failures);
     }
     if (ablate) {
 #ifdef HYSERVE_SSD_ABLATION
-      // Variant flags (1 f32 weights, 2 one fence) and stages left out (0x100 chain, 0x200
+      // Variant flags (1 f32 weights, 2 one fence, 4 / 8 claims of 2 / 4 heads) and stages left out (0x100 chain, 0x200
       // intra-chunk products, 0x400 C·S_in, 0x800 S_loc, 0x1000 loads, 0x2000 y stores) of the
       // persistent chained kernel; the paths for reference.
       time_copy();
-      for (ssd_scan_path path : {Seq, Par, ParF}) time_scan(1, 16384, Bf, F, path);
-      for (int flags : {0, 1, 2, 3, 0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103}) time_scan(1, 16384, Bf, F, Par, flags);
-      for (int flags : {0, 3, 0x103, 0x203, 0x403}) time_scan(64, 256, Bf, F, Par, flags);
+      for (ssd_scan_path path : {Seq, Par, ParF, Par2, Par4}) time_scan(1, 16384, Bf, F, path);
+      for (int flags : {0, 1, 2, 3, 7, 11, 0x10b, 0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103}) {
+        time_scan(1, 16384, Bf, F, Par, flags);
+      }
+      for (int flags : {0, 3, 7, 11, 0x103, 0x203, 0x403}) time_scan(64, 256, Bf, F, Par, flags);
 #else
       std::printf("ablate: build with -DHYSERVE_SSD_ABLATION\n");
 #endif
@@ -461,10 +467,10 @@ int main(int argc, char** argv) {
     if (timing) {
       time_copy();
       for (dtype st : {F, Bf}) {
-        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) time_scan(1, 16384, Bf, st, path);
+        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) time_scan(1, 16384, Bf, st, path);
       }
       for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
         time_scan(16, 1024, Bf, F, path);
         time_scan(64, 256, Bf, F, path);
         time_scan(256, 64, Bf, F, path);

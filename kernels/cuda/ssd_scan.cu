@@ -12,6 +12,8 @@
 //       parallel_single      the same kernel with one block per item (no staging ahead);
 //       parallel_fast        parallel with the kOptFloatW and kOptOneFence variants (f32
 //                            weights with one ex2 each; one release per warp hand-off);
+//       parallel_pair/_quad  parallel_fast claiming 2 / 4 heads of one chunk and group per
+//                            ticket, B and C staged once for them (kOptPair, kOptQuad);
 //       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
 //                            the chunks of each row, outputs in parallel (three kernels, f32
 //                            chunk states in a stream-ordered workspace);
@@ -19,7 +21,7 @@
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is read once from the environment:
-// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|phased|sequential
+// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|phased|sequential
 // (unset or anything else: parallel, faster than sequential at every measured shape:
 // 16384 tokens 1.35 vs 1.85 ms, 256 rows x 256 tokens 5.77 vs 7.91 ms, bench/results run 5);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
@@ -364,6 +366,16 @@ void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t strea
 template <class TS, int kFlags = 0>
 void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaStream_t stream) {
   namespace sc = ssd_chain;
+  // Claims of 2 or 4 items need that many heads of one group per claim; else smaller claims.
+  if constexpr ((kFlags & sc::kOptQuad) != 0) {
+    if ((p.heads / p.n_groups) % 4 != 0 || p.heads % 4 != 0) {
+      return launch_ssd_bf16_chained<TS, (kFlags & ~sc::kOptQuad) | sc::kOptPair>(p, persist, stream);
+    }
+  } else if constexpr ((kFlags & sc::kOptPair) != 0) {
+    if ((p.heads / p.n_groups) % 2 != 0 || p.heads % 2 != 0) {
+      return launch_ssd_bf16_chained<TS, kFlags & ~sc::kOptPair>(p, persist, stream);
+    }
+  }
   dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
@@ -468,6 +480,8 @@ ssd_scan_path ssd_scan_default_path() {
     if (e != nullptr && std::strcmp(e, "parallel") == 0) return ssd_scan_path::parallel;
     if (e != nullptr && std::strcmp(e, "parallel_single") == 0) return ssd_scan_path::parallel_single;
     if (e != nullptr && std::strcmp(e, "parallel_fast") == 0) return ssd_scan_path::parallel_fast;
+    if (e != nullptr && std::strcmp(e, "parallel_pair") == 0) return ssd_scan_path::parallel_pair;
+    if (e != nullptr && std::strcmp(e, "parallel_quad") == 0) return ssd_scan_path::parallel_quad;
     if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
     if (e != nullptr && std::strcmp(e, "sequential") == 0) return ssd_scan_path::sequential;
     return ssd_scan_path::parallel;
@@ -495,6 +509,12 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
         else if (path == ssd_scan_path::parallel_single) launch_ssd_bf16_chained<TS>(p, false, as_stream(stream));
         else if (path == ssd_scan_path::parallel_fast)
           launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence>(p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_pair)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptPair>(
+              p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_quad)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptQuad>(
+              p, true, as_stream(stream));
         else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
@@ -528,6 +548,11 @@ void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* s
         case sc::kOptFloatW: launch_ssd_bf16_chained<TS, sc::kOptFloatW>(p, true, s); break;
         case sc::kOptOneFence: launch_ssd_bf16_chained<TS, sc::kOptOneFence>(p, true, s); break;
         case F: launch_ssd_bf16_chained<TS, F>(p, true, s); break;
+        case F | sc::kOptPair: launch_ssd_bf16_chained<TS, F | sc::kOptPair>(p, true, s); break;
+        case F | sc::kOptQuad: launch_ssd_bf16_chained<TS, F | sc::kOptQuad>(p, true, s); break;
+        case F | sc::kOptQuad | sc::kAblNoChain:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kAblNoChain>(p, true, s);
+          break;
         case F | sc::kAblNoChain: launch_ssd_bf16_chained<TS, F | sc::kAblNoChain>(p, true, s); break;
         case F | sc::kAblNoIntra: launch_ssd_bf16_chained<TS, F | sc::kAblNoIntra>(p, true, s); break;
         case F | sc::kAblNoInter: launch_ssd_bf16_chained<TS, F | sc::kAblNoInter>(p, true, s); break;

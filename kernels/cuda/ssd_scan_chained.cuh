@@ -65,13 +65,20 @@ constexpr int kQ = 128;  // chunk length
 //                subtraction and conversion per weight; the f32 rounding of cum is far below
 //                the bf16 rounding of the weights);
 //   kOptOneFence the hand-off publishes with one release by lane 0 after a warp barrier (no
-//                fence per thread) and polls the predecessor's flag from lane 0 only.
+//                fence per thread) and polls the predecessor's flag from lane 0 only;
+//   kOptPair, kOptQuad (persistent grid) a ticket claims 2 or 4 consecutive items, which are
+//                heads of one chunk and one group when heads and heads per group are multiples
+//                of 2 or 4 (the launcher checks): the block computes them in turn and stages only
+//                x for all but the first (B and C stay in shared memory). Tickets stay in chunk
+//                order, so the chain still waits only on earlier tickets.
 // The kAbl* flags leave out a stage to locate the time (benchmarks only: the results are wrong):
 // the chain (no wait, no carry read or write), the intra-chunk products, C·S_in, S_loc, the
 // staging loads, the y stores.
 enum : int {
   kOptFloatW = 1,
   kOptOneFence = 2,
+  kOptPair = 4,
+  kOptQuad = 8,
   kAblNoChain = 1 << 8,
   kAblNoIntra = 1 << 9,
   kAblNoInter = 1 << 10,
@@ -183,11 +190,14 @@ struct item_geom {
   int k, L;
   int first, last, init;  // chunk 0 of the row, its last chunk, the row has an initial state
   int valid;              // 0: no item (ticket past the last one)
+  int reuse;              // B and C are those of the block's previous item (kOptPair / kOptQuad)
+  int64_t item;
 };
 
 __device__ __forceinline__ item_geom resolve_item(const ssd_chunk_scan_params& p, const workspace& ws, int64_t item,
                                                   int64_t n_items) {
   item_geom c{};
+  c.item = item;
   c.valid = item < n_items;
   if (!c.valid) return c;
   const int64_t H = p.heads;
@@ -226,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kNoChain = (kFlags & kAblNoChain) != 0, kNoIntra = (kFlags & kAblNoIntra) != 0;
   constexpr bool kNoInter = (kFlags & kAblNoInter) != 0, kNoSloc = (kFlags & kAblNoSloc) != 0;
   constexpr bool kNoLoad = (kFlags & kAblNoLoad) != 0, kNoStore = (kFlags & kAblNoStore) != 0;
+  constexpr int kClaim = !kPersist ? 1 : (kFlags & kOptQuad) != 0 ? 4 : (kFlags & kOptPair) != 0 ? 2 : 1;
   using tl = chain_tiles<P, N>;
   constexpr int kLdN = tl::kLdN, kLdP = tl::kLdP;
   constexpr int PW = P / 2, NW = N / 4, MT = PW / 16, NT = NW / 8;  // S tile of a warp: PW × NW
@@ -259,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   bf16* yg = static_cast<bf16*>(p.y);
 
   // Staging of an item's x and B, and of its C (rows past L zero); raw dt of token tid.
-  auto stage_xb = [&](const item_geom& c) {
+  auto stage_x = [&](const item_geom& c) {
     if constexpr (kNoLoad) return;
     else {
 #pragma unroll
@@ -274,6 +285,11 @@ __global__ void __launch_bounds__(kThreads, 2)
             in ? load8(xg + (c.t0 + j) * p.x_stride + c.h * P + 8 * cc, false) : make_uint4(0, 0, 0, 0);
       }
     }
+    }
+  };
+  auto stage_b = [&](const item_geom& c) {
+    if constexpr (kNoLoad) return;
+    else {
 #pragma unroll
     for (int u = 0; u < kBC; ++u) {
       const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
@@ -299,12 +315,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     }
   };
+  auto stage_xb = [&](const item_geom& c) {
+    stage_x(c);
+    if (!c.reuse) stage_b(c);
+  };
   auto load_dt = [&](const item_geom& c) -> float {
     if constexpr (kNoLoad) return 0.5f;
     return tid < c.L ? __bfloat162float(dtg[(c.t0 + tid) * p.dt_stride + c.h]) : 0.0f;
   };
 
-  if (tid == 0) geo[0] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+  if (tid == 0) geo[0] = resolve_item(p, ws, static_cast<int64_t>(atomicAdd(ws.info + 2, 1)) * kClaim, n_items);
   __syncthreads();
   if (!geo[0].valid) return;  // spare block
   stage_xb(geo[0]);
@@ -494,7 +514,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       // production shape), so that its staging reads L2 rather than DRAM; B and C are shared by
       // the group's heads and mostly in L2 already.
       if (warp == 0) {
-        if (lane == 0) geo[ci ^ 1] = resolve_item(p, ws, atomicAdd(ws.info + 2, 1), n_items);
+        if (lane == 0) {
+          int64_t next = c.item + 1;  // the rest of this claim, then a new ticket
+          const bool same = kClaim > 1 && next % kClaim != 0;
+          if (!same) next = static_cast<int64_t>(atomicAdd(ws.info + 2, 1)) * kClaim;
+          geo[ci ^ 1] = resolve_item(p, ws, next, n_items);
+          geo[ci ^ 1].reuse = same;
+        }
         __syncwarp();
         const item_geom& q = geo[ci ^ 1];
         if (q.valid) {
@@ -662,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else {
       if (!nx.valid) break;
       __syncthreads();  // Cs, Ss, cum and the rest are free; every thread is done with c
-      stage_c(nx);
+      if (!nx.reuse) stage_c(nx);
       cp_async_commit();
     }
   }

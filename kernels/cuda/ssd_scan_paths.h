@@ -14,6 +14,8 @@ enum class ssd_scan_path {
                     // item while finishing the current one; only the state hand-off is chained
   parallel_single,  // the same kernel, one block per item (no staging ahead)
   parallel_fast,    // parallel with f32 weights (one ex2 each) and one release per warp hand-off
+  parallel_pair,    // parallel_fast, 2 heads of a group per claim (B and C staged once)
+  parallel_quad,    // parallel_fast, 4 heads of a group per claim
   phased,           // three kernels: chunk states, a state pass over chunks, outputs
 };
 

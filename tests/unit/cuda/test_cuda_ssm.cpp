@@ -470,6 +470,8 @@ std::string path_label(ssd_scan_path path) {
     case ssd_scan_path::parallel: return "parallel";
     case ssd_scan_path::parallel_single: return "parallel_single";
     case ssd_scan_path::parallel_fast: return "parallel_fast";
+    case ssd_scan_path::parallel_pair: return "parallel_pair";
+    case ssd_scan_path::parallel_quad: return "parallel_quad";
     case ssd_scan_path::phased: return "phased";
     case ssd_scan_path::automatic: return "automatic";
   }
@@ -505,7 +507,8 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   run_cpu(pc);
   for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
-                                    ssd_scan_path::phased, ssd_scan_path::parallel_fast}) {
+                                    ssd_scan_path::phased, ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
+                                    ssd_scan_path::parallel_quad}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
@@ -559,7 +562,8 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     pg.has_initial_state = dinit.data();
     const ssd_scan_path paths[] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
                                    ssd_scan_path::parallel_single, ssd_scan_path::phased,
-                                   ssd_scan_path::parallel_fast};
+                                   ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
+                                   ssd_scan_path::parallel_quad};
     constexpr int kPaths = static_cast<int>(sizeof(paths) / sizeof(paths[0]));
     std::vector<float> y[kPaths], states[kPaths];
     for (int k = 0; k < kPaths; ++k) {
