@@ -14,7 +14,8 @@
 //     at most a warp), so a warp scores 32 / lanes pages at once with 16-byte loads of
 //     key_min/key_max and small summaries are not latency-bound; each score goes to a workspace
 //     as an order-preserving 32-bit key.
-//  2. Selection, one 1024-thread block per row (see sparse_select_v2_kernel): keys in registers,
+//  2. Selection, one 1024-thread block per row (see sparse_select_v2_kernel; launched with
+//     programmatic dependent launch where it applies, so its launch overlaps the scoring): keys in registers,
 //     an adaptive radix select over the keys' range (1–3 histogram passes), and a block scan that
 //     writes the chosen pages in ascending order, ties to the lower index; dense rows copied.
 // Selection v1 (HYSERVE_SPARSE_SELECT=v1, kept for comparison): one launch; the same scoring
@@ -28,6 +29,7 @@
 
 #include "../cpu/sparse_validate.h"
 #include "common.cuh"
+#include "launch.cuh"
 #include "hyserve/kernels/sparse_attention.h"
 
 namespace hyserve::kernels {
@@ -398,6 +400,9 @@ template <int kP>
 __global__ void __launch_bounds__(kThreads) sparse_score_kernel(const sparse_select_params p, int n_slices, int lanes,
                                                                 unsigned* keys, int64_t key_stride) {
   extern __shared__ float4 s_qbar4[];  // [kv_heads · head_dim / 4]
+  // The selection kernel (launched with PDL) may be scheduled as SMs free up; it waits for this
+  // grid to complete before it reads anything.
+  pdl_launch_dependents();
   const int64_t b = blockIdx.y;
   int64_t q0 = 0, len = 0;
   const sparse_row_plan plan = device_row_plan(p, b, &q0, &len);
@@ -559,6 +564,8 @@ __device__ __forceinline__ void select_middle_v2(const sparse_select_params& p, 
 __global__ void __launch_bounds__(kSelThreads, 1) sparse_select_v2_kernel(const sparse_select_params p,
                                                                           const unsigned* keys, int64_t key_stride) {
   __shared__ select_smem s;
+  pdl_wait();  // launched with programmatic dependent launch after the scoring kernel
+  pdl_launch_dependents();
   const int64_t b = blockIdx.x;
   int64_t q0 = 0, len = 0;
   const sparse_row_plan plan = device_row_plan(p, b, &q0, &len);
@@ -677,9 +684,9 @@ void launch_select_v2(const sparse_select_params& p, size_t qbar_bytes, int lane
   } else {
     launch_score_v2<1>(p, qbar_bytes, lanes, static_cast<unsigned*>(keys), key_stride, s);
   }
-  sparse_select_v2_kernel<<<static_cast<unsigned>(p.batch), kSelThreads, 0, s>>>(p, static_cast<const unsigned*>(keys),
-                                                                                 key_stride);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  // With PDL (where it applies) the selecting blocks start as the scoring blocks finish.
+  launch_pdl(sparse_select_v2_kernel, dim3(static_cast<unsigned>(p.batch)), dim3(kSelThreads), 0, s, p,
+             static_cast<const unsigned*>(keys), key_stride);
   CUDA_CHECK(cudaFreeAsync(keys, s));
 }
 

@@ -27,6 +27,7 @@
 
 #include "cuda_test_util.h"
 #include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/kernels/sparse_attention.h"
 
 namespace hyserve::kernels {
@@ -492,6 +493,64 @@ TEST(SparseSelectCuda, BenchShape) {
   c.min_seq_len = 0;
   c.multi = false;
   run_select_case(c, 900u, "bench shape");
+}
+
+// On a created stream, eagerly and captured in a CUDA graph (replayed twice), each selection
+// kernel writes what it writes on the default stream (v2's selecting kernel is then launched
+// with programmatic dependent launch after its scoring kernel).
+TEST(SparseSelectCuda, StreamAndGraphMatchDefaultStream) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  select_case c;
+  c.kv_heads = 1;
+  c.q_heads = 4;
+  c.D = 4;
+  c.ps = 16;
+  c.lens = {8192 * 16, 100, 3000 * 16 + 5, 8192 * 16, 9000 * 16, 40 * 16};
+  c.q_lens = {1, 1, 1, 1, 1, 1};
+  c.dense = {0, 0, 0, 1, 0, 0};
+  c.page_budget = 256;
+  c.sink = 1;
+  c.recent = 4;
+  c.min_seq_len = 0;
+  c.multi = false;
+  select_data s = make_data(c, 1000u);
+  std::vector<int32_t> out_table, out_lens;
+  const sparse_select_params h = host_params(c, s, out_table, out_lens);
+  device_select d(h, c, s);
+  void* stream = stream_create();
+  for (const char* v : kVariants) {
+    select_variant variant(v);
+    d.out_table.fill_bytes(0xff);
+    d.out_lens.fill_bytes(0xff);
+    run_cuda(d.p);
+    device_synchronize();
+    const auto want_table = d.out_table.download();
+    const auto want_lens = d.out_lens.download();
+    for (bool graph : {false, true}) {
+      const std::string what = std::string(v) + (graph ? " graph" : " stream");
+      d.out_table.fill_bytes(0xff);
+      d.out_lens.fill_bytes(0xff);
+      device_synchronize();
+      if (graph) {
+        captured_graph::capture_begin(stream);
+        try {
+          run_cuda(d.p, stream);
+        } catch (...) {
+          captured_graph::capture_abort(stream);
+          throw;
+        }
+        const captured_graph g = captured_graph::capture_end(stream);
+        g.launch(stream);
+        g.launch(stream);
+      } else {
+        run_cuda(d.p, stream);
+      }
+      stream_synchronize(stream);
+      expect_equal(d.out_table.download(), want_table, what + " table");
+      expect_equal(d.out_lens.download(), want_lens, what + " lens");
+    }
+  }
+  stream_destroy(stream);
 }
 
 TEST(SparseSelectCuda, RejectsBadSeqLens) {
