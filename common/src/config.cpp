@@ -206,6 +206,7 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
                 "rope_theta",
                 "rms_norm_eps",
                 "tie_word_embeddings",
+                "residual_scale",
                 "seed"});
   const auto path = [&](const char* key) { return base + "." + key; };
   const auto int_or = [&](const char* key, int64_t def) {
@@ -247,6 +248,11 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
   if_present(node, "tie_word_embeddings",
              [&](const YAML::Node& n) { c.tie_word_embeddings = r.get_bool(n, path("tie_word_embeddings")); });
   if_present(node, "seed", [&](const YAML::Node& n) { out.seed = r.get_uint64(n, path("seed")); });
+  if_present(node, "residual_scale", [&](const YAML::Node& n) {
+    out.residual_scale = r.get_double(n, path("residual_scale"));
+    if (!(out.residual_scale > 0.0) || out.residual_scale > 1e3)
+      r.fail(n, path("residual_scale"), "must be in (0, 1000], got " + std::to_string(out.residual_scale));
+  });
 
   // Attention layers: the listed indices; by default layer 1 (as in bamba-tiny) when there is one.
   c.layer_kinds.assign(static_cast<size_t>(c.num_layers), layer_kind::kMamba2);

@@ -21,7 +21,7 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
   if (weight_type != dtype::kF32 && weight_type != dtype::kBF16)
     throw config_error("model.dtype: " + std::string(dtype_name(weight_type)) +
                        " is not supported by the model (supported: float32, bfloat16)");
-  std::unique_ptr<weight_source> weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed)
+  std::unique_ptr<weight_source> weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed, cfg.model.synthetic->residual_scale)
                                                                : make_checkpoint_weights(cfg.model.path);
   // Decode batches up to the running-request bound are captured as CUDA graphs.
   decode_graph_options graphs;
@@ -53,7 +53,7 @@ std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_c
     dmc.num_layers = d.synthetic_num_layers;
     dmc.layer_kinds.resize(static_cast<size_t>(d.synthetic_num_layers));
     std::erase_if(dmc.mlp_only_layers, [&](int64_t l) { return l >= dmc.num_layers; });
-    weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed)
+    weights = cfg.model.synthetic ? make_synthetic_weights(cfg.model.synthetic->seed, cfg.model.synthetic->residual_scale)
                                   : make_checkpoint_weights(cfg.model.path);
   }
   if (dmc.vocab_size != mc.vocab_size)

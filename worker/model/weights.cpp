@@ -100,7 +100,7 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 class synthetic_weights final : public weight_source {
  public:
-  explicit synthetic_weights(uint64_t seed) : seed_(seed) {}
+  synthetic_weights(uint64_t seed, double residual_scale) : seed_(seed), residual_scale_(residual_scale) {}
   bool contains(const std::string&) const override { return true; }
 
   host_tensor load(const std::string& name, const shape_t& expected) const override {
@@ -145,12 +145,17 @@ class synthetic_weights final : public weight_source {
       fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.2f); });
     } else if (ends_with(name, ".bias")) {
       fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.01f); });
+    } else if (ends_with(name, "o_proj.weight") || ends_with(name, "out_proj.weight") ||
+               ends_with(name, "down_proj.weight")) {
+      const auto stddev = static_cast<float>(0.02 * residual_scale_);
+      fill_hashed(p, runs, base, [stddev](int64_t, uint64_t h) { return approx_normal(h, stddev); });
     } else {
       fill_hashed(p, runs, base, [](int64_t, uint64_t h) { return approx_normal(h, 0.02f); });
     }
   }
 
   uint64_t seed_;
+  double residual_scale_;
 };
 
 }  // namespace
@@ -159,8 +164,8 @@ std::unique_ptr<weight_source> make_checkpoint_weights(const std::string& dir) {
   return std::make_unique<checkpoint_weights>(dir);
 }
 
-std::unique_ptr<weight_source> make_synthetic_weights(uint64_t seed) {
-  return std::make_unique<synthetic_weights>(seed);
+std::unique_ptr<weight_source> make_synthetic_weights(uint64_t seed, double residual_scale) {
+  return std::make_unique<synthetic_weights>(seed, residual_scale);
 }
 
 }  // namespace hyserve::worker

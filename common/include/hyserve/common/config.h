@@ -17,6 +17,13 @@ namespace hyserve {
 struct synthetic_model_config {
   model_config arch;  // sizes; layer kinds from `attn_layer_indices`
   uint64_t seed = 0;
+  // `residual_scale`: multiplies the initial scale of the residual branches' output projections
+  // (attention o_proj, Mamba out_proj, MLP down_proj). 1 = the usual initialisation; a small
+  // value (e.g. 1e-4) lets the token embedding dominate the residual stream, so the next token
+  // depends mostly on the current one: greedy decoding settles into cycles and the target's
+  // first layers predict it well (a predictable model for speculative-decoding tests and
+  // benchmarks).
+  double residual_scale = 1.0;
 };
 
 struct model_section {
