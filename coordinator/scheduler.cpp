@@ -10,6 +10,10 @@ namespace hyserve::coordinator {
 
 namespace {
 
+// Step kinds of the measured step times (group_state::costs).
+constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;
+constexpr int64_t kRemeasureAfter = 128;
+
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
@@ -286,6 +290,9 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
     plan.mode = 1;  // Decode
     for (auto& row : plan.rows) row.is_decode = false;
   }
+  gs.cost_kind = plan.mode == 1 ? kCostDecode : -1;
+  gs.cost_rows = static_cast<int32_t>(plan.rows.size());
+  gs.cost_width = 1;
   send_plan(g, plan, mode);
 }
 
@@ -321,16 +328,35 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, cons
     cap_all = std::min(cap_all, std::max(0, room));
     r.drafts = {};
     r.round_drafts = cap;
-    if (sc.algorithm == speculative_algorithm::kNgram && cap > 0) {
-      std::vector<int32_t> toks;
-      toks.reserve(static_cast<size_t>(r.total_len()));
-      for (int32_t i = 0; i < r.total_len(); ++i) toks.push_back(r.token_at(i));
-      r.drafts = spec::ngram_propose(toks, sc.ngram, cap);
+    if (sc.algorithm == speculative_algorithm::kNgram && room > 0) {
+      // Tokens only grow: the contiguous copy takes the new ones.
+      for (auto i = static_cast<int32_t>(r.lookup_tokens.size()); i < r.total_len(); ++i)
+        r.lookup_tokens.push_back(r.token_at(i));
+      if (cap > 0) {
+        r.drafts = spec::ngram_propose(r.lookup_tokens, sc.ngram, cap);
+      } else {
+        // Backed off: a match of the longest suffix length (the text repeats itself) is strong
+        // enough evidence to probe with one draft before the cool-down ends.
+        spec::draft_tree probe = spec::ngram_propose(r.lookup_tokens, sc.ngram, 1);
+        if (sc.ngram.max_match >= 2 && probe.match_len >= sc.ngram.max_match) {
+          r.budget->probe_now();
+          r.drafts = std::move(probe);
+        }
+      }
       r.round_drafts = static_cast<int32_t>(r.drafts.tokens.size());
     }
     most = std::max(most, r.round_drafts);
   }
   if (most == 0) return false;
+  if (prefill_ids.empty() && !round_worth_it(g, decode_ids, most, cap_all) &&
+      ++gs.skipped_rounds % kRemeasureAfter != 0) {
+    // Plain decoding yields more tokens per second than this round is expected to: skip it
+    // (every kRemeasureAfter-th skipped round runs anyway, so the times it was judged by are
+    // measured again).
+    for (uint64_t id : decode_ids) requests_.at(id).budget->forget();
+    return false;
+  }
+  gs.skipped_rounds = 0;
   gs.round_ids = decode_ids;
   gs.round_prefill = prefill_ids;
   gs.round_step = 0;
@@ -353,6 +379,31 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, cons
   gs.round_active = true;
   send_round_step(g);
   return true;
+}
+
+bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const {
+  const group_state& gs = groups_[static_cast<size_t>(g)];
+  const speculative_section& sc = cfg_.speculative;
+  const auto rows = static_cast<int32_t>(decode_ids.size());
+  double expected = 0;
+  for (uint64_t id : decode_ids) {
+    const request_state& r = requests_.at(id);
+    expected += r.budget->expected_accepted(r.round_drafts);
+  }
+  const double decode_s = gs.costs.get(kCostDecode, rows, 1);
+  double round_s = 0;
+  if (sc.algorithm == speculative_algorithm::kDraftModel) {
+    // Draft steps 0..k, then the verify of the chain and the first position's siblings.
+    const int32_t width = draft_tree_width();
+    int32_t k = std::min(most, cap_all);
+    if (width > 1) k = std::max(1, k - (width - 1));
+    const double draft_s = gs.costs.get(kCostDraft, rows, 1);
+    const double verify_s = gs.costs.estimate(kCostVerify, rows, k + 1 + (width > 1 ? width - 1 : 0), decode_s);
+    round_s = draft_s > 0 && verify_s > 0 ? (k + 1) * draft_s + verify_s : 0.0;
+  } else {
+    round_s = gs.costs.estimate(kCostVerify, rows, most + 1, decode_s);
+  }
+  return spec::round_pays_off(rows, expected, decode_s, round_s);
 }
 
 void scheduler::send_round_step(int g) {
@@ -442,6 +493,9 @@ void scheduler::send_round_step(int g) {
     gs.prefill_starved = plan.extend_rows == 0;
     gs.round_prefill.clear();
   }
+  gs.cost_kind = !verify ? kCostDraft : plan.extend_rows == 0 ? kCostVerify : -1;
+  gs.cost_rows = static_cast<int32_t>(gs.round_ids.size());
+  gs.cost_width = verify ? plan.draft_len : 1;
   send_plan(g, plan, verify ? "target_verify" : "draft");
 }
 
@@ -471,6 +525,7 @@ bool scheduler::send_draft_catch_up(int g) {
   }
   if (plan.rows.empty()) return false;
   gs.kind = group_state::step_kind::kDraftCatchUp;
+  gs.cost_kind = -1;
   send_plan(g, plan, "draft_extend");
   return true;
 }
@@ -555,6 +610,9 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   } catch (const error& e) {
     failure = std::string("corrupt step result: ") + e.what();
   }
+  if (failure.empty() && gs.cost_kind >= 0)
+    gs.costs.add(gs.cost_kind, gs.cost_rows, gs.cost_width, res->step_ms > 0 ? res->step_ms / 1000.0 : seconds);
+  gs.cost_kind = -1;
   if (failure.empty() && res->decode_rows > 0 && observer_.on_decode_attention)
     observer_.on_decode_attention(res->decode_rows, res->sparse_rows, res->pages_read);
   const std::vector<uint64_t> ids = gs.step_rows;

@@ -75,6 +75,7 @@ class scheduler final : public frontend {
     int32_t round_cap = 0;    // draft nodes allowed this round (chain + siblings)
     int32_t chain_nodes = 0;  // nodes 1..chain_nodes of the verified tree are the greedy chain
     int64_t drafted = 0, accepted = 0;
+    std::vector<int32_t> lookup_tokens;  // n-gram lookup: prompt + output, contiguous
     int32_t total_len() const { return static_cast<int32_t>(req.input_ids.size() + output.size()); }
     int32_t token_at(int32_t i) const {
       const auto n = static_cast<int32_t>(req.input_ids.size());
@@ -106,6 +107,12 @@ class scheduler final : public frontend {
     // The last verify step had prefill waiting but no token budget left for it: the next step
     // is a plain one that carries the prefill, so it cannot starve.
     bool prefill_starved = false;
+    // Measured step times (pure decode, pure verify and draft steps by rows and tokens per row)
+    // for the round's cost/benefit check, and the key of the step in flight (kind -1: none).
+    spec::step_costs costs;
+    int cost_kind = -1;
+    int32_t cost_rows = 0, cost_width = 0;
+    int64_t skipped_rounds = 0;  // consecutive rounds the cost check skipped
   };
 
   void take_submissions();
@@ -117,6 +124,9 @@ class scheduler final : public frontend {
   // The next prefill chunk of r (at most max_tokens tokens) as a plan row; marks r in the step.
   wire::plan_row prefill_row(request_state& r, int32_t n);
   void send_round_step(int g);
+  // The round's cost/benefit check from the group's measured step times and the requests'
+  // acceptance estimates (true while the times it needs are not measured yet).
+  bool round_worth_it(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const;
   // Draft-model trees: a DraftExtend step feeding the draft model the accepted tokens it missed.
   bool send_draft_catch_up(int g);
   int32_t draft_tree_width() const;

@@ -30,36 +30,50 @@ draft_tree ngram_propose(const std::vector<int32_t>& tokens, const ngram_spec_se
   const auto len = static_cast<int64_t>(tokens.size());
   if (max_drafts <= 0 || len < 2) return tree;
   const int32_t width = std::max(1, cfg.max_tree_width);
-  for (int64_t n = std::min<int64_t>(cfg.max_match, len - 1); n >= cfg.min_match; --n) {
-    const int32_t* suffix = tokens.data() + (len - n);
-    std::vector<std::vector<int32_t>> conts;
-    // Most recent occurrence first; the occurrence must end before the suffix itself starts
-    // plus at least one continuation token.
-    for (int64_t start = len - n - 1; start >= 0 && static_cast<int32_t>(conts.size()) < width; --start) {
-      if (!std::equal(suffix, suffix + n, tokens.data() + start)) continue;
-      const int64_t from = start + n;
-      const int64_t take = std::min<int64_t>(max_drafts, len - from);
-      if (take <= 0) continue;
-      std::vector<int32_t> c(tokens.begin() + from, tokens.begin() + from + take);
-      const bool dup = std::any_of(conts.begin(), conts.end(), [&](const auto& o) { return o.front() == c.front(); });
-      if (!dup) conts.push_back(std::move(c));
+  const int64_t max_n = std::min<int64_t>(cfg.max_match, len - 1);
+  if (max_n < cfg.min_match) return tree;
+  // One backward scan: for every earlier end position e (at least one token follows it), the
+  // length of the common suffix of tokens[..e] and the whole sequence, up to max_n. The longest
+  // n >= min_match found wins; its occurrences are the positions reaching n, most recent first.
+  const int32_t* t = tokens.data();
+  const int32_t last = t[len - 1];
+  std::vector<std::pair<int64_t, int64_t>> hits;  // (end position, match length), most recent first
+  int64_t best = 0;
+  for (int64_t e = len - 2; e >= 0; --e) {
+    if (t[e] != last) continue;
+    int64_t l = 1;
+    while (l < max_n && e - l >= 0 && t[e - l] == t[len - 1 - l]) ++l;
+    if (l < cfg.min_match || l < best) continue;
+    if (l > best) {
+      best = l;
+      hits.clear();
     }
-    if (conts.empty()) continue;
-    // Branch i gets its share of the node budget, the most recent match the largest.
-    int32_t left = max_drafts;
-    for (size_t i = 0; i < conts.size() && left > 0; ++i) {
-      const int32_t branches_left = static_cast<int32_t>(conts.size() - i);
-      const int32_t share = i == 0 ? std::max(1, left - (branches_left - 1)) : std::max(1, left / branches_left);
-      const auto take = static_cast<size_t>(std::min<int64_t>(share, static_cast<int64_t>(conts[i].size())));
-      int32_t parent = 0;
-      for (size_t j = 0; j < take; ++j) {
-        tree.tokens.push_back(conts[i][j]);
-        tree.parent.push_back(parent);
-        parent = static_cast<int32_t>(tree.tokens.size());
-      }
-      left -= static_cast<int32_t>(take);
+    hits.emplace_back(e, l);
+  }
+  if (best == 0) return tree;
+  tree.match_len = static_cast<int32_t>(best);
+  std::vector<std::vector<int32_t>> conts;
+  for (const auto& [e, l] : hits) {
+    if (static_cast<int32_t>(conts.size()) >= width) break;
+    const int64_t from = e + 1;
+    const int64_t take = std::min<int64_t>(max_drafts, len - from);
+    std::vector<int32_t> c(tokens.begin() + from, tokens.begin() + from + take);
+    const bool dup = std::any_of(conts.begin(), conts.end(), [&](const auto& o) { return o.front() == c.front(); });
+    if (!dup) conts.push_back(std::move(c));
+  }
+  // Branch i gets its share of the node budget, the most recent match the largest.
+  int32_t left = max_drafts;
+  for (size_t i = 0; i < conts.size() && left > 0; ++i) {
+    const int32_t branches_left = static_cast<int32_t>(conts.size() - i);
+    const int32_t share = i == 0 ? std::max(1, left - (branches_left - 1)) : std::max(1, left / branches_left);
+    const auto take = static_cast<size_t>(std::min<int64_t>(share, static_cast<int64_t>(conts[i].size())));
+    int32_t parent = 0;
+    for (size_t j = 0; j < take; ++j) {
+      tree.tokens.push_back(conts[i][j]);
+      tree.parent.push_back(parent);
+      parent = static_cast<int32_t>(tree.tokens.size());
     }
-    return tree;
+    left -= static_cast<int32_t>(take);
   }
   return tree;
 }
@@ -82,23 +96,79 @@ std::vector<int32_t> accept_path(const draft_tree& tree, const std::vector<int32
 }
 
 int32_t draft_budget::allowed() {
+  probing_ = false;
   if (budget_ > 0) return budget_;
   if (cooldown_ > 0) {
     --cooldown_;
     return 0;
   }
+  probing_ = true;
   return 1;  // probe
 }
 
 void draft_budget::record(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
+  hits_ = kDecay * hits_ + accepted;
+  misses_ = kDecay * misses_ + (accepted < drafted ? 1.0 : 0.0);
   const double rate = static_cast<double>(accepted) / drafted;
   if (rate < min_rate_) {
+    // A failed probe: the next cool-down is twice as long.
+    if (probing_ && budget_ == 0 && ++failed_probes_ > kProbesAtBase)
+      cooldown_len_ = std::min(kMaxCooldown, 2 * cooldown_len_);
     budget_ = drafted / 2;
-    if (budget_ == 0) cooldown_ = kCooldown;
+    if (budget_ == 0) cooldown_ = cooldown_len_;
   } else {
     budget_ = std::min(max_, std::max(budget_, drafted * 2));
+    cooldown_len_ = kCooldown;
+    failed_probes_ = 0;
   }
+  probing_ = false;
+}
+
+double draft_budget::expected_accepted(int32_t n) const {
+  const double p = accept_probability();
+  double e = 0, pk = 1;
+  for (int32_t i = 0; i < n; ++i) {
+    pk *= p;
+    e += pk;
+  }
+  return e;
+}
+
+bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s) {
+  if (rows <= 0) return false;
+  if (decode_s <= 0 || round_s <= 0) return true;
+  // Tokens per second of the round against a plain step's.
+  return (rows + expected_accepted) / round_s >= rows / decode_s;
+}
+
+double step_costs::get(int kind, int32_t rows, int32_t width) const {
+  for (const entry& e : entries_)
+    if (e.kind == kind && e.rows == rows && e.width == width) return e.seconds;
+  return 0.0;
+}
+
+double step_costs::estimate(int kind, int32_t rows, int32_t width, double base_s) const {
+  if (const double exact = get(kind, rows, width); exact > 0) return exact;
+  if (base_s <= 0) return 0.0;
+  for (const entry& e : entries_) {
+    if (e.kind != kind || e.rows != rows || e.width <= 1) continue;
+    const double extra = std::max(0.0, e.seconds - base_s) / (e.width - 1);
+    return base_s + extra * (width - 1);
+  }
+  return 0.0;
+}
+
+void step_costs::add(int kind, int32_t rows, int32_t width, double seconds) {
+  if (seconds <= 0) return;
+  for (entry& e : entries_) {
+    if (e.kind != kind || e.rows != rows || e.width != width) continue;
+    if (e.samples == 1) e.seconds = std::min(e.seconds, seconds);
+    else e.seconds = 0.7 * e.seconds + 0.3 * std::min(seconds, 2.0 * e.seconds);
+    ++e.samples;
+    return;
+  }
+  entries_.push_back(entry{kind, rows, width, seconds, 1});
 }
 
 }  // namespace hyserve::coordinator::spec

@@ -15,6 +15,7 @@ namespace hyserve::coordinator::spec {
 struct draft_tree {
   std::vector<int32_t> tokens;
   std::vector<int32_t> parent;
+  int32_t match_len = 0;  // n-gram drafts: the length of the suffix that matched
   bool is_chain() const;
   // Links in the TargetVerify layout over D = tokens.size() + 1 nodes: next_token[n] = first
   // child of n, next_sibling[n] = next child of n's parent (-1 = none).
@@ -36,20 +37,79 @@ std::vector<int32_t> accept_path(const draft_tree& tree, const std::vector<int32
 
 // Per-request draft budget: starts at num_draft_tokens, halves when a round's acceptance rate
 // falls below min_accept_rate, doubles back (up to num_draft_tokens) when it is above it. At 0
-// the request decodes plainly for `cooldown` rounds, then probes with one draft.
+// the request decodes plainly for a cool-down, then probes with one draft; the cool-down is 4
+// rounds for the first 16 failed probes, then doubles with every further failed probe (up to
+// 256), and is back to 4 once a round meets the rate. It also keeps an estimate of the
+// per-draft acceptance probability (recent rounds count more) for the round's cost/benefit
+// check.
 class draft_budget {
  public:
   draft_budget(int32_t max_drafts, double min_rate) : max_(max_drafts), budget_(max_drafts), min_rate_(min_rate) {}
   // Drafts allowed this round (0 = plain decode).
   int32_t allowed();
+  // During a cool-down: probe now (strong evidence that drafts would be accepted, e.g. an n-gram
+  // match of the longest length). A failed probe counts as any other.
+  void probe_now() {
+    cooldown_ = 0;
+    probing_ = true;
+  }
   void record(int32_t drafted, int32_t accepted);
+  // The probability that a draft is accepted given that the drafts before it were: a Laplace
+  // estimate (prior 1/2) over the recent rounds' accepted drafts and first rejections.
+  double accept_probability() const { return (hits_ + 1.0) / (hits_ + misses_ + 2.0); }
+  // Expected accepted tokens of a chain of n drafts: p + p² + … + pⁿ.
+  double expected_accepted(int32_t n) const;
+  int32_t cooldown_length() const { return cooldown_len_; }
+  // A round skipped by the cost check: the evidence fades slowly (towards the prior), so a
+  // request whose drafts were poor gets another chance after a while.
+  void forget() {
+    hits_ *= kForget;
+    misses_ *= kForget;
+  }
 
  private:
   static constexpr int32_t kCooldown = 4;
+  static constexpr int32_t kMaxCooldown = 256;
+  static constexpr int32_t kProbesAtBase = 16;  // failed probes before the cool-down grows
+  static constexpr double kDecay = 0.8;    // weight of the previous rounds' evidence per round
+  static constexpr double kForget = 0.98;  // per skipped round
   int32_t max_;
   int32_t budget_;
   double min_rate_;
   int32_t cooldown_ = 0;
+  int32_t cooldown_len_ = kCooldown;
+  int32_t failed_probes_ = 0;
+  bool probing_ = false;  // the last allowed() was a probe after a cool-down
+  double hits_ = 0, misses_ = 0;
+};
+
+// Whether a speculative round is worth running instead of a plain decode step, from measured
+// step times: a plain step yields `rows` tokens in decode_s; the round yields rows + expected
+// accepted tokens in round_s (its draft steps and the verify step). Unknown times (<= 0) mean
+// "not measured yet": the round runs (and so gets measured).
+bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s);
+
+// Step times by a key (step kind, rows, tokens per row): the second sample replaces the first
+// when smaller (the first step of a shape may carry one-time costs: scratch growth, kernel
+// choice), later ones form an exponential moving average with each sample clipped to twice the
+// estimate.
+class step_costs {
+ public:
+  // Seconds of the key's steps (<= 0: none measured).
+  double get(int kind, int32_t rows, int32_t width) const;
+  // Like get, but without a sample of this width, from another width of the same kind and rows:
+  // the time above base_s (a plain step's) grows linearly with the extra tokens per row.
+  double estimate(int kind, int32_t rows, int32_t width, double base_s) const;
+  void add(int kind, int32_t rows, int32_t width, double seconds);
+
+ private:
+  struct entry {
+    int kind;
+    int32_t rows, width;
+    double seconds;
+    int64_t samples;
+  };
+  std::vector<entry> entries_;
 };
 
 }  // namespace hyserve::coordinator::spec
