@@ -348,7 +348,7 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, cons
     most = std::max(most, r.round_drafts);
   }
   if (most == 0) return false;
-  if (prefill_ids.empty() && !round_worth_it(g, decode_ids, most, cap_all) &&
+  if (sc.cost_check && prefill_ids.empty() && !round_worth_it(g, decode_ids, most, cap_all) &&
       ++gs.skipped_rounds % kRemeasureAfter != 0) {
     // Plain decoding yields more tokens per second than this round is expected to: skip it
     // (every kRemeasureAfter-th skipped round runs anyway, so the times it was judged by are

@@ -137,7 +137,8 @@ double draft_budget::expected_accepted(int32_t n) const {
 
 bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s) {
   if (rows <= 0) return false;
-  if (decode_s <= 0 || round_s <= 0) return true;
+  if (round_s <= 0) return true;    // the round's time is not known yet: run it (and measure it)
+  if (decode_s <= 0) return false;  // a plain step first: it measures what the round competes with
   // Tokens per second of the round against a plain step's.
   return (rows + expected_accepted) / round_s >= rows / decode_s;
 }
@@ -150,9 +151,9 @@ double step_costs::get(int kind, int32_t rows, int32_t width) const {
 
 double step_costs::estimate(int kind, int32_t rows, int32_t width, double base_s) const {
   if (const double exact = get(kind, rows, width); exact > 0) return exact;
-  if (base_s <= 0) return 0.0;
   for (const entry& e : entries_) {
     if (e.kind != kind || e.rows != rows || e.width <= 1) continue;
+    if (base_s <= 0) return e.seconds;  // no plain step to interpolate from: the measured width's
     const double extra = std::max(0.0, e.seconds - base_s) / (e.width - 1);
     return base_s + extra * (width - 1);
   }

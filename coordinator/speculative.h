@@ -72,7 +72,7 @@ class draft_budget {
   static constexpr int32_t kMaxCooldown = 256;
   static constexpr int32_t kProbesAtBase = 16;  // failed probes before the cool-down grows
   static constexpr double kDecay = 0.8;    // weight of the previous rounds' evidence per round
-  static constexpr double kForget = 0.98;  // per skipped round
+  static constexpr double kForget = 0.995;  // per skipped round (half-life ~140 rounds)
   int32_t max_;
   int32_t budget_;
   double min_rate_;
@@ -85,8 +85,9 @@ class draft_budget {
 
 // Whether a speculative round is worth running instead of a plain decode step, from measured
 // step times: a plain step yields `rows` tokens in decode_s; the round yields rows + expected
-// accepted tokens in round_s (its draft steps and the verify step). Unknown times (<= 0) mean
-// "not measured yet": the round runs (and so gets measured).
+// accepted tokens in round_s (its draft steps and the verify step). Times <= 0 are not measured
+// yet: an unknown round runs (and so gets measured); a known round against an unknown plain step
+// does not (the plain step runs and gets measured).
 bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s);
 
 // Step times by a key (step kind, rows, tokens per row): the second sample replaces the first
@@ -98,7 +99,8 @@ class step_costs {
   // Seconds of the key's steps (<= 0: none measured).
   double get(int kind, int32_t rows, int32_t width) const;
   // Like get, but without a sample of this width, from another width of the same kind and rows:
-  // the time above base_s (a plain step's) grows linearly with the extra tokens per row.
+  // the time above base_s (a plain step's) grows linearly with the extra tokens per row (with
+  // base_s unknown, the measured width's time).
   double estimate(int kind, int32_t rows, int32_t width, double base_s) const;
   void add(int kind, int32_t rows, int32_t width, double seconds);
 

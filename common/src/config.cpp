@@ -457,7 +457,10 @@ service_config parse_config(const std::string& text, const std::string& file) {
                  std::to_string(cfg.sparsity.page_budget));
 
     const YAML::Node spec = root["speculative"];
-    r.check_keys(spec, "speculative", {"algorithm", "num_draft_tokens", "ngram", "draft_model", "min_accept_rate"});
+    r.check_keys(spec, "speculative",
+                 {"algorithm", "num_draft_tokens", "ngram", "draft_model", "min_accept_rate", "cost_check"});
+    if_present(spec, "cost_check",
+               [&](const YAML::Node& n) { cfg.speculative.cost_check = r.get_bool(n, "speculative.cost_check"); });
     if_present(spec, "algorithm", [&](const YAML::Node& n) {
       const size_t i = r.get_enum(n, "speculative.algorithm", "algorithm", {"none", "ngram", "draft_model"});
       cfg.speculative.algorithm = i == 0   ? speculative_algorithm::kNone

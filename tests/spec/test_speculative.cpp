@@ -36,6 +36,9 @@ enum class variant { kPlain, kNgram, kNgramTree, kDraftModel, kDraftModelTree };
 // KV cache and SSM state (Mamba2 only: Gated DeltaNet state stays f32).
 enum class precision { kF32, kBf16, kBf16State };
 
+// The identity tests run without speculative.cost_check: its decisions depend on measured step
+// times, and the plans (so which drafts happen to be accepted on these small random models)
+// must not. The cost check has its own tests (SpecUnits, SpecPredictable).
 service_config fixture_config(const std::string& fixture, variant v, precision prec = precision::kF32,
                               const std::string& device = "cpu") {
   const char* dtypes = prec == precision::kF32 ? ""
@@ -50,17 +53,19 @@ service_config fixture_config(const std::string& fixture, variant v, precision p
   switch (v) {
     case variant::kPlain: break;
     case variant::kNgram:
-      yaml += "speculative: {algorithm: ngram, num_draft_tokens: 4, ngram: {min_match: 1, max_match: 3}}\n";
+      yaml += "speculative: {algorithm: ngram, num_draft_tokens: 4, cost_check: false, ngram: {min_match: 1, max_match: 3}}\n";
       break;
     case variant::kNgramTree:
-      yaml += "speculative: {algorithm: ngram, num_draft_tokens: 5, ngram: {min_match: 1, max_match: 2, "
+      yaml += "speculative: {algorithm: ngram, num_draft_tokens: 5, cost_check: false, ngram: {min_match: 1, max_match: 2, "
               "max_tree_width: 3}}\n";
       break;
     case variant::kDraftModel:
-      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 3, draft_model: {synthetic: {num_layers: 2}}}\n";
+      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 3, cost_check: false, "
+              "draft_model: {synthetic: {num_layers: 2}}}\n";
       break;
     case variant::kDraftModelTree:
-      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 4, draft_model: {synthetic: {num_layers: 2}, "
+      yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 4, cost_check: false, "
+              "draft_model: {synthetic: {num_layers: 2}, "
               "max_tree_width: 3}}\n";
       break;
   }
@@ -607,7 +612,7 @@ TEST(SpecUnits, DraftBudgetCooldownGrowsAfterFailedProbes) {
   spec::draft_budget f(4, 0.5);
   f.record(4, 0);
   const double before = f.accept_probability();
-  for (int i = 0; i < 200; ++i) f.forget();
+  for (int i = 0; i < 1000; ++i) f.forget();
   EXPECT_GT(f.accept_probability(), before);
   EXPECT_NEAR(f.accept_probability(), 0.5, 0.01);
 }
@@ -619,9 +624,11 @@ TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   // Batch 1: a verify about as costly as a decode step pays off with a fair chance of acceptance.
   EXPECT_TRUE(spec::round_pays_off(1, 0.5, 0.0076, 0.0082));
   EXPECT_FALSE(spec::round_pays_off(1, 0.01, 0.0076, 0.0082));
-  // Not measured yet: the round runs (and gets measured).
-  EXPECT_TRUE(spec::round_pays_off(32, 0.0, 0.0, 0.120));
+  // Not measured yet: an unknown round runs (and gets measured); against an unknown plain step a
+  // measured round waits for a plain step to be measured.
   EXPECT_TRUE(spec::round_pays_off(32, 0.0, 0.060, 0.0));
+  EXPECT_TRUE(spec::round_pays_off(32, 0.0, 0.0, 0.0));
+  EXPECT_FALSE(spec::round_pays_off(32, 40.0, 0.0, 0.120));
   EXPECT_FALSE(spec::round_pays_off(0, 1.0, 0.060, 0.120));
   // Step times: the second sample replaces a larger first one (one-time costs), later samples
   // are averaged with outliers clipped to twice the estimate; other widths are interpolated.
@@ -641,6 +648,7 @@ TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   EXPECT_NEAR(c.estimate(1, 8, 3, 0.010), 0.015, 1e-6);
   EXPECT_NEAR(c.estimate(1, 8, 5, 0.010), 0.020, 1e-6);
   EXPECT_EQ(c.estimate(1, 16, 3, 0.010), 0.0);  // no verify of 16 rows measured
+  EXPECT_NEAR(c.estimate(1, 8, 3, 0.0), 0.020, 1e-6);  // no plain step measured: width 5's time
 }
 
 // model.synthetic.residual_scale: a synthetic model whose residual branches are scaled down is

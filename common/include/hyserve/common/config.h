@@ -91,6 +91,10 @@ struct speculative_section {
   draft_model_spec_section draft_model;
   // Back-off: below this acceptance rate (over the recent rounds) a request drafts less.
   double min_accept_rate = 0.3;
+  // Skip a decode-only round whose expected tokens per second (from measured step times and the
+  // requests' acceptance) fall below a plain step's. Off: rounds depend on the drafts alone (the
+  // plans do not depend on timing).
+  bool cost_check = true;
 };
 
 struct server_section {
