@@ -124,7 +124,8 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "sparsity.budget: unknown key (known: algorithm, page_budget, sink_pages, recent_pages, "
                     "min_seq_len)");
   EXPECT_ERROR_WITH(load_config_string(model + "speculative: {draft_tokens: 1}"), config_error,
-                    "speculative.draft_tokens: unknown key (known: algorithm, num_draft_tokens, ngram, draft_model, min_accept_rate)");
+                    "speculative.draft_tokens: unknown key (known: algorithm, num_draft_tokens, ngram, draft_model, "
+                    "min_accept_rate, cost_check)");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {address: x}"), config_error,
                     "server.address: unknown key (known: host, port, api_key, max_body_bytes, threads, "
                     "drain_timeout_s)");
