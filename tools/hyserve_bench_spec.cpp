@@ -2,7 +2,8 @@
 // (the service's scheduler driving a plan runner on the config's device; tools/spec_bench/).
 //   hyserve-bench-spec CONFIG [--batches 1,8,32] [--prompt-len 1024] [--new-tokens 128]
 //                      [--draft-tokens 4] [--draft-layers 0] [--draft-tree-width 1]
-//                      [--repetitive self|echo|block] [--warmup 1] [--json FILE]
+//                      [--repetitive self|echo|block] [--warmup 1] [--dtype float32|bfloat16]
+//                      [--json FILE]
 // Workloads, one prompt per row (rows differ by seed):
 //   - repetitive: a prompt that contains its own continuation. `self` (default): a random
 //     prefix P (prompt-len/4 tokens), the model's own greedy continuation C of P (prompt-len/2
@@ -25,7 +26,9 @@
 // model.synthetic.residual_scale well below 1 (configs/bamba-9b-synthetic-cuda-spec.yaml) is
 // predictable: its greedy runs settle into cycles the repetitive prompts contain, and the
 // target's first layers draft it well; with the default random model acceptance is about 0 and
-// the rows show the back-off. Exits 2 when any output differs, 1 on errors.
+// the rows show the back-off. --dtype overrides the storage of weights, KV cache and SSM state
+// (float32: the strict identity check where bf16 GEMMs round differently for decode and verify
+// batch shapes). Exits 2 when any output differs, 1 on errors.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -63,6 +66,7 @@ struct options {
   int32_t draft_tree_width = 1;
   std::string repetitive = "self";
   int32_t warmup = 1;
+  std::string dtype;  // "", float32 or bfloat16: overrides model.dtype and the cache's dtypes
   std::string json_out;
 };
 
@@ -99,6 +103,11 @@ options parse(int argc, char** argv) {
     else if (a == "--draft-layers") o.draft_layers = number(0);
     else if (a == "--draft-tree-width") o.draft_tree_width = number(1);
     else if (a == "--warmup") o.warmup = number(0);
+    else if (a == "--dtype") {
+      o.dtype = value();
+      if (o.dtype != "float32" && o.dtype != "bfloat16")
+        throw invalid_argument_error("--dtype: '" + o.dtype + "' (known: float32, bfloat16)");
+    }
     else if (a == "--repetitive") {
       o.repetitive = value();
       if (o.repetitive != "self" && o.repetitive != "echo" && o.repetitive != "block")
@@ -192,6 +201,10 @@ int run(const options& o) {
   base.scheduler.max_running = max_batch;
   base.scheduler.max_queue = std::max(base.scheduler.max_queue, max_batch);
   base.speculative.algorithm = speculative_algorithm::kNone;
+  if (!o.dtype.empty()) {
+    const hyserve::dtype t = o.dtype == "float32" ? hyserve::dtype::kF32 : hyserve::dtype::kBF16;
+    base.model.weight_dtype = base.cache.kv_dtype = base.cache.ssm_state_dtype = t;
+  }
   const hyserve::model_config mc = hyserve::resolve_model_config(base);
   const hyserve::kernels::exec_context ctx = hyserve::kernels::open_device(base.device, 0);
 
