@@ -242,7 +242,9 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
     // bf16 io: the scan paths in the same run (the default is ssd_scan_default_path()).
     const bool two = io == hyserve::dtype::kBF16;
     for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_fast,
-                                     ssd_scan_path::parallel_pair, ssd_scan_path::parallel_quad}) {
+                                     ssd_scan_path::parallel_pair, ssd_scan_path::parallel_quad,
+                                     ssd_scan_path::parallel_y, ssd_scan_path::parallel_quad_y,
+                                     ssd_scan_path::parallel_oct_y}) {
       if (!two && path != ssd_scan_path::sequential) continue;
       const ssd_scan_path use = two ? path : ssd_scan_path::automatic;
       const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, use, stream); });
@@ -251,6 +253,9 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
                               : path == ssd_scan_path::parallel_fast ? " parf"
                               : path == ssd_scan_path::parallel_pair ? " par2"
                               : path == ssd_scan_path::parallel_quad ? " par4"
+                              : path == ssd_scan_path::parallel_y ? " pary"
+                              : path == ssd_scan_path::parallel_quad_y ? " par4y"
+                              : path == ssd_scan_path::parallel_oct_y ? " par8y"
                                                                      : " seq";
       rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
     }

@@ -8,7 +8,8 @@
 // paths (seq: one block per row walking its chunks; par / par1: one chunk-parallel kernel with
 // the state hand-off chained, persistent blocks staging ahead / a block per item; phs: chunk
 // states, state pass, outputs in three kernels; parf: par with the kOptFloatW and kOptOneFence
-// variants of ssd_scan_chained.cuh) in the same run.
+// variants of ssd_scan_chained.cuh; par2 / par4: claims of 2 / 4 heads; pary / par4y: parf / par4
+// with y stored through shared memory; par8y: par4y claiming 8 heads) in the same run.
 // Arguments: check | time | (none: both) | ablate (built with -DHYSERVE_SSD_ABLATION: timings of
 // the chained kernel's variant flags and of stages left out, see ssd_scan_chained.cuh).
 #include <cuda_runtime.h>
@@ -170,6 +171,9 @@ const char* path_name(ssd_scan_path path) {
          : path == ssd_scan_path::parallel_fast   ? " parf"
          : path == ssd_scan_path::parallel_pair   ? " par2"
          : path == ssd_scan_path::parallel_quad   ? " par4"
+         : path == ssd_scan_path::parallel_y      ? " pary"
+         : path == ssd_scan_path::parallel_quad_y ? " par4y"
+         : path == ssd_scan_path::parallel_oct_y  ? " par8y"
          : path == ssd_scan_path::phased   ? " phs"
                                            : "";
 }
@@ -411,12 +415,14 @@ int main(int argc, char** argv) {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
     const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased,
                         Par1 = ssd_scan_path::parallel_single, ParF = ssd_scan_path::parallel_fast,
-                        Par2 = ssd_scan_path::parallel_pair, Par4 = ssd_scan_path::parallel_quad;
+                        Par2 = ssd_scan_path::parallel_pair, Par4 = ssd_scan_path::parallel_quad,
+                        ParY = ssd_scan_path::parallel_y, Par4Y = ssd_scan_path::parallel_quad_y,
+                        Par8Y = ssd_scan_path::parallel_oct_y;
     if (check) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
-          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
+          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
             if (io == F && path != Seq) continue;  // f32 io has one tensor-core path
             if (io == F) path = ssd_scan_path::automatic;
             check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
@@ -435,7 +441,7 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
@@ -447,19 +453,24 @@ int main(int argc, char** argv) {
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParF);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par4);  // 2 heads per group: pairs
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParY);
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par4Y);
+      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par8Y);
       std::printf("checks: %d failures\n", g_failures);
     }
     if (ablate) {
 #ifdef HYSERVE_SSD_ABLATION
-      // Variant flags (1 f32 weights, 2 one fence, 4 / 8 claims of 2 / 4 heads) and stages left out (0x100 chain, 0x200
+      // Variant flags (1 f32 weights, 2 one fence, 4 / 8 claims of 2 / 4 heads, 0x10 y through shared
+      // memory, 0x20 claims of 8 heads) and stages left out (0x100 chain, 0x200
       // intra-chunk products, 0x400 C·S_in, 0x800 S_loc, 0x1000 loads, 0x2000 y stores) of the
       // persistent chained kernel; the paths for reference.
       time_copy();
-      for (ssd_scan_path path : {Seq, Par, ParF, Par2, Par4}) time_scan(1, 16384, Bf, F, path);
-      for (int flags : {0, 1, 2, 3, 7, 11, 0x10b, 0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103}) {
+      for (ssd_scan_path path : {Seq, Par, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) time_scan(1, 16384, Bf, F, path);
+      for (int flags : {0, 1, 2, 3, 7, 11, 0x13, 0x17, 0x1b, 0x33, 0x10b, 0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003,
+                        0x3103}) {
         time_scan(1, 16384, Bf, F, Par, flags);
       }
-      for (int flags : {0, 3, 7, 11, 0x103, 0x203, 0x403}) time_scan(64, 256, Bf, F, Par, flags);
+      for (int flags : {0, 3, 7, 11, 0x13, 0x1b, 0x103, 0x203, 0x403}) time_scan(64, 256, Bf, F, Par, flags);
 #else
       std::printf("ablate: build with -DHYSERVE_SSD_ABLATION\n");
 #endif
@@ -467,10 +478,10 @@ int main(int argc, char** argv) {
     if (timing) {
       time_copy();
       for (dtype st : {F, Bf}) {
-        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) time_scan(1, 16384, Bf, st, path);
+        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) time_scan(1, 16384, Bf, st, path);
       }
       for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
         time_scan(16, 1024, Bf, F, path);
         time_scan(64, 256, Bf, F, path);
         time_scan(256, 64, Bf, F, path);

@@ -14,6 +14,9 @@
 //                            weights with one ex2 each; one release per warp hand-off);
 //       parallel_pair/_quad  parallel_fast claiming 2 / 4 heads of one chunk and group per
 //                            ticket, B and C staged once for them (kOptPair, kOptQuad);
+//       parallel_y, _quad_y  parallel_fast / parallel_quad storing y through shared memory as
+//                            16-byte vectors, whole 128-byte rows (kOptStoreY); parallel_oct_y:
+//                            parallel_quad_y claiming 8 heads (kOptOct);
 //       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
 //                            the chunks of each row, outputs in parallel (three kernels, f32
 //                            chunk states in a stream-ordered workspace);
@@ -21,7 +24,8 @@
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is read once from the environment:
-// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|phased|sequential
+// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
+// parallel_quad_y|parallel_oct_y|phased|sequential
 // (unset or anything else: parallel, faster than sequential at every measured shape:
 // 16384 tokens 1.35 vs 1.85 ms, 256 rows x 256 tokens 5.77 vs 7.91 ms, bench/results run 5);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
@@ -366,8 +370,12 @@ void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t strea
 template <class TS, int kFlags = 0>
 void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaStream_t stream) {
   namespace sc = ssd_chain;
-  // Claims of 2 or 4 items need that many heads of one group per claim; else smaller claims.
-  if constexpr ((kFlags & sc::kOptQuad) != 0) {
+  // Claims of 2, 4 or 8 items need that many heads of one group per claim; else smaller claims.
+  if constexpr ((kFlags & sc::kOptOct) != 0) {
+    if ((p.heads / p.n_groups) % 8 != 0 || p.heads % 8 != 0) {
+      return launch_ssd_bf16_chained<TS, (kFlags & ~sc::kOptOct) | sc::kOptQuad>(p, persist, stream);
+    }
+  } else if constexpr ((kFlags & sc::kOptQuad) != 0) {
     if ((p.heads / p.n_groups) % 4 != 0 || p.heads % 4 != 0) {
       return launch_ssd_bf16_chained<TS, (kFlags & ~sc::kOptQuad) | sc::kOptPair>(p, persist, stream);
     }
@@ -482,6 +490,9 @@ ssd_scan_path ssd_scan_default_path() {
     if (e != nullptr && std::strcmp(e, "parallel_fast") == 0) return ssd_scan_path::parallel_fast;
     if (e != nullptr && std::strcmp(e, "parallel_pair") == 0) return ssd_scan_path::parallel_pair;
     if (e != nullptr && std::strcmp(e, "parallel_quad") == 0) return ssd_scan_path::parallel_quad;
+    if (e != nullptr && std::strcmp(e, "parallel_y") == 0) return ssd_scan_path::parallel_y;
+    if (e != nullptr && std::strcmp(e, "parallel_quad_y") == 0) return ssd_scan_path::parallel_quad_y;
+    if (e != nullptr && std::strcmp(e, "parallel_oct_y") == 0) return ssd_scan_path::parallel_oct_y;
     if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
     if (e != nullptr && std::strcmp(e, "sequential") == 0) return ssd_scan_path::sequential;
     return ssd_scan_path::parallel;
@@ -515,6 +526,15 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
         else if (path == ssd_scan_path::parallel_quad)
           launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptQuad>(
               p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_y)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptStoreY>(
+              p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_quad_y)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptQuad |
+                                          ssd_chain::kOptStoreY>(p, true, as_stream(stream));
+        else if (path == ssd_scan_path::parallel_oct_y)
+          launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptOct |
+                                          ssd_chain::kOptStoreY>(p, true, as_stream(stream));
         else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
@@ -550,6 +570,16 @@ void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* s
         case F: launch_ssd_bf16_chained<TS, F>(p, true, s); break;
         case F | sc::kOptPair: launch_ssd_bf16_chained<TS, F | sc::kOptPair>(p, true, s); break;
         case F | sc::kOptQuad: launch_ssd_bf16_chained<TS, F | sc::kOptQuad>(p, true, s); break;
+        case F | sc::kOptStoreY: launch_ssd_bf16_chained<TS, F | sc::kOptStoreY>(p, true, s); break;
+        case F | sc::kOptPair | sc::kOptStoreY:
+          launch_ssd_bf16_chained<TS, F | sc::kOptPair | sc::kOptStoreY>(p, true, s);
+          break;
+        case F | sc::kOptQuad | sc::kOptStoreY:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY>(p, true, s);
+          break;
+        case F | sc::kOptOct | sc::kOptStoreY:
+          launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY>(p, true, s);
+          break;
         case F | sc::kOptQuad | sc::kAblNoChain:
           launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kAblNoChain>(p, true, s);
           break;

@@ -70,7 +70,13 @@ constexpr int kQ = 128;  // chunk length
 //                heads of one chunk and one group when heads and heads per group are multiples
 //                of 2 or 4 (the launcher checks): the block computes them in turn and stages only
 //                x for all but the first (B and C stay in shared memory). Tickets stay in chunk
-//                order, so the chain still waits only on earlier tickets.
+//                order, so the chain still waits only on earlier tickets. kOptOct: 8 heads.
+//   kOptStoreY   y leaves through shared memory: after a block barrier that ends C·S_in, each
+//                warp writes its 16 × P output rows into the S_in tile (free by then; XOR-swizzled
+//                16-byte chunks, conflict-free both ways) and stores them as whole 16-byte vectors,
+//                full 128-byte rows per 8 lanes (instead of 4-byte stores straight from the mma
+//                fragments, eight rows per instruction, half-filled 32-byte sectors), with the
+//                streaming hint (y is not read again: it should not push carries, B and C out of L2).
 // The kAbl* flags leave out a stage to locate the time (benchmarks only: the results are wrong):
 // the chain (no wait, no carry read or write), the intra-chunk products, C·S_in, S_loc, the
 // staging loads, the y stores.
@@ -79,6 +85,8 @@ enum : int {
   kOptOneFence = 2,
   kOptPair = 4,
   kOptQuad = 8,
+  kOptStoreY = 16,
+  kOptOct = 32,
   kAblNoChain = 1 << 8,
   kAblNoIntra = 1 << 9,
   kAblNoInter = 1 << 10,
@@ -190,7 +198,7 @@ struct item_geom {
   int k, L;
   int first, last, init;  // chunk 0 of the row, its last chunk, the row has an initial state
   int valid;              // 0: no item (ticket past the last one)
-  int reuse;              // B and C are those of the block's previous item (kOptPair / kOptQuad)
+  int reuse;              // B and C are those of the block's previous item (kOptPair / kOptQuad / kOptOct)
   int64_t item;
 };
 
@@ -236,7 +244,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kNoChain = (kFlags & kAblNoChain) != 0, kNoIntra = (kFlags & kAblNoIntra) != 0;
   constexpr bool kNoInter = (kFlags & kAblNoInter) != 0, kNoSloc = (kFlags & kAblNoSloc) != 0;
   constexpr bool kNoLoad = (kFlags & kAblNoLoad) != 0, kNoStore = (kFlags & kAblNoStore) != 0;
-  constexpr int kClaim = !kPersist ? 1 : (kFlags & kOptQuad) != 0 ? 4 : (kFlags & kOptPair) != 0 ? 2 : 1;
+  // The y tile [Q][P] must fit the S_in tile [P][N + 8] (N >= 120); else direct stores.
+  constexpr bool kStoreY = (kFlags & kOptStoreY) != 0 && kQ <= N + 8;
+  static_assert(!kStoreY || P % 64 == 0, "the swizzle spans 8 chunks of 16 bytes per row");
+  constexpr int kClaim = !kPersist                    ? 1
+                         : (kFlags & kOptOct) != 0  ? 8
+                         : (kFlags & kOptQuad) != 0 ? 4
+                         : (kFlags & kOptPair) != 0 ? 2
+                                                    : 1;
   using tl = chain_tiles<P, N>;
   constexpr int kLdN = tl::kLdN, kLdP = tl::kLdP;
   constexpr int PW = P / 2, NW = N / 4, MT = PW / 16, NT = NW / 8;  // S tile of a warp: PW × NW
@@ -664,6 +679,34 @@ __global__ void __launch_bounds__(kThreads, 2)
           acc[n][3] += e_hi * a2[n][3];
         }
       }
+    }
+    if (kStoreY && vec) {
+      // Every warp is done with Ss (C·S_in); warp rows [r0, r0 + 16) go to Ss as [Q][P] bf16,
+      // 16-byte chunk c of row i at chunk c ^ (i & 7), then out as 16-byte vectors.
+      __syncthreads();
+      bf16* Ys = Ss + r0 * P;
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int ri = g + 8 * half;
+          *reinterpret_cast<uint32_t*>(Ys + ri * P + 8 * (n ^ (ri & 7)) + 2 * t) =
+              pack_bf16x2(acc[n][2 * half], acc[n][2 * half + 1]);
+        }
+      }
+      __syncwarp();
+      constexpr int kChunks = P / 8, kRowsPer = 32 / kChunks;  // 16-byte chunks per row, rows per pass
+      static_assert(32 % kChunks == 0 && 16 % kRowsPer == 0, "whole rows per pass");
+      const int cc = lane % kChunks;
+#pragma unroll
+      for (int u = 0; u < 16 / kRowsPer; ++u) {
+        const int ri = u * kRowsPer + lane / kChunks, i = r0 + ri;
+        if (!kNoStore && i < L) {
+          const uint4 v = *reinterpret_cast<const uint4*>(Ys + ri * P + 8 * (cc ^ (ri & 7)));
+          __stcs(reinterpret_cast<uint4*>(yg + (c.t0 + i) * p.y_stride + c.h * P + 8 * cc), v);  // streamed
+        }
+      }
+    } else if (r0 < L) {
 #pragma unroll
       for (int n = 0; n < P / 8; ++n) {
 #pragma unroll

@@ -16,6 +16,9 @@ enum class ssd_scan_path {
   parallel_fast,    // parallel with f32 weights (one ex2 each) and one release per warp hand-off
   parallel_pair,    // parallel_fast, 2 heads of a group per claim (B and C staged once)
   parallel_quad,    // parallel_fast, 4 heads of a group per claim
+  parallel_y,       // parallel_fast, y stored through shared memory as 16-byte vectors
+  parallel_quad_y,  // parallel_quad, y stored through shared memory as 16-byte vectors
+  parallel_oct_y,   // parallel_quad_y, 8 heads of a group per claim
   phased,           // three kernels: chunk states, a state pass over chunks, outputs
 };
 

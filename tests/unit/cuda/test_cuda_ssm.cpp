@@ -472,6 +472,9 @@ std::string path_label(ssd_scan_path path) {
     case ssd_scan_path::parallel_fast: return "parallel_fast";
     case ssd_scan_path::parallel_pair: return "parallel_pair";
     case ssd_scan_path::parallel_quad: return "parallel_quad";
+    case ssd_scan_path::parallel_y: return "parallel_y";
+    case ssd_scan_path::parallel_quad_y: return "parallel_quad_y";
+    case ssd_scan_path::parallel_oct_y: return "parallel_oct_y";
     case ssd_scan_path::phased: return "phased";
     case ssd_scan_path::automatic: return "automatic";
   }
@@ -508,7 +511,8 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   run_cpu(pc);
   for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
                                     ssd_scan_path::phased, ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
-                                    ssd_scan_path::parallel_quad}) {
+                                    ssd_scan_path::parallel_quad, ssd_scan_path::parallel_y,
+                                    ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
@@ -563,7 +567,8 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     const ssd_scan_path paths[] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
                                    ssd_scan_path::parallel_single, ssd_scan_path::phased,
                                    ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
-                                   ssd_scan_path::parallel_quad};
+                                   ssd_scan_path::parallel_quad, ssd_scan_path::parallel_y,
+                                   ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y};
     constexpr int kPaths = static_cast<int>(sizeof(paths) / sizeof(paths[0]));
     std::vector<float> y[kPaths], states[kPaths];
     for (int k = 0; k < kPaths; ++k) {
