@@ -580,6 +580,12 @@ void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* s
         case F | sc::kOptOct | sc::kOptStoreY:
           launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY>(p, true, s);
           break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kOptPrefetchBC:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kOptPrefetchBC>(p, true, s);
+          break;
+        case F | sc::kOptOct | sc::kOptStoreY | sc::kOptPrefetchBC:
+          launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY | sc::kOptPrefetchBC>(p, true, s);
+          break;
         case F | sc::kOptQuad | sc::kAblNoChain:
           launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kAblNoChain>(p, true, s);
           break;

@@ -77,6 +77,8 @@ constexpr int kQ = 128;  // chunk length
 //                full 128-byte rows per 8 lanes (instead of 4-byte stores straight from the mma
 //                fragments, eight rows per instruction, half-filled 32-byte sectors), with the
 //                streaming hint (y is not read again: it should not push carries, B and C out of L2).
+//   kOptPrefetchBC (persistent grid) warp 0 asks L2 for the B and C rows of the next item too when
+//                it starts a new claim (with the next item's x, before the intra-chunk products).
 // The kAbl* flags leave out a stage to locate the time (benchmarks only: the results are wrong):
 // the chain (no wait, no carry read or write), the intra-chunk products, C·S_in, S_loc, the
 // staging loads, the y stores.
@@ -87,6 +89,7 @@ enum : int {
   kOptQuad = 8,
   kOptStoreY = 16,
   kOptOct = 32,
+  kOptPrefetchBC = 64,
   kAblNoChain = 1 << 8,
   kAblNoIntra = 1 << 9,
   kAblNoInter = 1 << 10,
@@ -246,6 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kNoLoad = (kFlags & kAblNoLoad) != 0, kNoStore = (kFlags & kAblNoStore) != 0;
   // The y tile [Q][P] must fit the S_in tile [P][N + 8] (N >= 120); else direct stores.
   constexpr bool kStoreY = (kFlags & kOptStoreY) != 0 && kQ <= N + 8;
+  constexpr bool kPfBC = (kFlags & kOptPrefetchBC) != 0;
   static_assert(!kStoreY || P % 64 == 0, "the swizzle spans 8 chunks of 16 bytes per row");
   constexpr int kClaim = !kPersist                    ? 1
                          : (kFlags & kOptOct) != 0  ? 8
@@ -543,6 +547,18 @@ __global__ void __launch_bounds__(kThreads, 2)
             const bf16* row = xg + (q.t0 + j) * p.x_stride + q.h * P;
 #pragma unroll
             for (int o = 0; o < P * 2; o += 128) prefetch_l2(reinterpret_cast<const char*>(row) + o);
+          }
+          if constexpr (kPfBC) {
+            if (!q.reuse) {  // a new claim: its B and C too (its group's first claim reads DRAM)
+              for (int j = lane; j < q.L; j += 32) {
+                const int64_t off = (q.t0 + j) * p.bc_stride + q.grp * N;
+#pragma unroll
+                for (int o = 0; o < N * 2; o += 128) {
+                  prefetch_l2(reinterpret_cast<const char*>(Bg + off) + o);
+                  prefetch_l2(reinterpret_cast<const char*>(Cg + off) + o);
+                }
+              }
+            }
           }
         }
       }
