@@ -1,7 +1,9 @@
 // Synthetic weights: a slice (any dimension) and fused row ranges generate exactly the elements
-// of the whole tensor they select, and every tensor depends on (seed, name) alone.
+// of the whole tensor they select, and every tensor depends on (seed, name) alone; residual_scale
+// scales exactly the residual branches' output projections.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -45,6 +47,30 @@ TEST(SyntheticWeights, SlicesEqualTheWholeTensorsElements) {
   const host_tensor c = make_synthetic_weights(8)->load("x.weight", shape_t({64}));
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
   EXPECT_NE(std::memcmp(a.data(), c.data(), a.nbytes()), 0);
+}
+
+TEST(SyntheticWeights, ResidualScaleScalesOnlyTheBranchOutputProjections) {
+  const auto plain = make_synthetic_weights(7);
+  const auto scaled = make_synthetic_weights(7, 1e-3);
+  const shape_t shape({16, 32});
+  for (const std::string name : {"model.layers.0.self_attn.o_proj.weight", "model.layers.1.mamba.out_proj.weight",
+                                 "model.layers.2.feed_forward.down_proj.weight"}) {
+    const host_tensor a = plain->load(name, shape), b = scaled->load(name, shape);
+    double max_rel = 0, norm_a = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      norm_a += std::fabs(a.as<float>()[i]);
+      if (a.as<float>()[i] != 0.0f)
+        max_rel = std::max(max_rel, std::fabs(b.as<float>()[i] / a.as<float>()[i] * 1e3 - 1.0));
+    }
+    EXPECT_GT(norm_a, 0.0) << name;
+    EXPECT_LT(max_rel, 1e-5) << name << ": elements are not scaled by residual_scale";
+  }
+  for (const std::string name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mamba.in_proj.weight",
+                                 "model.layers.2.feed_forward.up_proj.weight", "model.embed_tokens.weight",
+                                 "lm_head.weight", "model.layers.0.input_layernorm.weight"}) {
+    const host_tensor a = plain->load(name, shape), b = scaled->load(name, shape);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << name << " changed";
+  }
 }
 
 }  // namespace
