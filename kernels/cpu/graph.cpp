@@ -23,6 +23,23 @@ void copy_d2d_async(void*, const void*, size_t, void*) { no_cuda("copy_d2d_async
 void fill_zero_async(void*, size_t, void*) { no_cuda("fill_zero_async"); }
 void stream_wait_legacy(void* /*stream*/) { no_cuda("stream_wait_legacy"); }
 
+graph_arena::graph_arena(size_t /*bytes*/) { no_cuda("graph_arena"); }
+graph_arena::~graph_arena() = default;
+// Nothing allocates device memory here: the footprint stays 0.
+arena_footprint::arena_footprint() = default;
+arena_footprint::~arena_footprint() = default;
+size_t arena_footprint::bytes() const { return 0; }
+stream_event::stream_event() { no_cuda("stream_event"); }
+stream_event::~stream_event() = default;
+stream_event::stream_event(stream_event&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+stream_event& stream_event::operator=(stream_event&& o) noexcept {
+  event_ = o.event_;
+  o.event_ = nullptr;
+  return *this;
+}
+void stream_event::record(void* /*stream*/) { no_cuda("stream_event::record"); }
+void stream_event::synchronize() const { no_cuda("stream_event::synchronize"); }
+
 captured_graph::~captured_graph() = default;
 captured_graph::captured_graph(captured_graph&& o) noexcept : exec_(o.exec_), stats_(o.stats_) { o.exec_ = nullptr; }
 captured_graph& captured_graph::operator=(captured_graph&& o) noexcept {
@@ -32,7 +49,7 @@ captured_graph& captured_graph::operator=(captured_graph&& o) noexcept {
   return *this;
 }
 void captured_graph::launch(void* /*stream*/) const { no_cuda("captured_graph::launch"); }
-void captured_graph::capture_begin(void* /*stream*/) { no_cuda("captured_graph::capture_begin"); }
+void captured_graph::capture_begin(void* /*stream*/, graph_arena* /*arena*/) { no_cuda("captured_graph::capture_begin"); }
 captured_graph captured_graph::capture_end(void* /*stream*/) { no_cuda("captured_graph::capture_end"); }
 void captured_graph::capture_abort(void* /*stream*/) noexcept {}
 

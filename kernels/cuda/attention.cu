@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "dispatch.h"
 #include "hyserve/kernels/attention.h"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -326,7 +327,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   if (n_part > 1) {
     const int64_t n = p.batch * p.q_heads * n_part;
     void* ws = nullptr;
-    CUDA_CHECK(cudaMallocAsync(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
+    CUDA_CHECK(scratch_alloc(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
     part.ml = static_cast<float2*>(ws);
     part.acc = reinterpret_cast<float*>(part.ml + n);
   }
@@ -352,7 +353,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });
-  if (n_part > 1) CUDA_CHECK(cudaFreeAsync(part.ml, stream));
+  if (n_part > 1) CUDA_CHECK(scratch_free(part.ml, stream));
 }
 
 

@@ -5,11 +5,16 @@
 #include <cstdint>
 
 #include <iostream>
+#include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "check.h"
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/graph.h"
+#include "hyserve/kernels/offset_arena.h"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 
@@ -23,18 +28,78 @@ thread_local bool t_alloc_zero_fill = true;
 
 cudaStream_t alloc_stream() { return t_alloc_stream_set ? t_alloc_stream : cudaStreamLegacy; }
 
+// The capture arena bound to this thread (stream_alloc.h), if any.
+struct arena_binding {
+  char* base = nullptr;
+  offset_arena plan;
+  size_t overflow = 0;
+};
+thread_local std::optional<arena_binding> t_arena;
+
+// The arena_footprint measuring this thread's allocations, if any: each allocation made while
+// it lives is placed in an unbounded offset_arena, keyed by its pointer until released.
+struct footprint_state {
+  offset_arena plan;
+  std::unordered_map<const void*, size_t> offsets;
+};
+thread_local footprint_state* t_footprint = nullptr;
+
+bool in_arena(const void* p) {
+  const auto* c = static_cast<const char*>(p);
+  return t_arena && c >= t_arena->base && c < t_arena->base + t_arena->plan.capacity();
+}
+
+// Every stream-ordered allocation of the backend (tensors and op scratch).
+cudaError_t ordered_alloc(void** p, size_t bytes, cudaStream_t stream) {
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  bool placed = false;
+  if (t_arena) {
+    const size_t at = t_arena->plan.allocate(bytes);
+    if (at != offset_arena::npos) {
+      *p = t_arena->base + at;
+      placed = true;
+    } else {
+      ++t_arena->overflow;
+    }
+  }
+  if (!placed) {
+    const cudaError_t status = cudaMallocAsync(p, bytes, stream);
+    if (status != cudaSuccess) return status;
+  }
+  if (t_footprint) t_footprint->offsets[*p] = t_footprint->plan.allocate(bytes);
+  return cudaSuccess;
+}
+
+cudaError_t ordered_free(void* p, cudaStream_t stream) {
+  if (p == nullptr) return cudaSuccess;
+  if (t_footprint) {
+    if (auto it = t_footprint->offsets.find(p); it != t_footprint->offsets.end()) {
+      t_footprint->plan.release(it->second);
+      t_footprint->offsets.erase(it);
+    }
+  }
+  if (in_arena(p)) {
+    // Host order is stream order here: the range is reused only by later work of the capture.
+    return t_arena->plan.release(static_cast<size_t>(static_cast<char*>(p) - t_arena->base)) ? cudaSuccess
+                                                                                            : cudaErrorInvalidValue;
+  }
+  return cudaFreeAsync(p, stream);
+}
+
 // The allocator behind hyserve::tensor on kCuda: stream-ordered (cudaMallocAsync /
 // cudaFreeAsync on the legacy default stream, which every eager op of the model runs on or
-// synchronises with; on the scope's stream inside an allocation_stream_scope) from the device's default memory pool, which keeps freed blocks cached
-// (release threshold: unlimited). Per-step activations therefore cost no cudaMalloc/cudaFree
-// and no host synchronisation; the zero-fill is asynchronous too.
+// synchronises with; on the scope's stream inside an allocation_stream_scope) from the device's
+// default memory pool, which keeps freed blocks cached (release threshold: unlimited). Per-step
+// activations therefore cost no cudaMalloc/cudaFree and no host synchronisation; the zero-fill
+// is asynchronous too. While the thread captures with an arena, from the arena (stream_alloc.h).
 class cuda_allocator final : public device_allocator {
  public:
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     const cudaStream_t stream = alloc_stream();
-    const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
+    const cudaError_t status = ordered_alloc(&p, bytes, stream);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw capacity_error("device allocation of " + std::to_string(bytes) + " bytes failed: out of device memory");
@@ -45,8 +110,11 @@ class cuda_allocator final : public device_allocator {
   }
   void release(void* p) noexcept override {
     if (p == nullptr) return;
-    const cudaError_t status = cudaFreeAsync(p, alloc_stream());
-    if (status != cudaSuccess) std::cerr << "tensor free: cudaFreeAsync failed: " << cudaGetErrorString(status) << "\n";
+    const cudaError_t status = ordered_free(p, alloc_stream());
+    if (status != cudaSuccess) {
+      std::cerr << "tensor free: cudaFreeAsync failed: " << cudaGetErrorString(status) << "\n";
+      cudaGetLastError();  // logged: not the error of whatever checks next
+    }
   }
   void zero(void* p, size_t bytes) override { device_memset(p, 0, bytes); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { device_copy_h2d(dst, src, bytes); }
@@ -55,6 +123,47 @@ class cuda_allocator final : public device_allocator {
 };
 
 }  // namespace
+
+namespace cuda_detail {
+
+cudaError_t scratch_alloc(void** p, size_t bytes, cudaStream_t stream) { return ordered_alloc(p, bytes, stream); }
+cudaError_t scratch_free(void* p, cudaStream_t stream) { return ordered_free(p, stream); }
+
+void arena_bind(void* base, size_t bytes) {
+  HYSERVE_CHECK(!t_arena, "arena_bind: this thread already allocates from an arena");
+  HYSERVE_CHECK(base != nullptr || bytes == 0, "arena_bind: no memory");
+  arena_binding b{static_cast<char*>(base), offset_arena(bytes), 0};
+  t_arena.emplace(std::move(b));
+}
+
+arena_result arena_unbind() noexcept {
+  arena_result r;
+  if (!t_arena) return r;
+  r.live_blocks = t_arena->plan.live_blocks();
+  r.overflow = t_arena->overflow;
+  r.peak = t_arena->plan.peak();
+  t_arena.reset();
+  return r;
+}
+
+bool arena_bound() { return t_arena.has_value(); }
+
+}  // namespace cuda_detail
+
+arena_footprint::arena_footprint() {
+  HYSERVE_CHECK(t_footprint == nullptr, "arena_footprint: this thread is already measuring");
+  auto* s = new footprint_state();
+  state_ = s;
+  t_footprint = s;
+}
+
+arena_footprint::~arena_footprint() {
+  auto* s = static_cast<footprint_state*>(state_);
+  if (t_footprint == s) t_footprint = nullptr;
+  delete s;
+}
+
+size_t arena_footprint::bytes() const { return static_cast<const footprint_state*>(state_)->plan.peak(); }
 
 allocation_stream_scope::allocation_stream_scope(void* stream, bool zero_fill)
     : previous_(t_alloc_stream), previous_set_(t_alloc_stream_set), previous_zero_(t_alloc_zero_fill) {

@@ -41,6 +41,7 @@
 #include "gdn_decode.cuh"
 #include "gdn_paths.cuh"
 #include "hyserve/kernels/gdn.h"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -298,7 +299,7 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
     const int64_t per_item = 2 * C * C + C * tc::kTokFields;
     void* raw = nullptr;
     const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(items * per_item);
-    CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
+    CUDA_CHECK(scratch_alloc(&raw, bytes, stream));
     tc::workspace ws;
     ws.chunk_off = static_cast<int*>(raw);
     ws.overflow = ws.chunk_off + p.batch + 1;
@@ -310,7 +311,7 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
     tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
     if (stages < 2) {
-      CUDA_CHECK(cudaFreeAsync(raw, stream));
+      CUDA_CHECK(scratch_free(raw, stream));
       return;
     }
     // Two value heads per intra block when consecutive pairs share a key head; q and k staged
@@ -331,7 +332,7 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
     else if (vec_qk) launch_intra(std::false_type{}, std::true_type{});
     else launch_intra(std::false_type{}, std::false_type{});
     if (stages < 3) {
-      CUDA_CHECK(cudaFreeAsync(raw, stream));
+      CUDA_CHECK(scratch_free(raw, stream));
       return;
     }
     {
@@ -346,7 +347,7 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
     launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
-    CUDA_CHECK(cudaFreeAsync(raw, stream));
+    CUDA_CHECK(scratch_free(raw, stream));
   });
 }
 

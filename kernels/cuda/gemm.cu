@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -233,7 +234,7 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
   const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
   __nv_bfloat16* a16 = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a16), static_cast<size_t>(a_rows * a_cols) * 2, stream));
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(a_rows * a_cols) * 2, stream));
   const int64_t n = a_rows * a_cols;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
   round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
@@ -244,7 +245,7 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
                    static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b, CUDA_R_16BF,
                    static_cast<int>(p.ldb), a16, CUDA_R_16BF, static_cast<int>(a_cols), &p.beta, p.c, CUDA_R_32F,
                    static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  CUDA_CHECK(cudaFreeAsync(a16, stream));  // stream-ordered: freed after the GEMM has read it
+  CUDA_CHECK(scratch_free(a16, stream));  // stream-ordered: freed after the GEMM has read it
   CUBLAS_CHECK(status);
 }
 
@@ -327,7 +328,7 @@ void run_cuda(const swiglu_linear_params& p, void* stream) {
   }
   // Two gemm ops into out and a scratch up, then the swiglu op.
   float* up = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&up), static_cast<size_t>(p.m * p.n) * sizeof(float), s));
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&up), static_cast<size_t>(p.m * p.n) * sizeof(float), s));
   run_cuda(g, stream);
   g.b = p.up_w;
   g.c = up;
@@ -342,7 +343,7 @@ void run_cuda(const swiglu_linear_params& p, void* stream) {
   w.gate_stride = w.out_stride = p.out_stride;
   w.up_stride = p.n;
   run_cuda(w, stream);
-  CUDA_CHECK(cudaFreeAsync(up, s));
+  CUDA_CHECK(scratch_free(up, s));
 }
 
 }  // namespace hyserve::kernels

@@ -13,6 +13,8 @@
 
 #include "check.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/offset_arena.h"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 
@@ -86,6 +88,40 @@ void stream_wait_legacy(void* stream) {
   CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), event, 0));
 }
 
+graph_arena::graph_arena(size_t bytes) : bytes_(offset_arena::rounded(bytes)) { data_ = device_alloc(bytes_); }
+
+graph_arena::~graph_arena() { device_free(data_); }
+
+stream_event::stream_event() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+}
+
+stream_event::~stream_event() {
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+stream_event::stream_event(stream_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+
+stream_event& stream_event::operator=(stream_event&& o) noexcept {
+  if (this != &o) {
+    if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+    event_ = std::exchange(o.event_, nullptr);
+  }
+  return *this;
+}
+
+void stream_event::record(void* stream) {
+  HYSERVE_CHECK(event_ != nullptr, "stream_event::record: moved-from event");
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)));
+}
+
+void stream_event::synchronize() const {
+  HYSERVE_CHECK(event_ != nullptr, "stream_event::synchronize: moved-from event");
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
+
 captured_graph::~captured_graph() {
   if (exec_ == nullptr) return;
   const cudaError_t status = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
@@ -109,14 +145,17 @@ void captured_graph::launch(void* stream) const {
   CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
 }
 
-void captured_graph::capture_begin(void* stream) {
+void captured_graph::capture_begin(void* stream, graph_arena* arena) {
   HYSERVE_CHECK(stream != nullptr, "capture_begin: the legacy default stream cannot be captured");
   HYSERVE_CHECK(!t_capture_scope, "capture_begin: this thread is already capturing");
+  HYSERVE_CHECK(!cuda_detail::arena_bound(), "capture_begin: this thread already allocates from an arena");
   CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
   t_capture_scope = std::make_unique<allocation_stream_scope>(stream, /*zero_fill=*/false);
+  if (arena != nullptr) cuda_detail::arena_bind(arena->data(), arena->bytes());
 }
 
 captured_graph captured_graph::capture_end(void* stream) {
+  const cuda_detail::arena_result used = cuda_detail::arena_unbind();
   t_capture_scope.reset();
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(as_stream(stream), &graph);
@@ -125,9 +164,16 @@ captured_graph captured_graph::capture_end(void* stream) {
     cudaGetLastError();
     cuda_detail::throw_cuda_error(status, "cudaStreamEndCapture", __FILE__, __LINE__);
   }
+  if (used.live_blocks > 0) {
+    // A replay would hand those bytes to the captured code again while someone still holds them.
+    cudaGraphDestroy(graph);
+    throw error("capture_end: " + std::to_string(used.live_blocks) +
+                " allocations carved from the graph arena outlive the capture");
+  }
   captured_graph out;
   try {
     out.stats_ = count_nodes(graph);
+    out.stats_.arena_bytes = static_cast<int64_t>(used.peak);
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     out.exec_ = exec;
@@ -140,6 +186,7 @@ captured_graph captured_graph::capture_end(void* stream) {
 }
 
 void captured_graph::capture_abort(void* stream) noexcept {
+  cuda_detail::arena_unbind();
   t_capture_scope.reset();
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(as_stream(stream), &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {

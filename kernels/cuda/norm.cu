@@ -13,6 +13,7 @@
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "launch.cuh"
+#include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -378,7 +379,7 @@ void run_cuda(const rmsnorm_linear_params& p, void* stream) {
   const float* a = p.x;
   int64_t lda = p.x_stride;
   if (p.norm_weight != nullptr) {
-    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&xn), static_cast<size_t>(p.m * p.k) * sizeof(float), s));
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&xn), static_cast<size_t>(p.m * p.k) * sizeof(float), s));
     rmsnorm_params r;
     r.x = p.x;
     r.weight = p.norm_weight;
@@ -422,7 +423,7 @@ void run_cuda(const rmsnorm_linear_params& p, void* stream) {
     g.beta = p.beta;
     run_cuda(g, stream);
   }
-  if (xn != nullptr) CUDA_CHECK(cudaFreeAsync(xn, s));
+  if (xn != nullptr) CUDA_CHECK(scratch_free(xn, s));
 }
 
 void run_cuda(const gated_rmsnorm_params& p, void* stream) {

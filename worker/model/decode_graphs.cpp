@@ -1,6 +1,7 @@
 #include "decode_graphs.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <mutex>
@@ -10,6 +11,19 @@
 #include "step_pack.h"
 
 namespace hyserve::worker {
+
+namespace {
+
+// Graph arenas are sized in multiples of this.
+constexpr size_t kArenaGranule = size_t{2} << 20;
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+}  // namespace
 
 std::vector<int32_t> decode_batch_buckets(int32_t max_batch) {
   std::vector<int32_t> b;
@@ -147,26 +161,40 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   bool captured = false;
   const kernels::captured_graph* graph = nullptr;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
-    graph = &it->second;
+    graph = &it->second.graph;
     graph->launch(stream);
   } else {
+    size_t footprint = 0;
     {
-      // Warm-up: this step's result, computed eagerly on the graph stream.
+      // Warm-up: this step's result, computed eagerly on the graph stream; it also measures
+      // the arena the capture of the same body carves its allocations from.
       const kernels::allocation_stream_scope scope(stream);
+      const kernels::arena_footprint measure;
       run_body();
+      footprint = measure.bytes();
     }
     if (!failed_.count(key)) {
       try {
-        kernels::captured_graph::capture_begin(stream);
+        // The graphs share the arena (they never run at once, see the header); a larger need
+        // gets a new one (with room to grow, so that keys of slightly larger footprints do not
+        // each add one), and the graphs on the old one keep it.
+        if (!arena_ || arena_->bytes() < footprint) {
+          const size_t grown = arena_ ? std::max(footprint, arena_->bytes() / 4 * 5) : footprint;
+          arena_ = std::make_shared<kernels::graph_arena>((grown + kArenaGranule - 1) / kArenaGranule * kArenaGranule);
+        }
+        kernels::captured_graph::capture_begin(stream, arena_.get());
         run_body();  // recorded, not executed
-        auto [pos, inserted] = graphs_.emplace(key, kernels::captured_graph::capture_end(stream));
-        graph = &pos->second;
+        graph_entry entry{arena_, kernels::captured_graph::capture_end(stream)};
+        auto [pos, inserted] = graphs_.emplace(key, std::move(entry));
+        graph = &pos->second.graph;
         captured = true;
         const kernels::graph_stats& n = graph->stats();
         log_decode_path_once("decode graphs: captured batch " + std::to_string(key.batch) + " (page-table stride " +
                              std::to_string(key.page_table_stride) + "): " + std::to_string(n.total()) + " nodes, " +
                              std::to_string(n.kernels) + " kernels, " + std::to_string(n.memsets) + " memsets, " +
-                             std::to_string(n.memcpys) + " copies");
+                             std::to_string(n.memcpys) + " copies, " + std::to_string(n.mem_allocs) + " allocs, " +
+                             std::to_string(n.mem_frees) + " frees; arena " + mib(n.arena_bytes) + " of " +
+                             mib(static_cast<int64_t>(arena_->bytes())));
       } catch (const std::exception& e) {
         kernels::captured_graph::capture_abort(stream);
         failed_.insert(key);
@@ -176,6 +204,7 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
     }
   }
   if (timer) timer->stop(stream);
+
   const size_t real_bytes = static_cast<size_t>(bs) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
   kernels::copy_d2h_async(host_out_.get(), logits_.data(), real_bytes, stream);
   kernels::stream_synchronize(stream);

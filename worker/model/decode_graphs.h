@@ -11,6 +11,15 @@
 // later steps of that key replay it. Work partitioning inside the body depends only on the
 // bucket's shape, never on host-read lengths, so a replay with other lengths is valid.
 //
+// Graph memory: the warm-up measures the step's allocations (kernels::arena_footprint), and the
+// capture carves them from a kernels::graph_arena of that size, so a graph holds kernels and
+// copies only (no memory-alloc / memory-free nodes, which cost replay time and keep
+// programmatic dependent launch from joining the kernels). Every graph of this object runs on
+// its one stream and each step waits for its graph before returning, so no two of them ever
+// run at once: they share one arena. A capture that needs more than the current arena gets a
+// new, larger one (for itself and later captures); each graph holds (shared ownership) the
+// arena its addresses point into, so an arena lives as long as the last graph that uses it.
+//
 // Inside a capture activations are not zero-filled (graph.h): padding rows may carry stale
 // values through row-local ops only, and their logits rows are never copied back. Captured
 // GEMMs use the capturing thread's cuBLAS handle and workspace (kernels/cuda/gemm.cu), so the
@@ -100,6 +109,12 @@ class decode_graphs {
     void operator()(void* p) const noexcept { kernels::pinned_free(p); }
   };
 
+  // A captured graph and the arena its allocations were carved from (destroyed after it).
+  struct graph_entry {
+    std::shared_ptr<kernels::graph_arena> arena;
+    kernels::captured_graph graph;
+  };
+
   decode_graph_config cfg_;
   std::vector<int32_t> buckets_;
   // Declared before the graphs and buffers: destroyed after them.
@@ -110,8 +125,9 @@ class decode_graphs {
   std::unique_ptr<void, pinned_deleter> host_in_;   // pinned staging of inputs_ (i32)
   std::unique_ptr<void, pinned_deleter> host_out_;  // pinned staging of logits_ (f32)
   size_t host_in_elems_ = 0;
+  std::shared_ptr<kernels::graph_arena> arena_;     // the arena the next capture carves from
   std::vector<const void*> baked_;  // cache addresses the graphs were captured with
-  std::map<decode_graph_key, kernels::captured_graph> graphs_;
+  std::map<decode_graph_key, graph_entry> graphs_;
   std::set<decode_graph_key> failed_;  // keys whose capture failed: eager on the graph stream
   mutable std::set<std::string> logged_;
 };

@@ -4,9 +4,11 @@
 // throws hyserve::error and the no-op destructors stay harmless.
 //
 // Capture contract: between capture_begin(s) and capture_end(s) the calling thread's tensor
-// allocations are ordered on s (graph memory nodes, see allocation_stream_scope in device.h);
-// every tensor allocated inside the capture must be released inside it; nothing may
-// synchronise with the host (no synchronous copies, no reads of device data on the host).
+// allocations are ordered on s (graph memory nodes, see allocation_stream_scope in device.h),
+// or, when the capture has a graph_arena, carved from the arena (no memory node at all: the
+// graph holds only the kernels, copies and memsets); every tensor allocated inside the capture
+// must be released inside it; nothing may synchronise with the host (no synchronous copies, no
+// reads of device data on the host).
 // Tensors allocated inside a capture are NOT zero-filled (no memset node per activation): the
 // captured code writes every element it reads; rows a kernel skips (padding rows) may hold
 // stale values and must only flow into row-local ops whose rows are discarded.
@@ -34,7 +36,62 @@ void stream_wait_legacy(void* stream);
 // Node counts of a captured graph, by kind.
 struct graph_stats {
   int64_t kernels = 0, memsets = 0, memcpys = 0, mem_allocs = 0, mem_frees = 0, other = 0;
+  int64_t arena_bytes = 0;  // bytes of the capture's arena its allocations used (not a node)
   int64_t total() const { return kernels + memsets + memcpys + mem_allocs + mem_frees + other; }
+};
+
+// Device memory (cudaMalloc, not pool memory) that captured graphs carve their allocations
+// from: every allocation of a capture with an arena (tensors and op scratch) is placed in it by
+// an offset_arena (offset_arena.h), first fit, reusing what the capture released before, so
+// the graph bakes in addresses inside the arena. The arena must outlive every graph captured
+// with it, and graphs that share one arena must never run concurrently (one stream, or
+// otherwise ordered). Not copyable or movable: share it through a smart pointer.
+class graph_arena {
+ public:
+  explicit graph_arena(size_t bytes);  // rounded up to offset_arena::kAlignment
+  ~graph_arena();                      // cudaFree (which waits for the device)
+  graph_arena(const graph_arena&) = delete;
+  graph_arena& operator=(const graph_arena&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// While alive, measures the arena capacity the calling thread's device allocations (tensors
+// and op scratch, made and released while it lives) need when placed by an offset_arena in the
+// order they are made and released: run a step eagerly inside one, then capture the same step
+// with a graph_arena of bytes() and every allocation of the capture fits (the placement
+// depends only on the sequence). One per thread at a time.
+class arena_footprint {
+ public:
+  arena_footprint();
+  ~arena_footprint();
+  arena_footprint(const arena_footprint&) = delete;
+  arena_footprint& operator=(const arena_footprint&) = delete;
+  size_t bytes() const;
+
+ private:
+  void* state_ = nullptr;
+};
+
+// A reusable event (no timing): recorded on a stream, waited for on the host.
+class stream_event {
+ public:
+  stream_event();
+  ~stream_event();
+  stream_event(stream_event&& o) noexcept;
+  stream_event& operator=(stream_event&& o) noexcept;
+  stream_event(const stream_event&) = delete;
+  stream_event& operator=(const stream_event&) = delete;
+  void record(void* stream);
+  void synchronize() const;  // returns once the work before the last record has finished
+
+ private:
+  void* event_ = nullptr;
 };
 
 // An instantiated graph (cudaGraphExec_t) captured from one stream; move-only.
@@ -52,10 +109,13 @@ class captured_graph {
   const graph_stats& stats() const { return stats_; }
 
   // Starts capturing `stream` (thread-local capture mode) and orders this thread's tensor
-  // allocations on it, without zero-fill, until capture_end / capture_abort.
-  static void capture_begin(void* stream);
+  // allocations on it, without zero-fill, until capture_end / capture_abort. With an arena,
+  // this thread's allocations (tensors and op scratch) are carved from it instead; those that
+  // do not fit fall back to graph memory nodes (counted in the stats).
+  static void capture_begin(void* stream, graph_arena* arena = nullptr);
   // Ends the capture and instantiates the graph; throws (after cleaning up) when the capture
-  // was invalidated by an operation that cannot be captured.
+  // was invalidated by an operation that cannot be captured, or when an allocation carved from
+  // the arena was not released inside the capture.
   static captured_graph capture_end(void* stream);
   // Ends a capture that failed part-way (after an exception) and clears the sticky error.
   static void capture_abort(void* stream) noexcept;
