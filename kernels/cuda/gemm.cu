@@ -183,7 +183,9 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
       for (int r = 0; r < kSkinnyRows; ++r) {
         if (row0 + r >= p.n) break;
         float* out = p.c + m * p.ldc + row0 + r;
-        *out = p.beta != 0.0f ? p.alpha * acc[r][m] + p.beta * *out : p.alpha * acc[r][m];
+        // Explicit roundings: left to the compiler, α·acc + β·c may contract into either fma,
+        // differently per M instantiation (a row's result would then depend on the call's m).
+        *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, acc[r][m]);
       }
     }
   }

@@ -1,5 +1,6 @@
 // RMSNorm and gated RMSNorm: one block per (row[, group]); programmatic dependent launches
-// (launch.cuh). Two passes over the row: the sum of
+// (launch.cuh). Gated groups of up to 16384 channels (f32, 16-byte aligned) take a register
+// kernel (one load round trip, h kept in registers); otherwise two passes over the row: the sum of
 // squares (block reduction), then the scaled write. out may alias x: every element is read
 // and written by the same thread, and all reads of pass 1 precede the reduction's barriers.
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
@@ -125,6 +127,91 @@ __global__ void __launch_bounds__(kNormThreads) gated_rmsnorm_kernel(const gated
   }
 }
 
+// Gated RMSNorm with the group held in registers: block (group g, rows r = blockIdx.y, ...),
+// blockDim.x threads (a multiple of 32, at most 1024), thread t holding packs t + j·blockDim.x
+// (j < kPacks) of 4 floats. All of a row's x and gate loads are issued before the first use (a
+// Mamba2 decode row of 8192 channels is one round trip of 1024 threads × 2 × 32 bytes), h stays
+// in registers between the sum of squares and the scaled write, and the weight is read before
+// the programmatic-launch wait (it is a constant). out may alias x: every element is read and
+// written by the same thread.
+constexpr int kGatedRegMaxThreads = 1024;
+constexpr int kGatedRegMaxPacks = 4;
+
+template <int kPacks>
+__global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(const gated_rmsnorm_params p) {
+  constexpr int kN = 4;
+  const int64_t g = blockIdx.x;
+  const int64_t gs = p.group_size;
+  const int64_t n_groups = p.cols / gs;
+  const int nt = static_cast<int>(blockDim.x);
+  const bool normalise = p.sumsq_out == nullptr;
+  float wv[kPacks][kN];
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int64_t i = static_cast<int64_t>(threadIdx.x + j * nt) * kN;
+    if (normalise && i < gs) {
+      load_floats<kN>(p.weight + g * gs + i, wv[j]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kN; ++e) wv[j][e] = 0.0f;
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const double divisor = static_cast<double>(p.sumsq_in != nullptr && p.group_count > 0 ? p.group_count : gs);
+
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const float* x = p.x + r * p.x_stride + g * gs;
+    const float* z = p.gate + r * p.gate_stride + g * gs;
+    float4 xv[kPacks], zv[kPacks];
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int64_t i = static_cast<int64_t>(threadIdx.x + j * nt) * kN;
+      if (i < gs) {
+        xv[j] = *reinterpret_cast<const float4*>(x + i);
+        zv[j] = *reinterpret_cast<const float4*>(z + i);
+      } else {
+        xv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        zv[j] = xv[j];
+      }
+    }
+    float h[kPacks][kN];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const float xs[kN] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+      const float zs[kN] = {zv[j].x, zv[j].y, zv[j].z, zv[j].w};
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        h[j][e] = xs[e] * silu(zs[e]);  // 0 past the group: silu(0) = 0
+        ss += h[j][e] * h[j][e];
+      }
+    }
+    float inv = 0.0f;
+    if (p.sumsq_in == nullptr) {
+      ss = block_sum(ss);
+      if (!normalise) {  // phase 1: publish Σh², do not normalise
+        if (threadIdx.x == 0) p.sumsq_out[r * n_groups + g] = ss;
+        continue;
+      }
+      inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / divisor + p.eps));
+    } else {
+      inv = static_cast<float>(1.0 / sqrt(static_cast<double>(p.sumsq_in[r * n_groups + g]) / divisor + p.eps));
+    }
+    float* o = p.out + r * p.out_stride + g * gs;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int64_t i = static_cast<int64_t>(threadIdx.x + j * nt) * kN;
+      if (i < gs)
+        *reinterpret_cast<float4*>(o + i) =
+            make_float4(h[j][0] * inv * wv[j][0], h[j][1] * inv * wv[j][1], h[j][2] * inv * wv[j][2],
+                        h[j][3] * inv * wv[j][3]);
+    }
+    // With sumsq_in there is no barrier between rows; none is needed: a thread only ever
+    // touches its own elements, and block_sum's scratch is unused.
+  }
+}
+
 template <class T>
 void launch_rmsnorm(const rmsnorm_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows));
@@ -139,6 +226,21 @@ void launch_gated_rmsnorm(const gated_rmsnorm_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.cols / p.group_size), static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
   const bool vec = vector_ok({p.x, p.gate, p.out, p.weight}, {p.group_size, p.x_stride, p.gate_stride, p.out_stride},
                              pack16<T>::kN);
+  if constexpr (std::is_same_v<T, float>) {
+    // Groups of up to kGatedRegMaxThreads · kGatedRegMaxPacks · 4 channels: the register kernel.
+    const int64_t packs = p.group_size / 4;
+    if (vec && packs <= int64_t{kGatedRegMaxThreads} * kGatedRegMaxPacks) {
+      const int64_t per_thread = ceil_div(packs, int64_t{kGatedRegMaxThreads});
+      const int k_packs = per_thread <= 1 ? 1 : per_thread <= 2 ? 2 : 4;
+      const auto threads = static_cast<unsigned>(ceil_div(ceil_div(packs, int64_t{k_packs}), int64_t{32}) * 32);
+      switch (k_packs) {
+        case 1: launch_pdl(gated_rmsnorm_reg_kernel<1>, grid, dim3(threads), 0, stream, p); break;
+        case 2: launch_pdl(gated_rmsnorm_reg_kernel<2>, grid, dim3(threads), 0, stream, p); break;
+        default: launch_pdl(gated_rmsnorm_reg_kernel<4>, grid, dim3(threads), 0, stream, p); break;
+      }
+      return;
+    }
+  }
   if (vec)
     launch_pdl(gated_rmsnorm_kernel<T, true>, grid, dim3(kNormThreads), 0, stream, p);
   else
@@ -156,8 +258,15 @@ void launch_gated_rmsnorm(const gated_rmsnorm_params& p, cudaStream_t stream) {
 // the 8 elements, xor-shuffle reduction), so each output equals the skinny kernel's bit for
 // bit. The grid is sized for kLinBlocksPerSm blocks per SM (HYSERVE_NORM_LINEAR_BLOCKS_PER_SM)
 // with an equal number of tasks per warp; each block stages the norm once for all its tasks.
+// The weights are constants, so each warp's first loads are issued before the programmatic-launch
+// wait (overlapping the previous kernel's tail and the staging), and a warp's next task's first
+// loads before the current task's reduction.
 constexpr int kLinWarps = kNormThreads / 32;
-constexpr int kLinUnroll = 4;
+// 16-byte chunks per lane per weight row in flight: 8 for one or two rows of x (8 KB per warp in
+// flight; about 100 registers), 4 for more (keeps two blocks per SM). The unroll only groups the
+// loads: the per-row order of the fmaf chain is the same for every value.
+template <int M>
+inline constexpr int kLinUnroll = M <= 2 ? 8 : 4;
 constexpr int kLinRows = 2;
 constexpr int64_t kLinMaxM = 4;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
@@ -175,9 +284,47 @@ template <int M, bool kSwiglu, bool kNorm>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
   float* xs = reinterpret_cast<float*>(lin_shared);  // [M, k] normed rows (kNorm)
+  constexpr int kOutRows = kSwiglu ? 1 : kLinRows;
+  const int lane = threadIdx.x & 31;
+  const int64_t n_warps = static_cast<int64_t>(gridDim.x) * kLinWarps;
+  const auto* w0 = static_cast<const __nv_bfloat16*>(p.w);
+  const auto* w1 = static_cast<const __nv_bfloat16*>(p.up_w);
+  const int64_t k = p.k;
+  const int64_t chunks = k / 8;
+
+  // The weight rows of a task, and one step of kLinUnroll chunks per row from chunk c0.
+  const uint4* brow[kLinRows];
+  uint4 wv[kLinUnroll<M>][kLinRows];
+  auto task_rows = [&](int64_t t) {
+    const int64_t row0 = t * kOutRows;
+#pragma unroll
+    for (int r = 0; r < kLinRows; ++r) {
+      if constexpr (kSwiglu) {
+        brow[r] = reinterpret_cast<const uint4*>((r == 0 ? w0 : w1) + row0 * p.w_stride);
+      } else {
+        const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+        brow[r] = reinterpret_cast<const uint4*>(w0 + row * p.w_stride);
+      }
+    }
+  };
+  auto load_step = [&](int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kLinUnroll<M>; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kLinRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  // The weights are constants: the first task's first step is loaded before the wait, so that
+  // it overlaps the end of the previous kernel (and the norm's staging below).
+  int64_t t = static_cast<int64_t>(blockIdx.x) * kLinWarps + threadIdx.x / 32;
+  if (t < tasks) {
+    task_rows(t);
+    load_step(lane);
+  }
   pdl_wait();  // x (and out, with beta) come from earlier kernels
   pdl_launch_dependents();
-  const int64_t k = p.k;
   if constexpr (kNorm) {
     constexpr int kN = 4;
     const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
@@ -207,35 +354,13 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   const float* a = kNorm ? xs : p.x;
   const int64_t lda = kNorm ? k : p.x_stride;
 
-  constexpr int kOutRows = kSwiglu ? 1 : kLinRows;
-  const int lane = threadIdx.x & 31;
-  const int64_t n_warps = static_cast<int64_t>(gridDim.x) * kLinWarps;
-  const auto* w0 = static_cast<const __nv_bfloat16*>(p.w);
-  const auto* w1 = static_cast<const __nv_bfloat16*>(p.up_w);
-  const int64_t chunks = k / 8;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kLinWarps + threadIdx.x / 32; t < tasks; t += n_warps) {
+  for (; t < tasks; t += n_warps) {
     const int64_t row0 = t * kOutRows;
-    const uint4* brow[kLinRows];
-#pragma unroll
-    for (int r = 0; r < kLinRows; ++r) {
-      if constexpr (kSwiglu) {
-        brow[r] = reinterpret_cast<const uint4*>((r == 0 ? w0 : w1) + row0 * p.w_stride);
-      } else {
-        const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
-        brow[r] = reinterpret_cast<const uint4*>(w0 + row * p.w_stride);
-      }
-    }
     float acc[kLinRows][M] = {};
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kLinUnroll) {
-      uint4 wv[kLinUnroll][kLinRows];
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kLinUnroll<M>) {
+      if (c0 != lane) load_step(c0);  // the task's first step is already loaded
 #pragma unroll
-      for (int u = 0; u < kLinUnroll; ++u) {
-        const int64_t c = c0 + 32 * u;
-#pragma unroll
-        for (int r = 0; r < kLinRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kLinUnroll; ++u) {
+      for (int u = 0; u < kLinUnroll<M>; ++u) {
         const int64_t c = c0 + 32 * u;
         if (c >= chunks) break;
         float wf[kLinRows][8];
@@ -260,6 +385,11 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         }
       }
     }
+    // The next task's first step goes out before this one's reduction and stores.
+    if (t + n_warps < tasks) {
+      task_rows(t + n_warps);
+      load_step(lane);
+    }
 #pragma unroll
     for (int r = 0; r < kLinRows; ++r)
 #pragma unroll
@@ -278,7 +408,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         for (int r = 0; r < kLinRows; ++r) {
           if (row0 + r >= p.n) break;
           float* out = p.out + m * p.out_stride + row0 + r;
-          *out = p.beta != 0.0f ? alpha * acc[r][m] + p.beta * *out : alpha * acc[r][m];
+          // The skinny kernel's epilogue (gemm.cu), explicit roundings included.
+          *out = p.beta != 0.0f ? __fmaf_rn(alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc[r][m]);
         }
       }
     }

@@ -363,7 +363,17 @@ INSTANTIATE_TEST_SUITE_P(
                     gated_case{16, 4096, 1, 0, gated_mode::kPhase1, false},
                     gated_case{16, 4096, 4, 1, gated_mode::kPhase1, false},
                     gated_case{16, 4096, 1, 0, gated_mode::kPhase2, false},
-                    gated_case{9, 4096, 2, 3, gated_mode::kPhase2, true}),
+                    gated_case{9, 4096, 2, 3, gated_mode::kPhase2, true},
+                    // Register kernel: 1, 2 and 4 packs per thread, a partial last warp, in place,
+                    // both phases at the decode shape; and a group too wide for it (two passes).
+                    gated_case{1, 8192, 1, 4, gated_mode::kNormal, true},
+                    gated_case{3, 16384, 1, 0, gated_mode::kNormal, false},
+                    gated_case{2, 12288, 1, 0, gated_mode::kNormal, false},
+                    gated_case{5, 8192, 32, 0, gated_mode::kNormal, false},
+                    gated_case{2, 4 * 1000, 1, 0, gated_mode::kNormal, false},
+                    gated_case{1, 8192, 1, 0, gated_mode::kPhase1, false},
+                    gated_case{1, 8192, 1, 0, gated_mode::kPhase2, true},
+                    gated_case{2, 40960, 1, 0, gated_mode::kNormal, false}),
     [](const testing::TestParamInfo<gated_case>& tp) {
       const auto& c = tp.param;
       const char* mode = c.mode == gated_mode::kNormal ? "" : c.mode == gated_mode::kPhase1 ? "_phase1" : "_phase2";

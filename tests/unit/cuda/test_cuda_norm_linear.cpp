@@ -168,7 +168,12 @@ INSTANTIATE_TEST_SUITE_P(
                     nl_case{2, 4096, 8192, 0, true, false, 0.0f},    // staging too large: unfused
                     nl_case{6, 300, 256, 0, true, true, 0.0f},       // m > 4: unfused
                     nl_case{1, 300, 256, 0, true, false, 1.0f, false},  // f32 weights: unfused
-                    nl_case{1, 7, 8, 0, true, false, 0.0f}),         // tiny
+                    nl_case{1, 7, 8, 0, true, false, 0.0f},          // tiny
+                    // k not a whole number of load steps (513 chunks: a partial last step after
+                    // the step loaded before the wait), with and without the norm
+                    nl_case{1, 2049, 4104, 0, false, false, 1.0f},
+                    nl_case{2, 999, 4104, 8, true, true, 0.0f},
+                    nl_case{3, 1001, 4104, 0, true, false, 0.0f}),
     name_of);
 
 }  // namespace
