@@ -268,30 +268,54 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   }
 }
 
-// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s.
+// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
+// over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
+// attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
+// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
+// d sums its dimension over the slices (independent loads).
+constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
+
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
-                                                                         const attn_partials part) {
+                                                                         const attn_partials part, bool decode_rule) {
+  __shared__ float s_w[kMaxCombineSlices];
+  __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
   const int64_t b = blockIdx.y;
   const int64_t q_start = p.query_start_loc[b];
-  if (p.query_start_loc[b + 1] - q_start != 1 || p.seq_lens[b] < 1) return;  // not a decode row
+  const int64_t len = p.seq_lens[b];
+  if (p.query_start_loc[b + 1] - q_start != 1 || len < 1) return;  // not a decode row
+  const int64_t per_slice = decode_rule ? attn_decode::keys_per_slice(len, n_slices)
+                                        : ceil_div(ceil_div(len, n_slices), kKeysPerTile) * kKeysPerTile;
+  const int64_t used = ceil_div(len, per_slice);
+  const int n_act = used < n_slices ? static_cast<int>(used) : n_slices;
   const int64_t base = (b * p.q_heads + head) * n_slices;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
   float mx = -INFINITY;
-  for (int s = 0; s < n_slices; ++s) mx = fmaxf(mx, part.ml[base + s].x);
+  for (int s = tid; s < n_act; s += kAttnThreads) mx = fmaxf(mx, part.ml[base + s].x);
+  mx = warp_max(mx);
+  if (lane == 0) s_max[warp] = mx;
+  __syncthreads();
+  mx = s_max[0];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, s_max[w]);
+
   float den = 0.0f;
-  for (int s = 0; s < n_slices; ++s) {
+  for (int s = tid; s < n_act; s += kAttnThreads) {
     const float2 ml = part.ml[base + s];
-    if (ml.x != -INFINITY) den += ml.y * expf(ml.x - mx);
+    const float w = ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
+    s_w[s] = w;
+    den += ml.y * w;
   }
+  den = block_sum(den);  // its barriers also publish s_w
   const float inv = 1.0f / den;
   float* o = p.out + q_start * p.out_stride + head * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  const float* acc = part.acc + base * D;
+  for (int d = tid; d < D; d += kAttnThreads) {
     float num = 0.0f;
-    for (int s = 0; s < n_slices; ++s) {
-      const float2 ml = part.ml[base + s];
-      if (ml.x != -INFINITY) num += part.acc[(base + s) * D + d] * expf(ml.x - mx);
-    }
+#pragma unroll 8
+    for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
     o[d] = num * inv;
   }
 }
@@ -342,14 +366,17 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         HYSERVE_CUDA_CHECK_LAUNCH();
       });
     }
-    const size_t smem = sizeof(attn_smem<KV, D>);
-    reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
-    const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-    paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
-    HYSERVE_CUDA_CHECK_LAUNCH();
+    // A decode-only step (max_q_len == 1) served by the decode kernel has no extend work.
+    if (!(decode_kernel && p.max_q_len == 1)) {
+      const size_t smem = sizeof(attn_smem<KV, D>);
+      reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
+      const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+      paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    }
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part);
+      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part, decode_kernel);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });

@@ -10,7 +10,7 @@
 // reduced inside the group by xor shuffles; softmax is online per group (running max m, sum l,
 // unnormalised acc), then merged over the warp's groups (shuffles) and the block's warps
 // (shared memory). With several slices the block writes a partial (m, l, acc) that the combine
-// kernel merges; with one, the normalised output.
+// kernel merges; with one, the normalised output. Slices past the row's length exit at once.
 //
 // kLanesPerKey is chosen so that acc (G × kDims floats) stays at 32 registers (q takes as many):
 // G = 4, D = 128 gives 16 lanes per key, 8 dims per lane, 2 keys per warp step, and ~100
@@ -31,7 +31,14 @@ namespace attn_decode {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMinKeysPerSlice = 64;
+constexpr int kMinKeysPerSlice = 32;
+
+// Keys per slice of a row of len keys over n_slices slices (a multiple of 16, at least
+// kMinKeysPerSlice); slices at or past len are empty: their blocks exit and the combine skips them.
+__host__ __device__ __forceinline__ int64_t keys_per_slice(int64_t len, int n_slices) {
+  const int64_t even = ceil_div(ceil_div(len, n_slices), 16) * 16;
+  return even > kMinKeysPerSlice ? even : kMinKeysPerSlice;
+}
 
 // Elements per load of a KV cache element type for G heads per kv head.
 template <class KV, int G>
@@ -102,9 +109,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int li = lane % LPK, grp = lane / LPK;
 
-  const int64_t even = ceil_div(ceil_div(len, n_slices), 16) * 16;
-  const int64_t per_slice = even > kMinKeysPerSlice ? even : kMinKeysPerSlice;
+  const int64_t per_slice = keys_per_slice(len, n_slices);
   const int64_t kb = slice * per_slice;
+  if (kb >= len) return;  // empty slice: the combine kernel reads only the first ceil(len / per_slice)
   const int64_t ke = len < kb + per_slice ? len : kb + per_slice;
 
   // q of the G heads at this lane's dimensions, pre-scaled. Dimension of (chunk c, element e):

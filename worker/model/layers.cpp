@@ -408,6 +408,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
+    if (in.mode == forward_mode::kDecode && T == in.batch_size) a.max_q_len = 1;  // one query per row
     run_attention(a, in, ctx);
     // The KV of every row's context once (the host's lengths: the profile runs eagerly).
     profile(ctx, "attn.decode",

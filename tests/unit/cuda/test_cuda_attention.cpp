@@ -105,6 +105,14 @@ TEST_P(PagedAttentionCuda, MatchesCpu) {
   run_cuda(pg);
   device_synchronize();
   expect_match(dout.download(), out, 2e-5, 1e-4, "out");
+  // Decode-only batches again with the host's promise of one query per row (no extend kernel).
+  if (std::all_of(c.q_lens.begin(), c.q_lens.end(), [](int ql) { return ql == 1; })) {
+    dout.fill_bytes(0xff);
+    pg.max_q_len = 1;
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dout.download(), out, 2e-5, 1e-4, "out (max_q_len 1)");
+  }
 }
 
 // Decode rows of batch size bs with lengths spread over [lo, hi].
@@ -133,6 +141,12 @@ INSTANTIATE_TEST_SUITE_P(
         decode_case("decode_bs64", 64, 8, 4, 128, 16, 1, 1500),
         decode_case("decode_bs160", 160, 8, 4, 128, 16, 1, 300),  // enough blocks: one slice per row
         decode_case("decode_bs1_long", 1, 8, 4, 128, 16, 1, 8192),  // split-KV path
+        // Batch 1 at short contexts: most slices past the row's end (exit; the combine skips
+        // them), a single key, a partial last slice.
+        decode_case("decode_bs1_ctx1024", 1, 8, 4, 128, 16, 1, 1024),
+        decode_case("decode_bs1_ctx1", 1, 8, 4, 128, 16, 1, 1),
+        decode_case("decode_bs2_ctx77", 2, 8, 4, 128, 16, 1, 77),
+        decode_case("decode_bs1_gqa3_ctx300", 1, 4, 3, 64, 16, 1, 300),  // extend kernel's decode branch
         decode_case("decode_bs4", 4, 8, 8, 128, 16, 1, 3000),
         decode_case("decode_bs16", 16, 4, 1, 64, 1, 1, 700),
         decode_case("decode_bs3", 3, 2, 8, 256, 16, 1, 2000),

@@ -48,6 +48,10 @@ struct paged_attention_params {
   int64_t q_stride = 0, out_stride = 0;
   float scale = 1.0f;
   dtype kv_dtype = dtype::kF32;  // element type of k_cache / v_cache: f32 or bf16
+  // Optional host-side promise: every row has at most max_q_len queries (0 = no promise). With
+  // 1 (a decode-only step) the CUDA op launches only the decode kernels (no extend kernel whose
+  // blocks would all exit). Ignored by the CPU op and the tree op.
+  int64_t max_q_len = 0;
 };
 
 void run_cpu(const paged_attention_params& p);
