@@ -93,23 +93,31 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_varlen_kernel(const conv1
 
 template <class T, int K>
 __global__ void __launch_bounds__(kConvThreads) conv1d_update_kernel(const conv1d_update_params p) {
-  pdl_wait();  // decode path: launched with programmatic dependent launch
-  pdl_launch_dependents();
+  // The window, weights and bias are read before the programmatic-launch wait, overlapping the
+  // previous kernel (the in_proj GEMM): the kernel launched just before this one must not write
+  // conv_states or state_indices (causal_conv1d.h); everything before it has completed.
   constexpr int W = K - 1;
   const int64_t b = blockIdx.y;
   const int32_t slot = p.state_indices[b];
-  if (slot < 0) return;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= p.dim) return;
+  if (slot < 0 || c >= p.dim) {
+    pdl_wait();  // every thread waits: the next kernel's wait then covers all earlier work
+    pdl_launch_dependents();
+    return;
+  }
   float* win = p.conv_states + (static_cast<int64_t>(slot) * p.dim + c) * W;
-  float prev[W];
+  float prev[W], wk[K];
 #pragma unroll
   for (int j = 0; j < W; ++j) prev[j] = win[j];
-  const float xs = to_float(reinterpret_cast<const T*>(p.x)[b * p.x_stride + c]);
-  float acc = p.bias != nullptr ? p.bias[c] : 0.0f;
 #pragma unroll
-  for (int j = 0; j < W; ++j) acc += p.weight[c * K + j] * prev[j];
-  acc += p.weight[c * K + W] * xs;
+  for (int j = 0; j < K; ++j) wk[j] = p.weight[c * K + j];
+  float acc = p.bias != nullptr ? p.bias[c] : 0.0f;
+  pdl_wait();  // decode path: launched with programmatic dependent launch
+  pdl_launch_dependents();
+  const float xs = to_float(reinterpret_cast<const T*>(p.x)[b * p.x_stride + c]);
+#pragma unroll
+  for (int j = 0; j < W; ++j) acc += wk[j] * prev[j];
+  acc += wk[W] * xs;
   reinterpret_cast<T*>(p.out)[b * p.out_stride + c] = from_float<T>(p.silu ? silu(acc) : acc);
 #pragma unroll
   for (int j = 0; j + 1 < W; ++j) win[j] = prev[j + 1];

@@ -11,6 +11,8 @@
 // 16 rows of 512 bytes for f32 states, 32 rows of 256 bytes for bf16). For f32 states
 // HYSERVE_SSM_UPDATE_UNROLL=8 takes 8 rows per thread instead (16 KiB per step, more registers,
 // fewer resident blocks), read once; the default stays 4 until the device timings compare them.
+// The first pass's state rows are loaded before the programmatic-launch wait (ssm.h), so the
+// state read overlaps the previous kernel.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -38,13 +40,13 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   constexpr int kRowsPerWarp = 32 / L;
   constexpr int kRowsPerPass = kUpdateWarps * kRowsPerWarp;
   static_assert(N % kPack == 0 && (N / kPack <= 32 || (N / kPack) % 32 == 0), "d_state must tile the warp");
-  pdl_wait();  // decode path: launched with programmatic dependent launch
-  pdl_launch_dependents();
-
   const int64_t h = blockIdx.x;
   const int64_t b = blockIdx.y;
   const int64_t slot = p.state_indices[b];
-  if (slot < 0) return;  // padding row: output row and state untouched
+  if (slot < 0) {  // padding row: output row and state untouched
+    pdl_wait();    // (every block waits: the next kernel's wait then covers all earlier work)
+    return;
+  }
   const int P = static_cast<int>(p.head_dim);
   const int p_begin = static_cast<int>(blockIdx.z) * rows_per_slice;
   const int p_end = min(P, p_begin + rows_per_slice);
@@ -53,6 +55,23 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   const int warp = threadIdx.x >> 5;
   const int seg_lane = lane % L;
   const int row_in_pass = warp * kRowsPerWarp + lane / L;
+  uint4* state = reinterpret_cast<uint4*>(static_cast<TS*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
+
+  // The first pass's state rows are loaded before the programmatic-launch wait, overlapping
+  // the previous kernel (the conv update): the state and the slots are not written by the
+  // kernel launched just before this one (see ssm.h), and everything before that one has
+  // completed once this grid runs (it waited for its own predecessor).
+  uint4 s[kU][kCols];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int row = p_begin + u * kRowsPerPass + row_in_pass;
+    if (row < p_end) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane);
+    }
+  }
+  pdl_wait();  // decode path: launched with programmatic dependent launch
+  pdl_launch_dependents();
 
   const int64_t g = h / (p.heads / p.n_groups);
   const float dt = step_size(p, to_float(static_cast<const TI*>(p.dt)[b * p.dt_stride + h]), h);
@@ -62,7 +81,6 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   TI* y = static_cast<TI*>(p.y) + b * p.y_stride + h * P;
   const TI* bv = static_cast<const TI*>(p.B) + b * p.bc_stride + g * N;
   const TI* cv = static_cast<const TI*>(p.C) + b * p.bc_stride + g * N;
-  uint4* state = reinterpret_cast<uint4*>(static_cast<TS*>(p.ssm_states) + (slot * p.heads + h) * static_cast<int64_t>(P) * N);
 
   // This lane's columns: pack c·L + seg_lane of every row. B and C rows may be unaligned (any
   // bc_stride), so they are read as scalars once.
@@ -78,15 +96,17 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
   }
 
   for (int p0 = p_begin; p0 < p_end; p0 += kU * kRowsPerPass) {
-    uint4 s[kU][kCols];
     float xv[kU] = {};
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int row = p0 + u * kRowsPerPass + row_in_pass;
       if (row < p_end) {
         xv[u] = to_float(x[row]);
+        if (p0 != p_begin) {  // the first pass's rows were loaded before the wait
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane);
+          for (int c = 0; c < kCols; ++c)
+            s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane);
+        }
       }
     }
 #pragma unroll

@@ -27,7 +27,10 @@ struct conv1d_varlen_params {
 void run_cpu(const conv1d_varlen_params& p);
 void run_cuda(const conv1d_varlen_params& p, void* stream = nullptr);
 
-// Single-token decode update: shifts the window by one and writes the new input.
+// Single-token decode update: shifts the window by one and writes the new input. The CUDA op
+// launches with programmatic dependent launch and reads conv_states, state_indices, weight and
+// bias before waiting for the kernel launched just before it on the stream, which therefore
+// must not write them (in a Mamba2 decode step that kernel is the in_proj GEMM).
 struct conv1d_update_params {
   const float* __restrict__ x = nullptr;       // [batch, dim], row stride x_stride
   const float* __restrict__ weight = nullptr;  // [dim, K]

@@ -48,7 +48,10 @@ struct ssd_chunk_scan_params : ssm_common_params {
 void run_cpu(const ssd_chunk_scan_params& p);
 void run_cuda(const ssd_chunk_scan_params& p, void* stream = nullptr);
 
-// Single-token decode: row b is token b; state updated in place in its slot.
+// Single-token decode: row b is token b; state updated in place in its slot. The CUDA op
+// launches with programmatic dependent launch and reads ssm_states and state_indices before
+// waiting for the kernel launched just before it on the stream, which therefore must not write
+// them (in a Mamba2 decode step that kernel is the conv update).
 struct selective_state_update_params : ssm_common_params {};
 
 void run_cpu(const selective_state_update_params& p);
