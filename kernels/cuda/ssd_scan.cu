@@ -586,6 +586,18 @@ void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* s
         case F | sc::kOptOct | sc::kOptStoreY | sc::kOptPrefetchBC:
           launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY | sc::kOptPrefetchBC>(p, true, s);
           break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kOptEarlyInter:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kOptEarlyInter>(p, true, s);
+          break;
+        case F | sc::kOptOct | sc::kOptStoreY | sc::kOptEarlyInter:
+          launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY | sc::kOptEarlyInter>(p, true, s);
+          break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kOptOneJb:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kOptOneJb>(p, true, s);
+          break;
+        case F | sc::kOptOct | sc::kOptStoreY | sc::kOptOneJb:
+          launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY | sc::kOptOneJb>(p, true, s);
+          break;
         case F | sc::kOptQuad | sc::kAblNoChain:
           launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kAblNoChain>(p, true, s);
           break;

@@ -79,6 +79,12 @@ constexpr int kQ = 128;  // chunk length
 //                streaming hint (y is not read again: it should not push carries, B and C out of L2).
 //   kOptPrefetchBC (persistent grid) warp 0 asks L2 for the B and C rows of the next item too when
 //                it starts a new claim (with the next item's x, before the intra-chunk products).
+//   kOptEarlyInter warps 0-3 (row blocks 0-3, the short intra-chunk rows) add C·S_in before their
+//                intra-chunk products, while warps 4-7 still work on theirs; after the barrier
+//                only warps 4-7 add it (one warp per scheduler instead of two). Same sums in
+//                another order (f32).
+//   kOptOneJb    (0x4000) the intra-chunk products take one 16-token block at a time instead of
+//                two (fewer live registers: the two-block form spills at the 128-register bound).
 // The kAbl* flags leave out a stage to locate the time (benchmarks only: the results are wrong):
 // the chain (no wait, no carry read or write), the intra-chunk products, C·S_in, S_loc, the
 // staging loads, the y stores.
@@ -90,6 +96,8 @@ enum : int {
   kOptStoreY = 16,
   kOptOct = 32,
   kOptPrefetchBC = 64,
+  kOptEarlyInter = 128,
+  kOptOneJb = 1 << 14,
   kAblNoChain = 1 << 8,
   kAblNoIntra = 1 << 9,
   kAblNoInter = 1 << 10,
@@ -249,7 +257,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kNoLoad = (kFlags & kAblNoLoad) != 0, kNoStore = (kFlags & kAblNoStore) != 0;
   // The y tile [Q][P] must fit the S_in tile [P][N + 8] (N >= 120); else direct stores.
   constexpr bool kStoreY = (kFlags & kOptStoreY) != 0 && kQ <= N + 8;
-  constexpr bool kPfBC = (kFlags & kOptPrefetchBC) != 0;
+  constexpr bool kPfBC = (kFlags & kOptPrefetchBC) != 0, kEarlyInter = (kFlags & kOptEarlyInter) != 0;
+  constexpr bool kOneJb = (kFlags & kOptOneJb) != 0;
   static_assert(!kStoreY || P % 64 == 0, "the swizzle spans 8 chunks of 16 bytes per row");
   constexpr int kClaim = !kPersist                    ? 1
                          : (kFlags & kOptOct) != 0  ? 8
@@ -574,7 +583,35 @@ __global__ void __launch_bounds__(kThreads, 2)
     float acc[P / 8][4];
 #pragma unroll
     for (int n = 0; n < P / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    // acc += exp(cum_i)·C_i·S_inᵀ for the warp's rows (step 5; kOptEarlyInter: warps 0-3 here).
+    auto add_inter = [&]() {
+      float a2[P / 8][4];
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < P / 16; ++np) {
+          uint32_t bq[4];
+          ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
+          mma_bf16(a2[2 * np], a, bq[0], bq[1]);
+          mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
+        }
+      }
+      const float e_lo = ecum[i_lo], e_hi = ecum[i_hi];
+#pragma unroll
+      for (int n = 0; n < P / 8; ++n) {
+        acc[n][0] += e_lo * a2[n][0];
+        acc[n][1] += e_lo * a2[n][1];
+        acc[n][2] += e_hi * a2[n][2];
+        acc[n][3] += e_hi * a2[n][3];
+      }
+    };
+    const bool early_inter = kEarlyInter && warp < 4;  // warp-uniform
     if (r0 < L) {
+      if (early_inter && !kNoInter && carry) add_inter();
       const double ci_lo = cum[i_lo], ci_hi = cum[i_hi];
       [[maybe_unused]] const float li_lo = lcum[i_lo], li_hi = lcum[i_hi];
       // W of block j0 from its C·Bᵀ fragment, as the A operand of W·X.
@@ -602,8 +639,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           wa[2 * half + 1] = pack_bf16x2(w10, w11);
         }
       };
-      for (int jb = 0; jb <= (kNoIntra ? -1 : rb); jb += 2) {
-        const bool two = jb + 1 <= rb;  // warp-uniform
+      for (int jb = 0; jb <= (kNoIntra ? -1 : rb); jb += kOneJb ? 1 : 2) {
+        const bool two = !kOneJb && jb + 1 <= rb;  // warp-uniform
         const int j0 = 16 * jb, j1 = j0 + 16;
         float cb0[2][4], cb1[2][4];
 #pragma unroll
@@ -670,31 +707,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // 5. y rows += exp(cum_i)·C_i·S_inᵀ (the skip term is in already), stored.
     if (r0 < L) {
-      if (!kNoInter && carry) {
-        float a2[P / 8][4];
-#pragma unroll
-        for (int n = 0; n < P / 8; ++n) a2[n][0] = a2[n][1] = a2[n][2] = a2[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < N / 16; ++kk) {
-          uint32_t a[4];
-          ldsm_x4(a, Cs + (r0 + (lane & 15)) * kLdN + kk * 16 + 8 * (lane >> 4));
-#pragma unroll
-          for (int np = 0; np < P / 16; ++np) {
-            uint32_t bq[4];
-            ldsm_x4(bq, Ss + (np * 16 + (lane & 7) + 8 * (lane >> 4)) * kLdN + kk * 16 + 8 * ((lane >> 3) & 1));
-            mma_bf16(a2[2 * np], a, bq[0], bq[1]);
-            mma_bf16(a2[2 * np + 1], a, bq[2], bq[3]);
-          }
-        }
-        const float e_lo = ecum[i_lo], e_hi = ecum[i_hi];
-#pragma unroll
-        for (int n = 0; n < P / 8; ++n) {
-          acc[n][0] += e_lo * a2[n][0];
-          acc[n][1] += e_lo * a2[n][1];
-          acc[n][2] += e_hi * a2[n][2];
-          acc[n][3] += e_hi * a2[n][3];
-        }
-      }
+      if (!early_inter && !kNoInter && carry) add_inter();
     }
     if (kStoreY && vec) {
       // Every warp is done with Ss (C·S_in); warp rows [r0, r0 + 16) go to Ss as [Q][P] bf16,
