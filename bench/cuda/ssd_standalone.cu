@@ -180,7 +180,8 @@ const char* path_name(ssd_scan_path path) {
 
 // Scan: CUDA vs CPU on the same inputs; lens per row (-1: padding row of 3 tokens).
 void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> lens, int init_mode, dtype io, dtype st,
-                bool pad_strides, uint32_t seed, ssd_scan_path path = ssd_scan_path::automatic) {
+                bool pad_strides, uint32_t seed, ssd_scan_path path = ssd_scan_path::automatic,
+                int flags = -1) {
   std::vector<int32_t> qsl{0}, idx;
   std::vector<uint8_t> init;
   const int64_t B = static_cast<int64_t>(lens.size());
@@ -208,7 +209,12 @@ void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> len
   pg.query_start_loc = dqsl.as<int32_t>();
   pg.has_initial_state = init_mode ? dinit.as<uint8_t>() : nullptr;
   pg.chunk_size = 256;
+#ifdef HYSERVE_SSD_ABLATION
+  if (flags >= 0) run_cuda_ssd_chain_flags(pg, flags, nullptr);
+  else run_cuda(pg, path, nullptr);
+#else
   run_cuda(pg, path, nullptr);
+#endif
   CUDA_CHECK(cudaDeviceSynchronize());
   run_cpu(pc);
   htensor gy = pr.y, gs = pr.states;
@@ -226,8 +232,10 @@ void check_scan(int64_t H, int64_t P, int64_t N, int64_t G, std::vector<int> len
   if (!ok) ++g_failures;
   std::string ls;
   for (int l : lens) ls += std::to_string(l) + ",";
-  std::printf("%s scan%s H%ld P%ld N%ld G%ld lens[%s] init%d io=%s st=%s%s: y rel %.2e max %.2e | states rel %.2e max %.2e%s\n",
-              ok ? "PASS" : "FAIL", path_name(path), H, P, N, G, ls.c_str(), init_mode, dn(io), dn(st),
+  char fl[24] = "";
+  if (flags >= 0) std::snprintf(fl, sizeof fl, " flags 0x%04x", flags);
+  std::printf("%s scan%s%s H%ld P%ld N%ld G%ld lens[%s] init%d io=%s st=%s%s: y rel %.2e max %.2e | states rel %.2e max %.2e%s\n",
+              ok ? "PASS" : "FAIL", flags >= 0 ? "" : path_name(path), fl, H, P, N, G, ls.c_str(), init_mode, dn(io), dn(st),
               pad_strides ? " padded" : "",
               ey.rel(), ey.max_abs, es.rel(), es.max_abs, untouched ? "" : " (sentinel overwritten)");
 }
@@ -456,6 +464,14 @@ int main(int argc, char** argv) {
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParY);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par4Y);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par8Y);
+#ifdef HYSERVE_SSD_ABLATION
+      // The variant flags that no path takes (correct results; the kAbl* flags are not).
+      for (int flags : {0x5b, 0x73, 0x9b, 0xb3, 0x401b, 0x4033}) {
+        check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, Par, flags);
+        check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, Par, flags);
+        check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, Bf, Bf, false, 11, Par, flags);
+      }
+#endif
       std::printf("checks: %d failures\n", g_failures);
     }
     if (ablate) {
