@@ -27,6 +27,9 @@ void run_cuda(const rmsnorm_params& p, void* stream = nullptr);
 // Tensor parallelism with one group split over ranks: call once with sumsq_out set (writes the
 // per-row, per-group Σh² and returns without normalising), all-reduce it, then call again with
 // sumsq_in set and group_count = the global channel count of a group.
+//
+// The CUDA op launches with programmatic dependent launch; for groups it holds in registers it
+// reads weight before waiting for the kernel launched just before it (which must not write it).
 struct gated_rmsnorm_params {
   const float* x = nullptr;                    // [rows, cols], row stride x_stride
   const float* __restrict__ gate = nullptr;    // [rows, cols], row stride gate_stride
@@ -54,8 +57,10 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // rows must fit in 46 KB of shared memory): each block recomputes the rows' sums of squares with
 // the rmsnorm kernel's arithmetic, stages the normed rows in shared memory and streams its share
 // of the weight rows against them with the skinny gemm kernel's arithmetic, so every row equals
-// the unfused CUDA ops' bit for bit; it launches with programmatic dependent launch. Otherwise
-// it runs the unfused ops. HYSERVE_NORM_LINEAR=0 disables the fused kernel.
+// the unfused CUDA ops' bit for bit; it launches with programmatic dependent launch and reads
+// its first weight rows before waiting for the kernel launched just before it (weights are
+// constants: that kernel must not write w or up_w). Otherwise it runs the unfused ops.
+// HYSERVE_NORM_LINEAR=0 disables the fused kernel.
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
   const float* __restrict__ norm_weight = nullptr;  // [k]; null: no norm
