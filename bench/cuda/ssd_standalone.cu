@@ -480,11 +480,12 @@ int main(int argc, char** argv) {
       // shared memory, 0x20 claims of 8 heads, 0x40 L2 prefetch of a new claim's B and C, 0x80
       // C·S_in early in warps 0-3, 0x4000 one intra-chunk block at a time) and stages left out
       // (0x100 chain, 0x200 intra-chunk products, 0x400 C·S_in, 0x800 S_loc, 0x1000 loads, 0x2000
-      // y stores) of the persistent chained kernel; the paths for reference.
+      // y stores) of the persistent chained kernel; the paths for reference. 0x11b, 0x41b, 0x101b,
+      // 0x201b: stages left out of 0x1b (0x2000 there leaves out only the global y stores).
       time_copy();
       for (ssd_scan_path path : {Seq, Par, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) time_scan(1, 16384, Bf, F, path);
       for (int flags : {0, 1, 2, 3, 7, 11, 0x13, 0x17, 0x1b, 0x33, 0x5b, 0x73, 0x9b, 0xb3, 0x401b, 0x4033, 0x10b,
-                        0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103}) {
+                        0x103, 0x203, 0x403, 0x803, 0x1003, 0x2003, 0x3103, 0x11b, 0x41b, 0x101b, 0x201b}) {
         time_scan(1, 16384, Bf, F, Par, flags);
       }
       for (int flags : {0, 3, 7, 11, 0x13, 0x1b, 0x33, 0x5b, 0x9b, 0x103, 0x203, 0x403}) {

@@ -598,6 +598,20 @@ void run_cuda_ssd_chain_flags(const ssd_chunk_scan_params& p, int flags, void* s
         case F | sc::kOptOct | sc::kOptStoreY | sc::kOptOneJb:
           launch_ssd_bf16_chained<TS, F | sc::kOptOct | sc::kOptStoreY | sc::kOptOneJb>(p, true, s);
           break;
+        // Stages left out of the quad claims with y through shared memory (the y stores leave out
+        // only the global stores there: the staged tile keeps the products alive).
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoChain:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoChain>(p, true, s);
+          break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoInter:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoInter>(p, true, s);
+          break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoLoad:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoLoad>(p, true, s);
+          break;
+        case F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoStore:
+          launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kOptStoreY | sc::kAblNoStore>(p, true, s);
+          break;
         case F | sc::kOptQuad | sc::kAblNoChain:
           launch_ssd_bf16_chained<TS, F | sc::kOptQuad | sc::kAblNoChain>(p, true, s);
           break;
