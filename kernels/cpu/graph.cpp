@@ -31,9 +31,10 @@ arena_footprint::~arena_footprint() = default;
 size_t arena_footprint::bytes() const { return 0; }
 stream_event::stream_event() { no_cuda("stream_event"); }
 stream_event::~stream_event() = default;
-stream_event::stream_event(stream_event&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+stream_event::stream_event(stream_event&& o) noexcept : event_(o.event_), device_(o.device_) { o.event_ = nullptr; }
 stream_event& stream_event::operator=(stream_event&& o) noexcept {
   event_ = o.event_;
+  device_ = o.device_;
   o.event_ = nullptr;
   return *this;
 }

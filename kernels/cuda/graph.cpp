@@ -93,6 +93,7 @@ graph_arena::graph_arena(size_t bytes) : bytes_(offset_arena::rounded(bytes)) { 
 graph_arena::~graph_arena() { device_free(data_); }
 
 stream_event::stream_event() {
+  CUDA_CHECK(cudaGetDevice(&device_));
   cudaEvent_t e = nullptr;
   CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   event_ = e;
@@ -102,12 +103,14 @@ stream_event::~stream_event() {
   if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
 
-stream_event::stream_event(stream_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+stream_event::stream_event(stream_event&& o) noexcept
+    : event_(std::exchange(o.event_, nullptr)), device_(o.device_) {}
 
 stream_event& stream_event::operator=(stream_event&& o) noexcept {
   if (this != &o) {
     if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
     event_ = std::exchange(o.event_, nullptr);
+    device_ = o.device_;
   }
   return *this;
 }
@@ -119,6 +122,8 @@ void stream_event::record(void* stream) {
 
 void stream_event::synchronize() const {
   HYSERVE_CHECK(event_ != nullptr, "stream_event::synchronize: moved-from event");
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device_) CUDA_CHECK(cudaSetDevice(device_));
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
 }
 

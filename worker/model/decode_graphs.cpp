@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -14,6 +15,9 @@ namespace hyserve::worker {
 
 namespace {
 
+// The logits come back in chunks of this many bytes: the host moves chunk i into the result
+// while the copies of the chunks after it are still in flight.
+constexpr size_t kLogitsChunkBytes = size_t{4} << 20;
 // Graph arenas are sized in multiples of this.
 constexpr size_t kArenaGranule = size_t{2} << 20;
 
@@ -116,6 +120,8 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
   host_in_elems_ = static_cast<size_t>(largest.total);
   host_in_.reset(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
   host_out_.reset(kernels::pinned_alloc(logits_.nbytes()));
+  chunk_done_.clear();
+  for (size_t c = 0; c < (logits_.nbytes() + kLogitsChunkBytes - 1) / kLogitsChunkBytes; ++c) chunk_done_.emplace_back();
   stream_.reset(kernels::stream_create());
 }
 
@@ -205,12 +211,38 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   }
   if (timer) timer->stop(stream);
 
+  // The real rows' logits: their copies are queued first, then the result is allocated (and
+  // zero-filled by the tensor) while the device still runs the step, then each chunk is moved
+  // out of the pinned staging as soon as it has landed.
   const size_t real_bytes = static_cast<size_t>(bs) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
-  kernels::copy_d2h_async(host_out_.get(), logits_.data(), real_bytes, stream);
-  kernels::stream_synchronize(stream);
-
+  const size_t n_chunks = (real_bytes + kLogitsChunkBytes - 1) / kLogitsChunkBytes;
+  HYSERVE_CHECK(n_chunks <= chunk_done_.size(), "decode graphs: logits exceed the staging");
+  auto* staged = static_cast<char*>(host_out_.get());
+  const auto* device_logits = static_cast<const char*>(logits_.data());
+  for (size_t c = 0; c < n_chunks; ++c) {
+    const size_t at = c * kLogitsChunkBytes, n = std::min(kLogitsChunkBytes, real_bytes - at);
+    kernels::copy_d2h_async(staged + at, device_logits + at, n, stream);
+    chunk_done_[c].record(stream);
+  }
   tensor out = tensor::f32({bs, cfg_.vocab_local});
-  std::memcpy(out.data(), host_out_.get(), real_bytes);
+  auto* dst = static_cast<char*>(out.data());
+  // Several host threads drain the chunks (thread t takes chunks t, t + T, …: in arrival order).
+  std::exception_ptr failure;
+  const auto chunks = static_cast<int64_t>(n_chunks);
+#pragma omp parallel for schedule(static, 1) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    try {
+      const size_t at = static_cast<size_t>(c) * kLogitsChunkBytes, n = std::min(kLogitsChunkBytes, real_bytes - at);
+      chunk_done_[static_cast<size_t>(c)].synchronize();
+      std::memcpy(dst + at, staged + at, n);
+    } catch (...) {
+#pragma omp critical(hyserve_decode_graphs_logits)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  kernels::stream_synchronize(stream);  // nothing is left in flight (the last event covered it all)
+
   if (report) {
     report->graph = graph != nullptr;
     report->captured = captured;

@@ -5,11 +5,14 @@
 // (step_pack.h); its page table is laid out at the smallest power-of-two stride ≥ its pages.
 //
 // Per step: the host packs the padded metadata into pinned memory, one async copy puts it into
-// the static device buffer every graph reads, the key's graph is launched, and one async copy
-// returns the logits of the real rows. The first step of a key runs the model body eagerly on the
-// graph stream (its result is that step's logits: the warm-up), then captures the same body once;
-// later steps of that key replay it. Work partitioning inside the body depends only on the
-// bucket's shape, never on host-read lengths, so a replay with other lengths is valid.
+// the static device buffer every graph reads, the key's graph is launched, and the logits of
+// the real rows come back through a reused pinned buffer, in chunks that host threads move into
+// the returned tensor while later chunks are still in flight (the returned tensor itself is
+// allocated while the device runs the step). The first step of a key runs the model body
+// eagerly on the graph stream (its result is that step's logits: the warm-up), then captures the
+// same body once; later steps of that key replay it. Work partitioning inside the body depends
+// only on the bucket's shape, never on host-read lengths, so a replay with other lengths is
+// valid.
 //
 // Graph memory: the warm-up measures the step's allocations (kernels::arena_footprint), and the
 // capture carves them from a kernels::graph_arena of that size, so a graph holds kernels and
@@ -125,6 +128,7 @@ class decode_graphs {
   std::unique_ptr<void, pinned_deleter> host_in_;   // pinned staging of inputs_ (i32)
   std::unique_ptr<void, pinned_deleter> host_out_;  // pinned staging of logits_ (f32)
   size_t host_in_elems_ = 0;
+  std::vector<kernels::stream_event> chunk_done_;   // one per logits chunk in flight
   std::shared_ptr<kernels::graph_arena> arena_;     // the arena the next capture carves from
   std::vector<const void*> baked_;  // cache addresses the graphs were captured with
   std::map<decode_graph_key, graph_entry> graphs_;

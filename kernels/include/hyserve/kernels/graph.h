@@ -78,7 +78,9 @@ class arena_footprint {
   void* state_ = nullptr;
 };
 
-// A reusable event (no timing): recorded on a stream, waited for on the host.
+// A reusable event (no timing): recorded on a stream, waited for on the host, from any thread
+// (synchronize makes the event's device the calling thread's current device first, so a helper
+// thread never initialises a context on another device).
 class stream_event {
  public:
   stream_event();
@@ -92,6 +94,7 @@ class stream_event {
 
  private:
   void* event_ = nullptr;
+  int device_ = 0;  // current at construction
 };
 
 // An instantiated graph (cudaGraphExec_t) captured from one stream; move-only.
