@@ -26,8 +26,9 @@
 // The bf16-io path is read once from the environment:
 // HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
 // parallel_quad_y|parallel_oct_y|phased|sequential
-// (unset or anything else: parallel, faster than sequential at every measured shape:
-// 16384 tokens 1.35 vs 1.85 ms, 256 rows x 256 tokens 5.77 vs 7.91 ms, bench/results run 5);
+// (unset or anything else: parallel_quad_y, the fastest at every measured shape: 16384 tokens
+// 0.95 ms against 1.36 (parallel) and 1.86 (sequential), 256 rows x 256 tokens 4.30 against 5.74
+// and 7.90 ms, bench/results run 7);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
 // The default (not an explicit choice) takes the sequential path for batches of more than
 // kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
@@ -495,7 +496,7 @@ ssd_scan_path ssd_scan_default_path() {
     if (e != nullptr && std::strcmp(e, "parallel_oct_y") == 0) return ssd_scan_path::parallel_oct_y;
     if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
     if (e != nullptr && std::strcmp(e, "sequential") == 0) return ssd_scan_path::sequential;
-    return ssd_scan_path::parallel;
+    return ssd_scan_path::parallel_quad_y;  // fastest at every measured shape (bench/results run 7)
   }();
   return path;
 }
