@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "hyserve/kernels/gemm.h"
+#include "norm_linear_unfused.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -97,67 +98,10 @@ void run_cpu(const gated_rmsnorm_params& p) {
 }
 
 void run_cpu(const rmsnorm_linear_params& p) {
-  constexpr const char* op = "rmsnorm_linear";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.w, op, "w");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
-  require_stride(p.out_stride, p.n, op, "out_stride");
-  if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
-  if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
+  cpu_detail::check_rmsnorm_linear(p);
   if (p.m == 0) return;
-  std::vector<float> xn;
-  const float* a = p.x;
-  int64_t lda = p.x_stride;
-  if (p.norm_weight != nullptr) {
-    xn.resize(static_cast<size_t>(p.m * p.k));
-    rmsnorm_params r;
-    r.x = p.x;
-    r.weight = p.norm_weight;
-    r.out = xn.data();
-    r.rows = p.m;
-    r.cols = p.k;
-    r.x_stride = p.x_stride;
-    r.out_stride = p.k;
-    r.eps = p.eps;
-    run_cpu(r);
-    a = xn.data();
-    lda = p.k;
-  }
-  if (p.up_w != nullptr) {
-    swiglu_linear_params s;
-    s.x = a;
-    s.gate_w = p.w;
-    s.up_w = p.up_w;
-    s.w_dtype = p.w_dtype;
-    s.out = p.out;
-    s.m = p.m;
-    s.n = p.n;
-    s.k = p.k;
-    s.x_stride = lda;
-    s.w_stride = p.w_stride;
-    s.out_stride = p.out_stride;
-    run_cpu(s);
-    return;
-  }
-  gemm_params g;
-  g.a = a;
-  g.b = p.w;
-  g.b_dtype = p.w_dtype;
-  g.c = p.out;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.lda = lda;
-  g.beta = p.beta;
-  g.ldb = p.w_stride;
-  g.ldc = p.out_stride;
-  g.trans_b = true;
-  run_cpu(g);
+  std::vector<float> xn(p.norm_weight != nullptr ? static_cast<size_t>(p.m * p.k) : 0);
+  cpu_detail::run_rmsnorm_linear_unfused(p, xn.data(), [](const auto& q) { run_cpu(q); });
 }
 
 }  // namespace hyserve::kernels

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "../cpu/dtype_dispatch.h"
+#include "../cpu/norm_linear_unfused.h"
 #include "common.cuh"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
@@ -484,20 +485,7 @@ void run_cuda(const rmsnorm_params& p, void* stream) {
 }
 
 void run_cuda(const rmsnorm_linear_params& p, void* stream) {
-  constexpr const char* op = "rmsnorm_linear";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.w, op, "w");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
-  require_stride(p.out_stride, p.n, op, "out_stride");
-  if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
-  if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
-  if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
-  cpu_detail::require_storage(p.w_dtype, op, "w_dtype");
+  cpu_detail::check_rmsnorm_linear(p);
   if (p.m == 0) return;
   const cudaStream_t s = as_stream(stream);
   if (rmsnorm_linear_fused(p)) {
@@ -507,53 +495,9 @@ void run_cuda(const rmsnorm_linear_params& p, void* stream) {
   }
   // Unfused: the rmsnorm op into a scratch block, then the gemm or swiglu_linear op.
   float* xn = nullptr;
-  const float* a = p.x;
-  int64_t lda = p.x_stride;
-  if (p.norm_weight != nullptr) {
+  if (p.norm_weight != nullptr)
     CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&xn), static_cast<size_t>(p.m * p.k) * sizeof(float), s));
-    rmsnorm_params r;
-    r.x = p.x;
-    r.weight = p.norm_weight;
-    r.out = xn;
-    r.rows = p.m;
-    r.cols = p.k;
-    r.x_stride = p.x_stride;
-    r.out_stride = p.k;
-    r.eps = p.eps;
-    run_cuda(r, stream);
-    a = xn;
-    lda = p.k;
-  }
-  if (p.up_w != nullptr) {
-    swiglu_linear_params w;
-    w.x = a;
-    w.gate_w = p.w;
-    w.up_w = p.up_w;
-    w.w_dtype = p.w_dtype;
-    w.out = p.out;
-    w.m = p.m;
-    w.n = p.n;
-    w.k = p.k;
-    w.x_stride = lda;
-    w.w_stride = p.w_stride;
-    w.out_stride = p.out_stride;
-    run_cuda(w, stream);
-  } else {
-    gemm_params g;
-    g.a = a;
-    g.b = p.w;
-    g.b_dtype = p.w_dtype;
-    g.c = p.out;
-    g.m = p.m;
-    g.n = p.n;
-    g.k = p.k;
-    g.lda = lda;
-    g.ldb = p.w_stride;
-    g.ldc = p.out_stride;
-    g.trans_b = true;
-    g.beta = p.beta;
-    run_cuda(g, stream);
-  }
+  cpu_detail::run_rmsnorm_linear_unfused(p, xn, [&](const auto& q) { run_cuda(q, stream); });
   if (xn != nullptr) CUDA_CHECK(scratch_free(xn, s));
 }
 

@@ -1,0 +1,81 @@
+#pragma once
+// rmsnorm_linear (norm.h) in its unfused form, shared by the CPU op and the CUDA op's fallback:
+// the parameter checks, then the rmsnorm op into xn [m, k] (when norm_weight is set) and the
+// swiglu_linear op (up_w set) or the gemm op on xn (or on x). `run` is called with each op's
+// params (run_cpu or run_cuda on a stream).
+#include "dtype_dispatch.h"
+#include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/norm.h"
+#include "validate.h"
+
+namespace hyserve::kernels::cpu_detail {
+
+inline void check_rmsnorm_linear(const rmsnorm_linear_params& p) {
+  constexpr const char* op = "rmsnorm_linear";
+  require_ptr(p.x, op, "x");
+  require_ptr(p.w, op, "w");
+  require_ptr(p.out, op, "out");
+  require_non_negative(p.m, op, "m");
+  require_positive(p.n, op, "n");
+  require_positive(p.k, op, "k");
+  require_stride(p.x_stride, p.k, op, "x_stride");
+  require_stride(p.w_stride, p.k, op, "w_stride");
+  require_stride(p.out_stride, p.n, op, "out_stride");
+  if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
+  if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
+  if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  require_storage(p.w_dtype, op, "w_dtype");
+}
+
+// xn: [m, k] scratch for the normed rows (used only when p.norm_weight is set).
+template <class Run>
+void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&& run) {
+  const float* a = p.x;
+  int64_t lda = p.x_stride;
+  if (p.norm_weight != nullptr) {
+    rmsnorm_params r;
+    r.x = p.x;
+    r.weight = p.norm_weight;
+    r.out = xn;
+    r.rows = p.m;
+    r.cols = p.k;
+    r.x_stride = p.x_stride;
+    r.out_stride = p.k;
+    r.eps = p.eps;
+    run(r);
+    a = xn;
+    lda = p.k;
+  }
+  if (p.up_w != nullptr) {
+    swiglu_linear_params s;
+    s.x = a;
+    s.gate_w = p.w;
+    s.up_w = p.up_w;
+    s.w_dtype = p.w_dtype;
+    s.out = p.out;
+    s.m = p.m;
+    s.n = p.n;
+    s.k = p.k;
+    s.x_stride = lda;
+    s.w_stride = p.w_stride;
+    s.out_stride = p.out_stride;
+    run(s);
+    return;
+  }
+  gemm_params g;
+  g.a = a;
+  g.b = p.w;
+  g.b_dtype = p.w_dtype;
+  g.c = p.out;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = lda;
+  g.ldb = p.w_stride;
+  g.ldc = p.out_stride;
+  g.trans_b = true;
+  g.beta = p.beta;
+  run(g);
+}
+
+}  // namespace hyserve::kernels::cpu_detail
