@@ -147,6 +147,7 @@ arena_result arena_unbind() noexcept {
 }
 
 bool arena_bound() { return t_arena.has_value(); }
+bool footprint_measuring() { return t_footprint != nullptr; }
 
 }  // namespace cuda_detail
 

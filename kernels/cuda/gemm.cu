@@ -25,13 +25,12 @@ namespace hyserve::kernels {
 namespace cuda_detail {
 namespace {
 
-// Workspace of one handle (the size cuBLAS recommends for Hopper). Owned by the handle and set
-// after every cublasSetStream (which resets it), so cuBLAS never allocates its own: a GEMM
-// recorded into a CUDA graph then reads a buffer that outlives the graph. One handle's GEMMs
-// are issued by one thread in order, so the streams it serves never use the workspace at once.
+// Workspace of a cuBLAS call (the size cuBLAS recommends for Hopper). Set after every
+// cublasSetStream (which resets it), so cuBLAS never allocates its own.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-// One cuBLAS handle and its workspace; destroyed with its owner (errors logged, never thrown).
+// One cuBLAS handle and its workspace for eager calls; destroyed with its owner (errors
+// logged, never thrown).
 class cublas_handle {
  public:
   cublas_handle() {
@@ -54,10 +53,11 @@ class cublas_handle {
   cublas_handle(const cublas_handle&) = delete;
   cublas_handle& operator=(const cublas_handle&) = delete;
   cublasHandle_t get() const { return handle_; }
-  // Points the handle at `stream` with this handle's workspace.
-  void bind(cudaStream_t stream) const {
+  // Points the handle at `stream` with `workspace` (null: this handle's own).
+  void bind(cudaStream_t stream, void* workspace) const {
     CUBLAS_CHECK(cublasSetStream(handle_, stream));
-    if (workspace_) CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, kCublasWorkspaceBytes));
+    if (workspace == nullptr) workspace = workspace_;
+    if (workspace) CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace, kCublasWorkspaceBytes));
   }
 
  private:
@@ -66,16 +66,42 @@ class cublas_handle {
 };
 
 // cuBLAS handles are not thread-safe to share and belong to one device: one per (thread, device).
-// The calling thread's handle on the current device, bound to `stream`.
-cublasHandle_t handle_for_current_device(cudaStream_t stream) {
-  thread_local std::unordered_map<int, std::unique_ptr<cublas_handle>> handles;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  std::unique_ptr<cublas_handle>& h = handles[device];
-  if (!h) h = std::make_unique<cublas_handle>();
-  h->bind(stream);
-  return h->get();
-}
+// A handle (the calling thread's on the current device) bound to `stream` for one call.
+//
+// Inside a graph capture, and in the warm-up that measures a capture's arena (arena_footprint),
+// the call's workspace is op scratch (carved from the capture's arena, released after the call
+// in stream order), not the handle's: a replayed GEMM then reads memory its graph owns. The
+// handle's workspace dies with the thread that created it, and a graph may be replayed by
+// another thread after the capturing one has exited (a runner outlives the service loops that
+// drive it); a GEMM baked with that workspace read freed memory.
+class blas_call {
+ public:
+  explicit blas_call(cudaStream_t stream) : stream_(stream) {
+    thread_local std::unordered_map<int, std::unique_ptr<cublas_handle>> handles;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    std::unique_ptr<cublas_handle>& h = handles[device];
+    if (!h) h = std::make_unique<cublas_handle>();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone || footprint_measuring())
+      CUDA_CHECK(scratch_alloc(&workspace_, kCublasWorkspaceBytes, stream));
+    h->bind(stream, workspace_);
+    handle_ = h->get();
+  }
+  ~blas_call() {
+    const cudaError_t status = scratch_free(workspace_, stream_);
+    if (status != cudaSuccess) std::cerr << "cuBLAS workspace release failed: " << cudaGetErrorString(status) << "\n";
+  }
+  blas_call(const blas_call&) = delete;
+  blas_call& operator=(const blas_call&) = delete;
+  cublasHandle_t handle() const { return handle_; }
+
+ private:
+  cudaStream_t stream_;
+  void* workspace_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
+};
 
 // dst[r, c] = bf16(src[r · ld + c]) for r < rows, c < cols; dst compact.
 __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t rows,
@@ -241,9 +267,9 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
   round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
   HYSERVE_CUDA_CHECK_LAUNCH();
-  cublasHandle_t handle = handle_for_current_device(stream);
+  const blas_call blas(stream);
   const cublasStatus_t status =
-      cublasGemmEx(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      cublasGemmEx(blas.handle(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                    static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.b, CUDA_R_16BF,
                    static_cast<int>(p.ldb), a16, CUDA_R_16BF, static_cast<int>(a_cols), &p.beta, p.c, CUDA_R_32F,
                    static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -280,8 +306,8 @@ void run_cuda(const gemm_params& p, void* stream) {
     return;
   }
 
-  cublasHandle_t handle = handle_for_current_device(as_stream(stream));
-  CUBLAS_CHECK(cublasSgemm(handle, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+  const blas_call blas(as_stream(stream));
+  CUBLAS_CHECK(cublasSgemm(blas.handle(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                            static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha,
                            static_cast<const float*>(p.b), static_cast<int>(p.ldb), p.a, static_cast<int>(p.lda), &p.beta, p.c,
                            static_cast<int>(p.ldc)));

@@ -31,5 +31,7 @@ struct arena_result {
 };
 arena_result arena_unbind() noexcept;
 bool arena_bound();
+// Whether an arena_footprint (graph.h) measures this thread's allocations.
+bool footprint_measuring();
 
 }  // namespace hyserve::kernels::cuda_detail

@@ -6,11 +6,18 @@
 // The captured code: rmsnorm into a fresh tensor, a bf16-weight GEMM of 16 rows (not skinny:
 // the op converts A to bf16 in a scratch block), the rmsnorm output released, a second tensor
 // (which reuses the released range), an f32 GEMM into it, a copy into a static output.
+// A capture made on a thread that has exited replays on another thread: cuBLAS GEMMs of the
+// decode shapes of the 9B model (m = 32) read a workspace the graph owns (arena scratch), not
+// the capturing thread's handle workspace, which is freed with that thread.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <tuple>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hyserve/kernels/device.h"
@@ -148,9 +155,11 @@ TEST_F(GraphArenaCuda, CaptureHoldsNoMemoryNodesAndReplaysEqualEager) {
   arena_case c;
   size_t footprint = 0;
   const std::vector<float> want = eager(c, &footprint);
-  // xn, y, z and the GEMM's bf16 copy of A; z reuses xn's range, so less than their sum.
-  const size_t sum = static_cast<size_t>(kM * kK * 4 + 2 * kM * kN * 4 + kM * kK * 2);
-  EXPECT_GT(footprint, 0u);
+  // xn, y, z, the GEMM's bf16 copy of A and one cuBLAS workspace at a time (32 MiB, released
+  // after each call); z reuses xn's range, so less than their sum.
+  const size_t workspace = size_t{32} << 20;
+  const size_t sum = static_cast<size_t>(kM * kK * 4 + 2 * kM * kN * 4 + kM * kK * 2) + workspace;
+  EXPECT_GT(footprint, workspace);
   EXPECT_LT(footprint, sum);
   size_t again = 0;
   EXPECT_EQ(eager(c, &again), want) << "eager runs differ";
@@ -187,6 +196,83 @@ TEST_F(GraphArenaCuda, WithoutArenaTheCaptureUsesMemoryNodes) {
   EXPECT_GE(g.stats().mem_allocs, 3);  // xn, y, z (and the GEMM's scratch)
   EXPECT_EQ(g.stats().arena_bytes, 0);
   expect_bitwise(replay(c, g), want, "replay with memory nodes");
+}
+
+// C = A·Bᵀ with a bf16 B [n, k] and m rows (cuBLAS: m is above the skinny kernel's 8).
+struct gemm_case {
+  int64_t m, n, k;
+  device_array<float> a, c;
+  device_array<uint16_t> b;
+
+  gemm_case(int64_t m_, int64_t n_, int64_t k_) : m(m_), n(n_), k(k_) {
+    a = device_array<float>(random_floats(static_cast<size_t>(m * k), 21));
+    const std::vector<float> w = random_floats(static_cast<size_t>(n * k), 22);
+    std::vector<uint16_t> bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) bits[i] = f32_to_bf16(w[i]);
+    b = device_array<uint16_t>(bits);
+    c = device_array<float>(static_cast<size_t>(m * n));
+  }
+  void body(void* stream) const {
+    gemm_params g;
+    g.a = a.data();
+    g.b = b.data();
+    g.b_dtype = dtype::kBF16;
+    g.c = c.data();
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.lda = k;
+    g.ldb = k;
+    g.ldc = n;
+    g.trans_b = true;
+    run_cuda(g, stream);
+  }
+};
+
+TEST_F(GraphArenaCuda, GraphCapturedOnAnExitedThreadReplays) {
+  // The 9B model's decode GEMMs at batch 32: down_proj, out_proj, in_proj.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{32, 4096, 14336}, {32, 4096, 8192},
+                                {32, 16768, 4096}}) {
+    const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    gemm_case c(m, n, k);
+    c.c.fill_bytes(0xff);
+    c.body(nullptr);
+    device_synchronize();
+    const std::vector<float> want = c.c.download();
+
+    std::shared_ptr<graph_arena> arena;
+    std::optional<captured_graph> g;
+    std::string failure;
+    std::thread capturer([&] {
+      try {
+        void* s = stream_create();
+        size_t footprint = 0;
+        {
+          const allocation_stream_scope scope(s);
+          const arena_footprint measure;
+          c.body(s);
+          footprint = measure.bytes();
+        }
+        stream_synchronize(s);
+        arena = std::make_shared<graph_arena>(footprint);
+        captured_graph::capture_begin(s, arena.get());
+        c.body(s);
+        g.emplace(captured_graph::capture_end(s));
+        stream_destroy(s);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    });
+    capturer.join();  // its cuBLAS handle and that handle's workspace are gone now
+    ASSERT_TRUE(failure.empty()) << shape << ": " << failure;
+    ASSERT_TRUE(g.has_value());
+    EXPECT_EQ(g->stats().mem_allocs, 0) << shape;
+    c.c.fill_bytes(0xff);
+    g->launch(stream_);
+    g->launch(stream_);
+    stream_synchronize(stream_);
+    expect_bitwise(c.c.download(), want, "replay on another thread, " + shape);
+  }
 }
 
 }  // namespace
