@@ -26,14 +26,11 @@ sample_output sample_cpu(const sample_params& p) {
     throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
   const float* x = p.logits;
   const int64_t V = p.vocab;
-  // log-softmax normaliser of the raw logits (for the reported logprob).
-  const float mx = *std::max_element(x, x + V);
-  double z = 0.0;
-  for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(x[i] - mx));
-  const double log_z = static_cast<double>(mx) + std::log(z);
+  const float* const first_max = std::max_element(x, x + V);
+  const float mx = *first_max;
   sample_output out;
   if (p.temperature == 0.0f) {
-    out.token = static_cast<int32_t>(std::max_element(x, x + V) - x);  // first maximum
+    out.token = static_cast<int32_t>(first_max - x);
   } else {
     std::vector<int32_t> idx(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);
@@ -73,7 +70,12 @@ sample_output sample_cpu(const sample_params& p) {
       }
     }
   }
-  out.logprob = static_cast<float>(static_cast<double>(x[out.token]) - log_z);
+  if (p.want_logprob) {
+    // log-softmax normaliser of the raw logits.
+    double z = 0.0;
+    for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(x[i] - mx));
+    out.logprob = static_cast<float>(static_cast<double>(x[out.token]) - (static_cast<double>(mx) + std::log(z)));
+  }
   return out;
 }
 

@@ -186,6 +186,7 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       sp.top_p = pr.sample.top_p;
       sp.seed = pr.sample.seed;
       sp.counter = static_cast<uint64_t>(pr.output_index) + j;
+      sp.want_logprob = plan.want_logprobs;
       const kernels::sample_output so = kernels::sample_cpu(sp);
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);

@@ -30,11 +30,15 @@ struct sample_params {
   float top_p = 1.0f;
   uint64_t seed = 0;
   uint64_t counter = 0;  // position of the token in the request's output
+  // Whether to compute sample_output::logprob: the log-softmax normaliser is a pass of exp over
+  // the whole vocabulary (most of a greedy step's host time at a 128K vocabulary), so callers
+  // that do not report logprobs turn it off. The token does not depend on it.
+  bool want_logprob = true;
 };
 
 struct sample_output {
   int32_t token = 0;
-  float logprob = 0.0f;  // log-softmax of the unscaled logits at token
+  float logprob = 0.0f;  // log-softmax of the unscaled logits at token (0 without want_logprob)
 };
 
 sample_output sample_cpu(const sample_params& p);
