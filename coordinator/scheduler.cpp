@@ -11,7 +11,7 @@ namespace hyserve::coordinator {
 namespace {
 
 // Step kinds of the measured step times (group_state::costs).
-constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;
+constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;  // spec::step_costs::entry::kind
 constexpr int64_t kRemeasureAfter = 128;
 
 double ms_since(std::chrono::steady_clock::time_point t) {
@@ -379,6 +379,16 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, cons
   gs.round_active = true;
   send_round_step(g);
   return true;
+}
+
+const spec::step_costs& scheduler::step_times(int g) const {
+  HYSERVE_CHECK(g >= 0 && g < static_cast<int>(groups_.size()), "step_times: no group " + std::to_string(g));
+  return groups_[static_cast<size_t>(g)].costs;
+}
+
+void scheduler::seed_step_times(int g, const spec::step_costs& costs) {
+  HYSERVE_CHECK(g >= 0 && g < static_cast<int>(groups_.size()), "seed_step_times: no group " + std::to_string(g));
+  groups_[static_cast<size_t>(g)].costs = costs;
 }
 
 bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const {

@@ -50,6 +50,12 @@ class scheduler final : public frontend {
   // a fatal worker fault (1, after failing every request).
   int run(const std::atomic<bool>& stop_requested);
 
+  // The step times data-parallel group g has measured for the speculative cost check, and a
+  // table to start from (a previous scheduler's over the same workers, e.g. a benchmark's
+  // warm-up run: what a long-running service has measured). Only while run() is not running.
+  const spec::step_costs& step_times(int g) const;
+  void seed_step_times(int g, const spec::step_costs& costs);
+
  private:
   using clock = std::chrono::steady_clock;
   struct request_state {

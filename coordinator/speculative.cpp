@@ -145,14 +145,14 @@ bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, dou
 
 double step_costs::get(int kind, int32_t rows, int32_t width) const {
   for (const entry& e : entries_)
-    if (e.kind == kind && e.rows == rows && e.width == width) return e.seconds;
+    if (e.kind == kind && e.rows == rows && e.width == width) return e.samples >= kTrusted ? e.seconds : 0.0;
   return 0.0;
 }
 
 double step_costs::estimate(int kind, int32_t rows, int32_t width, double base_s) const {
   if (const double exact = get(kind, rows, width); exact > 0) return exact;
   for (const entry& e : entries_) {
-    if (e.kind != kind || e.rows != rows || e.width <= 1) continue;
+    if (e.kind != kind || e.rows != rows || e.width <= 1 || e.samples < kTrusted) continue;
     if (base_s <= 0) return e.seconds;  // no plain step to interpolate from: the measured width's
     const double extra = std::max(0.0, e.seconds - base_s) / (e.width - 1);
     return base_s + extra * (width - 1);

@@ -93,10 +93,12 @@ bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, dou
 // Step times by a key (step kind, rows, tokens per row): the second sample replaces the first
 // when smaller (the first step of a shape may carry one-time costs: scratch growth, kernel
 // choice), later ones form an exponential moving average with each sample clipped to twice the
-// estimate.
+// estimate. A key with one sample counts as not measured (get and estimate ignore it), so the
+// step runs once more and a one-time cost cannot price a shape out for good.
 class step_costs {
  public:
-  // Seconds of the key's steps (<= 0: none measured).
+  static constexpr int64_t kTrusted = 2;  // samples before a key's time is used
+  // Seconds of the key's steps (<= 0: none measured, or one sample only).
   double get(int kind, int32_t rows, int32_t width) const;
   // Like get, but without a sample of this width, from another width of the same kind and rows:
   // the time above base_s (a plain step's) grows linearly with the extra tokens per row (with
@@ -104,13 +106,16 @@ class step_costs {
   double estimate(int kind, int32_t rows, int32_t width, double base_s) const;
   void add(int kind, int32_t rows, int32_t width, double seconds);
 
- private:
   struct entry {
-    int kind;
+    int kind;  // the scheduler's step kind: 0 decode, 1 verify, 2 draft
     int32_t rows, width;
     double seconds;
     int64_t samples;
   };
+  // Every key measured, in the order first seen (for reports).
+  const std::vector<entry>& entries() const { return entries_; }
+
+ private:
   std::vector<entry> entries_;
 };
 

@@ -3,7 +3,7 @@
 //   hyserve-bench-spec CONFIG [--batches 1,8,32] [--prompt-len 1024] [--new-tokens 128]
 //                      [--draft-tokens 4] [--draft-layers 0] [--draft-tree-width 1]
 //                      [--repetitive self|echo|block] [--warmup 1] [--dtype float32|bfloat16]
-//                      [--json FILE]
+//                      [--cost-check 0|1] [--json FILE]
 // Workloads, one prompt per row (rows differ by seed):
 //   - repetitive: a prompt that contains its own continuation. `self` (default): a random
 //     prefix P (prompt-len/4 tokens), the model's own greedy continuation C of P (prompt-len/2
@@ -22,13 +22,16 @@
 // back-off shows as decode plans under speculation), and whether every row's output equals the
 // plain output token for token. Every cell runs --warmup times untimed before its measured run
 // (one-time costs: scratch that grows with the step shapes, kernel choices, CUDA graphs of new
-// shapes), and each plain cell is measured next to its n-gram cell. A synthetic model with
+// shapes; the step times the speculative cost check measures are carried across the runs on a
+// runner, as a running service keeps them), and each plain cell is measured next to its n-gram
+// cell. A synthetic model with
 // model.synthetic.residual_scale well below 1 (configs/bamba-9b-synthetic-cuda-spec.yaml) is
 // predictable: its greedy runs settle into cycles the repetitive prompts contain, and the
 // target's first layers draft it well; with the default random model acceptance is about 0 and
 // the rows show the back-off. --dtype overrides the storage of weights, KV cache and SSM state
 // (float32: the strict identity check where bf16 GEMMs round differently for decode and verify
-// batch shapes). Exits 2 when any output differs, 1 on errors.
+// batch shapes). --cost-check overrides speculative.cost_check (0: every round runs, even where
+// the measured step times say it does not pay). Exits 2 when any output differs, 1 on errors.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -66,6 +69,7 @@ struct options {
   int32_t draft_tree_width = 1;
   std::string repetitive = "self";
   int32_t warmup = 1;
+  int32_t cost_check = -1;  // -1: the config's speculative.cost_check; 0 / 1 override it
   std::string dtype;  // "", float32 or bfloat16: overrides model.dtype and the cache's dtypes
   std::string json_out;
 };
@@ -103,6 +107,10 @@ options parse(int argc, char** argv) {
     else if (a == "--draft-layers") o.draft_layers = number(0);
     else if (a == "--draft-tree-width") o.draft_tree_width = number(1);
     else if (a == "--warmup") o.warmup = number(0);
+    else if (a == "--cost-check") {
+      o.cost_check = number(0);
+      if (o.cost_check > 1) throw invalid_argument_error("--cost-check must be 0 or 1");
+    }
     else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "float32" && o.dtype != "bfloat16")
@@ -201,6 +209,7 @@ int run(const options& o) {
   base.scheduler.max_running = max_batch;
   base.scheduler.max_queue = std::max(base.scheduler.max_queue, max_batch);
   base.speculative.algorithm = speculative_algorithm::kNone;
+  if (o.cost_check >= 0) base.speculative.cost_check = o.cost_check == 1;
   if (!o.dtype.empty()) {
     const hyserve::dtype t = o.dtype == "float32" ? hyserve::dtype::kF32 : hyserve::dtype::kBF16;
     base.model.weight_dtype = base.cache.kv_dtype = base.cache.ssm_state_dtype = t;
@@ -267,12 +276,17 @@ int run(const options& o) {
   bool identical = true;
 
   // One cell: `warmup` untimed runs (allocations that grow with the step shapes, library
-  // handles and kernel choices, CUDA graphs of new shapes), then the measured run.
+  // handles and kernel choices, CUDA graphs of new shapes), then the measured run. The step
+  // times the schedulers measure for the speculative cost check are carried from run to run on
+  // the same runner (what a service that has been up for a while has measured), so a measured
+  // run does not pay for measuring each step shape again.
+  std::map<const hyserve::worker::runner*, hyserve::coordinator::spec::step_costs> step_times;
   auto measure = [&](hyserve::worker::runner& r, speculative_algorithm alg, const workload& w, int32_t b) {
     const service_config cfg = with_algorithm(base, alg, o);
     const std::vector<std::vector<int32_t>> prompts(w.prompts.begin(), w.prompts.begin() + b);
-    for (int32_t i = 0; i < o.warmup; ++i) (void)hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens);
-    const auto res = hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens);
+    hyserve::coordinator::spec::step_costs& times = step_times[&r];
+    for (int32_t i = 0; i < o.warmup; ++i) (void)hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens, &times);
+    const auto res = hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens, &times);
     cell c{w.name, b, alg, decode_throughput(res), 0, 0, res.mode_counts, 0, -1, 0};
     std::vector<std::vector<int32_t>> outs;
     for (const auto& g : res.rows) {
@@ -299,8 +313,10 @@ int run(const options& o) {
         if (p.alg == speculative_algorithm::kNone && p.workload == c.workload && p.batch == b && p.tp.tokens_per_s > 0)
           c.speedup = c.tp.tokens_per_s / p.tp.tokens_per_s;
     }
-    std::fprintf(stderr, "  %-10s batch %3d %-11s %10.1f tokens/s\n", w.name.c_str(), b, algorithm_name(alg),
-                 c.tp.tokens_per_s);
+    std::fprintf(stderr, "  %-10s batch %3d %-11s %10.1f tokens/s  %5.2fx  drafted %lld accepted %lld  plans %lld/%lld/%lld\n",
+                 w.name.c_str(), b, algorithm_name(alg), c.tp.tokens_per_s, c.speedup, static_cast<long long>(c.drafted),
+                 static_cast<long long>(c.accepted), static_cast<long long>(c.modes[1]), static_cast<long long>(c.modes[4]),
+                 static_cast<long long>(c.modes[6]));
     cells.push_back(std::move(c));
   };
   // Plain and n-gram cells side by side (the same device state for both).
@@ -309,6 +325,9 @@ int run(const options& o) {
       measure(*target, speculative_algorithm::kNone, w, b);
       measure(*target, speculative_algorithm::kNgram, w, b);
     }
+  std::vector<std::pair<std::string, hyserve::coordinator::spec::step_costs>> measured_steps;
+  measured_steps.emplace_back("target", step_times[target.get()]);
+  step_times.erase(target.get());  // a later runner may get the same address
   target.reset();
   if (o.draft_layers > 0) {
     const service_config dcfg = with_algorithm(base, speculative_algorithm::kDraftModel, o);
@@ -316,6 +335,7 @@ int run(const options& o) {
     auto with_draft = make_runner(dcfg, mc, ctx);
     for (const workload& w : loads)
       for (int32_t b : o.batches) measure(*with_draft, speculative_algorithm::kDraftModel, w, b);
+    measured_steps.emplace_back("target+draft", step_times[with_draft.get()]);
   }
 
   // Table order: plain, n-gram, draft model; workloads and batches in their order.
@@ -353,6 +373,19 @@ int run(const options& o) {
                     {"mismatched_rows", c.mismatched_rows},
                     {"first_divergence", c.first_divergence}});
   }
+  // The step times the schedulers measured (what the cost check weighs rounds with).
+  std::printf("\nmeasured step times (the speculative cost check's table; the last estimate per shape):\n");
+  std::printf("%-13s %-7s %5s %6s %10s %8s\n", "runner", "step", "rows", "width", "ms", "samples");
+  json::array steps;
+  static constexpr const char* kStepKinds[] = {"decode", "verify", "draft"};
+  for (const auto& [name, table] : measured_steps)
+    for (const auto& e : table.entries()) {
+      const char* kind = e.kind >= 0 && e.kind < 3 ? kStepKinds[e.kind] : "?";
+      std::printf("%-13s %-7s %5d %6d %10.3f %8lld\n", name.c_str(), kind, e.rows, e.width, e.seconds * 1e3,
+                  static_cast<long long>(e.samples));
+      steps.push_back({{"runner", name}, {"step", kind}, {"rows", e.rows}, {"width", e.width},
+                       {"ms", e.seconds * 1e3}, {"samples", e.samples}});
+    }
   if (!o.json_out.empty()) {
     json::object report{{"config", o.config},
                         {"device", base.device == hyserve::device_kind::kCuda ? "cuda" : "cpu"},
@@ -367,7 +400,8 @@ int run(const options& o) {
                         {"repetitive", o.repetitive},
                         {"warmup", o.warmup},
                         {"identical", identical},
-                        {"results", rows}};
+                        {"results", rows},
+                        {"step_times", steps}};
     std::ofstream(o.json_out) << json::serialize(report) << "\n";
   }
   if (!identical) {

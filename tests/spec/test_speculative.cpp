@@ -630,11 +630,14 @@ TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   EXPECT_TRUE(spec::round_pays_off(32, 0.0, 0.0, 0.0));
   EXPECT_FALSE(spec::round_pays_off(32, 40.0, 0.0, 0.120));
   EXPECT_FALSE(spec::round_pays_off(0, 1.0, 0.060, 0.120));
-  // Step times: the second sample replaces a larger first one (one-time costs), later samples
-  // are averaged with outliers clipped to twice the estimate; other widths are interpolated.
+  // Step times: one sample is not trusted (a one-time cost must not price a shape out for good:
+  // the step runs again), the second replaces a larger first one, later samples are averaged
+  // with outliers clipped to twice the estimate; other widths are interpolated.
   spec::step_costs c;
   EXPECT_EQ(c.get(1, 8, 5), 0.0);
   c.add(1, 8, 5, 0.100);
+  EXPECT_EQ(c.get(1, 8, 5), 0.0);
+  EXPECT_EQ(c.estimate(1, 8, 3, 0.010), 0.0);
   c.add(1, 8, 5, 0.020);
   EXPECT_DOUBLE_EQ(c.get(1, 8, 5), 0.020);
   c.add(1, 8, 5, 1.0);

@@ -63,12 +63,16 @@ struct run_result {
 };
 
 // Submits every prompt at once (greedy, ignore_eos, max_new_tokens each) to a fresh scheduler
-// over `r` and waits until all finished.
+// over `r` and waits until all finished. step_times (optional): the measured step times the
+// scheduler starts from, replaced by the ones it holds at the end (one table carried across
+// runs is what a long-running service over the same workers has measured).
 inline run_result run_batch(const service_config& cfg, const model_config& mc, worker::runner& r,
-                            const std::vector<std::vector<int32_t>>& prompts, int32_t max_new_tokens) {
+                            const std::vector<std::vector<int32_t>>& prompts, int32_t max_new_tokens,
+                            coordinator::spec::step_costs* step_times = nullptr) {
   using clock = std::chrono::steady_clock;
   inline_transport link(r);
   coordinator::scheduler sched(cfg, mc, std::vector<wire::hello>{r.capacity(0)}, link);
+  if (step_times) sched.seed_step_times(0, *step_times);
   run_result out;
   out.rows.resize(prompts.size());
   std::mutex mu;
@@ -111,6 +115,7 @@ inline run_result run_batch(const service_config& cfg, const model_config& mc, w
   out.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   stop = true;
   loop.join();
+  if (step_times) *step_times = sched.step_times(0);
   out.mode_counts = link.mode_counts;
   return out;
 }
