@@ -7,6 +7,7 @@
 
 #include "hyserve/common/error.h"
 #include "layers.h"
+#include "load_util.h"
 #include "step_driver.h"
 
 namespace hyserve::worker {
@@ -52,6 +53,10 @@ class bamba_model final : public model {
     const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
 
+    // Each layer is placed on the device (and converted to the weight type) as soon as it is
+    // loaded: the host holds one layer's f32 weights at a time, not the whole model's.
+    load_progress progress("Bamba, " + std::to_string(mc.num_layers) + " layers", mc.num_layers);
+    place_globals();
     int32_t n_attn = 0, n_mamba = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
@@ -74,8 +79,9 @@ class bamba_model final : public model {
           throw config_error("Bamba: layer " + std::to_string(i) +
                              " is a Gated DeltaNet layer; Bamba has only Mamba2 and attention layers");
       }
+      place_layer(L);
+      progress.layer_done(i + 1);
     }
-    place_weights();
     step_frame frame;
     frame.label = "Bamba, " + std::to_string(mc.num_layers) + " layers";
     frame.vocab_size = mc.vocab_size;
@@ -161,17 +167,18 @@ class bamba_model final : public model {
   }
 
   // Weights are loaded on the host and placed on the model's device once.
-  void place_weights() {
+  void place_globals() {
     const device_kind d = ctx_.device;
     for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
     layers::place(final_norm_, d);
-    for (bamba_layer& L : layers_) {
-      layers::place(L.input_norm, d);
-      layers::place(L.pre_ff_norm, d);
-      layers::place(L.mlp, d, weight_type_);
-      if (L.kind == layer_kind::kMamba2) layers::place(L.mamba, d, weight_type_);
-      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
-    }
+  }
+  void place_layer(bamba_layer& L) {
+    const device_kind d = ctx_.device;
+    layers::place(L.input_norm, d);
+    layers::place(L.pre_ff_norm, d);
+    layers::place(L.mlp, d, weight_type_);
+    if (L.kind == layer_kind::kMamba2) layers::place(L.mamba, d, weight_type_);
+    if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
   }
 
   int64_t groups_local() const {

@@ -60,11 +60,12 @@ std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_c
     throw config_error("speculative.draft_model: vocab_size " + std::to_string(dmc.vocab_size) +
                        " differs from the target's " + std::to_string(mc.vocab_size));
   dmc.validate();
+  const dtype weight_type = cfg.model.weight_dtype;  // checked by make_model
   switch (dmc.arch) {
     case model_arch::kBamba:
-      return make_bamba(dmc, *weights, tp, comm, ctx);
+      return make_bamba(dmc, *weights, tp, comm, ctx, weight_type);
     case model_arch::kQwen3Next:
-      return make_qwen3_next(dmc, *weights, tp, comm, ctx);
+      return make_qwen3_next(dmc, *weights, tp, comm, ctx, weight_type);
   }
   throw config_error("speculative.draft_model: unknown model architecture");
 }

@@ -50,6 +50,10 @@ class qwen3_next_model final : public model {
     lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
     kv_heads_local_ = tp_kv_heads(mc.num_attention_heads, mc.num_kv_heads, r, n).count;
 
+    // Each layer is placed on the device (and converted to the weight type) as soon as it is
+    // loaded: the host holds one layer's f32 weights at a time, not the whole model's.
+    load_progress progress("Qwen3-Next, " + std::to_string(mc.num_layers) + " layers", mc.num_layers);
+    place_globals();
     int32_t n_attn = 0, n_recurrent = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
@@ -82,8 +86,9 @@ class qwen3_next_model final : public model {
         L.mlp.up = ws.load_slice(p + "mlp.up_proj.weight", {I, H}, 0, r * il, (r + 1) * il);
         L.mlp.down = ws.load_slice(p + "mlp.down_proj.weight", {H, I}, 1, r * il, (r + 1) * il);
       }
+      place_layer(L);
+      progress.layer_done(i + 1);
     }
-    place_weights();
     step_frame frame;
     frame.label = "Qwen3-Next, " + std::to_string(mc.num_layers) + " layers";
     frame.vocab_size = mc.vocab_size;
@@ -169,20 +174,21 @@ class qwen3_next_model final : public model {
   }
 
   // Weights are loaded on the host and placed on the model's device once.
-  void place_weights() {
+  void place_globals() {
     const device_kind d = ctx_.device;
     for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
     layers::place(final_norm_, d);
-    for (qwen3_next_layer& L : layers_) {
-      layers::place(L.input_norm, d);
-      layers::place(L.post_attention_norm, d);
-      if (L.kind == layer_kind::kGatedDeltaNet) layers::place(L.gdn, d, weight_type_);
-      if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
-      if (L.moe)
-        layers::place(L.moe_block, d, weight_type_);
-      else
-        layers::place(L.mlp, d, weight_type_);
-    }
+  }
+  void place_layer(qwen3_next_layer& L) {
+    const device_kind d = ctx_.device;
+    layers::place(L.input_norm, d);
+    layers::place(L.post_attention_norm, d);
+    if (L.kind == layer_kind::kGatedDeltaNet) layers::place(L.gdn, d, weight_type_);
+    if (L.kind == layer_kind::kAttention) layers::place(L.attn, d, weight_type_);
+    if (L.moe)
+      layers::place(L.moe_block, d, weight_type_);
+    else
+      layers::place(L.mlp, d, weight_type_);
   }
 
   model_config mc_;

@@ -94,8 +94,9 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
 
 // The draft model of speculative.algorithm = draft_model (null for other algorithms): the
 // checkpoint at speculative.draft_model.path, or the target (mc, same weights) cut to its first
-// speculative.draft_model.synthetic.num_layers layers. Throws config_error naming the field when
-// it cannot serve as a draft (vocabulary differs, more layers than the target).
+// speculative.draft_model.synthetic.num_layers layers; its weights are stored as model.dtype
+// (like the target's: a draft step reads half the bytes in bf16). Throws config_error naming the
+// field when it cannot serve as a draft (vocabulary differs, more layers than the target).
 std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_config& mc, tp_placement tp,
                                         collective* comm, const kernels::exec_context& ctx = {});
 

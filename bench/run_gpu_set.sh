@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU benchmark set in one call: configure and build once (Release, sm_90a), then, each
+# under its own time limit and with its log under OUT_DIR, the whole test suite with the CUDA
+# backend and the benchmarks bench/results/ reports (kernels, 9B end to end, speculative
+# decoding). Stages that do not fit in the time left are skipped and named.
+#   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
+# Stages (default: all, in this order): tests select ssd gdn model spec-pred spec-rand
+# spec-draft. Environment: BUILD_DIR (default build), BUDGET_S (seconds for the whole call,
+# default 3000), JOBS (default: nproc).
+set -uo pipefail
+
+out=${1:?usage: bench/run_gpu_set.sh OUT_DIR [STAGE ...]}
+shift
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests select ssd gdn model spec-pred spec-rand spec-draft)
+mkdir -p "$out"
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+start=$(date +%s)
+deadline=$((start + ${BUDGET_S:-3000}))
+left() { echo $((deadline - $(date +%s))); }
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)" | tee "$out/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$out/summary.txt" 2>&1
+
+t=$(date +%s)
+if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYSERVE_CUDA_ARCHS=90a &&
+       cmake --build "$build" -j "$jobs"; } > "$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  echo "build failed" | tee -a "$out/summary.txt"
+  exit 1
+fi
+echo "build: $(($(date +%s) - t)) s" | tee -a "$out/summary.txt"
+
+bin=$build/bin
+# stage NAME LIMIT_S COMMAND...: runs COMMAND with at most LIMIT_S seconds (less when less is
+# left), its output in OUT_DIR/NAME.log.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local l
+  l=$(left)
+  if [ "$l" -lt 30 ]; then
+    echo "$name: skipped (${l} s left)" | tee -a "$out/summary.txt"
+    return
+  fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  local t0
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc $rc, $(($(date +%s) - t0)) s (limit $limit s): $*" | tee -a "$out/summary.txt"
+}
+
+for s in "${stages[@]}"; do
+  case $s in
+    tests) stage tests 600 ctest --test-dir "$build" -j "$jobs" --timeout 140 --output-on-failure -E OpenAIClient ;;
+    select) stage select 120 "$bin/hyserve-bench-sparse" select ;;
+    ssd) stage ssd 180 "$bin/hyserve-bench-cuda" ssd_scan --ssm-io=bf16 --ssm-state=f32 ;;
+    gdn) stage gdn 180 "$bin/hyserve-bench-gdn" ;;
+    model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,16,64 \
+             --decode-steps 8 --profile-step --json "$out/model.json" ;;
+    spec-pred) stage spec-pred 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
+                 --batches 1,8,32 --prompt-len 1024 --new-tokens 128 --json "$out/spec-pred.json" ;;
+    spec-rand) stage spec-rand 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda.yaml \
+                 --batches 1,8,32 --prompt-len 512 --new-tokens 128 --json "$out/spec-rand.json" ;;
+    spec-draft) stage spec-draft 300 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
+                  --batches 1 --prompt-len 1024 --new-tokens 128 --draft-tokens 7 --draft-layers 4 \
+                  --json "$out/spec-draft.json" ;;
+    *) echo "unknown stage $s (known: tests select ssd gdn model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
+  esac
+done
+echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
