@@ -654,6 +654,48 @@ TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   EXPECT_NEAR(c.estimate(1, 8, 3, 0.0), 0.020, 1e-6);  // no plain step measured: width 5's time
 }
 
+// The runner samples the rows of a step on several host threads when the vocabulary is large
+// (worker/src/runner.cpp: vocab >= 4096): a batch of greedy and seeded sampled requests (top-k,
+// top-p) run together gives each request exactly the output it gets alone.
+TEST(SpecSampling, BatchedRowsSampleAsAloneAtALargeVocabulary) {
+  const std::string cfg_text =
+      "model: {synthetic: {seed: 5, vocab_size: 8192, hidden_size: 64, num_layers: 2, attn_layer_indices: [1],\n"
+      "                    num_attention_heads: 4, num_kv_heads: 2, head_dim: 16, intermediate_size: 128,\n"
+      "                    mamba_n_heads: 4, mamba_d_head: 16, mamba_d_state: 16, mamba_n_groups: 1}}\n"
+      "device: cpu\n"
+      "cache: {page_size: 16, max_requests: 8, max_context: 128}\n"
+      "scheduler: {max_batch_tokens: 512, max_running: 8, chunked_prefill: 64, max_queue: 16}\n";
+  std::mt19937 rng(29);
+  std::vector<gen_request> reqs(6);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    gen_request& r = reqs[i];
+    for (int j = 0; j < 5 + static_cast<int>(i) * 3; ++j) r.prompt.push_back(static_cast<int32_t>(3 + rng() % 8000));
+    r.sampling.max_new_tokens = 12;
+    r.sampling.ignore_eos = true;
+    if (i % 3 == 1) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 100 + i;
+    } else if (i % 3 == 2) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 40;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = 200 + i;
+    }
+  }
+  spec_service together(load_config_string(cfg_text));
+  ASSERT_EQ(together.config().vocab_size, 8192);
+  const std::vector<generation> batched = together.run(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    spec_service alone(load_config_string(cfg_text));  // one run per service
+    const std::vector<generation> one = alone.run({reqs[i]});
+    ASSERT_FALSE(one[0].error) << *one[0].error;
+    ASSERT_FALSE(batched[i].error) << *batched[i].error;
+    EXPECT_EQ(batched[i].output.size(), 12u) << "request " << i;
+    EXPECT_EQ(batched[i].output, one[0].output) << "request " << i << " (temperature " << reqs[i].sampling.temperature
+                                                << ")";
+  }
+}
+
 // model.synthetic.residual_scale: a synthetic model whose residual branches are scaled down is
 // predictable. Prompts hold the model's own greedy continuation of a random prefix; n-gram
 // drafts and the target's first layer as draft model are then accepted in most rounds, and the
