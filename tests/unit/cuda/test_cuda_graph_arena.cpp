@@ -38,6 +38,31 @@ using cuda_test::random_floats;
 
 constexpr int64_t kM = 16, kK = 256, kN = 128;
 
+// Random weights stored as bf16 on the device.
+device_array<uint16_t> bf16_weights(size_t count, uint32_t seed) {
+  const std::vector<float> w = random_floats(count, seed);
+  std::vector<uint16_t> bits(w.size());
+  for (size_t i = 0; i < w.size(); ++i) bits[i] = f32_to_bf16(w[i]);
+  return device_array<uint16_t>(bits);
+}
+
+// c[m, n] = a[m, k] · bᵀ with a bf16 b [n, k], all compact, on `stream`.
+void gemm_bf16(const float* a, const uint16_t* b, float* c, int64_t m, int64_t n, int64_t k, void* stream) {
+  gemm_params g;
+  g.a = a;
+  g.b = b;
+  g.b_dtype = dtype::kBF16;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = k;
+  g.ldb = k;
+  g.ldc = n;
+  g.trans_b = true;
+  run_cuda(g, stream);
+}
+
 struct arena_case {
   device_array<float> x, norm_w, w2, out;
   device_array<uint16_t> w1;  // bf16 [kN, kK]
@@ -46,10 +71,7 @@ struct arena_case {
     x = device_array<float>(random_floats(static_cast<size_t>(kM * kK), 11));
     norm_w = device_array<float>(random_floats(static_cast<size_t>(kK), 12, 0.5f, 1.5f));
     w2 = device_array<float>(random_floats(static_cast<size_t>(kN * kN), 13));
-    const std::vector<float> w = random_floats(static_cast<size_t>(kN * kK), 14);
-    std::vector<uint16_t> b(w.size());
-    for (size_t i = 0; i < w.size(); ++i) b[i] = f32_to_bf16(w[i]);
-    w1 = device_array<uint16_t>(b);
+    w1 = bf16_weights(static_cast<size_t>(kN * kK), 14);
     out = device_array<float>(static_cast<size_t>(kM * kN));
   }
 
@@ -65,19 +87,7 @@ struct arena_case {
     r.x_stride = r.out_stride = kK;
     run_cuda(r, stream);
     tensor y = tensor::f32({kM, kN}, device_kind::kCuda);
-    gemm_params g;
-    g.a = xn.as<float>();
-    g.b = w1.data();
-    g.b_dtype = dtype::kBF16;
-    g.c = y.as<float>();
-    g.m = kM;
-    g.n = kN;
-    g.k = kK;
-    g.lda = kK;
-    g.ldb = kK;
-    g.ldc = kN;
-    g.trans_b = true;
-    run_cuda(g, stream);
+    gemm_bf16(xn.as<float>(), w1.data(), y.as<float>(), kM, kN, kK, stream);
     xn = tensor();  // released: the next tensor may take its range
     tensor z = tensor::f32({kM, kN}, device_kind::kCuda);
     gemm_params h;
@@ -206,27 +216,10 @@ struct gemm_case {
 
   gemm_case(int64_t m_, int64_t n_, int64_t k_) : m(m_), n(n_), k(k_) {
     a = device_array<float>(random_floats(static_cast<size_t>(m * k), 21));
-    const std::vector<float> w = random_floats(static_cast<size_t>(n * k), 22);
-    std::vector<uint16_t> bits(w.size());
-    for (size_t i = 0; i < w.size(); ++i) bits[i] = f32_to_bf16(w[i]);
-    b = device_array<uint16_t>(bits);
+    b = bf16_weights(static_cast<size_t>(n * k), 22);
     c = device_array<float>(static_cast<size_t>(m * n));
   }
-  void body(void* stream) const {
-    gemm_params g;
-    g.a = a.data();
-    g.b = b.data();
-    g.b_dtype = dtype::kBF16;
-    g.c = c.data();
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.lda = k;
-    g.ldb = k;
-    g.ldc = n;
-    g.trans_b = true;
-    run_cuda(g, stream);
-  }
+  void body(void* stream) const { gemm_bf16(a.data(), b.data(), c.data(), m, n, k, stream); }
 };
 
 TEST_F(GraphArenaCuda, GraphCapturedOnAnExitedThreadReplays) {
