@@ -4,7 +4,7 @@
 # backend and the benchmarks bench/results/ reports (kernels, 9B end to end, speculative
 # decoding). Stages that do not fit in the time left are skipped and named.
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
-# Stages (default: all, in this order): tests select ssd gdn model spec-pred spec-rand
+# Stages (default: all, in this order): tests select ssd gdn skinny model spec-pred spec-rand
 # spec-draft. Environment: BUILD_DIR (default build), BUDGET_S (seconds for the whole call,
 # default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -12,7 +12,7 @@ set -uo pipefail
 out=${1:?usage: bench/run_gpu_set.sh OUT_DIR [STAGE ...]}
 shift
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests select ssd gdn model spec-pred spec-rand spec-draft)
+[ ${#stages[@]} -eq 0 ] && stages=(tests select ssd gdn skinny model spec-pred spec-rand spec-draft)
 mkdir -p "$out"
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
@@ -59,8 +59,9 @@ for s in "${stages[@]}"; do
     select) stage select 120 "$bin/hyserve-bench-sparse" select ;;
     ssd) stage ssd 180 "$bin/hyserve-bench-cuda" ssd_scan --ssm-io=bf16 --ssm-state=f32 ;;
     gdn) stage gdn 180 "$bin/hyserve-bench-gdn" ;;
-    model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,16,64 \
-             --decode-steps 8 --profile-step --json "$out/model.json" ;;
+    skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
+    model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
+             --decode-steps 8 --profile-step --verify-width 5 --json "$out/model.json" ;;
     spec-pred) stage spec-pred 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                  --batches 1,8,32 --prompt-len 1024 --new-tokens 128 --json "$out/spec-pred.json" ;;
     spec-rand) stage spec-rand 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda.yaml \
@@ -68,7 +69,7 @@ for s in "${stages[@]}"; do
     spec-draft) stage spec-draft 300 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                   --batches 1 --prompt-len 1024 --new-tokens 128 --draft-tokens 7 --draft-layers 4 \
                   --json "$out/spec-draft.json" ;;
-    *) echo "unknown stage $s (known: tests select ssd gdn model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests select ssd gdn skinny model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

@@ -1,7 +1,7 @@
 // hyserve-bench-model: end-to-end step timings of one model on one device, in a single process
 // (the engine: the same model, pools and forward modes the workers run, without the service).
 //   hyserve-bench-model CONFIG [--batches 1,16,64] [--prompt-len 1024] [--decode-steps 32]
-//                       [--prefill-len 8192] [--json FILE] [--profile-step]
+//                       [--prefill-len 8192] [--json FILE] [--profile-step] [--verify-width W]
 // Reports, from one run:
 //   - the device-to-device copy bandwidth (read + write of a 1 GiB buffer);
 //   - prefill: wall time and tokens/s of one Extend step over a prefill-len prompt;
@@ -20,6 +20,10 @@
 // (kernels::profile_start: cudaEvents between the ops, the host queueing the whole step while
 // the device holds, no zero-fill of activations as in a graph), printed per op kind with the
 // bytes the op must move and its bandwidth as a fraction of the copy bandwidth.
+// --verify-width W: at each batch size also TargetVerify steps of W tokens per row (the last
+// token and W - 1 drafts, as a speculative round's verify), timed like decode (eager: verify
+// steps are not captured), with --profile-step one of them op by op; and the ratio of a verify
+// step to a decode step of the same rows (what a speculative round must win back).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -52,6 +56,7 @@ struct options {
   int32_t prefill_len = 8192;
   std::string json_out;
   bool profile_step = false;
+  int32_t verify_width = 0;  // 0: no verify steps
 };
 
 std::vector<int32_t> parse_list(const std::string& s) {
@@ -86,6 +91,7 @@ options parse(int argc, char** argv) {
     else if (a == "--prefill-len") o.prefill_len = positive(a);
     else if (a == "--json") o.json_out = value();
     else if (a == "--profile-step") o.profile_step = true;
+    else if (a == "--verify-width") o.verify_width = positive(a);
     else if (!a.empty() && a[0] != '-' && o.config.empty()) o.config = a;
     else throw hyserve::invalid_argument_error("unknown argument " + a);
   }
@@ -169,7 +175,8 @@ double median(std::vector<double> v) {
 }
 
 // The op-level profile of one eager step, aggregated per label in order of first appearance.
-json::object print_profile(const std::vector<hyserve::kernels::profile_segment>& segs, int32_t batch, double copy_bw) {
+json::object print_profile(const std::vector<hyserve::kernels::profile_segment>& segs, int32_t batch, double copy_bw,
+                           const char* step = "step") {
   struct agg {
     std::string label;
     int64_t calls = 0;
@@ -189,8 +196,8 @@ json::object print_profile(const std::vector<hyserve::kernels::profile_segment>&
     total_ms += s.ms;
     total_bytes += s.bytes;
   }
-  std::printf("profile  batch %4d, one eager step op by op (%zu segments, device time between cudaEvents):\n", batch,
-              segs.size());
+  std::printf("profile  batch %4d, one eager %s op by op (%zu segments, device time between cudaEvents):\n", batch,
+              step, segs.size());
   std::printf("  %-18s %5s %10s %9s %10s %9s %7s %7s\n", "op", "calls", "total us", "us/call", "MB moved", "GB/s",
               "%copy", "%step");
   json::array out;
@@ -230,17 +237,74 @@ std::vector<int32_t> synthetic_prompt(int32_t len, int64_t vocab, uint32_t salt)
   return p;
 }
 
+// TargetVerify steps of verify_width tokens per row over the decoded rows: the median wall and
+// GPU time, its ratio to the rows' decode step, and (--profile-step) one step op by op.
+void verify_steps(hyserve::worker::engine& eng, const options& o, const std::vector<int32_t>& reqs, double copy_bw,
+                  json::object& entry) {
+  using hyserve::worker::forward_mode;
+  using hyserve::worker::step_row;
+  const int64_t vocab = eng.config().vocab_size;
+  const auto b = static_cast<int32_t>(reqs.size());
+  auto rows_at = [&](int32_t s) {
+    std::vector<step_row> rows;
+    for (int32_t j = 0; j < b; ++j) {
+      std::vector<int32_t> tokens;
+      for (int32_t t = 0; t < o.verify_width; ++t) tokens.push_back(static_cast<int32_t>((11 * (s + 5) + 3 * j + t) % vocab));
+      rows.push_back(step_row{reqs[static_cast<size_t>(j)], std::move(tokens)});
+    }
+    return rows;
+  };
+  std::vector<double> wall, gpu;
+  for (int32_t s = -2; s < o.decode_steps; ++s) {  // two untimed steps first (step scratch growth)
+    hyserve::worker::step_report rep;
+    hyserve::worker::forward_options opts;
+    opts.report = &rep;
+    const auto t0 = clock_type::now();
+    eng.step(forward_mode::kTargetVerify, rows_at(s), opts);
+    const double t = seconds_since(t0);
+    if (s >= 0) {
+      wall.push_back(t);
+      gpu.push_back(rep.gpu_ms * 1e-3);
+    }
+  }
+  const double med = median(wall), gmed = median(gpu);
+  const double decode_ms = entry.contains("graph_step_ms") ? entry["graph_step_ms"].as_double()
+                                                           : entry["eager_step_ms"].as_double();
+  char gpu_text[32] = "";
+  if (gmed >= 0) std::snprintf(gpu_text, sizeof gpu_text, ", %8.3f ms GPU", gmed * 1e3);
+  std::printf("verify   batch %4d width %d: step %8.3f ms wall%s (median of %d) = %.2f x the decode step\n", b,
+              o.verify_width, med * 1e3, gpu_text, o.decode_steps, med * 1e3 / decode_ms);
+  entry["verify_width"] = o.verify_width;
+  entry["verify_step_ms"] = med * 1e3;
+  entry["verify_gpu_ms"] = gmed * 1e3;
+  entry["verify_over_decode"] = med * 1e3 / decode_ms;
+  if (o.profile_step && copy_bw > 0) {
+    hyserve::worker::forward_options opts;
+    opts.eager = true;
+    hyserve::kernels::profile_start();
+    try {
+      eng.step(forward_mode::kTargetVerify, rows_at(o.decode_steps), opts);
+    } catch (...) {
+      hyserve::kernels::profile_stop();
+      throw;
+    }
+    entry["verify_profile"] = print_profile(hyserve::kernels::profile_stop(), b, copy_bw, "verify step");
+  }
+}
+
 int run(const options& o) {
   using hyserve::worker::forward_mode;
   using hyserve::worker::step_row;
   hyserve::service_config cfg = hyserve::load_config_file(o.config);
   const int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  const int32_t max_ctx = std::max(o.prompt_len + o.decode_steps + 8, o.prefill_len + 8);
+  // A row's context: the prompt, the graph and eager decode passes (two untimed steps each), the
+  // profiled step, and a verify step's tokens (verify commits nothing).
+  const int32_t row_ctx = o.prompt_len + 2 * (o.decode_steps + 2) + 1 + o.verify_width + 8;
+  const int32_t max_ctx = std::max(row_ctx, o.prefill_len + 8);
   cfg.cache.max_requests = std::max(max_batch, 1);
   cfg.cache.max_context = max_ctx;
   const int32_t page = cfg.cache.page_size;
-  cfg.cache.num_pages = max_batch * ((o.prompt_len + o.decode_steps + 8 + page - 1) / page) +
-                        (o.prefill_len + 8 + page - 1) / page;
+  cfg.cache.num_pages = max_batch * ((row_ctx + page - 1) / page) + (o.prefill_len + 8 + page - 1) / page;
 
   std::fprintf(stderr, "loading %s ...\n", o.config.c_str());
   const auto t_load = clock_type::now();
@@ -364,6 +428,7 @@ int run(const options& o) {
       }
       entry["profile"] = print_profile(hyserve::kernels::profile_stop(), b, copy_bw);
     }
+    if (o.verify_width > 0) verify_steps(eng, o, reqs, copy_bw, entry);
     for (int32_t r : reqs) eng.close_request(r);
     entry["step_ms"] = entry.contains("graph_step_ms") ? entry["graph_step_ms"] : entry["eager_step_ms"];
     decode.push_back(entry);

@@ -10,7 +10,9 @@
 // of a 1 GiB cudaMemcpy, median of 10).
 //
 //   hyserve-bench-cuda            all ops
-//   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm
+//   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm,
+//                                 skinny_gemm (bf16-weight GEMM at m = 1..8 rows, the 9B decode
+//                                 and verify shapes, each rows-per-warp cap of the skinny kernel)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -27,10 +29,12 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "cuda/gemm_paths.h"
 #include "cuda/ssd_scan_paths.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/ssm.h"
 
@@ -288,6 +292,69 @@ void bench_rmsnorm(cudaStream_t stream, std::vector<row>& rows) {
   }
 }
 
+// bf16-weight GEMMs of the 9B-shaped model at m = 1..8 activation rows (decode batches up to 8,
+// a batch-1 verify of up to 7 drafts): the MLP's fused gate/up (SwiGLU, 2 × 14336 × 4096), its
+// down projection (4096 × 14336) and the lm_head (128256 × 4096), for each cap of the skinny
+// kernel's rows of B per warp (2, 4, 8; results identical). Bytes: the weights once, A and C.
+void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
+  struct shape {
+    const char* name;
+    int64_t n, k;
+    bool swiglu;
+  };
+  const shape shapes[] = {{"gate_up", 14336, 4096, true}, {"down", 4096, 14336, false}, {"lm_head", 128256, 4096, false}};
+  for (const shape& sh : shapes) {
+    const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
+    const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
+    std::vector<device_array<uint8_t>> w;
+    for (int s = 0; s < n_sets; ++s) w.push_back(random_typed(static_cast<size_t>(weights), 70 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
+    auto a = random_device(static_cast<size_t>(8 * sh.k), 80);
+    device_array<float> c(static_cast<size_t>(8 * sh.n));
+    for (int m = 1; m <= 8; ++m) {
+      for (const int cap : {2, 4, 8}) {
+        if ((m <= 2 && cap > 2) || (m <= 4 && cap > 4)) continue;  // the same kernel as a smaller cap
+        set_skinny_max_rows(cap);
+        const double us = time_call_us(stream, n_sets, [&](int s) {
+          const uint8_t* wb = w[static_cast<size_t>(s)].data();
+          if (sh.swiglu) {
+            swiglu_linear_params p;
+            p.x = a.data();
+            p.gate_w = wb;
+            p.up_w = wb + sh.n * sh.k * 2;
+            p.out = c.data();
+            p.m = m;
+            p.n = sh.n;
+            p.k = sh.k;
+            p.x_stride = sh.k;
+            p.w_stride = sh.k;
+            p.out_stride = sh.n;
+            p.w_dtype = hyserve::dtype::kBF16;
+            run_cuda(p, stream);
+          } else {
+            gemm_params p;
+            p.a = a.data();
+            p.b = wb;
+            p.c = c.data();
+            p.m = m;
+            p.n = sh.n;
+            p.k = sh.k;
+            p.lda = sh.k;
+            p.ldb = sh.k;
+            p.ldc = sh.n;
+            p.trans_b = true;
+            p.b_dtype = hyserve::dtype::kBF16;
+            run_cuda(p, stream);
+          }
+        });
+        const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * m * (sh.k + sh.n);
+        rows.push_back({"skinny_gemm", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
+                                           " R<=" + std::to_string(cap), m, us, bytes});
+      }
+    }
+  }
+  set_skinny_max_rows(8);
+}
+
 }  // namespace
 }  // namespace hyserve::kernels
 
@@ -352,6 +419,7 @@ int main(int argc, char** argv) {
         for (const hyserve::dtype st : ssm_state) bench_ssd_scan(stream, rows, io, st);
     }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
+    if (want("skinny_gemm")) bench_skinny_gemm(stream, rows);
 
     bench::print_rows(rows, copy_bw);
     CUDA_CHECK(cudaStreamDestroy(stream));

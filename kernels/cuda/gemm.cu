@@ -13,12 +13,15 @@
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <unordered_map>
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
+#include "gemm_paths.h"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -115,17 +118,20 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
 }
 
 // Skinny GEMM with a bf16 weight (decode: m ≤ 8 rows of activations, C = α·A·Bᵀ + β·C with B
-// [n, k] row-major): memory-bound on B, so each warp streams kSkinnyRows rows of B as 16-byte
-// loads, kSkinnyUnroll of them per lane in flight, and dots them with the f32 rows of A (read
-// through the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A
-// (the CPU op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that
-// a single row cannot fill. Row m's arithmetic (its own accumulators, the same chunk order and
-// the same warp reduction) does not depend on how many rows the call has: a row's result is
-// bitwise the same in a 1-row decode and in an 8-row verify.
+// [n, k] row-major): memory-bound on B, so each warp streams R rows of B as 16-byte loads,
+// 8 / R of them per lane and row in flight, and dots them with the f32 rows of A (read through
+// the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A (the CPU
+// op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that a single
+// row cannot fill. R grows with m (2, 4, 8 rows of B per warp for m ≤ 2, ≤ 4, ≤ 8): each A load
+// serves R rows of B, so the A bytes a warp reads per B byte (2m / R) stay at most 2 instead of
+// growing to 8 at m = 8, where they made the call bound by L1/L2 rather than by the weight
+// stream. Row m's arithmetic (its own accumulators, the same chunk order — lane l takes chunks
+// l, l + 32, … in order whatever R — and the same warp reduction) does not depend on how many
+// rows the call has: a row's result is bitwise the same in a 1-row decode and in an 8-row verify.
 constexpr int kSkinnyThreads = 256;
-constexpr int kSkinnyRows = 2;    // rows of B per warp (reuse of each A load)
-constexpr int kSkinnyUnroll = 4;  // 16-byte chunks per lane per row in flight
+constexpr int kSkinnyInFlight = 8;  // 16-byte chunks per lane in flight (over R rows)
 constexpr int64_t kSkinnyMaxM = 8;
+__host__ __device__ constexpr int skinny_rows(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -136,8 +142,9 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   }
 }
 
-// What one skinny launch computes: c[m, row] for rows of b0 (two rows of b0 per warp), or with
-// swiglu c[m, row] = silu(x·b0[row]) · (x·b1[row]) (the gate and up rows of one output per warp).
+// What one skinny launch computes: c[m, row] for rows of b0 (R rows of b0 per warp), or with
+// swiglu c[m, row] = silu(x·b0[row]) · (x·b1[row]) (R / 2 outputs per warp, each streaming its
+// gate row of b0 and its up row of b1).
 struct skinny_args {
   const float* a = nullptr;
   const __nv_bfloat16* b0 = nullptr;
@@ -147,53 +154,52 @@ struct skinny_args {
   float alpha = 1.0f, beta = 0.0f;
 };
 
-template <int M, bool kSwiglu>
+template <int M, int R, bool kSwiglu>
 __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinny_args p) {
-  constexpr int kOutRows = kSwiglu ? 1 : kSkinnyRows;  // outputs per warp; streams per warp: 2
+  static_assert(R == 2 || R == 4 || R == 8, "rows of B streamed per warp");
+  constexpr int U = kSkinnyInFlight / R;       // chunks per lane and row in flight
+  constexpr int kOutRows = kSwiglu ? R / 2 : R;  // outputs per warp
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kOutRows;
   if (row0 >= p.n) return;
-  const uint4* brow[kSkinnyRows];
+  const uint4* brow[R];
 #pragma unroll
-  for (int r = 0; r < kSkinnyRows; ++r) {
-    if constexpr (kSwiglu) {
-      brow[r] = reinterpret_cast<const uint4*>((r == 0 ? p.b0 : p.b1) + row0 * p.ldb);
-    } else {
-      const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
-      brow[r] = reinterpret_cast<const uint4*>(p.b0 + row * p.ldb);
-    }
+  for (int r = 0; r < R; ++r) {
+    const int64_t out = row0 + (kSwiglu ? r / 2 : r);
+    const int64_t row = out < p.n ? out : p.n - 1;  // a duplicate row past the end, not stored
+    brow[r] = reinterpret_cast<const uint4*>((kSwiglu && r % 2 == 1 ? p.b1 : p.b0) + row * p.ldb);
   }
-  float acc[kSkinnyRows][M] = {};
+  float acc[R][M] = {};
   const int64_t chunks = p.k / 8;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kSkinnyUnroll) {
-    uint4 w[kSkinnyUnroll][kSkinnyRows];
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
+    uint4 w[U][R];
 #pragma unroll
-    for (int u = 0; u < kSkinnyUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
 #pragma unroll
-      for (int r = 0; r < kSkinnyRows; ++r) w[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < R; ++r) w[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kSkinnyUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c >= chunks) break;
-      float wf[kSkinnyRows][8];
+      float wf[R][8];
 #pragma unroll
-      for (int r = 0; r < kSkinnyRows; ++r) bf16x8_to_float(w[u][r], wf[r]);
+      for (int r = 0; r < R; ++r) bf16x8_to_float(w[u][r], wf[r]);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const float4* ap = reinterpret_cast<const float4*>(p.a + m * p.lda + c * 8);
         const float4 x0 = __ldg(ap), x1 = __ldg(ap + 1);
         const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-        for (int r = 0; r < kSkinnyRows; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < kSkinnyRows; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -201,17 +207,17 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
   if (lane != 0) return;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    if constexpr (kSwiglu) {
-      const float g = acc[0][m];
-      p.c[m * p.ldc + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
-    } else {
 #pragma unroll
-      for (int r = 0; r < kSkinnyRows; ++r) {
-        if (row0 + r >= p.n) break;
-        float* out = p.c + m * p.ldc + row0 + r;
+    for (int o = 0; o < kOutRows; ++o) {
+      if (row0 + o >= p.n) break;
+      float* out = p.c + m * p.ldc + row0 + o;
+      if constexpr (kSwiglu) {
+        const float g = acc[2 * o][m];
+        *out = g / (1.0f + expf(-g)) * acc[2 * o + 1][m];  // the swiglu op's formula
+      } else {
         // Explicit roundings: left to the compiler, α·acc + β·c may contract into either fma,
         // differently per M instantiation (a row's result would then depend on the call's m).
-        *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, acc[r][m]);
+        *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, acc[o][m], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, acc[o][m]);
       }
     }
   }
@@ -222,19 +228,40 @@ bool skinny_bf16_applies(const gemm_params& p) {
          aligned16(p.a) && aligned16(p.b);
 }
 
+int g_skinny_max_rows = 8;  // set_skinny_max_rows (benchmarks)
+
+template <int M, int R, bool kSwiglu>
+void launch_skinny_mr(const skinny_args& a, cudaStream_t stream) {
+  const int64_t out_rows = kSwiglu ? R / 2 : R;
+  const int64_t warps = ceil_div(a.n, out_rows);
+  const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
+  skinny_bf16_kernel<M, R, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a);
+}
+
+// R = skinny_rows(M), capped by set_skinny_max_rows.
+template <int M, bool kSwiglu>
+void launch_skinny_m(const skinny_args& a, cudaStream_t stream) {
+  const int r = std::min(skinny_rows(M), g_skinny_max_rows);
+  if constexpr (skinny_rows(M) >= 8) {
+    if (r >= 8) return launch_skinny_mr<M, 8, kSwiglu>(a, stream);
+  }
+  if constexpr (skinny_rows(M) >= 4) {
+    if (r >= 4) return launch_skinny_mr<M, 4, kSwiglu>(a, stream);
+  }
+  launch_skinny_mr<M, 2, kSwiglu>(a, stream);
+}
+
 template <bool kSwiglu>
 void launch_skinny(const skinny_args& a, int64_t m, cudaStream_t stream) {
-  const int64_t warps = kSwiglu ? a.n : ceil_div(a.n, int64_t{kSkinnyRows});
-  const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
   switch (m) {
-    case 1: skinny_bf16_kernel<1, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 2: skinny_bf16_kernel<2, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 3: skinny_bf16_kernel<3, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 4: skinny_bf16_kernel<4, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 5: skinny_bf16_kernel<5, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 6: skinny_bf16_kernel<6, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    case 7: skinny_bf16_kernel<7, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
-    default: skinny_bf16_kernel<8, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a); break;
+    case 1: launch_skinny_m<1, kSwiglu>(a, stream); break;
+    case 2: launch_skinny_m<2, kSwiglu>(a, stream); break;
+    case 3: launch_skinny_m<3, kSwiglu>(a, stream); break;
+    case 4: launch_skinny_m<4, kSwiglu>(a, stream); break;
+    case 5: launch_skinny_m<5, kSwiglu>(a, stream); break;
+    case 6: launch_skinny_m<6, kSwiglu>(a, stream); break;
+    case 7: launch_skinny_m<7, kSwiglu>(a, stream); break;
+    default: launch_skinny_m<8, kSwiglu>(a, stream); break;
   }
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
@@ -279,6 +306,12 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
 
 }  // namespace
 }  // namespace cuda_detail
+
+void set_skinny_max_rows(int rows) {
+  if (rows != 2 && rows != 4 && rows != 8)
+    throw invalid_argument_error("set_skinny_max_rows: rows must be 2, 4 or 8, got " + std::to_string(rows));
+  cuda_detail::g_skinny_max_rows = rows;
+}
 
 using namespace cuda_detail;
 

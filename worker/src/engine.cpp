@@ -85,6 +85,11 @@ void engine::reserve_kv(request_state& r, int32_t new_len) {
 host_tensor engine::step(forward_mode mode, const std::vector<step_row>& rows, const forward_options& opts) {
   forward_batch batch;
   batch.mode = mode;
+  const bool scratch_step = writes_step_scratch(mode);  // TargetVerify, Draft: per-step states in scratch
+  if (scratch_step) {
+    for (const step_row& in : rows)
+      batch.draft_len = std::max(batch.draft_len, static_cast<int32_t>(in.tokens.size()));
+  }
   for (const step_row& in : rows) {
     auto it = requests_.find(in.request);
     if (it == requests_.end()) throw invalid_argument_error("unknown request " + std::to_string(in.request));
@@ -100,8 +105,10 @@ host_tensor engine::step(forward_mode mode, const std::vector<step_row>& rows, c
     batch.rows.push_back(std::move(row));
   }
   const hybrid_metadata meta = build_hybrid_metadata(batch);
+  if (scratch_step) pools_.ensure_steps(static_cast<int32_t>(batch.rows.size()), batch.draft_len, model_->exec().device);
   const model_context ctx = pools_.context();
   host_tensor logits = model_->forward(batch, meta, ctx, opts);
+  if (scratch_step) return logits;  // nothing committed: the request's cache and state stay as they were
   for (const step_row& in : rows) requests_[in.request].cached += static_cast<int32_t>(in.tokens.size());
   return logits;
 }

@@ -36,7 +36,10 @@ class engine {
 
   // Runs one step of `mode` over the rows (each row continues its request's cache). Returns the
   // logits the model returns (see model::forward). Mixed rows with one token and a non-empty
-  // cache are decode rows.
+  // cache are decode rows. TargetVerify and Draft steps (draft_len: the longest row's tokens;
+  // verify rows need exactly that many) write their per-step states to the step scratch and
+  // commit nothing: each request's cached length and recurrent state stay as they were (the KV
+  // they wrote past the cache is overwritten by the next step).
   host_tensor step(forward_mode mode, const std::vector<step_row>& rows, const forward_options& opts = {});
 
   // Greedy generation: Extend over the prompt (in chunks of prefill_chunk tokens when > 0), then
