@@ -12,7 +12,7 @@
 //   hyserve-bench-cuda            all ops
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm,
 //                                 skinny_gemm (bf16-weight GEMM at m = 1..8 rows, the 9B decode
-//                                 and verify shapes, each rows-per-warp cap of the skinny kernel)
+//                                 and verify shapes, each rows-per-warp choice of the skinny kernel)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -294,8 +294,9 @@ void bench_rmsnorm(cudaStream_t stream, std::vector<row>& rows) {
 
 // bf16-weight GEMMs of the 9B-shaped model at m = 1..8 activation rows (decode batches up to 8,
 // a batch-1 verify of up to 7 drafts): the MLP's fused gate/up (SwiGLU, 2 × 14336 × 4096), its
-// down projection (4096 × 14336) and the lm_head (128256 × 4096), for each cap of the skinny
-// kernel's rows of B per warp (2, 4, 8; results identical). Bytes: the weights once, A and C.
+// down projection (4096 × 14336) and the lm_head (128256 × 4096), for each choice of the skinny
+// kernel's rows of B per warp (2, 4, 8, and "auto": the kernel's own; results identical). Bytes:
+// the weights once, A and C.
 void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
   struct shape {
     const char* name;
@@ -311,9 +312,9 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
     auto a = random_device(static_cast<size_t>(8 * sh.k), 80);
     device_array<float> c(static_cast<size_t>(8 * sh.n));
     for (int m = 1; m <= 8; ++m) {
-      for (const int cap : {2, 4, 8}) {
-        if ((m <= 2 && cap > 2) || (m <= 4 && cap > 4)) continue;  // the same kernel as a smaller cap
-        set_skinny_max_rows(cap);
+      for (const int cap : {0, 2, 4, 8}) {
+        if ((m <= 2 && cap > 2) || (m <= 4 && cap > 4)) continue;  // not instantiated (the same as a smaller one)
+        set_skinny_rows(cap);
         const double us = time_call_us(stream, n_sets, [&](int s) {
           const uint8_t* wb = w[static_cast<size_t>(s)].data();
           if (sh.swiglu) {
@@ -348,11 +349,11 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
         });
         const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * m * (sh.k + sh.n);
         rows.push_back({"skinny_gemm", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
-                                           " R<=" + std::to_string(cap), m, us, bytes});
+                                           (cap == 0 ? " R=auto" : " R=" + std::to_string(cap)), m, us, bytes});
       }
     }
   }
-  set_skinny_max_rows(8);
+  set_skinny_rows(0);
 }
 
 }  // namespace

@@ -20,6 +20,11 @@
 //     than one slice the block writes an unnormalised partial (m, l, acc) and a combine kernel
 //     merges the slices (flash-decoding).
 //   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys.
+//   With the host's promise max_q_len <= kMaxDecodeQueries (a decode or verify step: every row
+//     has at most that many queries) and G in decode_group_table, every row is served by the
+//     decode kernel, each query as a decode query over its causal prefix (split-KV over the
+//     whole device instead of one block per kv head walking the row's keys), and the extend
+//     kernel is not launched.
 #include <algorithm>
 #include <string>
 
@@ -41,6 +46,7 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
 constexpr int kMaxSlices = 64;
 constexpr int kMaxDecodeSlices = 256;
+constexpr int64_t kMaxDecodeQueries = 16;  // queries per row the decode kernel takes (max_q_len promise)
 // GQA group sizes of the decode kernel (attention_decode.cuh); other sizes take the decode
 // branch of paged_attention_kernel.
 using decode_group_table = int_table<1, 2, 4, 8>;
@@ -245,6 +251,8 @@ struct attn_block {
 template <class KV, int D>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
                                                                        const attn_partials part, bool skip_decode) {
+  // skip_decode: rows of one query are the decode kernel's (it runs with qmax 1 whenever this
+  // kernel runs).
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<attn_smem<KV, D>*>(smem_raw);
   const int slice = blockIdx.x;
@@ -277,19 +285,23 @@ constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlic
 
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
-                                                                         const attn_partials part, bool decode_rule) {
+                                                                         int qmax, const attn_partials part,
+                                                                         bool decode_rule) {
   __shared__ float s_w[kMaxCombineSlices];
   __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
-  const int64_t b = blockIdx.y;
-  const int64_t q_start = p.query_start_loc[b];
-  const int64_t len = p.seq_lens[b];
-  if (p.query_start_loc[b + 1] - q_start != 1 || len < 1) return;  // not a decode row
+  const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
+  const int j = static_cast<int>(bq % qmax);
+  const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
+  if (q_len < 1 || q_len > qmax || j >= q_len) return;  // not a decode query
+  const int64_t q_start = p.query_start_loc[b] + j;
+  const int64_t len = p.seq_lens[b] - q_len + 1 + j;
+  if (len < 1) return;
   const int64_t per_slice = decode_rule ? attn_decode::keys_per_slice(len, n_slices)
                                         : ceil_div(ceil_div(len, n_slices), kKeysPerTile) * kKeysPerTile;
   const int64_t used = ceil_div(len, per_slice);
   const int n_act = used < n_slices ? static_cast<int>(used) : n_slices;
-  const int64_t base = (b * p.q_heads + head) * n_slices;
+  const int64_t base = (bq * p.q_heads + head) * n_slices;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   float mx = -INFINITY;
@@ -347,9 +359,13 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     }
   }
   const int n_part = decode_kernel ? n_dec : n_slices;
+  // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
+  const bool decode_only = decode_kernel && p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&
+                           p.batch * p.max_q_len <= kMaxGrid;
+  const int qmax = decode_only ? static_cast<int>(p.max_q_len) : 1;
   attn_partials part;
   if (n_part > 1) {
-    const int64_t n = p.batch * p.q_heads * n_part;
+    const int64_t n = p.batch * qmax * p.q_heads * n_part;
     void* ws = nullptr;
     CUDA_CHECK(scratch_alloc(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
     part.ml = static_cast<float2*>(ws);
@@ -360,14 +376,15 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     if (decode_kernel) {
       dispatch(decode_group_table{}, p.q_heads / p.kv_heads, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
         constexpr int G = decltype(gq)::value;
-        const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec,
+        const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
+                        static_cast<unsigned>(p.batch * qmax));
+        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax,
                                                                                          {part.acc, part.ml});
         HYSERVE_CUDA_CHECK_LAUNCH();
       });
     }
-    // A decode-only step (max_q_len == 1) served by the decode kernel has no extend work.
-    if (!(decode_kernel && p.max_q_len == 1)) {
+    // A decode or verify step served by the decode kernel has no extend work.
+    if (!decode_only) {
       const size_t smem = sizeof(attn_smem<KV, D>);
       reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
       const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
@@ -375,8 +392,8 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
     if (n_part > 1) {
-      const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, part, decode_kernel);
+      const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
+      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, qmax, part, decode_kernel);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });

@@ -1,5 +1,10 @@
 #pragma once
-// Paged decode attention (q_len = 1), streamed from device memory straight into registers.
+// Paged decode attention (q_len = 1), streamed from device memory straight into registers; also
+// the short query runs of verify steps (q_len <= qmax): query j of a row of q_len queries and
+// seq_len keys is a decode query over the first seq_len − q_len + 1 + j keys (causal), one block
+// per (slice, kv head, row · qmax + j). The slicing of each query is the decode step's (the same
+// slice count, keys_per_slice of its own length), so a verify query computes what a decode step
+// at that position computes, in the same order.
 //
 // Block = (slice, kv head, row), 4 warps; the slice's keys are split over the warps, and inside
 // a warp over key groups of kLanesPerKey consecutive lanes: each group takes one key per step,
@@ -89,22 +94,25 @@ struct kv_chunk {
 };
 
 struct partials {
-  float* acc = nullptr;  // [batch, q_heads, n_slices, D] unnormalised Σ p·v
-  float2* ml = nullptr;  // [batch, q_heads, n_slices] (running max, Σ p)
+  float* acc = nullptr;  // [batch · qmax, q_heads, n_slices, D] unnormalised Σ p·v
+  float2* ml = nullptr;  // [batch · qmax, q_heads, n_slices] (running max, Σ p)
 };
 
 template <class KV, int D, int G>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices,
+__global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices, int qmax,
                                                           const partials part) {
   constexpr int E = kChunkElems<KV, G>;
   using sh = shape<D, G, E>;
   using chunk = kv_chunk<KV, E>;
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
   const int slice = blockIdx.x;
-  const int64_t kvh = blockIdx.y, b = blockIdx.z;
-  const int64_t q_start = p.query_start_loc[b];
-  if (p.query_start_loc[b + 1] - q_start != 1) return;  // not a decode row: the extend kernel's
-  const int64_t len = p.seq_lens[b];
+  const int64_t kvh = blockIdx.y, bq = blockIdx.z, b = bq / qmax;
+  const int j = static_cast<int>(bq % qmax);
+  const int64_t row_start = p.query_start_loc[b];
+  const int64_t q_len = p.query_start_loc[b + 1] - row_start;
+  if (q_len < 1 || q_len > qmax || j >= q_len) return;  // not this kernel's row (the extend kernel's), or no query j
+  const int64_t q_start = row_start + j;
+  const int64_t len = p.seq_lens[b] - q_len + 1 + j;  // keys of query j (causal)
   if (len < 1) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int li = lane % LPK, grp = lane / LPK;
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
     }
     const int64_t head = kvh * G + h;
     if (n_slices > 1) {
-      const int64_t idx = (b * p.q_heads + head) * n_slices + slice;
+      const int64_t idx = (bq * p.q_heads + head) * n_slices + slice;
       if (d == 0) part.ml[idx] = make_float2(mx, lsum);
       part.acc[idx * D + d] = a;
     } else {

@@ -122,16 +122,27 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
 // 8 / R of them per lane and row in flight, and dots them with the f32 rows of A (read through
 // the read-only cache, shared by the block's warps); f32 accumulation, no rounding of A (the CPU
 // op's arithmetic). One kernel instead of a rounding pass plus a tensor-core GEMM that a single
-// row cannot fill. R grows with m (2, 4, 8 rows of B per warp for m ≤ 2, ≤ 4, ≤ 8): each A load
-// serves R rows of B, so the A bytes a warp reads per B byte (2m / R) stay at most 2 instead of
-// growing to 8 at m = 8, where they made the call bound by L1/L2 rather than by the weight
-// stream. Row m's arithmetic (its own accumulators, the same chunk order — lane l takes chunks
+// row cannot fill. R (2, 4 or 8 rows of B per warp) grows with m: each A load serves R rows of
+// B, so the A bytes a warp reads per B byte are 2m / R (8 at m = 8 with R = 2, which made the
+// call bound by L1/L2 rather than by the weight stream); but R = 8 leaves a narrow weight
+// (n = 4096) too few blocks to fill the device. skinny_rows_for holds the choice measured on the
+// H200 (hyserve-bench-cuda skinny_gemm; bench/results). Row m's arithmetic (its own accumulators, the same chunk order — lane l takes chunks
 // l, l + 32, … in order whatever R — and the same warp reduction) does not depend on how many
 // rows the call has: a row's result is bitwise the same in a 1-row decode and in an 8-row verify.
 constexpr int kSkinnyThreads = 256;
 constexpr int kSkinnyInFlight = 8;  // 16-byte chunks per lane in flight (over R rows)
 constexpr int64_t kSkinnyMaxM = 8;
+// The largest R instantiated for m rows (R > 2m gains nothing).
 __host__ __device__ constexpr int skinny_rows(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : 8; }
+
+// R for a call (measured, 9B shapes at m = 1..8: MLP gate/up fused, down, lm_head): 2 up to
+// m = 3; 4 from m = 4; 8 from m = 7 for the fused gate/up (2 streams per output) and for wide
+// weights (n >= 16384: enough blocks at 8 rows per warp).
+int skinny_rows_for(int64_t m, int64_t n, bool swiglu) {
+  if (m <= 3) return 2;
+  if (m >= 7 && (swiglu || n >= 16384)) return 8;
+  return 4;
+}
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -157,6 +168,7 @@ struct skinny_args {
 template <int M, int R, bool kSwiglu>
 __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinny_args p) {
   static_assert(R == 2 || R == 4 || R == 8, "rows of B streamed per warp");
+  static_assert(R <= 8 && R <= skinny_rows(M), "instantiated up to skinny_rows(M)");
   constexpr int U = kSkinnyInFlight / R;       // chunks per lane and row in flight
   constexpr int kOutRows = kSwiglu ? R / 2 : R;  // outputs per warp
   const int lane = threadIdx.x & 31;
@@ -228,7 +240,7 @@ bool skinny_bf16_applies(const gemm_params& p) {
          aligned16(p.a) && aligned16(p.b);
 }
 
-int g_skinny_max_rows = 8;  // set_skinny_max_rows (benchmarks)
+int g_skinny_rows = 0;  // set_skinny_rows (benchmarks): 0 = skinny_rows_for
 
 template <int M, int R, bool kSwiglu>
 void launch_skinny_mr(const skinny_args& a, cudaStream_t stream) {
@@ -238,10 +250,10 @@ void launch_skinny_mr(const skinny_args& a, cudaStream_t stream) {
   skinny_bf16_kernel<M, R, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a);
 }
 
-// R = skinny_rows(M), capped by set_skinny_max_rows.
+// R = skinny_rows_for(M, n), or the one set_skinny_rows forces (at most skinny_rows(M)).
 template <int M, bool kSwiglu>
 void launch_skinny_m(const skinny_args& a, cudaStream_t stream) {
-  const int r = std::min(skinny_rows(M), g_skinny_max_rows);
+  const int r = g_skinny_rows != 0 ? g_skinny_rows : skinny_rows_for(M, a.n, kSwiglu);
   if constexpr (skinny_rows(M) >= 8) {
     if (r >= 8) return launch_skinny_mr<M, 8, kSwiglu>(a, stream);
   }
@@ -307,10 +319,10 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace cuda_detail
 
-void set_skinny_max_rows(int rows) {
-  if (rows != 2 && rows != 4 && rows != 8)
-    throw invalid_argument_error("set_skinny_max_rows: rows must be 2, 4 or 8, got " + std::to_string(rows));
-  cuda_detail::g_skinny_max_rows = rows;
+void set_skinny_rows(int rows) {
+  if (rows != 0 && rows != 2 && rows != 4 && rows != 8)
+    throw invalid_argument_error("set_skinny_rows: rows must be 0, 2, 4 or 8, got " + std::to_string(rows));
+  cuda_detail::g_skinny_rows = rows;
 }
 
 using namespace cuda_detail;

@@ -32,22 +32,30 @@ __device__ __forceinline__ int64_t start_column(const int32_t* parent, const int
   return q >= 0 ? f + q : f - 1;
 }
 
-// Block = (head h, row b); a warp per head_dim row of the state at a time, its lanes over
-// d_state (coalesced loads and stores), y reduced across the warp. Tokens of the row run in
-// order; each reads its start state (the slot's or a step column) and writes its own step
-// column. TI: element type of x, dt, B, C, y; TS: of the states (stored rounded to nearest
-// even; y from the f32 values, as the decode op computes it).
+// Warp = one head_dim row pi of head h of row b (block = kMultiWarps consecutive rows of a head),
+// its lanes over d_state (element n = lane + 32·i, i < kMultiMaxPer: coalesced loads and
+// stores), y reduced across the warp. Tokens of the row run in order; each starts from its start
+// state (the slot's or a step column) and writes its own step column. The warp keeps the state
+// it last wrote in registers, so a chain reads the slot once and then only writes (a tree node
+// whose parent is not the previous token reads the parent's column, which the same lanes
+// wrote). TI: element type of x, dt, B, C, y; TS: of the states (stored rounded to nearest even,
+// the next token starting from the stored value; y from the f32 values, as the decode op
+// computes it).
+constexpr int kMultiWarps = 4;
+constexpr int kMultiMaxPer = 8;  // d_state <= 32 · 8
+
 template <class TI, class TS>
-__global__ void ssm_update_multi_kernel(const selective_state_update_multi_params p) {
-  const int64_t h = blockIdx.x, b = blockIdx.y;
+__global__ void __launch_bounds__(32 * kMultiWarps) ssm_update_multi_kernel(const selective_state_update_multi_params p) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t pi = static_cast<int64_t>(blockIdx.x) * kMultiWarps + (threadIdx.x >> 5);
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t P = p.head_dim, N = p.d_state, T = p.tokens_per_row;
+  if (pi >= P) return;
   const int64_t slot = p.state_indices[b];
   if (slot < 0) return;
-  const int64_t P = p.head_dim, N = p.d_state, T = p.tokens_per_row;
   const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
   const int64_t g = h / (p.heads / p.n_groups);
   const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, warps = static_cast<int>(blockDim.x) >> 5;
   const TI* xs = static_cast<const TI*>(p.x);
   const TI* dts = static_cast<const TI*>(p.dt);
   const TI* Bs = static_cast<const TI*>(p.B);
@@ -55,33 +63,46 @@ __global__ void ssm_update_multi_kernel(const selective_state_update_multi_param
   TI* ys = static_cast<TI*>(p.y);
   const TS* slot_state = static_cast<const TS*>(p.ssm_states);
   TS* steps = static_cast<TS*>(p.step_states);
+  const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
+  float s[kMultiMaxPer];
+  int64_t held = -2;  // the column whose state row s holds (-1: the slot's; -2: none)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t tok = b * T + t;
     const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
-    const TS* src = src_col < 0 ? slot_state + slot * state_elems + h * head_elems
-                                : steps + (b * p.steps + src_col) * state_elems + h * head_elems;
-    TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems;
+    if (src_col != held) {
+      const TS* src = (src_col < 0 ? slot_state + slot * state_elems : steps + (b * p.steps + src_col) * state_elems) +
+                      h * head_elems + pi * N;
+#pragma unroll
+      for (int i = 0; i < kMultiMaxPer; ++i) {
+        const int64_t n = lane + 32 * i;
+        s[i] = n < N ? to_float(src[n]) : 0.0f;
+      }
+    }
+    TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems + pi * N;
     float v = to_float(dts[tok * p.dt_stride + h]) + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
     if (p.dt_softplus) v = softplus_d(v);
     const float dt = fminf(fmaxf(v, p.dt_min), p.dt_max);
     const float decay = expf(dt * -expf(p.A_log[h]));
-    const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
     const TI* bv = Bs + tok * p.bc_stride + g * N;
     const TI* cv = Cs + tok * p.bc_stride + g * N;
-    for (int64_t pi = warp; pi < P; pi += warps) {  // uniform across the warp
-      const float xv = to_float(xs[tok * p.x_stride + h * P + pi]);
-      const float coef = dt * xv;
-      float out = 0.0f;
-      for (int64_t n = lane; n < N; n += 32) {
-        const float s = to_float(src[pi * N + n]) * decay + coef * to_float(bv[n]);
-        S[pi * N + n] = from_float<TS>(s);
-        out += s * to_float(cv[n]);
-      }
+    const float xv = to_float(xs[tok * p.x_stride + h * P + pi]);
+    const float coef = dt * xv;
+    float out = 0.0f;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
-      if (lane == 0) ys[tok * p.y_stride + h * P + pi] = from_float<TI>(out + d_skip * xv);
+    for (int i = 0; i < kMultiMaxPer; ++i) {
+      const int64_t n = lane + 32 * i;
+      if (n < N) {
+        const float sv = s[i] * decay + coef * to_float(bv[n]);
+        const TS stored = from_float<TS>(sv);
+        S[n] = stored;
+        out += sv * to_float(cv[n]);
+        s[i] = to_float(stored);
+      }
     }
-    __syncthreads();  // a later token may start from this one's state
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
+    if (lane == 0) ys[tok * p.y_stride + h * P + pi] = from_float<TI>(out + d_skip * xv);
+    held = f + t;
   }
 }
 
@@ -274,11 +295,15 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream) {
   require_positive(p.n_groups, op, "n_groups");
   require_positive(p.tokens_per_row, op, "tokens_per_row");
   if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  require_positive(p.head_dim, op, "head_dim");
+  if (p.d_state < 1 || p.d_state > 32 * kMultiMaxPer) fail(op, "d_state", p.d_state, "must be in [1, 256]");
+  if (p.heads % p.n_groups != 0) fail(op, "n_groups", p.n_groups, "must divide heads");
   cpu_detail::require_ssm_dtypes(p, op);
-  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.head_dim, int64_t{kMultiWarps})), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(p.batch));
   dispatch_ssm_types(p, [&](auto io, auto st) {
     ssm_update_multi_kernel<typename decltype(io)::type, typename decltype(st)::type>
-        <<<grid, kThreads, 0, as_stream(stream)>>>(p);
+        <<<grid, 32 * kMultiWarps, 0, as_stream(stream)>>>(p);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }

@@ -408,7 +408,11 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    if (in.mode == forward_mode::kDecode && T == in.batch_size) a.max_q_len = 1;  // one query per row
+    if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
+      a.max_q_len = 1;  // one query per row
+    } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
+      a.max_q_len = in.spec_tokens_per_row;  // a chain verify: D queries per row, each a decode query
+    }
     run_attention(a, in, ctx);
     // The KV of every row's context once (the host's lengths: the profile runs eagerly).
     profile(ctx, "attn.decode",
@@ -551,6 +555,11 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     c.out_stride = conv;
     c.silu = true;
     kernels::run(c, ctx);
+    // Windows: each token's read (slot or step column) and written; the per-step state likewise.
+    const double row_tokens = static_cast<double>(in.spec_rows * in.spec_tokens_per_row);
+    profile(ctx, "mamba.conv_steps",
+            row_tokens * static_cast<double>(conv) * (8.0 + 2.0 * 4.0 * static_cast<double>(w.conv_width - 1)) +
+                nbytes(w.conv_w));
     kernels::selective_state_update_multi_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
@@ -561,6 +570,11 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     s.tokens_per_row = in.spec_tokens_per_row;
     s.steps = in.spec_steps;
     kernels::run(s, ctx);
+    // The slot's state read once per row, every token's step state written.
+    profile(ctx, "mamba.ssm_steps",
+            (static_cast<double>(in.spec_rows) + row_tokens) * static_cast<double>(w.heads * w.head_dim * w.d_state) *
+                    static_cast<double>(dtype_size(state.ssm.type())) +
+                nbytes(xbc) + nbytes(y));
     if (in.spec_extend) prefill(in.extend_slots);
   } else if (recurrent_step) {
     kernels::conv1d_update_params c;

@@ -2,7 +2,10 @@
 // against CPU. Covers GQA ratios 1/4/8, page sizes 1 and 16, head_dim 32/64/128/256, rows
 // without queries, and both decode paths: split-KV with a combine (small batch × kv_heads) and
 // one slice per row (batch × kv_heads above ~8 blocks per SM); decode rows of GQA 1/2/4/8 take
-// the register-streaming decode kernel, up to 256 slices (the 32K-context row).
+// the register-streaming decode kernel, up to 256 slices (the 32K-context row). Batches whose
+// rows have at most 16 queries run again with the host's max_q_len promise (a verify step: each
+// query a decode query over its causal prefix on the decode kernel), also with a promise above
+// the rows' counts.
 // Tolerance (fp32): |Δ| <= 2e-5 + 1e-4·|want| (online softmax: rescaled partial sums).
 #include <gtest/gtest.h>
 
@@ -105,13 +108,17 @@ TEST_P(PagedAttentionCuda, MatchesCpu) {
   run_cuda(pg);
   device_synchronize();
   expect_match(dout.download(), out, 2e-5, 1e-4, "out");
-  // Decode-only batches again with the host's promise of one query per row (no extend kernel).
-  if (std::all_of(c.q_lens.begin(), c.q_lens.end(), [](int ql) { return ql == 1; })) {
-    dout.fill_bytes(0xff);
-    pg.max_q_len = 1;
-    run_cuda(pg);
-    device_synchronize();
-    expect_match(dout.download(), out, 2e-5, 1e-4, "out (max_q_len 1)");
+  // Again with the host's promise of at most max_q_len queries per row (no extend kernel when
+  // it is at most 16): the rows' largest count, and one more.
+  const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+  if (most >= 1 && most <= 16) {
+    for (const int promise : {most, most + 1}) {
+      dout.fill_bytes(0xff);
+      pg.max_q_len = promise;
+      run_cuda(pg);
+      device_synchronize();
+      expect_match(dout.download(), out, 2e-5, 1e-4, "out (max_q_len " + std::to_string(promise) + ")");
+    }
   }
 }
 
@@ -161,7 +168,15 @@ INSTANTIATE_TEST_SUITE_P(
         attn_case{"extend", 8, 4, 128, 16, {17, 1, 100, 0, 5}, {50, 1000, 100, 0, 5}, 4},
         attn_case{"extend", 2, 8, 64, 1, {33, 1, 0, 64}, {40, 77, 10, 64}},
         attn_case{"extend", 4, 1, 32, 16, {2, 16, 1}, {2, 31, 33}},
-        attn_case{"extend", 1, 8, 256, 16, {20, 1}, {500, 260}}),
+        attn_case{"extend", 1, 8, 256, 16, {20, 1}, {500, 260}},
+        // Verify-shaped: every row the last accepted token and its drafts (production shape),
+        // a long row on the split-KV path, a row shorter than its slice, mixed query counts,
+        // GQA 1 and 8, and rows without queries.
+        attn_case{"verify", 8, 4, 128, 16, {5}, {1024}},
+        attn_case{"verify", 8, 4, 128, 16, {8, 8, 8}, {9000, 40, 8}},
+        attn_case{"verify", 8, 4, 128, 16, {5, 1, 3, 0}, {300, 77, 3, 0}},
+        attn_case{"verify", 4, 1, 64, 1, {4, 4}, {100, 5}},
+        attn_case{"verify", 2, 8, 128, 16, {16, 2}, {2000, 17}}),
     attn_name);
 
 }  // namespace

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "hyserve/kernels/device.h"
+
+#if defined(HYSERVE_HAVE_CUDA)
+
 #include "cuda_test_util.h"
 #include "hyserve/kernels/row_ops.h"
 
@@ -52,3 +56,5 @@ TEST(CudaMoeRoute, MatchesCpuOverShapes) {
 
 }  // namespace
 }  // namespace hyserve::kernels
+
+#endif  // HYSERVE_HAVE_CUDA

@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "hyserve/kernels/device.h"
+
+#if defined(HYSERVE_HAVE_CUDA)
+
 #include "cuda_test_util.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/gemm.h"
@@ -178,3 +182,5 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace hyserve::kernels
+
+#endif  // HYSERVE_HAVE_CUDA

@@ -49,8 +49,10 @@ struct paged_attention_params {
   float scale = 1.0f;
   dtype kv_dtype = dtype::kF32;  // element type of k_cache / v_cache: f32 or bf16
   // Optional host-side promise: every row has at most max_q_len queries (0 = no promise). With
-  // 1 (a decode-only step) the CUDA op launches only the decode kernels (no extend kernel whose
-  // blocks would all exit). Ignored by the CPU op and the tree op.
+  // 1..16 (a decode step; a chain verify step of up to 15 drafts) the CUDA op serves every query
+  // on its split-KV decode kernel, query j of a row of q_len as a decode query over the first
+  // seq_len − q_len + 1 + j keys, and launches no extend kernel (whose one block per kv head
+  // would walk a short row's whole context). Ignored by the CPU op and the tree op.
   int64_t max_q_len = 0;
 };
 
