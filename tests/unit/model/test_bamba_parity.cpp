@@ -110,6 +110,39 @@ TEST_F(BambaParity, GreedyGenerationReproducesReference) {
   }
 }
 
+// A TargetVerify step through the engine (the last prompt token and the next 4 reference tokens
+// as drafts) gives the teacher-forced logits of those positions (the reference's, within the
+// contract's tolerance) and commits nothing: the verify runs twice with the same result, and a
+// following Extend of the same tokens still matches the reference (the cache and the recurrent
+// state are those of the prompt alone).
+TEST_F(BambaParity, VerifyStepGivesTeacherForcedLogitsAndCommitsNothing) {
+  auto eng = make_engine();
+  constexpr int32_t kWidth = 5;
+  int checked = 0;
+  for (size_t i = 0; i < prompts_->size(); ++i) {
+    const std::vector<int32_t> seq = full_sequence(i);
+    const auto p0 = static_cast<int64_t>((*prompts_)[i].input_ids.size());
+    if (static_cast<int64_t>(seq.size()) < p0 + kWidth) continue;
+    const int32_t req = eng->open_request();
+    eng->step(forward_mode::kExtend, {step_row{req, std::vector<int32_t>(seq.begin(), seq.begin() + p0 - 1)}});
+    const std::vector<int32_t> window(seq.begin() + p0 - 1, seq.begin() + p0 - 1 + kWidth);
+    for (int pass = 0; pass < 2; ++pass) {
+      const host_tensor logits = eng->step(forward_mode::kTargetVerify, {step_row{req, window}});
+      ASSERT_EQ(logits.shape(), shape_t({kWidth, kVocab})) << "prompt " << i;
+      EXPECT_EQ(eng->cached_len(req), p0 - 1) << "prompt " << i << ": a verify step commits nothing";
+      const float diff = test::max_abs_diff(logits.as<float>(), ref_row(i, p0 - 1), logits.numel());
+      EXPECT_LE(diff, kLogitTol) << "prompt " << i << " pass " << pass;
+    }
+    forward_options opts;
+    opts.all_logits = true;
+    const host_tensor after = eng->step(forward_mode::kExtend, {step_row{req, window}}, opts);
+    EXPECT_LE(test::max_abs_diff(after.as<float>(), ref_row(i, p0 - 1), after.numel()), kLogitTol) << "prompt " << i;
+    eng->close_request(req);
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
 class BambaChunked : public BambaParity, public ::testing::WithParamInterface<int32_t> {};
 
 TEST_P(BambaChunked, ChunkedExtendEqualsWholeExtend) {
