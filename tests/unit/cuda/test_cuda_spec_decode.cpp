@@ -1,6 +1,7 @@
 // Speculative-decoding ops, CUDA against CPU: the multi-token selective state update (chain,
-// tree and Draft-mode layouts, a padding row; io and state each f32 or bf16), the fused commit
-// (f32 and bf16 states) and tree-masked attention (f32 and bf16 KV cache).
+// tree and Draft-mode layouts, a padding row; io and state each f32 or bf16), the multi-token
+// conv update (the same layouts, widths 2-4), the fused commit (f32 and bf16 states) and
+// tree-masked attention (f32 and bf16 KV cache).
 // Tolerances: f32 storage |Δ| <= 1e-5 + 1e-4·|want| (fused multiply-adds on the device); bf16
 // storage 1e-2 + 1e-2·|want| (a value may round to the neighbouring bf16, ~0.4% relative, and a
 // later token starts from it); the commit copies bits and must match exactly.
@@ -18,6 +19,7 @@
 #include "cuda_test_util.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels {
@@ -158,6 +160,79 @@ std::vector<multi_case> multi_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, SsmUpdateMultiCuda, testing::ValuesIn(multi_cases()), multi_name);
+
+// Multi-token conv update: chain, tree and Draft-mode start windows, a padding row, strided x
+// and out, widths 2, 3, 4. Outputs within 1e-5 + 1e-5·|want| (fused multiply-adds, expf);
+// windows are copies and must match exactly; the slots' windows are read only.
+struct conv_multi_case {
+  int layout;  // 0 chain, 1 tree, 2 Draft-mode start columns
+  int width;
+};
+
+class ConvUpdateMultiCuda : public testing::TestWithParam<conv_multi_case> {};
+
+TEST_P(ConvUpdateMultiCuda, MatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const conv_multi_case& c = GetParam();
+  const int64_t batch = 3, dim = 300, K = c.width, W = K - 1, n_slots = 6;
+  const int64_t T = c.layout == 2 ? 1 : 5, steps = c.layout == 2 ? 4 : 5, tokens = batch * T;
+  const int64_t xs = dim + 5, os = dim + 3;
+  const std::vector<int32_t> slots = {4, -1, 1};
+  std::vector<int32_t> parent;  // tree: 0 root; 1, 2 under 0; 3 under 1; 4 under 2
+  if (c.layout == 1)
+    for (int64_t b = 0; b < batch; ++b) parent.insert(parent.end(), {-1, 0, 0, 1, 2});
+  std::vector<int32_t> first;
+  if (c.layout == 2) first = {2, 0, 3};
+  const auto x = random_floats(static_cast<size_t>(tokens * xs), 301);
+  const auto weight = random_floats(static_cast<size_t>(dim * K), 302);
+  const auto bias = random_floats(static_cast<size_t>(dim), 303);
+  const auto states = random_floats(static_cast<size_t>((n_slots + 1) * dim * W), 304);
+  std::vector<float> windows = random_floats(static_cast<size_t>(batch * steps * dim * W), 305);
+  std::vector<float> out(static_cast<size_t>(tokens * os), 512.0f);
+  auto dx = to_device(x), dw = to_device(weight), db = to_device(bias), dstates = to_device(states);
+  auto dwin = to_device(windows), dout = to_device(out);
+  auto dslots = to_device(slots);
+  device_array<int32_t> dparent, dfirst;
+  if (!parent.empty()) dparent = to_device(parent);
+  if (!first.empty()) dfirst = to_device(first);
+  auto fill = [&](conv1d_update_multi_params& p, bool dev) {
+    p.x = dev ? dx.data() : x.data();
+    p.weight = dev ? dw.data() : weight.data();
+    p.bias = dev ? db.data() : bias.data();
+    p.out = dev ? dout.data() : out.data();
+    p.state_indices = dev ? dslots.data() : slots.data();
+    p.conv_states = dev ? dstates.data() : states.data();
+    p.step_windows = dev ? dwin.data() : windows.data();
+    p.retrieve_parent = parent.empty() ? nullptr : dev ? dparent.data() : parent.data();
+    p.first_step = first.empty() ? nullptr : dev ? dfirst.data() : first.data();
+    p.batch = batch;
+    p.dim = dim;
+    p.width = K;
+    p.tokens_per_row = T;
+    p.steps = steps;
+    p.x_stride = xs;
+    p.out_stride = os;
+    p.silu = true;
+  };
+  conv1d_update_multi_params cpu, gpu;
+  fill(cpu, false);
+  fill(gpu, true);
+  run_cpu(cpu);
+  run_cuda(gpu);
+  device_synchronize();
+  expect_match(dout.download(), out, 1e-5, 1e-5, "out");
+  expect_equal(dwin.download(), windows, "step windows");
+  expect_equal(dstates.download(), states, "slot windows (read only)");
+}
+
+std::vector<conv_multi_case> conv_multi_cases() { return {{0, 4}, {1, 4}, {2, 4}, {0, 2}, {1, 3}}; }
+
+std::string conv_multi_name(const testing::TestParamInfo<conv_multi_case>& info) {
+  static const char* const layouts[] = {"chain", "tree", "draft_steps"};
+  return std::string(layouts[info.param.layout]) + "_width" + std::to_string(info.param.width);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, ConvUpdateMultiCuda, testing::ValuesIn(conv_multi_cases()), conv_multi_name);
 
 class StateCommitCuda : public testing::TestWithParam<dtype> {};
 
