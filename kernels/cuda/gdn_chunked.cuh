@@ -180,7 +180,7 @@ __device__ __forceinline__ int row_chunks(const gdn_chunk_scan_params& p, int64_
   return (len + kChunk - 1) / kChunk;
 }
 
-__global__ void __launch_bounds__(1024) plan_kernel(const gdn_chunk_scan_params p, workspace ws) {
+static __global__ void __launch_bounds__(1024) plan_kernel(const gdn_chunk_scan_params p, workspace ws) {
   __shared__ int warp_tot[32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t per = ceil_div(p.batch, 1024);

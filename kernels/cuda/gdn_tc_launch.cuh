@@ -1,0 +1,85 @@
+#pragma once
+// The tensor-core GDN prefill's launches for one (kSplit, K) (kernels in gdn_chunked.cuh):
+// plan, intra (all chunks), state (row × head × slice); then the recurrent kernel gated on the
+// overflow flag (it exits at once unless the batch needed more chunks than reserved). Each
+// (kSplit, K) is instantiated in its own generated translation unit (CMakeLists.txt,
+// gdn_tc_inst.cu.in) so that no single compile holds all 36 tensor-core kernels; gdn.cu
+// dispatches on K.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "gdn_chunked.cuh"
+#include "gdn_common.h"
+#include "stream_alloc.h"
+
+namespace hyserve::kernels::cuda_detail {
+
+template <bool kSplit, int K>
+void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages) {
+  namespace tc = gdn_tc;
+  const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
+  constexpr int C = tc::kChunk;
+  const int64_t cap64 = ceil_div(gdn_tc_max_tokens(), C) + p.batch;
+  const int cap = static_cast<int>(std::min<int64_t>(cap64, int64_t{1} << 30));
+  // Workspace: chunk_off [batch + 1], overflow [1] (ints, rounded to 16 bytes), then per
+  // (chunk, value head) P [C, C], T [C, C], tok [C, kTokFields].
+  const int64_t n_ints = (p.batch + 2 + 3) / 4 * 4;
+  const int64_t items = static_cast<int64_t>(cap) * p.heads_v;
+  const int64_t per_item = 2 * C * C + C * tc::kTokFields;
+  void* raw = nullptr;
+  const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(items * per_item);
+  CUDA_CHECK(scratch_alloc(&raw, bytes, stream));
+  tc::workspace ws;
+  ws.chunk_off = static_cast<int*>(raw);
+  ws.overflow = ws.chunk_off + p.batch + 1;
+  ws.P = reinterpret_cast<float*>(ws.chunk_off + n_ints);
+  ws.T = ws.P + items * C * C;
+  ws.tok = ws.T + items * C * C;
+  ws.cap = cap;
+
+  tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  if (stages < 2) {
+    CUDA_CHECK(scratch_free(raw, stream));
+    return;
+  }
+  // Two value heads per intra block when consecutive pairs share a key head; q and k staged
+  // with cp.async when their rows are 16-byte aligned.
+  const bool vec_qk = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
+  auto launch_intra = [&](auto g2, auto vq) {
+    constexpr int kG = decltype(g2)::value ? 2 : 1;
+    const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value>;
+    constexpr size_t smem = tc::intra_tiles<K, kG>::kBytes;
+    reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+    const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
+    kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  };
+  const bool pairs = (p.heads_v / p.heads_k) % 2 == 0;
+  if (pairs && vec_qk) launch_intra(std::true_type{}, std::true_type{});
+  else if (pairs) launch_intra(std::true_type{}, std::false_type{});
+  else if (vec_qk) launch_intra(std::false_type{}, std::true_type{});
+  else launch_intra(std::false_type{}, std::false_type{});
+  if (stages < 3) {
+    CUDA_CHECK(scratch_free(raw, stream));
+    return;
+  }
+  {
+    // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.
+    const bool vec = vector_ok({p.q, p.k, p.v}, {p.q_stride, p.k_stride, p.v_stride, p.v_dim}, 4);
+    const auto kernel = vec ? &tc::state_kernel<kSplit, K, true> : &tc::state_kernel<kSplit, K, false>;
+    constexpr size_t smem = tc::state_tiles<K>::kBytes;
+    reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, tc::kSlice)), static_cast<unsigned>(p.heads_v),
+                    static_cast<unsigned>(p.batch));
+    kernel<<<grid, tc::kStateThreads, smem, stream>>>(p, ws);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  }
+  launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
+  CUDA_CHECK(scratch_free(raw, stream));
+}
+
+}  // namespace hyserve::kernels::cuda_detail
