@@ -5,8 +5,10 @@
 # decoding). Stages that do not fit in the time left are skipped and named.
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
 # Stages (default: all, in this order): tests select ssd gdn skinny model spec-pred spec-rand
-# spec-draft. Environment: BUILD_DIR (default build), BUDGET_S (seconds for the whole call,
-# default 3000), JOBS (default: nproc).
+# spec-draft; also gpu-tests (the GPU test binaries directly: every CUDA op against the CPU op,
+# the GPU model tests and the speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test).
+# Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
+# (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
 
 out=${1:?usage: bench/run_gpu_set.sh OUT_DIR [STAGE ...]}
@@ -24,9 +26,25 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)" | tee "$out/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$out/summary.txt" 2>&1
 
+# Targets of the stages asked for (empty: all).
+targets=()
+for s in "${stages[@]}"; do
+  case $s in
+    tests) targets=(); break ;;
+    gpu-tests) targets+=(cuda_ops_test gpu_model_test spec_test) ;;
+    select) targets+=(hyserve-bench-sparse) ;;
+    ssd | skinny) targets+=(hyserve-bench-cuda) ;;
+    gdn) targets+=(hyserve-bench-gdn) ;;
+    model) targets+=(hyserve-bench-model) ;;
+    spec-*) targets+=(hyserve-bench-spec) ;;
+  esac
+done
+target_args=()
+[ ${#targets[@]} -gt 0 ] && target_args=(--target "${targets[@]}")
+
 t=$(date +%s)
 if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYSERVE_CUDA_ARCHS=90a &&
-       cmake --build "$build" -j "$jobs"; } > "$out/build.log" 2>&1; then
+       cmake --build "$build" -j "$jobs" "${target_args[@]}"; } > "$out/build.log" 2>&1; then
   tail -40 "$out/build.log"
   echo "build failed" | tee -a "$out/summary.txt"
   exit 1
@@ -56,6 +74,10 @@ stage() {
 for s in "${stages[@]}"; do
   case $s in
     tests) stage tests 600 ctest --test-dir "$build" -j "$jobs" --timeout 140 --output-on-failure -E OpenAIClient ;;
+    gpu-tests)
+      stage gpu-ops 240 "$bin/cuda_ops_test" --gtest_filter="${GPU_TEST_FILTER:-*}"
+      stage gpu-model 240 "$bin/gpu_model_test"
+      stage gpu-spec 240 "$bin/spec_test" --gtest_filter='*Cuda*' ;;
     select) stage select 120 "$bin/hyserve-bench-sparse" select ;;
     ssd) stage ssd 180 "$bin/hyserve-bench-cuda" ssd_scan --ssm-io=bf16 --ssm-state=f32 ;;
     gdn) stage gdn 180 "$bin/hyserve-bench-gdn" ;;
@@ -69,7 +91,7 @@ for s in "${stages[@]}"; do
     spec-draft) stage spec-draft 300 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                   --batches 1 --prompt-len 1024 --new-tokens 128 --draft-tokens 7 --draft-layers 4 \
                   --json "$out/spec-draft.json" ;;
-    *) echo "unknown stage $s (known: tests select ssd gdn skinny model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
