@@ -303,12 +303,14 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
     int64_t n, k;
     bool swiglu;
   };
-  const shape shapes[] = {{"gate_up", 14336, 4096, true}, {"down", 4096, 14336, false}, {"lm_head", 128256, 4096, false}};
+  const shape shapes[] = {
+      {"gate_up", 14336, 4096, true}, {"down", 4096, 14336, false}, {"lm_head", 128256, 4096, false}};
   for (const shape& sh : shapes) {
     const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
     const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
     std::vector<device_array<uint8_t>> w;
-    for (int s = 0; s < n_sets; ++s) w.push_back(random_typed(static_cast<size_t>(weights), 70 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
+    for (int s = 0; s < n_sets; ++s)
+      w.push_back(random_typed(static_cast<size_t>(weights), 70 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
     auto a = random_device(static_cast<size_t>(8 * sh.k), 80);
     device_array<float> c(static_cast<size_t>(8 * sh.n));
     for (int m = 1; m <= 8; ++m) {

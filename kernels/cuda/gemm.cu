@@ -126,9 +126,10 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
 // B, so the A bytes a warp reads per B byte are 2m / R (8 at m = 8 with R = 2, which made the
 // call bound by L1/L2 rather than by the weight stream); but R = 8 leaves a narrow weight
 // (n = 4096) too few blocks to fill the device. skinny_rows_for holds the choice measured on the
-// H200 (hyserve-bench-cuda skinny_gemm; bench/results). Row m's arithmetic (its own accumulators, the same chunk order — lane l takes chunks
-// l, l + 32, … in order whatever R — and the same warp reduction) does not depend on how many
-// rows the call has: a row's result is bitwise the same in a 1-row decode and in an 8-row verify.
+// H200 (hyserve-bench-cuda skinny_gemm; bench/results). Row m's arithmetic (its own
+// accumulators, the same chunk order — lane l takes chunks l, l + 32, … in order whatever R —
+// and the same warp reduction) does not depend on how many rows the call has: a row's result
+// is bitwise the same in a 1-row decode and in an 8-row verify.
 constexpr int kSkinnyThreads = 256;
 constexpr int kSkinnyInFlight = 8;  // 16-byte chunks per lane in flight (over R rows)
 constexpr int64_t kSkinnyMaxM = 8;
