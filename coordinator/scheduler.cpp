@@ -395,10 +395,13 @@ bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, i
   const group_state& gs = groups_[static_cast<size_t>(g)];
   const speculative_section& sc = cfg_.speculative;
   const auto rows = static_cast<int32_t>(decode_ids.size());
+  // No round with drafts has run in this group: its acceptance is unknown, so the round runs
+  // (and measures it), as a round whose step time is unknown does.
+  if (!gs.accept.measured()) return true;
   double expected = 0;
   for (uint64_t id : decode_ids) {
     const request_state& r = requests_.at(id);
-    expected += r.budget->expected_accepted(r.round_drafts);
+    expected += r.budget->expected_accepted(r.round_drafts, gs.accept.probability());
   }
   const double decode_s = gs.costs.get(kCostDecode, rows, 1);
   double round_s = 0;
@@ -581,6 +584,7 @@ void scheduler::handle_verify(int g, const wire::step_result& res) {
     r.drafted += n_drafts;
     r.accepted += a;
     r.budget->record(n_drafts, a);
+    gs.accept.record(n_drafts, a);
     if (observer_.on_spec && n_drafts > 0) observer_.on_spec(n_drafts, a);
     // The cache now holds the last token and the accepted drafts; the bonus token is next.
     r.consumed += a + 1;

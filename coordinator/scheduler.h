@@ -119,6 +119,7 @@ class scheduler final : public frontend {
     int cost_kind = -1;
     int32_t cost_rows = 0, cost_width = 0;
     int64_t skipped_rounds = 0;  // consecutive rounds the cost check skipped
+    spec::acceptance_prior accept;  // acceptance over the group's rounds (requests' prior)
   };
 
   void take_submissions();

@@ -125,14 +125,21 @@ void draft_budget::record(int32_t drafted, int32_t accepted) {
   probing_ = false;
 }
 
-double draft_budget::expected_accepted(int32_t n) const {
-  const double p = accept_probability();
+double draft_budget::expected_accepted(int32_t n, double prior) const {
+  const double p = accept_probability(prior);
   double e = 0, pk = 1;
   for (int32_t i = 0; i < n; ++i) {
     pk *= p;
     e += pk;
   }
   return e;
+}
+
+void acceptance_prior::record(int32_t drafted, int32_t accepted) {
+  if (drafted <= 0) return;
+  measured_ = true;
+  hits_ = kDecay * hits_ + accepted;
+  misses_ = kDecay * misses_ + (accepted < drafted ? 1.0 : 0.0);
 }
 
 bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s) {

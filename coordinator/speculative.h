@@ -54,11 +54,12 @@ class draft_budget {
     probing_ = true;
   }
   void record(int32_t drafted, int32_t accepted);
-  // The probability that a draft is accepted given that the drafts before it were: a Laplace
-  // estimate (prior 1/2) over the recent rounds' accepted drafts and first rejections.
-  double accept_probability() const { return (hits_ + 1.0) / (hits_ + misses_ + 2.0); }
+  // The probability that a draft is accepted given that the drafts before it were: the recent
+  // rounds' accepted drafts and first rejections with a prior worth two observations (prior 1/2:
+  // the Laplace estimate; the scheduler passes its group's acceptance_prior).
+  double accept_probability(double prior = 0.5) const { return (hits_ + 2.0 * prior) / (hits_ + misses_ + 2.0); }
   // Expected accepted tokens of a chain of n drafts: p + p² + … + pⁿ.
-  double expected_accepted(int32_t n) const;
+  double expected_accepted(int32_t n, double prior = 0.5) const;
   int32_t cooldown_length() const { return cooldown_len_; }
   // A round skipped by the cost check: the evidence fades slowly (towards the prior), so a
   // request whose drafts were poor gets another chance after a while.
@@ -80,6 +81,24 @@ class draft_budget {
   int32_t cooldown_len_ = kCooldown;
   int32_t failed_probes_ = 0;
   bool probing_ = false;  // the last allowed() was a probe after a cool-down
+  double hits_ = 0, misses_ = 0;
+};
+
+// The acceptance seen over a group's recent rounds, all requests together: the prior of each
+// request's own estimate, so a request without evidence starts from what the service has seen
+// (a fixed prior of 1/2 prices rounds out at batch 1 when a verify step costs twice a decode
+// step, however repetitive the text). Unmeasured until a round with drafts has run: the cost
+// check lets such a round run (as it does a round whose step time is unknown).
+class acceptance_prior {
+ public:
+  void record(int32_t drafted, int32_t accepted);
+  bool measured() const { return measured_; }
+  // Laplace estimate over the recent rounds (1/2 when unmeasured).
+  double probability() const { return (hits_ + 1.0) / (hits_ + misses_ + 2.0); }
+
+ private:
+  static constexpr double kDecay = 0.9;  // weight of the previous rounds' evidence per round
+  bool measured_ = false;
   double hits_ = 0, misses_ = 0;
 };
 

@@ -3,7 +3,7 @@
 //   hyserve-bench-spec CONFIG [--batches 1,8,32] [--prompt-len 1024] [--new-tokens 128]
 //                      [--draft-tokens 4] [--draft-layers 0] [--draft-tree-width 1]
 //                      [--repetitive self|echo|block] [--warmup 1] [--dtype float32|bfloat16]
-//                      [--cost-check 0|1] [--json FILE]
+//                      [--cost-check 0|1] [--profile-verify N] [--json FILE]
 // Workloads, one prompt per row (rows differ by seed):
 //   - repetitive: a prompt that contains its own continuation. `self` (default): a random
 //     prefix P (prompt-len/4 tokens), the model's own greedy continuation C of P (prompt-len/2
@@ -31,7 +31,9 @@
 // the rows show the back-off. --dtype overrides the storage of weights, KV cache and SSM state
 // (float32: the strict identity check where bf16 GEMMs round differently for decode and verify
 // batch shapes). --cost-check overrides speculative.cost_check (0: every round runs, even where
-// the measured step times say it does not pay). Exits 2 when any output differs, 1 on errors.
+// the measured step times say it does not pay). Every cell prints its host time per step by
+// mode (prepare, forward, sampling); --profile-verify N (CUDA) also the GPU time by op of each
+// speculative cell's N-th verify step. Exits 2 when any output differs, 1 on errors.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -48,6 +50,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/worker/forward_mode.h"
 #include "hyserve/worker/model.h"
 #include "hyserve/worker/runner.h"
 #include "spec_bench/in_process.h"
@@ -71,6 +74,7 @@ struct options {
   int32_t warmup = 1;
   int32_t cost_check = -1;  // -1: the config's speculative.cost_check; 0 / 1 override it
   std::string dtype;  // "", float32 or bfloat16: overrides model.dtype and the cache's dtypes
+  int32_t profile_verify = 0;  // > 0: op-level GPU profile of each speculative cell's N-th verify step
   std::string json_out;
 };
 
@@ -107,6 +111,7 @@ options parse(int argc, char** argv) {
     else if (a == "--draft-layers") o.draft_layers = number(0);
     else if (a == "--draft-tree-width") o.draft_tree_width = number(1);
     else if (a == "--warmup") o.warmup = number(0);
+    else if (a == "--profile-verify") o.profile_verify = number(0);
     else if (a == "--cost-check") {
       o.cost_check = number(0);
       if (o.cost_check > 1) throw invalid_argument_error("--cost-check must be 0 or 1");
@@ -164,6 +169,38 @@ throughput decode_throughput(const hyserve::tools::run_result& r) {
   return t;
 }
 
+// The measured run's host time per step by forward mode and phase (the runner's counters):
+// where a verify step's time goes besides the forward pass.
+void print_phases(const hyserve::worker::runner& r) {
+  for (hyserve::worker::forward_mode m : hyserve::worker::kAllForwardModes) {
+    const auto& ph = r.phases()[static_cast<size_t>(m)];
+    if (ph.steps == 0) continue;
+    const double n = static_cast<double>(ph.steps);
+    std::fprintf(stderr, "      %-13s %5lld steps: prepare %7.3f  forward %7.3f  sample %7.3f ms/step\n",
+                 std::string(hyserve::worker::forward_mode_name(m)).c_str(), static_cast<long long>(ph.steps),
+                 ph.prepare_s * 1e3 / n, ph.forward_s * 1e3 / n, ph.sample_s * 1e3 / n);
+  }
+}
+
+// A profiled verify step's GPU time by op label, largest first.
+void print_verify_profile(const std::vector<hyserve::kernels::profile_segment>& segs) {
+  if (segs.empty()) return;
+  std::map<std::string, std::pair<int64_t, double>> by_label;  // calls, ms
+  double total = 0;
+  for (const auto& s : segs) {
+    auto& [calls, ms] = by_label[s.label];
+    ++calls;
+    ms += s.ms;
+    total += s.ms;
+  }
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(by_label.begin(), by_label.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::fprintf(stderr, "      verify step profile (GPU, %zu segments, %.3f ms):", segs.size(), total);
+  for (const auto& [label, v] : rows)
+    std::fprintf(stderr, " %s %lldx %.1f us;", label.c_str(), static_cast<long long>(v.first), v.second * 1e3);
+  std::fprintf(stderr, "\n");
+}
+
 std::unique_ptr<hyserve::worker::runner> make_runner(const service_config& cfg, const hyserve::model_config& mc,
                                                      const hyserve::kernels::exec_context& ctx) {
   auto r = std::make_unique<hyserve::worker::runner>(
@@ -215,6 +252,8 @@ int run(const options& o) {
     base.model.weight_dtype = base.cache.kv_dtype = base.cache.ssm_state_dtype = t;
   }
   const hyserve::model_config mc = hyserve::resolve_model_config(base);
+  if (o.profile_verify > 0 && base.device != hyserve::device_kind::kCuda)
+    throw invalid_argument_error("--profile-verify needs device: cuda (the profile times GPU work)");
   const hyserve::kernels::exec_context ctx = hyserve::kernels::open_device(base.device, 0);
 
   std::fprintf(stderr, "loading %s ...\n", o.config.c_str());
@@ -286,7 +325,11 @@ int run(const options& o) {
     const std::vector<std::vector<int32_t>> prompts(w.prompts.begin(), w.prompts.begin() + b);
     hyserve::coordinator::spec::step_costs& times = step_times[&r];
     for (int32_t i = 0; i < o.warmup; ++i) (void)hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens, &times);
-    const auto res = hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens, &times);
+    r.reset_phases();
+    const auto res = hyserve::tools::run_batch(cfg, mc, r, prompts, o.new_tokens, &times,
+                                               alg == speculative_algorithm::kNone ? 0 : o.profile_verify);
+    print_phases(r);
+    print_verify_profile(res.verify_profile);
     cell c{w.name, b, alg, decode_throughput(res), 0, 0, res.mode_counts, 0, -1, 0};
     std::vector<std::vector<int32_t>> outs;
     for (const auto& g : res.rows) {

@@ -617,6 +617,34 @@ TEST(SpecUnits, DraftBudgetCooldownGrowsAfterFailedProbes) {
   EXPECT_NEAR(f.accept_probability(), 0.5, 0.01);
 }
 
+// The group's acceptance is the prior of a request without evidence: at batch 1 with a verify
+// step 2.1x a decode step, a fresh request's round pays off after the group has seen rounds
+// accepted (with the fixed prior 1/2 it never would), and the request's own rejections then
+// outweigh the prior.
+TEST(SpecUnits, GroupAcceptanceIsTheRequestsPrior) {
+  spec::acceptance_prior g;
+  EXPECT_FALSE(g.measured());
+  EXPECT_DOUBLE_EQ(g.probability(), 0.5);
+  g.record(0, 0);  // a round without drafts is no evidence
+  EXPECT_FALSE(g.measured());
+  for (int i = 0; i < 5; ++i) g.record(4, 4);
+  EXPECT_TRUE(g.measured());
+  EXPECT_GT(g.probability(), 0.9);
+  spec::draft_budget fresh(4, 0.5);
+  EXPECT_DOUBLE_EQ(fresh.accept_probability(g.probability()), g.probability());
+  const double decode_s = 0.0060, verify_s = 0.0126;
+  EXPECT_FALSE(spec::round_pays_off(1, fresh.expected_accepted(4), decode_s, verify_s));
+  EXPECT_TRUE(spec::round_pays_off(1, fresh.expected_accepted(4, g.probability()), decode_s, verify_s));
+  fresh.record(4, 0);
+  fresh.record(2, 0);
+  fresh.record(1, 0);
+  EXPECT_LT(fresh.accept_probability(g.probability()), 0.45);
+  EXPECT_FALSE(spec::round_pays_off(1, fresh.expected_accepted(1, g.probability()), decode_s, verify_s));
+  // A group whose rounds are rejected drifts down (recent rounds count more).
+  for (int i = 0; i < 30; ++i) g.record(4, 0);
+  EXPECT_LT(g.probability(), 0.2);
+}
+
 TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   // Batch 32: a plain step yields 32 tokens in 60 ms; a verify round of 120 ms needs 32 more.
   EXPECT_FALSE(spec::round_pays_off(32, 0.5, 0.060, 0.120));

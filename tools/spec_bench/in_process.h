@@ -19,6 +19,7 @@
 #include "coordinator/transport.h"
 #include "hyserve/common/config.h"
 #include "hyserve/common/wire.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/worker/runner.h"
 
 namespace hyserve::tools {
@@ -31,7 +32,10 @@ class inline_transport final : public coordinator::transport {
   void send_plan(int group, const std::vector<uint8_t>& bytes) override {
     const wire::step_plan plan = wire::decode_step_plan(bytes);
     if (plan.mode < mode_counts.size()) ++mode_counts[plan.mode];
+    const bool profile = plan.mode == kVerifyMode && ++verify_plans_ == profile_verify;
+    if (profile) kernels::profile_start();
     results_.emplace_back(group, wire::encode(runner_.execute(plan)));
+    if (profile) profiled = kernels::profile_stop();
   }
   std::optional<std::pair<int, std::vector<uint8_t>>> poll_result() override {
     if (results_.empty()) return std::nullopt;
@@ -42,8 +46,14 @@ class inline_transport final : public coordinator::transport {
   void send_shutdown() override {}
 
   std::vector<int64_t> mode_counts = std::vector<int64_t>(8, 0);  // plans per forward-mode byte
+  // > 0: the profile_verify-th TargetVerify plan runs under the op-level GPU profile
+  // (kernels::profile_start), its segments in `profiled`.
+  int64_t profile_verify = 0;
+  std::vector<kernels::profile_segment> profiled;
 
  private:
+  static constexpr uint8_t kVerifyMode = 4;  // worker::forward_mode::kTargetVerify
+  int64_t verify_plans_ = 0;
   worker::runner& runner_;
   std::deque<std::pair<int, std::vector<uint8_t>>> results_;
 };
@@ -60,6 +70,7 @@ struct run_result {
   std::vector<timed_generation> rows;
   std::vector<int64_t> mode_counts;  // plans per forward-mode byte
   double seconds = 0;                // submission to the last finish
+  std::vector<kernels::profile_segment> verify_profile;  // with profile_verify > 0 (CUDA only)
 };
 
 // Submits every prompt at once (greedy, ignore_eos, max_new_tokens each) to a fresh scheduler
@@ -68,9 +79,10 @@ struct run_result {
 // runs is what a long-running service over the same workers has measured).
 inline run_result run_batch(const service_config& cfg, const model_config& mc, worker::runner& r,
                             const std::vector<std::vector<int32_t>>& prompts, int32_t max_new_tokens,
-                            coordinator::spec::step_costs* step_times = nullptr) {
+                            coordinator::spec::step_costs* step_times = nullptr, int64_t profile_verify = 0) {
   using clock = std::chrono::steady_clock;
   inline_transport link(r);
+  link.profile_verify = profile_verify;
   coordinator::scheduler sched(cfg, mc, std::vector<wire::hello>{r.capacity(0)}, link);
   if (step_times) sched.seed_step_times(0, *step_times);
   run_result out;
@@ -117,6 +129,7 @@ inline run_result run_batch(const service_config& cfg, const model_config& mc, w
   loop.join();
   if (step_times) *step_times = sched.step_times(0);
   out.mode_counts = link.mode_counts;
+  out.verify_profile = std::move(link.profiled);
   return out;
 }
 

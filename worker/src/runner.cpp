@@ -126,6 +126,7 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
 }
 
 wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& batch) {
+  const auto t_forward = std::chrono::steady_clock::now();
   wire::step_result res;
   res.step_id = plan.step_id;
   const hybrid_metadata meta = build_hybrid_metadata(batch);
@@ -169,6 +170,7 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
     (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
   }
   const int64_t vocab = model_->config().vocab_size;
+  const auto t_sample = std::chrono::steady_clock::now();
   // Logit rows of each row (one, or one per token of a verify row), in row order. Rows are
   // independent: host threads sample them in parallel (a row's result does not depend on the
   // thread; at a 128K vocabulary a row costs tens of microseconds).
@@ -216,6 +218,11 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
     if (!failure) failure = std::current_exception();
   }
   if (failure) std::rethrow_exception(failure);
+  if (plan.mode < phases_.size()) {
+    phase_times& ph = phases_[plan.mode];
+    ph.forward_s += std::chrono::duration<double>(t_sample - t_forward).count();
+    ph.sample_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sample).count();
+  }
   return res;
 }
 
@@ -229,6 +236,10 @@ wire::step_result runner::execute(const wire::step_plan& plan) {
     failure = e.what();
   }
   ++executed_;
+  if (plan.mode < phases_.size()) {
+    ++phases_[plan.mode].steps;
+    phases_[plan.mode].prepare_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   // Agree on the prepare phase before the forward pass enters any collective. The lowest failing
   // rank's message is broadcast so the coordinator sees the real cause.
   if (comm_ && comm_->size() > 1) {

@@ -3,6 +3,7 @@
 // resets, builds the forward batch and hybrid metadata, runs the model and samples. Every rank
 // of a tensor-parallel group runs the same plan; the group agrees on failures before any
 // collective so one rank's bad step cannot leave the others waiting.
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -35,6 +36,16 @@ class runner {
   wire::step_result execute(const wire::step_plan& plan);
   const model& get_model() const { return *model_; }
 
+  // Host wall time of the executed plans by forward-mode byte, split into phases: prepare (page
+  // tables, state resets, the previous round's commits), forward (metadata, the model's forward
+  // pass up to the logits on the host) and sampling. For benchmarks and step profiles.
+  struct phase_times {
+    int64_t steps = 0;
+    double prepare_s = 0, forward_s = 0, sample_s = 0;
+  };
+  const std::array<phase_times, 8>& phases() const { return phases_; }
+  void reset_phases() { phases_ = {}; }
+
  private:
   void prepare(const wire::step_plan& plan, forward_batch& batch);
   wire::step_result run(const wire::step_plan& plan, const forward_batch& batch);
@@ -43,6 +54,7 @@ class runner {
   collective* comm_;
   fault_injection fault_;
   int64_t executed_ = 0;
+  std::array<phase_times, 8> phases_{};
   int32_t page_size_ = 16;
   int32_t max_requests_ = 0;
   state_pools pools_;
