@@ -12,7 +12,8 @@
 //   hyserve-bench-cuda            all ops
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm,
 //                                 skinny_gemm (bf16-weight GEMM at m = 1..8 rows, the 9B decode
-//                                 and verify shapes, each rows-per-warp choice of the skinny kernel)
+//                                 and verify shapes, each rows-per-warp choice of the FMA kernel
+//                                 and the tensor-core path)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -295,7 +296,8 @@ void bench_rmsnorm(cudaStream_t stream, std::vector<row>& rows) {
 // bf16-weight GEMMs of the 9B-shaped model at m = 1..8 activation rows (decode batches up to 8,
 // a batch-1 verify of up to 7 drafts): the MLP's fused gate/up (SwiGLU, 2 × 14336 × 4096), its
 // down projection (4096 × 14336) and the lm_head (128256 × 4096), for each choice of the skinny
-// kernel's rows of B per warp (2, 4, 8, and "auto": the kernel's own; results identical). Bytes:
+// FMA kernel's rows of B per warp (2, 4, 8, and "auto": the kernel's own; results identical)
+// and the tensor-core path ("mma"), with the Mamba in/out projections beside them. Bytes:
 // the weights once, A and C.
 void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
   struct shape {
@@ -303,8 +305,9 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
     int64_t n, k;
     bool swiglu;
   };
-  const shape shapes[] = {
-      {"gate_up", 14336, 4096, true}, {"down", 4096, 14336, false}, {"lm_head", 128256, 4096, false}};
+  const shape shapes[] = {{"in_proj", 16768, 4096, false}, {"out_proj", 4096, 8192, false},
+                          {"gate_up", 14336, 4096, true},   {"down", 4096, 14336, false},
+                          {"lm_head", 128256, 4096, false}};
   for (const shape& sh : shapes) {
     const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
     const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
@@ -314,9 +317,10 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
     auto a = random_device(static_cast<size_t>(8 * sh.k), 80);
     device_array<float> c(static_cast<size_t>(8 * sh.n));
     for (int m = 1; m <= 8; ++m) {
-      for (const int cap : {0, 2, 4, 8}) {
+      for (const int cap : {0, 2, 4, 8, -1}) {  // -1: the tensor-core path
         if ((m <= 2 && cap > 2) || (m <= 4 && cap > 4)) continue;  // not instantiated (the same as a smaller one)
-        set_skinny_rows(cap);
+        set_skinny_path(cap < 0 ? skinny_path::kMma : skinny_path::kFma);
+        set_skinny_rows(std::max(cap, 0));
         const double us = time_call_us(stream, n_sets, [&](int s) {
           const uint8_t* wb = w[static_cast<size_t>(s)].data();
           if (sh.swiglu) {
@@ -351,11 +355,13 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
         });
         const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * m * (sh.k + sh.n);
         rows.push_back({"skinny_gemm", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
-                                           (cap == 0 ? " R=auto" : " R=" + std::to_string(cap)), m, us, bytes});
+                                           (cap < 0 ? " mma" : cap == 0 ? " R=auto" : " R=" + std::to_string(cap)),
+                        m, us, bytes});
       }
     }
   }
   set_skinny_rows(0);
+  set_skinny_path(skinny_path::kDefault);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -236,12 +238,153 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
   }
 }
 
+// ---- The tensor-core skinny path (m <= 8 rows of f32 A, bf16 B [n, k]) ----
+//
+// C[:, rows]ᵀ = B[rows, :] · Aᵀ as mma.sync m16n8k16 (bf16 in, f32 accumulate): the 16 rows of
+// the MMA's A operand are 16 rows of the weight, its 8 columns of the B operand the (up to 8)
+// rows of activations (columns >= m read zeros). The activations are not rounded: each f32 x
+// is split exactly into three bf16 terms (x = hi + mid + lo: truncations to the top 16 bits of
+// what is left, 3 × 8 significant bits = f32's 24), and the weight fragment is multiplied by
+// each (products of bf16 are exact in f32). A block of kMmaWarps warps owns 16·TILES weight
+// rows; warp w takes the 32-element k blocks w, w + kMmaWarps, …; their partial sums are added
+// in warp order through shared memory. A fixed permutation of k inside each 32-element block
+// lets every lane load its fragments as 16-byte chunks: lane (g = lane / 4, t = lane % 4) reads
+// chunk t of the block (8 consecutive k) of weight rows g and g + 8 and of activation row g, and
+// MMA j (0, 1) of the block takes elements 4j .. 4j + 3 of each lane's chunk as its k positions
+// 2t, 2t + 1, 2t + 8, 2t + 9. An output's arithmetic depends only on n, k and its own column
+// (the MMA's columns are independent; the k split and the warp order do not depend on m), so a
+// row's result is bitwise the same in a 1-row decode and an 8-row verify. TILES (1 or 2, by n
+// only) changes only how many row tiles share a block's activation loads, not any result.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaUnroll = 4;  // k blocks per warp in flight
+
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as three bf16x2 terms (hi, mid, lo), element e0 in the low halves; exact (barring
+// subnormal remainders): each term is the top 16 bits of what the terms before it leave.
+__device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[3]) {
+  uint32_t u0 = __float_as_uint(e0), u1 = __float_as_uint(e1);
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    t[i] = __byte_perm(u0, u1, 0x7632);
+    const float h0 = __uint_as_float(u0 & 0xffff0000u), h1 = __uint_as_float(u1 & 0xffff0000u);
+    u0 = __float_as_uint(__uint_as_float(u0) - h0);
+    u1 = __float_as_uint(__uint_as_float(u1) - h1);
+  }
+}
+
+template <int TILES, bool kSwiglu>
+__global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny_args p, int64_t m) {
+  constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
+  __shared__ float part[kMmaWarps][TILES][S][32][4];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row_base = static_cast<int64_t>(blockIdx.x) * 16 * TILES;
+  const uint4* wrow[TILES][S][2];
+#pragma unroll
+  for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t out = row_base + 16 * ti + g + 8 * h;
+        const int64_t row = out < p.n ? out : p.n - 1;  // a duplicate row past the end, not stored
+        wrow[ti][s][h] = reinterpret_cast<const uint4*>((s == 1 ? p.b1 : p.b0) + row * p.ldb);
+      }
+  const bool x_live = g < m;
+  const float4* xrow = reinterpret_cast<const float4*>(p.a + (x_live ? g : 0) * p.lda);
+  float acc[TILES][S][4] = {};
+  const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
+  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += kMmaWarps * kMmaUnroll) {
+    uint4 w[kMmaUnroll][TILES][S][2];
+    float4 x[kMmaUnroll][2];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int64_t c = (kb0 + u * kMmaWarps) * 4 + t;
+      const bool live = c < chunks;
+#pragma unroll
+      for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) w[u][ti][s][h] = live ? __ldcs(wrow[ti][s][h] + c) : make_uint4(0, 0, 0, 0);
+      x[u][0] = live && x_live ? __ldg(xrow + 2 * c) : make_float4(0, 0, 0, 0);
+      x[u][1] = live && x_live ? __ldg(xrow + 2 * c + 1) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint32_t b0[3], b1[3];
+        split3_bf16x2(x[u][j].x, x[u][j].y, b0);
+        split3_bf16x2(x[u][j].z, x[u][j].w, b1);
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const uint4& r0 = w[u][ti][s][0];
+            const uint4& r1 = w[u][ti][s][1];
+            const uint32_t a[4] = {j == 0 ? r0.x : r0.z, j == 0 ? r1.x : r1.z, j == 0 ? r0.y : r0.w,
+                                   j == 0 ? r1.y : r1.w};
+#pragma unroll
+            for (int i = 2; i >= 0; --i) mma_bf16_16816(acc[ti][s], a, b0[i], b1[i]);  // smallest term first
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[warp][ti][s][lane][r] = acc[ti][s][r];
+  __syncthreads();
+  // One output (tile, row, column) per thread: the warps' partial sums in warp order.
+  for (int o = static_cast<int>(threadIdx.x); o < TILES * 16 * 8; o += 32 * kMmaWarps) {
+    const int ti = o / 128, row = (o / 8) % 16, col = o % 8;
+    const int src_lane = (row % 8) * 4 + col / 2, src_reg = (row / 8) * 2 + col % 2;
+    const int64_t out_row = row_base + 16 * ti + row;
+    if (col >= m || out_row >= p.n) continue;
+    float v[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      v[s] = part[0][ti][s][src_lane][src_reg];
+#pragma unroll
+      for (int w2 = 1; w2 < kMmaWarps; ++w2) v[s] += part[w2][ti][s][src_lane][src_reg];
+    }
+    float* out = p.c + col * p.ldc + out_row;
+    if constexpr (kSwiglu) {
+      *out = v[0] / (1.0f + expf(-v[0])) * v[1];  // the swiglu op's formula
+    } else {
+      *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, v[0], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, v[0]);
+    }
+  }
+}
+
+// Row tiles per block: 2 for wide weights (half the activation reads per weight byte; still
+// thousands of blocks), else 1 (a 4096-row weight keeps 256 blocks). By n only: see above.
+template <bool kSwiglu>
+void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  if (a.n >= 16384 && !kSwiglu) {
+    skinny_mma_kernel<2, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 32)), 32 * kMmaWarps, 0, stream>>>(a, m);
+  } else {
+    skinny_mma_kernel<1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * kMmaWarps, 0, stream>>>(a, m);
+  }
+}
+
 bool skinny_bf16_applies(const gemm_params& p) {
   return p.m <= kSkinnyMaxM && !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 &&
          aligned16(p.a) && aligned16(p.b);
 }
 
 int g_skinny_rows = 0;  // set_skinny_rows (benchmarks): 0 = skinny_rows_for
+skinny_path g_skinny_path = skinny_path::kDefault;  // set_skinny_path
 
 template <int M, int R, bool kSwiglu>
 void launch_skinny_mr(const skinny_args& a, cudaStream_t stream) {
@@ -266,6 +409,11 @@ void launch_skinny_m(const skinny_args& a, cudaStream_t stream) {
 
 template <bool kSwiglu>
 void launch_skinny(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  if (skinny_uses_mma()) {
+    launch_skinny_mma<kSwiglu>(a, m, stream);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (m) {
     case 1: launch_skinny_m<1, kSwiglu>(a, stream); break;
     case 2: launch_skinny_m<2, kSwiglu>(a, stream); break;
@@ -324,6 +472,22 @@ void set_skinny_rows(int rows) {
   if (rows != 0 && rows != 2 && rows != 4 && rows != 8)
     throw invalid_argument_error("set_skinny_rows: rows must be 0, 2, 4 or 8, got " + std::to_string(rows));
   cuda_detail::g_skinny_rows = rows;
+}
+
+void set_skinny_path(skinny_path path) { cuda_detail::g_skinny_path = path; }
+
+bool skinny_uses_mma() {
+  static const skinny_path from_env = [] {
+    const char* e = std::getenv("HYSERVE_SKINNY");
+    if (e == nullptr || *e == '\0') return skinny_path::kDefault;
+    if (std::strcmp(e, "fma") == 0) return skinny_path::kFma;
+    if (std::strcmp(e, "mma") == 0) return skinny_path::kMma;
+    throw invalid_argument_error(std::string("HYSERVE_SKINNY: '") + e + "' (known: fma, mma)");
+  }();
+  skinny_path p = cuda_detail::g_skinny_path;
+  if (p == skinny_path::kDefault) p = from_env;
+  if (p == skinny_path::kDefault) p = kSkinnyDefaultPath;
+  return p == skinny_path::kMma;
 }
 
 using namespace cuda_detail;

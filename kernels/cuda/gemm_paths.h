@@ -1,12 +1,25 @@
 #pragma once
-// Benchmark aid for the bf16 skinny GEMM (bf16 weights, m <= 8 rows of activations; see
-// gemm.cu): force the rows of B one warp streams, 2, 4 or 8 (at most 2 for m <= 2 and 4 for
-// m <= 4), or 0 for the measured choice (the default). Results are bitwise the same whatever
-// the choice (each output's chunk order and reduction do not depend on it); only the speed
-// changes. Not thread-safe: set it before the calls it is meant for.
+// Path choices of the bf16 skinny GEMM (bf16 weights, m <= 8 rows of activations; see
+// gemm.cu). Not thread-safe: set them before the calls they are meant for.
+//
+// Benchmark aid for the FMA path: force the rows of B one warp streams, 2, 4 or 8 (at most 2
+// for m <= 2 and 4 for m <= 4), or 0 for the measured choice (the default). Results are
+// bitwise the same whatever the choice (each output's chunk order and reduction do not depend
+// on it); only the speed changes.
 // CUDA-free: reachable as "cuda/gemm_paths.h" by whoever links the kernels.
 namespace hyserve::kernels {
 
 void set_skinny_rows(int rows);
+
+// Which kernel computes the bf16 skinny GEMM (and the fused SwiGLU projection) for m <= 8:
+// CUDA-core FMAs (kFma) or tensor-core MMAs with the f32 activations split exactly into three
+// bf16 terms (kMma). Each path is row-invariant on its own (a row's bits do not depend on m);
+// the two differ in summation order, so a process uses one for every m (the fused
+// rmsnorm_linear decode kernel shares the FMA path's arithmetic and is used only with it).
+// kDefault: the environment's HYSERVE_SKINNY (fma or mma), else kSkinnyDefaultPath.
+enum class skinny_path { kDefault = 0, kFma = 1, kMma = 2 };
+inline constexpr skinny_path kSkinnyDefaultPath = skinny_path::kFma;
+void set_skinny_path(skinny_path path);
+bool skinny_uses_mma();  // the path in effect
 
 }  // namespace hyserve::kernels

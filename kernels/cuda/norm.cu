@@ -13,6 +13,7 @@
 #include "../cpu/dtype_dispatch.h"
 #include "../cpu/norm_linear_unfused.h"
 #include "common.cuh"
+#include "gemm_paths.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "launch.cuh"
@@ -422,7 +423,9 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
     const char* e = std::getenv("HYSERVE_NORM_LINEAR");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM) return false;
+  // The fused kernel reproduces the FMA skinny path's arithmetic; with the MMA path the norm
+  // and the GEMM run apart (the decode and verify linear layers must agree bit for bit).
+  if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM || skinny_uses_mma()) return false;
   if (p.norm_weight != nullptr && (p.m * p.k * 4 > kLinMaxShared || !aligned16(p.norm_weight))) return false;
   return p.k % 8 == 0 && p.w_stride % 8 == 0 && p.x_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w) &&
          (p.up_w == nullptr || aligned16(p.up_w));

@@ -5,7 +5,7 @@
 // k of the production shapes, padded strides, alpha/beta accumulation; that row r of an m-row
 // call is bitwise the row computed by a 1-row call (a batch-1 verify of up to 7 drafts and a
 // decode step agree exactly); and the fused SwiGLU projection (swiglu_linear) on the same
-// kernel. Skips without a device.
+// kernel. Each for both skinny paths (CUDA-core FMA and tensor-core MMA). Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -34,6 +34,17 @@ uint32_t f32_bits(float f) {
   return u;
 }
 
+// Puts the skinny path choices back to their defaults when a test ends (a failed assertion too).
+struct path_reset {
+  path_reset() = default;
+  path_reset(const path_reset&) = delete;
+  path_reset& operator=(const path_reset&) = delete;
+  ~path_reset() {
+    set_skinny_path(skinny_path::kDefault);
+    set_skinny_rows(0);
+  }
+};
+
 struct skinny_case {
   int64_t m, n, k;
   int64_t pad;  // extra elements per row of a and b (a multiple of 8: the skinny path applies)
@@ -44,6 +55,7 @@ class SkinnyGemmCuda : public testing::TestWithParam<skinny_case> {};
 
 TEST_P(SkinnyGemmCuda, MatchesCpuWithF32A) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const path_reset reset;
   const skinny_case& c = GetParam();
   gemm_params p;
   p.m = c.m;
@@ -61,20 +73,26 @@ TEST_P(SkinnyGemmCuda, MatchesCpuWithF32A) {
   std::vector<uint16_t> b(bf.size());
   for (size_t i = 0; i < bf.size(); ++i) b[i] = f32_to_bf16(bf[i]);
   std::vector<float> want = random_floats(static_cast<size_t>(c.m * p.ldc), 13);
-  device_array<float> da(a), dc(want);
+  device_array<float> da(a), dc(want);  // dc: C before the call (beta accumulates onto it)
   device_array<uint16_t> db(b);
   gemm_params pc = p;
   pc.a = a.data();
   pc.b = b.data();
   pc.c = want.data();
   run_cpu(pc);
-  gemm_params pg = p;
-  pg.a = da.data();
-  pg.b = db.data();
-  pg.c = dc.data();
-  run_cuda(pg);
-  device_synchronize();
-  expect_match(dc.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "C");
+  const std::vector<float> c0(dc.download());
+  for (const skinny_path path : {skinny_path::kFma, skinny_path::kMma}) {
+    SCOPED_TRACE(path == skinny_path::kMma ? "tensor-core path" : "FMA path");
+    device_array<float> dcp(c0);
+    gemm_params pg = p;
+    pg.a = da.data();
+    pg.b = db.data();
+    pg.c = dcp.data();
+    set_skinny_path(path);
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dcp.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "C");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
@@ -107,6 +125,7 @@ class SkinnyRowInvarianceCuda : public testing::TestWithParam<invariance_case> {
 
 TEST_P(SkinnyRowInvarianceCuda, RowOfMRowCallEqualsOneRowCall) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const path_reset reset;
   const invariance_case& c = GetParam();
   constexpr int64_t kMaxM = 8;
   const std::vector<float> a = random_floats(static_cast<size_t>(kMaxM * c.k), 31);
@@ -158,25 +177,30 @@ TEST_P(SkinnyRowInvarianceCuda, RowOfMRowCallEqualsOneRowCall) {
     device_synchronize();
     return dout.download();
   };
-  for (int64_t r = 0; r < kMaxM; ++r) {
-    gemm_one[static_cast<size_t>(r)] = gemm_call(r, 1);
-    swiglu_one[static_cast<size_t>(r)] = swiglu_call(r, 1);
-  }
-  // Every choice of the rows of B a warp streams (the kernel's own, 2, 4, 8) gives the same bits.
-  for (const int cap : {0, 2, 4, 8}) {
-    for (int64_t m = 2; m <= kMaxM; ++m) {
-      set_skinny_rows(cap);
-      const std::vector<float> g = gemm_call(0, m), s = swiglu_call(0, m);
-      set_skinny_rows(0);
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t j = 0; j < c.n; ++j) {
-          const size_t i = static_cast<size_t>(r * c.n + j);
-          ASSERT_EQ(f32_bits(g[i]), f32_bits(gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
-              << "gemm m " << m << " row " << r << " col " << j << " (rows per warp " << cap << "): " << g[i]
-              << " vs " << gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)];
-          ASSERT_EQ(f32_bits(s[i]), f32_bits(swiglu_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
-              << "swiglu m " << m << " row " << r << " col " << j << " (rows per warp " << cap << ")";
-        }
+  for (const skinny_path path : {skinny_path::kFma, skinny_path::kMma}) {
+    SCOPED_TRACE(path == skinny_path::kMma ? "tensor-core path" : "FMA path");
+    set_skinny_path(path);
+    for (int64_t r = 0; r < kMaxM; ++r) {
+      gemm_one[static_cast<size_t>(r)] = gemm_call(r, 1);
+      swiglu_one[static_cast<size_t>(r)] = swiglu_call(r, 1);
+    }
+    // Every choice of the rows of B a warp streams (the kernel's own, 2, 4, 8) gives the same bits
+    // (the tensor-core path has no such choice: once).
+    for (const int cap : path == skinny_path::kMma ? std::vector<int>{0} : std::vector<int>{0, 2, 4, 8}) {
+      for (int64_t m = 2; m <= kMaxM; ++m) {
+        set_skinny_rows(cap);
+        const std::vector<float> g = gemm_call(0, m), s = swiglu_call(0, m);
+        set_skinny_rows(0);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < c.n; ++j) {
+            const size_t i = static_cast<size_t>(r * c.n + j);
+            ASSERT_EQ(f32_bits(g[i]), f32_bits(gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
+                << "gemm m " << m << " row " << r << " col " << j << " (rows per warp " << cap << "): " << g[i]
+                << " vs " << gemm_one[static_cast<size_t>(r)][static_cast<size_t>(j)];
+            ASSERT_EQ(f32_bits(s[i]), f32_bits(swiglu_one[static_cast<size_t>(r)][static_cast<size_t>(j)]))
+                << "swiglu m " << m << " row " << r << " col " << j << " (rows per warp " << cap << ")";
+          }
+      }
     }
   }
 }
@@ -200,6 +224,7 @@ class SwigluLinearCuda : public testing::TestWithParam<swiglu_case> {};
 
 TEST_P(SwigluLinearCuda, MatchesCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const path_reset reset;
   const swiglu_case& c = GetParam();
   std::vector<float> x = random_floats(static_cast<size_t>(c.m * c.k), 21);
   if (c.m > 8)
@@ -233,9 +258,14 @@ TEST_P(SwigluLinearCuda, MatchesCpu) {
   pg.gate_w = c.bf16 ? static_cast<const void*>(dg16.data()) : dg.data();
   pg.up_w = c.bf16 ? static_cast<const void*>(du16.data()) : du.data();
   pg.out = dout.data();
-  run_cuda(pg);
-  device_synchronize();
-  expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
+  for (const skinny_path path : {skinny_path::kFma, skinny_path::kMma}) {
+    SCOPED_TRACE(path == skinny_path::kMma ? "tensor-core path" : "FMA path");
+    dout.fill_bytes(0xff);
+    set_skinny_path(path);
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, SwigluLinearCuda,
