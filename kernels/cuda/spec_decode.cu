@@ -33,7 +33,7 @@ __device__ __forceinline__ int64_t start_column(const int32_t* parent, const int
 }
 
 // Warp = one head_dim row pi of head h of row b (block = kMultiWarps consecutive rows of a head),
-// its lanes over d_state (element n = lane + 32·i, i < kMultiMaxPer: coalesced loads and
+// its lanes over d_state (element n = lane + 32·i, i < PER <= kMultiMaxPer: coalesced loads and
 // stores), y reduced across the warp. Tokens of the row run in order; each starts from its start
 // state (the slot's or a step column) and writes its own step column. The warp keeps the state
 // it last wrote in registers, so a chain reads the slot once and then only writes (a tree node
@@ -44,7 +44,31 @@ __device__ __forceinline__ int64_t start_column(const int32_t* parent, const int
 constexpr int kMultiWarps = 4;
 constexpr int kMultiMaxPer = 8;  // d_state <= 32 · 8
 
-template <class TI, class TS>
+// A token's inputs to one state row (loaded one token ahead: the loads do not wait for the
+// previous token's state math and stores).
+template <class TI, int PER>
+struct multi_token_in {
+  TI dt, x;
+  TI b[PER], c[PER];
+};
+
+template <class TI, int PER>
+__device__ __forceinline__ void load_multi_token(const selective_state_update_multi_params& p, int64_t tok, int64_t h,
+                                                 int64_t g, int64_t pi, int lane, multi_token_in<TI, PER>& in) {
+  const int64_t N = p.d_state;
+  const TI* __restrict__ bv = static_cast<const TI*>(p.B) + tok * p.bc_stride + g * N;
+  const TI* __restrict__ cv = static_cast<const TI*>(p.C) + tok * p.bc_stride + g * N;
+  in.dt = __ldg(static_cast<const TI*>(p.dt) + tok * p.dt_stride + h);
+  in.x = __ldg(static_cast<const TI*>(p.x) + tok * p.x_stride + h * p.head_dim + pi);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int64_t n = lane + 32 * i;
+    in.b[i] = n < N ? __ldg(bv + n) : TI{};
+    in.c[i] = n < N ? __ldg(cv + n) : TI{};
+  }
+}
+
+template <class TI, class TS, int PER>
 __global__ void __launch_bounds__(32 * kMultiWarps) ssm_update_multi_kernel(const selective_state_update_multi_params p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t pi = static_cast<int64_t>(blockIdx.x) * kMultiWarps + (threadIdx.x >> 5);
@@ -56,46 +80,46 @@ __global__ void __launch_bounds__(32 * kMultiWarps) ssm_update_multi_kernel(cons
   const int64_t head_elems = P * N, state_elems = p.heads * head_elems;
   const int64_t g = h / (p.heads / p.n_groups);
   const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-  const TI* xs = static_cast<const TI*>(p.x);
-  const TI* dts = static_cast<const TI*>(p.dt);
-  const TI* Bs = static_cast<const TI*>(p.B);
-  const TI* Cs = static_cast<const TI*>(p.C);
   TI* ys = static_cast<TI*>(p.y);
   const TS* slot_state = static_cast<const TS*>(p.ssm_states);
   TS* steps = static_cast<TS*>(p.step_states);
   const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
-  float s[kMultiMaxPer];
+  const float dt_bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+  const float neg_a = -expf(p.A_log[h]);
+  float s[PER];
   int64_t held = -2;  // the column whose state row s holds (-1: the slot's; -2: none)
+  multi_token_in<TI, PER> cur, next;
+  if (T > 0) load_multi_token(p, b * T, h, g, pi, lane, next);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t tok = b * T + t;
+    cur = next;
+    if (t + 1 < T) load_multi_token(p, tok + 1, h, g, pi, lane, next);
     const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
     if (src_col != held) {
       const TS* src = (src_col < 0 ? slot_state + slot * state_elems : steps + (b * p.steps + src_col) * state_elems) +
                       h * head_elems + pi * N;
 #pragma unroll
-      for (int i = 0; i < kMultiMaxPer; ++i) {
+      for (int i = 0; i < PER; ++i) {
         const int64_t n = lane + 32 * i;
         s[i] = n < N ? to_float(src[n]) : 0.0f;
       }
     }
     TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems + pi * N;
-    float v = to_float(dts[tok * p.dt_stride + h]) + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
+    float v = to_float(cur.dt) + dt_bias;
     if (p.dt_softplus) v = softplus_d(v);
     const float dt = fminf(fmaxf(v, p.dt_min), p.dt_max);
-    const float decay = expf(dt * -expf(p.A_log[h]));
-    const TI* bv = Bs + tok * p.bc_stride + g * N;
-    const TI* cv = Cs + tok * p.bc_stride + g * N;
-    const float xv = to_float(xs[tok * p.x_stride + h * P + pi]);
+    const float decay = expf(dt * neg_a);
+    const float xv = to_float(cur.x);
     const float coef = dt * xv;
     float out = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kMultiMaxPer; ++i) {
+    for (int i = 0; i < PER; ++i) {
       const int64_t n = lane + 32 * i;
       if (n < N) {
-        const float sv = s[i] * decay + coef * to_float(bv[n]);
+        const float sv = s[i] * decay + coef * to_float(cur.b[i]);
         const TS stored = from_float<TS>(sv);
         S[n] = stored;
-        out += sv * to_float(cv[n]);
+        out += sv * to_float(cur.c[i]);
         s[i] = to_float(stored);
       }
     }
@@ -301,9 +325,12 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream) {
   cpu_detail::require_ssm_dtypes(p, op);
   const dim3 grid(static_cast<unsigned>(ceil_div(p.head_dim, int64_t{kMultiWarps})), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));
+  // Elements per lane: 4 up to d_state 128 (half the registers, more warps resident), else 8.
   dispatch_ssm_types(p, [&](auto io, auto st) {
-    ssm_update_multi_kernel<typename decltype(io)::type, typename decltype(st)::type>
-        <<<grid, 32 * kMultiWarps, 0, as_stream(stream)>>>(p);
+    using TI = typename decltype(io)::type;
+    using TS = typename decltype(st)::type;
+    if (p.d_state <= 32 * 4) ssm_update_multi_kernel<TI, TS, 4><<<grid, 32 * kMultiWarps, 0, as_stream(stream)>>>(p);
+    else ssm_update_multi_kernel<TI, TS, kMultiMaxPer><<<grid, 32 * kMultiWarps, 0, as_stream(stream)>>>(p);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
