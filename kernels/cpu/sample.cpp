@@ -16,6 +16,23 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// std::max_element(x, x + V) (the first of equal maxima; a NaN never replaces a value) in two
+// passes that vectorise: the maximum over 8 independent lanes, then the first index holding it.
+const float* first_max(const float* x, int64_t V) {
+  if (std::isnan(x[0])) return std::max_element(x, x + V);  // max_element keeps x[0]: rare
+  float lane[8];
+  std::fill_n(lane, 8, x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+  float mx = lane[0];
+  for (int l = 1; l < 8; ++l) mx = lane[l] > mx ? lane[l] : mx;
+  for (; i < V; ++i) mx = x[i] > mx ? x[i] : mx;
+  for (int64_t j = 0; j < V; ++j)
+    if (x[j] == mx) return x + j;
+  return x;  // not reached: mx is one of the values
+}
+
 }  // namespace
 
 sample_output sample_cpu(const sample_params& p) {
@@ -26,11 +43,11 @@ sample_output sample_cpu(const sample_params& p) {
     throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
   const float* x = p.logits;
   const int64_t V = p.vocab;
-  const float* const first_max = std::max_element(x, x + V);
-  const float mx = *first_max;
+  const float* const top = first_max(x, V);
+  const float mx = *top;
   sample_output out;
   if (p.temperature == 0.0f) {
-    out.token = static_cast<int32_t>(first_max - x);
+    out.token = static_cast<int32_t>(top - x);
   } else {
     std::vector<int32_t> idx(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);

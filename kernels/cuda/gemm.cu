@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
 // rows of activations (columns >= m read zeros). The activations are not rounded: each f32 x
 // is split exactly into three bf16 terms (x = hi + mid + lo: truncations to the top 16 bits of
 // what is left, 3 × 8 significant bits = f32's 24), and the weight fragment is multiplied by
-// each (products of bf16 are exact in f32). A block of kMmaWarps warps owns 16·TILES weight
-// rows; warp w takes the 32-element k blocks w, w + kMmaWarps, …; their partial sums are added
+// each (products of bf16 are exact in f32). A block of WARPS warps owns 16·TILES weight
+// rows; warp w takes the 32-element k blocks w, w + WARPS, …; their partial sums are added
 // in warp order through shared memory. A fixed permutation of k inside each 32-element block
 // lets every lane load its fragments as 16-byte chunks: lane (g = lane / 4, t = lane % 4) reads
 // chunk t of the block (8 consecutive k) of weight rows g and g + 8 and of activation row g, and
@@ -255,7 +255,6 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
 // (the MMA's columns are independent; the k split and the warp order do not depend on m), so a
 // row's result is bitwise the same in a 1-row decode and an 8-row verify. TILES (1 or 2, by n
 // only) changes only how many row tiles share a block's activation loads, not any result.
-constexpr int kMmaWarps = 8;
 constexpr int kMmaUnroll = 4;  // k blocks per warp in flight
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -279,10 +278,10 @@ __device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[
   }
 }
 
-template <int TILES, bool kSwiglu>
-__global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny_args p, int64_t m) {
+template <int WARPS, int TILES, bool kSwiglu>
+__global__ void __launch_bounds__(32 * WARPS) skinny_mma_kernel(const skinny_args p, int64_t m) {
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
-  __shared__ float part[kMmaWarps][TILES][S][32][4];
+  __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row_base = static_cast<int64_t>(blockIdx.x) * 16 * TILES;
@@ -301,12 +300,12 @@ __global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny
   const float4* xrow = reinterpret_cast<const float4*>(p.a + (x_live ? g : 0) * p.lda);
   float acc[TILES][S][4] = {};
   const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
-  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += kMmaWarps * kMmaUnroll) {
+  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += WARPS * kMmaUnroll) {
     uint4 w[kMmaUnroll][TILES][S][2];
     float4 x[kMmaUnroll][2];
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
-      const int64_t c = (kb0 + u * kMmaWarps) * 4 + t;
+      const int64_t c = (kb0 + u * WARPS) * 4 + t;
       const bool live = c < chunks;
 #pragma unroll
       for (int ti = 0; ti < TILES; ++ti)
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny
       for (int r = 0; r < 4; ++r) part[warp][ti][s][lane][r] = acc[ti][s][r];
   __syncthreads();
   // One output (tile, row, column) per thread: the warps' partial sums in warp order.
-  for (int o = static_cast<int>(threadIdx.x); o < TILES * 16 * 8; o += 32 * kMmaWarps) {
+  for (int o = static_cast<int>(threadIdx.x); o < TILES * 16 * 8; o += 32 * WARPS) {
     const int ti = o / 128, row = (o / 8) % 16, col = o % 8;
     const int src_lane = (row % 8) * 4 + col / 2, src_reg = (row / 8) * 2 + col % 2;
     const int64_t out_row = row_base + 16 * ti + row;
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny
     for (int s = 0; s < S; ++s) {
       v[s] = part[0][ti][s][src_lane][src_reg];
 #pragma unroll
-      for (int w2 = 1; w2 < kMmaWarps; ++w2) v[s] += part[w2][ti][s][src_lane][src_reg];
+      for (int w2 = 1; w2 < WARPS; ++w2) v[s] += part[w2][ti][s][src_lane][src_reg];
     }
     float* out = p.c + col * p.ldc + out_row;
     if constexpr (kSwiglu) {
@@ -368,13 +367,17 @@ __global__ void __launch_bounds__(32 * kMmaWarps) skinny_mma_kernel(const skinny
 }
 
 // Row tiles per block: 2 for wide weights (half the activation reads per weight byte; still
-// thousands of blocks), else 1 (a 4096-row weight keeps 256 blocks). By n only: see above.
+// thousands of blocks), else 1. Warps per block (the k split): 16 for narrow weights (n <= 8192:
+// a 4096-row weight has only 256 blocks, so each needs more loads in flight), else 8. By n only
+// (see above): the k split fixes the summation order, which must not depend on m.
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   if (a.n >= 16384 && !kSwiglu) {
-    skinny_mma_kernel<2, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 32)), 32 * kMmaWarps, 0, stream>>>(a, m);
+    skinny_mma_kernel<8, 2, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 32)), 32 * 8, 0, stream>>>(a, m);
+  } else if (a.n > 8192) {
+    skinny_mma_kernel<8, 1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * 8, 0, stream>>>(a, m);
   } else {
-    skinny_mma_kernel<1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * kMmaWarps, 0, stream>>>(a, m);
+    skinny_mma_kernel<16, 1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * 16, 0, stream>>>(a, m);
   }
 }
 

@@ -171,14 +171,41 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   }
   const int64_t vocab = model_->config().vocab_size;
   const auto t_sample = std::chrono::steady_clock::now();
-  // Logit rows of each row (one, or one per token of a verify row), in row order. Rows are
-  // independent: host threads sample them in parallel (a row's result does not depend on the
-  // thread; at a 128K vocabulary a row costs tens of microseconds).
-  res.rows.resize(batch.rows.size());
-  std::exception_ptr failure;
+  // Logit rows of each row (one, or one per token of a verify row), in row order. Every logit
+  // row is sampled independently (its counter is its output index), so host threads take them
+  // all in parallel, a batch-1 verify's positions too (the result does not depend on the thread;
+  // at a 128K vocabulary a row costs tens to hundreds of microseconds).
   const auto n_rows = static_cast<int64_t>(batch.rows.size());
-#pragma omp parallel for schedule(dynamic, 1) if (n_rows > 1 && vocab >= 4096)
-  for (int64_t bi = 0; bi < n_rows; ++bi) try {
+  const int64_t n_logits = meta.logit_row_start[static_cast<size_t>(n_rows)] - meta.logit_row_start[0];
+  std::vector<int64_t> owner(static_cast<size_t>(n_logits));
+  for (int64_t b = 0; b < n_rows; ++b)
+    for (int64_t i = meta.logit_row_start[static_cast<size_t>(b)]; i < meta.logit_row_start[static_cast<size_t>(b) + 1]; ++i)
+      owner[static_cast<size_t>(i - meta.logit_row_start[0])] = b;
+  std::vector<kernels::sample_output> sampled(static_cast<size_t>(n_logits));
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) if (n_logits > 1 && vocab >= 4096)
+  for (int64_t li = 0; li < n_logits; ++li) try {
+    const int64_t b = owner[static_cast<size_t>(li)];
+    const wire::plan_row& pr = plan.rows[static_cast<size_t>(b)];
+    const int64_t j = li + meta.logit_row_start[0] - meta.logit_row_start[static_cast<size_t>(b)];
+    kernels::sample_params sp;
+    sp.logits = logits.as<float>() + (meta.logit_row_start[0] + li) * vocab;
+    sp.vocab = vocab;
+    // Drafts are greedy: deterministic drafts keep the target's sampling distribution.
+    sp.temperature = on_draft ? 0.0f : pr.sample.temperature;
+    sp.top_k = pr.sample.top_k;
+    sp.top_p = pr.sample.top_p;
+    sp.seed = pr.sample.seed;
+    sp.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(j);
+    sp.want_logprob = plan.want_logprobs;
+    sampled[static_cast<size_t>(li)] = kernels::sample_cpu(sp);
+  } catch (...) {
+#pragma omp critical(hyserve_runner_sampling)
+    if (!failure) failure = std::current_exception();
+  }
+  if (failure) std::rethrow_exception(failure);
+  res.rows.resize(batch.rows.size());
+  for (int64_t bi = 0; bi < n_rows; ++bi) {
     const auto b = static_cast<size_t>(bi);
     wire::row_result& rr = res.rows[b];
     rr.request_id = batch.rows[b].request_id;
@@ -186,24 +213,14 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
     const auto first = static_cast<size_t>(meta.logit_row_start[b]);
     const auto per_row = static_cast<size_t>(meta.logit_row_start[b + 1]) - first;
     for (size_t j = 0; j < per_row; ++j) {
-      const float* row = logits.as<float>() + static_cast<int64_t>(first + j) * vocab;
-      kernels::sample_params sp;
-      sp.logits = row;
-      sp.vocab = vocab;
-      // Drafts are greedy: deterministic drafts keep the target's sampling distribution.
-      sp.temperature = on_draft ? 0.0f : pr.sample.temperature;
-      sp.top_k = pr.sample.top_k;
-      sp.top_p = pr.sample.top_p;
-      sp.seed = pr.sample.seed;
-      sp.counter = static_cast<uint64_t>(pr.output_index) + j;
-      sp.want_logprob = plan.want_logprobs;
-      const kernels::sample_output so = kernels::sample_cpu(sp);
+      const kernels::sample_output& so = sampled[first + j - static_cast<size_t>(meta.logit_row_start[0])];
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
       // A draft tree's first position: the next best tokens after the greedy one, best first
       // (ties to the lower id), as sibling drafts.
       if (batch.mode == forward_mode::kDraft && plan.draft_width > 1 && pr.draft_step == 0 && pr.mamba_slot >= 0 &&
           !plan.want_logprobs) {
+        const float* row = logits.as<float>() + static_cast<int64_t>(first + j) * vocab;
         std::vector<int32_t> ids;
         for (int32_t v = 0; v < static_cast<int32_t>(vocab); ++v)
           if (v != so.token) ids.push_back(v);
@@ -213,11 +230,8 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
         rr.tokens.insert(rr.tokens.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
       }
     }
-  } catch (...) {
-#pragma omp critical(hyserve_runner_sampling)
-    if (!failure) failure = std::current_exception();
   }
-  if (failure) std::rethrow_exception(failure);
+
   if (plan.mode < phases_.size()) {
     phase_times& ph = phases_[plan.mode];
     ph.forward_s += std::chrono::duration<double>(t_sample - t_forward).count();

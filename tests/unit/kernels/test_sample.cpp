@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
 #include <map>
 #include <vector>
 
@@ -24,6 +27,30 @@ TEST(Sample, GreedyTakesFirstMaximumAndReportsLogprob) {
   double z = 0;
   for (float v : l) z += std::exp(v);
   EXPECT_NEAR(o.logprob, 2.0 - std::log(z), 1e-6);
+}
+
+// Greedy equals std::max_element's index (the first of equal maxima, NaN never chosen over a
+// value) over rows with repeated maxima at varied positions and lengths (multiples of 8 and
+// not), signed zeros, infinities and NaNs (x[0] NaN included).
+TEST(Sample, GreedyMatchesMaxElementOnTiesZerosInfinitiesAndNans) {
+  std::mt19937 rng(5);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t V = 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<float> x(static_cast<size_t>(V));
+    for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
+    const int specials = static_cast<int>(rng() % 4);
+    for (int k = 0; k < specials; ++k) {
+      const float pick[] = {nan, inf, -inf, 0.0f, -0.0f};
+      x[rng() % static_cast<size_t>(V)] = pick[rng() % 5];
+    }
+    if (trial % 50 == 0) x[0] = nan;
+    sample_params p;
+    p.logits = x.data();
+    p.vocab = V;
+    p.temperature = 0.0f;
+    EXPECT_EQ(sample_cpu(p).token, std::max_element(x.begin(), x.end()) - x.begin()) << "trial " << trial << ", V " << V;
+  }
 }
 
 TEST(Sample, SameSeedAndCounterGiveSameToken) {
