@@ -395,13 +395,15 @@ bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, i
   const group_state& gs = groups_[static_cast<size_t>(g)];
   const speculative_section& sc = cfg_.speculative;
   const auto rows = static_cast<int32_t>(decode_ids.size());
-  // No round with drafts has run in this group: its acceptance is unknown, so the round runs
-  // (and measures it), as a round whose step time is unknown does.
-  if (!gs.accept.measured()) return true;
+  // Requests' prior: the group's measured acceptance; before any round with drafts has run, an
+  // optimistic one, so a round that pays off if its drafts are accepted runs and measures it
+  // (a batch-1 chain: a verify step costing twice a decode step), while a round whose few
+  // drafting rows could never pay for the whole batch's wider step does not.
+  const double prior = gs.accept.measured() ? gs.accept.probability() : spec::acceptance_prior::kUnmeasured;
   double expected = 0;
   for (uint64_t id : decode_ids) {
     const request_state& r = requests_.at(id);
-    expected += r.budget->expected_accepted(r.round_drafts, gs.accept.probability());
+    expected += r.budget->expected_accepted(r.round_drafts, prior);
   }
   const double decode_s = gs.costs.get(kCostDecode, rows, 1);
   double round_s = 0;

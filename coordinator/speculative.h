@@ -88,9 +88,10 @@ class draft_budget {
 // request's own estimate, so a request without evidence starts from what the service has seen
 // (a fixed prior of 1/2 prices rounds out at batch 1 when a verify step costs twice a decode
 // step, however repetitive the text). Unmeasured until a round with drafts has run: the cost
-// check lets such a round run (as it does a round whose step time is unknown).
+// check then prices rounds with the optimistic kUnmeasured.
 class acceptance_prior {
  public:
+  static constexpr double kUnmeasured = 0.9;
   void record(int32_t drafted, int32_t accepted);
   bool measured() const { return measured_; }
   // Laplace estimate over the recent rounds (1/2 when unmeasured).

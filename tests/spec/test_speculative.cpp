@@ -640,6 +640,11 @@ TEST(SpecUnits, GroupAcceptanceIsTheRequestsPrior) {
   fresh.record(1, 0);
   EXPECT_LT(fresh.accept_probability(g.probability()), 0.45);
   EXPECT_FALSE(spec::round_pays_off(1, fresh.expected_accepted(1, g.probability()), decode_s, verify_s));
+  // Before any round: the optimistic prior runs a batch-1 round, but not a batch-32 round in
+  // which one row drafts (measured: verify 32 x 5 = 67 ms, decode 32 = 10.1 ms).
+  const double first = spec::acceptance_prior::kUnmeasured;
+  EXPECT_TRUE(spec::round_pays_off(1, spec::draft_budget(4, 0.5).expected_accepted(4, first), decode_s, verify_s));
+  EXPECT_FALSE(spec::round_pays_off(32, spec::draft_budget(4, 0.5).expected_accepted(4, first), 0.0101, 0.067));
   // A group whose rounds are rejected drifts down (recent rounds count more).
   for (int i = 0; i < 30; ++i) g.record(4, 0);
   EXPECT_LT(g.probability(), 0.2);
