@@ -279,7 +279,7 @@ __device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[
 }
 
 template <int WARPS, int TILES, bool kSwiglu>
-__global__ void __launch_bounds__(32 * WARPS) skinny_mma_kernel(const skinny_args p, int64_t m) {
+__global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) : 0) skinny_mma_kernel(const skinny_args p, int64_t m) {
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
   __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -366,19 +366,47 @@ __global__ void __launch_bounds__(32 * WARPS) skinny_mma_kernel(const skinny_arg
   }
 }
 
-// Row tiles per block: 2 for wide weights (half the activation reads per weight byte; still
-// thousands of blocks), else 1. Warps per block (the k split): 16 for narrow weights (n <= 8192:
-// a 4096-row weight has only 256 blocks, so each needs more loads in flight), else 8. By n only
-// (see above): the k split fixes the summation order, which must not depend on m.
+template <int WARPS, int TILES, bool kSwiglu>
+void launch_skinny_mma_w(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const auto tiles = static_cast<unsigned>(ceil_div(a.n, int64_t{16} * TILES));
+  skinny_mma_kernel<WARPS, TILES, kSwiglu><<<tiles, 32 * WARPS, 0, stream>>>(a, m);
+}
+
+// Blocks of the kernel resident on the whole device at once (read once per instantiation).
+template <int WARPS, int TILES, bool kSwiglu>
+int64_t skinny_mma_slots() {
+  static const int64_t slots = [] {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_kernel<WARPS, TILES, kSwiglu>,
+                                                             32 * WARPS, 0));
+    return int64_t{per_sm} * sm_count();
+  }();
+  return slots;
+}
+
+// Warps per block (the k split): the most of 16, 8, 4 with which every row tile's block is
+// resident at once, so no partial last wave idles most of the device (a 4096-row weight: 256
+// tiles, 16 warps; the fused 14336-row gate/up: 896 tiles, 4 warps); with more tiles than
+// that, 8. By n (and the device) only: the k split fixes the summation order, which must not
+// depend on m.
+template <int TILES, bool kSwiglu>
+void launch_skinny_mma_t(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(a.n, int64_t{16} * TILES);
+  if (tiles <= skinny_mma_slots<16, TILES, kSwiglu>()) return launch_skinny_mma_w<16, TILES, kSwiglu>(a, m, stream);
+  if (tiles <= skinny_mma_slots<8, TILES, kSwiglu>()) return launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, stream);
+  if (tiles <= skinny_mma_slots<4, TILES, kSwiglu>()) return launch_skinny_mma_w<4, TILES, kSwiglu>(a, m, stream);
+  launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, stream);
+}
+
+// Row tiles per block: 2 for wide plain weights (half the activation reads per weight byte),
+// else 1. One-tile blocks are bounded to 64 registers per thread (1024 threads per SM), so
+// that small blocks can all be resident.
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
-  if (a.n >= 16384 && !kSwiglu) {
-    skinny_mma_kernel<8, 2, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 32)), 32 * 8, 0, stream>>>(a, m);
-  } else if (a.n > 8192) {
-    skinny_mma_kernel<8, 1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * 8, 0, stream>>>(a, m);
-  } else {
-    skinny_mma_kernel<16, 1, kSwiglu><<<static_cast<unsigned>(ceil_div(a.n, 16)), 32 * 16, 0, stream>>>(a, m);
+  if constexpr (!kSwiglu) {
+    if (a.n >= 16384) return launch_skinny_mma_t<2, kSwiglu>(a, m, stream);
   }
+  launch_skinny_mma_t<1, kSwiglu>(a, m, stream);
 }
 
 bool skinny_bf16_applies(const gemm_params& p) {

@@ -107,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, SkinnyGemmCuda,
                                          skinny_case{6, 333, 512, 16, 2.0f, 0.5f},
                                          skinny_case{7, 4096, 4096, 0, 1.0f, 0.0f},
                                          skinny_case{8, 14336, 4096, 0, 1.0f, 0.0f},   // 1 + 7 drafts
-                                         skinny_case{1, 128256, 64, 0, 1.0f, 0.0f}),   // lm_head-wide n
+                                         skinny_case{1, 128256, 64, 0, 1.0f, 0.0f},    // lm_head-wide n
+                                         skinny_case{5, 16768, 512, 0, 1.0f, 0.0f}),   // 2 row tiles per block
                          [](const testing::TestParamInfo<skinny_case>& param_info) {
                            const auto& c = param_info.param;
                            return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
@@ -207,7 +208,10 @@ TEST_P(SkinnyRowInvarianceCuda, RowOfMRowCallEqualsOneRowCall) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, SkinnyRowInvarianceCuda,
                          testing::Values(invariance_case{1025, 4096}, invariance_case{333, 512},
-                                         invariance_case{4096, 14336}),
+                                         invariance_case{4096, 14336},
+                                         // Tensor-core path: 896 tiles (4 warps per block) and
+                                         // 2 row tiles per block.
+                                         invariance_case{14336, 1024}, invariance_case{16768, 512}),
                          [](const testing::TestParamInfo<invariance_case>& param_info) {
                            return "n" + std::to_string(param_info.param.n) + "_k" + std::to_string(param_info.param.k);
                          });
