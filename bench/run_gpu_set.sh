@@ -6,7 +6,9 @@
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
 # Stages (default: all, in this order): tests select ssd gdn skinny model spec-pred spec-rand
 # spec-draft; also gpu-tests (the GPU test binaries directly: every CUDA op against the CPU op,
-# the GPU model tests and the speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test).
+# the GPU model tests and the speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), and
+# model-mma / spec-pred-mma (model and spec-pred with the tensor-core skinny GEMM,
+# HYSERVE_SKINNY=mma).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -35,7 +37,7 @@ for s in "${stages[@]}"; do
     select) targets+=(hyserve-bench-sparse) ;;
     ssd | skinny) targets+=(hyserve-bench-cuda) ;;
     gdn) targets+=(hyserve-bench-gdn) ;;
-    model) targets+=(hyserve-bench-model) ;;
+    model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
   esac
 done
@@ -84,6 +86,11 @@ for s in "${stages[@]}"; do
     skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
     model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
              --decode-steps 8 --profile-step --verify-width 5 --json "$out/model.json" ;;
+    model-mma) stage model-mma 300 env HYSERVE_SKINNY=mma "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml \
+                 --batches 1,8 --decode-steps 8 --profile-step --verify-width 5 --json "$out/model-mma.json" ;;
+    spec-pred-mma) stage spec-pred-mma 400 env HYSERVE_SKINNY=mma "$bin/hyserve-bench-spec" \
+                     configs/bamba-9b-synthetic-cuda-spec.yaml --batches 1,8,32 --prompt-len 1024 --new-tokens 128 \
+                     --json "$out/spec-pred-mma.json" ;;
     spec-pred) stage spec-pred 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                  --batches 1,8,32 --prompt-len 1024 --new-tokens 128 --json "$out/spec-pred.json" ;;
     spec-rand) stage spec-rand 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda.yaml \
@@ -91,7 +98,7 @@ for s in "${stages[@]}"; do
     spec-draft) stage spec-draft 300 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                   --batches 1 --prompt-len 1024 --new-tokens 128 --draft-tokens 7 --draft-layers 4 \
                   --json "$out/spec-draft.json" ;;
-    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model spec-pred spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
