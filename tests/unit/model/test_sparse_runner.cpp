@@ -1,7 +1,8 @@
 // Sparse attention through step plans (the worker's runner): the per-row disable flag
 // (plan_row.dense_attention, from sampling_params.sparse: false) and the decode attention
 // statistics of step_result. bamba-tiny on the CPU, page size 4, budget 3 pages, min_seq_len 8.
-// Reference: a runner of the same model without sparsity, fed the same plans.
+// Reference: a runner of the same model without sparsity, fed the same plans. Also the runner's
+// per-mode host-time counters.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -119,6 +120,43 @@ TEST(SparseRunner, DisabledRowStaysDenseAndStatisticsAreReported) {
     EXPECT_EQ(rd.pages_read, (la + 1 + kPage - 1) / kPage + pages_b);
   }
   EXPECT_EQ(tb, db) << "the row with dense_attention decodes exactly as without sparsity";
+}
+
+// The runner's host-time counters (hyserve-bench-spec prints them): one step per executed plan
+// under its mode, a forward time for every step that ran, zero after reset_phases.
+TEST(RunnerPhases, CountStepsAndTimeByMode) {
+  const auto prompts = test::load_reference_prompts("bamba-tiny");
+  const std::vector<int32_t>& a = prompts[1].input_ids;
+  auto r = make_runner(config(false));
+  wire::step_plan p;
+  p.step_id = 1;
+  p.mode = static_cast<uint8_t>(forward_mode::kExtend);
+  p.rows = {prefill_row(0, a)};
+  const wire::step_result res = r->execute(p);
+  ASSERT_TRUE(res.ok) << res.error;
+  int32_t token = res.rows[0].tokens.at(0);
+  for (int32_t step = 0; step < 3; ++step) {
+    wire::step_plan s;
+    s.step_id = static_cast<uint64_t>(2 + step);
+    s.mode = static_cast<uint8_t>(forward_mode::kDecode);
+    s.rows = {decode_row(0, static_cast<int32_t>(a.size()) + step, token, false, step + 1)};
+    const wire::step_result rs = r->execute(s);
+    ASSERT_TRUE(rs.ok) << rs.error;
+    token = rs.rows[0].tokens.at(0);
+  }
+  const auto& ph = r->phases();
+  EXPECT_EQ(ph[static_cast<size_t>(forward_mode::kExtend)].steps, 1);
+  EXPECT_EQ(ph[static_cast<size_t>(forward_mode::kDecode)].steps, 3);
+  EXPECT_EQ(ph[static_cast<size_t>(forward_mode::kTargetVerify)].steps, 0);
+  for (const forward_mode m : {forward_mode::kExtend, forward_mode::kDecode}) {
+    const auto& x = ph[static_cast<size_t>(m)];
+    EXPECT_GT(x.forward_s, 0.0);
+    EXPECT_GE(x.prepare_s, 0.0);
+    EXPECT_GE(x.sample_s, 0.0);
+  }
+  r->reset_phases();
+  EXPECT_EQ(r->phases()[static_cast<size_t>(forward_mode::kDecode)].steps, 0);
+  EXPECT_EQ(r->phases()[static_cast<size_t>(forward_mode::kDecode)].forward_s, 0.0);
 }
 
 }  // namespace
