@@ -98,7 +98,7 @@ class acceptance_prior {
   double probability() const { return (hits_ + 1.0) / (hits_ + misses_ + 2.0); }
 
  private:
-  static constexpr double kDecay = 0.9;  // weight of the previous rounds' evidence per round
+  static constexpr double kDecay = 0.9;  // weight of the evidence before each request's round recorded
   bool measured_ = false;
   double hits_ = 0, misses_ = 0;
 };
