@@ -279,7 +279,8 @@ __device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[
 }
 
 template <int WARPS, int TILES, bool kSwiglu>
-__global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) : 0) skinny_mma_kernel(const skinny_args p, int64_t m) {
+__global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) : 0)
+    skinny_mma_kernel(const skinny_args p, int64_t m) {
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
   __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;

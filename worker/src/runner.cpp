@@ -178,9 +178,11 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   const auto n_rows = static_cast<int64_t>(batch.rows.size());
   const int64_t n_logits = meta.logit_row_start[static_cast<size_t>(n_rows)] - meta.logit_row_start[0];
   std::vector<int64_t> owner(static_cast<size_t>(n_logits));
-  for (int64_t b = 0; b < n_rows; ++b)
-    for (int64_t i = meta.logit_row_start[static_cast<size_t>(b)]; i < meta.logit_row_start[static_cast<size_t>(b) + 1]; ++i)
+  for (int64_t b = 0; b < n_rows; ++b) {
+    const auto bs = static_cast<size_t>(b);
+    for (int64_t i = meta.logit_row_start[bs]; i < meta.logit_row_start[bs + 1]; ++i)
       owner[static_cast<size_t>(i - meta.logit_row_start[0])] = b;
+  }
   std::vector<kernels::sample_output> sampled(static_cast<size_t>(n_logits));
   std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) if (n_logits > 1 && vocab >= 4096)

@@ -49,7 +49,8 @@ TEST(Sample, GreedyMatchesMaxElementOnTiesZerosInfinitiesAndNans) {
     p.logits = x.data();
     p.vocab = V;
     p.temperature = 0.0f;
-    EXPECT_EQ(sample_cpu(p).token, std::max_element(x.begin(), x.end()) - x.begin()) << "trial " << trial << ", V " << V;
+    EXPECT_EQ(sample_cpu(p).token, std::max_element(x.begin(), x.end()) - x.begin())
+        << "trial " << trial << ", V " << V;
   }
 }
 
