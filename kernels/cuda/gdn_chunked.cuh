@@ -16,13 +16,14 @@
 //   T  = (I + A)⁻¹                                          (forward substitution, a column per thread)
 //   P  = lower-incl. (q̂_i·k̂_j) e^{c_i − c_j}                 (tensor cores: Q̂·K̂ᵀ)
 // and per token the factors qs_i = e^{c_i}·scale/|q_i|, ks_j = e^{c_{n−1} − c_j}/|k_j|, β_j,
-// xs_j = β_j e^{c_j}/|k_j| and the chunk decay G = e^{c_{n−1}}, into a workspace. With
-// X = xs ⊙ k the CPU op's W = T·X and U = T·(β v), so for a state slice S_s [32 × K] the state
-// kernel computes per chunk, on the tensor cores,
-//   u   = U − W·S_sᵀ = T · (β v_s − X · S_sᵀ)     (the chunk's new values; [64 × 32])
-//   o   = (qs ⊙ q) · S_sᵀ + P · u                 (the chunk's outputs of the slice)
+// xs_j = β_j e^{c_j}/|k_j| and the chunk decay G = e^{c_{n−1}}, and it writes T, R = P·T and
+// the token factors to a workspace. With X = xs ⊙ k the CPU op's W = T·X and U = T·(β v), so for
+// a state slice S_s [32 × K] the state kernel computes per chunk, on the tensor cores,
+//   z   = β v_s − X · S_sᵀ                        ([64 × 32])
+//   u   = T · z = U − W·S_sᵀ                      (the chunk's new values)
+//   o   = (qs ⊙ q) · S_sᵀ + R · z                 (the chunk's outputs of the slice; R·z = P·u)
 //   S_s ← G · S_s + uᵀ · (ks ⊙ k)
-// reading q, k and v from the inputs (scaled as their fragments are read) and T, P and the
+// reading q, k and v from the inputs (scaled as their fragments are read) and T, R and the
 // token factors from the workspace.
 //
 // GEMMs run on mma.sync m16n8k8 TF32 with fp32 accumulation, either split 3xTF32
@@ -168,7 +169,7 @@ __device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_g
 struct workspace {
   int* chunk_off = nullptr;  // [batch + 1] first global chunk of each row
   int* overflow = nullptr;   // [1] 1: more chunks than cap (the recurrent kernel runs instead)
-  float* P = nullptr;        // [cap, HV, 64, 64]
+  float* R = nullptr;        // [cap, HV, 64, 64] P·T
   float* T = nullptr;        // [cap, HV, 64, 64]
   float* tok = nullptr;      // [cap, HV, 64, kTokFields]
   int cap = 0;
@@ -245,8 +246,12 @@ template <int K, int kG>
 struct intra_tiles {
   static constexpr int kLdQ = K + 8;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
   static constexpr int kLdK = K + 8;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
-  static constexpr int kLdA = kChunk + 4;
-  static constexpr int kFloats = kChunk * kLdQ + kChunk * kLdK + kG * kChunk * kLdA + (2 + 3 * kG) * kChunk;
+  static constexpr int kLdA = kChunk + 4;  // A and P (A fragments)
+  static constexpr int kLdT = kChunk + 8;  // T (k-major B fragments)
+  // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
+  // (for R = P·T) reuse their space.
+  static constexpr int kQK = kChunk * (kLdQ + kLdK), kPT = kG * kChunk * (kLdA + kLdT);
+  static constexpr int kFloats = (kQK > kPT ? kQK : kPT) + kG * kChunk * kLdA + (2 + 3 * kG) * kChunk;
   static constexpr size_t kBytes = sizeof(double) * kG * kChunk + sizeof(float) * kFloats;
 };
 
@@ -273,7 +278,9 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   double* cum = smem_d;                               // [kG][C] inclusive Σ g (rows >= n: flat)
   float* Qs = reinterpret_cast<float*>(cum + kG * C);  // [C][kLdQ]
   float* Ks = Qs + C * kLdQ;                          // [C][kLdK]
-  float* As = Ks + C * kLdK;                          // [kG][C][kLdA]
+  float* Pm = Qs;                                     // [kG][C][kLdA] P, after the Gram products
+  float* Tm = Pm + kG * C * kLdA;                     // [kG][C][tl::kLdT] T
+  float* As = Qs + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
   float* qf = As + kG * C * kLdA;                     // [C] scale / |q|
   float* kf = qf + C;                                 // [C] 1 / |k|
   float* beta = kf + C;                               // [kG][C]
@@ -387,12 +394,13 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
         kk, qk, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
         [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
         [&](int k, int j) { return *reinterpret_cast<const float2*>(&Ks[j * kLdK + k]); }, nt_end);
+    __syncthreads();  // Q̂ and K̂ read by every warp: their space takes P and T
 #pragma unroll
     for (int hh = 0; hh < kG; ++hh) {
       const double* ch = cum + hh * C;
       const float* bh = beta + hh * C;
       float* Ah = As + hh * C * kLdA;
-      float* Pg = ws.P + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
+      float* Ph = Pm + hh * C * kLdA;
 #pragma unroll
       for (int nt = 0; nt < C / 8; ++nt) {
 #pragma unroll
@@ -417,18 +425,19 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
             }
           }
           *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = av;
-          *reinterpret_cast<float2*>(&Pg[i * C + j]) = pv;
+          *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = pv;
         }
       }
     }
   }
-  __syncthreads();  // A complete
+  __syncthreads();  // A and P complete
 
   if (tid < kG * C) {
     // T = (I + A)⁻¹ of head tid / C, column m = tid % C: x_i = δ_im − Σ_{j<i} A_ij x_j (four
     // partial sums, so that the dependent chain is a quarter as long), written row by row.
     const int hh = tid / C, m = tid % C;
     const float* Ah = As + hh * C * kLdA;
+    float* Th = Tm + hh * C * tl::kLdT;
     float* Tg = ws.T + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
     float x[C];
 #pragma unroll
@@ -438,6 +447,32 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
       for (int j = 0; j < i; ++j) s4[j & 3] -= Ah[i * kLdA + j] * x[j];
       x[i] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       Tg[i * C + m] = x[i];
+      Th[i * tl::kLdT + m] = x[i];
+    }
+  }
+  __syncthreads();  // T complete
+
+  // R = P·T (rows [r0, r0 + 16) of each head; both factors lower triangular, so R is too and
+  // only columns j < r0 + 16 are products; zeros beyond).
+#pragma unroll 1
+  for (int hh = 0; hh < kG; ++hh) {
+    const float* Ph = Pm + hh * C * kLdA;
+    const float* Th = Tm + hh * C * tl::kLdT;
+    float* Rg = ws.R + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
+    float r[C / 8][4];
+    zero(r);
+    const int nt_end = 2 * (warp + 1);
+    warp_gemm<kSplit, C / 8>(
+        r, r0 + 16, [&](int rr, int k) { return Ph[(r0 + rr) * kLdA + k]; },
+        [&](int k, int j) { return Th[k * tl::kLdT + j]; }, nt_end);
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half, j = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(&Rg[i * C + j]) =
+            nt < nt_end ? make_float2(r[nt][2 * half], r[nt][2 * half + 1]) : make_float2(0.0f, 0.0f);
+      }
     }
   }
 }
@@ -447,16 +482,16 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 constexpr int kStateWarps = 8;
 constexpr int kStateThreads = 32 * kStateWarps;
 
-
 template <int K>
 struct state_tiles {
   static constexpr int kLdQ = K + 8;       // q (A, 8-byte fragment loads)
   static constexpr int kLdK = K + 8;       // k (B k-major in the update; A of X·Sᵀ, 8-byte loads)
-  static constexpr int kLdT = kChunk + 4;  // T, P (A)
-  static constexpr int kLdY = kSlice + 8;  // v, z, u, ks ⊙ u (B k-major; ks ⊙ u A read transposed)
+  static constexpr int kLdT = kChunk + 4;  // T, R (A)
+  static constexpr int kLdY = kSlice + 8;  // v then z in place (B k-major), ks ⊙ u (A read transposed)
   static constexpr int kLdS = K + 8;       // S slice (B read transposed, 8-byte loads)
+  // q, k, v and the token factors by chunk parity; T, R, ks ⊙ u and the state once.
   static constexpr int kFloats =
-      kChunk * (kLdQ + 2 * kLdK + 2 * kLdT + 4 * kLdY + 2 * kTokFields) + kSlice * kLdS;
+      kChunk * (2 * kLdQ + 2 * kLdK + 2 * kLdT + 3 * kLdY + 2 * kTokFields) + kSlice * kLdS;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
@@ -498,21 +533,58 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
   }
 }
 
+// Two products sharing B: acc1 += A1·B and acc2 += A2·B over k < k_end (fragments as in
+// warp_gemm; B read and split once).
+template <bool kSplit, int NT, class FA1, class FA2, class FB>
+__device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[NT][4], int k_end, FA1 a1_at,
+                                           FA2 a2_at, FB b_at) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+  for (int k = 0; k < k_end; k += 8) {
+    const float a1[4] = {a1_at(g, k + t), a1_at(g + 8, k + t), a1_at(g, k + t + 4), a1_at(g + 8, k + t + 4)};
+    const float a2[4] = {a2_at(g, k + t), a2_at(g + 8, k + t), a2_at(g, k + t + 4), a2_at(g + 8, k + t + 4)};
+    uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a1hi[i] = to_tf32(a1[i]);
+      a1lo[i] = kSplit ? to_tf32(a1[i] - __uint_as_float(a1hi[i])) : 0u;
+      a2hi[i] = to_tf32(a2[i]);
+      a2lo[i] = kSplit ? to_tf32(a2[i] - __uint_as_float(a2hi[i])) : 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
+      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      if constexpr (kSplit) {
+        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
+        mma_tf32(acc1[n], a1lo, b0h, b1h);
+        mma_tf32(acc1[n], a1hi, b0l, b1l);
+        mma_tf32(acc2[n], a2lo, b0h, b1h);
+        mma_tf32(acc2[n], a2hi, b0l, b1l);
+      }
+      mma_tf32(acc1[n], a1hi, b0h, b1h);
+      mma_tf32(acc2[n], a2hi, b0h, b1h);
+    }
+  }
+}
+
 // One block per (row, value head, slice of 32 value rows), 8 warps. With X = xs ⊙ k
 // (xs = β e^{c}/|k|), W = T·X, so u = T·(β v) − W·Sᵀ = T·(β v − X·Sᵀ): the state pass needs T
-// but not W. Per chunk:
-//   (1) z = β v − xs ⊙ (k·Sᵀ),  o = qs ⊙ (q·Sᵀ)   (one k-loop, shared Sᵀ fragments; the token
-//                                                 factors scale the products' rows)
-//   (2) u = T·z
-//   (3) o += P·u → out;  S ← G·S + (ks ⊙ u)ᵀ·k
+// but not W; and P·u = R·z with R = P·T from the intra kernel. Per chunk:
+//   (1) z = β v − xs ⊙ (k·Sᵀ) (in place over v),  o = qs ⊙ (q·Sᵀ)   (one k-loop, shared Sᵀ
+//                                                  fragments; the token factors scale the rows)
+//   (2) u = T·z and o += R·z → out                (one k-loop, shared z fragments)
+//   (3) S ← G·S + (ks ⊙ u)ᵀ·k
 // Warp w computes token rows [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of z, u and o,
 // and slice rows [16·(w / 4), +16) × key columns [(w % 4)·K/4, +K/4) of the update. q, k and v
 // are staged raw; no token factor is applied inside a product.
-// The tiles of chunk k+1 are copied while chunk k is computed (cp.async when the inputs allow
-// 16-byte copies), in two groups:
-//   A (q, k, v, T, token factors) — issued after (2) of the previous chunk (k is double-buffered:
-//                                    the previous chunk's k is read until its end);
-//   B (P)                         — issued at the start of its chunk, read by (3).
+// The chunk on the critical path (S → z → u → S) never waits for a load that could have
+// started earlier: the tiles of chunk k+1 are copied while chunk k is computed (cp.async when
+// the inputs allow 16-byte copies), in two groups:
+//   QKV (q, k, v, token factors; by chunk parity) — issued at the start of chunk k, so the whole
+//                                                   chunk hides it;
+//   TR  (T, R; single buffers)                    — issued once (2) of chunk k has read them,
+//                                                   awaited before (2) of chunk k+1.
 template <bool kSplit, int K, bool kAsync>
 __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
@@ -522,16 +594,14 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   constexpr int NTS = KW / 8;  // their n-tiles
   static_assert(KW % 8 == 0, "key columns per warp in whole n-tiles");
   extern __shared__ float4 smem_f4[];
-  float* Qs = reinterpret_cast<float*>(smem_f4);  // [C][kLdQ] raw q
-  float* Kb = Qs + C * kLdQ;                      // [2][C][kLdK] raw k by chunk parity
-  float* Ts = Kb + 2 * C * kLdK;                  // [C][kLdT]
-  float* Ps = Ts + C * kLdT;                      // [C][kLdT]
-  float* Ys = Ps + C * kLdT;                      // [C][kLdY] raw v (slice)
-  float* Zs = Ys + C * kLdY;                      // [C][kLdY] z
-  float* Us = Zs + C * kLdY;                      // [C][kLdY] u
-  float* Uk = Us + C * kLdY;                      // [C][kLdY] ks ⊙ u
-  float* toks = Uk + C * kLdY;                    // [2][C][kTokFields] by chunk parity
-  float* Ss = toks + 2 * C * kTokFields;          // [BV][kLdS]
+  float* Qb = reinterpret_cast<float*>(smem_f4);  // [2][C][kLdQ] raw q by chunk parity
+  float* Kb = Qb + 2 * C * kLdQ;                  // [2][C][kLdK] raw k
+  float* Yb = Kb + 2 * C * kLdK;                  // [2][C][kLdY] raw v (slice), then z
+  float* toks = Yb + 2 * C * kLdY;                // [2][C][kTokFields]
+  float* Ts = toks + 2 * C * kTokFields;          // [C][kLdT]
+  float* Rs = Ts + C * kLdT;                      // [C][kLdT]
+  float* Uk = Rs + C * kLdT;                      // [C][kLdY] ks ⊙ u
+  float* Ss = Uk + C * kLdY;                      // [BV][kLdS]
 
   if (*ws.overflow != 0) return;
   const int64_t b = blockIdx.z;
@@ -571,58 +641,68 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
   const int n_chunks = (len + C - 1) / C;
   const int gc0 = ws.chunk_off[b];
   auto chunk_tokens = [&](int kc) { return min(C, len - kc * C); };
-  auto issue_a = [&](int kc) {
+  auto issue_qkv = [&](int kc) {
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
     const int64_t t0 = start + static_cast<int64_t>(kc) * C;
     const int n = chunk_tokens(kc);
-    const float* Tg = ws.T + it * C * C;
+    const int par = kc & 1;
     const float* tokg = ws.tok + it * C * kTokFields;
-    copy_tile<kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
-      full = true;
-      return Tg + j * C + 4 * c;
-    });
-    copy_tile<kAsync, kTokFields / 4>(toks + (kc & 1) * C * kTokFields, kTokFields, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, kTokFields / 4>(toks + par * C * kTokFields, kTokFields, [&](int j, int c, bool& full) {
       full = true;
       return tokg + j * kTokFields + 4 * c;
     });
-    copy_tile<kAsync, K / 4>(Qs, kLdQ, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, K / 4>(Qb + par * C * kLdQ, kLdQ, [&](int j, int c, bool& full) {
       full = j < n;
       return full ? p.q + (t0 + j) * p.q_stride + hk * K + 4 * c : p.q;
     });
-    copy_tile<kAsync, K / 4>(Kb + (kc & 1) * C * kLdK, kLdK, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, K / 4>(Kb + par * C * kLdK, kLdK, [&](int j, int c, bool& full) {
       full = j < n;
       return full ? p.k + (t0 + j) * p.k_stride + hk * K + 4 * c : p.k;
     });
-    copy_tile<kAsync, BV / 4>(Ys, kLdY, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, BV / 4>(Yb + par * C * kLdY, kLdY, [&](int j, int c, bool& full) {
       full = j < n && v0 + 4 * c < V;
       return full ? p.v + (t0 + j) * p.v_stride + h * V + v0 + 4 * c : p.v;
     });
   };
-  auto issue_b = [&](int kc) {
+  auto issue_tr = [&](int kc) {
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
-    const float* Pg = ws.P + it * C * C;
-    copy_tile<kAsync, C / 4>(Ps, kLdT, [&](int j, int c, bool& full) {
+    const float* Tg = ws.T + it * C * C;
+    const float* Rg = ws.R + it * C * C;
+    copy_tile<kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
       full = true;
-      return Pg + j * C + 4 * c;
+      return Tg + j * C + 4 * c;
+    });
+    copy_tile<kAsync, C / 4>(Rs, kLdT, [&](int j, int c, bool& full) {
+      full = true;
+      return Rg + j * C + 4 * c;
     });
   };
 
-  if (n_chunks > 0) issue_a(0);
-  if constexpr (kAsync) cp_async_commit();
+  // cp.async groups in commit order: QKV(0), TR(0), then per chunk k: QKV(k+1) at its start,
+  // TR(k+1) after its (2) (empty groups past the last chunk keep the count uniform). Waiting
+  // until at most one group is pending thus completes QKV(k) at the top of chunk k and TR(k)
+  // before its (2).
+  if (n_chunks > 0) {
+    issue_qkv(0);
+    if constexpr (kAsync) cp_async_commit();
+    issue_tr(0);
+    if constexpr (kAsync) cp_async_commit();
+  }
   for (int kc = 0; kc < n_chunks; ++kc) {
     const int64_t t0 = start + static_cast<int64_t>(kc) * C;
     const int n = chunk_tokens(kc);
-    const float* tk = toks + (kc & 1) * C * kTokFields;  // qs, ks, beta, G, xs per token row
-    const float* Ks = Kb + (kc & 1) * C * kLdK;
-    issue_b(kc);
-    if constexpr (kAsync) {
-      cp_async_commit();
-      cp_async_wait1();  // group A of this chunk has landed (B may be in flight)
-    }
+    const int par = kc & 1;
+    const float* tk = toks + par * C * kTokFields;  // qs, ks, beta, G, xs per token row
+    const float* Qs = Qb + par * C * kLdQ;
+    const float* Ks = Kb + par * C * kLdK;
+    float* Zs = Yb + par * C * kLdY;
+    if constexpr (kAsync) cp_async_wait1();  // QKV(kc)
     __syncthreads();
+    if (kc + 1 < n_chunks) issue_qkv(kc + 1);  // into the buffers chunk kc − 1 has finished with
+    if constexpr (kAsync) cp_async_commit();
 
     // (1) z = β v − xs ⊙ (k·Sᵀ) and o = qs ⊙ (q·Sᵀ): rows [r0, r0 + 16), slice columns
-    // [c0, c0 + 16).
+    // [c0, c0 + 16); z overwrites v element by element (each lane reads what it writes).
     float z[2][4], o[2][4];
     zero(z);
     zero(o);
@@ -639,18 +719,20 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         const int c = c0 + 8 * nt + 2 * t;
         o[nt][2 * half] *= qs;
         o[nt][2 * half + 1] *= qs;
-        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) = make_float2(bi * Ys[i * kLdY + c] - xs * z[nt][2 * half],
-                                                                  bi * Ys[i * kLdY + c + 1] - xs * z[nt][2 * half + 1]);
+        const float2 v = *reinterpret_cast<const float2*>(&Zs[i * kLdY + c]);
+        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) =
+            make_float2(bi * v.x - xs * z[nt][2 * half], bi * v.y - xs * z[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // z complete
+    if constexpr (kAsync) cp_async_wait1();  // TR(kc) (QKV(kc + 1) may be in flight)
+    __syncthreads();                          // z complete, T and R landed
 
-    // (2) u = T·z (T lower triangular: columns j < r0 + 16).
+    // (2) u = T·z, o += R·z (both lower triangular: columns j < r0 + 16) → out, ks ⊙ u.
     float u[2][4];
     zero(u);
-    warp_gemm<kSplit, 2>(
-        u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
-        [&](int k, int c) { return Zs[k * kLdY + c0 + c]; });
+    warp_gemm2<kSplit, 2>(
+        u, o, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
+        [&](int r, int k) { return Rs[(r0 + r) * kLdT + k]; }, [&](int k, int c) { return Zs[k * kLdY + c0 + c]; });
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = r0 + g + 8 * half;
@@ -658,23 +740,9 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int c = c0 + 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(&Us[i * kLdY + c]) = make_float2(u[nt][2 * half], u[nt][2 * half + 1]);
         *reinterpret_cast<float2*>(&Uk[i * kLdY + c]) = make_float2(ks * u[nt][2 * half], ks * u[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // u complete; q, v, T, Ss and z read for this chunk
-
-    if (kc + 1 < n_chunks) issue_a(kc + 1);
-    if constexpr (kAsync) {
-      cp_async_commit();
-      cp_async_wait1();  // group B of this chunk has landed (next A may be in flight)
-      __syncthreads();
-    }
-
-    // (3) o += P·u → out.
-    warp_gemm<kSplit, 2>(
-        o, r0 + 16, [&](int r, int k) { return Ps[(r0 + r) * kLdT + k]; },
-        [&](int k, int c) { return Us[k * kLdY + c0 + c]; });
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -684,6 +752,10 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         if (i < n && vv < V) p.out[(t0 + i) * p.out_stride + h * V + vv] = o[nt][e];
       }
     }
+    __syncthreads();  // ks ⊙ u complete; T, R and z read for this chunk
+
+    if (kc + 1 < n_chunks) issue_tr(kc + 1);
+    if constexpr (kAsync) cp_async_commit();
 
     // (3) S ← G·S + (ks ⊙ u)ᵀ·k: slice rows [m0, m0 + 16), keys [kb, kb + KW).
     const float G = tk[3];
@@ -704,8 +776,9 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_sc
         *reinterpret_cast<float2*>(&Ss[vl * kLdS + key]) = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
       }
     }
-    __syncthreads();  // P, u, ks ⊙ u, this chunk's k and token factors free; Ss holds the new state
+    __syncthreads();  // ks ⊙ u, this chunk's k and token factors free; Ss holds the new state
   }
+  if constexpr (kAsync) cp_async_wait0();
 
 #pragma unroll
   for (int nt = 0; nt < NTS; ++nt) {

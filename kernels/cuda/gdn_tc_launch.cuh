@@ -25,7 +25,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   const int64_t cap64 = ceil_div(gdn_tc_max_tokens(), C) + p.batch;
   const int cap = static_cast<int>(std::min<int64_t>(cap64, int64_t{1} << 30));
   // Workspace: chunk_off [batch + 1], overflow [1] (ints, rounded to 16 bytes), then per
-  // (chunk, value head) P [C, C], T [C, C], tok [C, kTokFields].
+  // (chunk, value head) R = P·T [C, C], T [C, C], tok [C, kTokFields].
   const int64_t n_ints = (p.batch + 2 + 3) / 4 * 4;
   const int64_t items = static_cast<int64_t>(cap) * p.heads_v;
   const int64_t per_item = 2 * C * C + C * tc::kTokFields;
@@ -35,8 +35,8 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   tc::workspace ws;
   ws.chunk_off = static_cast<int*>(raw);
   ws.overflow = ws.chunk_off + p.batch + 1;
-  ws.P = reinterpret_cast<float*>(ws.chunk_off + n_ints);
-  ws.T = ws.P + items * C * C;
+  ws.R = reinterpret_cast<float*>(ws.chunk_off + n_ints);
+  ws.T = ws.R + items * C * C;
   ws.tok = ws.T + items * C * C;
   ws.cap = cap;
 
