@@ -12,7 +12,11 @@ namespace {
 
 // Step kinds of the measured step times (group_state::costs).
 constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;  // spec::step_costs::entry::kind
+// Every kRemeasureAfter-th round the cost check skips runs anyway, when its predicted gain is
+// at least kRemeasureGain (a stale table can be that far off; a round predicted at a fraction
+// of that would not pay however its times have drifted).
 constexpr int64_t kRemeasureAfter = 128;
+constexpr double kRemeasureGain = 0.8;
 
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
@@ -348,13 +352,16 @@ bool scheduler::start_round(int g, const std::vector<uint64_t>& decode_ids, cons
     most = std::max(most, r.round_drafts);
   }
   if (most == 0) return false;
-  if (sc.cost_check && prefill_ids.empty() && !round_worth_it(g, decode_ids, most, cap_all) &&
-      ++gs.skipped_rounds % kRemeasureAfter != 0) {
-    // Plain decoding yields more tokens per second than this round is expected to: skip it
-    // (every kRemeasureAfter-th skipped round runs anyway, so the times it was judged by are
-    // measured again).
-    for (uint64_t id : decode_ids) requests_.at(id).budget->forget();
-    return false;
+  if (sc.cost_check && prefill_ids.empty()) {
+    const double gain = round_gain(g, decode_ids, most, cap_all);
+    if (gain < spec::kMinRoundGain &&
+        (++gs.skipped_rounds % kRemeasureAfter != 0 || gain < kRemeasureGain)) {
+      // Plain decoding yields about as many tokens per second as this round is expected to, or
+      // more: skip it (a skipped round within reach of paying runs now and then, so the times
+      // it was judged by are measured again).
+      for (uint64_t id : decode_ids) requests_.at(id).budget->forget();
+      return false;
+    }
   }
   gs.skipped_rounds = 0;
   gs.round_ids = decode_ids;
@@ -391,7 +398,7 @@ void scheduler::seed_step_times(int g, const spec::step_costs& costs) {
   groups_[static_cast<size_t>(g)].costs = costs;
 }
 
-bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const {
+double scheduler::round_gain(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const {
   const group_state& gs = groups_[static_cast<size_t>(g)];
   const speculative_section& sc = cfg_.speculative;
   const auto rows = static_cast<int32_t>(decode_ids.size());
@@ -418,7 +425,7 @@ bool scheduler::round_worth_it(int g, const std::vector<uint64_t>& decode_ids, i
   } else {
     round_s = gs.costs.estimate(kCostVerify, rows, most + 1, decode_s);
   }
-  return spec::round_pays_off(rows, expected, decode_s, round_s);
+  return spec::round_gain(rows, expected, decode_s, round_s);
 }
 
 void scheduler::send_round_step(int g) {

@@ -131,9 +131,10 @@ class scheduler final : public frontend {
   // The next prefill chunk of r (at most max_tokens tokens) as a plan row; marks r in the step.
   wire::plan_row prefill_row(request_state& r, int32_t n);
   void send_round_step(int g);
-  // The round's cost/benefit check from the group's measured step times and the requests'
-  // acceptance estimates (true while the times it needs are not measured yet).
-  bool round_worth_it(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const;
+  // The round's predicted gain over a plain step (spec::round_gain) from the group's measured
+  // step times and the requests' acceptance estimates (infinite while the round's time is not
+  // measured yet).
+  double round_gain(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const;
   // Draft-model trees: a DraftExtend step feeding the draft model the accepted tokens it missed.
   bool send_draft_catch_up(int g);
   int32_t draft_tree_width() const;

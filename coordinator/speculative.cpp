@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 
 namespace hyserve::coordinator::spec {
 
@@ -142,12 +143,15 @@ void acceptance_prior::record(int32_t drafted, int32_t accepted) {
   misses_ = kDecay * misses_ + (accepted < drafted ? 1.0 : 0.0);
 }
 
+double round_gain(int32_t rows, double expected_accepted, double decode_s, double round_s) {
+  if (rows <= 0) return 0.0;
+  if (round_s <= 0) return std::numeric_limits<double>::infinity();  // run it (and measure it)
+  if (decode_s <= 0) return 0.0;  // a plain step first: it measures what the round competes with
+  return ((rows + expected_accepted) / round_s) / (rows / decode_s);
+}
+
 bool round_pays_off(int32_t rows, double expected_accepted, double decode_s, double round_s) {
-  if (rows <= 0) return false;
-  if (round_s <= 0) return true;    // the round's time is not known yet: run it (and measure it)
-  if (decode_s <= 0) return false;  // a plain step first: it measures what the round competes with
-  // Tokens per second of the round against a plain step's.
-  return (rows + expected_accepted) / round_s >= rows / decode_s;
+  return round_gain(rows, expected_accepted, decode_s, round_s) >= kMinRoundGain;
 }
 
 double step_costs::get(int kind, int32_t rows, int32_t width) const {
