@@ -53,10 +53,20 @@ constexpr int kTokFields = 8;  // per token: qs, ks, beta, G (every row), xs, 3 
 
 // ---- TF32 mma.sync -------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t to_tf32(float f) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-  return r;
+// The TF32 operand(s) of x. The tensor core reads the top 19 bits of a .tf32 register and
+// ignores the low 13. Split (3xTF32): hi = x with the low 13 bits cleared, lo = x − hi (exact in
+// fp32), read truncated: |error| <= 2^-10·|lo| <= 2^-20·|x|. Plain: x + half a TF32 unit in the
+// last place, read truncated = x rounded to nearest (ties away). One or two integer/fp32
+// operations per element where cvt.rna.tf32.f32 takes more.
+template <bool kSplit>
+__device__ __forceinline__ void tf32_parts(float x, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit) {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+  } else {
+    hi = __float_as_uint(x) + 0x1000u;
+    lo = 0u;
+  }
 }
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -81,16 +91,16 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_a
     uint32_t ahi[4], alo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      ahi[i] = to_tf32(a[i]);
-      alo[i] = kSplit ? to_tf32(a[i] - __uint_as_float(ahi[i])) : 0u;
+      tf32_parts<kSplit>(a[i], ahi[i], alo[i]);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n >= nt_end) continue;
       const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
-      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      uint32_t b0h, b0l, b1h, b1l;
+      tf32_parts<kSplit>(b0, b0h, b0l);
+      tf32_parts<kSplit>(b1, b1h, b1l);
       if constexpr (kSplit) {
-        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
         mma_tf32(acc[n], alo, b0h, b1h);  // small terms first
         mma_tf32(acc[n], ahi, b0l, b1l);
       }
@@ -118,18 +128,17 @@ __device__ __forceinline__ void warp_gemm2_kc(float (&acc1)[NT][4], float (&acc2
     uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a1hi[i] = to_tf32(a1[i]);
-      a1lo[i] = kSplit ? to_tf32(a1[i] - __uint_as_float(a1hi[i])) : 0u;
-      a2hi[i] = to_tf32(a2[i]);
-      a2lo[i] = kSplit ? to_tf32(a2[i] - __uint_as_float(a2hi[i])) : 0u;
+      tf32_parts<kSplit>(a1[i], a1hi[i], a1lo[i]);
+      tf32_parts<kSplit>(a2[i], a2hi[i], a2lo[i]);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n >= nt_end) continue;
       const float2 bb = b_at2(k + 2 * t, 8 * n + g);
-      const uint32_t b0h = to_tf32(bb.x), b1h = to_tf32(bb.y);
+      uint32_t b0h, b0l, b1h, b1l;
+      tf32_parts<kSplit>(bb.x, b0h, b0l);
+      tf32_parts<kSplit>(bb.y, b1h, b1l);
       if constexpr (kSplit) {
-        const uint32_t b0l = to_tf32(bb.x - __uint_as_float(b0h)), b1l = to_tf32(bb.y - __uint_as_float(b1h));
         mma_tf32(acc1[n], a1lo, b0h, b1h);
         mma_tf32(acc1[n], a1hi, b0l, b1l);
         mma_tf32(acc2[n], a2lo, b0h, b1h);
@@ -546,17 +555,16 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
     uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a1hi[i] = to_tf32(a1[i]);
-      a1lo[i] = kSplit ? to_tf32(a1[i] - __uint_as_float(a1hi[i])) : 0u;
-      a2hi[i] = to_tf32(a2[i]);
-      a2lo[i] = kSplit ? to_tf32(a2[i] - __uint_as_float(a2hi[i])) : 0u;
+      tf32_parts<kSplit>(a1[i], a1hi[i], a1lo[i]);
+      tf32_parts<kSplit>(a2[i], a2hi[i], a2lo[i]);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
-      const uint32_t b0h = to_tf32(b0), b1h = to_tf32(b1);
+      uint32_t b0h, b0l, b1h, b1l;
+      tf32_parts<kSplit>(b0, b0h, b0l);
+      tf32_parts<kSplit>(b1, b1h, b1l);
       if constexpr (kSplit) {
-        const uint32_t b0l = to_tf32(b0 - __uint_as_float(b0h)), b1l = to_tf32(b1 - __uint_as_float(b1h));
         mma_tf32(acc1[n], a1lo, b0h, b1h);
         mma_tf32(acc1[n], a1hi, b0l, b1l);
         mma_tf32(acc2[n], a2lo, b0h, b1h);
@@ -586,7 +594,7 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
 //   TR  (T, R; single buffers)                    — issued once (2) of chunk k has read them,
 //                                                   awaited before (2) of chunk k+1.
 template <bool kSplit, int K, bool kAsync>
-__global__ void __launch_bounds__(kStateThreads) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
+__global__ void __launch_bounds__(kStateThreads, 1) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
   constexpr int C = kChunk, BV = kSlice;
   constexpr int kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY, kLdS = tl::kLdS;
