@@ -161,6 +161,14 @@ double step_costs::get(int kind, int32_t rows, int32_t width) const {
 }
 
 double step_costs::estimate(int kind, int32_t rows, int32_t width, double base_s) const {
+  if (const double same = estimate_rows(kind, rows, width, base_s); same > 0) return same;
+  int32_t above = 0;
+  for (const entry& e : entries_)
+    if (e.kind == kind && e.rows > rows && e.samples >= kTrusted && (above == 0 || e.rows < above)) above = e.rows;
+  return above > 0 ? estimate_rows(kind, above, width, base_s) : 0.0;
+}
+
+double step_costs::estimate_rows(int kind, int32_t rows, int32_t width, double base_s) const {
   if (const double exact = get(kind, rows, width); exact > 0) return exact;
   for (const entry& e : entries_) {
     if (e.kind != kind || e.rows != rows || e.width <= 1 || e.samples < kTrusted) continue;

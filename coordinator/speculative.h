@@ -131,7 +131,9 @@ class step_costs {
   double get(int kind, int32_t rows, int32_t width) const;
   // Like get, but without a sample of this width, from another width of the same kind and rows:
   // the time above base_s (a plain step's) grows linearly with the extra tokens per row (with
-  // base_s unknown, the measured width's time).
+  // base_s unknown, the measured width's time). With no width of these rows measured, the same
+  // from the fewest rows above that are measured: a step of more rows takes at least as long, so
+  // a shape the batch passes through once (rows finishing one by one) is priced, not run blind.
   double estimate(int kind, int32_t rows, int32_t width, double base_s) const;
   void add(int kind, int32_t rows, int32_t width, double seconds);
 
@@ -145,6 +147,8 @@ class step_costs {
   const std::vector<entry>& entries() const { return entries_; }
 
  private:
+  double estimate_rows(int kind, int32_t rows, int32_t width, double base_s) const;
+
   std::vector<entry> entries_;
 };
 

@@ -695,8 +695,18 @@ TEST(SpecUnits, RoundPaysOffOnlyWhenExpectedTokensCoverItsTime) {
   // A plain step of 10 ms and 4 extra tokens per row costing 10 ms: 2 extra tokens cost 5 ms.
   EXPECT_NEAR(c.estimate(1, 8, 3, 0.010), 0.015, 1e-6);
   EXPECT_NEAR(c.estimate(1, 8, 5, 0.010), 0.020, 1e-6);
-  EXPECT_EQ(c.estimate(1, 16, 3, 0.010), 0.0);  // no verify of 16 rows measured
+  EXPECT_EQ(c.estimate(1, 16, 3, 0.010), 0.0);  // no verify of 16 rows or more measured
   EXPECT_NEAR(c.estimate(1, 8, 3, 0.0), 0.020, 1e-6);  // no plain step measured: width 5's time
+  // Fewer rows than any measured: priced as the fewest rows above (a bound from above), so a
+  // batch whose rows finish one by one does not run each new shape blind.
+  EXPECT_NEAR(c.estimate(1, 5, 5, 0.010), 0.020, 1e-6);
+  EXPECT_NEAR(c.estimate(1, 5, 3, 0.010), 0.015, 1e-6);
+  c.add(1, 32, 5, 0.060);
+  c.add(1, 32, 5, 0.060);
+  EXPECT_NEAR(c.estimate(1, 17, 5, 0.010), 0.060, 1e-6);
+  EXPECT_NEAR(c.estimate(1, 7, 5, 0.010), 0.020, 1e-6);  // 8 rows is the nearest above
+  EXPECT_EQ(c.estimate(1, 33, 5, 0.010), 0.0);
+  EXPECT_EQ(c.estimate(2, 5, 1, 0.010), 0.0);  // another kind
 }
 
 // The runner samples the rows of a step on several host threads when the vocabulary is large
