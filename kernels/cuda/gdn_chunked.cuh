@@ -632,7 +632,8 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
 //   TR  (T, R; single buffers)                    — issued once (2) of chunk k has read them,
 //                                                   awaited before (2) of chunk k+1.
 template <bool kSplit, int K, bool kAsync>
-__global__ void __launch_bounds__(state_threads<K>(), 1) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
+__global__ void __launch_bounds__(state_threads<K>(), 1)
+    state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
   constexpr int C = kChunk, BV = kSlice;
   constexpr int kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY, kLdS = tl::kLdS;
