@@ -29,7 +29,7 @@
 // GEMMs run on mma.sync m16n8k8 TF32 with fp32 accumulation, either split 3xTF32
 // (a = a_hi + a_lo, a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi: fp32-level accuracy) or plain TF32
 // (one product, about 5e-4 relative per product; faster). The intra kernel has 4 warps, warp w
-// owning token rows [16w, 16w + 16) of its outputs; the state kernel 16 (8 for K = 32; see there).
+// owning token rows [16w, 16w + 16) of its outputs; the state kernel 8 (see there).
 // Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major A
 // fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
 //
@@ -146,32 +146,6 @@ __device__ __forceinline__ void warp_gemm2_kc(float (&acc1)[NT][4], float (&acc2
       }
       mma_tf32(acc1[n], a1hi, b0h, b1h);
       mma_tf32(acc2[n], a2hi, b0h, b1h);
-    }
-  }
-}
-
-// warp_gemm2_kc with one product: acc += A · B.
-template <bool kSplit, int NT, class FA, class FB>
-__device__ __forceinline__ void warp_gemm_kc(float (&acc)[NT][4], int k_end, FA a_at2, FB b_at2) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll 2
-  for (int k = 0; k < k_end; k += 8) {
-    const float2 p0 = a_at2(g, k + 2 * t), p1 = a_at2(g + 8, k + 2 * t);
-    const float a[4] = {p0.x, p1.x, p0.y, p1.y};
-    uint32_t ahi[4], alo[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) tf32_parts<kSplit>(a[i], ahi[i], alo[i]);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float2 bb = b_at2(k + 2 * t, 8 * n + g);
-      uint32_t b0h, b0l, b1h, b1l;
-      tf32_parts<kSplit>(bb.x, b0h, b0l);
-      tf32_parts<kSplit>(bb.y, b1h, b1l);
-      if constexpr (kSplit) {
-        mma_tf32(acc[n], alo, b0h, b1h);
-        mma_tf32(acc[n], ahi, b0l, b1l);
-      }
-      mma_tf32(acc[n], ahi, b0h, b1h);
     }
   }
 }
@@ -514,17 +488,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
 // ---- state kernel ----------------------------------------------------------------------------
 
-// Warps of the state kernel: 16 where the key dim gives each of them whole n-tiles of the state
-// update (K >= 64), else 8. More warps hide more of each warp's latency (8 warps issued an
-// instruction every ~4 cycles each: the kernel was latency-bound, not tensor-bound).
-template <int K>
-__host__ __device__ constexpr int state_warps() {
-  return K >= 64 ? 16 : 8;
-}
-template <int K>
-__host__ __device__ constexpr int state_threads() {
-  return 32 * state_warps<K>();
-}
+constexpr int kStateWarps = 8;
+constexpr int kStateThreads = 32 * kStateWarps;
 
 template <int K>
 struct state_tiles {
@@ -542,24 +507,24 @@ struct state_tiles {
 // Copies a [C × 4·C4] tile of 16-byte chunks: src(j, c, full) gives the chunk's global address
 // and whether it is read (else the chunk is zero-filled). kAsync: cp.async (the caller commits
 // and waits); else plain loads, several in flight per thread, and shared stores.
-template <int kThr, bool kAsync, int C4, class Src>
+template <bool kAsync, int C4, class Src>
 __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
   constexpr int kN = kChunk * C4;
   const int tid = threadIdx.x;
   if constexpr (kAsync) {
-    for (int e = tid; e < kN; e += kThr) {
+    for (int e = tid; e < kN; e += kStateThreads) {
       const int j = e / C4, c = e % C4;
       bool full;
       const float* g = src(j, c, full);
       cp_async16(dst + j * ld + 4 * c, g, full);
     }
   } else {
-    constexpr int kU = kN / kThr < 4 ? (kN / kThr > 0 ? kN / kThr : 1) : 4;
-    for (int e0 = 0; e0 < kN; e0 += kThr * kU) {
+    constexpr int kU = kN / kStateThreads < 4 ? (kN / kStateThreads > 0 ? kN / kStateThreads : 1) : 4;
+    for (int e0 = 0; e0 < kN; e0 += kStateThreads * kU) {
       float4 v[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int e = e0 + u * kThr + tid;
+        const int e = e0 + u * kStateThreads + tid;
         v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (e < kN) {
           const int j = e / C4, c = e % C4;
@@ -570,7 +535,7 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int e = e0 + u * kThr + tid;
+        const int e = e0 + u * kStateThreads + tid;
         if (e < kN) *reinterpret_cast<float4*>(dst + (e / C4) * ld + 4 * (e % C4)) = v[u];
       }
     }
@@ -611,19 +576,16 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
   }
 }
 
-// One block per (row, value head, slice of 32 value rows), state_warps<K>() warps. With X = xs ⊙ k
+// One block per (row, value head, slice of 32 value rows), 8 warps. With X = xs ⊙ k
 // (xs = β e^{c}/|k|), W = T·X, so u = T·(β v) − W·Sᵀ = T·(β v − X·Sᵀ): the state pass needs T
 // but not W; and P·u = R·z with R = P·T from the intra kernel. Per chunk:
 //   (1) z = β v − xs ⊙ (k·Sᵀ) (in place over v),  o = qs ⊙ (q·Sᵀ)   (one k-loop, shared Sᵀ
 //                                                  fragments; the token factors scale the rows)
 //   (2) u = T·z and o += R·z → out                (one k-loop, shared z fragments)
 //   (3) S ← G·S + (ks ⊙ u)ᵀ·k
-// (1) and (2) are 8 tiles of 16 token rows × 16 slice columns, tile i at rows 16·(i % 4),
-// columns 16·(i / 4). With 16 warps, warp w < 8 computes z then u of tile w and warp 8 + w the
-// o of tile w (one product per warp and step); with 8 warps, warp w computes all three of tile w
-// (two products per step, sharing their B fragments). The update (3) splits the 32 slice rows
-// × K keys into 16-row × 2K/W-key tiles, one per warp. q, k and v are staged raw; no token
-// factor is applied inside a product.
+// Warp w computes token rows [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of z, u and o,
+// and slice rows [16·(w / 4), +16) × key columns [(w % 4)·K/4, +K/4) of the update. q, k and v
+// are staged raw; no token factor is applied inside a product.
 // The chunk on the critical path (S → z → u → S) never waits for a load that could have
 // started earlier: the tiles of chunk k+1 are copied while chunk k is computed (cp.async when
 // the inputs allow 16-byte copies), in two groups:
@@ -632,16 +594,14 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
 //   TR  (T, R; single buffers)                    — issued once (2) of chunk k has read them,
 //                                                   awaited before (2) of chunk k+1.
 template <bool kSplit, int K, bool kAsync>
-__global__ void __launch_bounds__(state_threads<K>(), 1)
+__global__ void __launch_bounds__(kStateThreads, 1)
     state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
   using tl = state_tiles<K>;
   constexpr int C = kChunk, BV = kSlice;
   constexpr int kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdT = tl::kLdT, kLdY = tl::kLdY, kLdS = tl::kLdS;
-  constexpr int W = state_warps<K>(), kThr = 32 * W;
-  constexpr bool kOne = W == 16;  // one product per warp in (1) and (2)
-  constexpr int KW = 2 * K / W;   // state key columns per warp
-  constexpr int NTS = KW / 8;     // their n-tiles
-  static_assert(KW % 8 == 0 && (W == 8 || W == 16), "key columns per warp in whole n-tiles");
+  constexpr int KW = K / 4;    // state key columns per warp
+  constexpr int NTS = KW / 8;  // their n-tiles
+  static_assert(KW % 8 == 0, "key columns per warp in whole n-tiles");
   extern __shared__ float4 smem_f4[];
   float* Qb = reinterpret_cast<float*>(smem_f4);  // [2][C][kLdQ] raw q by chunk parity
   float* Kb = Qb + 2 * C * kLdQ;                  // [2][C][kLdK] raw k
@@ -666,12 +626,10 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
   const int len = p.query_start_loc[b + 1] - static_cast<int>(start);
   const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
   float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
-  const int tile = warp & 7;
-  const bool o_warp = kOne && warp >= 8;  // computes o only (16 warps)
-  const int r0 = 16 * (tile & 3);         // token rows of z, u and o
-  const int c0 = 16 * (tile >> 2);        // slice columns of z, u and o
-  const int m0 = 16 * (warp / (W / 2));   // slice rows of the state update
-  const int kb = (warp % (W / 2)) * KW;   // key columns of the state update
+  const int r0 = 16 * (warp & 3);   // token rows of z, u and o
+  const int c0 = 16 * (warp >> 2);  // slice columns of z, u and o
+  const int m0 = 16 * (warp >> 2);  // slice rows of the state update
+  const int kb = (warp & 3) * KW;   // key columns of the state update
 
   // State rows [m0, m0 + 16) × keys [kb, kb + KW) in registers: s[nt][e] at slice row
   // m0 + g + 8·(e / 2), key kb + 8·nt + 2t + e % 2.
@@ -698,19 +656,19 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
     const int n = chunk_tokens(kc);
     const int par = kc & 1;
     const float* tokg = ws.tok + it * C * kTokFields;
-    copy_tile<kThr, kAsync, kTokFields / 4>(toks + par * C * kTokFields, kTokFields, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, kTokFields / 4>(toks + par * C * kTokFields, kTokFields, [&](int j, int c, bool& full) {
       full = true;
       return tokg + j * kTokFields + 4 * c;
     });
-    copy_tile<kThr, kAsync, K / 4>(Qb + par * C * kLdQ, kLdQ, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, K / 4>(Qb + par * C * kLdQ, kLdQ, [&](int j, int c, bool& full) {
       full = j < n;
       return full ? p.q + (t0 + j) * p.q_stride + hk * K + 4 * c : p.q;
     });
-    copy_tile<kThr, kAsync, K / 4>(Kb + par * C * kLdK, kLdK, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, K / 4>(Kb + par * C * kLdK, kLdK, [&](int j, int c, bool& full) {
       full = j < n;
       return full ? p.k + (t0 + j) * p.k_stride + hk * K + 4 * c : p.k;
     });
-    copy_tile<kThr, kAsync, BV / 4>(Yb + par * C * kLdY, kLdY, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, BV / 4>(Yb + par * C * kLdY, kLdY, [&](int j, int c, bool& full) {
       full = j < n && v0 + 4 * c < V;
       return full ? p.v + (t0 + j) * p.v_stride + h * V + v0 + 4 * c : p.v;
     });
@@ -719,11 +677,11 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
     const int64_t it = static_cast<int64_t>(gc0 + kc) * HV + h;
     const float* Tg = ws.T + it * C * C;
     const float* Rg = ws.R + it * C * C;
-    copy_tile<kThr, kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, C / 4>(Ts, kLdT, [&](int j, int c, bool& full) {
       full = true;
       return Tg + j * C + 4 * c;
     });
-    copy_tile<kThr, kAsync, C / 4>(Rs, kLdT, [&](int j, int c, bool& full) {
+    copy_tile<kAsync, C / 4>(Rs, kLdT, [&](int j, int c, bool& full) {
       full = true;
       return Rg + j * C + 4 * c;
     });
@@ -757,19 +715,10 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
     float z[2][4], o[2][4];
     zero(z);
     zero(o);
-    auto s_at2 = [&](int k, int c) { return *reinterpret_cast<const float2*>(&Ss[(c0 + c) * kLdS + k]); };
-    if constexpr (kOne) {  // (warp-uniform branches: each accumulator stays in registers)
-      if (o_warp)
-        warp_gemm_kc<kSplit, 2>(
-            o, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); }, s_at2);
-      else
-        warp_gemm_kc<kSplit, 2>(
-            z, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); }, s_at2);
-    } else {
-      warp_gemm2_kc<kSplit, 2>(
-          z, o, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
-          [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); }, s_at2);
-    }
+    warp_gemm2_kc<kSplit, 2>(
+        z, o, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
+        [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
+        [&](int k, int c) { return *reinterpret_cast<const float2*>(&Ss[(c0 + c) * kLdS + k]); });
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = r0 + g + 8 * half;
@@ -779,11 +728,9 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
         const int c = c0 + 8 * nt + 2 * t;
         o[nt][2 * half] *= qs;
         o[nt][2 * half + 1] *= qs;
-        if (!o_warp) {
-          const float2 v = *reinterpret_cast<const float2*>(&Zs[i * kLdY + c]);
-          *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) =
-              make_float2(bi * v.x - xs * z[nt][2 * half], bi * v.y - xs * z[nt][2 * half + 1]);
-        }
+        const float2 v = *reinterpret_cast<const float2*>(&Zs[i * kLdY + c]);
+        *reinterpret_cast<float2*>(&Zs[i * kLdY + c]) =
+            make_float2(bi * v.x - xs * z[nt][2 * half], bi * v.y - xs * z[nt][2 * half + 1]);
       }
     }
     if constexpr (kAsync) cp_async_wait1();  // TR(kc) (QKV(kc + 1) may be in flight)
@@ -792,36 +739,26 @@ __global__ void __launch_bounds__(state_threads<K>(), 1)
     // (2) u = T·z, o += R·z (both lower triangular: columns j < r0 + 16) → out, ks ⊙ u.
     float u[2][4];
     zero(u);
-    auto z_at = [&](int k, int c) { return Zs[k * kLdY + c0 + c]; };
-    if constexpr (kOne) {
-      if (o_warp) warp_gemm<kSplit, 2>(o, r0 + 16, [&](int r, int k) { return Rs[(r0 + r) * kLdT + k]; }, z_at);
-      else warp_gemm<kSplit, 2>(u, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; }, z_at);
-    } else {
-      warp_gemm2<kSplit, 2>(
-          u, o, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
-          [&](int r, int k) { return Rs[(r0 + r) * kLdT + k]; }, z_at);
-    }
-    if (!o_warp) {
+    warp_gemm2<kSplit, 2>(
+        u, o, r0 + 16, [&](int r, int k) { return Ts[(r0 + r) * kLdT + k]; },
+        [&](int r, int k) { return Rs[(r0 + r) * kLdT + k]; }, [&](int k, int c) { return Zs[k * kLdY + c0 + c]; });
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half;
-        const float ks = tk[i * kTokFields + 1];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int c = c0 + 8 * nt + 2 * t;
-          *reinterpret_cast<float2*>(&Uk[i * kLdY + c]) = make_float2(ks * u[nt][2 * half], ks * u[nt][2 * half + 1]);
-        }
-      }
-    }
-    if (o_warp || !kOne) {
+    for (int half = 0; half < 2; ++half) {
+      const int i = r0 + g + 8 * half;
+      const float ks = tk[i * kTokFields + 1];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
+        const int c = c0 + 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(&Uk[i * kLdY + c]) = make_float2(ks * u[nt][2 * half], ks * u[nt][2 * half + 1]);
+      }
+    }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = r0 + g + 8 * (e >> 1);
-          const int vv = v0 + c0 + 8 * nt + 2 * t + (e & 1);
-          if (i < n && vv < V) p.out[(t0 + i) * p.out_stride + h * V + vv] = o[nt][e];
-        }
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + g + 8 * (e >> 1);
+        const int vv = v0 + c0 + 8 * nt + 2 * t + (e & 1);
+        if (i < n && vv < V) p.out[(t0 + i) * p.out_stride + h * V + vv] = o[nt][e];
       }
     }
     __syncthreads();  // ks ⊙ u complete; T, R and z read for this chunk

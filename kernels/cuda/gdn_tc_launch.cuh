@@ -75,7 +75,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, tc::kSlice)), static_cast<unsigned>(p.heads_v),
                     static_cast<unsigned>(p.batch));
-    kernel<<<grid, tc::state_threads<K>(), smem, stream>>>(p, ws);
+    kernel<<<grid, tc::kStateThreads, smem, stream>>>(p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
   launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
