@@ -8,7 +8,8 @@
 # spec-draft; also gpu-tests (the GPU test binaries directly: every CUDA op against the CPU op,
 # the GPU model tests and the speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), and
 # model-mma / spec-pred-mma (model and spec-pred with the tensor-core skinny GEMM,
-# HYSERVE_SKINNY=mma).
+# HYSERVE_SKINNY=mma), and serve-cuda (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on
+# the same build: /health, a completion, /metrics, then stopped).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -39,6 +40,7 @@ for s in "${stages[@]}"; do
     gdn) targets+=(hyserve-bench-gdn) ;;
     model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
+    serve-cuda) targets+=(coordinator worker hyserve-generate hyserve-bench) ;;
   esac
 done
 target_args=()
@@ -98,7 +100,19 @@ for s in "${stages[@]}"; do
     spec-draft) stage spec-draft 300 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                   --batches 1 --prompt-len 1024 --new-tokens 128 --draft-tokens 7 --draft-layers 4 \
                   --json "$out/spec-draft.json" ;;
-    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft)" | tee -a "$out/summary.txt" ;;
+    serve-cuda) stage serve-cuda 180 bash -c '
+        export HYSERVE_BUILD_DIR='"$build"' HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a
+        launch/serve.sh '"${SERVE_CONFIG:-configs/cuda.yaml}"' > '"$out"'/serve-cuda.server.log 2>&1 &
+        pid=$!
+        for i in $(seq 1 150); do curl -sf localhost:8000/health > /dev/null && break; sleep 1; done
+        curl -sf localhost:8000/health && echo &&
+          curl -sf localhost:8000/v1/completions -d "{\"prompt\": [1, 2, 3], \"max_tokens\": 8}" && echo &&
+          curl -sf localhost:8000/metrics | grep -E "^hyserve_(requests|generated)" | head -5
+        rc=$?
+        kill -TERM $pid; wait $pid
+        tail -5 '"$out"'/serve-cuda.server.log
+        exit $rc' ;;
+    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"
