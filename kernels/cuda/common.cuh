@@ -109,6 +109,9 @@ __device__ __forceinline__ void load_floats(const float* p, float (&out)[N]) {
   }
 }
 
+// Same threshold as torch.nn.functional.softplus (and the CPU ops).
+__device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

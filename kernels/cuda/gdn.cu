@@ -60,8 +60,6 @@ __host__ __device__ constexpr int rows_per_block() {
   return kGdnWarps * (32 / L) * kRows;
 }
 
-__device__ __forceinline__ float gdn_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
-
 // Raw inputs of one token as one lane needs them: its q and k columns, its rows' v, and the
 // head's decay input and beta logit.
 template <int kCols>
@@ -178,7 +176,7 @@ __global__ void __launch_bounds__(kGdnThreads)
 
     const float qf = p.qk_l2norm ? scale / sqrtf(sum[0] + kL2Eps) : scale;
     const float kf = p.qk_l2norm ? 1.0f / sqrtf(sum[1] + kL2Eps) : 1.0f;
-    const float decay = expf(A * gdn_softplus(cur.a + bias));
+    const float decay = expf(A * softplus(cur.a + bias));
     const float beta = 1.0f / (1.0f + expf(-cur.b));
     float* out = p.out + t * p.out_stride + h * V;
 #pragma unroll

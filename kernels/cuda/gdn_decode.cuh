@@ -31,8 +31,6 @@ struct geom {
   static_assert(kR <= L, "a segment writes its rows' outputs from distinct lanes");
 };
 
-__device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
-
 template <int K, int kR>
 struct tile_regs {
   float4 s[kR][geom<K, kR>::kCols];

@@ -1,7 +1,8 @@
 #pragma once
-// The tensor-core GDN prefill's launches for one (kSplit, K) (kernels in gdn_chunked.cuh):
-// plan, intra (all chunks), state (row × head × slice); then the recurrent kernel gated on the
-// overflow flag (it exits at once unless the batch needed more chunks than reserved). Each
+// The tensor-core GDN prefill's launches for one (kSplit, K) (the decomposition in
+// gdn_chunked.cuh, its kernels in gdn_tc_intra.cuh and gdn_tc_state.cuh): plan, intra (all
+// chunks), state (row × head × slice); then the recurrent kernel gated on the overflow flag (it
+// exits at once unless the batch needed more chunks than reserved). Each
 // (kSplit, K) is instantiated in its own generated translation unit (CMakeLists.txt,
 // gdn_tc_inst.cu.in) so that no single compile holds all 36 tensor-core kernels; gdn.cu
 // dispatches on K.
@@ -11,7 +12,8 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "gdn_chunked.cuh"
+#include "gdn_tc_intra.cuh"
+#include "gdn_tc_state.cuh"
 #include "gdn_common.h"
 #include "stream_alloc.h"
 

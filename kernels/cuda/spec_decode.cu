@@ -20,7 +20,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxCommitLayers = 32;  // layer pointers passed by value per launch
 
-__device__ __forceinline__ float softplus_d(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 __device__ __forceinline__ float sigmoid_d(float v) { return 1.0f / (1.0f + expf(-v)); }
 __device__ __forceinline__ float silu_d(float v) { return v / (1.0f + expf(-v)); }
 
@@ -106,7 +105,7 @@ __global__ void __launch_bounds__(32 * kMultiWarps) ssm_update_multi_kernel(cons
     }
     TS* S = steps + (b * p.steps + f + t) * state_elems + h * head_elems + pi * N;
     float v = to_float(cur.dt) + dt_bias;
-    if (p.dt_softplus) v = softplus_d(v);
+    if (p.dt_softplus) v = softplus(v);
     const float dt = fminf(fmaxf(v, p.dt_min), p.dt_max);
     const float decay = expf(dt * neg_a);
     const float xv = to_float(cur.x);
@@ -194,7 +193,7 @@ __global__ void gdn_update_multi_kernel(const gdn_state_update_multi_params p, f
                                    : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
     float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
     const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
-    const float decay = expf(-expf(p.A_log[h]) * softplus_d(p.a[tok * p.a_stride + h] + bias));
+    const float decay = expf(-expf(p.A_log[h]) * softplus(p.a[tok * p.a_stride + h] + bias));
     const float beta = sigmoid_d(p.b[tok * p.b_stride + h]);
     for (int64_t e = threadIdx.x; e < V; e += blockDim.x) {
       float pred = 0.0f;

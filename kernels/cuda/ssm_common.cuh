@@ -8,9 +8,6 @@
 
 namespace hyserve::kernels::cuda_detail {
 
-// Same threshold as torch.nn.functional.softplus (and the CPU op).
-__device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
-
 // Step size of head h from the raw projection output: bias, softplus, clamp to the limits.
 __device__ __forceinline__ float step_size(const ssm_common_params& p, float raw, int64_t h) {
   float v = raw + (p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f);
