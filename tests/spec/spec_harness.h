@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <stdexcept>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,8 +83,11 @@ class spec_service {
   const model_config& config() const { return mc_; }
   local_transport& link() { return *link_; }
 
-  // Submits every request at once (they share batches), runs until all finished.
+  // Submits every request at once (they share batches), runs until all finished. Once per
+  // service: stopping the scheduler drains it, so later submissions are aborted.
   std::vector<generation> run(const std::vector<gen_request>& reqs) {
+    if (ran_) throw std::logic_error("spec_service::run: once per service (the first run drained the scheduler)");
+    ran_ = true;
     std::vector<generation> out(reqs.size());
     std::mutex mu;
     std::condition_variable cv;
@@ -129,6 +133,7 @@ class spec_service {
   std::unique_ptr<worker::runner> runner_;
   std::unique_ptr<local_transport> link_;
   std::unique_ptr<coordinator::scheduler> sched_;
+  bool ran_ = false;
 };
 
 }  // namespace hyserve::test

@@ -367,7 +367,8 @@ TEST_P(SpecGreedyCuda, FixtureAndRandomPromptsMatchPlainDecodingOnTheDevice) {
       const auto& o = plain[i].output;
       if (o.size() >= 4) reqs[i].sampling.stop_token_ids = {o[o.size() / 2]};
     }
-    plain = plain_svc.run(reqs);
+    spec_service plain_stop_svc(fixture_config(fixture, variant::kPlain, prec, "cuda"));  // run() drains its service
+    plain = plain_stop_svc.run(reqs);
   }
   spec_service spec_svc(fixture_config(fixture, alg, prec, "cuda"));
   const auto got = spec_svc.run(reqs);
