@@ -4,12 +4,13 @@
 # backend and the benchmarks bench/results/ reports (kernels, 9B end to end, speculative
 # decoding). Stages that do not fit in the time left are skipped and named.
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
-# Stages (default: all, in this order): tests select ssd gdn skinny model spec-pred spec-rand
-# spec-draft; also gpu-tests (the GPU test binaries directly: every CUDA op against the CPU op,
-# the GPU model tests and the speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), and
-# model-mma / spec-pred-mma (model and spec-pred with the tensor-core skinny GEMM,
-# HYSERVE_SKINNY=mma), and serve-cuda (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on
-# the same build: /health, a completion, /metrics, then stopped).
+# Stages (default: all, in this order): tests select ssd kernels (state update and paged decode
+# attention, every dtype) gdn skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
+# GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
+# speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), model-mma / spec-pred-mma
+# (model and spec-pred with the tensor-core skinny GEMM, HYSERVE_SKINNY=mma), and serve-cuda
+# (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
+# /metrics, then stopped).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -17,7 +18,7 @@ set -uo pipefail
 out=${1:?usage: bench/run_gpu_set.sh OUT_DIR [STAGE ...]}
 shift
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests select ssd gdn skinny model spec-pred spec-rand spec-draft)
+[ ${#stages[@]} -eq 0 ] && stages=(tests select ssd kernels gdn skinny model spec-pred spec-rand spec-draft)
 mkdir -p "$out"
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
@@ -36,7 +37,7 @@ for s in "${stages[@]}"; do
     tests) targets=(); break ;;
     gpu-tests) targets+=(cuda_ops_test gpu_model_test spec_test) ;;
     select) targets+=(hyserve-bench-sparse) ;;
-    ssd | skinny) targets+=(hyserve-bench-cuda) ;;
+    ssd | skinny | kernels) targets+=(hyserve-bench-cuda) ;;
     gdn) targets+=(hyserve-bench-gdn) ;;
     model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
@@ -84,6 +85,7 @@ for s in "${stages[@]}"; do
       stage gpu-spec 240 "$bin/spec_test" --gtest_filter='*Cuda*' ;;
     select) stage select 120 "$bin/hyserve-bench-sparse" select ;;
     ssd) stage ssd 180 "$bin/hyserve-bench-cuda" ssd_scan --ssm-io=bf16 --ssm-state=f32 ;;
+    kernels) stage kernels 180 "$bin/hyserve-bench-cuda" ssm_update attention_decode ;;
     gdn) stage gdn 180 "$bin/hyserve-bench-gdn" ;;
     skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
     model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
@@ -112,7 +114,7 @@ for s in "${stages[@]}"; do
         kill -TERM $pid; wait $pid
         tail -5 '"$out"'/serve-cuda.server.log
         exit $rc' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests select ssd gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

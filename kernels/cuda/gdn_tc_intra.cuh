@@ -14,7 +14,8 @@ template <int K, int kG>
 struct intra_tiles {
   static constexpr int kLdQ = K + 8;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
   static constexpr int kLdK = K + 8;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
-  static constexpr int kLdA = kChunk + 4;  // A and P (A fragments)
+  static constexpr int kLdA = kChunk + 4;  // A and P (A fragments; rows 16-byte aligned for the T solve)
+  static_assert(kLdA % 4 == 0, "float4 rows");
   static constexpr int kLdT = kChunk + 8;  // T (k-major B fragments)
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
   // (for R = P·T) reuse their space.
@@ -129,11 +130,6 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   }
   __syncthreads();
   if (tid < kG * C) ecum[tid] = static_cast<float>(exp(cum[tid]));
-  for (int e = tid; e < C * K; e += kThreads) {
-    const int j = e / K, c = e % K;
-    Qs[j * kLdQ + c] *= qf[j];
-    Ks[j * kLdK + c] *= kf[j];
-  }
   __syncthreads();
 
   if (tid < kG * C) {
@@ -152,7 +148,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
   const int r0 = 16 * warp;
   // A and P rows [r0, r0 + 16) of each head: columns j < r0 + 16 from the tensor cores (shared
-  // by the heads), zeros beyond.
+  // by the heads), zeros beyond. The products are of the raw q and k rows; the norms scale them
+  // in the epilogue (q̂_i·k̂_j = qf_i kf_j (q_i·k_j)), so no pass rescales the staged tiles.
   {
     float kk[C / 8][4], qk[C / 8][4];
     zero(kk);
@@ -180,9 +177,9 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
           for (int e = 0; e < 2; ++e) {
             const int jj = j + e;
             if (jj <= i) {
-              const float d = expf(static_cast<float>(ch[i] - ch[jj]));
-              const float pe = qk[nt][2 * half + e] * d;
-              const float ae = jj < i ? bh[i] * kk[nt][2 * half + e] * d : 0.0f;
+              const float d = expf(static_cast<float>(ch[i] - ch[jj])) * kf[jj];
+              const float pe = qk[nt][2 * half + e] * qf[i] * d;
+              const float ae = jj < i ? bh[i] * kf[i] * kk[nt][2 * half + e] * d : 0.0f;
               if (e == 0) {
                 pv.x = pe;
                 av.x = ae;
@@ -212,7 +209,13 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     for (int i = 0; i < C; ++i) {
       float s4[4] = {i == m ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int j = 0; j < i; ++j) s4[j & 3] -= Ah[i * kLdA + j] * x[j];
+      for (int j = 0; j < i; j += 4) {  // A's row i in 16-byte loads (rows are 16-byte aligned)
+        const float4 a = lds128(&Ah[i * kLdA + j]);
+        const float a4[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j + e < i) s4[e] -= a4[e] * x[j + e];
+      }
       x[i] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       Tg[i * C + m] = x[i];
       Th[i * tl::kLdT + m] = x[i];

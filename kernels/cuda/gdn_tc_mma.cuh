@@ -111,6 +111,15 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
+// A 16-byte shared-memory load (p 16-byte aligned), kept as one instruction: the compiler splits
+// a plain float4 load of an unrolled loop into four scalar loads.
+__device__ __forceinline__ float4 lds128(const float* p) {
+  float4 v;
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+  return v;
+}
+
 // 16-byte asynchronous copies to shared memory (full = false: the 16 bytes are zero-filled,
 // nothing is read).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {

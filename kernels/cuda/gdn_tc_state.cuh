@@ -70,7 +70,7 @@ __device__ __forceinline__ void copy_tile(float* dst, int ld, Src src) {
 //                                                  fragments; the token factors scale the rows)
 //   (2) u = T·z and o += R·z → out                (one k-loop, shared z fragments)
 //   (3) S ← G·S + (ks ⊙ u)ᵀ·k
-// Warp w computes token rows [16·(w % 4), +16) × slice columns [16·(w / 4), +16) of z, u and o,
+// Warp w computes token rows [r0, +16) × slice columns [16·(w / 4), +16) of z, u and o (r0 below),
 // and slice rows [16·(w / 4), +16) × key columns [(w % 4)·K/4, +K/4) of the update. q, k and v
 // are staged raw; no token factor is applied inside a product.
 // The chunk on the critical path (S → z → u → S) never waits for a load that could have
@@ -113,7 +113,10 @@ __global__ void __launch_bounds__(kStateThreads, 1)
   const int len = p.query_start_loc[b + 1] - static_cast<int>(start);
   const bool init = p.has_initial_state != nullptr && p.has_initial_state[b] != 0;
   float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
-  const int r0 = 16 * (warp & 3);   // token rows of z, u and o
+  // Token rows of z, u and o: (2) walks T and R only up to column r0 + 16, so its work grows with
+  // r0; warps w and w + 4 share a scheduler (sub-partition w % 4), hence the second four take
+  // the row blocks in reverse and every scheduler gets 2 + 8 = 4 + 6 k-steps of (2), not up to 8 + 8.
+  const int r0 = 16 * ((warp >> 2) != 0 ? 3 - (warp & 3) : (warp & 3));
   const int c0 = 16 * (warp >> 2);  // slice columns of z, u and o
   const int m0 = 16 * (warp >> 2);  // slice rows of the state update
   const int kb = (warp & 3) * KW;   // key columns of the state update
