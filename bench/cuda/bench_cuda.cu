@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "cuda/attention_paths.h"
 #include "cuda/gemm_paths.h"
 #include "cuda/ssd_scan_paths.h"
 #include "hyserve/common/dtype.h"
@@ -186,16 +187,23 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t
     p.q_stride = p.out_stride = QH * D;
     p.scale = 1.0f / std::sqrt(static_cast<float>(D));
     p.kv_dtype = kv_dtype;
-    const double us = time_call_us(stream, n_sets, [&](int s) {
-      p.k_cache = bf16 ? static_cast<const void*>(k16[static_cast<size_t>(s)].data()) : k[static_cast<size_t>(s)].data();
-      p.v_cache = bf16 ? static_cast<const void*>(v16[static_cast<size_t>(s)].data()) : v[static_cast<size_t>(s)].data();
-      run_cuda(p, stream);
-    });
     const double bytes = static_cast<double>(esz) * 2.0 * static_cast<double>(cache_elems) + 4.0 * 2.0 * bs * QH * D +
                          4.0 * static_cast<double>(table.size());
-    rows.push_back({"attention_decode", std::string("QH32 KVH8 D128 page16 ") + (bf16 ? "kv bf16 " : "") + "ctx" +
-                                            std::to_string(LEN),
-                    bs, us, bytes});
+    // A bf16 cache: both decode kernels (CUDA-core and tensor-core), the default last.
+    std::vector<attn_decode_path> paths{attn_decode_path::kDefault};
+    if (bf16) paths = {attn_decode_path::kSimt, attn_decode_path::kMma};
+    for (const attn_decode_path path : paths) {
+      set_attn_decode_path(path);
+      const double us = time_call_us(stream, n_sets, [&](int s) {
+        p.k_cache = bf16 ? static_cast<const void*>(k16[static_cast<size_t>(s)].data()) : k[static_cast<size_t>(s)].data();
+        p.v_cache = bf16 ? static_cast<const void*>(v16[static_cast<size_t>(s)].data()) : v[static_cast<size_t>(s)].data();
+        run_cuda(p, stream);
+      });
+      const char* kv = !bf16 ? "" : path == attn_decode_path::kMma ? "kv bf16 mma " : "kv bf16 simt ";
+      rows.push_back({"attention_decode", std::string("QH32 KVH8 D128 page16 ") + kv + "ctx" + std::to_string(LEN), bs,
+                      us, bytes});
+    }
+    set_attn_decode_path(attn_decode_path::kDefault);
   }
 }
 

@@ -26,12 +26,18 @@
 //     whole device instead of one block per kv head walking the row's keys), and the extend
 //     kernel is not launched.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "../cpu/dtype_dispatch.h"
 #include "attention_decode.cuh"
+#include "attention_decode_mma.cuh"
+#include "attention_paths.h"
 #include "common.cuh"
 #include "dispatch.h"
+#include "hyserve/common/error.h"
 #include "hyserve/kernels/attention.h"
 #include "stream_alloc.h"
 
@@ -378,8 +384,15 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         constexpr int G = decltype(gq)::value;
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
-        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax,
-                                                                                         {part.acc, part.ml});
+        const attn_decode::partials dpart{part.acc, part.ml};
+        if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
+          if (attn_decode_uses_mma()) {
+            attn_decode_mma::decode_kernel_mma<D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart);
+            HYSERVE_CUDA_CHECK_LAUNCH();
+            return;
+          }
+        }
+        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart);
         HYSERVE_CUDA_CHECK_LAUNCH();
       });
     }
@@ -405,6 +418,26 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
 }  // namespace cuda_detail
 
 using namespace cuda_detail;
+
+namespace {
+attn_decode_path g_attn_decode_path = attn_decode_path::kDefault;
+}  // namespace
+
+void set_attn_decode_path(attn_decode_path path) { g_attn_decode_path = path; }
+
+bool attn_decode_uses_mma() {
+  static const attn_decode_path from_env = [] {
+    const char* e = std::getenv("HYSERVE_ATTN_DECODE");
+    if (e == nullptr || *e == '\0') return attn_decode_path::kDefault;
+    if (std::strcmp(e, "simt") == 0) return attn_decode_path::kSimt;
+    if (std::strcmp(e, "mma") == 0) return attn_decode_path::kMma;
+    throw invalid_argument_error(std::string("HYSERVE_ATTN_DECODE: '") + e + "' (known: simt, mma)");
+  }();
+  attn_decode_path path = g_attn_decode_path;
+  if (path == attn_decode_path::kDefault) path = from_env;
+  if (path == attn_decode_path::kDefault) path = kAttnDecodeDefaultPath;
+  return path == attn_decode_path::kMma;
+}
 
 void run_cuda(const paged_attention_params& p, void* stream) {
   constexpr const char* op = "paged_attention";

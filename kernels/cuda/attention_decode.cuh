@@ -98,6 +98,70 @@ struct partials {
   float2* ml = nullptr;  // [batch · qmax, q_heads, n_slices] (running max, Σ p)
 };
 
+// What block (slice, kv head, row · qmax + j) of a decode kernel serves: query j of row b (at
+// token q_start) over keys [kb, ke) of its causal prefix.
+struct block_keys {
+  int slice;
+  int64_t kvh, bq, b, q_start, kb, ke;
+};
+
+// False when the block has nothing to do: its row is not a decode kernel's (the extend
+// kernel's), has no query j, or the slice lies past the query's keys (the combine kernel reads
+// only the first ceil(len / keys_per_slice) slices).
+__device__ __forceinline__ bool locate_block(const paged_attention_params& p, int n_slices, int qmax, block_keys& r) {
+  r.slice = static_cast<int>(blockIdx.x);
+  r.kvh = blockIdx.y;
+  r.bq = blockIdx.z;
+  r.b = r.bq / qmax;
+  const int j = static_cast<int>(r.bq % qmax);
+  const int64_t row_start = p.query_start_loc[r.b];
+  const int64_t q_len = p.query_start_loc[r.b + 1] - row_start;
+  if (q_len < 1 || q_len > qmax || j >= q_len) return false;
+  r.q_start = row_start + j;
+  const int64_t len = p.seq_lens[r.b] - q_len + 1 + j;  // keys of query j (causal)
+  if (len < 1) return false;
+  const int64_t per_slice = keys_per_slice(len, n_slices);
+  r.kb = r.slice * per_slice;
+  if (r.kb >= len) return false;
+  r.ke = len < r.kb + per_slice ? len : r.kb + per_slice;
+  return true;
+}
+
+// The block's last step, shared by the decode kernels: every warp has left its (m, l) per head
+// (natural-log units; m = -inf for a warp without keys) in s_ml[warp][h] and its unnormalised
+// acc in s_acc[warp][h][·], and the block has synchronised. Merges the warps and writes the
+// slice's partial (several slices) or the normalised output (one slice).
+template <int D, int G>
+__device__ __forceinline__ void merge_warps_and_store(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
+                                                      const float (&s_acc)[kWarps][G][D], int n_slices,
+                                                      const partials& part, int slice, int64_t kvh, int64_t bq,
+                                                      int64_t q_start) {
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int h = e / D, d = e % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
+    float lsum = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 ml = s_ml[w][h];
+      if (ml.x != -INFINITY) {
+        const float f = expf(ml.x - mx);
+        lsum += ml.y * f;
+        a += s_acc[w][h][d] * f;
+      }
+    }
+    const int64_t head = kvh * G + h;
+    if (n_slices > 1) {
+      const int64_t idx = (bq * p.q_heads + head) * n_slices + slice;
+      if (d == 0) part.ml[idx] = make_float2(mx, lsum);
+      part.acc[idx * D + d] = a;
+    } else {
+      p.out[q_start * p.out_stride + head * D + d] = a / lsum;
+    }
+  }
+}
+
 template <class KV, int D, int G>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices, int qmax,
                                                           const partials part) {
@@ -105,22 +169,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   using sh = shape<D, G, E>;
   using chunk = kv_chunk<KV, E>;
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
-  const int slice = blockIdx.x;
-  const int64_t kvh = blockIdx.y, bq = blockIdx.z, b = bq / qmax;
-  const int j = static_cast<int>(bq % qmax);
-  const int64_t row_start = p.query_start_loc[b];
-  const int64_t q_len = p.query_start_loc[b + 1] - row_start;
-  if (q_len < 1 || q_len > qmax || j >= q_len) return;  // not this kernel's row (the extend kernel's), or no query j
-  const int64_t q_start = row_start + j;
-  const int64_t len = p.seq_lens[b] - q_len + 1 + j;  // keys of query j (causal)
-  if (len < 1) return;
+  block_keys r;
+  if (!locate_block(p, n_slices, qmax, r)) return;
+  const int slice = r.slice;
+  const int64_t kvh = r.kvh, bq = r.bq, b = r.b, q_start = r.q_start, kb = r.kb, ke = r.ke;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int li = lane % LPK, grp = lane / LPK;
-
-  const int64_t per_slice = keys_per_slice(len, n_slices);
-  const int64_t kb = slice * per_slice;
-  if (kb >= len) return;  // empty slice: the combine kernel reads only the first ceil(len / per_slice)
-  const int64_t ke = len < kb + per_slice ? len : kb + per_slice;
 
   // q of the G heads at this lane's dimensions, pre-scaled. Dimension of (chunk c, element e):
   // E·(li + LPK·c) + e.
@@ -247,30 +301,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
     }
   }
   __syncthreads();
-  for (int e = tid; e < G * D; e += kThreads) {
-    const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
-    float lsum = 0.0f, a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = s_ml[w][h];
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        lsum += ml.y * f;
-        a += s_acc[w][h][d] * f;
-      }
-    }
-    const int64_t head = kvh * G + h;
-    if (n_slices > 1) {
-      const int64_t idx = (bq * p.q_heads + head) * n_slices + slice;
-      if (d == 0) part.ml[idx] = make_float2(mx, lsum);
-      part.acc[idx * D + d] = a;
-    } else {
-      p.out[q_start * p.out_stride + head * D + d] = a / lsum;
-    }
-  }
+  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, kvh, bq, q_start);
 }
 
 }  // namespace attn_decode

@@ -20,6 +20,7 @@
 
 #if defined(HYSERVE_HAVE_CUDA)
 
+#include "cuda/attention_paths.h"
 #include "cuda_test_util.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/embedding.h"
@@ -279,9 +280,15 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.query_start_loc = dqsl.data();
   pg.seq_lens = dlens.data();
   pg.page_table = dpt.data();
-  run_cuda(pg);
-  device_synchronize();
-  expect_match(dout.download(), out, 2e-5, 1e-4, "out");
+  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance.
+  for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
+    set_attn_decode_path(path);
+    dout.fill_bytes(0xff);
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
+  }
+  set_attn_decode_path(attn_decode_path::kDefault);
 }
 
 attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {
