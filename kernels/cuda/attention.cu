@@ -338,6 +338,52 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   }
 }
 
+// Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
+template <class KV>
+bool decode_on_mma(int64_t head_dim) {
+  return std::is_same_v<KV, __nv_bfloat16> && (head_dim == 64 || head_dim == 128) && attn_decode_uses_mma();
+}
+
+// Resident blocks per SM the decode slices are sized for: the CUDA-core kernel's measured ~3
+// (register-bound); the tensor-core kernel's from the occupancy calculator (2 at head_dim 128;
+// cached).
+template <class KV>
+int decode_blocks_per_sm(int64_t head_dim, int64_t group) {
+  constexpr int kSimtBlocksPerSm = 3;
+  if (!decode_on_mma<KV>(head_dim)) return kSimtBlocksPerSm;
+  static int cache[2][9] = {};  // [head_dim 64, 128][G <= 8]; 0 = not yet asked
+  int& slot = cache[head_dim == 128 ? 1 : 0][group];
+  if (slot > 0) return slot;
+  int n = 0;
+  dispatch(int_table<64, 128>{}, head_dim, "paged_attention", "head_dim", [&](auto hd) {
+    constexpr int D = decltype(hd)::value;
+    dispatch(decode_group_table{}, group, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
+      constexpr int G = decltype(gq)::value;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, &attn_decode_mma::decode_kernel_mma<D, G>,
+                                                               attn_decode::kThreads, 0));
+    });
+  });
+  slot = std::max(n, 1);
+  return slot;
+}
+
+// Waves of resident blocks the decode slices aim for: HYSERVE_ATTN_DECODE_WAVES (1..8) if set,
+// else 1 for the tensor-core kernel and 3 for the CUDA-core one. Measured on the H200 (bf16
+// cache, 32 q / 8 kv heads, batch 8): the tensor-core kernel at 32K context 84.6% of copy
+// bandwidth with 3 waves, 85.8% with 2, 87.2% with 1 (each wave's blocks start on cold loads and
+// end in a merge); the CUDA-core kernel 47.8% / 44.2% / 41.6% (it needs the extra waves to hide
+// its compute).
+int decode_waves(bool mma) {
+  static const int from_env = [] {
+    const char* e = std::getenv("HYSERVE_ATTN_DECODE_WAVES");
+    if (e == nullptr || *e == '\0') return 0;
+    const int w = std::atoi(e);
+    if (w < 1 || w > 8) throw invalid_argument_error(std::string("HYSERVE_ATTN_DECODE_WAVES: '") + e + "' (1..8)");
+    return w;
+  }();
+  return from_env > 0 ? from_env : mma ? 1 : 3;
+}
+
 template <class KV>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
   const bool decode_kernel = decode_group_table::supports(p.q_heads / p.kv_heads);
@@ -346,15 +392,18 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // slices empty; those exit after writing an empty partial.
   const auto n_slices =
       static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
-  // Decode slices: at least ~3 waves of resident four-warp blocks (register-bound: ~3 per SM),
-  // and a slice count whose block total fills its last wave best (slices are equal work: a
-  // wave one-tenth full costs nearly a whole wave).
+  // Decode slices: at least decode_waves() waves of resident four-warp blocks (register-bound,
+  // per kernel), and a slice count whose block total fills its last wave best (slices are equal
+  // work: a wave one-tenth full costs nearly a whole wave).
   const int64_t pairs = p.batch * p.kv_heads;
-  const int64_t resident = 3 * static_cast<int64_t>(sm_count());
+  const int64_t resident =
+      decode_kernel ? decode_blocks_per_sm<KV>(p.head_dim, p.q_heads / p.kv_heads) * static_cast<int64_t>(sm_count())
+                    : 3 * static_cast<int64_t>(sm_count());
+  const int64_t waves = decode_waves(decode_on_mma<KV>(p.head_dim));
   int n_dec = 1;
-  if (pairs < 3 * resident) {
+  if (pairs < waves * resident) {
     double best = 0.0;
-    const int64_t lo = std::min<int64_t>(ceil_div(3 * resident, pairs), kMaxDecodeSlices);
+    const int64_t lo = std::min<int64_t>(ceil_div(waves * resident, pairs), kMaxDecodeSlices);
     for (int64_t n = lo; n <= std::min<int64_t>(2 * lo, kMaxDecodeSlices); ++n) {
       const int64_t blocks = n * pairs;
       const double fill = static_cast<double>(blocks) / static_cast<double>(ceil_div(blocks, resident) * resident);
