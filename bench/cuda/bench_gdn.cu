@@ -11,11 +11,16 @@
 //     (cuda/gdn_paths.cuh): gdn_prefill_recurrent (token by token, CUDA cores),
 //     gdn_prefill_tc (chunked on the tensor cores, 3xTF32) and gdn_prefill_tf32 (plain TF32);
 //     rows *_plan and *_plan+intra time the first launches of a tensor-core path alone (the
-//     state pass is the full time minus plan+intra).
+//     state pass is the full time minus plan+intra). After the table, the tensor-core paths'
+//     product work per shape: the multiply-adds of the chunked decomposition (per 64-token
+//     chunk and value head: the Gram products C²K, R = P·T C³/6, the state pass 3CVK + C²V) and
+//     the rate of MMA work achieved (3 TF32 MMAs per product for tc, 1 for tf32), to set against
+//     the device's TF32 tensor peak.
 //   hyserve-bench-gdn
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -81,7 +86,14 @@ void bench_decode(cudaStream_t stream, std::vector<bench_row>& rows) {
   }
 }
 
-void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows) {
+// Multiply-adds of the tensor-core decomposition's products for n_chunks chunks (gdn_chunked.cuh).
+double prefill_product_macs(int64_t n_chunks) {
+  constexpr double C = 64.0, k = static_cast<double>(K), v = static_cast<double>(V);
+  const double per_item = C * C * k + C * C * C / 6.0 + 3.0 * C * v * k + C * C * v;
+  return per_item * static_cast<double>(n_chunks) * static_cast<double>(HV);
+}
+
+void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows, std::vector<std::string>& notes) {
   const int64_t T = 16384;
   for (int64_t seqs : {int64_t{1}, int64_t{16}}) {
     const int64_t len = T / seqs;
@@ -103,10 +115,20 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows) {
                                 static_cast<double>(seqs) * HV * V * K);
     char shape[64];
     std::snprintf(shape, sizeof shape, "HK16 HV32 K128 len%lld", static_cast<long long>(len));
+    const double gflop = 2.0 * prefill_product_macs(seqs * ((len + 63) / 64)) / 1e9;
+    std::string note = std::string(shape) + " x" + std::to_string(seqs) + ": products " +
+                       std::to_string(static_cast<int>(gflop + 0.5)) + " GFLOP;";
     for (gdn_prefill_path path : {gdn_prefill_path::recurrent, gdn_prefill_path::tc, gdn_prefill_path::tf32}) {
       const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, path, stream); });
       rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path), shape, static_cast<int>(seqs), us, bytes});
+      if (path == gdn_prefill_path::recurrent) continue;
+      const double mmas = path == gdn_prefill_path::tc ? 3.0 : 1.0;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.1f TFLOP/s of MMA work (%.0f MMA per product)", gdn_prefill_path_name(path),
+                    mmas * gflop / 1e3 / (us * 1e-6), mmas);
+      note += buf;
     }
+    notes.push_back(note);
     // Stages of the tensor-core paths (the state pass is the full time minus plan + intra).
     for (bool split : {true, false}) {
       for (int stages : {1, 2}) {
@@ -134,8 +156,11 @@ int main() {
     bench::print_device(copy_bw);
     std::vector<bench::bench_row> rows;
     bench_decode(stream, rows);
-    bench_prefill(stream, rows);
+    std::vector<std::string> notes;
+    bench_prefill(stream, rows, notes);
     bench::print_rows(rows, copy_bw);
+    std::printf("\ntensor-core prefill paths, product work:\n");
+    for (const std::string& n : notes) std::printf("  %s\n", n.c_str());
     CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hyserve-bench-gdn: %s\n", e.what());
