@@ -30,6 +30,35 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The shared steps of the two-product GEMMs below (same operations, same order): A fragments of
+// both products split, B fragment pair split, and the MMAs of one n-tile (small terms first).
+template <bool kSplit>
+__device__ __forceinline__ void split_a_pair(const float (&a1)[4], const float (&a2)[4], uint32_t (&a1hi)[4],
+                                             uint32_t (&a1lo)[4], uint32_t (&a2hi)[4], uint32_t (&a2lo)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    tf32_parts<kSplit>(a1[i], a1hi[i], a1lo[i]);
+    tf32_parts<kSplit>(a2[i], a2hi[i], a2lo[i]);
+  }
+}
+
+template <bool kSplit>
+__device__ __forceinline__ void mma_pair(float (&acc1)[4], float (&acc2)[4], const uint32_t (&a1hi)[4],
+                                         const uint32_t (&a1lo)[4], const uint32_t (&a2hi)[4],
+                                         const uint32_t (&a2lo)[4], float b0, float b1) {
+  uint32_t b0h, b0l, b1h, b1l;
+  tf32_parts<kSplit>(b0, b0h, b0l);
+  tf32_parts<kSplit>(b1, b1h, b1l);
+  if constexpr (kSplit) {
+    mma_tf32(acc1, a1lo, b0h, b1h);
+    mma_tf32(acc1, a1hi, b0l, b1l);
+    mma_tf32(acc2, a2lo, b0h, b1h);
+    mma_tf32(acc2, a2hi, b0l, b1l);
+  }
+  mma_tf32(acc1, a1hi, b0h, b1h);
+  mma_tf32(acc2, a2hi, b0h, b1h);
+}
+
 // One warp: acc[16 × 8·NT] += A[16 × k_end] · B[k_end × 8·NT] (k_end a multiple of 8).
 // a_at(r, k), r in [0, 16), and b_at(k, n), n in [0, 8·NT), give fp32 elements. Fragments (PTX
 // m16n8k8 .tf32), g = lane / 4, t = lane % 4:
@@ -69,7 +98,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], int k_end, FA a_a
 // same permutation for A and B leaves the product unchanged), so each fragment pair is one
 // 8-byte load. a1_at2(r, k), a2_at2(r, k) and b_at2(k, n) return the float2 at (r or n, k..k+1),
 // k even. Conflict-free for row strides ≡ 8 (mod 32) floats. (warp_gemm2 below is the same
-// with element accessors; kept apart so that each compiles to its own loads.)
+// with element accessors; the loops stay apart so that each compiles to its own loads.)
 template <bool kSplit, int NT, class FA1, class FA2, class FB>
 __device__ __forceinline__ void warp_gemm2_kc(float (&acc1)[NT][4], float (&acc2)[NT][4], int k_end, FA1 a1_at2,
                                               FA2 a2_at2, FB b_at2, int nt_end = NT) {
@@ -81,26 +110,12 @@ __device__ __forceinline__ void warp_gemm2_kc(float (&acc1)[NT][4], float (&acc2
     const float a1[4] = {p0.x, p1.x, p0.y, p1.y};
     const float a2[4] = {q0.x, q1.x, q0.y, q1.y};
     uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      tf32_parts<kSplit>(a1[i], a1hi[i], a1lo[i]);
-      tf32_parts<kSplit>(a2[i], a2hi[i], a2lo[i]);
-    }
+    split_a_pair<kSplit>(a1, a2, a1hi, a1lo, a2hi, a2lo);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n >= nt_end) continue;
       const float2 bb = b_at2(k + 2 * t, 8 * n + g);
-      uint32_t b0h, b0l, b1h, b1l;
-      tf32_parts<kSplit>(bb.x, b0h, b0l);
-      tf32_parts<kSplit>(bb.y, b1h, b1l);
-      if constexpr (kSplit) {
-        mma_tf32(acc1[n], a1lo, b0h, b1h);
-        mma_tf32(acc1[n], a1hi, b0l, b1l);
-        mma_tf32(acc2[n], a2lo, b0h, b1h);
-        mma_tf32(acc2[n], a2hi, b0l, b1l);
-      }
-      mma_tf32(acc1[n], a1hi, b0h, b1h);
-      mma_tf32(acc2[n], a2hi, b0h, b1h);
+      mma_pair<kSplit>(acc1[n], acc2[n], a1hi, a1lo, a2hi, a2lo, bb.x, bb.y);
     }
   }
 }
@@ -141,25 +156,11 @@ __device__ __forceinline__ void warp_gemm2(float (&acc1)[NT][4], float (&acc2)[N
     const float a1[4] = {a1_at(g, k + t), a1_at(g + 8, k + t), a1_at(g, k + t + 4), a1_at(g + 8, k + t + 4)};
     const float a2[4] = {a2_at(g, k + t), a2_at(g + 8, k + t), a2_at(g, k + t + 4), a2_at(g + 8, k + t + 4)};
     uint32_t a1hi[4], a1lo[4], a2hi[4], a2lo[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      tf32_parts<kSplit>(a1[i], a1hi[i], a1lo[i]);
-      tf32_parts<kSplit>(a2[i], a2hi[i], a2lo[i]);
-    }
+    split_a_pair<kSplit>(a1, a2, a1hi, a1lo, a2hi, a2lo);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float b0 = b_at(k + t, 8 * n + g), b1 = b_at(k + t + 4, 8 * n + g);
-      uint32_t b0h, b0l, b1h, b1l;
-      tf32_parts<kSplit>(b0, b0h, b0l);
-      tf32_parts<kSplit>(b1, b1h, b1l);
-      if constexpr (kSplit) {
-        mma_tf32(acc1[n], a1lo, b0h, b1h);
-        mma_tf32(acc1[n], a1hi, b0l, b1l);
-        mma_tf32(acc2[n], a2lo, b0h, b1h);
-        mma_tf32(acc2[n], a2hi, b0l, b1l);
-      }
-      mma_tf32(acc1[n], a1hi, b0h, b1h);
-      mma_tf32(acc2[n], a2hi, b0h, b1h);
+      mma_pair<kSplit>(acc1[n], acc2[n], a1hi, a1lo, a2hi, a2lo, b0, b1);
     }
   }
 }
