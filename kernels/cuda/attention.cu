@@ -27,7 +27,6 @@
 //     kernel is not launched.
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -37,6 +36,7 @@
 #include "attention_paths.h"
 #include "common.cuh"
 #include "dispatch.h"
+#include "env_choice.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/attention.h"
 #include "stream_alloc.h"
@@ -475,13 +475,9 @@ attn_decode_path g_attn_decode_path = attn_decode_path::kDefault;
 void set_attn_decode_path(attn_decode_path path) { g_attn_decode_path = path; }
 
 bool attn_decode_uses_mma() {
-  static const attn_decode_path from_env = [] {
-    const char* e = std::getenv("HYSERVE_ATTN_DECODE");
-    if (e == nullptr || *e == '\0') return attn_decode_path::kDefault;
-    if (std::strcmp(e, "simt") == 0) return attn_decode_path::kSimt;
-    if (std::strcmp(e, "mma") == 0) return attn_decode_path::kMma;
-    throw invalid_argument_error(std::string("HYSERVE_ATTN_DECODE: '") + e + "' (known: simt, mma)");
-  }();
+  static const attn_decode_path from_env = cuda_detail::env_choice<attn_decode_path>(
+      "HYSERVE_ATTN_DECODE", {{"simt", attn_decode_path::kSimt}, {"mma", attn_decode_path::kMma}},
+      attn_decode_path::kDefault);
   attn_decode_path path = g_attn_decode_path;
   if (path == attn_decode_path::kDefault) path = from_env;
   if (path == attn_decode_path::kDefault) path = kAttnDecodeDefaultPath;

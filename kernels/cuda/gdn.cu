@@ -31,12 +31,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "common.cuh"
 #include "dispatch.h"
+#include "env_choice.h"
 #include "gdn_common.h"
 #include "gdn_decode.cuh"
 #include "gdn_paths.cuh"
@@ -296,12 +296,10 @@ void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stag
 using namespace cuda_detail;
 
 gdn_prefill_path gdn_prefill_default_path() {
-  static const gdn_prefill_path path = [] {
-    const char* e = std::getenv("HYSERVE_GDN_PREFILL");
-    if (e != nullptr && std::strcmp(e, "recurrent") == 0) return gdn_prefill_path::recurrent;
-    if (e != nullptr && std::strcmp(e, "tf32") == 0) return gdn_prefill_path::tf32;
-    return gdn_prefill_path::tc;
-  }();
+  static const gdn_prefill_path path = cuda_detail::env_choice<gdn_prefill_path>(
+      "HYSERVE_GDN_PREFILL",
+      {{"recurrent", gdn_prefill_path::recurrent}, {"tc", gdn_prefill_path::tc}, {"tf32", gdn_prefill_path::tf32}},
+      gdn_prefill_path::tc);
   return path;
 }
 
@@ -343,13 +341,13 @@ void run_cuda_tc_stages(const gdn_chunk_scan_params& p, bool split, int stages, 
 }
 
 gdn_decode_path gdn_decode_default_path() {
-  static const gdn_decode_path path = [] {
-    const char* e = std::getenv("HYSERVE_GDN_DECODE");
-    if (e != nullptr && std::strcmp(e, "persistent") == 0) return gdn_decode_path::persistent;
-    if (e != nullptr && std::strcmp(e, "persistent8") == 0) return gdn_decode_path::persistent8;
-    if (e != nullptr && std::strcmp(e, "grid") == 0) return gdn_decode_path::grid;
-    return gdn_decode_path::tiles8;
-  }();
+  static const gdn_decode_path path =
+      cuda_detail::env_choice<gdn_decode_path>("HYSERVE_GDN_DECODE",
+                                  {{"grid", gdn_decode_path::grid},
+                                   {"persistent", gdn_decode_path::persistent},
+                                   {"persistent8", gdn_decode_path::persistent8},
+                                   {"tiles8", gdn_decode_path::tiles8}},
+                                  gdn_decode_path::tiles8);
   return path;
 }
 

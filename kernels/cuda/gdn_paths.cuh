@@ -2,9 +2,9 @@
 // Explicit choice between the CUDA GDN prefill implementations, and between the decode
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
 // takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32;
-// unset or anything else: tc); run_cuda(gdn_state_update_params) takes
-// gdn_decode_default_path(), from HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8;
-// unset or anything else: tiles8).
+// unset: tc); run_cuda(gdn_state_update_params) takes gdn_decode_default_path(), from
+// HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8; unset: tiles8). Any other value is
+// an error naming the variable and its values.
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the
 // recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which.
 // CUDA-free (host declarations only): reachable as "cuda/gdn_paths.cuh" by whoever links the

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +19,7 @@
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "env_choice.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
@@ -509,13 +509,8 @@ void set_skinny_rows(int rows) {
 void set_skinny_path(skinny_path path) { cuda_detail::g_skinny_path = path; }
 
 bool skinny_uses_mma() {
-  static const skinny_path from_env = [] {
-    const char* e = std::getenv("HYSERVE_SKINNY");
-    if (e == nullptr || *e == '\0') return skinny_path::kDefault;
-    if (std::strcmp(e, "fma") == 0) return skinny_path::kFma;
-    if (std::strcmp(e, "mma") == 0) return skinny_path::kMma;
-    throw invalid_argument_error(std::string("HYSERVE_SKINNY: '") + e + "' (known: fma, mma)");
-  }();
+  static const skinny_path from_env = cuda_detail::env_choice<skinny_path>(
+      "HYSERVE_SKINNY", {{"fma", skinny_path::kFma}, {"mma", skinny_path::kMma}}, skinny_path::kDefault);
   skinny_path p = cuda_detail::g_skinny_path;
   if (p == skinny_path::kDefault) p = from_env;
   if (p == skinny_path::kDefault) p = kSkinnyDefaultPath;
