@@ -347,10 +347,8 @@ bool decode_on_mma(int64_t head_dim) {
 // Resident blocks per SM the decode slices are sized for: the CUDA-core kernel's measured ~3
 // (register-bound); the tensor-core kernel's from the occupancy calculator (2 at head_dim 128;
 // cached).
-template <class KV>
-int decode_blocks_per_sm(int64_t head_dim, int64_t group) {
-  constexpr int kSimtBlocksPerSm = 3;
-  if (!decode_on_mma<KV>(head_dim)) return kSimtBlocksPerSm;
+constexpr int kSimtBlocksPerSm = 3;
+int mma_blocks_per_sm(int64_t head_dim, int64_t group) {
   static int cache[2][9] = {};  // [head_dim 64, 128][G <= 8]; 0 = not yet asked
   int& slot = cache[head_dim == 128 ? 1 : 0][group];
   if (slot > 0) return slot;
@@ -395,11 +393,11 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // Decode slices: at least decode_waves() waves of resident four-warp blocks (register-bound,
   // per kernel), and a slice count whose block total fills its last wave best (slices are equal
   // work: a wave one-tenth full costs nearly a whole wave).
+  const bool on_mma = decode_kernel && decode_on_mma<KV>(p.head_dim);
   const int64_t pairs = p.batch * p.kv_heads;
-  const int64_t resident =
-      decode_kernel ? decode_blocks_per_sm<KV>(p.head_dim, p.q_heads / p.kv_heads) * static_cast<int64_t>(sm_count())
-                    : 3 * static_cast<int64_t>(sm_count());
-  const int64_t waves = decode_waves(decode_on_mma<KV>(p.head_dim));
+  const int64_t resident = static_cast<int64_t>(sm_count()) *
+                           (on_mma ? mma_blocks_per_sm(p.head_dim, p.q_heads / p.kv_heads) : kSimtBlocksPerSm);
+  const int64_t waves = decode_waves(on_mma);
   int n_dec = 1;
   if (pairs < waves * resident) {
     double best = 0.0;
@@ -435,7 +433,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
                         static_cast<unsigned>(p.batch * qmax));
         const attn_decode::partials dpart{part.acc, part.ml};
         if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
-          if (attn_decode_uses_mma()) {
+          if (on_mma) {
             attn_decode_mma::decode_kernel_mma<D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart);
             HYSERVE_CUDA_CHECK_LAUNCH();
             return;

@@ -5,8 +5,8 @@
 // accumulation) instead of CUDA-core FMAs on widened elements. Why: with G query heads per kv
 // head every cache element costs G FMAs for the scores and G for P·V plus its widening and the
 // per-key softmax; over a bf16 cache (2 bytes per element) that is more instructions per byte
-// than the SM issues at copy bandwidth (measured: ~50% of copy). Here a warp spends ~200
-// instructions on 16 keys (8 KB of K and V at D = 128).
+// than the SM issues at copy bandwidth (measured: ~50% of copy). Here a warp issues on the order
+// of 200 instructions (counted from the code, not profiled) per 16 keys (8 KB of K and V at D = 128).
 //
 // Warp w of the block takes the tiles of 16 keys s0 = kb + 16·(w + 4i) of the slice [kb, ke);
 // per tile, with g = lane / 4 and t = lane % 4 (the PTX fragment coordinates):
