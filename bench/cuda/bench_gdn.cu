@@ -9,7 +9,8 @@
 //     (bytes: inputs read and output written once, final states written; the op is
 //     compute-bound, so the time is the figure to compare), once per CUDA path
 //     (cuda/gdn_paths.cuh): gdn_prefill_recurrent (token by token, CUDA cores),
-//     gdn_prefill_tc (chunked on the tensor cores, 3xTF32) and gdn_prefill_tf32 (plain TF32);
+//     gdn_prefill_tc (chunked on the tensor cores, 3xTF32), gdn_prefill_tf32 (plain TF32) and
+//     gdn_prefill_bf16 (bf16 products, the precision of the flash-linear-attention kernels);
 //     rows *_plan and *_plan+intra time the first launches of a tensor-core path alone (the
 //     state pass is the full time minus plan+intra). After the table, the tensor-core paths'
 //     product work per shape: the multiply-adds of the chunked decomposition (per 64-token
@@ -118,7 +119,8 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows, std::vecto
     const double gflop = 2.0 * prefill_product_macs(seqs * ((len + 63) / 64)) / 1e9;
     std::string note = std::string(shape) + " x" + std::to_string(seqs) + ": products " +
                        std::to_string(static_cast<int>(gflop + 0.5)) + " GFLOP;";
-    for (gdn_prefill_path path : {gdn_prefill_path::recurrent, gdn_prefill_path::tc, gdn_prefill_path::tf32}) {
+    for (gdn_prefill_path path :
+         {gdn_prefill_path::recurrent, gdn_prefill_path::tc, gdn_prefill_path::tf32, gdn_prefill_path::bf16}) {
       const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda(p, path, stream); });
       rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path), shape, static_cast<int>(seqs), us, bytes});
       if (path == gdn_prefill_path::recurrent) continue;
@@ -130,10 +132,10 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows, std::vecto
     }
     notes.push_back(note);
     // Stages of the tensor-core paths (the state pass is the full time minus plan + intra).
-    for (bool split : {true, false}) {
+    for (gdn_prefill_path path : {gdn_prefill_path::tc, gdn_prefill_path::tf32, gdn_prefill_path::bf16}) {
       for (int stages : {1, 2}) {
-        const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda_tc_stages(p, split, stages, stream); });
-        rows.push_back({std::string(split ? "gdn_prefill_tc" : "gdn_prefill_tf32") + (stages == 1 ? "_plan" : "_plan+intra"),
+        const double us = bench::time_call_us(stream, 1, [&](int) { run_cuda_tc_stages(p, path, stages, stream); });
+        rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path) + (stages == 1 ? "_plan" : "_plan+intra"),
                         shape, static_cast<int>(seqs), us, bytes});
       }
     }

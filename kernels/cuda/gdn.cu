@@ -284,10 +284,18 @@ bool tc_supports(const gdn_chunk_scan_params& p) {
 }
 
 // plan, intra, state for the call's key dim (gdn_tc_launch.cuh, instantiated per (kSplit, K)).
-template <bool kSplit>
+template <bool kSplit, bool kHalf = false>
 void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages = 3) {
   dispatch(gdn_tc_key_dim_table{}, p.k_dim, "gdn_chunk_scan", "k_dim",
-           [&](auto kd) { launch_gdn_tc_k<kSplit, decltype(kd)::value>(p, stream, stages); });
+           [&](auto kd) { launch_gdn_tc_k<kSplit, decltype(kd)::value, kHalf>(p, stream, stages); });
+}
+
+void launch_gdn_path(const gdn_chunk_scan_params& p, gdn_prefill_path path, cudaStream_t stream, int stages = 3) {
+  switch (path) {
+    case gdn_prefill_path::tc: launch_gdn_tc<true>(p, stream, stages); return;
+    case gdn_prefill_path::bf16: launch_gdn_tc<false, true>(p, stream, stages); return;
+    default: launch_gdn_tc<false>(p, stream, stages); return;
+  }
 }
 
 }  // namespace
@@ -298,7 +306,10 @@ using namespace cuda_detail;
 gdn_prefill_path gdn_prefill_default_path() {
   static const gdn_prefill_path path = cuda_detail::env_choice<gdn_prefill_path>(
       "HYSERVE_GDN_PREFILL",
-      {{"recurrent", gdn_prefill_path::recurrent}, {"tc", gdn_prefill_path::tc}, {"tf32", gdn_prefill_path::tf32}},
+      {{"recurrent", gdn_prefill_path::recurrent},
+       {"tc", gdn_prefill_path::tc},
+       {"tf32", gdn_prefill_path::tf32},
+       {"bf16", gdn_prefill_path::bf16}},
       gdn_prefill_path::tc);
   return path;
 }
@@ -311,6 +322,7 @@ const char* gdn_prefill_path_name(gdn_prefill_path path) {
     case gdn_prefill_path::recurrent: return "recurrent";
     case gdn_prefill_path::tc: return "tc";
     case gdn_prefill_path::tf32: return "tf32";
+    case gdn_prefill_path::bf16: return "bf16";
   }
   return "?";
 }
@@ -322,8 +334,7 @@ void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* strea
   require_positive(p.chunk_size, op, "chunk_size");
   if (path == gdn_prefill_path::automatic) path = gdn_prefill_default_path();
   if (path != gdn_prefill_path::recurrent && tc_supports(p)) {
-    if (path == gdn_prefill_path::tc) launch_gdn_tc<true>(p, as_stream(stream));
-    else launch_gdn_tc<false>(p, as_stream(stream));
+    launch_gdn_path(p, path, as_stream(stream));
     return;
   }
   launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream));
@@ -331,13 +342,14 @@ void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* strea
 
 void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, gdn_prefill_path::automatic, stream); }
 
-void run_cuda_tc_stages(const gdn_chunk_scan_params& p, bool split, int stages, void* stream) {
+void run_cuda_tc_stages(const gdn_chunk_scan_params& p, gdn_prefill_path path, int stages, void* stream) {
   constexpr const char* op = "gdn_chunk_scan";
   check_gdn_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   if (!tc_supports(p)) fail(op, "k_dim", p.k_dim, "not a key dim of the tensor-core prefill");
-  if (split) launch_gdn_tc<true>(p, as_stream(stream), stages);
-  else launch_gdn_tc<false>(p, as_stream(stream), stages);
+  if (path == gdn_prefill_path::automatic) path = gdn_prefill_default_path();
+  if (path == gdn_prefill_path::recurrent) fail(op, "path", 0, "the recurrent kernel has no stages");
+  launch_gdn_path(p, path, as_stream(stream), stages);
 }
 
 gdn_decode_path gdn_decode_default_path() {

@@ -15,7 +15,7 @@
 // Inside a chunk of n tokens (rows >= n are zeros) with c_i = Σ_{s<=i} g_s (double), q̂ = scale·q/|q|,
 // k̂ = k/|k| and β = sigmoid(b), the intra kernel computes
 //   A  = strictly-lower β_i (k̂_i·k̂_j) e^{c_i − c_j}         (tensor cores: K̂·K̂ᵀ)
-//   T  = (I + A)⁻¹                                          (forward substitution, a column per thread)
+//   T  = (I + A)⁻¹                                          (blocked forward substitution)
 //   P  = lower-incl. (q̂_i·k̂_j) e^{c_i − c_j}                 (tensor cores: Q̂·K̂ᵀ)
 // and per token the factors qs_i = e^{c_i}·scale/|q_i|, ks_j = e^{c_{n−1} − c_j}/|k_j|, β_j,
 // xs_j = β_j e^{c_j}/|k_j| and the chunk decay G = e^{c_{n−1}}, and it writes T, R = P·T and
@@ -42,6 +42,7 @@
 
 #include "common.cuh"
 #include "gdn_tc_mma.cuh"
+#include "mma_bf16.cuh"
 #include "hyserve/kernels/gdn.h"
 
 namespace hyserve::kernels::cuda_detail {
@@ -59,11 +60,24 @@ constexpr int kTokFields = 8;  // per token: qs, ks, beta, G (every row), xs, 3 
 struct workspace {
   int* chunk_off = nullptr;  // [batch + 1] first global chunk of each row
   int* overflow = nullptr;   // [1] 1: more chunks than cap (the recurrent kernel runs instead)
-  float* R = nullptr;        // [cap, HV, 64, 64] P·T
-  float* T = nullptr;        // [cap, HV, 64, 64]
+  float* R = nullptr;        // [cap, HV, 64, 64] P·T                           (tc, tf32)
+  float* T = nullptr;        // [cap, HV, 64, 64]                               (tc, tf32)
   float* tok = nullptr;      // [cap, HV, 64, kTokFields]
+  // bf16 path (gdn_wy16_state.cuh): 16-bit tiles in the swizzled layout of swz16, each copied
+  // whole into shared memory by one bulk copy.
+  __nv_bfloat16* qk16 = nullptr;  // [cap, HK, 2, 64, K] q̂ (scale included), then k̂
+  __nv_bfloat16* tp16 = nullptr;  // [cap, HV, 2, 64, 64] T, then P
   int cap = 0;
 };
+
+// Offset of element (r, c) in a 16-bit tile of rows of L elements (L/8 16-byte units, L >= 32):
+// unit c/8 of row r is stored at unit (c/8) ^ (r mod min(8, L/8)), so that the 8 rows an
+// ldmatrix reads at one column unit fall in distinct bank groups (L >= 64; 2-way at L = 32).
+template <int L>
+__host__ __device__ constexpr int swz16(int r, int c) {
+  constexpr int kMask = (L / 8 < 8 ? L / 8 : 8) - 1;
+  return r * L + ((((c >> 3) ^ (r & kMask))) << 3) + (c & 7);
+}
 
 __device__ __forceinline__ int row_chunks(const gdn_chunk_scan_params& p, int64_t b) {
   if (p.state_indices[b] < 0) return 0;

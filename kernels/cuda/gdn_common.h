@@ -1,6 +1,6 @@
 #pragma once
 // What the GDN translation units share (gdn.cu: the recurrent kernel, the checks and the path
-// choice; the generated gdn_tc_<split>_<K>.cu: the tensor-core prefill per key dim).
+// choice; the generated gdn_tc_<split>_<half>_<K>.cu: the tensor-core prefill per key dim).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,16 +21,22 @@ void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* h
 // Tokens the tensor-core prefill reserves its workspace for (HYSERVE_GDN_MAX_TOKENS, default 16384).
 int64_t gdn_tc_max_tokens();
 
-// The tensor-core prefill for key dim K, 3xTF32 (kSplit) or plain TF32, up to `stages`
-// launches (gdn_tc_launch.cuh).
-template <bool kSplit, int K>
+// The tensor-core prefill for key dim K: 3xTF32 (kSplit), plain TF32, or bf16 products (kHalf,
+// gdn_wy16_state.cuh), up to `stages` launches (gdn_tc_launch.cuh).
+template <bool kSplit, int K, bool kHalf>
 void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages);
 
-extern template void launch_gdn_tc_k<true, 32>(const gdn_chunk_scan_params&, cudaStream_t, int);
-extern template void launch_gdn_tc_k<true, 64>(const gdn_chunk_scan_params&, cudaStream_t, int);
-extern template void launch_gdn_tc_k<true, 128>(const gdn_chunk_scan_params&, cudaStream_t, int);
-extern template void launch_gdn_tc_k<false, 32>(const gdn_chunk_scan_params&, cudaStream_t, int);
-extern template void launch_gdn_tc_k<false, 64>(const gdn_chunk_scan_params&, cudaStream_t, int);
-extern template void launch_gdn_tc_k<false, 128>(const gdn_chunk_scan_params&, cudaStream_t, int);
+#define HYSERVE_GDN_TC_EXTERN(split, k, half) \
+  extern template void launch_gdn_tc_k<split, k, half>(const gdn_chunk_scan_params&, cudaStream_t, int);
+HYSERVE_GDN_TC_EXTERN(true, 32, false)
+HYSERVE_GDN_TC_EXTERN(true, 64, false)
+HYSERVE_GDN_TC_EXTERN(true, 128, false)
+HYSERVE_GDN_TC_EXTERN(false, 32, false)
+HYSERVE_GDN_TC_EXTERN(false, 64, false)
+HYSERVE_GDN_TC_EXTERN(false, 128, false)
+HYSERVE_GDN_TC_EXTERN(false, 32, true)
+HYSERVE_GDN_TC_EXTERN(false, 64, true)
+HYSERVE_GDN_TC_EXTERN(false, 128, true)
+#undef HYSERVE_GDN_TC_EXTERN
 
 }  // namespace hyserve::kernels::cuda_detail

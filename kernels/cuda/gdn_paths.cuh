@@ -1,7 +1,7 @@
 #pragma once
 // Explicit choice between the CUDA GDN prefill implementations, and between the decode
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
-// takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32;
+// takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32 | bf16;
 // unset: tc); run_cuda(gdn_state_update_params) takes gdn_decode_default_path(), from
 // HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8; unset: tiles8). Any other value is
 // an error naming the variable and its values.
@@ -18,6 +18,8 @@ enum class gdn_prefill_path {
   recurrent,  // one block per (value head, row, value-row slice), token by token (CUDA cores)
   tc,         // chunked WY form on the tensor cores, 3xTF32 (fp32-level accuracy)
   tf32,       // the same kernels with plain TF32 products (about 1e-3 relative; faster)
+  bf16,       // the same decomposition with bf16 products, as the flash-linear-attention kernels
+              // compute it (about 1e-2 relative), state chain per warp (gdn_wy16_state.cuh)
 };
 
 void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* stream = nullptr);
@@ -29,10 +31,10 @@ bool gdn_prefill_tc_supports(const gdn_chunk_scan_params& p);
 
 const char* gdn_prefill_path_name(gdn_prefill_path path);
 
-// Benchmark aid: the tensor-core prefill's launches up to `stages` only (1: plan, 2: plan and
-// the intra-chunk kernel, 3: everything), for timing the stages by difference. With stages < 3
+// Benchmark aid: a tensor-core path's launches up to `stages` only (1: plan, 2: plan and the
+// intra-chunk kernel, 3: everything), for timing the stages by difference. With stages < 3
 // outputs and states are not computed.
-void run_cuda_tc_stages(const gdn_chunk_scan_params& p, bool split, int stages, void* stream = nullptr);
+void run_cuda_tc_stages(const gdn_chunk_scan_params& p, gdn_prefill_path path, int stages, void* stream = nullptr);
 
 enum class gdn_decode_path {
   automatic,    // gdn_decode_default_path()

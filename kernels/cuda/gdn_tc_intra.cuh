@@ -20,7 +20,7 @@ struct intra_tiles {
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
   // (for R = P·T) reuse their space.
   static constexpr int kQK = kChunk * (kLdQ + kLdK), kPT = kG * kChunk * (kLdA + kLdT);
-  static constexpr int kFloats = (kQK > kPT ? kQK : kPT) + kG * kChunk * kLdA + (2 + 3 * kG) * kChunk;
+  static constexpr int kFloats = (kQK > kPT ? kQK : kPT) + kG * kChunk * kLdA + (2 + 4 * kG) * kChunk;
   static constexpr size_t kBytes = sizeof(double) * kG * kChunk + sizeof(float) * kFloats;
 };
 
@@ -35,9 +35,25 @@ __device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch,
   return lo;
 }
 
+// Writes a [64 × L] f32 shared tile (row stride ld), each row scaled by row_scale(r), as a
+// 16-bit swizzled tile (swz16) to dst: 16-byte stores, the block's threads striding over units.
+template <int L, class RowScale>
+__device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* src, int ld, RowScale row_scale) {
+  for (int e = threadIdx.x; e < kChunk * (L / 8); e += kThreads) {
+    const int r = e / (L / 8), c = 8 * (e % (L / 8));
+    const float f = row_scale(r);
+    const float4 a = *reinterpret_cast<const float4*>(&src[r * ld + c]);
+    const float4 b = *reinterpret_cast<const float4*>(&src[r * ld + c + 4]);
+    *reinterpret_cast<uint4*>(dst + swz16<L>(r, c)) =
+        make_uint4(mma16::pack_bf16x2(a.x * f, a.y * f), mma16::pack_bf16x2(a.z * f, a.w * f),
+                   mma16::pack_bf16x2(b.x * f, b.y * f), mma16::pack_bf16x2(b.z * f, b.w * f));
+  }
+}
+
 // Block (chunk gc, value heads kG·blockIdx.y + [0, kG)). kVec: q and k rows are 16-byte aligned
-// (staged with cp.async), else read element by element.
-template <bool kSplit, int K, int kG, bool kVec>
+// (staged with cp.async), else read element by element. kHalf: the bf16 path's outputs (q̂, k̂,
+// T and P as 16-bit tiles, token factors without the norms; no R) instead of T and R in f32.
+template <bool kSplit, int K, int kG, bool kVec, bool kHalf = false>
 __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
                                                          float scale) {
   using tl = intra_tiles<K, kG>;
@@ -55,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   float* beta = kf + C;                               // [kG][C]
   float* gl = beta + kG * C;                          // [kG][C] log decay
   float* ecum = gl + kG * C;                          // [kG][C] e^{c}
+  float* cum2 = ecum + kG * C;                        // [kG][C] c·log2(e) in f32 (kHalf)
 
   const int gc = static_cast<int>(blockIdx.x);
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kG;
@@ -68,11 +85,18 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   const int64_t hk = h0 / (HV / p.heads_k);
 
   if constexpr (kVec) {
-    for (int e = tid; e < C * (K / 4); e += kThreads) {
-      const int j = e / (K / 4), c = 4 * (e % (K / 4));
+    // Thread tid copies 16-byte unit tid % kU of rows tid / kU + kR·r.
+    constexpr int kU = K / 4, kR = kThreads / kU;
+    static_assert(kThreads % kU == 0 && C % kR == 0, "whole passes");
+    const int j0 = tid / kU, c = 4 * (tid % kU);
+    const float* qsrc = p.q + (t0 + j0) * p.q_stride + hk * K + c;
+    const float* ksrc = p.k + (t0 + j0) * p.k_stride + hk * K + c;
+#pragma unroll
+    for (int r = 0; r < C / kR; ++r) {
+      const int j = j0 + kR * r;
       const bool full = j < n;
-      cp_async16(&Qs[j * kLdQ + c], full ? p.q + (t0 + j) * p.q_stride + hk * K + c : p.q, full);
-      cp_async16(&Ks[j * kLdK + c], full ? p.k + (t0 + j) * p.k_stride + hk * K + c : p.k, full);
+      cp_async16(&Qs[j * kLdQ + c], full ? qsrc + kR * r * p.q_stride : p.q, full);
+      cp_async16(&Ks[j * kLdK + c], full ? ksrc + kR * r * p.k_stride : p.k, full);
     }
     cp_async_commit();
   } else {
@@ -101,17 +125,22 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   if constexpr (kVec) cp_async_wait0();
   __syncthreads();
 
-  // Norms: warp w, rows [16w, 16w + 16).
-  for (int r = 16 * warp; r < 16 * warp + 16; ++r) {
+  // Norms: two threads per row r = tid / 2, each summing alternate 16-byte units of q and k
+  // (conflict-free: the row stride is 8 mod 32 floats).
+  static_assert(2 * C == kThreads && kLdQ % 32 == 8 && kLdK % 32 == 8, "two threads per row");
+  {
+    const int r = tid >> 1, hv = tid & 1;
     float sq = 0.0f, sk = 0.0f;
-    for (int c = lane; c < K; c += 32) {
-      const float qv = Qs[r * kLdQ + c], kv = Ks[r * kLdK + c];
-      sq += qv * qv;
-      sk += kv * kv;
+#pragma unroll
+    for (int i = 0; i < K / 8; ++i) {
+      const float4 a = lds128(&Qs[r * kLdQ + 4 * (2 * i + hv)]);
+      const float4 c = lds128(&Ks[r * kLdK + 4 * (2 * i + hv)]);
+      sq = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, sq))));
+      sk = fmaf(c.x, c.x, fmaf(c.y, c.y, fmaf(c.z, c.z, fmaf(c.w, c.w, sk))));
     }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    if (lane == 0) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+    if (hv == 0) {
       qf[r] = p.qk_l2norm ? scale / sqrtf(sq + kL2Eps) : scale;
       kf[r] = p.qk_l2norm ? 1.0f / sqrtf(sk + kL2Eps) : 1.0f;
     }
@@ -129,8 +158,20 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     cum[warp * C + 2 * lane] = run - a1;
   }
   __syncthreads();
-  if (tid < kG * C) ecum[tid] = static_cast<float>(exp(cum[tid]));
+  if (tid < kG * C) {
+    ecum[tid] = static_cast<float>(exp(cum[tid]));
+    cum2[tid] = static_cast<float>(cum[tid] * 1.4426950408889634);
+  }
   __syncthreads();
+  if constexpr (kHalf) {
+    // q̂ = scale·q/|q| and k̂ = k/|k| as 16-bit tiles, once per key head (by its first value head's
+    // block); rows >= n are zeros (staged so).
+    if (h0 % (HV / p.heads_k) == 0) {
+      __nv_bfloat16* dst = ws.qk16 + (static_cast<int64_t>(gc) * p.heads_k + hk) * 2 * C * K;
+      store_tile16<K>(dst, Qs, kLdQ, [&](int r) { return qf[r]; });
+      store_tile16<K>(dst + C * K, Ks, kLdK, [&](int r) { return kf[r]; });
+    }
+  }
 
   if (tid < kG * C) {
     // Token factors: qs = e^{c}·scale/|q|, ks = e^{c_last − c}/|k|, β, G = e^{c_last},
@@ -140,10 +181,22 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     const double c_last = ch[C - 1];
     const bool live = j < n;
     const int64_t it = static_cast<int64_t>(gc) * HV + h0 + hh;
-    float4* dst = reinterpret_cast<float4*>(ws.tok + (it * C + j) * kTokFields);
-    dst[0] = make_float4(live ? qf[j] * ecum[tid] : 0.0f, live ? static_cast<float>(exp(c_last - ch[j])) * kf[j] : 0.0f,
-                         beta[tid], static_cast<float>(exp(c_last)));
-    dst[1] = make_float4(live ? beta[tid] * ecum[tid] * kf[j] : 0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kHalf) {
+      // q̂ and k̂ are stored normalised, so the factors leave out scale/|q| and 1/|k|; stored
+      // field-major ([field][C]) for the bf16 state kernel's paired loads.
+      float* dst = ws.tok + it * C * kTokFields + j;
+      dst[0 * C] = live ? ecum[tid] : 0.0f;
+      dst[1 * C] = live ? static_cast<float>(exp(c_last - ch[j])) : 0.0f;
+      dst[2 * C] = beta[tid];
+      dst[3 * C] = static_cast<float>(exp(c_last));
+      dst[4 * C] = live ? beta[tid] * ecum[tid] : 0.0f;
+    } else {
+      float4* dst = reinterpret_cast<float4*>(ws.tok + (it * C + j) * kTokFields);
+      dst[0] = make_float4(live ? qf[j] * ecum[tid] : 0.0f,
+                           live ? static_cast<float>(exp(c_last - ch[j])) * kf[j] : 0.0f, beta[tid],
+                           static_cast<float>(exp(c_last)));
+      dst[1] = make_float4(live ? beta[tid] * ecum[tid] * kf[j] : 0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 
   const int r0 = 16 * warp;
@@ -177,7 +230,12 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
           for (int e = 0; e < 2; ++e) {
             const int jj = j + e;
             if (jj <= i) {
-              const float d = expf(static_cast<float>(ch[i] - ch[jj])) * kf[jj];
+              // The decay e^{c_i − c_j}: in double for the fp32-level paths; the bf16 path takes
+              // the f32 difference of c·log2(e) (about 1e-7·|c| relative, far inside bf16's 4e-3).
+              float dd;
+              if constexpr (kHalf) dd = exp2f(cum2[hh * C + i] - cum2[hh * C + jj]);
+              else dd = expf(static_cast<float>(ch[i] - ch[jj]));
+              const float d = dd * kf[jj];
               const float pe = qk[nt][2 * half + e] * qf[i] * d;
               const float ae = jj < i ? bh[i] * kf[i] * kk[nt][2 * half + e] * d : 0.0f;
               if (e == 0) {
@@ -196,53 +254,105 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     }
   }
   __syncthreads();  // A and P complete
+  if constexpr (kHalf) {
+#pragma unroll 1
+    for (int hh = 0; hh < kG; ++hh)
+      store_tile16<C>(ws.tp16 + ((static_cast<int64_t>(gc) * HV + h0 + hh) * 2 + 1) * C * C, Pm + hh * C * kLdA, kLdA,
+                      [](int) { return 1.0f; });
+  }
 
+  // T = (I + A)⁻¹ by 16 × 16 blocks (A strictly, T unit lower triangular). The diagonal blocks
+  // T_dd = (I + A_dd)⁻¹ by forward substitution, a thread per (head, block, column); then block
+  // rows i = 1..3 in turn, one warp per (head, block column j < i):
+  //   M_ij = Σ_{k=j}^{i-1} A_ik·T_kj,   T_ij = −T_ii·M_ij
+  // on the tensor cores, M_ij staged where T_ij goes: 3xTF32 (fp32-level products), or plain
+  // TF32 for the bf16 path (whose T is then rounded to bf16).
   if (tid < kG * C) {
-    // T = (I + A)⁻¹ of head tid / C, column m = tid % C: x_i = δ_im − Σ_{j<i} A_ij x_j (four
-    // partial sums, so that the dependent chain is a quarter as long), written row by row.
-    const int hh = tid / C, m = tid % C;
-    const float* Ah = As + hh * C * kLdA;
-    float* Th = Tm + hh * C * tl::kLdT;
-    float* Tg = ws.T + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
-    float x[C];
+    const int hh = tid / C, d = (tid % C) / 16, m = tid % 16;
+    const float* Ad = As + hh * C * kLdA + 16 * d * kLdA + 16 * d;
+    float* Td = Tm + hh * C * tl::kLdT + 16 * d * tl::kLdT;
+    float x[16];
 #pragma unroll
-    for (int i = 0; i < C; ++i) {
-      float s4[4] = {i == m ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < 16; ++i) {
+      float s2[2] = {i == m ? 1.0f : 0.0f, 0.0f};
 #pragma unroll
-      for (int j = 0; j < i; j += 4) {  // A's row i in 16-byte loads (rows are 16-byte aligned)
-        const float4 a = lds128(&Ah[i * kLdA + j]);
-        const float a4[4] = {a.x, a.y, a.z, a.w};
+      for (int j = 0; j < i; ++j) s2[j & 1] -= Ad[i * kLdA + j] * x[j];
+      x[i] = s2[0] + s2[1];
+      Td[i * tl::kLdT + 16 * d + m] = x[i];
+#pragma unroll 1
+      for (int e = d + 1; e < 4; ++e) Td[i * tl::kLdT + 16 * e + m] = 0.0f;  // right of the diagonal
+    }
+  }
+  __syncthreads();  // diagonal blocks
+#pragma unroll 1
+  for (int i = 1; i < 4; ++i) {
+#pragma unroll 1
+    for (int item = warp; item < kG * i; item += kWarps) {
+      const int hh = item / i, j = item % i;
+      const float* Ah = As + hh * C * kLdA;
+      float* Th = Tm + hh * C * tl::kLdT;
+      float acc[2][4];
+      zero(acc);
+      warp_gemm<!kHalf, 2>(
+          acc, 16 * (i - j), [&](int r, int k) { return Ah[(16 * i + r) * kLdA + 16 * j + k]; },
+          [&](int k, int n) { return Th[(16 * j + k) * tl::kLdT + 16 * j + n]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (j + e < i) s4[e] -= a4[e] * x[j + e];
+          Th[(16 * i + g + 8 * (e >> 1)) * tl::kLdT + 16 * j + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
       }
-      x[i] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-      Tg[i * C + m] = x[i];
-      Th[i * tl::kLdT + m] = x[i];
+      __syncwarp();
+      zero(acc);
+      warp_gemm<!kHalf, 2>(
+          acc, 16, [&](int r, int k) { return Th[(16 * i + r) * tl::kLdT + 16 * i + k]; },
+          [&](int k, int n) { return Th[(16 * i + k) * tl::kLdT + 16 * j + n]; });
+      __syncwarp();
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          Th[(16 * i + g + 8 * (e >> 1)) * tl::kLdT + 16 * j + 8 * nt + 2 * t + (e & 1)] = -acc[nt][e];
+      }
+    }
+    __syncthreads();  // block row i
+  }
+  if constexpr (!kHalf) {
+    for (int e = tid; e < kG * C * (C / 4); e += kThreads) {
+      const int hh = e / (C * (C / 4)), i = (e / (C / 4)) % C, c = 4 * (e % (C / 4));
+      *reinterpret_cast<float4*>(ws.T + ((static_cast<int64_t>(gc) * HV + h0 + hh) * C + i) * C + c) =
+          *reinterpret_cast<const float4*>(&Tm[(hh * C + i) * tl::kLdT + c]);
     }
   }
   __syncthreads();  // T complete
-
-  // R = P·T (rows [r0, r0 + 16) of each head; both factors lower triangular, so R is too and
-  // only columns j < r0 + 16 are products; zeros beyond).
+  if constexpr (kHalf) {
+    static_assert(tl::kLdT % 4 == 0, "float4 rows");
 #pragma unroll 1
-  for (int hh = 0; hh < kG; ++hh) {
-    const float* Ph = Pm + hh * C * kLdA;
-    const float* Th = Tm + hh * C * tl::kLdT;
-    float* Rg = ws.R + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
-    float r[C / 8][4];
-    zero(r);
-    const int nt_end = 2 * (warp + 1);
-    warp_gemm<kSplit, C / 8>(
-        r, r0 + 16, [&](int rr, int k) { return Ph[(r0 + rr) * kLdA + k]; },
-        [&](int k, int j) { return Th[k * tl::kLdT + j]; }, nt_end);
+    for (int hh = 0; hh < kG; ++hh)
+      store_tile16<C>(ws.tp16 + (static_cast<int64_t>(gc) * HV + h0 + hh) * 2 * C * C, Tm + hh * C * tl::kLdT,
+                      tl::kLdT, [](int) { return 1.0f; });
+  } else {  // (the bf16 path applies P to u itself: no R = P·T)
+    // R = P·T (rows [r0, r0 + 16) of each head; both factors lower triangular, so R is too and
+    // only columns j < r0 + 16 are products; zeros beyond).
+#pragma unroll 1
+    for (int hh = 0; hh < kG; ++hh) {
+      const float* Ph = Pm + hh * C * kLdA;
+      const float* Th = Tm + hh * C * tl::kLdT;
+      float* Rg = ws.R + (static_cast<int64_t>(gc) * HV + h0 + hh) * C * C;
+      float r[C / 8][4];
+      zero(r);
+      const int nt_end = 2 * (warp + 1);
+      warp_gemm<kSplit, C / 8>(
+          r, r0 + 16, [&](int rr, int k) { return Ph[(r0 + rr) * kLdA + k]; },
+          [&](int k, int j) { return Th[k * tl::kLdT + j]; }, nt_end);
 #pragma unroll
-    for (int nt = 0; nt < C / 8; ++nt) {
+      for (int nt = 0; nt < C / 8; ++nt) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = r0 + g + 8 * half, j = 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(&Rg[i * C + j]) =
-            nt < nt_end ? make_float2(r[nt][2 * half], r[nt][2 * half + 1]) : make_float2(0.0f, 0.0f);
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + g + 8 * half, j = 8 * nt + 2 * t;
+          *reinterpret_cast<float2*>(&Rg[i * C + j]) =
+              nt < nt_end ? make_float2(r[nt][2 * half], r[nt][2 * half + 1]) : make_float2(0.0f, 0.0f);
+        }
       }
     }
   }

@@ -1,11 +1,11 @@
 #pragma once
-// The tensor-core GDN prefill's launches for one (kSplit, K) (the decomposition in
-// gdn_chunked.cuh, its kernels in gdn_tc_intra.cuh and gdn_tc_state.cuh): plan, intra (all
-// chunks), state (row × head × slice); then the recurrent kernel gated on the overflow flag (it
-// exits at once unless the batch needed more chunks than reserved). Each
-// (kSplit, K) is instantiated in its own generated translation unit (CMakeLists.txt,
-// gdn_tc_inst.cu.in) so that no single compile holds all 36 tensor-core kernels; gdn.cu
-// dispatches on K.
+// The tensor-core GDN prefill's launches for one (kSplit, K, kHalf) (the decomposition in
+// gdn_chunked.cuh, its kernels in gdn_tc_intra.cuh and gdn_tc_state.cuh, or gdn_wy16_state.cuh
+// for the bf16 path, kHalf): plan, intra (all chunks), state (row × head × slice); then the
+// recurrent kernel gated on the overflow flag (it exits at once unless the batch needed more
+// chunks than reserved). Each (kSplit, K, kHalf) is instantiated in its own generated
+// translation unit (CMakeLists.txt, gdn_tc_inst.cu.in) so that no single compile holds all the
+// tensor-core kernels; gdn.cu dispatches on K.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,32 +14,46 @@
 #include "common.cuh"
 #include "gdn_tc_intra.cuh"
 #include "gdn_tc_state.cuh"
+#include "gdn_wy16_state.cuh"
 #include "gdn_common.h"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels::cuda_detail {
 
-template <bool kSplit, int K>
+template <bool kSplit, int K, bool kHalf>
 void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages) {
+  static_assert(!(kSplit && kHalf), "the bf16 path has plain products");
   namespace tc = gdn_tc;
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   constexpr int C = tc::kChunk;
   const int64_t cap64 = ceil_div(gdn_tc_max_tokens(), C) + p.batch;
   const int cap = static_cast<int>(std::min<int64_t>(cap64, int64_t{1} << 30));
   // Workspace: chunk_off [batch + 1], overflow [1] (ints, rounded to 16 bytes), then per
-  // (chunk, value head) R = P·T [C, C], T [C, C], tok [C, kTokFields].
+  // (chunk, value head) tok [C, kTokFields] and R = P·T [C, C], T [C, C] in f32, or (kHalf) T and
+  // P [C, C] in bf16 and per (chunk, key head) q̂ and k̂ [C, K] in bf16. Every part starts on a
+  // 16-byte boundary (bulk copies).
   const int64_t n_ints = (p.batch + 2 + 3) / 4 * 4;
   const int64_t items = static_cast<int64_t>(cap) * p.heads_v;
-  const int64_t per_item = 2 * C * C + C * tc::kTokFields;
+  const int64_t tok_floats = items * C * tc::kTokFields;
+  const int64_t f32_floats = kHalf ? 0 : 2 * items * C * C;
+  const int64_t tp16_elems = kHalf ? 2 * items * C * C : 0;
+  const int64_t qk16_elems = kHalf ? static_cast<int64_t>(cap) * p.heads_k * 2 * C * K : 0;
   void* raw = nullptr;
-  const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(items * per_item);
+  const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) +
+                       sizeof(float) * static_cast<size_t>(tok_floats + f32_floats) +
+                       sizeof(__nv_bfloat16) * static_cast<size_t>(tp16_elems + qk16_elems);
   CUDA_CHECK(scratch_alloc(&raw, bytes, stream));
   tc::workspace ws;
   ws.chunk_off = static_cast<int*>(raw);
   ws.overflow = ws.chunk_off + p.batch + 1;
-  ws.R = reinterpret_cast<float*>(ws.chunk_off + n_ints);
-  ws.T = ws.R + items * C * C;
-  ws.tok = ws.T + items * C * C;
+  ws.tok = reinterpret_cast<float*>(ws.chunk_off + n_ints);
+  if constexpr (kHalf) {
+    ws.tp16 = reinterpret_cast<__nv_bfloat16*>(ws.tok + tok_floats);
+    ws.qk16 = ws.tp16 + tp16_elems;
+  } else {
+    ws.R = ws.tok + tok_floats;
+    ws.T = ws.R + items * C * C;
+  }
   ws.cap = cap;
 
   tc::plan_kernel<<<1, 1024, 0, stream>>>(p, ws);
@@ -53,7 +67,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   const bool vec_qk = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
   auto launch_intra = [&](auto g2, auto vq) {
     constexpr int kG = decltype(g2)::value ? 2 : 1;
-    const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value>;
+    const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf>;
     constexpr size_t smem = tc::intra_tiles<K, kG>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
@@ -69,7 +83,17 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     CUDA_CHECK(scratch_free(raw, stream));
     return;
   }
-  {
+  if constexpr (kHalf) {
+    namespace w16 = gdn_wy16;
+    const bool vec = vector_ok({p.v}, {p.v_stride, p.v_dim}, 4);
+    const auto kernel = vec ? &w16::state_kernel<K, true> : &w16::state_kernel<K, false>;
+    constexpr size_t smem = w16::tiles<K>::kBytes;
+    reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, w16::kRows)), static_cast<unsigned>(p.heads_v),
+                    static_cast<unsigned>(p.batch));
+    kernel<<<grid, w16::kThreads, smem, stream>>>(p, ws);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  } else {
     // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.
     const bool vec = vector_ok({p.q, p.k, p.v}, {p.q_stride, p.k_stride, p.v_stride, p.v_dim}, 4);
     const auto kernel = vec ? &tc::state_kernel<kSplit, K, true> : &tc::state_kernel<kSplit, K, false>;

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "mma_bf16.cuh"
 #include "ssd_scan_chunked.cuh"  // kChunk
 #include "ssm_common.cuh"
 
@@ -33,40 +34,14 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
+using mma16::ldsm_x4;
+using mma16::ldsm_x4_t;
+using mma16::mma_bf16;
+using mma16::pack_bf16x2;
+using mma16::smem_u32;
+using mma16::unpack_bf16x2;
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(ptr)));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(ptr)));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) { return pack_traits<bf16>::pack2(a, b); }
-__device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) { return pack_traits<bf16>::unpack2(w); }
-
-// ldmatrix lane addresses (lane l). Fragment layouts (PTX m16n8k16 bf16), g = l / 4, t = l % 4:
-//   A (16 × 16): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B (16 × 8):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-// A stored row-major [m][k]:                      row m0 + (l & 15), column k0 + 8·(l >> 4)
-// A stored transposed [k][m] (.trans):            row k0 + (l & 7) + 8·(l >> 4), column m0 + 8·((l >> 3) & 1)
-// B for two n-tiles stored [n][k] (k contiguous): row n0 + (l & 7) + 8·(l >> 4), column k0 + 8·((l >> 3) & 1)
-// B for two n-tiles stored [k][n] (.trans):       row k0 + (l & 15), column n0 + 8·(l >> 4)
-// (x4 results: B tile n0 = {r0, r1}, tile n0 + 8 = {r2, r3}.)
+// ldmatrix lane addresses and fragment layouts: mma_bf16.cuh.
 
 // 8 consecutive io elements (16 bytes when vec) as raw bf16 bits.
 __device__ __forceinline__ uint4 load8(const bf16* src, bool vec) {
