@@ -15,8 +15,8 @@
 //     state pass is the full time minus plan+intra). After the table, the tensor-core paths'
 //     product work per shape: the multiply-adds of the chunked decomposition (per 64-token
 //     chunk and value head: the Gram products C²K, R = P·T C³/6, the state pass 3CVK + C²V) and
-//     the rate of MMA work achieved (3 TF32 MMAs per product for tc, 1 for tf32), to set against
-//     the device's TF32 tensor peak.
+//     the rate of MMA work achieved (3 TF32 MMAs per product for tc, 1 for tf32 and bf16), to
+//     set against the device's TF32 (or, for bf16, BF16) tensor peak.
 //   hyserve-bench-gdn
 #include <cuda_runtime.h>
 

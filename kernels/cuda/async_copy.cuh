@@ -1,8 +1,9 @@
 #pragma once
 // Bulk asynchronous copies (sm_90: cp.async.bulk, the copy engine of the SM) into shared memory,
-// completing their bytes on an mbarrier, and the mbarrier operations around them. One thread
-// arms the barrier with the bytes it expects (arrive_expect_tx) and issues the copies; every
-// consumer waits on the barrier's phase parity. Sizes and addresses are multiples of 16 bytes.
+// completing their bytes on an mbarrier, the mbarrier operations around them, and named
+// barriers. One thread arms the mbarrier with the bytes it expects (arrive_expect_tx) and issues
+// the copies; every consumer waits on the barrier's phase parity. Sizes and addresses are
+// multiples of 16 bytes.
 #include <cstdint>
 
 namespace hyserve::kernels::cuda_detail {
@@ -34,6 +35,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (done == 0);
 }
 
+// A plain arrival (release: this thread's earlier shared-memory stores are visible to the
+// threads that observe the phase complete).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// An arrival on bar once this thread's earlier cp.async copies have completed (counted in the
+// barrier's initial arrival count: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // bytes from global to shared memory by the bulk copy engine, completing on bar.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
@@ -44,5 +57,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 
 // Orders this thread's generic-proxy shared-memory accesses before later bulk copies.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Named barriers (ids 1..15; 0 is __syncthreads') among `count` threads, a multiple of 32:
+// arrive signals without waiting (ordering this thread's earlier memory accesses for the
+// threads that sync on the same id), sync waits for the count.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 }  // namespace hyserve::kernels::cuda_detail

@@ -10,7 +10,7 @@ namespace gdn_tc {
 
 // kG value heads (1 or 2) sharing one key head per block: q, k, their norms and the raw Gram
 // products are computed once for both; masks, decays, β and T per value head.
-template <int K, int kG>
+template <int K, int kG, bool kHalf = false>
 struct intra_tiles {
   static constexpr int kLdQ = K + 8;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
   static constexpr int kLdK = K + 8;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
@@ -20,7 +20,10 @@ struct intra_tiles {
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
   // (for R = P·T) reuse their space.
   static constexpr int kQK = kChunk * (kLdQ + kLdK), kPT = kG * kChunk * (kLdA + kLdT);
-  static constexpr int kFloats = (kQK > kPT ? kQK : kPT) + kG * kChunk * kLdA + (2 + 4 * kG) * kChunk;
+  // As holds A; before it, the bf16 path's q̂ and k̂ bf16 tiles for its Gram products.
+  static constexpr int kAs = kG * kChunk * kLdA, kHalfTiles = kHalf ? kChunk * K : 0;  // floats
+  static constexpr int kFloats =
+      (kQK > kPT ? kQK : kPT) + (kAs > kHalfTiles ? kAs : kHalfTiles) + (2 + 4 * kG) * kChunk;
   static constexpr size_t kBytes = sizeof(double) * kG * kChunk + sizeof(float) * kFloats;
 };
 
@@ -36,17 +39,20 @@ __device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch,
 }
 
 // Writes a [64 × L] f32 shared tile (row stride ld), each row scaled by row_scale(r), as a
-// 16-bit swizzled tile (swz16) to dst: 16-byte stores, the block's threads striding over units.
+// 16-bit swizzled tile (swz16) to dst (and dst2 unless null): 16-byte stores, the block's threads
+// striding over units.
 template <int L, class RowScale>
-__device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* src, int ld, RowScale row_scale) {
+__device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* src, int ld, RowScale row_scale,
+                                             __nv_bfloat16* dst2 = nullptr) {
   for (int e = threadIdx.x; e < kChunk * (L / 8); e += kThreads) {
     const int r = e / (L / 8), c = 8 * (e % (L / 8));
     const float f = row_scale(r);
     const float4 a = *reinterpret_cast<const float4*>(&src[r * ld + c]);
     const float4 b = *reinterpret_cast<const float4*>(&src[r * ld + c + 4]);
-    *reinterpret_cast<uint4*>(dst + swz16<L>(r, c)) =
-        make_uint4(mma16::pack_bf16x2(a.x * f, a.y * f), mma16::pack_bf16x2(a.z * f, a.w * f),
-                   mma16::pack_bf16x2(b.x * f, b.y * f), mma16::pack_bf16x2(b.z * f, b.w * f));
+    const uint4 u = make_uint4(mma16::pack_bf16x2(a.x * f, a.y * f), mma16::pack_bf16x2(a.z * f, a.w * f),
+                               mma16::pack_bf16x2(b.x * f, b.y * f), mma16::pack_bf16x2(b.z * f, b.w * f));
+    *reinterpret_cast<uint4*>(dst + swz16<L>(r, c)) = u;
+    if (dst2 != nullptr) *reinterpret_cast<uint4*>(dst2 + swz16<L>(r, c)) = u;
   }
 }
 
@@ -56,7 +62,7 @@ __device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* sr
 template <bool kSplit, int K, int kG, bool kVec, bool kHalf = false>
 __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
                                                          float scale) {
-  using tl = intra_tiles<K, kG>;
+  using tl = intra_tiles<K, kG, kHalf>;
   constexpr int C = kChunk, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdA = tl::kLdA;
   static_assert(kG * C <= kThreads, "a thread per (head, token) and per (head, column of T)");
   extern __shared__ double smem_d[];
@@ -66,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   float* Pm = Qs;                                     // [kG][C][kLdA] P, after the Gram products
   float* Tm = Pm + kG * C * kLdA;                     // [kG][C][tl::kLdT] T
   float* As = Qs + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
-  float* qf = As + kG * C * kLdA;                     // [C] scale / |q|
+  float* qf = As + (tl::kAs > tl::kHalfTiles ? tl::kAs : tl::kHalfTiles);  // [C] scale / |q|
   float* kf = qf + C;                                 // [C] 1 / |k|
   float* beta = kf + C;                               // [kG][C]
   float* gl = beta + kG * C;                          // [kG][C] log decay
@@ -91,12 +97,15 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     const int j0 = tid / kU, c = 4 * (tid % kU);
     const float* qsrc = p.q + (t0 + j0) * p.q_stride + hk * K + c;
     const float* ksrc = p.k + (t0 + j0) * p.k_stride + hk * K + c;
+    const int64_t qstep = kR * p.q_stride, kstep = kR * p.k_stride;
 #pragma unroll
     for (int r = 0; r < C / kR; ++r) {
       const int j = j0 + kR * r;
       const bool full = j < n;
-      cp_async16(&Qs[j * kLdQ + c], full ? qsrc + kR * r * p.q_stride : p.q, full);
-      cp_async16(&Ks[j * kLdK + c], full ? ksrc + kR * r * p.k_stride : p.k, full);
+      cp_async16(&Qs[j * kLdQ + c], full ? qsrc : p.q, full);
+      cp_async16(&Ks[j * kLdK + c], full ? ksrc : p.k, full);
+      qsrc += qstep;
+      ksrc += kstep;
     }
     cp_async_commit();
   } else {
@@ -166,11 +175,13 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   if constexpr (kHalf) {
     // q̂ = scale·q/|q| and k̂ = k/|k| as 16-bit tiles, once per key head (by its first value head's
     // block); rows >= n are zeros (staged so).
-    if (h0 % (HV / p.heads_k) == 0) {
-      __nv_bfloat16* dst = ws.qk16 + (static_cast<int64_t>(gc) * p.heads_k + hk) * 2 * C * K;
-      store_tile16<K>(dst, Qs, kLdQ, [&](int r) { return qf[r]; });
-      store_tile16<K>(dst + C * K, Ks, kLdK, [&](int r) { return kf[r]; });
-    }
+    // The same tiles in shared memory (before A's space) for the Gram products on bf16.
+    __nv_bfloat16* H = reinterpret_cast<__nv_bfloat16*>(As);
+    const bool lead = h0 % (HV / p.heads_k) == 0;
+    __nv_bfloat16* dst = ws.qk16 + (static_cast<int64_t>(gc) * p.heads_k + hk) * 2 * C * K;
+    store_tile16<K>(H, Qs, kLdQ, [&](int r) { return qf[r]; }, lead ? dst : nullptr);
+    store_tile16<K>(H + C * K, Ks, kLdK, [&](int r) { return kf[r]; }, lead ? dst + C * K : nullptr);
+    __syncthreads();
   }
 
   if (tid < kG * C) {
@@ -208,10 +219,36 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     zero(kk);
     zero(qk);
     const int nt_end = 2 * (warp + 1);  // n-tiles past the diagonal block stay zero
-    warp_gemm2_kc<kSplit, C / 8>(
-        kk, qk, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
-        [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
-        [&](int k, int j) { return *reinterpret_cast<const float2*>(&Ks[j * kLdK + k]); }, nt_end);
+    if constexpr (kHalf) {
+      // k̂·k̂ᵀ and q̂·k̂ᵀ on bf16 from the swizzled tiles (mma_bf16.cuh for the ldmatrix rows).
+      const uint32_t hq = mma16::smem_u32(As), hkk = hq + 2 * C * K;
+      const int l7 = lane & 7;
+      constexpr int kMask = (K / 8 < 8 ? K / 8 : 8) - 1;
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) {
+        const int ra = r0 + (lane & 15), ua = 2 * ks + (lane >> 4);
+        const uint32_t offa = 2 * (ra * K + ((ua ^ (ra & kMask)) << 3));
+        uint32_t ak[4], aq[4];
+        mma16::ldsm_x4(ak, hkk + offa);
+        mma16::ldsm_x4(aq, hq + offa);
+#pragma unroll
+        for (int np = 0; np < C / 16; ++np) {
+          if (np > warp) continue;
+          const int rb = 16 * np + l7 + 8 * (lane >> 4), ub = 2 * ks + ((lane >> 3) & 1);
+          uint32_t bk[4];
+          mma16::ldsm_x4(bk, hkk + 2 * (rb * K + ((ub ^ (rb & kMask)) << 3)));
+          mma16::mma_bf16(kk[2 * np], ak, bk[0], bk[1]);
+          mma16::mma_bf16(kk[2 * np + 1], ak, bk[2], bk[3]);
+          mma16::mma_bf16(qk[2 * np], aq, bk[0], bk[1]);
+          mma16::mma_bf16(qk[2 * np + 1], aq, bk[2], bk[3]);
+        }
+      }
+    } else {
+      warp_gemm2_kc<kSplit, C / 8>(
+          kk, qk, K, [&](int r, int k) { return *reinterpret_cast<const float2*>(&Ks[(r0 + r) * kLdK + k]); },
+          [&](int r, int k) { return *reinterpret_cast<const float2*>(&Qs[(r0 + r) * kLdQ + k]); },
+          [&](int k, int j) { return *reinterpret_cast<const float2*>(&Ks[j * kLdK + k]); }, nt_end);
+    }
     __syncthreads();  // Q̂ and K̂ read by every warp: their space takes P and T
 #pragma unroll
     for (int hh = 0; hh < kG; ++hh) {
@@ -219,36 +256,44 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
       const float* bh = beta + hh * C;
       float* Ah = As + hh * C * kLdA;
       float* Ph = Pm + hh * C * kLdA;
+      // Row factors of the lane's two rows (the bf16 path's products are of q̂ and k̂ already).
+      float rq[2], ra[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = r0 + g + 8 * half;
+        rq[half] = kHalf ? 1.0f : qf[i];
+        ra[half] = kHalf ? bh[i] : bh[i] * kf[i];
+      }
 #pragma unroll
       for (int nt = 0; nt < C / 8; ++nt) {
+        const int j = 8 * nt + 2 * t;
+        if (nt >= nt_end) {  // right of the diagonal block (warp-uniform): zeros
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = r0 + g + 8 * half;
+            *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = make_float2(0.0f, 0.0f);
+            *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(0.0f, 0.0f);
+          }
+          continue;
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = r0 + g + 8 * half;
-          const int j = 8 * nt + 2 * t;
-          float2 av = make_float2(0.0f, 0.0f), pv = make_float2(0.0f, 0.0f);
+          float pe[2], ae[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int jj = j + e;
-            if (jj <= i) {
-              // The decay e^{c_i − c_j}: in double for the fp32-level paths; the bf16 path takes
-              // the f32 difference of c·log2(e) (about 1e-7·|c| relative, far inside bf16's 4e-3).
-              float dd;
-              if constexpr (kHalf) dd = exp2f(cum2[hh * C + i] - cum2[hh * C + jj]);
-              else dd = expf(static_cast<float>(ch[i] - ch[jj]));
-              const float d = dd * kf[jj];
-              const float pe = qk[nt][2 * half + e] * qf[i] * d;
-              const float ae = jj < i ? bh[i] * kf[i] * kk[nt][2 * half + e] * d : 0.0f;
-              if (e == 0) {
-                pv.x = pe;
-                av.x = ae;
-              } else {
-                pv.y = pe;
-                av.y = ae;
-              }
-            }
+            // The decay e^{c_i − c_j} (j <= i; the difference is clamped for the masked j > i):
+            // in double for the fp32-level paths; the bf16 path takes the f32 difference of
+            // c·log2(e) (about 1e-7·|c| relative, far inside bf16's 4e-3).
+            float d;
+            if constexpr (kHalf) d = exp2f(fminf(cum2[hh * C + i] - cum2[hh * C + jj], 0.0f));
+            else d = expf(static_cast<float>(fmin(ch[i] - ch[jj], 0.0))) * kf[jj];
+            pe[e] = jj <= i ? qk[nt][2 * half + e] * rq[half] * d : 0.0f;
+            ae[e] = jj < i ? kk[nt][2 * half + e] * ra[half] * d : 0.0f;
           }
-          *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = av;
-          *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = pv;
+          *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = make_float2(ae[0], ae[1]);
+          *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(pe[0], pe[1]);
         }
       }
     }

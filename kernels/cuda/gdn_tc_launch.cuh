@@ -68,7 +68,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   auto launch_intra = [&](auto g2, auto vq) {
     constexpr int kG = decltype(g2)::value ? 2 : 1;
     const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf>;
-    constexpr size_t smem = tc::intra_tiles<K, kG>::kBytes;
+    constexpr size_t smem = tc::intra_tiles<K, kG, kHalf>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
     kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
