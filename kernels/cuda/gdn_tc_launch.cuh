@@ -12,10 +12,11 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "env_choice.h"
+#include "gdn_common.h"
 #include "gdn_tc_intra.cuh"
 #include "gdn_tc_state.cuh"
 #include "gdn_wy16_state.cuh"
-#include "gdn_common.h"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels::cuda_detail {
@@ -91,7 +92,47 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, w16::kRows)), static_cast<unsigned>(p.heads_v),
                     static_cast<unsigned>(p.batch));
-    kernel<<<grid, w16::kThreads, smem, stream>>>(p, ws);
+    // The slices of a head as one cluster (tiles multicast): 4 CTAs when the slices come in
+    // fours and the device holds enough such clusters at once for the grid (or a full wave),
+    // else 2, else none.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(w16::kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, w16::kThreads, smem));
+    const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+    const int64_t need = std::min<int64_t>(ctas, static_cast<int64_t>(sms) * per_sm * 95 / 100);
+    auto fits = [&](unsigned nc) {
+      if (grid.x % nc != 0) return false;
+      attr[0].val.clusterDim.x = nc;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      return static_cast<int64_t>(active) * nc >= need;
+    };
+    // HYSERVE_GDN_CLUSTER (1 | 2 | 4) asks for a cluster size (taken when the slices divide by
+    // it and the device can co-schedule it); unset: the automatic choice above.
+    static const unsigned asked = env_choice<unsigned>("HYSERVE_GDN_CLUSTER", {{"1", 1u}, {"2", 2u}, {"4", 4u}}, 0u);
+    unsigned nc = 1;
+    if (asked != 0) nc = asked == 1 || fits(asked) ? asked : 1;
+    else if (fits(4)) nc = 4;
+    else if (fits(2)) nc = 2;
+    attr[0].val.clusterDim.x = nc;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, ws));
     HYSERVE_CUDA_CHECK_LAUNCH();
   } else {
     // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.

@@ -25,7 +25,10 @@
 // the chunk's tiles q̂ | k̂, T | P and the token factors arrive by three bulk copies, v by 16-byte
 // cp.async (plain loads when rows are not 16-byte aligned), all completing on the stage's
 // mbarrier, in kStages buffers two chunks ahead; a buffer is refilled once both roles are done
-// with its chunk.
+// with its chunk. The value-row slices of a head run as one thread block cluster (2 or 4 CTAs,
+// the launch's choice): the first CTA multicasts the tiles to all of them (one L2 read per
+// cluster instead of one per slice) once every CTA has signalled the stage empty on its
+// mbarrier.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -71,8 +74,10 @@ struct tiles {
   // per lane each, lane-contiguous.
   // Then σ (16 bytes).
   static constexpr uint32_t kHandS = (K / 16) * 32 * 16, kHandU = 4 * 32 * 16, kHand = kHandS + kHandU + 16;
+  // Then the mbarriers: FULL per stage (tiles and v landed), EMPTY per stage (in the cluster's
+  // first CTA: every CTA is done with the stage's chunk).
   static constexpr size_t kBytes =
-      static_cast<size_t>(kStages) * kStage + 2 * kGroups * kHand + sizeof(uint64_t) * kStages;
+      static_cast<size_t>(kStages) * kStage + 2 * kGroups * kHand + sizeof(uint64_t) * 2 * kStages;
 };
 
 // Accumulator fragments of two n-tiles (columns [16k, 16k + 16)) as one bf16 A fragment.
@@ -91,7 +96,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
   static_assert(K % 16 == 0, "whole k-steps");
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* hand = smem + kStages * tl::kStage;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(hand + 2 * kGroups * tl::kHand);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(hand + 2 * kGroups * tl::kHand);  // FULL
+  uint64_t* empty = bars + kStages;                                              // EMPTY
 
   if (*ws.overflow != 0) return;
   const int64_t b = blockIdx.z;
@@ -112,12 +118,17 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
   float* S = p.states + (slot * HV + h) * static_cast<int64_t>(V) * K;
   const int n_chunks = (len + C - 1) / C;
   const int gc0 = ws.chunk_off[b];
+  const uint32_t nc = cluster_size(), rank = cluster_rank();
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) mbar_init(&bars[st], 1 + kChainThreads);  // issuer + v copiers
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&bars[st], 1 + kChainThreads);  // issuer + v copiers
+      mbar_init(&empty[st], static_cast<int>(nc));
+    }
     fence_mbar_init();
   }
   __syncthreads();
+  if (nc > 1) cluster_sync();  // every CTA's barriers initialised before any multicast
 
   const uint32_t smem0 = smem_addr(smem);
   auto hand_s = [&](int par) { return reinterpret_cast<uint4*>(hand + (par * kGroups + grp) * tl::kHand); };
@@ -143,15 +154,27 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
     const int vj0 = ot / kVUnits, vc = 4 * (ot % kVUnits);
     const bool vcol = v0 + vc < V;
     const float* vsrc = p.v + (start + vj0) * p.v_stride + h * V + v0 + vc;
-    auto issue = [&](int kc, int st) {
+    // Chunk kc into stage st; refill: the stage held chunk kc − kStages, which this CTA is done with.
+    auto issue = [&](int kc, int st, bool refill) {
       unsigned char* base = smem + st * tl::kStage;
       const int64_t gc = gc0 + kc;
       if (ot == 0) {
-        fence_proxy_async();
         mbar_arrive_expect_tx(&bars[st], tl::kQKBytes + tl::kTPBytes + tl::kTokBytes);
-        bulk_copy(base, ws.qk16 + (gc * HK + hk) * tl::kQK, tl::kQKBytes, &bars[st]);
-        bulk_copy(base + tl::kQKBytes, ws.tp16 + (gc * HV + h) * tl::kTP, tl::kTPBytes, &bars[st]);
-        bulk_copy(base + tl::kQKBytes + tl::kTPBytes, ws.tok + (gc * HV + h) * C * kTokFields, tl::kTokBytes, &bars[st]);
+        if (nc > 1 && refill) mbar_arrive_cluster(&empty[st], 0);
+        if (rank == 0) {
+          if (nc > 1 && refill) mbar_wait_cluster(&empty[st], static_cast<uint32_t>(kc / kStages - 1) & 1u);
+          fence_proxy_async();
+          const void* src[3] = {ws.qk16 + (gc * HK + hk) * tl::kQK, ws.tp16 + (gc * HV + h) * tl::kTP,
+                                ws.tok + (gc * HV + h) * C * kTokFields};
+          const uint32_t bytes[3] = {tl::kQKBytes, tl::kTPBytes, tl::kTokBytes};
+          unsigned char* dst = base;
+#pragma unroll
+          for (int i = 0; i < 3; ++i) {
+            if (nc > 1) bulk_copy_multicast(dst, src[i], bytes[i], &bars[st], static_cast<uint16_t>((1u << nc) - 1));
+            else bulk_copy(dst, src[i], bytes[i], &bars[st]);
+            dst += bytes[i];
+          }
+        }
       }
       float* vs = reinterpret_cast<float*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes) + vj0 * kLdV + vc;
       const int n = min(C, len - kc * C);
@@ -174,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
     const bool rows_full = v0 + w0 + 16 <= V;
 #pragma unroll
     for (int c = 0; c < kStages; ++c)
-      if (c < n_chunks) issue(c, c);
+      if (c < n_chunks) issue(c, c, false);
     int st = 0;
     uint32_t parity = 0;
 #pragma unroll 1
@@ -185,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
         // Both chains have handed off chunk kc (so are done with kc − 1) and both output warps
         // are past kc − 1: its buffers take chunk kc + 2.
         named_sync(kBarOut, kChainThreads);
-        issue(kc + 2, st == 0 ? kStages - 1 : st - 1);
+        issue(kc + 2, st == 0 ? kStages - 1 : st - 1, true);
       }
       mbar_wait(&bars[st], parity);  // the tiles are visible to this warp too
       const uint32_t sQ = smem0 + st * tl::kStage, sP = sQ + tl::kQKBytes + C * C * 2;
@@ -252,155 +275,155 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
         parity ^= 1u;
       }
     }
-    return;
-  }
-
-  // ---- chain warps (threads [0, kChainThreads)) ----
-  // s[nt][e]: state row v0 + w0 + g + 8·(e / 2), key 8·nt + 2t + e % 2.
-  float s[KT][4];
+  } else {
+    // ---- chain warps (threads [0, kChainThreads)) ----
+    // s[nt][e]: state row v0 + w0 + g + 8·(e / 2), key 8·nt + 2t + e % 2.
+    float s[KT][4];
 #pragma unroll
-  for (int nt = 0; nt < KT; ++nt) {
+    for (int nt = 0; nt < KT; ++nt) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = v0 + w0 + g + 8 * half;
-      float2 v = make_float2(0.0f, 0.0f);
-      if (init && row < V) v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(row) * K + 8 * nt + 2 * t);
-      s[nt][2 * half] = v.x;
-      s[nt][2 * half + 1] = v.y;
+      for (int half = 0; half < 2; ++half) {
+        const int row = v0 + w0 + g + 8 * half;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (init && row < V) v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(row) * K + 8 * nt + 2 * t);
+        s[nt][2 * half] = v.x;
+        s[nt][2 * half + 1] = v.y;
+      }
     }
-  }
 
-  uint32_t offKt[KS];  // k̂ transposed (by n-pair)
+    uint32_t offKt[KS];  // k̂ transposed (by n-pair)
 #pragma unroll
-  for (int i = 0; i < KS; ++i) offKt[i] = 2 * ((lane & 15) * K + (((2 * i + lh) ^ (l7 & kMaskK)) << 3));
+    for (int i = 0; i < KS; ++i) offKt[i] = 2 * ((lane & 15) * K + (((2 * i + lh) ^ (l7 & kMaskK)) << 3));
 
-  float sigma = 1.0f;  // S_g = σ·s
-  int st = 0;
-  uint32_t parity = 0;
+    float sigma = 1.0f;  // S_g = σ·s
+    int st = 0;
+    uint32_t parity = 0;
 #pragma unroll 1
-  for (int kc = 0; kc < n_chunks; ++kc) {
-    const int par = kc & 1;
-    mbar_wait(&bars[st], parity);  // tiles and v
-    if (kc >= 2) named_sync(kBarEmpty + 2 * grp + par, 64);  // the output warp is done with kc − 2's handoff
+    for (int kc = 0; kc < n_chunks; ++kc) {
+      const int par = kc & 1;
+      mbar_wait(&bars[st], parity);  // tiles and v
+      if (kc >= 2) named_sync(kBarEmpty + 2 * grp + par, 64);  // the output warp is done with kc − 2's handoff
 
-    const unsigned char* base = smem + st * tl::kStage;
-    const uint32_t sK = smem0 + st * tl::kStage + C * K * 2, sT = smem0 + st * tl::kStage + tl::kQKBytes;
-    const float* tk = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes);  // [field][C]
-    const float* vs = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes);
+      const unsigned char* base = smem + st * tl::kStage;
+      const uint32_t sK = smem0 + st * tl::kStage + C * K * 2, sT = smem0 + st * tl::kStage + tl::kQKBytes;
+      const float* tk = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes);  // [field][C]
+      const float* vs = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes);
 
-    // Y = S_g·k̂ᵀ (8 token n-tiles; B stored [token][key]); S_g's fragments to the handoff.
-    uint4* hs = hand_s(par);
-    float y[8][4];
-    zero(y);
+      // Y = S_g·k̂ᵀ (8 token n-tiles; B stored [token][key]); S_g's fragments to the handoff.
+      uint4* hs = hand_s(par);
+      float y[8][4];
+      zero(y);
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t sa[4];
-      to_a(sa, s[2 * ks], s[2 * ks + 1]);
-      hs[ks * 32 + lane] = make_uint4(sa[0], sa[1], sa[2], sa[3]);
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t sa[4];
+        to_a(sa, s[2 * ks], s[2 * ks + 1]);
+        hs[ks * 32 + lane] = make_uint4(sa[0], sa[1], sa[2], sa[3]);
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bk[4];
-        ldsm_x4(bk, sK + offKn[ks] + np * 16 * K * 2);
-        mma_bf16(y[2 * np], sa, bk[0], bk[1]);
-        mma_bf16(y[2 * np + 1], sa, bk[2], bk[3]);
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bk[4];
+          ldsm_x4(bk, sK + offKn[ks] + np * 16 * K * 2);
+          mma_bf16(y[2 * np], sa, bk[0], bk[1]);
+          mma_bf16(y[2 * np + 1], sa, bk[2], bk[3]);
+        }
+      }
+
+      // zᵀ = β ⊙ vᵀ − xs ⊙ Y (in place over Y), as A fragments over the tokens.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int j = 8 * nt + 2 * t;
+        const float2 be = *reinterpret_cast<const float2*>(tk + 2 * C + j);
+        float2 xs = *reinterpret_cast<const float2*>(tk + 4 * C + j);
+        xs.x *= sigma;
+        xs.y *= sigma;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float* vr = vs + (j + (e & 1)) * kLdV + w0 + g + 8 * (e >> 1);
+          y[nt][e] = ((e & 1) ? be.y : be.x) * *vr - ((e & 1) ? xs.y : xs.x) * y[nt][e];
+        }
+      }
+      uint32_t za[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) to_a(za[kk], y[2 * kk], y[2 * kk + 1]);
+
+      // uᵀ = zᵀ·Tᵀ: B[j][i] = T[i][j] (T stored [i][j]); T is lower triangular, so k-step ks
+      // serves token blocks np >= ks only.
+      float u[8][4];
+      zero(u);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int np = ks; np < 4; ++np) {
+          uint32_t bt[4];
+          ldsm_x4(bt, sT + offTP[ks] + np * 16 * C * 2);
+          mma_bf16(u[2 * np], za[ks], bt[0], bt[1]);
+          mma_bf16(u[2 * np + 1], za[ks], bt[2], bt[3]);
+        }
+      }
+      uint4* hu = hand_u(par);
+      if (lane == 0) *reinterpret_cast<float*>(hu + 4 * 32) = sigma;
+      // The decay: σ ← σ·G, or (below the threshold) s ← σG·s and σ ← 1; the update is divided by σ.
+      const float sg = sigma * tk[3 * C];
+      if (sg < kRescaleBelow) {
+#pragma unroll
+        for (int nt = 0; nt < KT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] *= sg;
+        }
+        sigma = 1.0f;
+      } else {
+        sigma = sg;
+      }
+      const float inv_sigma = 1.0f / sigma;
+      uint32_t uk[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t ua[4];
+        to_a(ua, u[2 * kk], u[2 * kk + 1]);
+        hu[kk * 32 + lane] = make_uint4(ua[0], ua[1], ua[2], ua[3]);
+        float w[2][4];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float2 ks2 = *reinterpret_cast<const float2*>(tk + 1 * C + 16 * kk + 8 * q + 2 * t);
+          const float k0 = ks2.x * inv_sigma, k1 = ks2.y * inv_sigma;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[q][e] = u[2 * kk + q][e] * ((e & 1) ? k1 : k0);
+        }
+        to_a(uk[kk], w[0], w[1]);
+      }
+      named_arrive(kBarFull + 2 * grp + par, 64);  // S_g and uᵀ of chunk kc to the output warp
+
+      // s ← s + (ks/σ ⊙ uᵀ)·k̂: B[j][key] = k̂[j][key] (stored [token][key], read transposed).
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int np = 0; np < KT / 2; ++np) {
+          uint32_t bk[4];
+          ldsm_x4_t(bk, sK + offKt[np] + kk * 16 * K * 2);
+          mma_bf16(s[2 * np], uk[kk], bk[0], bk[1]);
+          mma_bf16(s[2 * np + 1], uk[kk], bk[2], bk[3]);
+        }
+      }
+
+      if (++st == kStages) {
+        st = 0;
+        parity ^= 1u;
       }
     }
+    for (int kc = n_chunks >= 2 ? n_chunks - 2 : 0; kc < n_chunks; ++kc)
+      named_sync(kBarEmpty + 2 * grp + (kc & 1), 64);  // the last handoffs
 
-    // zᵀ = β ⊙ vᵀ − xs ⊙ Y (in place over Y), as A fragments over the tokens.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int j = 8 * nt + 2 * t;
-      const float2 be = *reinterpret_cast<const float2*>(tk + 2 * C + j);
-      float2 xs = *reinterpret_cast<const float2*>(tk + 4 * C + j);
-      xs.x *= sigma;
-      xs.y *= sigma;
+    for (int nt = 0; nt < KT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float* vr = vs + (j + (e & 1)) * kLdV + w0 + g + 8 * (e >> 1);
-        y[nt][e] = ((e & 1) ? be.y : be.x) * *vr - ((e & 1) ? xs.y : xs.x) * y[nt][e];
+      for (int half = 0; half < 2; ++half) {
+        const int row = v0 + w0 + g + 8 * half;
+        if (row < V)
+          *reinterpret_cast<float2*>(S + static_cast<int64_t>(row) * K + 8 * nt + 2 * t) =
+              make_float2(sigma * s[nt][2 * half], sigma * s[nt][2 * half + 1]);
       }
-    }
-    uint32_t za[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) to_a(za[kk], y[2 * kk], y[2 * kk + 1]);
-
-    // uᵀ = zᵀ·Tᵀ: B[j][i] = T[i][j] (T stored [i][j]); T is lower triangular, so k-step ks
-    // serves token blocks np >= ks only.
-    float u[8][4];
-    zero(u);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-      for (int np = ks; np < 4; ++np) {
-        uint32_t bt[4];
-        ldsm_x4(bt, sT + offTP[ks] + np * 16 * C * 2);
-        mma_bf16(u[2 * np], za[ks], bt[0], bt[1]);
-        mma_bf16(u[2 * np + 1], za[ks], bt[2], bt[3]);
-      }
-    }
-    uint4* hu = hand_u(par);
-    if (lane == 0) *reinterpret_cast<float*>(hu + 4 * 32) = sigma;
-    // The decay: σ ← σ·G, or (below the threshold) s ← σG·s and σ ← 1; the update is divided by σ.
-    const float sg = sigma * tk[3 * C];
-    if (sg < kRescaleBelow) {
-#pragma unroll
-      for (int nt = 0; nt < KT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= sg;
-      }
-      sigma = 1.0f;
-    } else {
-      sigma = sg;
-    }
-    const float inv_sigma = 1.0f / sigma;
-    uint32_t uk[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t ua[4];
-      to_a(ua, u[2 * kk], u[2 * kk + 1]);
-      hu[kk * 32 + lane] = make_uint4(ua[0], ua[1], ua[2], ua[3]);
-      float w[2][4];
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const float2 ks2 = *reinterpret_cast<const float2*>(tk + 1 * C + 16 * kk + 8 * q + 2 * t);
-        const float k0 = ks2.x * inv_sigma, k1 = ks2.y * inv_sigma;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w[q][e] = u[2 * kk + q][e] * ((e & 1) ? k1 : k0);
-      }
-      to_a(uk[kk], w[0], w[1]);
-    }
-    named_arrive(kBarFull + 2 * grp + par, 64);  // S_g and uᵀ of chunk kc to the output warp
-
-    // s ← s + (ks/σ ⊙ uᵀ)·k̂: B[j][key] = k̂[j][key] (stored [token][key], read transposed).
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int np = 0; np < KT / 2; ++np) {
-        uint32_t bk[4];
-        ldsm_x4_t(bk, sK + offKt[np] + kk * 16 * K * 2);
-        mma_bf16(s[2 * np], uk[kk], bk[0], bk[1]);
-        mma_bf16(s[2 * np + 1], uk[kk], bk[2], bk[3]);
-      }
-    }
-
-    if (++st == kStages) {
-      st = 0;
-      parity ^= 1u;
     }
   }
-  for (int kc = n_chunks >= 2 ? n_chunks - 2 : 0; kc < n_chunks; ++kc)
-    named_sync(kBarEmpty + 2 * grp + (kc & 1), 64);  // the last handoffs
-
-#pragma unroll
-  for (int nt = 0; nt < KT; ++nt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = v0 + w0 + g + 8 * half;
-      if (row < V)
-        *reinterpret_cast<float2*>(S + static_cast<int64_t>(row) * K + 8 * nt + 2 * t) =
-            make_float2(sigma * s[nt][2 * half], sigma * s[nt][2 * half + 1]);
-    }
-  }
+  if (nc > 1) cluster_sync();  // no CTA leaves while the cluster's copies may target it
 }
 
 }  // namespace gdn_wy16
