@@ -88,6 +88,20 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c0)[4], con
   a[3] = pack_bf16x2(c1[2], c1[3]);
 }
 
+// acc[8][4] (16 rows × the chunk's 64 tokens) += a (a 16 × 16 A fragment) · the tile at the
+// ldmatrix address addr, stored [token][k] with rows of kRowBytes (B of two token n-tiles per
+// ldmatrix; token block np at addr + np·16·kRowBytes), for token blocks np >= np0.
+template <int kRowBytes>
+__device__ __forceinline__ void mma_tokens(float (&acc)[8][4], const uint32_t (&a)[4], uint32_t addr, int np0 = 0) {
+#pragma unroll
+  for (int np = np0; np < 4; ++np) {
+    uint32_t b[4];
+    ldsm_x4(b, addr + np * 16 * kRowBytes);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // One block per (row, value head, slice of kRows value rows). kVec: v rows are 16-byte aligned.
 template <int K, bool kVec>
 __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
@@ -222,13 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
       for (int ks = 0; ks < KS; ++ks) {
         const uint4 w = hs[ks * 32 + lane];
         const uint32_t sa[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t bq[4];
-          ldsm_x4(bq, sQ + offKn[ks] + np * 16 * K * 2);
-          mma_bf16(zq[2 * np], sa, bq[0], bq[1]);
-          mma_bf16(zq[2 * np + 1], sa, bq[2], bq[3]);
-        }
+        mma_tokens<K * 2>(zq, sa, sQ + offKn[ks]);
       }
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -241,13 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
       for (int ks = 0; ks < 4; ++ks) {
         const uint4 w = hu[ks * 32 + lane];
         const uint32_t ua[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int np = ks; np < 4; ++np) {
-          uint32_t bp[4];
-          ldsm_x4(bp, sP + offTP[ks] + np * 16 * C * 2);
-          mma_bf16(zq[2 * np], ua, bp[0], bp[1]);
-          mma_bf16(zq[2 * np + 1], ua, bp[2], bp[3]);
-        }
+        mma_tokens<C * 2>(zq, ua, sP + offTP[ks], ks);
       }
       named_arrive(kBarEmpty + 2 * grp + par, 64);  // handoff buffers and this chunk's tiles read
       // zq[nt][e] is token 8·nt + 2t + (e & 1), row w0 + g + 8·(e >> 1) of the slice.
@@ -318,13 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
         uint32_t sa[4];
         to_a(sa, s[2 * ks], s[2 * ks + 1]);
         hs[ks * 32 + lane] = make_uint4(sa[0], sa[1], sa[2], sa[3]);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t bk[4];
-          ldsm_x4(bk, sK + offKn[ks] + np * 16 * K * 2);
-          mma_bf16(y[2 * np], sa, bk[0], bk[1]);
-          mma_bf16(y[2 * np + 1], sa, bk[2], bk[3]);
-        }
+        mma_tokens<K * 2>(y, sa, sK + offKn[ks]);
       }
 
       // zᵀ = β ⊙ vᵀ − xs ⊙ Y (in place over Y), as A fragments over the tokens.
@@ -350,15 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
       float u[8][4];
       zero(u);
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-        for (int np = ks; np < 4; ++np) {
-          uint32_t bt[4];
-          ldsm_x4(bt, sT + offTP[ks] + np * 16 * C * 2);
-          mma_bf16(u[2 * np], za[ks], bt[0], bt[1]);
-          mma_bf16(u[2 * np + 1], za[ks], bt[2], bt[3]);
-        }
-      }
+      for (int ks = 0; ks < 4; ++ks) mma_tokens<C * 2>(u, za[ks], sT + offTP[ks], ks);
       uint4* hu = hand_u(par);
       if (lane == 0) *reinterpret_cast<float*>(hu + 4 * 32) = sigma;
       // The decay: σ ← σ·G, or (below the threshold) s ← σG·s and σ ← 1; the update is divided by σ.
