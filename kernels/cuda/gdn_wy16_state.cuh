@@ -25,10 +25,10 @@
 // the chunk's tiles q̂ | k̂, T | P and the token factors arrive by three bulk copies, v by 16-byte
 // cp.async (plain loads when rows are not 16-byte aligned), all completing on the stage's
 // mbarrier, in kStages buffers two chunks ahead; a buffer is refilled once both roles are done
-// with its chunk. The value-row slices of a head run as one thread block cluster (2 or 4 CTAs,
-// the launch's choice): the first CTA multicasts the tiles to all of them (one L2 read per
-// cluster instead of one per slice) once every CTA has signalled the stage empty on its
-// mbarrier.
+// with its chunk. When the grid takes more than one wave, the value-row slices of a head run as
+// one thread block cluster (2 or 4 CTAs, gdn_tc_launch.cuh): the first CTA multicasts the tiles
+// to all of them (one L2 read per cluster instead of one per slice) once every CTA has
+// signalled the stage empty on its mbarrier.
 #include <cuda_bf16.h>
 
 #include <cstdint>
