@@ -14,7 +14,9 @@
 // error, not the sum's size), which an element bound of 5e-3·rms rejected. bf16 (every product's
 // operands rounded to bf16, 2^-9 relative, as the flash-linear-attention kernels compute; f32
 // accumulation and state) against relative L2 <= 2e-2 with every element within
-// 1e-1·rms(want) + 5e-2·|want|: four times the tf32 bounds for 8 times the operand rounding.
+// 1e-1·rms(want) + 5e-2·|want|. Measured on the H200 over this grid: relative L2 <= 9.2e-3 (the
+// worst: outputs of one token from a zero state, a single bf16 q̂·k̂ product each), the worst
+// element 1.5e-2·(rms + |want|).
 // Every tensor-core case prints its measured relative L2 and worst element ("[gdn-tc] ...").
 #include <gtest/gtest.h>
 
