@@ -11,6 +11,8 @@
 //     (cuda/gdn_paths.cuh): gdn_prefill_recurrent (token by token, CUDA cores),
 //     gdn_prefill_tc (chunked on the tensor cores, 3xTF32), gdn_prefill_tf32 (plain TF32) and
 //     gdn_prefill_bf16 (bf16 products, the precision of the flash-linear-attention kernels);
+//     gdn_prefill_bf16_io: the bf16 path with q, k, v and out in bf16 (the io of those kernels,
+//     and of the anchor figure), with its _plan and _plan+intra rows;
 //     rows *_plan and *_plan+intra time the first launches of a tensor-core path alone (the
 //     state pass is the full time minus plan+intra). After the table, the tensor-core paths'
 //     product work per shape: the multiply-adds of the chunked decomposition (per 64-token
@@ -18,6 +20,7 @@
 //     the rate of MMA work achieved (3 TF32 MMAs per product for tc, 1 for tf32 and bf16), to
 //     set against the device's TF32 (or, for bf16, BF16) tensor peak.
 //   hyserve-bench-gdn
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -88,6 +91,12 @@ void bench_decode(cudaStream_t stream, std::vector<bench_row>& rows) {
 }
 
 // Multiply-adds of the tensor-core decomposition's products for n_chunks chunks (gdn_chunked.cuh).
+__global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+
 double prefill_product_macs(int64_t n_chunks) {
   constexpr double C = 64.0, k = static_cast<double>(K), v = static_cast<double>(V);
   const double per_item = C * C * k + C * C * C / 6.0 + 3.0 * C * v * k + C * C * v;
@@ -138,6 +147,28 @@ void bench_prefill(cudaStream_t stream, std::vector<bench_row>& rows, std::vecto
         rows.push_back({std::string("gdn_prefill_") + gdn_prefill_path_name(path) + (stages == 1 ? "_plan" : "_plan+intra"),
                         shape, static_cast<int>(seqs), us, bytes});
       }
+    }
+    // The bf16 path with bf16 io: the same values rounded to bf16.
+    device_array<__nv_bfloat16> qkv16(qkv.size()), out16(out.size());
+    to_bf16_kernel<<<1024, 256, 0, stream>>>(qkv.data(), qkv16.data(), qkv.size());
+    CUDA_CHECK(cudaGetLastError());
+    gdn_chunk_scan_params p16 = p;
+    p16.q = p16.k = p16.v = nullptr;
+    p16.out = nullptr;
+    p16.io_dtype = hyserve::dtype::kBF16;
+    const auto* q16 = reinterpret_cast<const uint16_t*>(qkv16.data());
+    p16.q_bf16 = q16;
+    p16.k_bf16 = q16 + HK * K;
+    p16.v_bf16 = q16 + 2 * HK * K;
+    p16.out_bf16 = reinterpret_cast<uint16_t*>(out16.data());
+    const double bytes16 = 2.0 * static_cast<double>(T) * (kQkvDim + HV * V) +
+                           4.0 * (static_cast<double>(T) * 2 * HV + static_cast<double>(seqs) * HV * V * K);
+    for (int stages : {1, 2, 3}) {
+      const double us = bench::time_call_us(stream, 1, [&](int) {
+        run_cuda_tc_stages(p16, gdn_prefill_path::bf16, stages, stream);
+      });
+      rows.push_back({std::string("gdn_prefill_bf16_io") + (stages == 1 ? "_plan" : stages == 2 ? "_plan+intra" : ""), shape,
+                      static_cast<int>(seqs), us, bytes16});
     }
   }
 }

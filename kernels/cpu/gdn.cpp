@@ -47,14 +47,18 @@ float log_decay(const gdn_common_params& p, float a, int64_t h) {
   return -std::exp(p.A_log[h]) * softplus(a + bias);
 }
 
-void check_common(const gdn_common_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
+// f32_io: q, k, v and out are the f32 pointers (else the chunked prefill's bf16 ones, checked by
+// check_io).
+void check_common(const gdn_common_params& p, const char* op, bool f32_io = true) {
+  if (f32_io) {
+    require_ptr(p.q, op, "q");
+    require_ptr(p.k, op, "k");
+    require_ptr(p.v, op, "v");
+    require_ptr(p.out, op, "out");
+  }
   require_ptr(p.a, op, "a");
   require_ptr(p.b, op, "b");
   require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.out, op, "out");
   require_ptr(p.states, op, "states");
   require_ptr(p.state_indices, op, "state_indices");
   require_positive(p.batch, op, "batch");
@@ -199,14 +203,57 @@ void scan_head(const gdn_chunk_scan_params& p, int64_t bi, int64_t h, chunk_work
   }
 }
 
+// bf16 io: the rows widened into f32 buffers, the f32 op, the live rows' outputs rounded back
+// (padding rows' outputs untouched, as for f32).
+void run_bf16_io(const gdn_chunk_scan_params& p) {
+  const int64_t tokens = p.query_start_loc[p.batch];
+  const int64_t wq = p.heads_k * p.k_dim, wv = p.heads_v * p.v_dim;
+  auto widen = [&](const uint16_t* src, int64_t stride, int64_t width) {
+    std::vector<float> dst(static_cast<size_t>(tokens * width));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t e = 0; e < width; ++e) dst[static_cast<size_t>(t * width + e)] = bf16_to_f32(src[t * stride + e]);
+    return dst;
+  };
+  const std::vector<float> q = widen(p.q_bf16, p.q_stride, wq), k = widen(p.k_bf16, p.k_stride, wq),
+                           v = widen(p.v_bf16, p.v_stride, wv);
+  std::vector<float> out(static_cast<size_t>(tokens * wv));
+  gdn_chunk_scan_params f = p;
+  f.io_dtype = dtype::kF32;
+  f.q = q.data();
+  f.k = k.data();
+  f.v = v.data();
+  f.out = out.data();
+  f.q_stride = f.k_stride = wq;
+  f.v_stride = f.out_stride = wv;
+  run_cpu(f);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (p.state_indices[b] < 0) continue;
+    for (int64_t t = p.query_start_loc[b]; t < p.query_start_loc[b + 1]; ++t)
+      for (int64_t e = 0; e < wv; ++e) p.out_bf16[t * p.out_stride + e] = f32_to_bf16(out[static_cast<size_t>(t * wv + e)]);
+  }
+}
+
 }  // namespace
 
 void run_cpu(const gdn_chunk_scan_params& p) {
   constexpr const char* op = "gdn_chunk_scan";
-  check_common(p, op);
+  if (p.io_dtype != dtype::kF32 && p.io_dtype != dtype::kBF16)
+    fail(op, "io_dtype", dtype_name(p.io_dtype), "must be f32 or bf16");
+  const bool bf16_io = p.io_dtype == dtype::kBF16;
+  check_common(p, op, !bf16_io);
+  if (bf16_io) {
+    require_ptr(p.q_bf16, op, "q_bf16");
+    require_ptr(p.k_bf16, op, "k_bf16");
+    require_ptr(p.v_bf16, op, "v_bf16");
+    require_ptr(p.out_bf16, op, "out_bf16");
+  }
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
   require_query_start_loc(p.query_start_loc, p.batch, op);
+  if (bf16_io) {
+    run_bf16_io(p);
+    return;
+  }
 
   struct task {
     int64_t b, h;

@@ -73,10 +73,11 @@ struct gdn_token {
 // qsl: token ranges [qsl[b], qsl[b+1]) (null: decode, row b is token b and always starts from
 // its slot's state). has_init: null = no initial states (prefill only). gate: null, or a device
 // flag; the kernel does nothing unless it is nonzero (the tensor-core prefill's overflow flag).
-template <int K>
+// io: q, k, v and out of element type In (f32, or bf16 for the chunked prefill's bf16 io).
+template <int K, class In>
 __global__ void __launch_bounds__(kGdnThreads)
-    gdn_kernel(const gdn_common_params p, const int32_t* __restrict__ qsl, const uint8_t* __restrict__ has_init,
-               float scale, const int* __restrict__ gate) {
+    gdn_kernel(const gdn_common_params p, const gdn_io<In> io, const int32_t* __restrict__ qsl,
+               const uint8_t* __restrict__ has_init, float scale, const int* __restrict__ gate) {
   if (gate != nullptr && *gate == 0) return;
   constexpr int L = K / 4 < 32 ? K / 4 : 32;  // lanes per state row
   constexpr int kCols = K / (4 * L);          // float4 columns per lane
@@ -125,20 +126,20 @@ __global__ void __launch_bounds__(kGdnThreads)
 
   // q, k and v rows may be unaligned (column ranges of one buffer, any stride): scalar reads.
   auto load = [&](int64_t t, gdn_token<kCols>& x) {
-    const float* qt = p.q + t * p.q_stride + hk * K;
-    const float* kt = p.k + t * p.k_stride + hk * K;
-    const float* vt = p.v + t * p.v_stride + h * V;
+    const In* qt = io.q + t * p.q_stride + hk * K;
+    const In* kt = io.k + t * p.k_stride + hk * K;
+    const In* vt = io.v + t * p.v_stride + h * V;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = (c * L + seg_lane) * 4 + e;
-        x.q[c * 4 + e] = qt[col];
-        x.k[c * 4 + e] = kt[col];
+        x.q[c * 4 + e] = to_float(qt[col]);
+        x.k[c * 4 + e] = to_float(kt[col]);
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) x.v[r] = live[r] ? vt[row0 + r] : 0.0f;
+    for (int r = 0; r < kRows; ++r) x.v[r] = live[r] ? to_float(vt[row0 + r]) : 0.0f;
     x.a = p.a[t * p.a_stride + h];
     x.b = p.b[t * p.b_stride + h];
   };
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kGdnThreads)
     const float kf = p.qk_l2norm ? 1.0f / sqrtf(sum[1] + kL2Eps) : 1.0f;
     const float decay = expf(A * softplus(cur.a + bias));
     const float beta = 1.0f / (1.0f + expf(-cur.b));
-    float* out = p.out + t * p.out_stride + h * V;
+    In* out = io.out + t * p.out_stride + h * V;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float delta = beta * (cur.v[r] - decay * kf * sum[3 + 2 * r]);
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kGdnThreads)
         v.z = decay * v.z + dk * cur.k[c * 4 + 2];
         v.w = decay * v.w + dk * cur.k[c * 4 + 3];
       }
-      if (live[r] && seg_lane == r) out[row0 + r] = o;
+      if (live[r] && seg_lane == r) out[row0 + r] = from_float<In>(o);
     }
     cur = next;
   }
@@ -216,14 +217,16 @@ __global__ void __launch_bounds__(kGdnThreads)
 
 // The CPU op's checks of the host-visible fields; state_indices, query_start_loc and
 // has_initial_state live in device memory and are not read here.
-void check_gdn_common(const gdn_common_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
+void check_gdn_common(const gdn_common_params& p, const char* op, bool f32_io) {
+  if (f32_io) {
+    require_ptr(p.q, op, "q");
+    require_ptr(p.k, op, "k");
+    require_ptr(p.v, op, "v");
+    require_ptr(p.out, op, "out");
+  }
   require_ptr(p.a, op, "a");
   require_ptr(p.b, op, "b");
   require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.out, op, "out");
   require_ptr(p.states, op, "states");
   require_ptr(p.state_indices, op, "state_indices");
   require_positive(p.batch, op, "batch");
@@ -249,14 +252,34 @@ void check_gdn_common(const gdn_common_params& p, const char* op) {
   require_aligned16(p.states, op, "states");
 }
 
+void check_gdn_chunk_scan(const gdn_chunk_scan_params& p, const char* op) {
+  if (p.io_dtype != dtype::kF32 && p.io_dtype != dtype::kBF16)
+    fail(op, "io_dtype", dtype_name(p.io_dtype), "must be f32 or bf16");
+  const bool bf16_io = p.io_dtype == dtype::kBF16;
+  check_gdn_common(p, op, !bf16_io);
+  if (bf16_io) {
+    require_ptr(p.q_bf16, op, "q_bf16");
+    require_ptr(p.k_bf16, op, "k_bf16");
+    require_ptr(p.v_bf16, op, "v_bf16");
+    require_ptr(p.out_bf16, op, "out_bf16");
+  }
+  require_ptr(p.query_start_loc, op, "query_start_loc");
+  require_positive(p.chunk_size, op, "chunk_size");
+}
+
 void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* has_init, const char* op,
-                cudaStream_t stream, const int* gate) {
+                cudaStream_t stream, const int* gate, const gdn_io<__nv_bfloat16>* bf16) {
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   dispatch(gdn_key_dim_table{}, p.k_dim, op, "k_dim", [&](auto kd) {
     constexpr int K = decltype(kd)::value;
     const dim3 grid(static_cast<unsigned>(p.heads_v), static_cast<unsigned>(p.batch),
                     static_cast<unsigned>(ceil_div(p.v_dim, rows_per_block<K>())));
-    gdn_kernel<K><<<grid, kGdnThreads, 0, stream>>>(p, qsl, has_init, scale, gate);
+    if (bf16 != nullptr) {
+      gdn_kernel<K, __nv_bfloat16><<<grid, kGdnThreads, 0, stream>>>(p, *bf16, qsl, has_init, scale, gate);
+    } else {
+      gdn_kernel<K, float><<<grid, kGdnThreads, 0, stream>>>(p, gdn_io<float>{p.q, p.k, p.v, p.out}, qsl, has_init,
+                                                              scale, gate);
+    }
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
@@ -283,19 +306,39 @@ bool tc_supports(const gdn_chunk_scan_params& p) {
          p.v_dim <= (int64_t{1} << 24);
 }
 
-// plan, intra, state for the call's key dim (gdn_tc_launch.cuh, instantiated per (kSplit, K)).
-template <bool kSplit, bool kHalf = false>
+// plan, intra, state for the call's key dim (gdn_tc_launch.cuh, instantiated per (kSplit, K,
+// kHalf, In)).
+template <bool kSplit, bool kHalf = false, class In = float>
 void launch_gdn_tc(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages = 3) {
   dispatch(gdn_tc_key_dim_table{}, p.k_dim, "gdn_chunk_scan", "k_dim",
-           [&](auto kd) { launch_gdn_tc_k<kSplit, decltype(kd)::value, kHalf>(p, stream, stages); });
+           [&](auto kd) { launch_gdn_tc_k<kSplit, decltype(kd)::value, kHalf, In>(p, stream, stages); });
 }
 
 void launch_gdn_path(const gdn_chunk_scan_params& p, gdn_prefill_path path, cudaStream_t stream, int stages = 3) {
+  if (p.io_dtype == dtype::kBF16) {
+    launch_gdn_tc<false, true, __nv_bfloat16>(p, stream, stages);  // (resolve_path: bf16 io is the bf16 path's)
+    return;
+  }
   switch (path) {
     case gdn_prefill_path::tc: launch_gdn_tc<true>(p, stream, stages); return;
     case gdn_prefill_path::bf16: launch_gdn_tc<false, true>(p, stream, stages); return;
     default: launch_gdn_tc<false>(p, stream, stages); return;
   }
+}
+
+// The path a call takes: automatic is the environment's default, which with bf16 io is the bf16
+// path unless it is the recurrent kernel; bf16 io asked of the f32-accurate paths is an error.
+gdn_prefill_path resolve_path(const gdn_chunk_scan_params& p, gdn_prefill_path path, const char* op) {
+  const bool asked = path != gdn_prefill_path::automatic;
+  if (!asked) path = gdn_prefill_default_path();
+  if (p.io_dtype == dtype::kBF16 && (path == gdn_prefill_path::tc || path == gdn_prefill_path::tf32)) {
+    if (asked)
+      fail(op, "io_dtype", "bf16",
+           (std::string("the ") + gdn_prefill_path_name(path) + " path takes f32 io; bf16 io runs on the bf16 or recurrent path")
+               .c_str());
+    path = gdn_prefill_path::bf16;
+  }
+  return path;
 }
 
 }  // namespace
@@ -329,25 +372,27 @@ const char* gdn_prefill_path_name(gdn_prefill_path path) {
 
 void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* stream) {
   constexpr const char* op = "gdn_chunk_scan";
-  check_gdn_common(p, op);
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_positive(p.chunk_size, op, "chunk_size");
-  if (path == gdn_prefill_path::automatic) path = gdn_prefill_default_path();
+  check_gdn_chunk_scan(p, op);
+  path = resolve_path(p, path, op);
   if (path != gdn_prefill_path::recurrent && tc_supports(p)) {
     launch_gdn_path(p, path, as_stream(stream));
     return;
   }
-  launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream));
+  if (p.io_dtype == dtype::kBF16) {
+    const gdn_io<__nv_bfloat16> io = bf16_io(p);
+    launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream), nullptr, &io);
+  } else {
+    launch_gdn(p, p.query_start_loc, p.has_initial_state, op, as_stream(stream));
+  }
 }
 
 void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, gdn_prefill_path::automatic, stream); }
 
 void run_cuda_tc_stages(const gdn_chunk_scan_params& p, gdn_prefill_path path, int stages, void* stream) {
   constexpr const char* op = "gdn_chunk_scan";
-  check_gdn_common(p, op);
-  require_ptr(p.query_start_loc, op, "query_start_loc");
+  check_gdn_chunk_scan(p, op);
   if (!tc_supports(p)) fail(op, "k_dim", p.k_dim, "not a key dim of the tensor-core prefill");
-  if (path == gdn_prefill_path::automatic) path = gdn_prefill_default_path();
+  path = resolve_path(p, path, op);
   if (path == gdn_prefill_path::recurrent) fail(op, "path", 0, "the recurrent kernel has no stages");
   launch_gdn_path(p, path, as_stream(stream), stages);
 }

@@ -2,6 +2,7 @@
 // The intra-chunk kernel of the GDN chunked prefill (gdn_chunked.cuh: the decomposition, the
 // workspace and the plan).
 #include <cstdint>
+#include <type_traits>
 
 #include "gdn_chunked.cuh"
 
@@ -9,17 +10,20 @@ namespace hyserve::kernels::cuda_detail {
 namespace gdn_tc {
 
 // kG value heads (1 or 2) sharing one key head per block: q, k, their norms and the raw Gram
-// products are computed once for both; masks, decays, β and T per value head.
-template <int K, int kG, bool kHalf = false>
+// products are computed once for both; masks, decays, β and T per value head. q and k are staged
+// as their element type In (f32, or bf16 for the bf16 path's bf16 io); rows padded by 32 bytes.
+template <int K, int kG, bool kHalf = false, class In = float>
 struct intra_tiles {
-  static constexpr int kLdQ = K + 8;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
-  static constexpr int kLdK = K + 8;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
+  static constexpr int kPad = 32 / static_cast<int>(sizeof(In));
+  static constexpr int kLdQ = K + kPad;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
+  static constexpr int kLdK = K + kPad;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
   static constexpr int kLdA = kChunk + 4;  // A and P (A fragments; rows 16-byte aligned for the T solve)
   static_assert(kLdA % 4 == 0, "float4 rows");
   static constexpr int kLdT = kChunk + 8;  // T (k-major B fragments)
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
   // (for R = P·T) reuse their space.
-  static constexpr int kQK = kChunk * (kLdQ + kLdK), kPT = kG * kChunk * (kLdA + kLdT);
+  static constexpr int kQK = kChunk * (kLdQ + kLdK) * static_cast<int>(sizeof(In)) / 4;  // floats
+  static constexpr int kPT = kG * kChunk * (kLdA + kLdT);
   // As holds A; before it, the bf16 path's q̂ and k̂ bf16 tiles for its Gram products.
   static constexpr int kAs = kG * kChunk * kLdA, kHalfTiles = kHalf ? kChunk * K : 0;  // floats
   static constexpr int kFloats =
@@ -41,16 +45,31 @@ __device__ __forceinline__ int64_t find_row(const int* chunk_off, int64_t batch,
 // Writes a [64 × L] f32 shared tile (row stride ld), each row scaled by row_scale(r), as a
 // 16-bit swizzled tile (swz16) to dst (and dst2 unless null): 16-byte stores, the block's threads
 // striding over units.
-template <int L, class RowScale>
-__device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* src, int ld, RowScale row_scale,
+// 8 consecutive elements of a shared tile (16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const float* src, float (&x)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(src);
+  const float4 b = *reinterpret_cast<const float4*>(src + 4);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* src, float (&x)[8]) {
+  const pack16<__nv_bfloat16> u = load_pack(src);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(u.v[i]);
+}
+
+// Writes a [64 × L] shared tile (f32 or bf16, row stride ld), each row scaled by row_scale(r),
+// as a 16-bit swizzled tile (swz16) to dst (and dst2 unless null): 16-byte stores, the block's
+// threads striding over units.
+template <int L, class Src, class RowScale>
+__device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const Src* src, int ld, RowScale row_scale,
                                              __nv_bfloat16* dst2 = nullptr) {
   for (int e = threadIdx.x; e < kChunk * (L / 8); e += kThreads) {
     const int r = e / (L / 8), c = 8 * (e % (L / 8));
     const float f = row_scale(r);
-    const float4 a = *reinterpret_cast<const float4*>(&src[r * ld + c]);
-    const float4 b = *reinterpret_cast<const float4*>(&src[r * ld + c + 4]);
-    const uint4 u = make_uint4(mma16::pack_bf16x2(a.x * f, a.y * f), mma16::pack_bf16x2(a.z * f, a.w * f),
-                               mma16::pack_bf16x2(b.x * f, b.y * f), mma16::pack_bf16x2(b.z * f, b.w * f));
+    float x[8];
+    load8(&src[r * ld + c], x);
+    const uint4 u = make_uint4(mma16::pack_bf16x2(x[0] * f, x[1] * f), mma16::pack_bf16x2(x[2] * f, x[3] * f),
+                               mma16::pack_bf16x2(x[4] * f, x[5] * f), mma16::pack_bf16x2(x[6] * f, x[7] * f));
     *reinterpret_cast<uint4*>(dst + swz16<L>(r, c)) = u;
     if (dst2 != nullptr) *reinterpret_cast<uint4*>(dst2 + swz16<L>(r, c)) = u;
   }
@@ -59,19 +78,21 @@ __device__ __forceinline__ void store_tile16(__nv_bfloat16* dst, const float* sr
 // Block (chunk gc, value heads kG·blockIdx.y + [0, kG)). kVec: q and k rows are 16-byte aligned
 // (staged with cp.async), else read element by element. kHalf: the bf16 path's outputs (q̂, k̂,
 // T and P as 16-bit tiles, token factors without the norms; no R) instead of T and R in f32.
-template <bool kSplit, int K, int kG, bool kVec, bool kHalf = false>
-__global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const workspace ws,
-                                                         float scale) {
-  using tl = intra_tiles<K, kG, kHalf>;
+// q and k (of element type In: f32, or bf16 with kHalf) with p's strides.
+template <bool kSplit, int K, int kG, bool kVec, bool kHalf = false, class In = float>
+__global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const In* __restrict__ qin,
+                                                         const In* __restrict__ kin, const workspace ws, float scale) {
+  static_assert(kHalf || std::is_same_v<In, float>, "the f32-accurate paths stage f32");
+  using tl = intra_tiles<K, kG, kHalf, In>;
   constexpr int C = kChunk, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdA = tl::kLdA;
   static_assert(kG * C <= kThreads, "a thread per (head, token) and per (head, column of T)");
   extern __shared__ double smem_d[];
   double* cum = smem_d;                               // [kG][C] inclusive Σ g (rows >= n: flat)
-  float* Qs = reinterpret_cast<float*>(cum + kG * C);  // [C][kLdQ]
-  float* Ks = Qs + C * kLdQ;                          // [C][kLdK]
-  float* Pm = Qs;                                     // [kG][C][kLdA] P, after the Gram products
+  In* Qs = reinterpret_cast<In*>(cum + kG * C);       // [C][kLdQ]
+  In* Ks = Qs + C * kLdQ;                             // [C][kLdK]
+  float* Pm = reinterpret_cast<float*>(Qs);           // [kG][C][kLdA] P, after the Gram products
   float* Tm = Pm + kG * C * kLdA;                     // [kG][C][tl::kLdT] T
-  float* As = Qs + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
+  float* As = Pm + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
   float* qf = As + (tl::kAs > tl::kHalfTiles ? tl::kAs : tl::kHalfTiles);  // [C] scale / |q|
   float* kf = qf + C;                                 // [C] 1 / |k|
   float* beta = kf + C;                               // [kG][C]
@@ -92,18 +113,18 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
   if constexpr (kVec) {
     // Thread tid copies 16-byte unit tid % kU of rows tid / kU + kR·r.
-    constexpr int kU = K / 4, kR = kThreads / kU;
+    constexpr int kE = 16 / static_cast<int>(sizeof(In)), kU = K / kE, kR = kThreads / kU;
     static_assert(kThreads % kU == 0 && C % kR == 0, "whole passes");
-    const int j0 = tid / kU, c = 4 * (tid % kU);
-    const float* qsrc = p.q + (t0 + j0) * p.q_stride + hk * K + c;
-    const float* ksrc = p.k + (t0 + j0) * p.k_stride + hk * K + c;
+    const int j0 = tid / kU, c = kE * (tid % kU);
+    const In* qsrc = qin + (t0 + j0) * p.q_stride + hk * K + c;
+    const In* ksrc = kin + (t0 + j0) * p.k_stride + hk * K + c;
     const int64_t qstep = kR * p.q_stride, kstep = kR * p.k_stride;
 #pragma unroll
     for (int r = 0; r < C / kR; ++r) {
       const int j = j0 + kR * r;
       const bool full = j < n;
-      cp_async16(&Qs[j * kLdQ + c], full ? qsrc : p.q, full);
-      cp_async16(&Ks[j * kLdK + c], full ? ksrc : p.k, full);
+      cp_async16(&Qs[j * kLdQ + c], full ? qsrc : qin, full);
+      cp_async16(&Ks[j * kLdK + c], full ? ksrc : kin, full);
       qsrc += qstep;
       ksrc += kstep;
     }
@@ -111,12 +132,13 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   } else {
     stage<C, K>(
         [&](int j, int c) {
-          return j < n ? make_float2(p.q[(t0 + j) * p.q_stride + hk * K + c], p.k[(t0 + j) * p.k_stride + hk * K + c])
+          return j < n ? make_float2(to_float(qin[(t0 + j) * p.q_stride + hk * K + c]),
+                                     to_float(kin[(t0 + j) * p.k_stride + hk * K + c]))
                        : make_float2(0.0f, 0.0f);
         },
         [&](int j, int c, float2 v) {
-          Qs[j * kLdQ + c] = v.x;
-          Ks[j * kLdK + c] = v.y;
+          Qs[j * kLdQ + c] = from_float<In>(v.x);  // (exact: v came from In)
+          Ks[j * kLdK + c] = from_float<In>(v.y);
         });
   }
   if (tid < kG * C) {
@@ -135,17 +157,32 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   __syncthreads();
 
   // Norms: two threads per row r = tid / 2, each summing alternate 16-byte units of q and k
-  // (conflict-free: the row stride is 8 mod 32 floats).
-  static_assert(2 * C == kThreads && kLdQ % 32 == 8 && kLdK % 32 == 8, "two threads per row");
+  // (conflict-free: rows are padded by 32 bytes, so four consecutive rows' units fall in distinct
+  // bank groups).
+  static_assert(2 * C == kThreads && kLdK == kLdQ, "two threads per row");
   {
     const int r = tid >> 1, hv = tid & 1;
     float sq = 0.0f, sk = 0.0f;
+    if constexpr (std::is_same_v<In, float>) {
 #pragma unroll
-    for (int i = 0; i < K / 8; ++i) {
-      const float4 a = lds128(&Qs[r * kLdQ + 4 * (2 * i + hv)]);
-      const float4 c = lds128(&Ks[r * kLdK + 4 * (2 * i + hv)]);
-      sq = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, sq))));
-      sk = fmaf(c.x, c.x, fmaf(c.y, c.y, fmaf(c.z, c.z, fmaf(c.w, c.w, sk))));
+      for (int i = 0; i < K / 8; ++i) {
+        const float4 a = lds128(&Qs[r * kLdQ + 4 * (2 * i + hv)]);
+        const float4 c = lds128(&Ks[r * kLdK + 4 * (2 * i + hv)]);
+        sq = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, sq))));
+        sk = fmaf(c.x, c.x, fmaf(c.y, c.y, fmaf(c.z, c.z, fmaf(c.w, c.w, sk))));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < K / 16; ++i) {
+        float a[8], c[8];
+        load8(&Qs[r * kLdQ + 8 * (2 * i + hv)], a);
+        load8(&Ks[r * kLdK + 8 * (2 * i + hv)], c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sq = fmaf(a[e], a[e], sq);
+          sk = fmaf(c[e], c[e], sk);
+        }
+      }
     }
     sq += __shfl_xor_sync(0xffffffffu, sq, 1);
     sk += __shfl_xor_sync(0xffffffffu, sk, 1);

@@ -1,9 +1,10 @@
 #pragma once
-// The tensor-core GDN prefill's launches for one (kSplit, K, kHalf) (the decomposition in
+// The tensor-core GDN prefill's launches for one (kSplit, K, kHalf, In) (the decomposition in
 // gdn_chunked.cuh, its kernels in gdn_tc_intra.cuh and gdn_tc_state.cuh, or gdn_wy16_state.cuh
 // for the bf16 path, kHalf): plan, intra (all chunks), state (row × head × slice); then the
 // recurrent kernel gated on the overflow flag (it exits at once unless the batch needed more
-// chunks than reserved). Each (kSplit, K, kHalf) is instantiated in its own generated
+// chunks than reserved). In is the element type of q, k, v and out (f32, or bf16 for the bf16
+// path). Each (kSplit, K, kHalf, In) is instantiated in its own generated
 // translation unit (CMakeLists.txt, gdn_tc_inst.cu.in) so that no single compile holds all the
 // tensor-core kernels; gdn.cu dispatches on K.
 #include <algorithm>
@@ -21,9 +22,15 @@
 
 namespace hyserve::kernels::cuda_detail {
 
-template <bool kSplit, int K, bool kHalf>
+template <bool kSplit, int K, bool kHalf, class In>
 void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int stages) {
   static_assert(!(kSplit && kHalf), "the bf16 path has plain products");
+  static_assert(kHalf || std::is_same_v<In, float>, "bf16 io is the bf16 path's");
+  const gdn_io<In> io = [&] {
+    if constexpr (std::is_same_v<In, float>) return f32_io(p);
+    else return bf16_io(p);
+  }();
+  constexpr int kPack = 16 / sizeof(In);  // elements per 16-byte copy
   namespace tc = gdn_tc;
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k_dim)));
   constexpr int C = tc::kChunk;
@@ -65,14 +72,14 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   }
   // Two value heads per intra block when consecutive pairs share a key head; q and k staged
   // with cp.async when their rows are 16-byte aligned.
-  const bool vec_qk = vector_ok({p.q, p.k}, {p.q_stride, p.k_stride}, 4);
+  const bool vec_qk = vector_ok({io.q, io.k}, {p.q_stride, p.k_stride}, kPack);
   auto launch_intra = [&](auto g2, auto vq) {
     constexpr int kG = decltype(g2)::value ? 2 : 1;
-    const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf>;
-    constexpr size_t smem = tc::intra_tiles<K, kG, kHalf>::kBytes;
+    const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf, In>;
+    constexpr size_t smem = tc::intra_tiles<K, kG, kHalf, In>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
-    kernel<<<grid, tc::kThreads, smem, stream>>>(p, ws, scale);
+    kernel<<<grid, tc::kThreads, smem, stream>>>(p, io.q, io.k, ws, scale);
     HYSERVE_CUDA_CHECK_LAUNCH();
   };
   const bool pairs = (p.heads_v / p.heads_k) % 2 == 0;
@@ -86,9 +93,9 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
   }
   if constexpr (kHalf) {
     namespace w16 = gdn_wy16;
-    const bool vec = vector_ok({p.v}, {p.v_stride, p.v_dim}, 4);
-    const auto kernel = vec ? &w16::state_kernel<K, true> : &w16::state_kernel<K, false>;
-    constexpr size_t smem = w16::tiles<K>::kBytes;
+    const bool vec = vector_ok({io.v}, {p.v_stride, p.v_dim}, kPack);
+    const auto kernel = vec ? &w16::state_kernel<K, true, In> : &w16::state_kernel<K, false, In>;
+    constexpr size_t smem = w16::tiles<K, In>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, w16::kRows)), static_cast<unsigned>(p.heads_v),
                     static_cast<unsigned>(p.batch));
@@ -136,7 +143,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     attr[0].val.clusterDim.x = nc;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, ws));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, io.v, io.out, ws));
     HYSERVE_CUDA_CHECK_LAUNCH();
   } else {
     // 16-byte copies of q, k and v rows (cp.async) when every row start is 16-byte aligned.
@@ -149,7 +156,11 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     kernel<<<grid, tc::kStateThreads, smem, stream>>>(p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
-  launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
+  if constexpr (std::is_same_v<In, float>) {
+    launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow);
+  } else {
+    launch_gdn(p, p.query_start_loc, p.has_initial_state, "gdn_chunk_scan", stream, ws.overflow, &io);
+  }
   CUDA_CHECK(scratch_free(raw, stream));
 }
 

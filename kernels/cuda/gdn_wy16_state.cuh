@@ -60,14 +60,16 @@ constexpr int kStages = 3;                // chunk k+2's copies start while chun
 constexpr int kBarOut = 1, kBarFull = 2, kBarEmpty = 2 + 2 * kGroups;
 constexpr float kRescaleBelow = 0x1p-40f;  // σ threshold of the chain's lazy decay
 static_assert(kBarEmpty + 2 * kGroups <= 16, "16 named barriers");
-template <int K>
+// In: the element type of v (and out).
+template <int K, class In = float>
 struct tiles {
-  static constexpr int kLdV = kRows + 4;  // v rows (f32): conflict-free accumulator-layout reads
+  // v rows: 16 bytes of padding, conflict-free accumulator-layout reads (f32 or bf16).
+  static constexpr int kLdV = kRows + 16 / static_cast<int>(sizeof(In));
   static constexpr int kQK = 2 * kChunk * K;       // q̂ then k̂ (16-bit elements)
   static constexpr int kTP = 2 * kChunk * kChunk;  // T then P
   static constexpr uint32_t kQKBytes = sizeof(bf16) * kQK, kTPBytes = sizeof(bf16) * kTP;
   static constexpr uint32_t kTokBytes = sizeof(float) * kChunk * kTokFields;
-  static constexpr uint32_t kVBytes = sizeof(float) * kChunk * kLdV;
+  static constexpr uint32_t kVBytes = sizeof(In) * kChunk * kLdV;
   static constexpr uint32_t kStage = kQKBytes + kTPBytes + kTokBytes + kVBytes;
   static_assert(kQKBytes % 16 == 0 && kTPBytes % 16 == 0 && kTokBytes % 16 == 0 && kVBytes % 16 == 0, "bulk copies");
   // Handoff per (chunk parity, group): S_g's A fragments (K/16 k-steps) and uᵀ's (4), 16 bytes
@@ -103,9 +105,11 @@ __device__ __forceinline__ void mma_tokens(float (&acc)[8][4], const uint32_t (&
 }
 
 // One block per (row, value head, slice of kRows value rows). kVec: v rows are 16-byte aligned.
-template <int K, bool kVec>
-__global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan_params p, const workspace ws) {
-  using tl = tiles<K>;
+// v and out of element type In (f32 or bf16) with p's strides.
+template <int K, bool kVec, class In = float>
+__global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan_params p, const In* __restrict__ vin,
+                                                            In* __restrict__ outp, const workspace ws) {
+  using tl = tiles<K, In>;
   constexpr int C = kChunk, KT = K / 8, KS = K / 16, kLdV = tl::kLdV;
   static_assert(K % 16 == 0, "whole k-steps");
   extern __shared__ __align__(128) unsigned char smem[];
@@ -162,12 +166,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
   if (!chain) {
     // ---- output warp: oᵀ = qs ⊙ (S_g·q̂ᵀ) + uᵀ·Pᵀ → out, one chunk behind the chain at most.
     // v: output thread i copies 16-byte unit vc of rows vj0 + kVRows·r of each chunk.
-    constexpr int kVUnits = kRows / 4, kVRows = kChainThreads / kVUnits, kVPasses = C / kVRows;
+    constexpr int kE = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte unit
+    constexpr int kVUnits = kRows / kE, kVRows = kChainThreads / kVUnits, kVPasses = C / kVRows;
     static_assert(kChainThreads % kVUnits == 0 && C % kVRows == 0, "whole v passes");
     const int ot = threadIdx.x - kChainThreads;
-    const int vj0 = ot / kVUnits, vc = 4 * (ot % kVUnits);
+    const int vj0 = ot / kVUnits, vc = kE * (ot % kVUnits);
     const bool vcol = v0 + vc < V;
-    const float* vsrc = p.v + (start + vj0) * p.v_stride + h * V + v0 + vc;
+    const In* vsrc = vin + (start + vj0) * p.v_stride + h * V + v0 + vc;
     // Chunk kc into stage st; refill: the stage held chunk kc − kStages, which this CTA is done with.
     auto issue = [&](int kc, int st, bool refill) {
       unsigned char* base = smem + st * tl::kStage;
@@ -190,24 +195,24 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
           }
         }
       }
-      float* vs = reinterpret_cast<float*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes) + vj0 * kLdV + vc;
+      In* vs = reinterpret_cast<In*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes) + vj0 * kLdV + vc;
       const int n = min(C, len - kc * C);
-      const float* src = vsrc + static_cast<int64_t>(kc) * C * p.v_stride;
+      const In* src = vsrc + static_cast<int64_t>(kc) * C * p.v_stride;
 #pragma unroll
       for (int r = 0; r < kVPasses; ++r) {
         const bool full = vcol && vj0 + kVRows * r < n;
         if constexpr (kVec) {
-          gdn_tc::cp_async16(vs + kVRows * r * kLdV, full ? src + kVRows * r * p.v_stride : p.v, full);
+          gdn_tc::cp_async16(vs + kVRows * r * kLdV, full ? src + kVRows * r * p.v_stride : vin, full);
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            vs[kVRows * r * kLdV + e] = full && v0 + vc + e < V ? src[kVRows * r * p.v_stride + e] : 0.0f;
+          for (int e = 0; e < kE; ++e)
+            vs[kVRows * r * kLdV + e] = full && v0 + vc + e < V ? src[kVRows * r * p.v_stride + e] : from_float<In>(0.0f);
         }
       }
       if constexpr (kVec) cp_async_mbar_arrive(&bars[st]);  // v lands on the stage's barrier too
       else mbar_arrive(&bars[st]);
     };
-    float* const out_lane = p.out + (start + 2 * t) * p.out_stride + h * V + v0 + w0 + g;
+    In* const out_lane = outp + (start + 2 * t) * p.out_stride + h * V + v0 + w0 + g;
     const bool rows_full = v0 + w0 + 16 <= V;
 #pragma unroll
     for (int c = 0; c < kStages; ++c)
@@ -254,13 +259,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
       named_arrive(kBarEmpty + 2 * grp + par, 64);  // handoff buffers and this chunk's tiles read
       // zq[nt][e] is token 8·nt + 2t + (e & 1), row w0 + g + 8·(e >> 1) of the slice.
       const int n = min(C, len - kc * C);
-      float* const o = out_lane + static_cast<int64_t>(kc) * C * p.out_stride;
+      In* const o = out_lane + static_cast<int64_t>(kc) * C * p.out_stride;
       const int64_t os = p.out_stride;
       if (n == C && rows_full) {
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[(8 * nt + (e & 1)) * os + 8 * (e >> 1)] = zq[nt][e];
+          for (int e = 0; e < 4; ++e) o[(8 * nt + (e & 1)) * os + 8 * (e >> 1)] = from_float<In>(zq[nt][e]);
         }
       } else {
 #pragma unroll
@@ -268,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = 8 * nt + 2 * t + (e & 1), row = v0 + w0 + g + 8 * (e >> 1);
-            if (j < n && row < V) o[(8 * nt + (e & 1)) * os + 8 * (e >> 1)] = zq[nt][e];
+            if (j < n && row < V) o[(8 * nt + (e & 1)) * os + 8 * (e >> 1)] = from_float<In>(zq[nt][e]);
           }
         }
       }
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
       const unsigned char* base = smem + st * tl::kStage;
       const uint32_t sK = smem0 + st * tl::kStage + C * K * 2, sT = smem0 + st * tl::kStage + tl::kQKBytes;
       const float* tk = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes);  // [field][C]
-      const float* vs = reinterpret_cast<const float*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes);
+      const In* vs = reinterpret_cast<const In*>(base + tl::kQKBytes + tl::kTPBytes + tl::kTokBytes);
 
       // Y = S_g·k̂ᵀ (8 token n-tiles; B stored [token][key]); S_g's fragments to the handoff.
       uint4* hs = hand_s(par);
@@ -333,8 +338,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
         xs.y *= sigma;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float* vr = vs + (j + (e & 1)) * kLdV + w0 + g + 8 * (e >> 1);
-          y[nt][e] = ((e & 1) ? be.y : be.x) * *vr - ((e & 1) ? xs.y : xs.x) * y[nt][e];
+          const float vr = to_float(vs[(j + (e & 1)) * kLdV + w0 + g + 8 * (e >> 1)]);
+          y[nt][e] = ((e & 1) ? be.y : be.x) * vr - ((e & 1) ? xs.y : xs.x) * y[nt][e];
         }
       }
       uint32_t za[4][4];

@@ -373,6 +373,103 @@ INSTANTIATE_TEST_SUITE_P(Grid, GdnChunkScanCudaPaths,
                          path_case_name);
 
 // ---------------------------------------------------------------------------------------------
+// Chunked prefill with bf16 io (q, k, v and out in bf16; the bf16 and recurrent paths), against
+// the CPU op with the same bf16 io on the same bf16 inputs. The bf16 path: the bf16 tolerance
+// above (its products are bf16 whatever the io). The recurrent kernel: f32 arithmetic as for f32
+// io, then both sides round the outputs to bf16, where values that differ by the f32 tolerance
+// may round one bf16 step (at most 2^-7 relative) apart: outputs within 3e-5 + 1e-2·|want|,
+// states (f32) within the f32 tolerance.
+
+// bf16 bits to floats; 0xffff (what fill_bytes(0xff) writes) to the f32 poison pattern, so that
+// untouched elements compare as untouched.
+std::vector<float> widen(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = h[i] == 0xffffu ? poison() : bf16_to_f32(h[i]);
+  return f;
+}
+
+std::string bf16_io_case_name(const testing::TestParamInfo<path_case>& info) {
+  std::string s = path_case_name(info);
+  const size_t at = s.find("Cuda_f32_");
+  if (at != std::string::npos) s.replace(at, 9, "Cuda_bf16_");
+  return s;
+}
+
+class GdnChunkScanCudaBf16Io : public testing::TestWithParam<path_case> {};
+
+TEST_P(GdnChunkScanCudaBf16Io, MatchesCpu) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const scan_case& c = std::get<0>(GetParam());
+  const gdn_prefill_path path = std::get<1>(GetParam());
+  std::vector<int32_t> qsl{0};
+  for (int len : c.lens) qsl.push_back(qsl.back() + len);
+  if (c.pad) qsl.push_back(qsl.back() + 5);
+  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
+  const int64_t n_slots = 2 * batch + 2;
+  // aligned: rows of a multiple of 8 elements (16 bytes in bf16).
+  gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots,
+                   7000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift,
+                   c.aligned ? 8 : 3);
+  std::vector<uint16_t> qkv16(prob.qkv.size());
+  for (size_t i = 0; i < qkv16.size(); ++i) qkv16[i] = f32_to_bf16(prob.qkv[i]);
+  std::vector<uint16_t> out16(prob.out.size(), 0xffffu);
+  auto dqkv16 = to_device(qkv16);
+  device_array<uint16_t> dout16(out16.size());
+  dout16.fill_bytes(0xff);
+  std::vector<int32_t> slots(static_cast<size_t>(batch));
+  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);
+    has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
+  }
+  if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
+  auto dqsl = to_device(qsl);
+  auto dslots = to_device(slots);
+  auto dinit = to_device(has_init);
+  auto bf16_rows = [&](gdn_chunk_scan_params& p, const uint16_t* qkv, uint16_t* out) {
+    p.q = p.k = p.v = nullptr;
+    p.out = nullptr;
+    p.io_dtype = dtype::kBF16;
+    p.q_bf16 = qkv;
+    p.k_bf16 = qkv + c.heads_k * c.k_dim;
+    p.v_bf16 = qkv + 2 * c.heads_k * c.k_dim;
+    p.out_bf16 = out;
+  };
+
+  gdn_chunk_scan_params pc;
+  prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
+  pc.query_start_loc = qsl.data();
+  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
+  pc.chunk_size = c.chunk;
+  pc.scale = c.scale;
+  gdn_chunk_scan_params pg = pc;
+  prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
+  pg.query_start_loc = dqsl.data();
+  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
+  bf16_rows(pc, qkv16.data(), out16.data());
+  bf16_rows(pg, dqkv16.data(), dout16.data());
+  run_cpu(pc);
+  run_cuda(pg, path);
+  device_synchronize();
+  const std::vector<float> got = widen(dout16.download()), want = widen(out16);
+  const bool tc = gdn_prefill_tc_supports(pg) && path != gdn_prefill_path::recurrent;
+  const std::string what = std::string(gdn_prefill_path_name(path)) + (tc ? "" : "(recurrent kernel)") + " bf16 io " +
+                           testing::UnitTest::GetInstance()->current_test_info()->name();
+  if (tc) {
+    gdn_problem::measure(got, want, what + " out", products::bf16);
+    gdn_problem::measure(prob.dstates.download(), prob.states, what + " states", products::bf16);
+  } else {
+    expect_match(got, want, 3e-5, 1e-2, what + " out");
+    expect_match(prob.dstates.download(), prob.states, kScanAtol, kScanRtol, what + " states");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GdnChunkScanCudaBf16Io,
+                         testing::Combine(testing::ValuesIn(tc_grid()),
+                                          testing::Values(gdn_prefill_path::bf16, gdn_prefill_path::recurrent)),
+                         bf16_io_case_name);
+
+// ---------------------------------------------------------------------------------------------
 // Decode update
 
 struct update_case {
@@ -497,6 +594,17 @@ TEST(GdnCudaInvalidParams, NamesTheField) {
   p.k_dim = 16;
   p.chunk_size = 0;
   expect_invalid([&] { run_cuda(p); }, "chunk_size");
+  p.chunk_size = 64;
+  p.io_dtype = dtype::kF16;
+  expect_invalid([&] { run_cuda(p); }, "io_dtype");
+  p.io_dtype = dtype::kBF16;  // the bf16 pointers are required then
+  expect_invalid([&] { run_cuda(p); }, "q_bf16");
+  std::vector<uint16_t> rows16(64 * 64, 0);
+  auto d16 = to_device(rows16);
+  p.q_bf16 = p.k_bf16 = p.v_bf16 = d16.data();
+  p.out_bf16 = d16.data();
+  p.k_dim = 32;
+  expect_invalid([&] { run_cuda(p, gdn_prefill_path::tc); }, "io_dtype");  // the f32-accurate paths take f32 io
 }
 
 }  // namespace

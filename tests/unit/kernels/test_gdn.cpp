@@ -338,6 +338,52 @@ TEST(GdnPrefillThenDecode, EqualsOnePrefill) {
   expect_close(prob.states, state_whole, kAtol, kRtol, "states");
 }
 
+// bf16 io: on bf16-exact inputs the op widens, computes in f32 and rounds the outputs, so its
+// outputs are exactly the f32 op's rounded to bf16 and its states exactly the f32 op's; padding
+// rows' outputs stay untouched.
+TEST(GdnChunkScanBf16Io, EqualsF32OpRounded) {
+  gdn_problem prob(200, 2, 4, 16, 24, 4, 77u);
+  for (float& x : prob.qkv) x = bf16_to_f32(f32_to_bf16(x));
+  const std::vector<int32_t> slots = {3, -1, 1};
+  const std::vector<int32_t> qsl = {0, 130, 135, 200};
+  const std::vector<uint8_t> init = {1, 0, 0};
+  const std::vector<float> states0 = prob.states;
+
+  gdn_chunk_scan_params f;
+  prob.fill(f, slots.data(), 3, true);
+  f.query_start_loc = qsl.data();
+  f.has_initial_state = init.data();
+  run_cpu(f);
+  const std::vector<float> out_f32 = prob.out, states_f32 = prob.states;
+
+  prob.states = states0;
+  std::vector<uint16_t> qkv16(prob.qkv.size());
+  for (size_t i = 0; i < qkv16.size(); ++i) qkv16[i] = f32_to_bf16(prob.qkv[i]);
+  constexpr uint16_t kUntouched = 0x7fc1;  // a NaN pattern the op never writes
+  std::vector<uint16_t> out16(prob.out.size(), kUntouched);
+  gdn_chunk_scan_params h = f;
+  h.states = prob.states.data();
+  h.q = h.k = h.v = nullptr;
+  h.out = nullptr;
+  h.io_dtype = dtype::kBF16;
+  h.q_bf16 = qkv16.data();
+  h.k_bf16 = qkv16.data() + prob.heads_k * prob.k_dim;
+  h.v_bf16 = qkv16.data() + 2 * prob.heads_k * prob.k_dim;
+  h.out_bf16 = out16.data();
+  run_cpu(h);
+  size_t written = 0;
+  for (size_t i = 0; i < out16.size(); ++i) {
+    if (out_f32[i] == kSentinel) {
+      ASSERT_EQ(out16[i], kUntouched) << "element " << i << " written where the f32 op wrote nothing";
+    } else {
+      ASSERT_EQ(out16[i], f32_to_bf16(out_f32[i])) << "element " << i;
+      ++written;
+    }
+  }
+  EXPECT_EQ(written, static_cast<size_t>(195 * prob.heads_v * prob.v_dim));
+  EXPECT_EQ(prob.states, states_f32);
+}
+
 TEST(GdnInvalidParams, NamesTheField) {
   gdn_problem prob(4, 2, 3, 8, 8, 2, 5u);
   const std::vector<int32_t> slots = {0};
@@ -360,6 +406,11 @@ TEST(GdnInvalidParams, NamesTheField) {
   p.query_start_loc = qsl.data();
   p.chunk_size = 0;
   test::expect_invalid([&] { run_cpu(p); }, "chunk_size");
+  p.chunk_size = 64;
+  p.io_dtype = dtype::kF16;
+  test::expect_invalid([&] { run_cpu(p); }, "io_dtype");
+  p.io_dtype = dtype::kBF16;  // the bf16 pointers are required then
+  test::expect_invalid([&] { run_cpu(p); }, "q_bf16");
 }
 
 }  // namespace

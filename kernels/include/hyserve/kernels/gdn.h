@@ -10,6 +10,8 @@
 // transpose, [HV, K, V].
 #include <cstdint>
 
+#include "hyserve/common/dtype.h"
+
 namespace hyserve::kernels {
 
 // Fields shared by the chunked prefill and the decode update. q, k and v are usually column
@@ -38,10 +40,22 @@ struct gdn_common_params {
 // state when has_initial_state[b] (else zeros) and writes its final state to the slot. Chunks of
 // chunk_size tokens use the WY (UT-transform) form of the delta rule; the result equals the
 // per-token recurrence for any sequence length.
+//
+// Element type of q, k, v and out (io_dtype): f32, through the pointers of gdn_common_params, or
+// bf16 (the io of the flash-linear-attention kernels), through q_bf16, k_bf16, v_bf16 and
+// out_bf16 instead (same shapes, strides in elements; the f32 pointers are then not read). a, b,
+// A_log, dt_bias and the states stay f32, and so does the arithmetic: bf16 inputs are widened,
+// outputs rounded to nearest even. On CUDA, bf16 io is taken by the bf16 and recurrent paths
+// (gdn_paths.cuh).
 struct gdn_chunk_scan_params : gdn_common_params {
   const int32_t* __restrict__ query_start_loc = nullptr;    // [batch + 1]
   const uint8_t* __restrict__ has_initial_state = nullptr;  // [batch]; null = all false
   int64_t chunk_size = 64;
+  dtype io_dtype = dtype::kF32;                   // f32 or bf16
+  const uint16_t* __restrict__ q_bf16 = nullptr;  // io_dtype bf16: as q, k, v, out above
+  const uint16_t* __restrict__ k_bf16 = nullptr;
+  const uint16_t* __restrict__ v_bf16 = nullptr;
+  uint16_t* __restrict__ out_bf16 = nullptr;
 };
 
 void run_cpu(const gdn_chunk_scan_params& p);
