@@ -47,6 +47,7 @@
 
 #include "common.cuh"
 #include "gdn_tc_mma.cuh"
+#include "launch.cuh"
 #include "mma_bf16.cuh"
 #include "hyserve/kernels/gdn.h"
 
@@ -91,6 +92,7 @@ __device__ __forceinline__ int row_chunks(const gdn_chunk_scan_params& p, int64_
 }
 
 static __global__ void __launch_bounds__(1024) plan_kernel(const gdn_chunk_scan_params p, workspace ws) {
+  pdl_launch_dependents();  // the intra kernel (launched with PDL) waits for this grid's end
   __shared__ int warp_tot[32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t per = ceil_div(p.batch, 1024);

@@ -21,9 +21,9 @@ struct intra_tiles {
   static_assert(kLdA % 4 == 0, "float4 rows");
   static constexpr int kLdT = kChunk + 8;  // T (k-major B fragments)
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
-  // (for R = P·T) reuse their space.
+  // (for R = P·T) reuse their space; the bf16 path stores P from registers and keeps only T.
   static constexpr int kQK = kChunk * (kLdQ + kLdK) * static_cast<int>(sizeof(In)) / 4;  // floats
-  static constexpr int kPT = kG * kChunk * (kLdA + kLdT);
+  static constexpr int kPT = kG * kChunk * ((kHalf ? 0 : kLdA) + kLdT);
   // As holds A; before it, the bf16 path's q̂ and k̂ bf16 tiles for its Gram products.
   static constexpr int kAs = kG * kChunk * kLdA, kHalfTiles = kHalf ? kChunk * K : 0;  // floats
   static constexpr int kFloats =
@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   double* cum = smem_d;                               // [kG][C] inclusive Σ g (rows >= n: flat)
   In* Qs = reinterpret_cast<In*>(cum + kG * C);       // [C][kLdQ]
   In* Ks = Qs + C * kLdQ;                             // [C][kLdK]
-  float* Pm = reinterpret_cast<float*>(Qs);           // [kG][C][kLdA] P, after the Gram products
-  float* Tm = Pm + kG * C * kLdA;                     // [kG][C][tl::kLdT] T
+  float* Pm = reinterpret_cast<float*>(Qs);           // [kG][C][kLdA] P, after the Gram products (not kHalf)
+  float* Tm = Pm + (kHalf ? 0 : kG * C * kLdA);       // [kG][C][tl::kLdT] T
   float* As = Pm + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
   float* qf = As + (tl::kAs > tl::kHalfTiles ? tl::kAs : tl::kHalfTiles);  // [C] scale / |q|
   float* kf = qf + C;                                 // [C] 1 / |k|
@@ -102,6 +102,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
   const int gc = static_cast<int>(blockIdx.x);
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kG;
+  pdl_wait();  // launched with PDL: the plan's chunk offsets
+  pdl_launch_dependents();
   if (*ws.overflow != 0 || gc >= ws.chunk_off[p.batch]) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = find_row(ws.chunk_off, p.batch, gc);
@@ -293,6 +295,9 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
       const float* bh = beta + hh * C;
       float* Ah = As + hh * C * kLdA;
       float* Ph = Pm + hh * C * kLdA;
+      // The bf16 path writes P as its 16-bit tile straight from the registers (pairs of columns:
+      // 4-byte stores into the swizzled rows).
+      __nv_bfloat16* P16 = ws.tp16 + ((static_cast<int64_t>(gc) * HV + h0 + hh) * 2 + 1) * C * C;
       // Row factors of the lane's two rows (the bf16 path's products are of q̂ and k̂ already).
       float rq[2], ra[2];
 #pragma unroll
@@ -309,7 +314,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
           for (int half = 0; half < 2; ++half) {
             const int i = r0 + g + 8 * half;
             *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = make_float2(0.0f, 0.0f);
-            *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(0.0f, 0.0f);
+            if constexpr (kHalf) *reinterpret_cast<uint32_t*>(P16 + swz16<C>(i, j)) = 0u;
+            else *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(0.0f, 0.0f);
           }
           continue;
         }
@@ -330,18 +336,13 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
             ae[e] = jj < i ? kk[nt][2 * half + e] * ra[half] * d : 0.0f;
           }
           *reinterpret_cast<float2*>(&Ah[i * kLdA + j]) = make_float2(ae[0], ae[1]);
-          *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(pe[0], pe[1]);
+          if constexpr (kHalf) *reinterpret_cast<uint32_t*>(P16 + swz16<C>(i, j)) = mma16::pack_bf16x2(pe[0], pe[1]);
+          else *reinterpret_cast<float2*>(&Ph[i * kLdA + j]) = make_float2(pe[0], pe[1]);
         }
       }
     }
   }
   __syncthreads();  // A and P complete
-  if constexpr (kHalf) {
-#pragma unroll 1
-    for (int hh = 0; hh < kG; ++hh)
-      store_tile16<C>(ws.tp16 + ((static_cast<int64_t>(gc) * HV + h0 + hh) * 2 + 1) * C * C, Pm + hh * C * kLdA, kLdA,
-                      [](int) { return 1.0f; });
-  }
 
   // T = (I + A)⁻¹ by 16 × 16 blocks (A strictly, T unit lower triangular). The diagonal blocks
   // T_dd = (I + A_dd)⁻¹ by forward substitution, a thread per (head, block, column); then block

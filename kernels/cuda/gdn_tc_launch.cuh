@@ -18,6 +18,7 @@
 #include "gdn_tc_intra.cuh"
 #include "gdn_tc_state.cuh"
 #include "gdn_wy16_state.cuh"
+#include "launch.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels::cuda_detail {
@@ -78,8 +79,16 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf, In>;
     constexpr size_t smem = tc::intra_tiles<K, kG, kHalf, In>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+    // All of the unified L1 as shared memory: the bf16 path's blocks (73.5 KB with bf16 io) fit
+    // three to an SM only in the largest carveout.
+    static const bool carved = [&] {
+      CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                      cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+      return true;
+    }();
+    (void)carved;
     const dim3 grid(static_cast<unsigned>(cap), static_cast<unsigned>(p.heads_v / kG));
-    kernel<<<grid, tc::kThreads, smem, stream>>>(p, io.q, io.k, ws, scale);
+    launch_pdl(kernel, grid, dim3(tc::kThreads), smem, stream, p, io.q, io.k, ws, scale);
     HYSERVE_CUDA_CHECK_LAUNCH();
   };
   const bool pairs = (p.heads_v / p.heads_k) % 2 == 0;
@@ -110,8 +119,10 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     cfg.blockDim = dim3(w16::kThreads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // (launch.cuh)
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int dev = 0, sms = 0, per_sm = 0;
@@ -143,6 +154,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     attr[0].val.clusterDim.x = nc;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    cfg.numAttrs = pdl_applies(stream) ? 2 : 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, io.v, io.out, ws));
     HYSERVE_CUDA_CHECK_LAUNCH();
   } else {
@@ -153,7 +165,7 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(p.v_dim, tc::kSlice)), static_cast<unsigned>(p.heads_v),
                     static_cast<unsigned>(p.batch));
-    kernel<<<grid, tc::kStateThreads, smem, stream>>>(p, ws);
+    launch_pdl(kernel, grid, dim3(tc::kStateThreads), smem, stream, p, ws);
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
   if constexpr (std::is_same_v<In, float>) {

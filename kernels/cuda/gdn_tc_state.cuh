@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
   float* Uk = Rs + C * kLdT;                      // [C][kLdY] ks ⊙ u
   float* Ss = Uk + C * kLdY;                      // [BV][kLdS]
 
+  pdl_wait();  // launched with PDL: the intra kernel's workspace
   if (*ws.overflow != 0) return;
   const int64_t b = blockIdx.z;
   const int64_t slot = p.state_indices[b];

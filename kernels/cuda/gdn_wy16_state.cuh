@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(const gdn_chunk_scan
   uint64_t* bars = reinterpret_cast<uint64_t*>(hand + 2 * kGroups * tl::kHand);  // FULL
   uint64_t* empty = bars + kStages;                                              // EMPTY
 
+  pdl_wait();  // launched with PDL: the intra kernel's tiles
   if (*ws.overflow != 0) return;
   const int64_t b = blockIdx.z;
   const int64_t slot = p.state_indices[b];
