@@ -33,10 +33,14 @@
 // (one product, about 5e-4 relative per product; faster). The intra kernel has 4 warps, warp w
 // owning token rows [16w, 16w + 16) of its outputs; the state kernel 8 (see there).
 //
-// The bf16 path (kHalf) keeps the decomposition with bf16 operands: the intra kernel writes q̂
-// and k̂ (normalised) as bf16 tiles, takes its Gram products from them, and writes T and P (not
-// R) as bf16 tiles and the token factors without the norms (qs = e^{c}, ks = e^{c_{n−1} − c},
-// xs = β e^{c}), field-major; its state kernel is gdn_wy16_state.cuh.
+// The bf16 path (kHalf) keeps the decomposition with bf16 operands: the intra kernel stages q
+// and k as bf16 (16-byte aligned f32 rows normalised in registers on the way in, so q̂ and k̂ are
+// rounded once), writes q̂ and k̂ (normalised) as bf16 tiles,
+// takes its Gram products from them, and writes T and P (not R) as bf16 tiles (P straight from
+// its registers) and the token factors without the norms (qs = e^{c}, ks = e^{c_{n−1} − c},
+// xs = β e^{c}), field-major; its blocks take 73.5 KB of shared memory (T where q and k were
+// staged), three to an SM (f32 rows that are not 16-byte aligned are staged as f32: two); its
+// state kernel is gdn_wy16_state.cuh.
 // Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major A
 // fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
 //

@@ -6,7 +6,10 @@
 // HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8; unset: tiles8). Any other value is
 // an error naming the variable and its values.
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the
-// recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which.
+// recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which. bf16 io
+// (gdn_chunk_scan_params::io_dtype) runs on the bf16 path (automatic: the default path, or bf16
+// when the default is tc or tf32) or the recurrent kernel; asking tc or tf32 for it is an error
+// naming io_dtype (their point, fp32-level accuracy, is moot on bf16 inputs).
 // CUDA-free (host declarations only): reachable as "cuda/gdn_paths.cuh" by whoever links the
 // kernels.
 #include "hyserve/kernels/gdn.h"

@@ -11,10 +11,17 @@ namespace gdn_tc {
 
 // kG value heads (1 or 2) sharing one key head per block: q, k, their norms and the raw Gram
 // products are computed once for both; masks, decays, β and T per value head. q and k are staged
-// as their element type In (f32, or bf16 for the bf16 path's bf16 io); rows padded by 32 bytes.
-template <int K, int kG, bool kHalf = false, class In = float>
+// as their element type In (f32, or bf16 for the bf16 path's bf16 io), except that the bf16 path
+// (kHalf) stages 16-byte aligned f32 rows (kVec) as q̂ and k̂ in bf16: normalised in registers on
+// the way in (the norms of the f32 values), so rounded once, as its tiles are anyway. Rows padded
+// by 32 bytes.
+template <bool kHalf, bool kVec, class In>
+inline constexpr bool kNormInStaging = kHalf && kVec && std::is_same_v<In, float>;
+
+template <int K, int kG, bool kHalf = false, class In = float, bool kVec = false>
 struct intra_tiles {
-  static constexpr int kPad = 32 / static_cast<int>(sizeof(In));
+  using St = std::conditional_t<kNormInStaging<kHalf, kVec, In>, __nv_bfloat16, In>;
+  static constexpr int kPad = 32 / static_cast<int>(sizeof(St));
   static constexpr int kLdQ = K + kPad;  // Q̂ (A of Q̂·K̂ᵀ, 8-byte fragment loads)
   static constexpr int kLdK = K + kPad;  // K̂ (A of K̂·K̂ᵀ, B transposed, 8-byte fragment loads)
   static constexpr int kLdA = kChunk + 4;  // A and P (A fragments; rows 16-byte aligned for the T solve)
@@ -22,7 +29,7 @@ struct intra_tiles {
   static constexpr int kLdT = kChunk + 8;  // T (k-major B fragments)
   // Q̂ and K̂ are dead once the Gram products are in registers: P and T of the block's heads
   // (for R = P·T) reuse their space; the bf16 path stores P from registers and keeps only T.
-  static constexpr int kQK = kChunk * (kLdQ + kLdK) * static_cast<int>(sizeof(In)) / 4;  // floats
+  static constexpr int kQK = kChunk * (kLdQ + kLdK) * static_cast<int>(sizeof(St)) / 4;  // floats
   static constexpr int kPT = kG * kChunk * ((kHalf ? 0 : kLdA) + kLdT);
   // As holds A; before it, the bf16 path's q̂ and k̂ bf16 tiles for its Gram products.
   static constexpr int kAs = kG * kChunk * kLdA, kHalfTiles = kHalf ? kChunk * K : 0;  // floats
@@ -83,13 +90,15 @@ template <bool kSplit, int K, int kG, bool kVec, bool kHalf = false, class In = 
 __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_params p, const In* __restrict__ qin,
                                                          const In* __restrict__ kin, const workspace ws, float scale) {
   static_assert(kHalf || std::is_same_v<In, float>, "the f32-accurate paths stage f32");
-  using tl = intra_tiles<K, kG, kHalf, In>;
+  using tl = intra_tiles<K, kG, kHalf, In, kVec>;
+  using St = typename tl::St;
+  constexpr bool kPreNorm = kNormInStaging<kHalf, kVec, In>;  // Qs, Ks hold q̂, k̂ (bf16)
   constexpr int C = kChunk, kLdQ = tl::kLdQ, kLdK = tl::kLdK, kLdA = tl::kLdA;
   static_assert(kG * C <= kThreads, "a thread per (head, token) and per (head, column of T)");
   extern __shared__ double smem_d[];
   double* cum = smem_d;                               // [kG][C] inclusive Σ g (rows >= n: flat)
-  In* Qs = reinterpret_cast<In*>(cum + kG * C);       // [C][kLdQ]
-  In* Ks = Qs + C * kLdQ;                             // [C][kLdK]
+  St* Qs = reinterpret_cast<St*>(cum + kG * C);       // [C][kLdQ]
+  St* Ks = Qs + C * kLdQ;                             // [C][kLdK]
   float* Pm = reinterpret_cast<float*>(Qs);           // [kG][C][kLdA] P, after the Gram products (not kHalf)
   float* Tm = Pm + (kHalf ? 0 : kG * C * kLdA);       // [kG][C][tl::kLdT] T
   float* As = Pm + (tl::kQK > tl::kPT ? tl::kQK : tl::kPT);  // [kG][C][kLdA]
@@ -113,7 +122,59 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
   const int64_t HV = p.heads_v;
   const int64_t hk = h0 / (HV / p.heads_k);
 
-  if constexpr (kVec) {
+  if constexpr (kPreNorm) {
+    // f32 rows staged as q̂ and k̂ in bf16: thread tid takes 8 columns c (two 16-byte loads, one
+    // 16-byte store) of rows tid / kU + kR·r, kB rows' loads in flight; the kU threads of a row
+    // (consecutive lanes) sum its squares by xor shuffles.
+    constexpr int kU = K / 8, kR = kThreads / kU, kPasses = C / kR, kB = kPasses < 4 ? kPasses : 4;
+    static_assert(kThreads % kU == 0 && C % kR == 0 && kPasses % kB == 0, "whole passes");
+    const int j0 = tid / kU, c = 8 * (tid % kU);
+#pragma unroll
+    for (int r0 = 0; r0 < kPasses; r0 += kB) {
+      float4 qv[kB][2], kv[kB][2];
+#pragma unroll
+      for (int r = 0; r < kB; ++r) {
+        const int j = j0 + kR * (r0 + r);
+        const bool full = j < n;
+        const float4* qs = reinterpret_cast<const float4*>(qin + (t0 + j) * p.q_stride + hk * K + c);
+        const float4* ks = reinterpret_cast<const float4*>(kin + (t0 + j) * p.k_stride + hk * K + c);
+        const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qv[r][0] = full ? qs[0] : zero4;
+        qv[r][1] = full ? qs[1] : zero4;
+        kv[r][0] = full ? ks[0] : zero4;
+        kv[r][1] = full ? ks[1] : zero4;
+      }
+#pragma unroll
+      for (int r = 0; r < kB; ++r) {
+        const int j = j0 + kR * (r0 + r);
+        float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float4 a = qv[r][u], b = kv[r][u];
+          sq = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, sq))));
+          sk = fmaf(b.x, b.x, fmaf(b.y, b.y, fmaf(b.z, b.z, fmaf(b.w, b.w, sk))));
+        }
+#pragma unroll
+        for (int o = kU / 2; o > 0; o >>= 1) {
+          sq += __shfl_xor_sync(0xffffffffu, sq, o);
+          sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+        const float fq = p.qk_l2norm ? scale / sqrtf(sq + kL2Eps) : scale;
+        const float fk = p.qk_l2norm ? 1.0f / sqrtf(sk + kL2Eps) : 1.0f;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          qv[r][u] = make_float4(qv[r][u].x * fq, qv[r][u].y * fq, qv[r][u].z * fq, qv[r][u].w * fq);
+          kv[r][u] = make_float4(kv[r][u].x * fk, kv[r][u].y * fk, kv[r][u].z * fk, kv[r][u].w * fk);
+        }
+        *reinterpret_cast<uint4*>(&Qs[j * kLdQ + c]) =
+            make_uint4(mma16::pack_bf16x2(qv[r][0].x, qv[r][0].y), mma16::pack_bf16x2(qv[r][0].z, qv[r][0].w),
+                       mma16::pack_bf16x2(qv[r][1].x, qv[r][1].y), mma16::pack_bf16x2(qv[r][1].z, qv[r][1].w));
+        *reinterpret_cast<uint4*>(&Ks[j * kLdK + c]) =
+            make_uint4(mma16::pack_bf16x2(kv[r][0].x, kv[r][0].y), mma16::pack_bf16x2(kv[r][0].z, kv[r][0].w),
+                       mma16::pack_bf16x2(kv[r][1].x, kv[r][1].y), mma16::pack_bf16x2(kv[r][1].z, kv[r][1].w));
+      }
+    }
+  } else if constexpr (kVec) {
     // Thread tid copies 16-byte unit tid % kU of rows tid / kU + kR·r.
     constexpr int kE = 16 / static_cast<int>(sizeof(In)), kU = K / kE, kR = kThreads / kU;
     static_assert(kThreads % kU == 0 && C % kR == 0, "whole passes");
@@ -139,8 +200,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
                        : make_float2(0.0f, 0.0f);
         },
         [&](int j, int c, float2 v) {
-          Qs[j * kLdQ + c] = from_float<In>(v.x);  // (exact: v came from In)
-          Ks[j * kLdK + c] = from_float<In>(v.y);
+          Qs[j * kLdQ + c] = from_float<St>(v.x);  // (exact unless f32 is staged as bf16)
+          Ks[j * kLdK + c] = from_float<St>(v.y);
         });
   }
   if (tid < kG * C) {
@@ -155,17 +216,17 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     gl[tid] = gv;
     beta[tid] = bv;
   }
-  if constexpr (kVec) cp_async_wait0();
+  if constexpr (kVec && !kPreNorm) cp_async_wait0();
   __syncthreads();
 
   // Norms: two threads per row r = tid / 2, each summing alternate 16-byte units of q and k
   // (conflict-free: rows are padded by 32 bytes, so four consecutive rows' units fall in distinct
   // bank groups).
   static_assert(2 * C == kThreads && kLdK == kLdQ, "two threads per row");
-  {
+  if constexpr (!kPreNorm) {
     const int r = tid >> 1, hv = tid & 1;
     float sq = 0.0f, sk = 0.0f;
-    if constexpr (std::is_same_v<In, float>) {
+    if constexpr (std::is_same_v<St, float>) {
 #pragma unroll
       for (int i = 0; i < K / 8; ++i) {
         const float4 a = lds128(&Qs[r * kLdQ + 4 * (2 * i + hv)]);
@@ -218,8 +279,8 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
     __nv_bfloat16* H = reinterpret_cast<__nv_bfloat16*>(As);
     const bool lead = h0 % (HV / p.heads_k) == 0;
     __nv_bfloat16* dst = ws.qk16 + (static_cast<int64_t>(gc) * p.heads_k + hk) * 2 * C * K;
-    store_tile16<K>(H, Qs, kLdQ, [&](int r) { return qf[r]; }, lead ? dst : nullptr);
-    store_tile16<K>(H + C * K, Ks, kLdK, [&](int r) { return kf[r]; }, lead ? dst + C * K : nullptr);
+    store_tile16<K>(H, Qs, kLdQ, [&](int r) { return kPreNorm ? 1.0f : qf[r]; }, lead ? dst : nullptr);
+    store_tile16<K>(H + C * K, Ks, kLdK, [&](int r) { return kPreNorm ? 1.0f : kf[r]; }, lead ? dst + C * K : nullptr);
     __syncthreads();
   }
 
