@@ -219,43 +219,64 @@ std::string scan_name(const testing::TestParamInfo<scan_case>& info) {
   return s;
 }
 
+// One scan_case's batch on both sides: packed token offsets (a padding row of 5 tokens last when
+// c.pad), scattered descending slots (-1 for the padding row), initial-state flags, the problem
+// (seed + tokens; row_pad as gdn_problem's), and the CPU and CUDA params over them.
+struct scan_setup {
+  std::vector<int32_t> qsl;
+  int64_t batch;
+  std::vector<int32_t> slots;
+  std::vector<uint8_t> has_init;
+  gdn_problem prob;
+  device_array<int32_t> dqsl, dslots;
+  device_array<uint8_t> dinit;
+  gdn_chunk_scan_params pc, pg;
+
+  scan_setup(const scan_case& c, uint32_t seed, int64_t row_pad)
+      : qsl(offsets(c)),
+        batch(static_cast<int64_t>(qsl.size()) - 1),
+        slots(static_cast<size_t>(batch)),
+        has_init(static_cast<size_t>(batch)),
+        prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, 2 * batch + 2, seed + static_cast<uint32_t>(qsl.back()),
+             c.a_shift, row_pad) {
+    const int64_t n_slots = 2 * batch + 2;
+    for (int64_t b = 0; b < batch; ++b) {
+      slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);
+      has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
+    }
+    if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
+    dqsl = to_device(qsl);
+    dslots = to_device(slots);
+    dinit = to_device(has_init);
+    prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
+    pc.query_start_loc = qsl.data();
+    pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
+    pc.chunk_size = c.chunk;
+    pc.scale = c.scale;
+    pg = pc;
+    prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
+    pg.query_start_loc = dqsl.data();
+    pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
+  }
+
+  static std::vector<int32_t> offsets(const scan_case& c) {
+    std::vector<int32_t> q{0};
+    for (int len : c.lens) q.push_back(q.back() + len);
+    if (c.pad) q.push_back(q.back() + 5);
+    return q;
+  }
+};
+
 class GdnChunkScanCuda : public testing::TestWithParam<scan_case> {};
 
 TEST_P(GdnChunkScanCuda, MatchesCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const scan_case& c = GetParam();
-  std::vector<int32_t> qsl{0};
-  for (int len : c.lens) qsl.push_back(qsl.back() + len);
-  if (c.pad) qsl.push_back(qsl.back() + 5);
-  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
-  const int64_t n_slots = 2 * batch + 2;
-  gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots, 3000u + static_cast<uint32_t>(qsl.back()),
-                   c.a_shift);
-  std::vector<int32_t> slots(static_cast<size_t>(batch));
-  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);  // scattered, descending slots
-    has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
-  }
-  if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
-  auto dqsl = to_device(qsl);
-  auto dslots = to_device(slots);
-  auto dinit = to_device(has_init);
-
-  gdn_chunk_scan_params pc;
-  prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
-  pc.query_start_loc = qsl.data();
-  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
-  pc.chunk_size = c.chunk;
-  pc.scale = c.scale;
-  gdn_chunk_scan_params pg = pc;
-  prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
-  pg.query_start_loc = dqsl.data();
-  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
-  run_cpu(pc);
-  run_cuda(pg);
+  scan_setup u(c, 3000u, 3);
+  run_cpu(u.pc);
+  run_cuda(u.pg);
   device_synchronize();
-  prob.check("scan", kScanAtol, kScanRtol);
+  u.prob.check("scan", kScanAtol, kScanRtol);
 }
 
 std::vector<scan_case> scan_grid() {
@@ -300,42 +321,14 @@ TEST_P(GdnChunkScanCudaPaths, MatchesCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const scan_case& c = std::get<0>(GetParam());
   const gdn_prefill_path path = std::get<1>(GetParam());
-  std::vector<int32_t> qsl{0};
-  for (int len : c.lens) qsl.push_back(qsl.back() + len);
-  if (c.pad) qsl.push_back(qsl.back() + 5);
-  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
-  const int64_t n_slots = 2 * batch + 2;
-  gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots,
-                   5000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift,
-                   c.aligned ? 4 : 3);
-  std::vector<int32_t> slots(static_cast<size_t>(batch));
-  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);  // scattered, descending slots
-    has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
-  }
-  if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
-  auto dqsl = to_device(qsl);
-  auto dslots = to_device(slots);
-  auto dinit = to_device(has_init);
-
-  gdn_chunk_scan_params pc;
-  prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
-  pc.query_start_loc = qsl.data();
-  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
-  pc.chunk_size = c.chunk;
-  pc.scale = c.scale;
-  gdn_chunk_scan_params pg = pc;
-  prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
-  pg.query_start_loc = dqsl.data();
-  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
-  run_cpu(pc);
-  run_cuda(pg, path);
+  scan_setup u(c, 5000u + static_cast<uint32_t>(c.k_dim), c.aligned ? 4 : 3);
+  run_cpu(u.pc);
+  run_cuda(u.pg, path);
   device_synchronize();
-  const bool tc = gdn_prefill_tc_supports(pg) && path != gdn_prefill_path::recurrent;
+  const bool tc = gdn_prefill_tc_supports(u.pg) && path != gdn_prefill_path::recurrent;
   const std::string what = std::string(gdn_prefill_path_name(path)) + (tc ? "" : "(recurrent kernel)") + " " +
                            testing::UnitTest::GetInstance()->current_test_info()->name();
-  prob.check_measured(what, kScanAtol, kScanRtol, tc ? products_of(path) : products::fp32);
+  u.prob.check_measured(what, kScanAtol, kScanRtol, tc ? products_of(path) : products::fp32);
 }
 
 std::vector<scan_case> tc_grid() {
@@ -402,31 +395,14 @@ TEST_P(GdnChunkScanCudaBf16Io, MatchesCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const scan_case& c = std::get<0>(GetParam());
   const gdn_prefill_path path = std::get<1>(GetParam());
-  std::vector<int32_t> qsl{0};
-  for (int len : c.lens) qsl.push_back(qsl.back() + len);
-  if (c.pad) qsl.push_back(qsl.back() + 5);
-  const int64_t batch = static_cast<int64_t>(qsl.size()) - 1;
-  const int64_t n_slots = 2 * batch + 2;
   // aligned: rows of a multiple of 8 elements (16 bytes in bf16).
-  gdn_problem prob(qsl.back(), c.heads_k, c.heads_v, c.k_dim, c.v_dim, n_slots,
-                   7000u + static_cast<uint32_t>(qsl.back()) + static_cast<uint32_t>(c.k_dim), c.a_shift,
-                   c.aligned ? 8 : 3);
-  std::vector<uint16_t> qkv16(prob.qkv.size());
-  for (size_t i = 0; i < qkv16.size(); ++i) qkv16[i] = f32_to_bf16(prob.qkv[i]);
-  std::vector<uint16_t> out16(prob.out.size(), 0xffffu);
+  scan_setup u(c, 7000u + static_cast<uint32_t>(c.k_dim), c.aligned ? 8 : 3);
+  std::vector<uint16_t> qkv16(u.prob.qkv.size());
+  for (size_t i = 0; i < qkv16.size(); ++i) qkv16[i] = f32_to_bf16(u.prob.qkv[i]);
+  std::vector<uint16_t> out16(u.prob.out.size(), 0xffffu);
   auto dqkv16 = to_device(qkv16);
   device_array<uint16_t> dout16(out16.size());
   dout16.fill_bytes(0xff);
-  std::vector<int32_t> slots(static_cast<size_t>(batch));
-  std::vector<uint8_t> has_init(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    slots[static_cast<size_t>(b)] = static_cast<int32_t>(n_slots - 2 * b);
-    has_init[static_cast<size_t>(b)] = c.init == 1 || (c.init == 2 && b % 2 == 0);
-  }
-  if (c.pad) slots[static_cast<size_t>(batch - 1)] = -1;
-  auto dqsl = to_device(qsl);
-  auto dslots = to_device(slots);
-  auto dinit = to_device(has_init);
   auto bf16_rows = [&](gdn_chunk_scan_params& p, const uint16_t* qkv, uint16_t* out) {
     p.q = p.k = p.v = nullptr;
     p.out = nullptr;
@@ -436,32 +412,21 @@ TEST_P(GdnChunkScanCudaBf16Io, MatchesCpu) {
     p.v_bf16 = qkv + 2 * c.heads_k * c.k_dim;
     p.out_bf16 = out;
   };
-
-  gdn_chunk_scan_params pc;
-  prob.fill_host(pc, slots.data(), batch, c.l2, c.bias);
-  pc.query_start_loc = qsl.data();
-  pc.has_initial_state = c.init == 0 ? nullptr : has_init.data();
-  pc.chunk_size = c.chunk;
-  pc.scale = c.scale;
-  gdn_chunk_scan_params pg = pc;
-  prob.fill_device(pg, dslots.data(), batch, c.l2, c.bias);
-  pg.query_start_loc = dqsl.data();
-  pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
-  bf16_rows(pc, qkv16.data(), out16.data());
-  bf16_rows(pg, dqkv16.data(), dout16.data());
-  run_cpu(pc);
-  run_cuda(pg, path);
+  bf16_rows(u.pc, qkv16.data(), out16.data());
+  bf16_rows(u.pg, dqkv16.data(), dout16.data());
+  run_cpu(u.pc);
+  run_cuda(u.pg, path);
   device_synchronize();
   const std::vector<float> got = widen(dout16.download()), want = widen(out16);
-  const bool tc = gdn_prefill_tc_supports(pg) && path != gdn_prefill_path::recurrent;
+  const bool tc = gdn_prefill_tc_supports(u.pg) && path != gdn_prefill_path::recurrent;
   const std::string what = std::string(gdn_prefill_path_name(path)) + (tc ? "" : "(recurrent kernel)") + " bf16 io " +
                            testing::UnitTest::GetInstance()->current_test_info()->name();
   if (tc) {
     gdn_problem::measure(got, want, what + " out", products::bf16);
-    gdn_problem::measure(prob.dstates.download(), prob.states, what + " states", products::bf16);
+    gdn_problem::measure(u.prob.dstates.download(), u.prob.states, what + " states", products::bf16);
   } else {
     expect_match(got, want, 3e-5, 1e-2, what + " out");
-    expect_match(prob.dstates.download(), prob.states, kScanAtol, kScanRtol, what + " states");
+    expect_match(u.prob.dstates.download(), u.prob.states, kScanAtol, kScanRtol, what + " states");
   }
 }
 
