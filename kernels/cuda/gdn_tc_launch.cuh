@@ -79,8 +79,8 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
     const auto kernel = &tc::intra_kernel<kSplit, K, kG, decltype(vq)::value, kHalf, In>;
     constexpr size_t smem = tc::intra_tiles<K, kG, kHalf, In, decltype(vq)::value>::kBytes;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-    // All of the unified L1 as shared memory: the bf16 path's blocks (73.5 KB with bf16 io) fit
-    // three to an SM only in the largest carveout.
+    // All of the unified L1 as shared memory: the bf16 path's blocks (73.5 KB with bf16
+    // staging) fit three to an SM only in the largest carveout.
     static const bool carved = [&] {
       CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));

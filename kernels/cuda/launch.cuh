@@ -1,6 +1,7 @@
 #pragma once
-// Programmatic dependent launch (PDL) of the decode-path kernels. A kernel launched through
-// launch_pdl may start while the kernel before it on the stream is still running (its blocks
+// Programmatic dependent launch (PDL) of the decode-path kernels and of the GDN prefill's. A
+// kernel launched through launch_pdl may start while the kernel before it on the stream is still
+// running (its blocks
 // scheduled as soon as every block of the previous kernel has started, or exited); it must
 // therefore call pdl_wait() before its first global memory access that reads what earlier work
 // wrote, or writes what earlier work reads (griddepcontrol.wait returns once the previous grid
