@@ -1,14 +1,13 @@
 #pragma once
 // Programmatic dependent launch (PDL) of the decode-path kernels and of the GDN prefill's. A
-// kernel launched through launch_pdl may start while the kernel before it on the stream is still
-// running (its blocks
-// scheduled as soon as every block of the previous kernel has started, or exited); it must
-// therefore call pdl_wait() before its first global memory access that reads what earlier work
-// wrote, or writes what earlier work reads (griddepcontrol.wait returns once the previous grid
-// has completed and its writes are visible; since that grid waited for its own predecessor,
-// all earlier work has). Kernels here call pdl_wait() first thing, then
-// pdl_launch_dependents() so that the next kernel's launch overlaps their run. Only kernels that
-// call pdl_wait() may be launched with launch_pdl (never cuBLAS's).
+// kernel launched through launch_pdl may start while the kernel before it on the stream is
+// still running (its blocks scheduled as soon as every block of the previous kernel has
+// started, or exited); it must therefore call pdl_wait() before its first global memory access
+// that reads what earlier work wrote, or writes what earlier work reads (griddepcontrol.wait
+// returns once the previous grid has completed and its writes are visible; since that grid
+// waited for its own predecessor, all earlier work has). Kernels here call pdl_wait() first
+// thing, then pdl_launch_dependents() so that the next kernel's launch overlaps their run. Only
+// kernels that call pdl_wait() may be launched with launch_pdl (never cuBLAS's).
 //
 // In a stream capture the attribute becomes a programmatic graph edge, which CUDA allows only
 // between kernel nodes: launch_pdl sets it only when every node the launch will depend on is a
