@@ -277,8 +277,7 @@ void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* h
     if (bf16 != nullptr) {
       gdn_kernel<K, __nv_bfloat16><<<grid, kGdnThreads, 0, stream>>>(p, *bf16, qsl, has_init, scale, gate);
     } else {
-      gdn_kernel<K, float><<<grid, kGdnThreads, 0, stream>>>(p, gdn_io<float>{p.q, p.k, p.v, p.out}, qsl, has_init,
-                                                              scale, gate);
+      gdn_kernel<K, float><<<grid, kGdnThreads, 0, stream>>>(p, f32_io(p), qsl, has_init, scale, gate);
     }
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
