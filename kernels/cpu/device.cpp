@@ -17,6 +17,7 @@ namespace {
 
 int cuda_device_count() { return 0; }
 bool cuda_built() { return false; }
+uint64_t device_to_host_bytes() { return 0; }
 void cuda_set_device(int /*ordinal*/) { no_cuda("cuda_set_device"); }
 device_memory_info cuda_memory_info() { no_cuda("cuda_memory_info"); }
 void* device_alloc(size_t /*bytes*/) { no_cuda("device_alloc"); }

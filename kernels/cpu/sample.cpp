@@ -33,14 +33,25 @@ const float* first_max(const float* x, int64_t V) {
   return x;  // not reached: mx is one of the values
 }
 
+void check_values(float temperature, float top_p) {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    throw invalid_argument_error("sample: temperature must be finite and >= 0, got " + std::to_string(temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(top_p));
+}
+
 }  // namespace
+
+void check_sample_settings(const sample_settings& s) {
+  check_values(s.temperature, s.top_p);
+  if (s.top_k < 0) throw invalid_argument_error("sample: top_k must be >= 0, got " + std::to_string(s.top_k));
+  if (s.want_logprob != 0 && s.want_logprob != 1)
+    throw invalid_argument_error("sample: want_logprob must be 0 or 1, got " + std::to_string(s.want_logprob));
+}
 
 sample_output sample_cpu(const sample_params& p) {
   if (!p.logits || p.vocab <= 0) throw invalid_argument_error("sample: logits and vocab > 0 are required");
-  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
-    throw invalid_argument_error("sample: temperature must be finite and >= 0, got " + std::to_string(p.temperature));
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
-    throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  check_values(p.temperature, p.top_p);
   const float* x = p.logits;
   const int64_t V = p.vocab;
   const float* const top = first_max(x, V);

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "hyserve/common/error.h"
@@ -21,6 +22,9 @@ namespace hyserve::kernels::cuda_detail {
   throw error(std::string("cuBLAS call failed: ") + stmt + " → " + cublasGetStatusName(status) + " (" +
               cublasGetStatusString(status) + ") at " + file + ":" + std::to_string(line));
 }
+
+// Adds to the process's device → host byte count (kernels::device_to_host_bytes).
+void count_device_to_host(size_t bytes);
 
 }  // namespace hyserve::kernels::cuda_detail
 

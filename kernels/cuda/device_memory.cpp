@@ -2,6 +2,7 @@
 // hyserve/kernels/device.h), and the CUDA allocator behind hyserve::tensor.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include <iostream>
@@ -126,6 +127,10 @@ class cuda_allocator final : public device_allocator {
 
 namespace cuda_detail {
 
+std::atomic<uint64_t> d2h_bytes{0};
+
+void count_device_to_host(size_t bytes) { d2h_bytes.fetch_add(bytes, std::memory_order_relaxed); }
+
 cudaError_t scratch_alloc(void** p, size_t bytes, cudaStream_t stream) { return ordered_alloc(p, bytes, stream); }
 cudaError_t scratch_free(void* p, cudaStream_t stream) { return ordered_free(p, stream); }
 
@@ -222,7 +227,10 @@ void device_copy_h2d(void* dst, const void* src, size_t bytes) {
 
 void device_copy_d2h(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  cuda_detail::count_device_to_host(bytes);
 }
+
+uint64_t device_to_host_bytes() { return cuda_detail::d2h_bytes.load(std::memory_order_relaxed); }
 
 void device_copy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));

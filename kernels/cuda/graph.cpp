@@ -67,6 +67,7 @@ void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
 
 void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)));
+  cuda_detail::count_device_to_host(bytes);
 }
 
 void copy_d2d_async(void* dst, const void* src, size_t bytes, void* stream) {

@@ -22,7 +22,6 @@
 
 #include "common.cuh"
 #include "hyserve/kernels/sampling.h"
-#include "sample_batch.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -30,7 +29,6 @@ namespace {
 
 constexpr int kArgmaxThreads = 512;
 constexpr int kSampleThreads = 1024;
-constexpr int kSampleRowsPerLaunch = 64;  // settings of 64 rows fit the 4 KB of kernel arguments
 constexpr uint64_t kNoKey = ~0ull;        // no element (an element's key has bit 31 clear)
 
 // (value, index) order of argmax: a larger value wins, equal values go to the lower index.
@@ -119,22 +117,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const argmax_par
   block_best(best, best_i);
   if (threadIdx.x == 0) p.out[blockIdx.x] = best_i == INT_MAX ? 0 : best_i;
 }
-
-struct sample_row {
-  const float* logits;
-  int64_t vocab;
-  float temperature;
-  int32_t top_k;
-  float top_p;
-  uint64_t seed;
-  uint64_t counter;
-};
-
-struct sample_chunk {
-  sample_row rows[kSampleRowsPerLaunch];
-  sample_output* out;  // [rows of this launch]
-};
-static_assert(sizeof(sample_chunk) <= 4000, "kernel arguments are limited to 4 KB");
 
 __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -257,11 +239,33 @@ __device__ uint64_t select_first(const float* x, int32_t V, uint64_t limit, Weig
   return prefix;
 }
 
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const __grid_constant__ sample_chunk c) {
+// The settings of a row as sample_cpu would take them, values outside their ranges clamped to
+// the nearest valid one (the host checked them; a captured step must not fail on the device).
+struct row_settings {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  bool want_logprob;
+  uint64_t seed;
+  uint64_t counter;
+};
+
+__device__ __forceinline__ row_settings read_settings(const sample_settings& s) {
+  row_settings r;
+  r.temperature = (s.temperature > 0.0f && s.temperature <= FLT_MAX) ? s.temperature : 0.0f;
+  r.top_k = s.top_k > 0 ? s.top_k : 0;
+  r.top_p = s.top_p < 1.0f ? (s.top_p > 0.0f ? s.top_p : FLT_MIN) : 1.0f;
+  r.want_logprob = s.want_logprob != 0;
+  r.seed = s.seed;
+  r.counter = s.counter;
+  return r;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const sample_rows_params p) {
   __shared__ select_scratch scratch;
-  const sample_row& row = c.rows[blockIdx.x];
-  const float* x = row.logits;
-  const auto V = static_cast<int32_t>(row.vocab);
+  const row_settings row = read_settings(p.settings[blockIdx.x]);
+  const float* x = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;
+  const auto V = static_cast<int32_t>(p.vocab);
 
   // First maximum (std::max_element) and the log-softmax normaliser of the raw logits.
   float mx = -INFINITY;
@@ -274,10 +278,6 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const __grid_con
     }
   }
   block_best(mx, arg);
-  double z = 0.0;
-  for (int32_t i = threadIdx.x; i < V; i += blockDim.x) z += exp(static_cast<double>(x[i] - mx));
-  z = block_sum_double(z);
-  const double log_z = static_cast<double>(mx) + log(z);
 
   int32_t token = arg;
   if (row.temperature != 0.0f) {
@@ -321,10 +321,33 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const __grid_con
     }
     token = static_cast<int32_t>(key & 0xffffffffu);
   }
-  if (threadIdx.x == 0) {
-    c.out[blockIdx.x].token = token;
-    c.out[blockIdx.x].logprob = static_cast<float>(static_cast<double>(x[token]) - log_z);
+  float logprob = 0.0f;
+  if (row.want_logprob) {
+    // The log-softmax normaliser of the raw logits (a pass of exp over the row: only when asked).
+    double z = 0.0;
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) z += exp(static_cast<double>(x[i] - mx));
+    z = block_sum_double(z);
+    logprob = static_cast<float>(static_cast<double>(x[token]) - (static_cast<double>(mx) + log(z)));
   }
+  if (threadIdx.x == 0) {
+    p.out[blockIdx.x].token = token;
+    p.out[blockIdx.x].logprob = logprob;
+  }
+}
+
+__global__ void last_token_scatter_kernel(const last_token_scatter_params p) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= p.rows) return;
+  const int32_t slot = p.slots[r];
+  if (slot >= 0 && slot < p.n_slots) p.last[slot] = p.sampled[r].token;
+}
+
+__global__ void token_resolve_kernel(const token_resolve_params p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  const int32_t id = p.ids[i];
+  const int64_t slot = -static_cast<int64_t>(id) - 1;
+  if (id < 0 && slot < p.n_slots) p.ids[i] = p.last[slot];
 }
 
 template <class T>
@@ -354,33 +377,42 @@ void run_cuda(const argmax_params& p, void* stream) {
   launch_argmax<float>(p, as_stream(stream));
 }
 
-void run_cuda(const sample_batch_params& p, void* stream) {
-  require_non_negative(p.n_rows, "sample", "n_rows");
-  if (p.n_rows == 0) return;
-  require_ptr(p.rows, "sample", "rows");
-  require_ptr(p.out, "sample", "out");
-  // The same checks and messages as sample_cpu, row by row.
-  for (int64_t r = 0; r < p.n_rows; ++r) {
-    const sample_params& s = p.rows[r];
-    if (!s.logits || s.vocab <= 0) throw invalid_argument_error("sample: logits and vocab > 0 are required");
-    if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature))
-      throw invalid_argument_error("sample: temperature must be finite and >= 0, got " + std::to_string(s.temperature));
-    if (!(s.top_p > 0.0f && s.top_p <= 1.0f))
-      throw invalid_argument_error("sample: top_p must be in (0, 1], got " + std::to_string(s.top_p));
-    if (s.vocab > std::numeric_limits<int32_t>::max())
-      throw invalid_argument_error("sample: vocab = " + std::to_string(s.vocab) + " exceeds the int32 id range");
-  }
-  for (int64_t r0 = 0; r0 < p.n_rows; r0 += kSampleRowsPerLaunch) {
-    const int64_t n = std::min<int64_t>(kSampleRowsPerLaunch, p.n_rows - r0);
-    sample_chunk c{};
-    for (int64_t r = 0; r < n; ++r) {
-      const sample_params& s = p.rows[r0 + r];
-      c.rows[r] = sample_row{s.logits, s.vocab, s.temperature, s.top_k, s.top_p, s.seed, s.counter};
-    }
-    c.out = p.out + r0;
-    sample_kernel<<<static_cast<unsigned>(n), kSampleThreads, 0, as_stream(stream)>>>(c);
-    HYSERVE_CUDA_CHECK_LAUNCH();
-  }
+void run_cuda(const sample_rows_params& p, void* stream) {
+  constexpr const char* op = "sample_rows";
+  require_non_negative(p.rows, op, "rows");
+  if (p.rows == 0) return;
+  require_ptr(p.logits, op, "logits");
+  require_ptr(p.settings, op, "settings");
+  require_ptr(p.out, op, "out");
+  require_positive(p.vocab, op, "vocab");
+  require_stride(p.stride, p.vocab, op, "stride");
+  if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
+  if (p.rows > std::numeric_limits<int32_t>::max()) fail(op, "rows", p.rows, "exceeds the CUDA grid");
+  sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void run_cuda(const last_token_scatter_params& p, void* stream) {
+  constexpr const char* op = "last_token_scatter";
+  require_non_negative(p.rows, op, "rows");
+  require_non_negative(p.n_slots, op, "n_slots");
+  if (p.rows == 0) return;
+  require_ptr(p.sampled, op, "sampled");
+  require_ptr(p.slots, op, "slots");
+  require_ptr(p.last, op, "last");
+  last_token_scatter_kernel<<<static_cast<unsigned>((p.rows + 127) / 128), 128, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+void run_cuda(const token_resolve_params& p, void* stream) {
+  constexpr const char* op = "token_resolve";
+  require_non_negative(p.n, op, "n");
+  require_non_negative(p.n_slots, op, "n_slots");
+  if (p.n == 0) return;
+  require_ptr(p.ids, op, "ids");
+  require_ptr(p.last, op, "last");
+  token_resolve_kernel<<<static_cast<unsigned>((p.n + 255) / 256), 256, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace hyserve::kernels

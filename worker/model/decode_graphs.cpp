@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hyserve/common/error.h"
+#include "hyserve/kernels/run.h"
 #include "step_pack.h"
 
 namespace hyserve::worker {
@@ -97,6 +98,7 @@ std::vector<const void*> decode_graphs::cache_addresses(const model_context& ctx
     a.push_back(ctx.mamba->layer(i).conv.data());
     a.push_back(ctx.mamba->layer(i).ssm.data());
   }
+  a.push_back(ctx.last_tokens);
   return a;
 }
 
@@ -113,10 +115,11 @@ void decode_graphs::check_caches(const model_context& ctx) {
 void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int32_t page_size) {
   if (stream_) return;
   max_pages_ = attention ? (ctx.req_to_token->max_context() + page_size - 1) / page_size : 0;
-  const layers::step_layout largest = layers::make_step_layout(cfg_.max_batch, cfg_.max_batch, cfg_.max_batch,
-                                                               attention, std::max<int64_t>(max_pages_, 1), 0, false);
+  const layers::step_layout largest = layers::make_step_layout(
+      cfg_.max_batch, cfg_.max_batch, cfg_.max_batch, attention, std::max<int64_t>(max_pages_, 1), 0, false, false, true);
   inputs_ = tensor::i32({largest.total}, device_kind::kCuda);
   logits_ = tensor::f32({cfg_.max_batch, cfg_.vocab_local}, device_kind::kCuda);
+  sampled_ = tensor::i32({int64_t{cfg_.max_batch} * 2}, device_kind::kCuda);
   host_in_elems_ = static_cast<size_t>(largest.total);
   host_in_.reset(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
   host_out_.reset(kernels::pinned_alloc(logits_.nbytes()));
@@ -127,7 +130,8 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
 
 tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_step* step,
                           const std::vector<int32_t>& ids, const model_context& ctx, const step_body& body,
-                          step_report* report) {
+                          step_report* report, const step_sampling* sampling,
+                          std::vector<kernels::sample_output>* sampled) {
   const int32_t bs = meta.batch_size;
   const bool attention = step != nullptr;
   ensure_buffers(ctx, attention, attention ? step->page_size : 0);
@@ -138,23 +142,55 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   decode_graph_key key;
   key.batch = *pick_batch_bucket(buckets_, bs);
   key.page_table_stride = attention ? pick_page_stride(step->page_table_stride, max_pages_) : 0;
-  const layers::step_layout layout =
-      layers::make_step_layout(key.batch, key.batch, key.batch, attention, key.page_table_stride, 0, false);
+  key.sampling = sampling != nullptr;
+  HYSERVE_CHECK(!sampling || sampled, "decode graphs: sampling without an output");
+  const layers::step_layout layout = layers::make_step_layout(key.batch, key.batch, key.batch, attention,
+                                                              key.page_table_stride, 0, false, false, key.sampling);
   HYSERVE_CHECK(static_cast<size_t>(layout.total) <= host_in_elems_, "decode graphs: layout exceeds the buffer");
   auto* host_in = static_cast<int32_t*>(host_in_.get());
   void* const stream = stream_.get();
-  layers::pack_step(layout, meta, step, ids, host_in);
+  layers::pack_step(layout, meta, step, ids, host_in, sampling);
 
   const kernels::exec_context ex{device_kind::kCuda, stream};
   layers::step_inputs in;
   layers::bind_step(in, layout, meta, inputs_.as<int32_t>(), attention ? step->page_size : 0);
   const size_t out_bytes = static_cast<size_t>(key.batch) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);
-  // The body's logits into the static output (inside a capture: a copy node).
+  // Placeholder tokens resolved from the last-token feed, the body, then either the sampler
+  // (tokens into the static output, fed back to the slots) or the logits into the static output
+  // (inside a capture: a copy node).
   auto run_body = [&] {
+    if (ctx.last_tokens) {
+      kernels::token_resolve_params r;
+      r.ids = in.token_ids.as<int32_t>();
+      r.n = key.batch;
+      r.last = ctx.last_tokens;
+      r.n_slots = ctx.last_token_slots;
+      kernels::run(r, ex);
+    }
     const tensor local = body(in, ex);
     HYSERVE_CHECK(local.numel() * static_cast<int64_t>(sizeof(float)) == static_cast<int64_t>(out_bytes),
                   "decode graphs: body returned " + local.shape().str());
-    kernels::copy_d2d_async(logits_.data(), local.data(), out_bytes, stream);
+    if (!key.sampling) {
+      kernels::copy_d2d_async(logits_.data(), local.data(), out_bytes, stream);
+      return;
+    }
+    kernels::sample_rows_params p;
+    p.logits = local.as<float>();
+    p.settings = in.sample_settings.as<kernels::sample_settings>();
+    p.out = static_cast<kernels::sample_output*>(sampled_.data());
+    p.rows = key.batch;
+    p.vocab = cfg_.vocab_local;
+    p.stride = cfg_.vocab_local;
+    kernels::run(p, ex);
+    if (ctx.last_tokens) {
+      kernels::last_token_scatter_params f;
+      f.sampled = p.out;
+      f.slots = in.feed_slots.as<int32_t>();
+      f.last = ctx.last_tokens;
+      f.rows = key.batch;
+      f.n_slots = ctx.last_token_slots;
+      kernels::run(f, ex);
+    }
   };
 
   std::optional<kernels::gpu_timer> timer;
@@ -210,6 +246,24 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
     }
   }
   if (timer) timer->stop(stream);
+  auto fill_report = [&] {
+    if (!report) return;
+    report->graph = graph != nullptr;
+    report->captured = captured;
+    report->graph_batch = key.batch;
+    report->gpu_ms = timer->elapsed_ms();
+    report->nodes = graph ? graph->stats() : kernels::graph_stats{};
+  };
+  if (key.sampling) {
+    // The real rows' tokens: 8 bytes a row.
+    const size_t bytes = static_cast<size_t>(bs) * sizeof(kernels::sample_output);
+    kernels::copy_d2h_async(host_out_.get(), sampled_.data(), bytes, stream);
+    kernels::stream_synchronize(stream);
+    sampled->resize(static_cast<size_t>(bs));
+    std::memcpy(sampled->data(), host_out_.get(), bytes);
+    fill_report();
+    return tensor{};
+  }
 
   // The real rows' logits: their copies are queued first, then the result is allocated (and
   // zero-filled by the tensor) while the device still runs the step, then each chunk is moved
@@ -242,14 +296,7 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   }
   if (failure) std::rethrow_exception(failure);
   kernels::stream_synchronize(stream);  // nothing is left in flight (the last event covered it all)
-
-  if (report) {
-    report->graph = graph != nullptr;
-    report->captured = captured;
-    report->graph_batch = key.batch;
-    report->gpu_ms = timer->elapsed_ms();
-    report->nodes = graph ? graph->stats() : kernels::graph_stats{};
-  }
+  fill_report();
   return out;
 }
 

@@ -4,9 +4,10 @@
 // (1, 2, 4, … up to max_batch, and max_batch itself) with padding rows that write nowhere
 // (step_pack.h); its page table is laid out at the smallest power-of-two stride ≥ its pages.
 //
-// Per step: the host packs the padded metadata into pinned memory, one async copy puts it into
-// the static device buffer every graph reads, the key's graph is launched, and the logits of
-// the real rows come back through a reused pinned buffer, in chunks that host threads move into
+// Per step: the host packs the padded metadata (and, when the step samples on the device, the
+// rows' sampling settings) into pinned memory, one async copy puts it into the static device
+// buffer every graph reads, the key's graph is launched, and either the sampled tokens of the
+// real rows (8 bytes a row) or their logits come back through a reused pinned buffer, in chunks that host threads move into
 // the returned tensor while later chunks are still in flight (the returned tensor itself is
 // allocated while the device runs the step). The first step of a key runs the model body
 // eagerly on the graph stream (its result is that step's logits: the warm-up), then captures the
@@ -64,6 +65,7 @@ int64_t pick_page_stride(int64_t pages, int64_t max_pages);
 struct decode_graph_key {
   int32_t batch = 0;
   int64_t page_table_stride = 0;  // 0 for models without attention layers
+  bool sampling = false;          // the graph ends with the sampler (tokens out, not logits)
   auto operator<=>(const decode_graph_key&) const = default;
 };
 
@@ -92,9 +94,12 @@ class decode_graphs {
   std::string ineligible(const hybrid_metadata& meta, const forward_options& opts) const;
 
   // Runs an eligible Decode step (see the file comment). step: the step's KV bookkeeping (null
-  // without attention layers); ids: its token ids. Returns host logits [bs, vocab_local].
+  // without attention layers); ids: its token ids. Returns host logits [bs, vocab_local]; with
+  // sampling (one settings entry per row) the graph also samples, the tokens land in *sampled
+  // and the returned tensor is empty (8 bytes per row leave the device).
   tensor run(const hybrid_metadata& meta, const layers::attention_step* step, const std::vector<int32_t>& ids,
-             const model_context& ctx, const step_body& body, step_report* report);
+             const model_context& ctx, const step_body& body, step_report* report,
+             const step_sampling* sampling = nullptr, std::vector<kernels::sample_output>* sampled = nullptr);
 
   const std::vector<int32_t>& buckets() const { return buckets_; }
   std::string describe() const;  // "CUDA graphs per batch bucket {1,2,4,8}"
@@ -125,6 +130,7 @@ class decode_graphs {
   int64_t max_pages_ = 0;   // page-table stride cap: pages of max_context
   tensor inputs_;           // i32 static packed metadata (largest layout)
   tensor logits_;           // f32 [max_batch, vocab_local] static output
+  tensor sampled_;          // kernels::sample_output [max_batch] static output of sampling graphs
   std::unique_ptr<void, pinned_deleter> host_in_;   // pinned staging of inputs_ (i32)
   std::unique_ptr<void, pinned_deleter> host_out_;  // pinned staging of logits_ (f32)
   size_t host_in_elems_ = 0;

@@ -280,6 +280,11 @@ void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& met
     in.page_table_stride = l.page_table_stride;
     in.page_size = page_size;
   }
+  if (l.sampling) {
+    in.sampling = true;
+    in.sample_settings = at(l.sample_settings_at, l.logit_rows * 8);
+    in.feed_slots = at(l.feed_slots_at, l.logit_rows);
+  }
   switch (meta.mode) {
     case forward_mode::kTargetVerify:
       in.spec_tokens_per_row = meta.draft_len;
@@ -309,10 +314,10 @@ void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& met
 }
 
 step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const std::vector<int32_t>& ids,
-                        const exec_context& ctx) {
-  const step_layout l = layout_of(meta, step);
+                        const exec_context& ctx, const step_sampling* sampling) {
+  const step_layout l = layout_of(meta, step, sampling != nullptr);
   std::vector<int32_t> host(static_cast<size_t>(l.total));
-  pack_step(l, meta, step, ids, host.data());
+  pack_step(l, meta, step, ids, host.data(), sampling);
   step_inputs in;
   in.storage = tensor::from_host(host.data(), dtype::kI32, l.total, ctx.device);
   bind_step(in, l, meta, in.storage.as<int32_t>(), step ? step->page_size : 0);

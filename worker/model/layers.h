@@ -17,6 +17,10 @@
 #include "hyserve/worker/memory_pools.h"
 #include "sparse_select.h"
 
+namespace hyserve::worker {
+struct step_sampling;  // hyserve/worker/model.h
+}  // namespace hyserve::worker
+
 namespace hyserve::worker::layers {
 
 using kernels::exec_context;
@@ -137,20 +141,25 @@ struct step_inputs {
   int64_t spec_rows = 0;
   bool spec_extend = false;
   device_array extend_slots;     // i32 [bs]
+  // Sampling on the device (worker::step_sampling): settings and feed slot per logits row.
+  bool sampling = false;
+  device_array sample_settings;  // kernels::sample_settings [n_logit_rows]
+  device_array feed_slots;       // i32 [n_logit_rows]
   tensor storage;  // the packed buffer when this step owns it (eager); empty when bound to another
 
   const uint8_t* initial_state_flags() const { return has_initial_state.as<uint8_t>(); }
 };
 
 struct step_layout;
+
 // Points the arrays of `in` into a packed buffer of `layout` at device address `base` and sets
 // the mode's scalars from meta (batch and token counts from the layout, which may be padded).
 void bind_step(step_inputs& in, const step_layout& layout, const hybrid_metadata& meta, int32_t* base,
                int32_t page_size);
 // The eager path: packs the step (ids: the batch's token ids) and uploads it in one copy. step
-// may be null (no attention layers).
+// may be null (no attention layers); sampling, when set, travels in the same copy.
 step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step, const std::vector<int32_t>& ids,
-                        const exec_context& ctx);
+                        const exec_context& ctx, const worker::step_sampling* sampling = nullptr);
 
 struct attention_weights {
   tensor q;  // [q_heads_local·head_dim, hidden]

@@ -1,13 +1,67 @@
 #include "step_driver.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/graph.h"
+#include "hyserve/kernels/run.h"
 #include "sparse_select.h"
+#include "step_pack.h"
 
 namespace hyserve::worker {
+
+namespace {
+
+// The sampled tokens of host-sampled rows into the context's last-token feed.
+void feed_from_host(const std::vector<kernels::sample_output>& sampled, const std::vector<int32_t>& feed_slots,
+                    const model_context& ctx, const kernels::exec_context& ex) {
+  if (!ctx.last_tokens || sampled.empty()) return;
+  kernels::last_token_scatter_params p;
+  p.rows = static_cast<int64_t>(sampled.size());
+  p.n_slots = ctx.last_token_slots;
+  p.last = ctx.last_tokens;
+  if (ex.device == device_kind::kCpu) {
+    p.sampled = sampled.data();
+    p.slots = feed_slots.data();
+    kernels::run(p, ex);
+    return;
+  }
+  const tensor dev_sampled = tensor::from_host(sampled.data(), dtype::kI32, p.rows * 2, ex.device);
+  const tensor dev_slots = tensor::from_host(feed_slots.data(), dtype::kI32, p.rows, ex.device);
+  p.sampled = static_cast<const kernels::sample_output*>(dev_sampled.data());
+  p.slots = dev_slots.as<int32_t>();
+  kernels::run(p, ex);
+  kernels::stream_synchronize(ex.stream);  // before the uploads are freed
+}
+
+}  // namespace
+
+void check_step_tokens(const std::vector<int32_t>& ids, int64_t vocab, const model_context& ctx) {
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const int32_t id = ids[t];
+    if (id >= 0 && id < vocab) continue;
+    if (id < 0 && ctx.last_tokens && -static_cast<int64_t>(id) - 1 < ctx.last_token_slots) continue;
+    if (id < 0 && ctx.last_tokens)
+      throw invalid_argument_error("token placeholder " + std::to_string(id) + " at batch position " + std::to_string(t) +
+                                   " names slot " + std::to_string(-static_cast<int64_t>(id) - 1) + " outside [0, " +
+                                   std::to_string(ctx.last_token_slots) + ")");
+    throw invalid_argument_error("token id " + std::to_string(id) + " at batch position " + std::to_string(t) +
+                                 " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+}
+
+void resolve_placeholders(const layers::step_inputs& in, const std::vector<int32_t>& ids, const model_context& ctx,
+                          const kernels::exec_context& ex) {
+  if (!ctx.last_tokens || std::none_of(ids.begin(), ids.end(), [](int32_t id) { return id < 0; })) return;
+  kernels::token_resolve_params p;
+  p.ids = in.token_ids.as<int32_t>();
+  p.n = static_cast<int64_t>(ids.size());
+  p.last = ctx.last_tokens;
+  p.n_slots = ctx.last_token_slots;
+  kernels::run(p, ex);
+}
 
 std::string decode_graph_blocker(const kernels::exec_context& ctx, const decode_graph_options& graphs, int tp_size) {
   if (ctx.device != device_kind::kCuda) return "device cpu";
@@ -38,10 +92,22 @@ step_driver::~step_driver() = default;
 tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                             const forward_options& opts, const model_body& body) {
   const std::vector<int32_t> ids = layers::batch_token_ids(batch);
-  for (size_t t = 0; t < ids.size(); ++t)
-    if (ids[t] < 0 || ids[t] >= frame_.vocab_size)
-      throw invalid_argument_error("token id " + std::to_string(ids[t]) + " at batch position " + std::to_string(t) +
-                                   " is outside the vocabulary [0, " + std::to_string(frame_.vocab_size) + ")");
+  check_step_tokens(ids, frame_.vocab_size, ctx);
+  const step_sampling* sampling = opts.sample;
+  if (sampling) {
+    if (!opts.sampled) throw invalid_argument_error("forward_options.sample needs forward_options.sampled");
+    if (opts.all_logits || opts.hidden_states)
+      throw invalid_argument_error("forward_options.sample: not with all_logits or hidden_states (they return logits)");
+    const size_t n = meta.logit_token_indices.size();
+    if (sampling->settings.size() != n || sampling->feed_slots.size() != n)
+      throw invalid_argument_error("forward_options.sample: " + std::to_string(sampling->settings.size()) +
+                                   " settings and " + std::to_string(sampling->feed_slots.size()) +
+                                   " feed slots for " + std::to_string(n) + " logits rows");
+    for (const kernels::sample_settings& s : sampling->settings) kernels::check_sample_settings(s);
+  }
+  // Tensor parallelism gathers the vocabulary shards on the host (logits_to_host): sampled there.
+  const bool tp = frame_.comm && frame_.comm->size() > 1;
+  const step_sampling* device_sampling = tp ? nullptr : sampling;
   layers::attention_step step;
   const bool attention = frame_.attention_layers && meta.batch_size > 0;
   if (attention) step = layers::build_attention_step(batch, meta, *ctx.req_to_token, ctx.kv->page_size());
@@ -59,13 +125,15 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
       const step_body graph_body = [&](const layers::step_inputs& in, const kernels::exec_context& ex) {
         return body(in, ex, /*all_logits=*/true, nullptr);  // decode: one logits row per token
       };
-      return graphs_->run(meta, attention ? &step : nullptr, ids, ctx, graph_body, opts.report);
+      return graphs_->run(meta, attention ? &step : nullptr, ids, ctx, graph_body, opts.report, sampling,
+                          opts.sampled);
     }
     if (meta.mode == forward_mode::kDecode) log_decode_path_once("decode step eager: " + why);
   }
 
-  layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ids, frame_.ctx);
+  layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ids, frame_.ctx, device_sampling);
   in.sparse = std::move(sparse);
+  resolve_placeholders(in, ids, ctx, frame_.ctx);
   std::vector<tensor> hidden;
   std::optional<kernels::gpu_timer> timer;
   const bool cuda = frame_.ctx.device == device_kind::kCuda;
@@ -83,10 +151,57 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
   tensor local = body(in, frame_.ctx, opts.all_logits, opts.hidden_states ? &hidden : nullptr);
   if (timer) timer->stop(frame_.ctx.stream);
   if (opts.hidden_states) *opts.hidden_states = std::move(hidden);
-  tensor logits = layers::logits_to_host(local, frame_.comm, frame_.ctx);
-  if (opts.report) {
+  auto report = [&] {
+    if (!opts.report) return;
     *opts.report = step_report{};
     opts.report->gpu_ms = timer ? timer->elapsed_ms() : -1.0;
+  };
+  if (device_sampling) {
+    // Tokens (and logprobs) are all that leave the device: 8 bytes per logits row.
+    const int64_t rows = static_cast<int64_t>(meta.logit_token_indices.size());
+    std::vector<kernels::sample_output>& out = *opts.sampled;
+    out.assign(static_cast<size_t>(rows), kernels::sample_output{});
+    if (rows > 0) {
+      const tensor dev_out = tensor::i32({rows * 2}, frame_.ctx.device);
+      kernels::sample_rows_params p;
+      p.logits = local.as<float>();
+      p.settings = in.sample_settings.as<kernels::sample_settings>();
+      p.out = static_cast<kernels::sample_output*>(dev_out.data());
+      p.rows = rows;
+      p.vocab = local.shape()[1];
+      p.stride = local.shape()[1];
+      kernels::run(p, frame_.ctx);
+      if (ctx.last_tokens) {
+        kernels::last_token_scatter_params f;
+        f.sampled = p.out;
+        f.slots = in.feed_slots.as<int32_t>();
+        f.last = ctx.last_tokens;
+        f.rows = rows;
+        f.n_slots = ctx.last_token_slots;
+        kernels::run(f, frame_.ctx);
+      }
+      dev_out.copy_to_host(out.data(), static_cast<size_t>(rows) * sizeof(kernels::sample_output));
+    }
+    report();
+    return tensor{};
+  }
+  tensor logits = layers::logits_to_host(local, frame_.comm, frame_.ctx);
+  report();
+  if (sampling) {
+    // Tensor parallelism: every rank samples the same gathered logits (the same tokens).
+    const int64_t rows = logits.shape()[0];
+    std::vector<kernels::sample_output>& out = *opts.sampled;
+    out.assign(static_cast<size_t>(rows), kernels::sample_output{});
+    kernels::sample_rows_params p;
+    p.logits = logits.as<float>();
+    p.settings = sampling->settings.data();
+    p.out = out.data();
+    p.rows = rows;
+    p.vocab = logits.shape()[1];
+    p.stride = logits.shape()[1];
+    kernels::run(p, kernels::exec_context{});
+    feed_from_host(out, sampling->feed_slots, ctx, frame_.ctx);
+    return tensor{};
   }
   return logits;
 }

@@ -53,6 +53,14 @@ class step_driver {
   std::unique_ptr<decode_graphs> graphs_;
 };
 
+// Every token id of a step is in [0, vocab), or a placeholder -(s + 1) for the last token of a
+// slot s of ctx.last_tokens (model_context); invalid_argument_error naming the position otherwise.
+void check_step_tokens(const std::vector<int32_t>& ids, int64_t vocab, const model_context& ctx);
+// Replaces the placeholders among the uploaded token ids (in.token_ids) with the slots' last
+// tokens, on ex's stream (nothing when ids has none).
+void resolve_placeholders(const layers::step_inputs& in, const std::vector<int32_t>& ids, const model_context& ctx,
+                          const kernels::exec_context& ex);
+
 // Why a model cannot use decode graphs at all (empty: it can): device, config, tensor
 // parallelism. Architectures add their own reasons (host-routed MoE).
 std::string decode_graph_blocker(const kernels::exec_context& ctx, const decode_graph_options& graphs, int tp_size);

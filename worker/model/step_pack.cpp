@@ -11,7 +11,7 @@ namespace hyserve::worker::layers {
 
 step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, bool attention,
                              int64_t page_table_stride, int64_t parent_entries, bool first_step,
-                             bool extend_slots) {
+                             bool extend_slots, bool sampling) {
   step_layout l;
   l.batch = batch;
   l.tokens = tokens;
@@ -21,6 +21,7 @@ step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, 
   l.parent_entries = parent_entries;
   l.first_step = first_step;
   l.extend_slots = extend_slots;
+  l.sampling = sampling;
   int64_t at = 0;
   auto take = [&](int64_t n) {
     const int64_t o = at;
@@ -39,21 +40,26 @@ step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, 
   l.retrieve_parent = take(parent_entries);
   l.first_step_at = take(first_step ? batch : 0);
   l.extend_slots_at = take(extend_slots ? batch : 0);
+  if (sampling) {
+    at += at % 2;  // sample_settings holds 64-bit fields
+    l.sample_settings_at = take(logit_rows * static_cast<int64_t>(sizeof(kernels::sample_settings) / sizeof(int32_t)));
+    l.feed_slots_at = take(logit_rows);
+  }
   l.total = at;
   return l;
 }
 
-step_layout layout_of(const hybrid_metadata& meta, const attention_step* step) {
+step_layout layout_of(const hybrid_metadata& meta, const attention_step* step, bool sampling) {
   const bool parents = meta.mode == forward_mode::kTargetVerify && meta.is_tree;
   return make_step_layout(meta.batch_size, meta.num_tokens, static_cast<int64_t>(meta.logit_token_indices.size()),
                           step != nullptr, step ? step->page_table_stride : 0,
                           parents ? static_cast<int64_t>(meta.retrieve_parent.size()) : 0,
                           meta.mode == forward_mode::kDraft,
-                          meta.mode == forward_mode::kTargetVerify && meta.verify_rows < meta.batch_size);
+                          meta.mode == forward_mode::kTargetVerify && meta.verify_rows < meta.batch_size, sampling);
 }
 
 void pack_step(const step_layout& l, const hybrid_metadata& meta, const attention_step* step,
-               const std::vector<int32_t>& token_ids, int32_t* out) {
+               const std::vector<int32_t>& token_ids, int32_t* out, const step_sampling* sampling) {
   const int64_t bs = meta.batch_size, T = meta.num_tokens;
   const auto n_logits = static_cast<int64_t>(meta.logit_token_indices.size());
   auto need = [](bool ok, const std::string& what) {
@@ -107,6 +113,19 @@ void pack_step(const step_layout& l, const hybrid_metadata& meta, const attentio
     need(meta.verify_rows <= bs, "verify_rows exceed the batch");
     int32_t* ext = out + l.extend_slots_at;
     for (int64_t b = 0; b < bs; ++b) ext[b] = b < meta.verify_rows ? -1 : meta.mamba_slots[static_cast<size_t>(b)];
+  }
+  if (l.sampling) {
+    need(sampling != nullptr, "the layout samples but the step has no sampling settings");
+    need(static_cast<int64_t>(sampling->settings.size()) == n_logits &&
+             static_cast<int64_t>(sampling->feed_slots.size()) == n_logits,
+         "sampling settings and feed slots must have one entry per logits row");
+    constexpr int64_t kWords = sizeof(kernels::sample_settings) / sizeof(int32_t);
+    for (int64_t r = 0; r < l.logit_rows; ++r) {
+      const kernels::sample_settings s = r < n_logits ? sampling->settings[static_cast<size_t>(r)] : kernels::sample_settings{};
+      std::memcpy(out + l.sample_settings_at + r * kWords, &s, sizeof s);
+    }
+    int32_t* feed = out + l.feed_slots_at;
+    for (int64_t r = 0; r < l.logit_rows; ++r) feed[r] = r < n_logits ? sampling->feed_slots[static_cast<size_t>(r)] : -1;
   }
 }
 

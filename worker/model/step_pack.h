@@ -12,11 +12,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "hyserve/kernels/sampling.h"
 #include "hyserve/worker/hybrid_metadata.h"
+#include "hyserve/worker/model.h"
 
 namespace hyserve::worker::layers {
 
 struct attention_step;
+
+using worker::step_sampling;  // hyserve/worker/model.h
 
 // Offsets (in i32 elements) of each array inside the packed buffer. Arrays that a step does not
 // carry have length 0 (attention: locs, page_table, seq_lens; TargetVerify trees:
@@ -28,6 +32,7 @@ struct step_layout {
   int64_t parent_entries = 0;     // retrieve_parent elements (batch · tree nodes), 0 = none
   bool first_step = false;        // Draft: one start column per row
   bool extend_slots = false;      // TargetVerify with extend rows: the slots the prefill ops run over
+  bool sampling = false;          // sampling settings and feed slots per logits row
 
   int64_t query_start_loc = 0;    // [batch + 1]
   int64_t mamba_slots = 0;        // [batch]
@@ -41,21 +46,24 @@ struct step_layout {
   int64_t retrieve_parent = 0;    // [parent_entries]
   int64_t first_step_at = 0;      // [batch] (first_step)
   int64_t extend_slots_at = 0;    // [batch] (extend_slots): mamba slots with the verify rows' set to -1
+  int64_t sample_settings_at = 0; // [logit_rows · 8] (sampling): kernels::sample_settings, 8-byte aligned
+  int64_t feed_slots_at = 0;      // [logit_rows] (sampling)
   int64_t total = 0;              // elements of the whole buffer
 };
 
 step_layout make_step_layout(int64_t batch, int64_t tokens, int64_t logit_rows, bool attention,
                              int64_t page_table_stride, int64_t parent_entries, bool first_step,
-                             bool extend_slots = false);
+                             bool extend_slots = false, bool sampling = false);
 
 // The layout of exactly this step (what an eager step uploads).
-step_layout layout_of(const hybrid_metadata& meta, const attention_step* step);
+step_layout layout_of(const hybrid_metadata& meta, const attention_step* step, bool sampling = false);
 
 // Fills `out` (layout.total elements) from the step. layout.batch / tokens / logit_rows /
 // page_table_stride may exceed the step's (a padded decode pack): the extra rows are padding
 // rows as described above, and each page-table row is copied into the wider stride. Throws
-// invalid_argument_error when the step does not fit the layout.
+// invalid_argument_error when the step does not fit the layout. sampling: required when the
+// layout has the sampling arrays (padding logits rows: greedy, feeding no slot).
 void pack_step(const step_layout& layout, const hybrid_metadata& meta, const attention_step* step,
-               const std::vector<int32_t>& token_ids, int32_t* out);
+               const std::vector<int32_t>& token_ids, int32_t* out, const step_sampling* sampling = nullptr);
 
 }  // namespace hyserve::worker::layers

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
+#include "hyserve/kernels/run.h"
 #include "hyserve/kernels/sampling.h"
 #include "hyserve/worker/hybrid_metadata.h"
 
@@ -153,9 +155,41 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   state_pools& pools = on_draft ? draft_pools_ : pools_;
   if (batch.mode == forward_mode::kTargetVerify || batch.mode == forward_mode::kDraft)
     pools.ensure_steps(static_cast<int32_t>(batch.rows.size()), batch.draft_len, m.exec().device);
+  // Sampling settings of every logits row (one per row, or one per token of a verify row), in
+  // row order; each draw's counter is its output index, so a token does not depend on the batch.
+  step_sampling sampling;
+  const auto n_rows = static_cast<int64_t>(batch.rows.size());
+  const int64_t first_logit = meta.logit_row_start[0];
+  for (int64_t bi = 0; bi < n_rows; ++bi) {
+    const auto b = static_cast<size_t>(bi);
+    const wire::plan_row& pr = plan.rows[b];
+    const int64_t begin = meta.logit_row_start[b], end = meta.logit_row_start[b + 1];
+    for (int64_t i = begin; i < end; ++i) {
+      kernels::sample_settings st;
+      // Drafts are greedy: deterministic drafts keep the target's sampling distribution.
+      st.temperature = on_draft ? 0.0f : pr.sample.temperature;
+      st.top_k = pr.sample.top_k;
+      st.top_p = pr.sample.top_p;
+      st.seed = pr.sample.seed;
+      st.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(i - begin);
+      st.want_logprob = plan.want_logprobs ? 1 : 0;
+      kernels::check_sample_settings(st);
+      sampling.settings.push_back(st);
+      // The row's last logits row feeds its slot: the next step's placeholder for this request.
+      sampling.feed_slots.push_back(i + 1 == end ? pr.mamba_slot : -1);
+    }
+  }
+  // A draft tree's first position needs the runner-up tokens: its logits come to the host.
+  const bool want_logits = batch.mode == forward_mode::kDraft && plan.draft_width > 1 && !plan.want_logprobs;
   sparse_attention_stats attention;
   forward_options opts;
   opts.sparse_stats = &attention;
+  std::vector<kernels::sample_output> sampled;
+  if (!want_logits) {
+    opts.sample = &sampling;
+    opts.sampled = &sampled;
+  }
+  const uint64_t d2h_before = kernels::device_to_host_bytes();
   const host_tensor logits = m.forward(batch, meta, pools.context(), opts);
   res.decode_rows = static_cast<int32_t>(attention.decode_rows);
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
@@ -171,41 +205,18 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   }
   const int64_t vocab = model_->config().vocab_size;
   const auto t_sample = std::chrono::steady_clock::now();
-  // Logit rows of each row (one, or one per token of a verify row), in row order. Every logit
-  // row is sampled independently (its counter is its output index), so host threads take them
-  // all in parallel, a batch-1 verify's positions too (the result does not depend on the thread;
-  // at a 128K vocabulary a row costs tens to hundreds of microseconds).
-  const auto n_rows = static_cast<int64_t>(batch.rows.size());
-  const int64_t n_logits = meta.logit_row_start[static_cast<size_t>(n_rows)] - meta.logit_row_start[0];
-  std::vector<int64_t> owner(static_cast<size_t>(n_logits));
-  for (int64_t b = 0; b < n_rows; ++b) {
-    const auto bs = static_cast<size_t>(b);
-    for (int64_t i = meta.logit_row_start[bs]; i < meta.logit_row_start[bs + 1]; ++i)
-      owner[static_cast<size_t>(i - meta.logit_row_start[0])] = b;
+  if (want_logits) {
+    kernels::sample_rows_params p;
+    sampled.resize(sampling.settings.size());
+    p.logits = logits.as<float>();
+    p.settings = sampling.settings.data();
+    p.out = sampled.data();
+    p.rows = static_cast<int64_t>(sampled.size());
+    p.vocab = vocab;
+    p.stride = vocab;
+    kernels::run(p, kernels::exec_context{});
   }
-  std::vector<kernels::sample_output> sampled(static_cast<size_t>(n_logits));
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) if (n_logits > 1 && vocab >= 4096)
-  for (int64_t li = 0; li < n_logits; ++li) try {
-    const int64_t b = owner[static_cast<size_t>(li)];
-    const wire::plan_row& pr = plan.rows[static_cast<size_t>(b)];
-    const int64_t j = li + meta.logit_row_start[0] - meta.logit_row_start[static_cast<size_t>(b)];
-    kernels::sample_params sp;
-    sp.logits = logits.as<float>() + (meta.logit_row_start[0] + li) * vocab;
-    sp.vocab = vocab;
-    // Drafts are greedy: deterministic drafts keep the target's sampling distribution.
-    sp.temperature = on_draft ? 0.0f : pr.sample.temperature;
-    sp.top_k = pr.sample.top_k;
-    sp.top_p = pr.sample.top_p;
-    sp.seed = pr.sample.seed;
-    sp.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(j);
-    sp.want_logprob = plan.want_logprobs;
-    sampled[static_cast<size_t>(li)] = kernels::sample_cpu(sp);
-  } catch (...) {
-#pragma omp critical(hyserve_runner_sampling)
-    if (!failure) failure = std::current_exception();
-  }
-  if (failure) std::rethrow_exception(failure);
+  last_d2h_bytes_ = kernels::device_to_host_bytes() - d2h_before;
   res.rows.resize(batch.rows.size());
   for (int64_t bi = 0; bi < n_rows; ++bi) {
     const auto b = static_cast<size_t>(bi);
@@ -215,14 +226,13 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
     const auto first = static_cast<size_t>(meta.logit_row_start[b]);
     const auto per_row = static_cast<size_t>(meta.logit_row_start[b + 1]) - first;
     for (size_t j = 0; j < per_row; ++j) {
-      const kernels::sample_output& so = sampled[first + j - static_cast<size_t>(meta.logit_row_start[0])];
+      const kernels::sample_output& so = sampled[first + j - static_cast<size_t>(first_logit)];
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
       // A draft tree's first position: the next best tokens after the greedy one, best first
       // (ties to the lower id), as sibling drafts.
-      if (batch.mode == forward_mode::kDraft && plan.draft_width > 1 && pr.draft_step == 0 && pr.mamba_slot >= 0 &&
-          !plan.want_logprobs) {
-        const float* row = logits.as<float>() + static_cast<int64_t>(first + j) * vocab;
+      if (want_logits && pr.draft_step == 0 && pr.mamba_slot >= 0) {
+        const float* row = logits.as<float>() + static_cast<int64_t>(first + j - static_cast<size_t>(first_logit)) * vocab;
         std::vector<int32_t> ids;
         for (int32_t v = 0; v < static_cast<int32_t>(vocab); ++v)
           if (v != so.token) ids.push_back(v);

@@ -61,6 +61,7 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
                                                     cache.ssm_state_dtype);
   p.recurrent_layers = recurrent_layers;
   p.attn_layers = attn_layers;
+  p.last_tokens = tensor::i32({cache.max_requests}, device);
   return p;
 }
 

@@ -31,6 +31,9 @@ void device_memset(void* p, int value, size_t bytes);
 void device_copy_h2d(void* dst, const void* src, size_t bytes);
 void device_copy_d2h(void* dst, const void* src, size_t bytes);
 void device_copy_d2d(void* dst, const void* src, size_t bytes);
+// Bytes this process has copied device → host so far, through the copies above, tensors and
+// copy_d2h_async (graph.h): what a step costs in transfers (0 without the CUDA backend).
+uint64_t device_to_host_bytes();
 
 // Streams: an opaque cudaStream_t. null is the legacy default stream, which orders with the
 // synchronous copies above.

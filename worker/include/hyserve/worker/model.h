@@ -9,12 +9,21 @@
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/graph.h"
+#include "hyserve/kernels/sampling.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
 #include "hyserve/worker/memory_pools.h"
 
 namespace hyserve::worker {
+
+// Sampling on the device (forward_options::sample): one settings entry per logits row, and the
+// state slot whose last token each logits row feeds (-1: none; the last logits row of a row
+// feeds the row's slot, for the next step's placeholders, model_context::last_tokens).
+struct step_sampling {
+  std::vector<kernels::sample_settings> settings;
+  std::vector<int32_t> feed_slots;
+};
 
 // Where the model reads and writes per-request state during a step.
 struct model_context {
@@ -23,6 +32,12 @@ struct model_context {
   mamba_state_cache* mamba = nullptr;         // one layer state per SSM layer, in layer order
   // TargetVerify / Draft: per-step states, slot index = row · steps + step (DESIGN.md §4).
   mamba_state_cache* mamba_steps = nullptr;
+  // The token each state slot's request sampled last, on the model's device (i32 [slots]),
+  // written by every step that samples on the device (forward_options::sample). A token id
+  // -(s + 1) in the batch is a placeholder for last_tokens[s]: the next step of an overlapped
+  // loop is queued before the previous step's tokens reach the host. Null: no placeholders.
+  int32_t* last_tokens = nullptr;
+  int64_t last_token_slots = 0;
 };
 
 // What decode attention read in one step (DESIGN.md §7), summed over the step's rows; the same
@@ -56,6 +71,12 @@ struct forward_options {
   bool eager = false;
   // When set, receives how the step ran and its GPU time.
   step_report* report = nullptr;
+  // When set, the step samples on the model's device: settings[i] and feed_slots[i] for logits
+  // row i, tokens and logprobs into *sampled (one per logits row). No logits leave
+  // the device (forward returns an empty tensor); the sampled tokens are also written to
+  // model_context::last_tokens at their feed slots.
+  const step_sampling* sample = nullptr;
+  std::vector<kernels::sample_output>* sampled = nullptr;
 };
 
 // Tensor-parallel placement of this model instance.
@@ -80,7 +101,8 @@ class model {
   virtual void set_sparsity(const sparsity_section& sparsity) = 0;
   virtual const sparsity_section& sparsity() const = 0;
   // Runs one step. Returns logits [rows, vocab] as a HOST tensor (rows =
-  // logit_token_indices.size(), or num_tokens with all_logits); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
+  // logit_token_indices.size(), or num_tokens with all_logits), or an empty tensor when
+  // opts.sample is set (the tokens are sampled on the device); hidden_states are host tensors. Writes KV for the batch's tokens at the locations that
   // ctx.req_to_token holds for their positions, and updates SSM/conv state per the mode.
   virtual tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                               const forward_options& opts) = 0;

@@ -44,6 +44,9 @@ class runner {
     double prepare_s = 0, forward_s = 0, sample_s = 0;
   };
   const std::array<phase_times, 8>& phases() const { return phases_; }
+  // Device → host bytes the last executed step moved (kernels::device_to_host_bytes): 8 per
+  // logits row when the step samples on the device, without logprobs.
+  uint64_t last_step_d2h_bytes() const { return last_d2h_bytes_; }
   void reset_phases() { phases_ = {}; }
 
  private:
@@ -54,6 +57,7 @@ class runner {
   collective* comm_;
   fault_injection fault_;
   int64_t executed_ = 0;
+  uint64_t last_d2h_bytes_ = 0;
   std::array<phase_times, 8> phases_{};
   int32_t page_size_ = 16;
   int32_t max_requests_ = 0;

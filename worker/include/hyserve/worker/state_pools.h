@@ -24,9 +24,11 @@ struct state_pools {
   int32_t step_rows = 0, step_cols = 0;
   int32_t recurrent_layers = 0;
   int32_t attn_layers = 0;  // layout of the last verify/draft step that wrote them
+  tensor last_tokens;       // i32 [mamba slots] on the device: model_context::last_tokens
 
   model_context context() const {
-    return model_context{req_to_token.get(), kv.get(), recurrent.get(), steps.get()};
+    return model_context{req_to_token.get(), kv.get(), recurrent.get(), steps.get(),
+                         last_tokens.as<int32_t>(), last_tokens.numel()};
   }
   // Makes room for rows × cols per-step states and records that layout.
   void ensure_steps(int32_t rows, int32_t cols, device_kind device);
