@@ -32,7 +32,7 @@ std::string bamba_hf_config_json(const model_config& mc);
 
 struct checkpoint_write_options {
   dtype type = dtype::kBF16;                        // of the linear weights: f32 or bf16
-  uint64_t max_shard_bytes = uint64_t{5} << 30;     // one file up to this size, else shards
+  uint64_t max_shard_bytes = 5000000000;  // one file up to this size (5 GB), else shards
   bool progress = false;                            // a line on stderr every two seconds
 };
 
