@@ -91,8 +91,9 @@ struct staged_upload::impl {
 };
 
 staged_upload::staged_upload(void* stream, size_t staging_bytes) : impl_(std::make_unique<impl>()) {
-  if (staging_bytes < 16) throw invalid_argument_error("staged_upload: staging_bytes = " + std::to_string(staging_bytes) +
-                                                       " (must be >= 16)");
+  if (staging_bytes < 16)
+    throw invalid_argument_error("staged_upload: staging_bytes = " + std::to_string(staging_bytes) +
+                                 " (must be >= 16)");
   impl_->stream = static_cast<cudaStream_t>(stream);
   impl_->staging = staging_bytes;
   for (int b = 0; b < 2; ++b) {
@@ -110,7 +111,8 @@ void staged_upload::copy_runs(void* dst, dtype dst_type, int64_t dst_stride, con
     throw invalid_argument_error(std::string(op) + ": src_type = " + std::string(dtype_name(src_type)) +
                                  " (supported: f32, bf16, f16)");
   if (dst_type != dtype::kF32 && dst_type != dtype::kBF16)
-    throw invalid_argument_error(std::string(op) + ": dst_type = " + std::string(dtype_name(dst_type)) + " (supported: f32, bf16)");
+    throw invalid_argument_error(std::string(op) + ": dst_type = " + std::string(dtype_name(dst_type)) +
+                                 " (supported: f32, bf16)");
   if (outer < 0 || width < 0 || (outer > 1 && (src_stride < width || dst_stride < width)))
     throw invalid_argument_error(std::string(op) + ": bad runs (outer " + std::to_string(outer) + ", width " +
                                  std::to_string(width) + ", strides " + std::to_string(src_stride) + " / " +

@@ -15,7 +15,8 @@ namespace fs = std::filesystem;
 
 std::vector<checkpoint_tensor> bamba_checkpoint_tensors(const model_config& mc) {
   if (mc.arch != model_arch::kBamba)
-    throw config_error("hyserve-write-checkpoint: only the Bamba architecture is supported (model.synthetic.arch: bamba)");
+    throw config_error(
+        "hyserve-write-checkpoint: only the Bamba architecture is supported (model.synthetic.arch: bamba)");
   const int64_t H = mc.hidden_size, V = mc.vocab_size, I = mc.intermediate_size;
   const int64_t di = mc.mamba_intermediate(), conv = mc.mamba_conv_dim(), nh = mc.mamba_n_heads;
   const int64_t q = mc.num_attention_heads * mc.head_dim, kv = mc.num_kv_heads * mc.head_dim;
@@ -267,10 +268,11 @@ checkpoint_write_result write_synthetic_checkpoint(const synthetic_model_config&
       char name[64];
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, n);
       write_safetensors((dir / name).string(), shards[k], *ws, progress);
-      for (const planned_tensor* p : shards[k]) map += std::string(map.empty() ? "" : ",\n") + "    \"" + p->t.name + "\": \"" + name + "\"";
+      for (const planned_tensor* p : shards[k])
+        map += std::string(map.empty() ? "" : ",\n") + "    \"" + p->t.name + "\": \"" + name + "\"";
     }
-    write_text(index, "{\n  \"metadata\": {\"total_size\": " + std::to_string(total) + "},\n  \"weight_map\": {\n" + map +
-                          "\n  }\n}\n");
+    write_text(index, "{\n  \"metadata\": {\"total_size\": " + std::to_string(total) +
+                          "},\n  \"weight_map\": {\n" + map + "\n  }\n}\n");
   }
   return checkpoint_write_result{static_cast<int>(n), static_cast<int64_t>(plan.size()), total};
 }

@@ -231,8 +231,9 @@ class synthetic_weights final : public weight_source {
         kernels::run_cpu(fill_params(role, base, runs, p + runs.out_offset, dtype::kF32));
         return;
       case synthetic_role::kind::kALog:
-        fill_hashed(p, runs, base,
-                    [](int64_t i, uint64_t) { return static_cast<float>(std::log(1.0 + static_cast<double>(i % 16))); });
+        fill_hashed(p, runs, base, [](int64_t i, uint64_t) {
+          return static_cast<float>(std::log(1.0 + static_cast<double>(i % 16)));
+        });
         return;
       case synthetic_role::kind::kDtBias:
         fill_hashed(p, runs, base, [](int64_t, uint64_t h) {

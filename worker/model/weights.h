@@ -53,7 +53,7 @@ std::unique_ptr<weight_source> make_checkpoint_weights(const std::string& dir);
 
 // Deterministic random weights: each tensor is generated from (seed, name) alone, so shards of
 // every rank agree and the order of loading does not matter. Initialisation by role:
-// norm weights 1, A_log = log(1..heads), D = 1, dt_bias = softplus⁻¹ of dt in [1e-3, 1e-1],
+// norm weights 1 + N(0, 0.05²), A_log = log(1 + i mod 16), D = 1, dt_bias = softplus⁻¹ of dt in [1e-3, 1e-1],
 // everything else N(0, 0.02²) (conv weights N(0, 0.2²)); the residual branches' output
 // projections (names ending in o_proj.weight, out_proj.weight, down_proj.weight) N(0, (0.02·
 // residual_scale)²).
