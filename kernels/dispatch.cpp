@@ -17,6 +17,7 @@
 #include "hyserve/kernels/sampling.h"
 #include "hyserve/kernels/sparse_attention.h"
 #include "hyserve/kernels/ssm.h"
+#include "hyserve/kernels/synthetic.h"
 
 #ifndef HYSERVE_HAVE_CUDA
 #define HYSERVE_HAVE_CUDA 0
@@ -99,5 +100,6 @@ HYSERVE_INSTANTIATE_RUN(conv1d_update_multi_params)
 HYSERVE_INSTANTIATE_RUN(gdn_state_update_multi_params)
 HYSERVE_INSTANTIATE_RUN(state_commit_params)
 HYSERVE_INSTANTIATE_RUN(paged_attention_tree_params)
+HYSERVE_INSTANTIATE_RUN(synthetic_fill_params)
 
 }  // namespace hyserve::kernels

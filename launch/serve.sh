@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs missing packages, builds, and serves CONFIG (default configs/default.yaml) under
 # mpirun: one coordinator rank and dp·tp worker ranks. Prints the URL and a curl to try once
-# /health answers 200. Ctrl-C drains in-flight requests and stops every rank.
+# /health answers 200, and a line every five seconds while it waits (the workers print their
+# weight-loading progress meanwhile). Ctrl-C drains in-flight requests and stops every rank.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CONFIG="${1:-$HYSERVE_ROOT/configs/default.yaml}"
 [ -f "$CONFIG" ] || { log "no such config: $CONFIG"; exit 2; }
 install_deps
-build_project coordinator worker hyserve-generate hyserve-bench
+build_project coordinator worker hyserve-generate hyserve-bench hyserve-write-checkpoint
 
 # World size from the config: dp·tp workers (defaults 1).
 read_parallel() {
@@ -32,12 +33,13 @@ log "starting: $*"
 JOB=$!
 trap 'kill -TERM $JOB 2>/dev/null; wait $JOB' INT TERM
 
-for _ in $(seq 1 600); do
+START=$SECONDS
+for i in $(seq 1 600); do
   if ! kill -0 "$JOB" 2>/dev/null; then wait "$JOB"; exit $?; fi
   if curl -fsS "$URL/health" >/dev/null 2>&1; then
     cat <<MSG
 
-hyserve is ready at $URL  (dp=$DP, tp=$TP; Ctrl-C to stop)
+hyserve is ready at $URL after $((SECONDS - START)) s  (dp=$DP, tp=$TP; Ctrl-C to stop)
 Try:
   curl -s $URL/generate -H 'Content-Type: application/json' \\
        -d '{"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 16}}'
@@ -45,6 +47,7 @@ Try:
 MSG
     break
   fi
+  if [ $((i % 10)) -eq 0 ]; then log "starting: waiting for $URL/health ($((SECONDS - START)) s)"; fi
   sleep 0.5
 done
 wait "$JOB"

@@ -9,6 +9,7 @@
 #include "layers.h"
 #include "load_util.h"
 #include "step_driver.h"
+#include "weight_loader.h"
 
 namespace hyserve::worker {
 namespace {
@@ -48,14 +49,15 @@ class bamba_model final : public model {
     const int r = tp.rank, n = tp.size;
     const int64_t H = mc.hidden_size, V = mc.vocab_size;
     vocab_local_ = split(V, n, "vocab_size");
-    embed_ = ws.load_slice("model.embed_tokens.weight", {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
-    final_norm_ = ws.load("model.final_layernorm.weight", {H});
-    const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
-
-    // Each layer is placed on the device (and converted to the weight type) as soon as it is
-    // loaded: the host holds one layer's f32 weights at a time, not the whole model's.
+    // Every tensor goes straight to the model's device in its storage type (weight_loader.h): on
+    // CUDA generated or streamed there, else through the host one tensor at a time.
     load_progress progress("Bamba, " + std::to_string(mc.num_layers) + " layers", mc.num_layers);
+    weight_loader ld(ws, ctx);
+    embed_ = ld.load_slice("model.embed_tokens.weight", {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_,
+                           weight_type_);
+    final_norm_ = ld.load("model.final_layernorm.weight", {H}, dtype::kF32);
+    const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    lm_head_ = ld.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_, weight_type_);
     place_globals();
     int32_t n_attn = 0, n_mamba = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
@@ -63,16 +65,16 @@ class bamba_model final : public model {
       bamba_layer& L = layers_[static_cast<size_t>(i)];
       const std::string p = layer_prefix(i);
       L.kind = mc.layer_kinds[static_cast<size_t>(i)];
-      L.input_norm = ws.load(p + "input_layernorm.weight", {H});
-      L.pre_ff_norm = ws.load(p + "pre_ff_layernorm.weight", {H});
-      load_mlp(ws, p + "feed_forward.", L.mlp);
+      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+      L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
+      load_mlp(ld, p + "feed_forward.", L.mlp);
       switch (L.kind) {
         case layer_kind::kMamba2:
-          load_mamba(ws, p + "mamba.", L.mamba);
+          load_mamba(ld, p + "mamba.", L.mamba);
           L.cache_index = n_mamba++;
           break;
         case layer_kind::kAttention:
-          load_attention(ws, p + "self_attn.", L.attn);
+          load_attention(ld, p + "self_attn.", L.attn);
           L.cache_index = n_attn++;
           break;
         case layer_kind::kGatedDeltaNet:
@@ -80,7 +82,7 @@ class bamba_model final : public model {
                              " is a Gated DeltaNet layer; Bamba has only Mamba2 and attention layers");
       }
       place_layer(L);
-      progress.layer_done(i + 1);
+      progress.layer_done(i + 1, ld.bytes());
     }
     step_frame frame;
     frame.label = "Bamba, " + std::to_string(mc.num_layers) + " layers";
@@ -166,7 +168,7 @@ class bamba_model final : public model {
     return logits;
   }
 
-  // Weights are loaded on the host and placed on the model's device once.
+  // Weights are loaded in place (weight_loader); these only make sure of it.
   void place_globals() {
     const device_kind d = ctx_.device;
     for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
@@ -191,16 +193,16 @@ class bamba_model final : public model {
     return mc_.num_kv_heads >= tp_.size ? mc_.num_kv_heads / tp_.size : 1;
   }
 
-  void load_mlp(const weight_source& ws, const std::string& p, layers::mlp_weights& w) {
+  void load_mlp(weight_loader& ld, const std::string& p, layers::mlp_weights& w) {
     const int64_t H = mc_.hidden_size, I = mc_.intermediate_size;
     const int64_t il = split(I, tp_.size, "intermediate_size");
     const int64_t b = tp_.rank * il, e = b + il;
-    w.gate = ws.load_slice(p + "gate_proj.weight", {I, H}, 0, b, e);
-    w.up = ws.load_slice(p + "up_proj.weight", {I, H}, 0, b, e);
-    w.down = ws.load_slice(p + "down_proj.weight", {H, I}, 1, b, e);
+    w.gate = ld.load_slice(p + "gate_proj.weight", {I, H}, 0, b, e, weight_type_);
+    w.up = ld.load_slice(p + "up_proj.weight", {I, H}, 0, b, e, weight_type_);
+    w.down = ld.load_slice(p + "down_proj.weight", {H, I}, 1, b, e, weight_type_);
   }
 
-  void load_attention(const weight_source& ws, const std::string& p, layers::attention_weights& w) {
+  void load_attention(weight_loader& ld, const std::string& p, layers::attention_weights& w) {
     const int64_t H = mc_.hidden_size, nh = mc_.num_attention_heads, kvh = mc_.num_kv_heads, hd = mc_.head_dim;
     const int r = tp_.rank, n = tp_.size;
     const int64_t qh = split(nh, n, "num_attention_heads");
@@ -215,10 +217,11 @@ class bamba_model final : public model {
       throw config_error("tensor parallelism: num_key_value_heads = " + std::to_string(kvh) +
                          " neither divides nor is divisible by tp = " + std::to_string(n));
     }
-    w.q = ws.load_slice(p + "q_proj.weight", {nh * hd, H}, 0, r * qh * hd, (r + 1) * qh * hd);
-    w.k = ws.load_slice(p + "k_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd);
-    w.v = ws.load_slice(p + "v_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd);
-    w.o = ws.load_slice(p + "o_proj.weight", {H, nh * hd}, 1, r * qh * hd, (r + 1) * qh * hd);
+    const dtype t = weight_type_;
+    w.q = ld.load_slice(p + "q_proj.weight", {nh * hd, H}, 0, r * qh * hd, (r + 1) * qh * hd, t);
+    w.k = ld.load_slice(p + "k_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd, t);
+    w.v = ld.load_slice(p + "v_proj.weight", {kvh * hd, H}, 0, kv_first * hd, (kv_first + kvl) * hd, t);
+    w.o = ld.load_slice(p + "o_proj.weight", {H, nh * hd}, 1, r * qh * hd, (r + 1) * qh * hd, t);
     w.q_heads = qh;
     w.kv_heads = kvl;
     w.head_dim = hd;
@@ -226,7 +229,8 @@ class bamba_model final : public model {
     w.rope_theta = mc_.rope_theta;
   }
 
-  void load_mamba(const weight_source& ws, const std::string& p, layers::mamba2_weights& w) {
+  // in_proj and out_proj in the weight type; conv, dt_bias, A_log, D and the norm in f32.
+  void load_mamba(weight_loader& ld, const std::string& p, layers::mamba2_weights& w) {
     const int64_t H = mc_.hidden_size, nh = mc_.mamba_n_heads, hd = mc_.mamba_d_head, N = mc_.mamba_d_state;
     const int64_t G = mc_.mamba_n_groups, K = mc_.mamba_d_conv;
     const int r = tp_.rank, n = tp_.size;
@@ -245,15 +249,16 @@ class bamba_model final : public model {
     std::vector<range> in_rows = {{r * dil, (r + 1) * dil}};  // z
     for (const range& c : xbc) in_rows.push_back({di + c.first, di + c.second});
     in_rows.push_back({di + conv + r * hl, di + conv + (r + 1) * hl});  // dt
-    w.in_proj = ws.load_row_ranges(p + "in_proj.weight", {in_dim, H}, in_rows);
-    w.conv_w = ws.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc);
+    const dtype f32 = dtype::kF32;
+    w.in_proj = ld.load_row_ranges(p + "in_proj.weight", {in_dim, H}, in_rows, weight_type_);
+    w.conv_w = ld.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc, f32);
     w.conv_w.reshape({w.conv_w.shape()[0], K});
-    if (mc_.mamba_conv_bias) w.conv_b = ws.load_row_ranges(p + "conv1d.bias", {conv}, xbc);
-    w.dt_bias = ws.load_slice(p + "dt_bias", {nh}, 0, r * hl, (r + 1) * hl);
-    w.A_log = ws.load_slice(p + "A_log", {nh}, 0, r * hl, (r + 1) * hl);
-    w.D = ws.load_slice(p + "D", {nh}, 0, r * hl, (r + 1) * hl);
-    w.norm = ws.load_slice(p + "norm.weight", {di}, 0, r * dil, (r + 1) * dil);
-    w.out_proj = ws.load_slice(p + "out_proj.weight", {H, di}, 1, r * dil, (r + 1) * dil);
+    if (mc_.mamba_conv_bias) w.conv_b = ld.load_row_ranges(p + "conv1d.bias", {conv}, xbc, f32);
+    w.dt_bias = ld.load_slice(p + "dt_bias", {nh}, 0, r * hl, (r + 1) * hl, f32);
+    w.A_log = ld.load_slice(p + "A_log", {nh}, 0, r * hl, (r + 1) * hl, f32);
+    w.D = ld.load_slice(p + "D", {nh}, 0, r * hl, (r + 1) * hl, f32);
+    w.norm = ld.load_slice(p + "norm.weight", {di}, 0, r * dil, (r + 1) * dil, f32);
+    w.out_proj = ld.load_slice(p + "out_proj.weight", {H, di}, 1, r * dil, (r + 1) * dil, weight_type_);
     w.heads = hl;
     w.head_dim = hd;
     w.d_state = N;

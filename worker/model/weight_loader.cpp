@@ -1,0 +1,45 @@
+#include "weight_loader.h"
+
+#include "layers.h"
+
+namespace hyserve::worker {
+
+tensor weight_loader::load(const std::string& name, const shape_t& shape, dtype type) {
+  return load_selection(name, shape, {}, type);
+}
+
+tensor weight_loader::load_slice(const std::string& name, const shape_t& full, int dim, int64_t begin, int64_t end,
+                                 dtype type) {
+  return load_selection(name, full, weight_selection{dim, {{begin, end}}}, type);
+}
+
+tensor weight_loader::load_row_ranges(const std::string& name, const shape_t& full,
+                                      const std::vector<std::pair<int64_t, int64_t>>& ranges, dtype type) {
+  return load_selection(name, full, weight_selection{0, ranges}, type);
+}
+
+tensor weight_loader::load_selection(const std::string& name, const shape_t& full, const weight_selection& sel,
+                                     dtype type) {
+  if (ctx_.device == device_kind::kCuda) {
+    // Allocated on the load's stream without the zero-fill: the source writes every element.
+    kernels::allocation_stream_scope scope(ctx_.stream, /*zero_fill=*/false);
+    tensor t(type, selected_shape(name, full, sel), device_kind::kCuda);
+    if (ws_.load_to_device(name, full, sel, t, ctx_)) {
+      kernels::stream_synchronize(ctx_.stream);
+      bytes_ += t.nbytes();
+      return t;
+    }
+  }
+  tensor t;
+  if (sel.ranges.empty())
+    t = ws_.load(name, full);
+  else if (sel.ranges.size() == 1)
+    t = ws_.load_slice(name, full, sel.dim, sel.ranges[0].first, sel.ranges[0].second);
+  else
+    t = ws_.load_row_ranges(name, full, sel.ranges);
+  layers::place_weight(t, ctx_.device, type);
+  bytes_ += t.nbytes();
+  return t;
+}
+
+}  // namespace hyserve::worker

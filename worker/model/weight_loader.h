@@ -1,0 +1,40 @@
+#pragma once
+// Loads a model's weights straight into place: each tensor in its storage type on the model's
+// device. On CUDA the weight source writes the device tensor itself when it can
+// (weight_source::load_to_device: synthetic weights generated on the device, checkpoint tensors
+// streamed from the file); otherwise, and always on the CPU, the tensor is read on the host as
+// f32, converted and copied (layers::place_weight). Counts the bytes placed, for progress.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hyserve/common/tensor.h"
+#include "hyserve/kernels/device.h"
+#include "weights.h"
+
+namespace hyserve::worker {
+
+class weight_loader {
+ public:
+  weight_loader(const weight_source& ws, const kernels::exec_context& ctx) : ws_(ws), ctx_(ctx) {}
+
+  // The whole tensor (shape `shape`) as `type` (f32 or bf16) on the device.
+  tensor load(const std::string& name, const shape_t& shape, dtype type);
+  // Indices [begin, end) of dimension `dim` of a tensor of full shape `full`.
+  tensor load_slice(const std::string& name, const shape_t& full, int dim, int64_t begin, int64_t end, dtype type);
+  // Rows of dimension 0 from several ranges, concatenated in order (weight_source::load_row_ranges).
+  tensor load_row_ranges(const std::string& name, const shape_t& full,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, dtype type);
+
+  uint64_t bytes() const { return bytes_; }  // placed so far
+
+ private:
+  tensor load_selection(const std::string& name, const shape_t& full, const weight_selection& sel, dtype type);
+
+  const weight_source& ws_;
+  kernels::exec_context ctx_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace hyserve::worker
