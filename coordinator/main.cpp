@@ -156,6 +156,17 @@ int run(int argc, char** argv) {
       rounds.inc(1.0);
     };
   }
+  {
+    // Overlapped loop: steps sent while the group's previous step was still running, and rows
+    // those steps carried for requests that had finished by then (wasted rows).
+    auto& reg = metrics.metric_registry();
+    auto& overlapped = reg.counter_series("hyserve_overlapped_steps_total",
+                                          "Steps sent while the same group's previous step was still in flight.");
+    auto& wasted = reg.counter_series("hyserve_overlap_wasted_rows_total",
+                                      "Rows of overlapped steps whose request had finished when the step was sent.");
+    obs.on_overlap = [&overlapped](int64_t) { overlapped.inc(1.0); };
+    obs.on_wasted_rows = [&wasted](int64_t n) { wasted.inc(static_cast<double>(n)); };
+  }
   sched.set_observer(std::move(obs));
 
   http::server_options opts;
@@ -170,6 +181,7 @@ int run(int argc, char** argv) {
   opts.server_info["max_running"] = cfg.scheduler.max_running;
   opts.server_info["max_batch_tokens"] = cfg.scheduler.max_batch_tokens;
   opts.server_info["chunked_prefill"] = cfg.scheduler.chunked_prefill;
+  opts.server_info["overlap"] = cfg.scheduler.overlap;
   opts.server_info["tokenizer"] = cfg.model.tokenizer;
   opts.server_info["chat"] = text.chat.has_value();
   opts.text = std::move(text);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "hyserve/common/error.h"
+#include "hyserve/common/forward_mode.h"
 
 namespace hyserve::coordinator {
 
@@ -113,7 +114,7 @@ void scheduler::take_cancellations() {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;  // already finished
     if (observer_.on_cancel) observer_.on_cancel();
-    if (it->second.in_step) {
+    if (it->second.in_steps > 0) {
       it->second.cancelled = true;  // finished when its step's result arrives
     } else {
       finish(id, finish_reason::kAbort, std::nullopt);
@@ -124,13 +125,22 @@ void scheduler::take_cancellations() {
 void scheduler::release(request_state& r) {
   if (r.group < 0) return;
   group_state& g = groups_[static_cast<size_t>(r.group)];
-  g.free_pages.insert(g.free_pages.end(), r.pages.rbegin(), r.pages.rend());
-  g.free_req_slots.push_back(r.req_slot);
-  g.free_mamba_slots.push_back(r.mamba_slot);
-  g.released_req_slots.push_back(r.req_slot);
+  held_resources h{r.req_slot, r.mamba_slot, std::move(r.pages)};
+  // A step in flight may still write the request's slot and pages (an overlapped step sent
+  // before the request finished): they are freed once the last such step has come back.
+  if (r.in_steps > 0 && g.in_flight()) g.flights.back().deferred.push_back(std::move(h));
+  else free_resources(g, h);
   g.running.erase(std::remove(g.running.begin(), g.running.end(), r.req.id), g.running.end());
   r.pages.clear();
   r.group = -1;
+}
+
+void scheduler::free_resources(group_state& g, held_resources& h) {
+  g.free_pages.insert(g.free_pages.end(), h.pages.rbegin(), h.pages.rend());
+  g.free_req_slots.push_back(h.req_slot);
+  g.free_mamba_slots.push_back(h.mamba_slot);
+  g.released_req_slots.push_back(h.req_slot);
+  h.pages.clear();
 }
 
 void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::string> err) {
@@ -201,12 +211,12 @@ wire::plan_row scheduler::base_row(request_state& r) const {
   row.request_id = static_cast<int64_t>(r.req.id);
   row.req_slot = r.req_slot;
   row.mamba_slot = r.mamba_slot;
-  row.prefix_len = r.consumed;
+  row.prefix_len = r.fed();
   row.sample.temperature = r.req.sampling.temperature;
   row.sample.top_k = r.req.sampling.top_k > 0 ? r.req.sampling.top_k : 0;
   row.sample.top_p = r.req.sampling.top_p;
   row.sample.seed = *r.req.sampling.seed;
-  row.output_index = static_cast<int32_t>(r.output.size());
+  row.output_index = static_cast<int32_t>(r.output.size()) + r.flight_outputs;
   return row;
 }
 
@@ -221,16 +231,37 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   gs.draft_commits.clear();
   plan.kv_moves = std::move(gs.kv_moves);
   gs.kv_moves.clear();
-  gs.mode = mode;
-  gs.in_flight = true;
-  gs.step_id = plan.step_id;
-  gs.sent_at = clock::now();
+  group_state::flight f;
+  f.step_id = plan.step_id;
+  f.mode = mode;
+  f.rows = gs.step_rows;
+  f.tokens = gs.step_tokens;
+  f.emits = gs.step_emits;
+  f.emits.resize(f.rows.size(), 0);
+  f.kind = gs.kind;
+  f.sent_at = clock::now();
+  f.cost_kind = gs.cost_kind;
+  f.cost_rows = gs.cost_rows;
+  f.cost_width = gs.cost_width;
+  if (!gs.flights.empty() && observer_.on_overlap) observer_.on_overlap(static_cast<int64_t>(f.rows.size()));
+  gs.flights.push_back(std::move(f));
+  gs.step_emits.clear();
+  gs.cost_kind = -1;
   link_.send_plan(g, wire::encode(plan));
+}
+
+bool scheduler::may_send(int g) const {
+  const group_state& gs = groups_[static_cast<size_t>(g)];
+  if (gs.flights.empty()) return true;
+  // Overlap: one plain step may follow the one in flight (speculative rounds run strictly:
+  // each of their steps depends on the previous result).
+  return cfg_.scheduler.overlap && !spec_enabled() && gs.flights.size() == 1 && !gs.round_active &&
+         gs.flights.back().kind == group_state::step_kind::kPlain;
 }
 
 void scheduler::schedule_group(int g) {
   group_state& gs = groups_[static_cast<size_t>(g)];
-  if (gs.in_flight) return;
+  if (!may_send(g)) return;
   if (gs.round_active) {
     send_round_step(g);
     return;
@@ -240,8 +271,17 @@ void scheduler::schedule_group(int g) {
   std::vector<uint64_t> decode_ids, prefill_ids;
   for (uint64_t id : gs.running) {
     const request_state& r = requests_.at(id);
-    (r.total_len() - r.consumed == 1 && r.consumed > 0 ? decode_ids : prefill_ids).push_back(id);
+    if (r.flight_outputs > 0) {
+      // Behind a step in flight (overlap): a request that step will finish by length, or one
+      // cancelled, gets no row; one that stops on a sampled stop token costs one wasted row.
+      if (r.cancelled || static_cast<int32_t>(r.output.size()) + r.flight_outputs >= r.req.sampling.max_new_tokens ||
+          r.known_len() >= info_.max_context)
+        continue;
+    }
+    if (r.cancelled && r.in_steps > 0) continue;
+    (r.known_len() - r.fed() == 1 && r.fed() > 0 ? decode_ids : prefill_ids).push_back(id);
   }
+  if (decode_ids.empty() && prefill_ids.empty()) return;
   // Speculative rounds carry the prefill chunks of the other requests in their verify step;
   // a round without drafts is an ordinary Decode or Mixed step.
   if (spec_enabled() && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
@@ -259,13 +299,20 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   int32_t budget = cfg_.scheduler.max_batch_tokens;
   gs.step_rows.clear();
   gs.step_tokens.clear();
+  gs.step_emits.clear();
   gs.kind = group_state::step_kind::kPlain;
   auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
     wire::plan_row row = prefill_row(r, n);
     row.is_decode = is_decode;
     plan.rows.push_back(std::move(row));
+    // The row emits its sampled token when it reaches the end of what is known (a decode row,
+    // or the prompt's last chunk).
+    const bool emits = r.fed() + n == r.known_len();
     gs.step_rows.push_back(r.req.id);
     gs.step_tokens.push_back(n);
+    gs.step_emits.push_back(emits ? 1 : 0);
+    r.flight_consumed += n;
+    if (emits) ++r.flight_outputs;
     budget -= n;
   };
   for (uint64_t id : decode_ids) {
@@ -276,7 +323,7 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   for (uint64_t id : prefill_ids) {
     if (budget <= 0) break;
     request_state& r = requests_.at(id);
-    const int32_t n = std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget});
+    const int32_t n = std::min({r.known_len() - r.fed(), cfg_.scheduler.chunked_prefill, budget});
     add_row(r, n, false);
   }
   if (plan.rows.empty()) return;
@@ -284,17 +331,17 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   const bool has_decode = n_decode > 0;
   const char* mode = "decode";
   if (has_prefill && has_decode) {
-    plan.mode = 2;  // Mixed
+    plan.mode = mode_byte(forward_mode::kMixed);
     mode = "mixed";
   } else if (has_prefill) {
-    plan.mode = 0;  // Extend
+    plan.mode = mode_byte(forward_mode::kExtend);
     mode = "extend";
     for (auto& row : plan.rows) row.is_decode = false;
   } else {
-    plan.mode = 1;  // Decode
+    plan.mode = mode_byte(forward_mode::kDecode);
     for (auto& row : plan.rows) row.is_decode = false;
   }
-  gs.cost_kind = plan.mode == 1 ? kCostDecode : -1;
+  gs.cost_kind = plan.mode == mode_byte(forward_mode::kDecode) ? kCostDecode : -1;
   gs.cost_rows = static_cast<int32_t>(plan.rows.size());
   gs.cost_width = 1;
   send_plan(g, plan, mode);
@@ -302,7 +349,7 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
 
 wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
   wire::plan_row row = base_row(r);
-  for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_at(r.consumed + i));
+  for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_or_placeholder(r.fed() + i));
   if (!r.pages_sent) {
     row.first_page_pos = 0;
     row.new_pages = r.pages;
@@ -310,7 +357,7 @@ wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
     r.pages_sent = true;
   }
   row.dense_attention = !r.req.sampling.sparse;
-  r.in_step = true;
+  ++r.in_steps;
   return row;
 }
 
@@ -434,7 +481,7 @@ void scheduler::send_round_step(int g) {
   const bool verify = gs.round_step > k;
   wire::step_plan plan;
   plan.draft_len = k + 1;
-  plan.mode = verify ? 4 : 6;  // TargetVerify : Draft
+  plan.mode = mode_byte(verify ? forward_mode::kTargetVerify : forward_mode::kDraft);
   if (!verify && gs.round_step == 0) plan.draft_width = draft_tree_width();
   if (verify) {
     for (uint64_t id : gs.round_ids) {
@@ -492,7 +539,7 @@ void scheduler::send_round_step(int g) {
       row.draft_step = j;
     }
     plan.rows.push_back(std::move(row));
-    r.in_step = true;
+    ++r.in_steps;
     gs.step_rows.push_back(id);
     gs.step_tokens.push_back(0);
   }
@@ -530,7 +577,7 @@ int32_t scheduler::draft_tree_width() const {
 bool scheduler::send_draft_catch_up(int g) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   wire::step_plan plan;
-  plan.mode = 5;  // DraftExtend
+  plan.mode = mode_byte(forward_mode::kDraftExtend);
   gs.step_rows.clear();
   gs.step_tokens.clear();
   for (uint64_t id : gs.running) {
@@ -541,7 +588,7 @@ bool scheduler::send_draft_catch_up(int g) {
     row.tokens = r.draft_lag;
     row.prefix_len = r.consumed - static_cast<int32_t>(r.draft_lag.size());
     plan.rows.push_back(std::move(row));
-    r.in_step = true;
+    ++r.in_steps;
     gs.step_rows.push_back(id);
     gs.step_tokens.push_back(0);
   }
@@ -620,45 +667,65 @@ void scheduler::handle_verify(int g, const wire::step_result& res) {
 
 void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   group_state& gs = groups_[static_cast<size_t>(g)];
-  if (!gs.in_flight) throw error("group " + std::to_string(g) + " sent a result with no step in flight");
-  gs.in_flight = false;
-  const double seconds = ms_since(gs.sent_at) / 1000.0;
-  if (observer_.on_step) observer_.on_step(gs.mode, seconds);
+  if (!gs.in_flight()) throw error("group " + std::to_string(g) + " sent a result with no step in flight");
+  // Results come back in the order the steps were sent.
+  group_state::flight st = std::move(gs.flights.front());
+  gs.flights.pop_front();
+  // The step's own time: from its sending, or from the previous result when it queued behind it.
+  const auto started = std::max(st.sent_at, gs.last_result_at);
+  gs.last_result_at = clock::now();
+  const double seconds = ms_since(started) / 1000.0;
+  if (observer_.on_step) observer_.on_step(st.mode, seconds);
   std::optional<wire::step_result> res;
   std::string failure;
   try {
     res = wire::decode_step_result(bytes);
     if (!res->ok) failure = res->error;
-    else if (res->rows.size() != gs.step_rows.size()) failure = "result has the wrong number of rows";
+    else if (res->rows.size() != st.rows.size()) failure = "result has the wrong number of rows";
   } catch (const error& e) {
     failure = std::string("corrupt step result: ") + e.what();
   }
-  if (failure.empty() && gs.cost_kind >= 0)
-    gs.costs.add(gs.cost_kind, gs.cost_rows, gs.cost_width, res->step_ms > 0 ? res->step_ms / 1000.0 : seconds);
-  gs.cost_kind = -1;
+  if (failure.empty() && st.cost_kind >= 0)
+    gs.costs.add(st.cost_kind, st.cost_rows, st.cost_width, res->step_ms > 0 ? res->step_ms / 1000.0 : seconds);
   if (failure.empty() && res->decode_rows > 0 && observer_.on_decode_attention)
     observer_.on_decode_attention(res->decode_rows, res->sparse_rows, res->pages_read);
-  const std::vector<uint64_t> ids = gs.step_rows;
+  const std::vector<uint64_t>& ids = st.rows;
   if (!failure.empty()) gs.round_active = false;
-  // Failures and cancellations first; they end the request whatever the step was.
-  bool any_cancelled = false;
+  // The step is no longer in flight for its requests.
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);
     if (it == requests_.end() || ids[i] == 0) continue;
     request_state& r = it->second;
-    r.in_step = false;
+    --r.in_steps;
+    if (st.kind == group_state::step_kind::kPlain) {
+      r.flight_consumed -= st.tokens[i];
+      if (st.emits[i]) --r.flight_outputs;
+    }
+  }
+  process_result(g, st, res, failure);
+  // Requests that ended while this step was in flight: their slots and pages are free now.
+  for (held_resources& h : st.deferred) free_resources(gs, h);
+}
+
+void scheduler::process_result(int g, const group_state::flight& st, const std::optional<wire::step_result>& res,
+                               const std::string& failure) {
+  group_state& gs = groups_[static_cast<size_t>(g)];
+  const std::vector<uint64_t>& ids = st.rows;
+  // Failures and cancellations first; they end the request whatever the step was.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = requests_.find(ids[i]);
+    if (it == requests_.end() || ids[i] == 0) continue;
+    request_state& r = it->second;
     if (!failure.empty()) {
       std::fprintf(stderr, "[coordinator] step %llu on group %d failed: %s\n",
-                   static_cast<unsigned long long>(gs.step_id), g, failure.c_str());
+                   static_cast<unsigned long long>(st.step_id), g, failure.c_str());
       finish(r.req.id, finish_reason::kAbort, "worker error: " + failure);
     } else if (r.cancelled) {
-      any_cancelled = true;
       finish(r.req.id, finish_reason::kAbort, std::nullopt);
     }
   }
-  (void)any_cancelled;
   if (!failure.empty()) return;
-  switch (gs.kind) {
+  switch (st.kind) {
     case group_state::step_kind::kDraft:
       for (size_t i = 0; i < ids.size(); ++i) {
         auto it = requests_.find(ids[i]);
@@ -678,7 +745,7 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
         auto it = requests_.find(ids[i]);
         if (it == requests_.end()) continue;
         request_state& r = it->second;
-        r.consumed += gs.step_tokens[i];
+        r.consumed += st.tokens[i];
         if (r.consumed < r.total_len()) continue;
         emit(r, {res->rows[i].tokens.at(0)});
       }
@@ -690,14 +757,19 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
     case group_state::step_kind::kPlain:
       break;
   }
+  int64_t wasted = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);
-    if (it == requests_.end()) continue;
+    if (it == requests_.end()) {  // finished while the step was in flight: a wasted row
+      ++wasted;
+      continue;
+    }
     request_state& r = it->second;
-    r.consumed += gs.step_tokens[i];
-    if (r.consumed < r.total_len()) continue;  // a prefill chunk that does not end the prompt
+    r.consumed += st.tokens[i];
+    if (!st.emits[i]) continue;  // a prefill chunk that does not end the prompt
     emit(r, {res->rows[i].tokens.at(0)});
   }
+  if (wasted > 0 && observer_.on_wasted_rows) observer_.on_wasted_rows(wasted);
 }
 
 void scheduler::fail_all(const std::string& why) {
@@ -738,7 +810,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     bool busy = false;
     for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
       schedule_group(g);
-      busy = busy || groups_[static_cast<size_t>(g)].in_flight;
+      busy = busy || groups_[static_cast<size_t>(g)].in_flight();
     }
     {
       std::lock_guard<std::mutex> lock(inbox_mu_);
@@ -749,13 +821,13 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     }
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];
-      if (gs.in_flight && clock::now() - gs.sent_at > step_timeout) {
+      if (gs.in_flight() && clock::now() - std::max(gs.flights.front().sent_at, gs.last_result_at) > step_timeout) {
         const int first = 1 + static_cast<int>(g) * cfg_.parallel.tp, last = first + cfg_.parallel.tp - 1;
         const std::string ranks = first == last ? "rank " + std::to_string(first)
                                                 : "ranks " + std::to_string(first) + "-" + std::to_string(last);
         const std::string why = "data-parallel group " + std::to_string(g) + " (" + ranks + ", leader rank " +
                                 std::to_string(first) + " on host " + hellos_[g].host + ") did not answer step " +
-                                std::to_string(gs.step_id) +
+                                std::to_string(gs.flights.front().step_id) +
                                 " within " + std::to_string(cfg_.worker.step_timeout_s) + " s";
         std::fprintf(stderr, "[coordinator] fatal: %s\n", why.c_str());
         healthy_ = false;
@@ -765,7 +837,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     }
     if (drain_deadline) {
       bool idle = requests_.empty();
-      for (const auto& gs : groups_) idle = idle && !gs.in_flight;
+      for (const auto& gs : groups_) idle = idle && !gs.in_flight();
       if (idle) return 0;
       if (clock::now() > *drain_deadline) {
         std::fprintf(stderr, "[coordinator] drain deadline passed; aborting %zu requests\n", requests_.size());
@@ -775,8 +847,11 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
         // Results of in-flight steps are still collected so every worker is idle at shutdown.
         const auto until = clock::now() + step_timeout;
         for (auto& gs : groups_) {
-          while (gs.in_flight && clock::now() < until) {
-            if (auto msg = link_.poll_result()) groups_[static_cast<size_t>(msg->first)].in_flight = false;
+          while (gs.in_flight() && clock::now() < until) {
+            if (auto msg = link_.poll_result()) {
+              group_state& from = groups_[static_cast<size_t>(msg->first)];
+              if (from.in_flight()) from.flights.pop_front();
+            }
             else std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
         }

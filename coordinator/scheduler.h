@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -33,6 +34,10 @@ struct scheduler_observer {
   std::function<void(int64_t decode_rows, int64_t sparse_rows, int64_t pages_read)> on_decode_attention;
   // One speculative verify row: drafts proposed and accepted.
   std::function<void(int64_t drafted, int64_t accepted)> on_spec;
+  // Overlapped loop: a step sent while the group's previous one was in flight (its rows), and
+  // rows of a step in flight whose request finished before it came back.
+  std::function<void(int64_t rows)> on_overlap;
+  std::function<void(int64_t rows)> on_wasted_rows;
 };
 
 class scheduler final : public frontend {
@@ -66,8 +71,11 @@ class scheduler final : public frontend {
     std::vector<int32_t> pages;
     int32_t consumed = 0;  // tokens of prompt + output already in the cache
     bool pages_sent = false;
-    bool in_step = false;
+    int32_t in_steps = 0;  // steps in flight that carry a row of this request
     bool cancelled = false;
+    // Overlapped loop: tokens fed by plain steps in flight, and the tokens those steps will
+    // emit (their values reach the worker's next step as placeholders).
+    int32_t flight_consumed = 0, flight_outputs = 0;
     clock::time_point first_token;
     // Speculative decoding.
     std::optional<spec::draft_budget> budget;
@@ -87,21 +95,49 @@ class scheduler final : public frontend {
       const auto n = static_cast<int32_t>(req.input_ids.size());
       return i < n ? req.input_ids[static_cast<size_t>(i)] : output[static_cast<size_t>(i - n)];
     }
+    // What the cache and the output will hold once the steps in flight are done.
+    int32_t fed() const { return consumed + flight_consumed; }
+    int32_t known_len() const { return total_len() + flight_outputs; }
+    // The token at position i of known_len(): a placeholder (the worker's last sampled token
+    // of the request's state slot) where the step in flight has not returned it yet.
+    int32_t token_or_placeholder(int32_t i) const { return i < total_len() ? token_at(i) : -(mamba_slot + 1); }
+  };
+  // A request's slots and pages, returned to the free lists (deferred until the last step in
+  // flight that carries the request has come back).
+  struct held_resources {
+    int32_t req_slot = -1, mamba_slot = -1;
+    std::vector<int32_t> pages;
   };
   struct group_state {
     std::vector<int32_t> free_pages, free_req_slots, free_mamba_slots;
     std::vector<int32_t> released_req_slots;  // shipped with the next plan
     std::vector<uint64_t> running;
-    bool in_flight = false;
-    uint64_t step_id = 0;
-    std::string mode;
+    // The step being built: its rows, tokens fed per row, whether a row emits its sampled token
+    // (plain steps), and what kind of step it is (speculative decoding: draft / verify steps).
     std::vector<uint64_t> step_rows;
-    std::vector<int32_t> step_tokens;  // tokens fed per row
-    clock::time_point sent_at;
-    // Speculative decoding: what the step in flight is, commits for the next plan, and the
-    // draft-model round in progress (its rows keep their order across its Draft steps).
+    std::vector<int32_t> step_tokens;
+    std::vector<uint8_t> step_emits;
     enum class step_kind : uint8_t { kPlain, kDraft, kVerify, kDraftCatchUp };
     step_kind kind = step_kind::kPlain;
+    // Steps sent whose results have not come back, oldest first: one, or two with
+    // scheduler.overlap (the next plain step is sent while the previous one runs).
+    struct flight {
+      uint64_t step_id = 0;
+      std::string mode;
+      std::vector<uint64_t> rows;
+      std::vector<int32_t> tokens;
+      std::vector<uint8_t> emits;
+      step_kind kind = step_kind::kPlain;
+      clock::time_point sent_at;
+      int cost_kind = -1;
+      int32_t cost_rows = 0, cost_width = 0;
+      std::vector<held_resources> deferred;  // released once this step's result is in
+    };
+    std::deque<flight> flights;
+    bool in_flight() const { return !flights.empty(); }
+    clock::time_point last_result_at;
+    // Speculative decoding: commits for the next plan, and the draft-model round in progress
+    // (its rows keep their order across its Draft steps).
     std::vector<wire::commit_op> commits, draft_commits;
     std::vector<wire::kv_move_op> kv_moves;
     bool round_active = false;
@@ -146,8 +182,13 @@ class scheduler final : public frontend {
   void handle_verify(int g, const wire::step_result& res);
   bool spec_enabled() const { return cfg_.speculative.algorithm != speculative_algorithm::kNone; }
   void handle_result(int g, const std::vector<uint8_t>& bytes);
+  void process_result(int g, const group_state::flight& st, const std::optional<wire::step_result>& res,
+                      const std::string& failure);
   void finish(uint64_t id, finish_reason reason, std::optional<std::string> error);
   void release(request_state& r);
+  void free_resources(group_state& g, held_resources& h);
+  // Whether group g may send a step now (none in flight, or an overlapped plain step).
+  bool may_send(int g) const;
   void fail_all(const std::string& why);
   void report_load();
   int32_t pages_for(const request_state& r) const;

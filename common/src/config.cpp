@@ -419,7 +419,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
 
     const YAML::Node sched = root["scheduler"];
-    r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue"});
+    r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue", "overlap"});
+    if_present(sched, "overlap", [&](const YAML::Node& n) { cfg.scheduler.overlap = r.get_bool(n, "scheduler.overlap"); });
     if_present(sched, "max_batch_tokens", [&](const YAML::Node& n) {
       cfg.scheduler.max_batch_tokens = r.get_int32_min(n, "scheduler.max_batch_tokens", 1);
     });

@@ -107,6 +107,9 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
       if (r.prefix_len + static_cast<int32_t>(r.tokens.size()) > max_ctx)
         throw invalid_argument_error("request " + std::to_string(r.request_id) + " exceeds max_context");
     }
+    if (draft_ && std::any_of(r.tokens.begin(), r.tokens.end(), [](int32_t t) { return t < 0; }))
+      throw invalid_argument_error("request " + std::to_string(r.request_id) +
+                                   ": token placeholders (overlapped steps) are not taken with a draft model");
     batch_row row;
     row.request_id = r.request_id;
     row.req_slot = padding ? -1 : r.req_slot;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "hyserve/common/error.h"
@@ -111,6 +112,73 @@ TEST(Sample, RejectsBadValues) {
   p.temperature = 1.0f;
   p.top_p = 0.0f;
   EXPECT_THROW(sample_cpu(p), invalid_argument_error);
+}
+
+// The batched op of a step (sample_rows_params) is sample_cpu row by row: same tokens, same
+// logprobs (or 0 without want_logprob), rows at a stride wider than the vocabulary.
+TEST(SampleRows, EqualsSampleCpuRowByRow) {
+  const int64_t V = 97, stride = 128, rows = 60;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(static_cast<size_t>(rows * stride), 50.0f);  // padding columns would win
+  std::vector<sample_settings> s(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t v = 0; v < V; ++v) logits[static_cast<size_t>(r * stride + v)] = normal(rng);
+    sample_settings& st = s[static_cast<size_t>(r)];
+    st.temperature = r % 3 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(r % 4);
+    st.top_k = r % 5 == 1 ? 10 : 0;
+    st.top_p = r % 4 == 2 ? 0.8f : 1.0f;
+    st.seed = 77 + static_cast<uint64_t>(r);
+    st.counter = static_cast<uint64_t>(r * 7);
+    st.want_logprob = r % 2;
+  }
+  std::vector<sample_output> out(static_cast<size_t>(rows));
+  run_cpu(sample_rows_params{logits.data(), s.data(), out.data(), rows, V, stride});
+  for (int64_t r = 0; r < rows; ++r) {
+    const sample_settings& st = s[static_cast<size_t>(r)];
+    sample_params p;
+    p.logits = logits.data() + r * stride;
+    p.vocab = V;
+    p.temperature = st.temperature;
+    p.top_k = st.top_k;
+    p.top_p = st.top_p;
+    p.seed = st.seed;
+    p.counter = st.counter;
+    p.want_logprob = st.want_logprob != 0;
+    const sample_output want = sample_cpu(p);
+    EXPECT_EQ(out[static_cast<size_t>(r)].token, want.token) << "row " << r;
+    EXPECT_EQ(out[static_cast<size_t>(r)].logprob, want.logprob) << "row " << r;
+    EXPECT_LT(out[static_cast<size_t>(r)].token, V);
+  }
+}
+
+TEST(SampleRows, RejectsBadSettingsNamingTheField) {
+  const std::vector<float> l = {1.0f, 2.0f};
+  sample_settings s;
+  sample_output o;
+  s.top_k = -1;
+  try {
+    run_cpu(sample_rows_params{l.data(), &s, &o, 1, 2, 2});
+    FAIL() << "top_k -1 accepted";
+  } catch (const invalid_argument_error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_k"), std::string::npos) << e.what();
+  }
+  s.top_k = 0;
+  s.want_logprob = 2;
+  EXPECT_THROW(check_sample_settings(s), invalid_argument_error);
+}
+
+// The overlapped loop's token feed: sampled tokens scattered by slot, placeholders -(s + 1)
+// resolved from it, other ids untouched.
+TEST(LastToken, ScatterThenResolve) {
+  const std::vector<sample_output> sampled = {{11, 0.f}, {22, 0.f}, {33, 0.f}};
+  const std::vector<int32_t> slots = {2, -1, 0};
+  std::vector<int32_t> last(4, 7);
+  run_cpu(last_token_scatter_params{sampled.data(), slots.data(), last.data(), 3, 4});
+  EXPECT_EQ(last, (std::vector<int32_t>{33, 7, 11, 7}));
+  std::vector<int32_t> ids = {5, -1, -3, 0, -2};
+  run_cpu(token_resolve_params{ids.data(), last.data(), static_cast<int64_t>(ids.size()), 4});
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 33, 11, 0, 7}));
 }
 
 }  // namespace

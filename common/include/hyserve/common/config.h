@@ -56,6 +56,11 @@ struct scheduler_section {
   int32_t max_running = 64;
   int32_t chunked_prefill = 512;
   int32_t max_queue = 1024;
+  // Overlapped step loop: a group's next plain step (Decode / Extend / Mixed) is built and sent
+  // while its previous one runs, its decode rows' tokens as placeholders the worker fills on
+  // the device from the previous step's samples. false: each step waits for the previous
+  // result. Speculative rounds always run strictly.
+  bool overlap = true;
 };
 
 enum class sparsity_algorithm : uint8_t { kNone, kQuest };

@@ -1,25 +1,17 @@
 #pragma once
-// The seven forward modes of a step (DESIGN.md §4). Every switch over forward_mode has no
-// default: and the build uses -Werror=switch, so a new mode cannot be added unhandled.
+// The worker's side of the forward modes (the enum is shared: hyserve/common/forward_mode.h):
+// names, decoding of the wire byte, and the modes' properties.
 #include <array>
 #include <cstdint>
 #include <string_view>
 
+#include "hyserve/common/forward_mode.h"
+
 namespace hyserve::worker {
 
-enum class forward_mode : uint8_t {
-  kExtend = 0,
-  kDecode = 1,
-  kMixed = 2,
-  kIdle = 3,
-  kTargetVerify = 4,
-  kDraftExtend = 5,
-  kDraft = 6,
-};
-
-inline constexpr std::array<forward_mode, 7> kAllForwardModes = {
-    forward_mode::kExtend,       forward_mode::kDecode,      forward_mode::kMixed, forward_mode::kIdle,
-    forward_mode::kTargetVerify, forward_mode::kDraftExtend, forward_mode::kDraft};
+using hyserve::forward_mode;  // hyserve/common/forward_mode.h
+using hyserve::kAllForwardModes;
+using hyserve::mode_byte;
 
 std::string_view forward_mode_name(forward_mode m);
 
