@@ -10,7 +10,10 @@
 # speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), model-mma / spec-pred-mma
 # (model and spec-pred with the tensor-core skinny GEMM, HYSERVE_SKINNY=mma), and serve-cuda
 # (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
-# /metrics, then stopped).
+# /metrics, then stopped), served / served-qwen (bench/served_vs_engine.sh on the 9B synthetic
+# Bamba / the tiny Qwen3-Next: the engine bench and the served path side by side) and startup
+# (seconds to /health 200 for the 9B synthetic config and for a 9B checkpoint written by
+# hyserve-write-checkpoint).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -42,6 +45,8 @@ for s in "${stages[@]}"; do
     model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
     serve-cuda) targets+=(coordinator worker hyserve-generate hyserve-bench) ;;
+    served | served-qwen) targets+=(coordinator worker hyserve-generate hyserve-bench hyserve-bench-model) ;;
+    startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
   esac
 done
 target_args=()
@@ -114,6 +119,30 @@ for s in "${stages[@]}"; do
         kill -TERM $pid; wait $pid
         tail -5 '"$out"'/serve-cuda.server.log
         exit $rc' ;;
+    served) stage served 420 bench/served_vs_engine.sh configs/bamba-9b-synthetic-cuda.yaml "$out" bamba-9b ;;
+    served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=256 bench/served_vs_engine.sh \
+                   configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
+    startup) stage startup 480 bash -c '
+        export HYSERVE_BUILD_DIR='"$build"' HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a
+        serve_until_healthy() {  # CONFIG LOG: seconds from launch/serve.sh to /health 200, then stopped
+          local t0=$(date +%s.%N) ready=never
+          setsid launch/serve.sh "$1" > "$2" 2>&1 &
+          local pid=$!
+          for i in $(seq 1 1800); do
+            if curl -sf localhost:8000/health > /dev/null 2>&1; then ready=$(python3 -c "import time; print(f\"{time.time() - $t0:.1f}\")"); break; fi
+            kill -0 $pid 2> /dev/null || break; sleep 0.1
+          done
+          echo "$1: /health 200 after $ready s"
+          curl -s localhost:8000/generate -d "{\"input_ids\": [1, 2, 3, 4], \"sampling_params\": {\"max_new_tokens\": 16}}"; echo
+          kill -TERM -- -$pid 2> /dev/null; wait $pid 2> /dev/null
+          grep -E "weights loaded|loaded [0-9]+/|ready|captured" "$2" | head -20
+        }
+        serve_until_healthy configs/bamba-9b-synthetic-cuda.yaml '"$out"'/startup-synthetic.log
+        t0=$(date +%s)
+        '"$bin"'/hyserve-write-checkpoint configs/bamba-9b-synthetic-cuda.yaml /tmp/bamba-9b-ckpt 2>&1 | tail -3
+        echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
+        serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
+        rm -rf /tmp/bamba-9b-ckpt' ;;
     *) echo "unknown stage $s (known: tests gpu-tests select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda)" | tee -a "$out/summary.txt" ;;
   esac
 done
