@@ -27,7 +27,7 @@ port=${PORT:-8000}
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
 echo "[$name] engine: hyserve-bench-model $cfg"
-"$bin/hyserve-bench-model" "$cfg" --batches 1,16,64 --prompt-len "$prompt" --decode-steps 64 --prefill-len 2048 \
+"$bin/hyserve-bench-model" "$cfg" --batches 1,16,64 --prompt-len "$prompt" --decode-steps 32 --prefill-len 2048 \
   --json "$out/$name-engine.json" > "$out/$name-engine.txt" 2>&1
 echo "[$name] engine rc $?"
 
