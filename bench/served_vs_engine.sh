@@ -31,6 +31,8 @@ echo "[$name] engine: hyserve-bench-model $cfg"
   --json "$out/$name-engine.json" > "$out/$name-engine.txt" 2>&1
 echo "[$name] engine rc $?"
 
+# A server of an earlier run still shutting down must not answer for this one.
+for _ in $(seq 1 300); do curl -sf "localhost:$port/health" > /dev/null 2>&1 || break; sleep 0.1; done
 echo "[$name] served: launch/serve.sh $cfg"
 t0=$(date +%s.%N)
 HYSERVE_BUILD_DIR=$build HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a \
@@ -57,6 +59,7 @@ if [ -n "$ready" ]; then
 fi
 kill -TERM -- -$server 2> /dev/null || kill -TERM $server
 wait $server 2> /dev/null
+for _ in $(seq 1 300); do curl -sf "localhost:$port/health" > /dev/null 2>&1 || break; sleep 0.1; done
 
 python3 - "$out" "$name" "$prompt" "$output" << 'EOF'
 import json, sys, os
