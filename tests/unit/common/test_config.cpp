@@ -26,7 +26,7 @@ cache:
   max_context: 2048
   num_pages: 100
   gpu_memory_fraction: 0.5
-scheduler: {max_batch_tokens: 1024, max_running: 16, chunked_prefill: 256, max_queue: 10}
+scheduler: {max_batch_tokens: 1024, max_running: 16, chunked_prefill: 256, max_queue: 10, overlap: false}
 sparsity: {algorithm: quest, page_budget: 16, sink_pages: 2, recent_pages: 4, min_seq_len: 512}
 speculative: {algorithm: ngram, num_draft_tokens: 3}
 server: {host: 0.0.0.0, port: 9000, api_key: secret, max_body_bytes: 65536, threads: 4, drain_timeout_s: 2.5}
@@ -51,6 +51,7 @@ TEST(Config, FullConfigParses) {
   EXPECT_EQ(c.scheduler.max_running, 16);
   EXPECT_EQ(c.scheduler.chunked_prefill, 256);
   EXPECT_EQ(c.scheduler.max_queue, 10);
+  EXPECT_FALSE(c.scheduler.overlap);
   EXPECT_EQ(c.sparsity.algorithm, sparsity_algorithm::kQuest);
   EXPECT_EQ(c.sparsity.page_budget, 16);
   EXPECT_EQ(c.sparsity.sink_pages, 2);
@@ -89,6 +90,7 @@ TEST(Config, MissingKeysTakeDefaults) {
   EXPECT_EQ(c.scheduler.max_running, d.scheduler.max_running);
   EXPECT_EQ(c.scheduler.chunked_prefill, d.scheduler.chunked_prefill);
   EXPECT_EQ(c.scheduler.max_queue, d.scheduler.max_queue);
+  EXPECT_TRUE(d.scheduler.overlap);
   EXPECT_EQ(c.sparsity.algorithm, sparsity_algorithm::kNone);
   EXPECT_EQ(c.sparsity.page_budget, d.sparsity.page_budget);
   EXPECT_EQ(c.speculative.algorithm, speculative_algorithm::kNone);
@@ -119,7 +121,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "parallel.pp: unknown key (known: tp, dp)");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch: 1}"), config_error,
                     "scheduler.max_batch: unknown key (known: max_batch_tokens, max_running, chunked_prefill, "
-                    "max_queue)");
+                    "max_queue, overlap)");
   EXPECT_ERROR_WITH(load_config_string(model + "sparsity: {budget: 1}"), config_error,
                     "sparsity.budget: unknown key (known: algorithm, page_budget, sink_pages, recent_pages, "
                     "min_seq_len)");
@@ -146,6 +148,7 @@ TEST(Config, BadValuesNameThePathAndValue) {
                     "scheduler.max_running: expected an integer, got 'abc'");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_queue: 1.5}"), config_error,
                     "scheduler.max_queue: expected an integer, got '1.5'");
+  EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {overlap: sometimes}"), config_error, "scheduler.overlap");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch_tokens: [1, 2]}"), config_error,
                     "scheduler.max_batch_tokens: expected an integer, got a sequence");
   EXPECT_ERROR_WITH(load_config_string(model + "cache: {max_context: 99999999999}"), config_error,
