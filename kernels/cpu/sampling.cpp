@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "sampling_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -35,14 +36,7 @@ void run_cpu(const argmax_params& p) {
 }
 
 void run_cpu(const sample_rows_params& p) {
-  constexpr const char* op = "sample_rows";
-  require_non_negative(p.rows, op, "rows");
-  if (p.rows == 0) return;
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.settings, op, "settings");
-  require_ptr(p.out, op, "out");
-  require_positive(p.vocab, op, "vocab");
-  require_stride(p.stride, p.vocab, op, "stride");
+  if (!check_call(p)) return;
   for (int64_t r = 0; r < p.rows; ++r) check_sample_settings(p.settings[r]);
   // Rows are independent (each draw's counter is its own), so threads take them in any order.
 #pragma omp parallel for schedule(dynamic, 1) if (p.rows > 1 && p.vocab >= 4096)
@@ -62,24 +56,13 @@ void run_cpu(const sample_rows_params& p) {
 }
 
 void run_cpu(const last_token_scatter_params& p) {
-  constexpr const char* op = "last_token_scatter";
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.n_slots, op, "n_slots");
-  if (p.rows == 0) return;
-  require_ptr(p.sampled, op, "sampled");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.last, op, "last");
+  if (!check_call(p)) return;
   for (int64_t r = 0; r < p.rows; ++r)
     if (p.slots[r] >= 0 && p.slots[r] < p.n_slots) p.last[p.slots[r]] = p.sampled[r].token;
 }
 
 void run_cpu(const token_resolve_params& p) {
-  constexpr const char* op = "token_resolve";
-  require_non_negative(p.n, op, "n");
-  require_non_negative(p.n_slots, op, "n_slots");
-  if (p.n == 0) return;
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.last, op, "last");
+  if (!check_call(p)) return;
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t slot = -static_cast<int64_t>(p.ids[i]) - 1;
     if (p.ids[i] < 0 && slot < p.n_slots) p.ids[i] = p.last[slot];

@@ -22,6 +22,7 @@
 
 #include "common.cuh"
 #include "hyserve/kernels/sampling.h"
+#include "../cpu/sampling_validate.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -378,39 +379,19 @@ void run_cuda(const argmax_params& p, void* stream) {
 }
 
 void run_cuda(const sample_rows_params& p, void* stream) {
-  constexpr const char* op = "sample_rows";
-  require_non_negative(p.rows, op, "rows");
-  if (p.rows == 0) return;
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.settings, op, "settings");
-  require_ptr(p.out, op, "out");
-  require_positive(p.vocab, op, "vocab");
-  require_stride(p.stride, p.vocab, op, "stride");
-  if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
-  if (p.rows > std::numeric_limits<int32_t>::max()) fail(op, "rows", p.rows, "exceeds the CUDA grid");
+  if (!cpu_detail::check_call(p)) return;
   sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 void run_cuda(const last_token_scatter_params& p, void* stream) {
-  constexpr const char* op = "last_token_scatter";
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.n_slots, op, "n_slots");
-  if (p.rows == 0) return;
-  require_ptr(p.sampled, op, "sampled");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.last, op, "last");
+  if (!cpu_detail::check_call(p)) return;
   last_token_scatter_kernel<<<static_cast<unsigned>((p.rows + 127) / 128), 128, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 void run_cuda(const token_resolve_params& p, void* stream) {
-  constexpr const char* op = "token_resolve";
-  require_non_negative(p.n, op, "n");
-  require_non_negative(p.n_slots, op, "n_slots");
-  if (p.n == 0) return;
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.last, op, "last");
+  if (!cpu_detail::check_call(p)) return;
   token_resolve_kernel<<<static_cast<unsigned>((p.n + 255) / 256), 256, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }

@@ -11,6 +11,7 @@
 #include <boost/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -76,11 +77,11 @@ std::vector<job> workload() {
   return jobs;
 }
 
-std::string config(bool overlap, const std::string& extra) {
+std::string config(bool overlap, const std::string& extra, bool cuda = false) {
   return std::string(R"(model: {path: @MODEL@}
-parallel: {tp: 2, dp: 1}
+)") + (cuda ? "device: cuda\nparallel: {tp: 1, dp: 1}" : "parallel: {tp: 2, dp: 1}") + R"(
 cache: {page_size: 16, max_requests: 12, max_context: 512}
-scheduler: {max_running: 12, chunked_prefill: 16, max_batch_tokens: 64, overlap: )") +
+scheduler: {max_running: 12, chunked_prefill: 16, max_batch_tokens: 64, overlap: )" +
          (overlap ? "true" : "false") + "}\n" + extra + "server: {host: 127.0.0.1, port: @PORT@}\n";
 }
 
@@ -92,8 +93,9 @@ struct outcome {
 
 // Runs the workload on one service, 16 requests at a time, with a streaming request that the
 // client drops after a few tokens running beside them.
-outcome run_workload(const std::string& name, bool overlap, const std::string& extra, bool with_cancel) {
-  service_process svc(name, config(overlap, extra), 2);
+outcome run_workload(const std::string& name, bool overlap, const std::string& extra, bool with_cancel,
+                     bool cuda = false) {
+  service_process svc(name, config(overlap, extra, cuda), cuda ? 1 : 2);
   outcome out;
   EXPECT_TRUE(svc.launch()) << svc.report();
   if (testing::Test::HasFailure()) return out;
@@ -176,6 +178,18 @@ TEST(ServiceOverlap, Tp2NgramRoundsOverlapOnEqualsOff) {
   expect_same(strict, overlapped);
   // Speculative rounds run strictly: the knob changes nothing there.
   EXPECT_EQ(overlapped.overlapped_steps, 0.0);
+}
+
+// On a GPU (one rank: NCCL does not put two ranks on one device): the decode steps run as CUDA
+// graphs that sample on the device and read the placeholders from the device's last-token feed.
+TEST(ServiceOverlap, CudaOverlapOnEqualsOffGreedySeededStopsAndCancel) {
+  if (!std::filesystem::exists("/dev/nvidiactl")) GTEST_SKIP() << "no CUDA device";
+  const outcome strict = run_workload("overlap-cuda-off", false, "", true, true);
+  const outcome overlapped = run_workload("overlap-cuda-on", true, "", true, true);
+  expect_same(strict, overlapped);
+  EXPECT_EQ(strict.overlapped_steps, 0.0);
+  EXPECT_GT(overlapped.overlapped_steps, 20.0);
+  EXPECT_GT(overlapped.wasted_rows, 0.0);
 }
 
 }  // namespace
