@@ -5,7 +5,8 @@
 // the step it had already sent), under tensor parallelism (TP=2: three ranks under mpirun),
 // with chunked prefill mixed into decode steps, more requests than slots (admission while a
 // step is in flight) and a streaming request cancelled by its client in the middle. Then the
-// same for speculative n-gram rounds (which run strictly inside an overlapped service).
+// same for speculative n-gram and draft-model rounds (which run strictly inside an overlapped
+// service).
 #include <gtest/gtest.h>
 
 #include <boost/json.hpp>
@@ -172,11 +173,21 @@ TEST(ServiceOverlap, Tp2OverlapOnEqualsOffGreedySeededStopsAndCancel) {
 }
 
 TEST(ServiceOverlap, Tp2NgramRoundsOverlapOnEqualsOff) {
-  const std::string spec = "speculative: {algorithm: ngram, num_draft_tokens: 4}\n";
+  const std::string spec = "speculative: {algorithm: ngram, num_draft_tokens: 4, cost_check: false}\n";
   const outcome strict = run_workload("overlap-ngram-off", false, spec, false);
   const outcome overlapped = run_workload("overlap-ngram-on", true, spec, false);
   expect_same(strict, overlapped);
   // Speculative rounds run strictly: the knob changes nothing there.
+  EXPECT_EQ(overlapped.overlapped_steps, 0.0);
+}
+
+TEST(ServiceOverlap, Tp2DraftModelTreeRoundsOverlapOnEqualsOff) {
+  const std::string spec =
+      "speculative: {algorithm: draft_model, num_draft_tokens: 4, cost_check: false, "
+      "draft_model: {synthetic: {num_layers: 2}, max_tree_width: 3}}\n";
+  const outcome strict = run_workload("overlap-draft-off", false, spec, false);
+  const outcome overlapped = run_workload("overlap-draft-on", true, spec, false);
+  expect_same(strict, overlapped);
   EXPECT_EQ(overlapped.overlapped_steps, 0.0);
 }
 
