@@ -103,6 +103,7 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
       throw invalid_argument_error("forward_options.sample: " + std::to_string(sampling->settings.size()) +
                                    " settings and " + std::to_string(sampling->feed_slots.size()) +
                                    " feed slots for " + std::to_string(n) + " logits rows");
+    // Checked once here, on the host, for every path (the CUDA op cannot check device settings).
     for (const kernels::sample_settings& s : sampling->settings) kernels::check_sample_settings(s);
   }
   // Tensor parallelism gathers the vocabulary shards on the host (logits_to_host): sampled there.

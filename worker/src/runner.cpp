@@ -176,7 +176,6 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       st.seed = pr.sample.seed;
       st.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(i - begin);
       st.want_logprob = plan.want_logprobs ? 1 : 0;
-      kernels::check_sample_settings(st);
       sampling.settings.push_back(st);
       // The row's last logits row feeds its slot: the next step's placeholder for this request.
       sampling.feed_slots.push_back(i + 1 == end ? pr.mamba_slot : -1);
