@@ -816,8 +816,10 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
       std::lock_guard<std::mutex> lock(inbox_mu_);
       report_load();
     }
+    bool got_result = false;
     while (auto msg = link_.poll_result()) {
       handle_result(msg->first, msg->second);
+      got_result = true;
     }
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];
@@ -858,7 +860,13 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
         return 0;
       }
     }
+    // A result in: plan the next step at once. A step in flight: poll again soon; on a GPU
+    // (steps of a fraction of a millisecond) without sleeping, since a sleep of tens of
+    // microseconds costs the device that much idle time per step; on the CPU the workers need
+    // the cores.
+    if (got_result) continue;
     if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    else if (cfg_.device == device_kind::kCuda) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

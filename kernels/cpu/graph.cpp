@@ -40,6 +40,7 @@ stream_event& stream_event::operator=(stream_event&& o) noexcept {
 }
 void stream_event::record(void* /*stream*/) { no_cuda("stream_event::record"); }
 void stream_event::synchronize() const { no_cuda("stream_event::synchronize"); }
+bool stream_event::ready() const { no_cuda("stream_event::ready"); }
 
 captured_graph::~captured_graph() = default;
 captured_graph::captured_graph(captured_graph&& o) noexcept : exec_(o.exec_), stats_(o.stats_) { o.exec_ = nullptr; }

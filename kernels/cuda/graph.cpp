@@ -128,6 +128,16 @@ void stream_event::synchronize() const {
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
 }
 
+bool stream_event::ready() const {
+  HYSERVE_CHECK(event_ != nullptr, "stream_event::ready: moved-from event");
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device_) CUDA_CHECK(cudaSetDevice(device_));
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (status == cudaErrorNotReady) return false;
+  CUDA_CHECK(status);
+  return true;
+}
+
 captured_graph::~captured_graph() {
   if (exec_ == nullptr) return;
   const cudaError_t status = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));

@@ -67,6 +67,10 @@ std::string decode_graphs::describe() const {
   return "CUDA graphs per batch bucket {" + list + "}";
 }
 
+void decode_graphs::wait_idle() {
+  if (stream_) kernels::stream_synchronize(stream_.get());
+}
+
 void decode_graphs::stream_deleter::operator()(void* s) const noexcept {
   try {
     kernels::stream_synchronize(s);
@@ -121,7 +125,14 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
   logits_ = tensor::f32({cfg_.max_batch, cfg_.vocab_local}, device_kind::kCuda);
   sampled_ = tensor::i32({int64_t{cfg_.max_batch} * 2}, device_kind::kCuda);
   host_in_elems_ = static_cast<size_t>(largest.total);
-  host_in_.reset(kernels::pinned_alloc(host_in_elems_ * sizeof(int32_t)));
+  host_in_.reset(kernels::pinned_alloc(2 * host_in_elems_ * sizeof(int32_t)));
+  host_sampled_.reset(kernels::pinned_alloc(2 * static_cast<size_t>(sampled_.nbytes())));
+  in_copied_.clear();
+  sampled_copied_.clear();
+  for (int h = 0; h < 2; ++h) {
+    in_copied_.emplace_back();
+    sampled_copied_.emplace_back();
+  }
   host_out_.reset(kernels::pinned_alloc(logits_.nbytes()));
   chunk_done_.clear();
   for (size_t c = 0; c < (logits_.nbytes() + kLogitsChunkBytes - 1) / kLogitsChunkBytes; ++c) chunk_done_.emplace_back();
@@ -131,7 +142,7 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
 tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_step* step,
                           const std::vector<int32_t>& ids, const model_context& ctx, const step_body& body,
                           step_report* report, const step_sampling* sampling,
-                          std::vector<kernels::sample_output>* sampled) {
+                          std::vector<kernels::sample_output>* sampled, deferred_step* defer) {
   const int32_t bs = meta.batch_size;
   const bool attention = step != nullptr;
   ensure_buffers(ctx, attention, attention ? step->page_size : 0);
@@ -147,7 +158,12 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   const layers::step_layout layout = layers::make_step_layout(key.batch, key.batch, key.batch, attention,
                                                               key.page_table_stride, 0, false, false, key.sampling);
   HYSERVE_CHECK(static_cast<size_t>(layout.total) <= host_in_elems_, "decode graphs: layout exceeds the buffer");
-  auto* host_in = static_cast<int32_t*>(host_in_.get());
+  // This step's half of the pinned staging: free once the copies of the step before the
+  // previous one have finished (long since, unless that step is still in flight).
+  const int half = half_;
+  half_ ^= 1;
+  in_copied_[static_cast<size_t>(half)].synchronize();
+  auto* host_in = static_cast<int32_t*>(host_in_.get()) + static_cast<size_t>(half) * host_in_elems_;
   void* const stream = stream_.get();
   layers::pack_step(layout, meta, step, ids, host_in, sampling);
 
@@ -198,6 +214,7 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   // After every eager op queued on the legacy stream (state resets, the previous eager step).
   kernels::stream_wait_legacy(stream);
   kernels::copy_h2d_async(inputs_.data(), host_in, static_cast<size_t>(layout.total) * sizeof(int32_t), stream);
+  in_copied_[static_cast<size_t>(half)].record(stream);
   if (timer) timer->start(stream);
 
   bool captured = false;
@@ -257,10 +274,22 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   if (key.sampling) {
     // The real rows' tokens: 8 bytes a row.
     const size_t bytes = static_cast<size_t>(bs) * sizeof(kernels::sample_output);
-    kernels::copy_d2h_async(host_out_.get(), sampled_.data(), bytes, stream);
-    kernels::stream_synchronize(stream);
-    sampled->resize(static_cast<size_t>(bs));
-    std::memcpy(sampled->data(), host_out_.get(), bytes);
+    void* const staged = static_cast<char*>(host_sampled_.get()) + static_cast<size_t>(half) * sampled_.nbytes();
+    kernels::copy_d2h_async(staged, sampled_.data(), bytes, stream);
+    const kernels::stream_event* copied = &sampled_copied_[static_cast<size_t>(half)];
+    sampled_copied_[static_cast<size_t>(half)].record(stream);
+    auto take = [copied, staged, bytes, bs, sampled] {
+      copied->synchronize();
+      sampled->resize(static_cast<size_t>(bs));
+      std::memcpy(sampled->data(), staged, bytes);
+    };
+    if (defer && !report && graph && !captured) {
+      // Replayed: the caller takes the tokens later (the next step may be queued first).
+      defer->ready = [copied] { return copied->ready(); };
+      defer->finish = take;
+      return tensor{};
+    }
+    take();
     fill_report();
     return tensor{};
   }

@@ -9,7 +9,13 @@
 // buffer every graph reads, the key's graph is launched, and either the sampled tokens of the
 // real rows (8 bytes a row) or their logits come back through a reused pinned buffer, in chunks that host threads move into
 // the returned tensor while later chunks are still in flight (the returned tensor itself is
-// allocated while the device runs the step). The first step of a key runs the model body
+// allocated while the device runs the step).
+//
+// A sampling step may end later (run's `defer`): run returns once the step is queued, and the
+// next step can be packed and queued behind it while the device still runs the first, so the
+// host's work for step N+1 overlaps the device's for step N. The pinned input and token buffers
+// alternate between two halves for that (a half is reused only after its previous copy has
+// finished); the device buffers are reused in stream order. At most two steps are in flight. The first step of a key runs the model body
 // eagerly on the graph stream (its result is that step's logits: the warm-up), then captures the
 // same body once; later steps of that key replay it. Work partitioning inside the body depends
 // only on the bucket's shape, never on host-read lengths, so a replay with other lengths is
@@ -97,9 +103,14 @@ class decode_graphs {
   // without attention layers); ids: its token ids. Returns host logits [bs, vocab_local]; with
   // sampling (one settings entry per row) the graph also samples, the tokens land in *sampled
   // and the returned tensor is empty (8 bytes per row leave the device).
+  // With sampling, defer set and no report, a replayed step returns once queued and sets *defer
+  // (model.h, forward_options::defer); a step that captures its graph ends here.
   tensor run(const hybrid_metadata& meta, const layers::attention_step* step, const std::vector<int32_t>& ids,
              const model_context& ctx, const step_body& body, step_report* report,
-             const step_sampling* sampling = nullptr, std::vector<kernels::sample_output>* sampled = nullptr);
+             const step_sampling* sampling = nullptr, std::vector<kernels::sample_output>* sampled = nullptr,
+             deferred_step* defer = nullptr);
+  // Waits for every step queued on the graph stream (eager work on another stream goes after).
+  void wait_idle();
 
   const std::vector<int32_t>& buckets() const { return buckets_; }
   std::string describe() const;  // "CUDA graphs per batch bucket {1,2,4,8}"
@@ -131,7 +142,12 @@ class decode_graphs {
   tensor inputs_;           // i32 static packed metadata (largest layout)
   tensor logits_;           // f32 [max_batch, vocab_local] static output
   tensor sampled_;          // kernels::sample_output [max_batch] static output of sampling graphs
-  std::unique_ptr<void, pinned_deleter> host_in_;   // pinned staging of inputs_ (i32)
+  // Pinned staging of inputs_ (i32), two halves of host_in_elems_ used in turn, each with the
+  // event of its last copy; the same for the sampled tokens.
+  std::unique_ptr<void, pinned_deleter> host_in_;
+  std::unique_ptr<void, pinned_deleter> host_sampled_;
+  std::vector<kernels::stream_event> in_copied_, sampled_copied_;
+  int half_ = 0;  // the half the next step uses
   std::unique_ptr<void, pinned_deleter> host_out_;  // pinned staging of logits_ (f32)
   size_t host_in_elems_ = 0;
   std::vector<kernels::stream_event> chunk_done_;   // one per logits chunk in flight

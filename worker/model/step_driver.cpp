@@ -91,6 +91,7 @@ step_driver::~step_driver() = default;
 
 tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
                             const forward_options& opts, const model_body& body) {
+  if (opts.defer) *opts.defer = deferred_step{};
   const std::vector<int32_t> ids = layers::batch_token_ids(batch);
   check_step_tokens(ids, frame_.vocab_size, ctx);
   const step_sampling* sampling = opts.sample;
@@ -127,11 +128,13 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
         return body(in, ex, /*all_logits=*/true, nullptr);  // decode: one logits row per token
       };
       return graphs_->run(meta, attention ? &step : nullptr, ids, ctx, graph_body, opts.report, sampling,
-                          opts.sampled);
+                          opts.sampled, opts.defer);
     }
     if (meta.mode == forward_mode::kDecode) log_decode_path_once("decode step eager: " + why);
   }
 
+  // Eager work runs on the model's stream: after any graph step still in flight.
+  if (graphs_) graphs_->wait_idle();
   layers::step_inputs in = layers::upload_step(meta, attention ? &step : nullptr, ids, frame_.ctx, device_sampling);
   in.sparse = std::move(sparse);
   resolve_placeholders(in, ids, ctx, frame_.ctx);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <string>
 #include <vector>
@@ -41,6 +42,13 @@ void patient_wait(MPI_Request& req) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
+}
+
+// Leader: whether a control message from the coordinator is waiting (never blocks).
+bool message_waiting() {
+  int flag = 0;
+  MPI_Iprobe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+  return flag != 0;
 }
 
 // Leader: receives one control message from the coordinator; every rank: gets its bytes.
@@ -137,24 +145,50 @@ int run(int argc, char** argv) {
              MPI_COMM_WORLD);
   }
   say(t, "ready");
+  // The step loop. A plan runs to its end, except a Decode step the runner can leave in flight
+  // on the device (runner::submit): then the next plan is taken as soon as it arrives and, when
+  // it may (runner::can_submit_behind), prepared and queued behind the running step, so the
+  // host's work for step N+1 overlaps the device's for step N. Results go back in step order,
+  // each as soon as its step is done. Only tensor-parallel size 1 leaves steps in flight: with
+  // more ranks every step ends in submit and the loop is the strict one.
+  auto send_result = [&](const wire::step_result& res) {
+    if (!t.is_leader()) return;
+    const std::vector<uint8_t> out = wire::encode(res);
+    MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, static_cast<int>(mpi_tag::kResult), MPI_COMM_WORLD);
+  };
+  auto finish_all = [&] {
+    while (r->in_flight() > 0) send_result(r->finish());
+  };
   while (true) {
+    // With a step in flight: finish it when the device is done, unless the next plan comes
+    // first (and there is room for it behind the running step).
+    while (r->in_flight() > 0) {
+      if (r->oldest_ready()) {
+        send_result(r->finish());
+        continue;
+      }
+      if (r->in_flight() < 2 && message_waiting()) break;
+      std::this_thread::yield();
+    }
     const std::vector<uint8_t> bytes = next_message(t, tp_comm);
-    wire::step_result res;
+    std::optional<wire::step_plan> plan;
+    wire::step_result bad;
     try {
-      const wire::message_type type = wire::peek_type(bytes);
-      if (type == wire::message_type::kShutdown) break;
-      res = r->execute(wire::decode_step_plan(bytes));
+      if (wire::peek_type(bytes) == wire::message_type::kShutdown) break;
+      plan = wire::decode_step_plan(bytes);
     } catch (const error& e) {
       // A corrupt or unexpected message fails this step only (every rank saw the same bytes).
-      res.ok = false;
-      res.error = std::string("bad control message: ") + e.what();
+      bad.ok = false;
+      bad.error = std::string("bad control message: ") + e.what();
     }
-    if (t.is_leader()) {
-      const std::vector<uint8_t> out = wire::encode(res);
-      MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, static_cast<int>(mpi_tag::kResult),
-               MPI_COMM_WORLD);
+    if (!plan || (r->in_flight() > 0 && !r->can_submit_behind(*plan))) finish_all();
+    if (!plan) {
+      send_result(bad);
+      continue;
     }
+    r->submit(std::move(*plan));
   }
+  finish_all();
   MPI_Comm_free(&tp_comm);
   say(t, "shut down");
   return 0;

@@ -130,9 +130,10 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
     }
 }
 
-wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& batch) {
-  const auto t_forward = std::chrono::steady_clock::now();
-  wire::step_result res;
+void runner::launch(const forward_batch& batch, flight& f) {
+  const wire::step_plan& plan = f.plan;
+  f.t_forward = std::chrono::steady_clock::now();
+  wire::step_result& res = f.res;
   res.step_id = plan.step_id;
   const hybrid_metadata meta = build_hybrid_metadata(batch);
   bool on_draft = false;     // the step runs on the draft model
@@ -162,7 +163,6 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
   // row order; each draw's counter is its output index, so a token does not depend on the batch.
   step_sampling sampling;
   const auto n_rows = static_cast<int64_t>(batch.rows.size());
-  const int64_t first_logit = meta.logit_row_start[0];
   for (int64_t bi = 0; bi < n_rows; ++bi) {
     const auto b = static_cast<size_t>(bi);
     const wire::plan_row& pr = plan.rows[b];
@@ -181,18 +181,22 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       sampling.feed_slots.push_back(i + 1 == end ? pr.mamba_slot : -1);
     }
   }
+  f.logit_row_start = meta.logit_row_start;
+  f.request_ids.reserve(batch.rows.size());
+  for (const batch_row& row : batch.rows) f.request_ids.push_back(row.request_id);
   // A draft tree's first position needs the runner-up tokens: its logits come to the host.
-  const bool want_logits = batch.mode == forward_mode::kDraft && plan.draft_width > 1 && !plan.want_logprobs;
+  f.want_logits = batch.mode == forward_mode::kDraft && plan.draft_width > 1 && !plan.want_logprobs;
   sparse_attention_stats attention;
   forward_options opts;
   opts.sparse_stats = &attention;
-  std::vector<kernels::sample_output> sampled;
-  if (!want_logits) {
+  if (!f.want_logits) {
     opts.sample = &sampling;
-    opts.sampled = &sampled;
+    opts.sampled = &f.sampled;
+    // Only a step nothing else follows on the host may end later (complete()).
+    if (!mirror_draft && (!comm_ || comm_->size() == 1)) opts.defer = &f.defer;
   }
-  const uint64_t d2h_before = kernels::device_to_host_bytes();
-  const host_tensor logits = m.forward(batch, meta, pools.context(), opts);
+  f.d2h_before = kernels::device_to_host_bytes();
+  f.logits = m.forward(batch, meta, pools.context(), opts);
   res.decode_rows = static_cast<int32_t>(attention.decode_rows);
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
   res.pages_read = attention.pages_read;
@@ -205,36 +209,47 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
     ext.rows.assign(batch.rows.end() - batch.extend_rows, batch.rows.end());
     (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
   }
-  const int64_t vocab = model_->config().vocab_size;
-  const auto t_sample = std::chrono::steady_clock::now();
-  if (want_logits) {
+  f.t_sample = std::chrono::steady_clock::now();
+  if (f.want_logits) {
     kernels::sample_rows_params p;
-    sampled.resize(sampling.settings.size());
-    p.logits = logits.as<float>();
+    f.sampled.resize(sampling.settings.size());
+    p.logits = f.logits.as<float>();
     p.settings = sampling.settings.data();
-    p.out = sampled.data();
-    p.rows = static_cast<int64_t>(sampled.size());
-    p.vocab = vocab;
-    p.stride = vocab;
+    p.out = f.sampled.data();
+    p.rows = static_cast<int64_t>(f.sampled.size());
+    p.vocab = model_->config().vocab_size;
+    p.stride = p.vocab;
     kernels::run(p, kernels::exec_context{});
   }
-  last_d2h_bytes_ = kernels::device_to_host_bytes() - d2h_before;
-  res.rows.resize(batch.rows.size());
-  for (int64_t bi = 0; bi < n_rows; ++bi) {
-    const auto b = static_cast<size_t>(bi);
+}
+
+void runner::complete(flight& f) {
+  if (f.defer) f.defer.finish();
+  const wire::step_plan& plan = f.plan;
+  wire::step_result& res = f.res;
+  last_d2h_bytes_ = kernels::device_to_host_bytes() - f.d2h_before;
+  const int64_t vocab = model_->config().vocab_size;
+  const size_t n_rows = f.request_ids.size();
+  HYSERVE_CHECK(f.logit_row_start.size() == n_rows + 1, "runner: logits rows per row missing");
+  const int64_t first_logit = f.logit_row_start[0];
+  HYSERVE_CHECK(f.sampled.size() == static_cast<size_t>(f.logit_row_start.back() - first_logit),
+                "runner: " + std::to_string(f.sampled.size()) + " sampled tokens for " +
+                    std::to_string(f.logit_row_start.back() - first_logit) + " logits rows");
+  res.rows.resize(n_rows);
+  for (size_t b = 0; b < n_rows; ++b) {
     wire::row_result& rr = res.rows[b];
-    rr.request_id = batch.rows[b].request_id;
+    rr.request_id = f.request_ids[b];
     const wire::plan_row& pr = plan.rows[b];
-    const auto first = static_cast<size_t>(meta.logit_row_start[b]);
-    const auto per_row = static_cast<size_t>(meta.logit_row_start[b + 1]) - first;
+    const auto first = static_cast<size_t>(f.logit_row_start[b]);
+    const auto per_row = static_cast<size_t>(f.logit_row_start[b + 1]) - first;
     for (size_t j = 0; j < per_row; ++j) {
-      const kernels::sample_output& so = sampled[first + j - static_cast<size_t>(first_logit)];
+      const kernels::sample_output& so = f.sampled[first + j - static_cast<size_t>(first_logit)];
       rr.tokens.push_back(so.token);
       if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
       // A draft tree's first position: the next best tokens after the greedy one, best first
       // (ties to the lower id), as sibling drafts.
-      if (want_logits && pr.draft_step == 0 && pr.mamba_slot >= 0) {
-        const float* row = logits.as<float>() + static_cast<int64_t>(first + j - static_cast<size_t>(first_logit)) * vocab;
+      if (f.want_logits && pr.draft_step == 0 && pr.mamba_slot >= 0) {
+        const float* row = f.logits.as<float>() + static_cast<int64_t>(first + j - static_cast<size_t>(first_logit)) * vocab;
         std::vector<int32_t> ids;
         for (int32_t v = 0; v < static_cast<int32_t>(vocab); ++v)
           if (v != so.token) ids.push_back(v);
@@ -245,28 +260,55 @@ wire::step_result runner::run(const wire::step_plan& plan, const forward_batch& 
       }
     }
   }
-
   if (plan.mode < phases_.size()) {
     phase_times& ph = phases_[plan.mode];
-    ph.forward_s += std::chrono::duration<double>(t_sample - t_forward).count();
-    ph.sample_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sample).count();
+    ph.forward_s += std::chrono::duration<double>(f.t_sample - f.t_forward).count();
+    ph.sample_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - f.t_sample).count();
   }
-  return res;
 }
 
 wire::step_result runner::execute(const wire::step_plan& plan) {
-  const auto t0 = std::chrono::steady_clock::now();
-  forward_batch batch;
-  std::string failure;
+  submit(plan);
+  return finish();
+}
+
+bool runner::can_submit_behind(const wire::step_plan& next) const {
+  if (flights_.size() != 1 || !flights_.front().defer) return false;
+  if (draft_ || (comm_ && comm_->size() > 1)) return false;
+  if (forward_mode_from_byte(next.mode) != forward_mode::kDecode) return false;
+  // Its preparation may only touch the host (page tables): no device-side state changes that
+  // the step in flight could still be reading.
+  if (!next.commits.empty() || !next.draft_commits.empty() || !next.kv_moves.empty()) return false;
+  return std::none_of(next.rows.begin(), next.rows.end(), [](const wire::plan_row& r) { return r.reset_state; });
+}
+
+bool runner::oldest_ready() const {
+  if (flights_.empty()) return true;
+  const flight& f = flights_.front();
+  if (!f.defer) return true;
   try {
-    prepare(plan, batch);
+    return f.defer.ready();
+  } catch (const std::exception&) {
+    return true;  // finish() reports the failure
+  }
+}
+
+void runner::submit(wire::step_plan plan) {
+  flight& f = flights_.emplace_back();
+  f.plan = std::move(plan);
+  f.started = std::chrono::steady_clock::now();
+  const wire::step_plan& p = f.plan;
+  forward_batch batch;
+  std::string& failure = f.failure;
+  try {
+    prepare(p, batch);
   } catch (const std::exception& e) {
     failure = e.what();
   }
   ++executed_;
-  if (plan.mode < phases_.size()) {
-    ++phases_[plan.mode].steps;
-    phases_[plan.mode].prepare_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (p.mode < phases_.size()) {
+    ++phases_[p.mode].steps;
+    phases_[p.mode].prepare_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started).count();
   }
   // Agree on the prepare phase before the forward pass enters any collective. The lowest failing
   // rank's message is broadcast so the coordinator sees the real cause.
@@ -285,23 +327,36 @@ wire::step_result runner::execute(const wire::step_plan& plan) {
     }
   }
   if (!failure.empty()) std::fprintf(stderr, "[worker] step %llu failed: %s\n",
-                                     static_cast<unsigned long long>(plan.step_id), failure.c_str());
-  wire::step_result res;
-  res.step_id = plan.step_id;
+                                     static_cast<unsigned long long>(p.step_id), failure.c_str());
   if (failure.empty()) {
     try {
-      res = run(plan, batch);
+      launch(batch, f);
     } catch (const std::exception& e) {
       failure = e.what();
+      f.defer = deferred_step{};
     }
   }
-  if (!failure.empty()) {
-    res = wire::step_result{};
-    res.step_id = plan.step_id;
-    res.ok = false;
-    res.error = failure;
+}
+
+wire::step_result runner::finish() {
+  HYSERVE_CHECK(!flights_.empty(), "runner::finish: no step in flight");
+  flight& f = flights_.front();  // completed in place: its device work writes f.sampled
+  if (f.failure.empty()) {
+    try {
+      complete(f);
+    } catch (const std::exception& e) {
+      f.failure = e.what();
+    }
   }
-  res.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  wire::step_result res = std::move(f.res);
+  if (!f.failure.empty()) {
+    res = wire::step_result{};
+    res.ok = false;
+    res.error = f.failure;
+  }
+  res.step_id = f.plan.step_id;
+  res.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f.started).count();
+  flights_.pop_front();
   return res;
 }
 

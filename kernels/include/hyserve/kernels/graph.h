@@ -91,6 +91,7 @@ class stream_event {
   stream_event& operator=(const stream_event&) = delete;
   void record(void* stream);
   void synchronize() const;  // returns once the work before the last record has finished
+  bool ready() const;        // that work has finished (never waits); true before any record
 
  private:
   void* event_ = nullptr;

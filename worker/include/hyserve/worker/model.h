@@ -1,6 +1,7 @@
 #pragma once
 // A hybrid model executing one forward batch. One implementation file per architecture
 // (worker/model/<arch>.cpp) built from the shared layer builders in worker/model/layers.h.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -58,6 +59,13 @@ struct step_report {
   kernels::graph_stats nodes;    // nodes of the graph that ran (kernels, memsets, copies, …)
 };
 
+// A step whose device work is still running when forward returns (forward_options::defer).
+struct deferred_step {
+  std::function<bool()> ready;   // finish() would not wait (never waits itself)
+  std::function<void()> finish;  // waits for the step; fills forward_options::sampled
+  explicit operator bool() const { return static_cast<bool>(finish); }
+};
+
 struct forward_options {
   // false: logits for meta.logit_token_indices only; true: logits for every token of the batch.
   bool all_logits = false;
@@ -77,6 +85,12 @@ struct forward_options {
   // model_context::last_tokens at their feed slots.
   const step_sampling* sample = nullptr;
   std::vector<kernels::sample_output>* sampled = nullptr;
+  // When set, a step that can end later (a Decode step replayed as a CUDA graph that samples on
+  // the device, without a report) returns once it is queued on the device and sets *defer:
+  // *sampled is filled by defer->finish(), and it (and the model) must outlive that call. The
+  // next step may be queued before: the device runs the two in order, and eager work waits for
+  // it. Any other step ends in forward and leaves *defer empty.
+  deferred_step* defer = nullptr;
 };
 
 // Tensor-parallel placement of this model instance.

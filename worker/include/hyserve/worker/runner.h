@@ -4,8 +4,12 @@
 // of a tensor-parallel group runs the same plan; the group agrees on failures before any
 // collective so one rank's bad step cannot leave the others waiting.
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "hyserve/common/config.h"
 #include "hyserve/common/wire.h"
@@ -32,8 +36,22 @@ class runner {
   void set_draft_model(std::unique_ptr<model> draft, const cache_section& cache);
 
   wire::hello capacity(int32_t dp_rank) const;
-  // Never throws for a bad plan or a failed step: the result carries ok = false and the message.
+  // Runs one plan to its end (submit, then finish). Never throws for a bad plan or a failed
+  // step: the result carries ok = false and the message.
   wire::step_result execute(const wire::step_plan& plan);
+
+  // The pipelined form: submit() starts a plan. A Decode step replayed as a CUDA graph that
+  // samples on the device (tp = 1, no draft model) is only queued on the device; any other step
+  // runs to its end in submit. finish() waits for the oldest submitted step and returns its
+  // result (results come in submission order). A plan may be submitted while one step is in
+  // flight when can_submit_behind(plan) holds: its preparation then runs on the host while the
+  // device still runs the step before it. Never throws for a bad plan or a failed step.
+  void submit(wire::step_plan plan);
+  bool can_submit_behind(const wire::step_plan& next) const;
+  size_t in_flight() const { return flights_.size(); }
+  // The oldest step's finish() would not wait (true when none is in flight).
+  bool oldest_ready() const;
+  wire::step_result finish();
   const model& get_model() const { return *model_; }
 
   // Host wall time of the executed plans by forward-mode byte, split into phases: prepare (page
@@ -50,8 +68,26 @@ class runner {
   void reset_phases() { phases_ = {}; }
 
  private:
+  // A submitted step: its plan, what its result is built from, and its device work when that
+  // is still running (defer).
+  struct flight {
+    wire::step_plan plan;
+    std::chrono::steady_clock::time_point started;
+    std::string failure;
+    wire::step_result res;                         // statistics; rows are built by complete()
+    std::vector<int32_t> logit_row_start;          // hybrid_metadata's, per row (+ 1)
+    std::vector<uint64_t> request_ids;
+    std::vector<kernels::sample_output> sampled;  // one per logits row (forward_options::sampled)
+    host_tensor logits;                            // a draft tree's first-position logits
+    bool want_logits = false;
+    deferred_step defer;
+    uint64_t d2h_before = 0;
+    std::chrono::steady_clock::time_point t_forward, t_sample;
+  };
+
   void prepare(const wire::step_plan& plan, forward_batch& batch);
-  wire::step_result run(const wire::step_plan& plan, const forward_batch& batch);
+  void launch(const forward_batch& batch, flight& f);
+  void complete(flight& f);
 
   std::unique_ptr<model> model_;
   collective* comm_;
@@ -64,6 +100,7 @@ class runner {
   state_pools pools_;
   std::unique_ptr<model> draft_;
   state_pools draft_pools_;
+  std::deque<flight> flights_;  // submitted, oldest first (a deque keeps their addresses)
 };
 
 }  // namespace hyserve::worker
