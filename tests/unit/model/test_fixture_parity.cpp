@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,6 +105,7 @@ class Parity : public ParityBase, public ::testing::TestWithParam<const char*> {
 
 TEST_P(Parity, TeacherForcedLogitsMatchReference) {
   auto eng = make_engine();
+  float worst = 0.0f;
   forward_options opts;
   opts.all_logits = true;
   for (size_t i = 0; i < prompts().size(); ++i) {
@@ -115,7 +117,9 @@ TEST_P(Parity, TeacherForcedLogitsMatchReference) {
     ASSERT_EQ(logits.shape(), shape_t({static_cast<int64_t>(seq.size()), kVocab}));
     const float diff = test::max_abs_diff(logits.as<float>(), ref_row(i, 0), logits.numel());
     EXPECT_LE(diff, kLogitTol) << "prompt " << i;
+    worst = std::max(worst, diff);
   }
+  std::printf("%s: teacher-forced logits max |diff| %.3g\n", fixture_id().c_str(), worst);
 }
 
 TEST_P(Parity, HiddenStatesOfPromptZeroMatchReference) {
@@ -131,6 +135,7 @@ TEST_P(Parity, HiddenStatesOfPromptZeroMatchReference) {
   // the final-normed output (transformers replaces the last layer's output by it).
   const int64_t layers = fixture(fixture_id()).layers;
   ASSERT_EQ(hidden.size(), static_cast<size_t>(layers + 2));
+  float worst = 0.0f;
   for (int64_t l = 0; l <= layers; ++l) {
     const std::string name = "hidden.0." + std::to_string(l);
     const tensor_info& info = ref().info(name);
@@ -139,7 +144,9 @@ TEST_P(Parity, HiddenStatesOfPromptZeroMatchReference) {
     const float diff =
         test::max_abs_diff(mine.as<float>(), static_cast<const float*>(ref().data(name)), mine.numel());
     EXPECT_LE(diff, kHiddenTol) << name;
+    worst = std::max(worst, diff);
   }
+  std::printf("%s: hidden states of prompt 0 max |diff| %.3g\n", fixture_id().c_str(), worst);
 }
 
 TEST_P(Parity, GreedyGenerationReproducesReference) {
