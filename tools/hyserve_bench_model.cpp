@@ -141,28 +141,54 @@ floor_bytes decode_floor(const hyserve::service_config& cfg, const hyserve::mode
   const double I = static_cast<double>(mc.intermediate_size);
   const double state_b = static_cast<double>(dtype_bytes(cfg.cache.ssm_state_dtype));
   const double kv_b = static_cast<double>(dtype_bytes(cfg.cache.kv_dtype));
+  // The MLP weights one token reads per layer: SwiGLU gate/up/down; relu² (Nemotron-H, its MLP
+  // layers only) up/down; Granite's top-k experts plus the shared MLP.
+  const auto mlp_bytes = [&](hyserve::layer_kind kind) {
+    switch (mc.arch) {
+      case hyserve::model_arch::kNemotronH:
+        return kind == hyserve::layer_kind::kMlp ? 2 * H * I * w : 0.0;
+      case hyserve::model_arch::kGraniteMoeHybrid:
+        return 3 * H * w *
+               (static_cast<double>(mc.num_experts_per_tok * mc.moe_intermediate_size) +
+                static_cast<double>(mc.shared_expert_intermediate_size)) +
+               static_cast<double>(mc.num_experts) * H * w;  // router
+      default:
+        return 3 * H * I * w;
+    }
+  };
+  const auto mamba = [&] {
+    const double d_in = static_cast<double>(mc.mamba_intermediate());
+    const double conv = static_cast<double>(mc.mamba_conv_dim());
+    f.weights += H * static_cast<double>(mc.mamba_in_proj_dim()) * w + d_in * H * w;
+    f.weights += conv * static_cast<double>(mc.mamba_d_conv) * 4 + d_in * 4 + 3 * mc.mamba_n_heads * 4.0;
+    f.states += static_cast<double>(mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state) * state_b;
+    f.states += conv * static_cast<double>(mc.mamba_d_conv - 1) * 4;
+  };
+  const auto attention = [&] {
+    const double q = static_cast<double>(mc.num_attention_heads * mc.head_dim);
+    const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+    f.weights += (H * q + 2 * H * kv + q * H) * w;
+    f.kv += 2 * kv * static_cast<double>(context) * kv_b;
+  };
   for (int64_t l = 0; l < mc.num_layers; ++l) {
-    f.weights += 2 * H * 4;       // two norms
-    f.weights += 3 * H * I * w;   // gate, up, down
-    switch (mc.layer_kinds[static_cast<size_t>(l)]) {
-      case hyserve::layer_kind::kMamba2: {
-        const double d_in = static_cast<double>(mc.mamba_intermediate());
-        const double conv = static_cast<double>(mc.mamba_conv_dim());
-        f.weights += H * static_cast<double>(mc.mamba_in_proj_dim()) * w + d_in * H * w;
-        f.weights += conv * static_cast<double>(mc.mamba_d_conv) * 4 + d_in * 4 + 3 * mc.mamba_n_heads * 4.0;
-        f.states += static_cast<double>(mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state) * state_b;
-        f.states += conv * static_cast<double>(mc.mamba_d_conv - 1) * 4;
+    const hyserve::layer_kind kind = mc.layer_kinds[static_cast<size_t>(l)];
+    f.weights += 2 * H * 4;  // norms
+    f.weights += mlp_bytes(kind);
+    switch (kind) {
+      case hyserve::layer_kind::kMamba2:
+        mamba();
         break;
-      }
-      case hyserve::layer_kind::kAttention: {
-        const double q = static_cast<double>(mc.num_attention_heads * mc.head_dim);
-        const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
-        f.weights += (H * q + 2 * H * kv + q * H) * w;
-        f.kv += 2 * kv * static_cast<double>(context) * kv_b;
+      case hyserve::layer_kind::kAttention:
+        attention();
         break;
-      }
+      case hyserve::layer_kind::kParallelHybrid:
+        mamba();
+        attention();
+        break;
+      case hyserve::layer_kind::kMlp:
+        break;
       case hyserve::layer_kind::kGatedDeltaNet:
-        throw hyserve::invalid_argument_error("hyserve-bench-model: the floor is computed for Bamba-style models only");
+        throw hyserve::invalid_argument_error("hyserve-bench-model: the floor is computed for Mamba2 hybrids only");
     }
   }
   return f;
@@ -469,7 +495,7 @@ int run(const options& o) {
   }
   report["decode"] = decode;
 
-  if (mc.arch == hyserve::model_arch::kBamba && copy_bw > 0) {
+  if (mc.arch != hyserve::model_arch::kQwen3Next && copy_bw > 0) {
     const floor_bytes f = decode_floor(cfg, mc, o.prompt_len + o.decode_steps / 2);
     const double floor_s = f.total() / copy_bw;
     std::printf("batch-1 decode floor: weights %.2f GB + states %.3f GB + KV %.3f GB = %.2f GB -> %.3f ms at %.0f GB/s\n",

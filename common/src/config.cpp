@@ -186,6 +186,24 @@ void if_present(const YAML::Node& section, const char* key, Fn&& read) {
 
 void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_model_config& out) {
   const std::string base = "model.synthetic";
+  // The shapes of a published checkpoint: its Hugging Face config.json (any supported
+  // architecture), with seeded random weights.
+  if (is_map(node) && node["hf_config"]) {
+    r.check_keys(node, base, {"hf_config", "residual_scale", "seed"});
+    const std::string file = r.get_string(node["hf_config"], base + ".hf_config");
+    try {
+      out.arch = read_hf_config(file);
+    } catch (const config_error& e) {
+      r.fail(node["hf_config"], base + ".hf_config", e.what());
+    }
+    if_present(node, "seed", [&](const YAML::Node& n) { out.seed = r.get_uint64(n, base + ".seed"); });
+    if_present(node, "residual_scale", [&](const YAML::Node& n) {
+      out.residual_scale = r.get_double(n, base + ".residual_scale");
+      if (!(out.residual_scale > 0.0) || out.residual_scale > 1e3)
+        r.fail(n, base + ".residual_scale", "must be in (0, 1000], got " + std::to_string(out.residual_scale));
+    });
+    return;
+  }
   r.check_keys(node, base,
                {"arch",
                 "vocab_size",
@@ -207,7 +225,8 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
                 "rms_norm_eps",
                 "tie_word_embeddings",
                 "residual_scale",
-                "seed"});
+                "seed",
+                "hf_config"});
   const auto path = [&](const char* key) { return base + "." + key; };
   const auto int_or = [&](const char* key, int64_t def) {
     int64_t v = def;

@@ -31,4 +31,20 @@ void run_cpu(const swiglu_params& p) {
   }
 }
 
+void run_cpu(const relu2_params& p) {
+  constexpr const char* op = "relu2";
+  require_ptr(p.x, op, "x");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_stride(p.stride, p.cols, op, "stride");
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* x = p.x + r * p.stride;
+    for (int64_t i = 0; i < p.cols; ++i) {
+      const float v = x[i] > 0.0f ? x[i] : 0.0f;
+      x[i] = v * v;
+    }
+  }
+}
+
 }  // namespace hyserve::kernels

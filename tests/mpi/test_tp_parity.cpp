@@ -91,7 +91,15 @@ INSTANTIATE_TEST_SUITE_P(
                                   "model: {path: " + test::fixture_dir("bamba-tiny") + "}\n"},
                       config_case{"synthetic_groups2_split", synthetic_yaml(2, 2)},
                       config_case{"synthetic_groups1_kv1_replicated", synthetic_yaml(1, 1)},
-                      config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n"}),
+                      config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n"},
+                      // 4 B/C groups split over the ranks (per-group gated norm stays local).
+                      config_case{"bamba_groups_split", "model: {path: " + test::fixture_dir("bamba-groups") + "}\n"},
+                      // Mamba2 (4 groups split), attention without rope, relu² MLP layers.
+                      config_case{"nemotronh_tiny", "model: {path: " + test::fixture_dir("nemotronh-tiny") + "}\n"},
+                      // One group replicated; experts and the shared MLP split like Qwen3-Next's.
+                      config_case{"granite4h_tiny", "model: {path: " + test::fixture_dir("granite4h-tiny") + "}\n"},
+                      // Parallel attention + Mamba2 (2 groups split, norm before gate).
+                      config_case{"falconh1_tiny", "model: {path: " + test::fixture_dir("falconh1-tiny") + "}\n"}),
     [](const auto& param_info) { return param_info.param.name; });
 
 TEST(TpStartup, UnsupportedSplitNamesTheDimension) {

@@ -235,6 +235,14 @@ INSTANTIATE_TEST_SUITE_P(Models, SpecGreedy,
                                                               variant::kDraftModel, variant::kDraftModelTree)),
                          spec_case_name);
 
+// The other hybrid families (and Bamba with 4 B/C groups): n-gram speculation, chain and tree,
+// through the same verify / commit paths.
+INSTANTIATE_TEST_SUITE_P(Families, SpecGreedy,
+                         ::testing::Combine(::testing::Values("bamba-groups", "nemotronh-tiny", "granite4h-tiny",
+                                                              "falconh1-tiny"),
+                                            ::testing::Values(variant::kNgram, variant::kNgramTree)),
+                         spec_case_name);
+
 // bf16 storage (model.dtype: bfloat16, cache.kv_dtype: bfloat16, and for Bamba also
 // cache.ssm_state_dtype: bfloat16): greedy speculative output equals plain bf16 decoding token
 // for token. On the CPU this holds exactly: activations are f32, the bf16 weights are widened

@@ -219,6 +219,21 @@ tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& 
 
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual,
                    const tensor* norm, float eps) {
+  if (w.gate.empty()) {  // relu² MLP
+    tensor act = norm_linear(x, norm, eps, w.up, ctx);
+    profile(ctx, "mlp.up", nbytes(w.up) + nbytes(x) + nbytes(act));
+    if (act.numel() > 0) {
+      kernels::relu2_params r;
+      r.x = act.as<float>();
+      r.rows = act.shape()[0];
+      r.cols = act.shape()[1];
+      r.stride = r.cols;
+      kernels::run(r, ctx);
+    }
+    tensor out = block_output(act, w.down, comm, ctx, residual);
+    profile(ctx, "mlp.down", nbytes(w.down) + nbytes(act) + 2 * (residual ? nbytes(*residual) : 0.0));
+    return out;
+  }
   const tensor gate = swiglu_linear(w, x, ctx, norm, eps);  // silu(xn · gateᵀ) ⊙ (xn · upᵀ)
   profile(ctx, "mlp.gate_up", nbytes(w.gate) + nbytes(w.up) + nbytes(x) + nbytes(gate));
   tensor out = block_output(gate, w.down, comm, ctx, residual);
@@ -362,7 +377,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
   profile(ctx, "attn.k_proj", nbytes(w.k) + nbytes(x) + nbytes(k));
   tensor v = linear(x, w.v, ctx);
   profile(ctx, "attn.v_proj", nbytes(w.v) + nbytes(x) + nbytes(v));
-  if (T > 0) {
+  if (T > 0 && w.rotary_dim > 0) {
     kernels::rope_params r;
     r.q = q.as<float>();
     r.k = k.as<float>();
@@ -377,6 +392,8 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     r.theta = w.rope_theta;
     kernels::run(r, ctx);
     profile(ctx, "attn.rope", 2 * (nbytes(q) + nbytes(k)));
+  }
+  if (T > 0) {
 
     kernels::kv_write_params kw;
     kw.k = k.as<float>();
@@ -412,7 +429,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.page_size = in.page_size;
     a.page_table_stride = pages.page_table_stride;
     a.q_stride = a.out_stride = w.q_heads * w.head_dim;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
+    a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
       a.max_q_len = 1;  // one query per row
     } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
@@ -609,31 +626,64 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   } else {
     prefill(in.mamba_slots);
   }
-  // Gated RMSNorm over groups; a group split across ranks reduces its sum of squares first.
-  kernels::gated_rmsnorm_params g;
-  g.x = y.as<float>();
-  g.gate = proj.as<float>();
-  g.weight = w.norm.as<float>();
-  g.out = y.as<float>();
-  g.rows = T;
-  g.cols = di;
-  g.x_stride = di;
-  g.gate_stride = in_w;
-  g.out_stride = di;
-  g.group_size = w.norm_group_size;
-  g.eps = w.eps;
-  tensor sumsq;
-  if (w.norm_group_global > w.norm_group_size && comm && comm->size() > 1) {
-    sumsq = tensor::f32({T, di / w.norm_group_size}, ctx.device);
-    g.sumsq_out = sumsq.as<float>();
+  if (!w.rms_norm || w.norm_before_gate) {
+    // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups are
+    // whole on every rank: checked at load).
+    tensor normed;
+    if (w.rms_norm) {
+      normed = tensor::f32({T, di}, ctx.device);
+      const int64_t gs = w.norm_group_size;
+      for (int64_t g = 0; g < di / gs; ++g) {
+        kernels::rmsnorm_params n;
+        n.x = y.as<float>() + g * gs;
+        n.weight = w.norm.as<float>() + g * gs;
+        n.out = normed.as<float>() + g * gs;
+        n.rows = T;
+        n.cols = gs;
+        n.x_stride = n.out_stride = di;
+        n.eps = w.eps;
+        kernels::run(n, ctx);
+      }
+    }
+    tensor gated = tensor::f32({T, di}, ctx.device);
+    kernels::swiglu_params s;
+    s.gate = proj.as<float>();
+    s.up = w.rms_norm ? normed.as<float>() : y.as<float>();
+    s.out = gated.as<float>();
+    s.rows = T;
+    s.cols = di;
+    s.gate_stride = in_w;
+    s.up_stride = s.out_stride = di;
+    kernels::run(s, ctx);
+    profile(ctx, "mamba.gate", 3 * nbytes(y) + nbytes(w.norm));
+    y = std::move(gated);
+  } else {
+    // Gated RMSNorm over groups; a group split across ranks reduces its sum of squares first.
+    kernels::gated_rmsnorm_params g;
+    g.x = y.as<float>();
+    g.gate = proj.as<float>();
+    g.weight = w.norm.as<float>();
+    g.out = y.as<float>();
+    g.rows = T;
+    g.cols = di;
+    g.x_stride = di;
+    g.gate_stride = in_w;
+    g.out_stride = di;
+    g.group_size = w.norm_group_size;
+    g.eps = w.eps;
+    tensor sumsq;
+    if (w.norm_group_global > w.norm_group_size && comm && comm->size() > 1) {
+      sumsq = tensor::f32({T, di / w.norm_group_size}, ctx.device);
+      g.sumsq_out = sumsq.as<float>();
+      kernels::run(g, ctx);
+      comm->all_reduce_sum(sumsq.as<float>(), sumsq.numel());
+      g.sumsq_out = nullptr;
+      g.sumsq_in = sumsq.as<float>();
+      g.group_count = w.norm_group_global;
+    }
     kernels::run(g, ctx);
-    comm->all_reduce_sum(sumsq.as<float>(), sumsq.numel());
-    g.sumsq_out = nullptr;
-    g.sumsq_in = sumsq.as<float>();
-    g.group_count = w.norm_group_global;
+    profile(ctx, "mamba.gated_norm", 3 * nbytes(y) + nbytes(w.norm));
   }
-  kernels::run(g, ctx);
-  profile(ctx, "mamba.gated_norm", 3 * nbytes(y) + nbytes(w.norm));
 
   tensor out = block_output(y, w.out_proj, comm, ctx, residual);
   profile(ctx, "mamba.out_proj", nbytes(w.out_proj) + nbytes(y) + 2 * (residual ? nbytes(*residual) : 0.0));

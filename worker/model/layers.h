@@ -86,6 +86,7 @@ void place(mlp_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& ctx, const tensor* norm = nullptr,
                      float eps = 0.0f);
 // residual: see block_output (the block's output added into it; an empty tensor returned).
+// w.gate empty: the relu² MLP (Nemotron-H), down · relu(xn · upᵀ)².
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
                    tensor* residual = nullptr, const tensor* norm = nullptr, float eps = 0.0f);
 
@@ -166,8 +167,10 @@ struct attention_weights {
   tensor k;  // [kv_heads_local·head_dim, hidden]
   tensor v;  // [kv_heads_local·head_dim, hidden]
   tensor o;  // [hidden, q_heads_local·head_dim]
-  int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;  // local head counts
+  int64_t rotary_dim = 0;                            // 0: no rotary embedding
   float rope_theta = 10000.0f;
+  float scale = 0.0f;  // softmax scale; 0 = 1/sqrt(head_dim)
 };
 void place(attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
@@ -189,6 +192,11 @@ struct mamba2_weights {
   int64_t norm_group_size = 0;    // local channels per gated-norm group
   int64_t norm_group_global = 0;  // channels per group over all ranks (> local: sum-of-squares all-reduce)
   float dt_min = 0.0f, dt_max = 3.4e38f, eps = 1e-5f;
+  // Output norm (model_config::mamba_rms_norm / mamba_norm_before_gate): gated RMSNorm
+  // norm(y · silu(z)) by default; norm(y) · silu(z) with norm_before_gate (groups local to the
+  // rank); y · silu(z) without rms_norm (norm empty).
+  bool rms_norm = true;
+  bool norm_before_gate = false;
 
   int64_t d_inner() const { return heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }

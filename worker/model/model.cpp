@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bamba.h"
+#include "families.h"
 #include "hyserve/common/error.h"
 #include "qwen3_next.h"
 #include "weights.h"
@@ -32,6 +33,12 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
       return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
     case model_arch::kQwen3Next:
       return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
+    case model_arch::kNemotronH:
+      return make_nemotron_h(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
+    case model_arch::kGraniteMoeHybrid:
+      return make_granite_moe_hybrid(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
+    case model_arch::kFalconH1:
+      return make_falcon_h1(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
   }
   throw config_error("unknown model architecture");
 }
@@ -66,6 +73,12 @@ std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_c
       return make_bamba(dmc, *weights, tp, comm, ctx, weight_type);
     case model_arch::kQwen3Next:
       return make_qwen3_next(dmc, *weights, tp, comm, ctx, weight_type);
+    case model_arch::kNemotronH:
+      return make_nemotron_h(dmc, *weights, tp, comm, ctx, weight_type);
+    case model_arch::kGraniteMoeHybrid:
+      return make_granite_moe_hybrid(dmc, *weights, tp, comm, ctx, weight_type);
+    case model_arch::kFalconH1:
+      return make_falcon_h1(dmc, *weights, tp, comm, ctx, weight_type);
   }
   throw config_error("speculative.draft_model: unknown model architecture");
 }

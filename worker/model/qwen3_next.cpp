@@ -8,6 +8,7 @@
 
 #include "gated_attention.h"
 #include "gdn_layer.h"
+#include "hybrid_model.h"
 #include "hyserve/common/error.h"
 #include "layers.h"
 #include "load_util.h"
@@ -33,27 +34,23 @@ struct qwen3_next_layer {
 
 // Every RMSNorm of the decoder (layer norms, q/k norms, the final norm) is zero-centred: it
 // scales by 1 + w, and is loaded as the plain weight 1 + w. The GDN output norm is not.
-class qwen3_next_model final : public model {
+class qwen3_next_model final : public hybrid_model {
  public:
   qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
                    const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
                    const decode_graph_options& graphs)
-      : mc_(mc), tp_(tp), comm_(comm), ctx_(ctx), weight_type_(weight_type), sparsity_(sparsity) {
+      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Qwen3-Next") {
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
-    if (tp.size > 1 && !comm) throw config_error("Qwen3-Next: tp > 1 needs a collective");
     const int r = tp.rank, n = tp.size;
-    const int64_t H = mc.hidden_size, V = mc.vocab_size;
-    vocab_local_ = tp_split(V, n, "vocab_size");
-    embed_ = ws.load_slice("model.embed_tokens.weight", {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
-    final_norm_ = load_zero_centered_norm(ws, "model.norm.weight", H);
-    const std::string head_name = mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    lm_head_ = ws.load_slice(head_name, {V, H}, 0, r * vocab_local_, (r + 1) * vocab_local_);
-    kv_heads_local_ = tp_kv_heads(mc.num_attention_heads, mc.num_kv_heads, r, n).count;
+    const int64_t H = mc.hidden_size;
+    tp_kv_heads(mc.num_attention_heads, mc.num_kv_heads, r, n);  // a split that does not fit is a start-up error
+    weight_loader ld(ws, ctx);
+    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
+    set_final_norm(load_zero_centered_norm(ws, "model.norm.weight", H));
 
     // Each layer is placed on the device (and converted to the weight type) as soon as it is
     // loaded: the host holds one layer's f32 weights at a time, not the whole model's.
-    load_progress progress("Qwen3-Next, " + std::to_string(mc.num_layers) + " layers", mc.num_layers);
-    place_globals();
+    load_progress progress(label(), mc.num_layers);
     int32_t n_attn = 0, n_recurrent = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
@@ -72,8 +69,10 @@ class qwen3_next_model final : public model {
           L.cache_index = n_attn++;
           break;
         case layer_kind::kMamba2:
+        case layer_kind::kMlp:
+        case layer_kind::kParallelHybrid:
           throw config_error("Qwen3-Next: layer " + std::to_string(i) +
-                             " is a Mamba2 layer; Qwen3-Next has only linear_attention and full_attention layers");
+                             " is not a linear_attention or full_attention layer; Qwen3-Next has only those");
       }
       L.moe = mc.is_moe_layer(i);
       if (L.moe) {
@@ -89,23 +88,12 @@ class qwen3_next_model final : public model {
       place_layer(L);
       progress.layer_done(i + 1);
     }
-    step_frame frame;
-    frame.label = "Qwen3-Next, " + std::to_string(mc.num_layers) + " layers";
-    frame.vocab_size = mc.vocab_size;
-    frame.vocab_local = vocab_local_;
-    frame.attention_layers = n_attn > 0;
-    frame.comm = comm_;
-    frame.ctx = ctx_;
-    frame.sparsity = &sparsity_;
-    std::string blocker = decode_graph_blocker(ctx_, graphs, tp.size);
     const bool host_moe = std::any_of(layers_.begin(), layers_.end(),
                                       [](const qwen3_next_layer& L) { return L.moe && !L.moe_block.device_routing; });
-    if (blocker.empty() && host_moe)
-      blocker = "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)";
-    driver_ = std::make_unique<step_driver>(frame, graphs, n_attn, n_recurrent, blocker);
+    start(graphs, n_attn, n_recurrent,
+          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
+                   : std::string());
   }
-
-  const model_config& config() const override { return mc_; }
 
   // The recurrent-state cache holds the GDN layers: conv window over q | k | v, state
   // [heads_v, V, K] (head_dim = V, d_state = K; kernels/gdn.h).
@@ -121,64 +109,34 @@ class qwen3_next_model final : public model {
     return s;
   }
 
-  int32_t kv_heads_local() const override { return static_cast<int32_t>(kv_heads_local_); }
-  const kernels::exec_context& exec() const override { return ctx_; }
-  void set_sparsity(const sparsity_section& sparsity) override { sparsity_ = sparsity; }
-  const sparsity_section& sparsity() const override { return sparsity_; }
-
-  tensor forward(const forward_batch& batch, const hybrid_metadata& meta, const model_context& ctx,
-                 const forward_options& opts) override {
-    return driver_->forward(batch, meta, ctx, opts,
-                            [&](const layers::step_inputs& in, const kernels::exec_context& ex, bool all_logits,
-                                std::vector<tensor>* hidden) { return body(in, ctx, ex, all_logits, hidden); });
-  }
-
  private:
-  // Embedding → layers → final norm → this rank's logits, on ex.
-  tensor body(const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex,
-              bool all_logits, std::vector<tensor>* hidden) {
-    tensor h = layers::embed(in.token_ids.as<int32_t>(), in.num_tokens, embed_, tp_.rank * vocab_local_, comm_, ex);
-    auto capture = [&](const tensor& t) {
-      if (hidden) hidden->push_back(tensor::copy_of(t, device_kind::kCpu));
-    };
-    capture(h);
+  size_t layer_count() const override { return layers_.size(); }
 
-    for (qwen3_next_layer& L : layers_) {
-      // The mixer's output projection adds into h (block_output).
-      tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
-      switch (L.kind) {
-        case layer_kind::kGatedDeltaNet:
-          layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
-                              ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
-          break;
-        case layer_kind::kAttention:
-          layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
-          break;
-        case layer_kind::kMamba2:
-          throw error("Qwen3-Next: Mamba2 layer in a Qwen3-Next model");  // rejected at load
-      }
-      const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
-      if (L.moe)
-        layers::add_inplace(h, layers::moe_forward(L.moe_block, y_in, comm_, ex), ex);
-      else
-        layers::mlp_forward(L.mlp, y_in, comm_, ex, &h);
-      capture(h);
+  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+                     const kernels::exec_context& ex) override {
+    qwen3_next_layer& L = layers_[i];
+    // The mixer's output projection adds into h (block_output).
+    const tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
+    switch (L.kind) {
+      case layer_kind::kGatedDeltaNet:
+        layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                            ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
+        break;
+      case layer_kind::kAttention:
+        layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
+        break;
+      case layer_kind::kMamba2:
+      case layer_kind::kMlp:
+      case layer_kind::kParallelHybrid:
+        throw error("Qwen3-Next: unexpected layer kind");  // rejected at load
     }
-
-    // Final norm and lm_head only on the rows that need logits.
-    const tensor rows =
-        all_logits ? std::move(h) : layers::gather_rows(h, in.logit_rows.as<int32_t>(), in.n_logit_rows, ex);
-    tensor normed = layers::rmsnorm(rows, final_norm_, mc_.rms_norm_eps, ex);
-    if (hidden && all_logits) capture(normed);
-    return layers::linear(normed, lm_head_, ex);
+    const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
+    if (L.moe)
+      layers::add_inplace(h, layers::moe_forward(L.moe_block, y_in, comm_, ex), ex);
+    else
+      layers::mlp_forward(L.mlp, y_in, comm_, ex, &h);
   }
 
-  // Weights are loaded on the host and placed on the model's device once.
-  void place_globals() {
-    const device_kind d = ctx_.device;
-    for (tensor* t : {&embed_, &lm_head_}) layers::place_weight(*t, d, weight_type_);
-    layers::place(final_norm_, d);
-  }
   void place_layer(qwen3_next_layer& L) {
     const device_kind d = ctx_.device;
     layers::place(L.input_norm, d);
@@ -191,19 +149,7 @@ class qwen3_next_model final : public model {
       layers::place(L.mlp, d, weight_type_);
   }
 
-  model_config mc_;
-  tp_placement tp_;
-  collective* comm_;
-  kernels::exec_context ctx_;
-  dtype weight_type_ = dtype::kF32;  // linear layers, embedding, lm_head
-  sparsity_section sparsity_;         // sparse Top-K decode attention
-  int64_t vocab_local_ = 0;
-  int64_t kv_heads_local_ = 0;
-  tensor embed_;       // [vocab_local, hidden]
-  tensor final_norm_;  // [hidden], 1 + w
-  tensor lm_head_;     // [vocab_local, hidden]
   std::vector<qwen3_next_layer> layers_;
-  std::unique_ptr<step_driver> driver_;
 };
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "weight_loader.h"
 
+#include <algorithm>
+
+#include "hyserve/common/error.h"
 #include "layers.h"
 
 namespace hyserve::worker {
@@ -19,8 +22,9 @@ tensor weight_loader::load_row_ranges(const std::string& name, const shape_t& fu
 }
 
 tensor weight_loader::load_selection(const std::string& name, const shape_t& full, const weight_selection& sel,
-                                     dtype type) {
-  if (ctx_.device == device_kind::kCuda) {
+                                     dtype type, const std::vector<float>& scale) {
+  const bool scaled = std::any_of(scale.begin(), scale.end(), [](float s) { return s != 1.0f; });
+  if (ctx_.device == device_kind::kCuda && !scaled) {
     // Allocated on the load's stream without the zero-fill: the source writes every element.
     kernels::allocation_stream_scope scope(ctx_.stream, /*zero_fill=*/false);
     tensor t(type, selected_shape(name, full, sel), device_kind::kCuda);
@@ -37,6 +41,18 @@ tensor weight_loader::load_selection(const std::string& name, const shape_t& ful
     t = ws_.load_slice(name, full, sel.dim, sel.ranges[0].first, sel.ranges[0].second);
   else
     t = ws_.load_row_ranges(name, full, sel.ranges);
+  if (scaled) {
+    const int64_t rows = t.shape().ndim > 0 ? t.shape()[0] : 1;
+    HYSERVE_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows,
+                  "weight_loader: " + std::to_string(scale.size()) + " scales for " + std::to_string(rows) + " rows of " +
+                      name);
+    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
+    float* p = t.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
+      for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= s;
+    }
+  }
   layers::place_weight(t, ctx_.device, type);
   bytes_ += t.nbytes();
   return t;

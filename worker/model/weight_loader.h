@@ -27,10 +27,15 @@ class weight_loader {
   tensor load_row_ranges(const std::string& name, const shape_t& full,
                          const std::vector<std::pair<int64_t, int64_t>>& ranges, dtype type);
 
+  // The same, scaled before it is stored (multipliers folded into a weight): `scale` has one
+  // entry (the whole tensor) or one per row (dimension 0) of the loaded part; empty or all 1 = as
+  // is. A scaled tensor is read on the host.
+  tensor load_selection(const std::string& name, const shape_t& full, const weight_selection& sel, dtype type,
+                        const std::vector<float>& scale = {});
+
   uint64_t bytes() const { return bytes_; }  // placed so far
 
  private:
-  tensor load_selection(const std::string& name, const shape_t& full, const weight_selection& sel, dtype type);
 
   const weight_source& ws_;
   kernels::exec_context ctx_;

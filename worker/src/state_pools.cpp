@@ -36,7 +36,7 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
   const model_config& mc = m.config();
   const device_kind device = m.exec().device;
   check_state_dtype(mc, cache.ssm_state_dtype);
-  const auto attn_layers = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
+  const auto attn_layers = static_cast<int32_t>(mc.num_attention_layers());
   const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
   state_pools p;
   int64_t page_bytes = kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(),

@@ -80,15 +80,144 @@ TEST(ModelConfig, ReadsBambaTinyFixture) {
 }
 
 TEST(ModelConfig, RejectsUnsupportedArchitecture) {
-  // The head of a Nemotron-H config.json: a different hybrid family, not supported yet.
+  // The head of a Jamba config.json: a different hybrid family, not supported.
   test::scratch_dir dir;
   const std::string p = dir.file("config.json");
-  test::write_file(p, R"({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
-                          "hidden_size": 64, "num_hidden_layers": 4, "head_dim": 16,
-                          "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "vocab_size": 512})");
+  test::write_file(p, R"({"architectures": ["JambaForCausalLM"], "model_type": "jamba",
+                          "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 512})");
   EXPECT_ERROR_WITH((void)read_hf_config(p), config_error, p,
-                    "unsupported architecture 'NemotronHForCausalLM' (supported: BambaForCausalLM, "
-                    "Qwen3NextForCausalLM)");
+                    "unsupported architecture 'JambaForCausalLM' (supported: BambaForCausalLM, "
+                    "Qwen3NextForCausalLM, NemotronHForCausalLM, GraniteMoeHybridForCausalLM, FalconH1ForCausalLM)");
+}
+
+std::string family_config_path(const std::string& fixture) {
+  return std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/" + fixture + "/config.json";
+}
+
+// Writes a fixture's config.json after `edit` into `dir` and returns its path.
+std::string write_edited_family(const test::scratch_dir& dir, const std::string& fixture,
+                                const std::function<void(json::object&)>& edit) {
+  std::ifstream in(family_config_path(fixture));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json::object o = json::parse(ss.str()).as_object();
+  edit(o);
+  const std::string p = dir.file("config.json");
+  test::write_file(p, json::serialize(o));
+  return p;
+}
+
+TEST(ModelConfig, ReadsNemotronHTinyFixture) {
+  const model_config c = read_hf_config(family_config_path("nemotronh-tiny"));
+  EXPECT_EQ(c.arch, model_arch::kNemotronH);
+  ASSERT_EQ(c.num_layers, 6);
+  const std::vector<layer_kind> kinds = {layer_kind::kMamba2, layer_kind::kAttention, layer_kind::kMamba2,
+                                         layer_kind::kMlp,    layer_kind::kMamba2,    layer_kind::kMlp};
+  EXPECT_EQ(c.layer_kinds, kinds);
+  EXPECT_EQ(c.num_attention_layers(), 1);
+  EXPECT_EQ(c.num_recurrent_layers(), 3);
+  EXPECT_FALSE(c.use_rope);
+  EXPECT_EQ(c.mlp_act, mlp_activation::kRelu2);
+  EXPECT_EQ(c.intermediate_size, 128);
+  EXPECT_EQ(c.mamba_n_heads, 8);
+  EXPECT_EQ(c.mamba_d_head, 16);
+  EXPECT_EQ(c.mamba_d_state, 16);
+  EXPECT_EQ(c.mamba_n_groups, 4);
+  EXPECT_EQ(c.mamba_chunk_size, 16);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_EQ(c.time_step_max, FLT_MAX);
+}
+
+TEST(ModelConfig, NemotronHLayerPatternsAndUnsupportedKinds) {
+  test::scratch_dir dir;
+  // The older form: hybrid_override_pattern.
+  const std::string p = write_edited_family(dir, "nemotronh-tiny", [](json::object& o) {
+    o.erase("layers_block_type");
+    o["hybrid_override_pattern"] = "M*-M";
+  });
+  const model_config c = read_hf_config(p);
+  EXPECT_EQ(c.layer_kinds, (std::vector<layer_kind>{layer_kind::kMamba2, layer_kind::kAttention, layer_kind::kMlp,
+                                                    layer_kind::kMamba2}));
+  const std::string moe = write_edited_family(dir, "nemotronh-tiny", [](json::object& o) {
+    o["layers_block_type"] = json::array{"linear_attention", "moe"};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(moe), config_error, "layers_block_type[1]",
+                    "layer type 'moe' is not supported (supported: mamba, linear_attention, attention, "
+                    "full_attention, mlp)");
+  const std::string e = write_edited_family(dir, "nemotronh-tiny", [](json::object& o) {
+    o.erase("layers_block_type");
+    o["hybrid_override_pattern"] = "M*E";
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(e), config_error, "hybrid_override_pattern", "'E' (MoE) is not supported");
+  const std::string act = write_edited_family(dir, "nemotronh-tiny", [](json::object& o) { o["mlp_hidden_act"] = "gelu"; });
+  EXPECT_ERROR_WITH((void)read_hf_config(act), config_error, "mlp_hidden_act", "(supported: relu2)");
+  const std::string n = write_edited_family(dir, "nemotronh-tiny", [](json::object& o) { o["num_hidden_layers"] = 5; });
+  EXPECT_ERROR_WITH((void)read_hf_config(n), config_error, "num_hidden_layers", "the layer pattern has 6 layers");
+}
+
+TEST(ModelConfig, ReadsGraniteMoeHybridTinyFixture) {
+  const model_config c = read_hf_config(family_config_path("granite4h-tiny"));
+  EXPECT_EQ(c.arch, model_arch::kGraniteMoeHybrid);
+  EXPECT_EQ(c.layer_kinds, (std::vector<layer_kind>{layer_kind::kMamba2, layer_kind::kAttention,
+                                                    layer_kind::kMamba2, layer_kind::kMamba2}));
+  EXPECT_FALSE(c.use_rope);  // position_embedding_type: nope
+  EXPECT_FLOAT_EQ(c.attention_multiplier, 0.0625f);
+  EXPECT_FLOAT_EQ(c.embedding_multiplier, 12.0f);
+  EXPECT_FLOAT_EQ(c.residual_multiplier, 0.22f);
+  EXPECT_FLOAT_EQ(c.logits_multiplier, 1.0f / 8.0f);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 32);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 64);
+  EXPECT_EQ(c.mamba_n_groups, 1);
+  EXPECT_EQ(c.pad_token_id, -1);
+  test::scratch_dir dir;
+  const std::string pe = write_edited_family(dir, "granite4h-tiny", [](json::object& o) {
+    o["position_embedding_type"] = "alibi";
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(pe), config_error, "position_embedding_type", "(supported: rope, nope)");
+  const std::string lt = write_edited_family(dir, "granite4h-tiny", [](json::object& o) {
+    o["layer_types"] = json::array{"mamba", "attention", "mamba", "conv"};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(lt), config_error, "layer_types[3]", "unknown layer type 'conv'");
+}
+
+TEST(ModelConfig, ReadsFalconH1TinyFixture) {
+  const model_config c = read_hf_config(family_config_path("falconh1-tiny"));
+  EXPECT_EQ(c.arch, model_arch::kFalconH1);
+  EXPECT_EQ(c.num_layers, 4);
+  EXPECT_EQ(c.num_layers_of(layer_kind::kParallelHybrid), 4);
+  EXPECT_EQ(c.num_attention_layers(), 4);
+  EXPECT_EQ(c.num_recurrent_layers(), 4);
+  EXPECT_TRUE(c.use_rope);
+  EXPECT_EQ(c.rotary_dim(), 16);
+  EXPECT_TRUE(c.mamba_rms_norm);
+  EXPECT_TRUE(c.mamba_norm_before_gate);
+  EXPECT_EQ(c.mamba_n_groups, 2);
+  EXPECT_EQ(c.ssm_multipliers, (std::vector<float>{1.0f, 1.1f, 0.9f, 1.2f, 0.8f}));
+  EXPECT_FLOAT_EQ(c.mlp_gate_multiplier, 1.5f);
+  EXPECT_FLOAT_EQ(c.mlp_down_multiplier, 0.7f);
+  EXPECT_FLOAT_EQ(c.key_multiplier, 0.8f);
+  EXPECT_FLOAT_EQ(c.logits_multiplier, 0.5f);
+  test::scratch_dir dir;
+  const std::string m = write_edited_family(dir, "falconh1-tiny", [](json::object& o) {
+    o["ssm_multipliers"] = json::array{1.0, 2.0};
+  });
+  EXPECT_ERROR_WITH((void)read_hf_config(m), config_error, "ssm_multipliers", "expected a list of 5 numbers");
+  const std::string d = write_edited_family(dir, "falconh1-tiny", [](json::object& o) { o["mamba_d_ssm"] = 96; });
+  EXPECT_ERROR_WITH((void)read_hf_config(d), config_error, "mamba_d_ssm", "must equal mamba_n_heads x mamba_d_head = 128");
+  const std::string b = write_edited_family(dir, "falconh1-tiny", [](json::object& o) { o["projectors_bias"] = true; });
+  EXPECT_ERROR_WITH((void)read_hf_config(b), config_error, "projectors_bias", "(supported: false)");
+}
+
+TEST(ModelConfig, ReadsBambaGroupsFixture) {
+  const model_config c = read_hf_config(family_config_path("bamba-groups"));
+  EXPECT_EQ(c.arch, model_arch::kBamba);
+  EXPECT_EQ(c.mamba_n_groups, 4);
+  EXPECT_EQ(c.mamba_conv_dim(), 128 + 2 * 4 * 16);
 }
 
 std::string qwen3next_config_path() {

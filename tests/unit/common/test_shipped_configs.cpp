@@ -87,5 +87,33 @@ TEST_F(ShippedConfigs, GpuConfigsRunBf16OnCuda) {
   EXPECT_EQ(m.vocab_size, 128256);
 }
 
+// The 9B-class benchmark configs of the other families: bf16 on CUDA, shaped like their
+// published checkpoints (configs/shapes/*.json).
+TEST_F(ShippedConfigs, FamilyBenchmarkConfigsHaveTheirCheckpointShapes) {
+  struct expect {
+    const char* file;
+    model_arch arch;
+    int64_t hidden, layers, attention_layers, recurrent_layers, vocab;
+  };
+  for (const expect& e : {expect{"configs/nemotron-h-8b-synthetic-cuda.yaml", model_arch::kNemotronH, 4096, 52, 4, 24, 131072},
+                          expect{"configs/granite-4.0-h-tiny-synthetic-cuda.yaml", model_arch::kGraniteMoeHybrid, 1536, 40,
+                                 4, 36, 100352},
+                          expect{"configs/falcon-h1-7b-synthetic-cuda.yaml", model_arch::kFalconH1, 3072, 44, 44, 44,
+                                 130048}}) {
+    SCOPED_TRACE(e.file);
+    const service_config c = load_config_file(e.file);
+    EXPECT_EQ(c.device, device_kind::kCuda);
+    EXPECT_EQ(c.model.weight_dtype, dtype::kBF16);
+    EXPECT_EQ(c.cache.kv_dtype, dtype::kBF16);
+    const model_config m = resolve_model_config(c);
+    EXPECT_EQ(m.arch, e.arch);
+    EXPECT_EQ(m.hidden_size, e.hidden);
+    EXPECT_EQ(m.num_layers, e.layers);
+    EXPECT_EQ(m.num_attention_layers(), e.attention_layers);
+    EXPECT_EQ(m.num_recurrent_layers(), e.recurrent_layers);
+    EXPECT_EQ(m.vocab_size, e.vocab);
+  }
+}
+
 }  // namespace
 }  // namespace hyserve

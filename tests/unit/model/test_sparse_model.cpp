@@ -82,6 +82,14 @@ TEST(SparseModel, Qwen3NextCoveringBudgetEqualsDenseAndReference) {
   expect_covering_budget_equals_dense("qwen3next-tiny");
 }
 
+// The other families (and Bamba with 4 B/C groups): sparse attention through the shared layers.
+TEST(SparseModel, FamiliesCoveringBudgetEqualsDenseAndReference) {
+  for (const char* f : {"bamba-groups", "nemotronh-tiny", "granite4h-tiny", "falconh1-tiny"}) {
+    SCOPED_TRACE(f);
+    expect_covering_budget_equals_dense(f);
+  }
+}
+
 // Page size 4, budget 3 pages (1 sink + 1 recent + 1 chosen): the longest Bamba prompt (41
 // tokens, 11 pages) is sparse from its first decode step. The decode steps are teacher-forced
 // with the reference greedy tokens, so both engines see the same sequence at every step.

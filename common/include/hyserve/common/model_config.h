@@ -8,10 +8,14 @@
 
 namespace hyserve {
 
-enum class model_arch : uint8_t { kBamba, kQwen3Next };
+enum class model_arch : uint8_t { kBamba, kQwen3Next, kNemotronH, kGraniteMoeHybrid, kFalconH1 };
 // Mixer of one layer. kAttention is softmax attention over the paged KV cache; its details
-// (Qwen3-Next: output gate, q/k norms) follow the architecture.
-enum class layer_kind : uint8_t { kMamba2, kAttention, kGatedDeltaNet };
+// (Qwen3-Next: output gate, q/k norms) follow the architecture. kMlp is a layer whose only
+// block is the MLP (Nemotron-H "-"). kParallelHybrid runs attention and a Mamba2 mixer side by
+// side on the same normed input (Falcon-H1): it holds a KV cache and a recurrent state.
+enum class layer_kind : uint8_t { kMamba2, kAttention, kGatedDeltaNet, kMlp, kParallelHybrid };
+// The dense MLP: SwiGLU (down · (silu(gate · x) ⊙ up · x)) or, Nemotron-H, down · relu(up · x)².
+enum class mlp_activation : uint8_t { kSwiGLU, kRelu2 };
 
 struct model_config {
   model_arch arch = model_arch::kBamba;
@@ -31,10 +35,23 @@ struct model_config {
   float partial_rotary_factor = 1.0f;
   float rope_theta = 10000.0f;
   bool attention_bias = false;
+  bool use_rope = true;              // false: no positional embedding (Nemotron-H, Granite "nope")
+  float attention_multiplier = 0.0f;  // softmax scale; 0 = 1/sqrt(head_dim) (Granite sets it)
 
   // MLP.
   int64_t intermediate_size = 0;
   bool mlp_bias = false;
+  mlp_activation mlp_act = mlp_activation::kSwiGLU;
+
+  // Scalar multipliers (muP) of Granite-4.0-H and Falcon-H1; 1 = none. The model folds them into
+  // the weights they follow at load time.
+  float embedding_multiplier = 1.0f;  // embeddings · m
+  float logits_multiplier = 1.0f;     // logits · m (Granite: 1 / logits_scaling; Falcon: lm_head_multiplier)
+  float residual_multiplier = 1.0f;   // Granite: every block's output · m before the residual add
+  float attention_in_multiplier = 1.0f, attention_out_multiplier = 1.0f, key_multiplier = 1.0f;  // Falcon-H1
+  float ssm_in_multiplier = 1.0f, ssm_out_multiplier = 1.0f;                                       // Falcon-H1
+  std::vector<float> ssm_multipliers;  // Falcon-H1: in_proj output z | x | B | C | dt; empty = 1
+  float mlp_gate_multiplier = 1.0f, mlp_down_multiplier = 1.0f;  // Falcon-H1 mlp_multipliers
 
   // Mamba2 layers.
   int64_t mamba_n_heads = 0;
@@ -46,6 +63,11 @@ struct model_config {
   int64_t mamba_chunk_size = 256;
   bool mamba_conv_bias = true;
   bool mamba_proj_bias = false;
+  // Mamba2 output norm: gated RMSNorm (norm(y · silu(z)), the default), norm before the gate
+  // (norm(y) · silu(z), Falcon-H1 mamba_norm_before_gate), or no norm (y · silu(z), Falcon-H1
+  // mamba_rms_norm = false).
+  bool mamba_rms_norm = true;
+  bool mamba_norm_before_gate = false;
   float time_step_min = 0.0f;   // time_step_limit[0]
   float time_step_max = 3.4e38f;  // time_step_limit[1] (Infinity → FLT_MAX)
 
@@ -77,8 +99,11 @@ struct model_config {
   int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }  // q | k | v
   int64_t rotary_dim() const;  // head_dim · partial_rotary_factor, rounded down to even
   int64_t num_layers_of(layer_kind k) const;
-  // Layers that keep a recurrent state slot (conv window + state): Mamba2 and Gated DeltaNet.
+  // Layers that keep a recurrent state slot (conv window + state): Mamba2, Gated DeltaNet and
+  // parallel hybrid layers.
   int64_t num_recurrent_layers() const;
+  // Layers that keep a KV cache: attention and parallel hybrid layers.
+  int64_t num_attention_layers() const;
   bool is_moe_layer(int64_t layer) const;
 
   // Checks internal consistency (positive sizes, divisibility, layer count); throws
@@ -86,7 +111,11 @@ struct model_config {
   void validate() const;
 };
 
-// Reads a Hugging Face config.json (BambaForCausalLM, Qwen3NextForCausalLM). Throws config_error naming the file and
+// The architectures read_hf_config accepts, as named in config.json, comma separated.
+extern const char* const kSupportedArchitectures;
+
+// Reads a Hugging Face config.json (BambaForCausalLM, Qwen3NextForCausalLM, NemotronHForCausalLM,
+// GraniteMoeHybridForCausalLM, FalconH1ForCausalLM). Throws config_error naming the file and
 // field for a missing/ill-typed field, an unsupported architecture (listing the supported
 // ones) or inconsistent dimensions. Accepts transformers 5's {"__float__": "Infinity"}.
 model_config read_hf_config(const std::string& path);

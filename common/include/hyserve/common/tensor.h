@@ -99,7 +99,7 @@ class tensor {
   void* data() const { return data_.get(); }
   template <typename T>
   T* as() const { return static_cast<T*>(data_.get()); }
-  bool empty() const { return numel() == 0; }
+  bool empty() const { return !data_ || numel() == 0; }  // no storage (default) or no elements
 
   // Same storage, new shape of the same element count.
   void reshape(shape_t shape);

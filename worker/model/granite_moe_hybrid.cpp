@@ -1,0 +1,171 @@
+// Granite-4.0-H (GraniteMoeHybridForCausalLM): Mamba2 and attention layers, each followed by a
+// top-k mixture of SwiGLU experts plus an ungated shared SwiGLU MLP (moe_layer.h). The muP
+// multipliers are folded into the weights at load: the embedding (embedding_multiplier), every
+// block's output projection (residual_multiplier), the lm_head (1 / logits_scaling); the
+// attention's softmax scale is attention_multiplier. Attention has no positional embedding when
+// position_embedding_type is "nope".
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "families.h"
+#include "hybrid_model.h"
+#include "hyserve/common/error.h"
+#include "load_util.h"
+#include "moe_layer.h"
+
+namespace hyserve::worker {
+namespace {
+
+struct granite_layer {
+  layer_kind kind = layer_kind::kMamba2;
+  tensor input_norm;
+  tensor post_attention_norm;
+  layers::mamba2_weights mamba;
+  layers::attention_weights attn;
+  bool moe = false;
+  layers::moe_weights moe_block;  // experts + the shared MLP (moe)
+  layers::mlp_weights shared;     // the shared MLP alone (no experts)
+  int32_t cache_index = 0;
+};
+
+// Rows [r0, r0 + n) and columns [c0, c0 + m) of a row-major [rows, cols] block at src, scaled.
+host_tensor sub_block(const float* src, int64_t cols, int64_t r0, int64_t n, int64_t c0, int64_t m, float scale) {
+  host_tensor t = tensor::f32({n, m});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) t.as<float>()[i * m + j] = src[(r0 + i) * cols + c0 + j] * scale;
+  return t;
+}
+
+class granite_moe_hybrid_model final : public hybrid_model {
+ public:
+  granite_moe_hybrid_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
+                           const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
+                           const decode_graph_options& graphs)
+      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Granite-4.0-H") {
+    if (mc.attention_bias) throw config_error("Granite-4.0-H: attention_bias = true is not supported");
+    const int64_t H = mc.hidden_size;
+    const float rm = mc.residual_multiplier;
+    load_progress progress(label(), mc.num_layers);
+    weight_loader ld(ws, ctx);
+    block_loader blocks(ld, mc_, tp, weight_type);
+    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
+    set_final_norm(ld.load("model.norm.weight", {H}, dtype::kF32));
+    block_loader::attention_scales as;
+    as.o = rm;
+    int32_t n_attn = 0, n_mamba = 0;
+    bool host_moe = false;
+    layers_.resize(static_cast<size_t>(mc.num_layers));
+    for (int64_t i = 0; i < mc.num_layers; ++i) {
+      granite_layer& L = layers_[static_cast<size_t>(i)];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
+      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+      L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
+      switch (L.kind) {
+        case layer_kind::kMamba2:
+          L.mamba = blocks.mamba2(p + "mamba.", {}, 1.0f, rm);
+          L.cache_index = n_mamba++;
+          break;
+        case layer_kind::kAttention:
+          L.attn = blocks.attention(p + "self_attn.", as);
+          L.cache_index = n_attn++;
+          break;
+        case layer_kind::kGatedDeltaNet:
+        case layer_kind::kMlp:
+        case layer_kind::kParallelHybrid:
+          throw config_error("Granite-4.0-H: layer " + std::to_string(i) +
+                             " is not a Mamba2 or attention layer (supported: mamba, attention)");
+      }
+      layers::mlp_weights shared;
+      if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
+      L.moe = mc.num_experts > 0;
+      if (L.moe) {
+        L.moe_block = load_experts(ws, p + "block_sparse_moe.");
+        L.moe_block.shared = std::move(shared);
+        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
+        layers::place(L.moe_block, ctx.device, weight_type);
+        host_moe = host_moe || !L.moe_block.device_routing;
+      } else {
+        L.shared = std::move(shared);
+      }
+      progress.layer_done(i + 1, ld.bytes());
+    }
+    start(graphs, n_attn, n_mamba,
+          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
+                   : std::string());
+  }
+
+ private:
+  size_t layer_count() const override { return layers_.size(); }
+
+  // shared_mlp.input_linear [2·Is, H] = gate | up; output_linear [H, Is] (· residual_multiplier).
+  layers::mlp_weights load_shared(weight_loader& ld, const std::string& p) {
+    const int64_t H = mc_.hidden_size, I = mc_.shared_expert_intermediate_size;
+    const int64_t il = tp_split(I, tp_.size, "shared_intermediate_size");
+    const int64_t b = tp_.rank * il, e = b + il;
+    layers::mlp_weights w;
+    w.gate = ld.load_slice(p + "input_linear.weight", {2 * I, H}, 0, b, e, weight_type_);
+    w.up = ld.load_slice(p + "input_linear.weight", {2 * I, H}, 0, I + b, I + e, weight_type_);
+    w.down = ld.load_selection(p + "output_linear.weight", {H, I}, weight_selection{1, {{b, e}}}, weight_type_,
+                               {mc_.residual_multiplier});
+    return w;
+  }
+
+  // Experts stored fused: input_linear [E, 2·I, H] (gate | up of each), output_linear [E, H, I];
+  // router.layer [E, H] (replicated). Each rank keeps its slice of every expert's I channels.
+  layers::moe_weights load_experts(const weight_source& ws, const std::string& p) {
+    const int64_t H = mc_.hidden_size, E = mc_.num_experts, I = mc_.moe_intermediate_size;
+    const int64_t il = tp_split(I, tp_.size, "intermediate_size");
+    const int64_t b = tp_.rank * il;
+    layers::moe_weights w;
+    w.top_k = mc_.num_experts_per_tok;
+    w.norm_topk_prob = true;  // softmax over the top-k router logits
+    w.router = ws.load(p + "router.layer.weight", {E, H});
+    const host_tensor in = ws.load(p + "input_linear.weight", {E, 2 * I, H});
+    const host_tensor out = ws.load(p + "output_linear.weight", {E, H, I});
+    w.experts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      layers::mlp_weights& x = w.experts[static_cast<size_t>(e)];
+      const float* ie = in.as<float>() + e * 2 * I * H;
+      x.gate = sub_block(ie, H, b, il, 0, H, 1.0f);
+      x.up = sub_block(ie, H, I + b, il, 0, H, 1.0f);
+      x.down = sub_block(out.as<float>() + e * H * I, I, 0, H, b, il, mc_.residual_multiplier);
+    }
+    return w;
+  }
+
+  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+                     const kernels::exec_context& ex) override {
+    granite_layer& L = layers_[i];
+    switch (L.kind) {
+      case layer_kind::kMamba2:
+        mamba2_block(L.mamba, h, &L.input_norm, L.cache_index, in, ctx, ex);
+        break;
+      case layer_kind::kAttention:
+        attention_on(L.attn, norm(h, L.input_norm, ex), h, L.cache_index, in, ctx, ex);
+        break;
+      case layer_kind::kGatedDeltaNet:
+      case layer_kind::kMlp:
+      case layer_kind::kParallelHybrid:
+        throw error("Granite-4.0-H: unexpected layer kind");  // rejected at load
+    }
+    if (L.moe)
+      layers::add_inplace(h, layers::moe_forward(L.moe_block, norm(h, L.post_attention_norm, ex), comm_, ex), ex);
+    else
+      mlp_block(L.shared, h, L.post_attention_norm, ex);
+  }
+
+  std::vector<granite_layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<model> make_granite_moe_hybrid(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                               collective* comm, const kernels::exec_context& ctx, dtype weight_type,
+                                               const sparsity_section& sparsity, const decode_graph_options& graphs) {
+  return std::make_unique<granite_moe_hybrid_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
+}
+
+}  // namespace hyserve::worker

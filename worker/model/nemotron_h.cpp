@@ -1,0 +1,104 @@
+// Nemotron-H (NemotronHForCausalLM): a stack of single-block layers, each `h += mixer(norm(h))`
+// with the mixer a Mamba2 mixer ("M"), attention without positional embedding ("*") or a relu²
+// MLP ("-"); weights under backbone.*.
+#include <string>
+#include <vector>
+
+#include "families.h"
+#include "hybrid_model.h"
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/activation.h"
+#include "hyserve/kernels/run.h"
+#include "load_util.h"
+
+namespace hyserve::worker {
+namespace {
+
+struct nemotron_h_layer {
+  layer_kind kind = layer_kind::kMamba2;
+  tensor norm;
+  layers::mamba2_weights mamba;
+  layers::attention_weights attn;
+  layers::mlp_weights mlp;  // up / down only (relu²)
+  int32_t cache_index = 0;
+};
+
+class nemotron_h_model final : public hybrid_model {
+ public:
+  nemotron_h_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
+                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
+                   const decode_graph_options& graphs)
+      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Nemotron-H") {
+    if (mc.mlp_act != mlp_activation::kRelu2) throw config_error("Nemotron-H: mlp_hidden_act must be relu2");
+    if (ctx.device == device_kind::kCuda && mc.num_layers_of(layer_kind::kMlp) > 0 &&
+        !kernels::has_cuda<kernels::relu2_params>())
+      throw config_error("Nemotron-H: the relu2 MLP activation has no CUDA kernel in this build (device: cpu only)");
+    const int64_t H = mc.hidden_size;
+    load_progress progress(label(), mc.num_layers);
+    weight_loader ld(ws, ctx);
+    block_loader blocks(ld, mc_, tp, weight_type);
+    load_globals(ld, "backbone.embeddings.weight", "lm_head.weight");
+    set_final_norm(ld.load("backbone.norm_f.weight", {H}, dtype::kF32));
+    int32_t n_attn = 0, n_mamba = 0;
+    layers_.resize(static_cast<size_t>(mc.num_layers));
+    for (int64_t i = 0; i < mc.num_layers; ++i) {
+      nemotron_h_layer& L = layers_[static_cast<size_t>(i)];
+      const std::string p = "backbone.layers." + std::to_string(i) + ".";
+      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
+      L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
+      switch (L.kind) {
+        case layer_kind::kMamba2:
+          L.mamba = blocks.mamba2(p + "mixer.");
+          L.cache_index = n_mamba++;
+          break;
+        case layer_kind::kAttention:
+          L.attn = blocks.attention(p + "mixer.");
+          L.cache_index = n_attn++;
+          break;
+        case layer_kind::kMlp:
+          L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
+          break;
+        case layer_kind::kGatedDeltaNet:
+        case layer_kind::kParallelHybrid:
+          throw config_error("Nemotron-H: layer " + std::to_string(i) +
+                             " is not a Mamba2, attention or MLP layer (supported: M, *, -)");
+      }
+      progress.layer_done(i + 1, ld.bytes());
+    }
+    start(graphs, n_attn, n_mamba);
+  }
+
+ private:
+  size_t layer_count() const override { return layers_.size(); }
+
+  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+                     const kernels::exec_context& ex) override {
+    nemotron_h_layer& L = layers_[i];
+    switch (L.kind) {
+      case layer_kind::kMamba2:
+        mamba2_block(L.mamba, h, &L.norm, L.cache_index, in, ctx, ex);
+        break;
+      case layer_kind::kAttention:
+        attention_on(L.attn, norm(h, L.norm, ex), h, L.cache_index, in, ctx, ex);
+        break;
+      case layer_kind::kMlp:
+        mlp_block(L.mlp, h, L.norm, ex);
+        break;
+      case layer_kind::kGatedDeltaNet:
+      case layer_kind::kParallelHybrid:
+        throw error("Nemotron-H: unexpected layer kind");  // rejected at load
+    }
+  }
+
+  std::vector<nemotron_h_layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<model> make_nemotron_h(const model_config& mc, const weight_source& weights, tp_placement tp,
+                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type,
+                                       const sparsity_section& sparsity, const decode_graph_options& graphs) {
+  return std::make_unique<nemotron_h_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
+}
+
+}  // namespace hyserve::worker
