@@ -105,6 +105,16 @@ __global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params
   }
 }
 
+__global__ void __launch_bounds__(kRowThreads) relu2_kernel(const relu2_params p) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.cols) return;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    float* x = p.x + r * p.stride + c;
+    const float v = *x > 0.0f ? *x : 0.0f;
+    *x = v * v;
+  }
+}
+
 struct rope_freqs {
   float inv_freq[kMaxRopeHalf];  // computed on the host with the CPU op's float arithmetic
 };
@@ -246,6 +256,18 @@ void run_cuda(const swiglu_params& p, void* stream) {
   require_stride(p.up_stride, p.cols, op, "up_stride");
   require_stride(p.out_stride, p.cols, op, "out_stride");
   launch_swiglu<float>(p, as_stream(stream));
+}
+
+void run_cuda(const relu2_params& p, void* stream) {
+  constexpr const char* op = "relu2";
+  require_ptr(p.x, op, "x");
+  require_positive(p.rows, op, "rows");
+  require_positive(p.cols, op, "cols");
+  require_stride(p.stride, p.cols, op, "stride");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, int64_t{kRowThreads})),
+                  static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
+  relu2_kernel<<<grid, kRowThreads, 0, as_stream(stream)>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 void run_cuda(const rope_params& p, void* stream) {

@@ -194,6 +194,33 @@ INSTANTIATE_TEST_SUITE_P(Grid, SwigluCuda,
                                          rows_case{7, 1000, 3}, rows_case{256, 512, 0}),
                          rows_name);
 
+// relu² (Nemotron-H MLP), in place, against the CPU op; negatives and zeros included.
+class Relu2Cuda : public testing::TestWithParam<rows_case> {};
+
+TEST_P(Relu2Cuda, MatchesCpu) {
+  const rows_case& c = GetParam();
+  const int64_t stride = c.cols + c.pad;
+  auto x = random_floats(static_cast<size_t>(c.rows * stride), 13, -4.0f, 4.0f);
+  x[0] = 0.0f;
+  auto dx = to_device(x);
+  relu2_params p;
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.stride = stride;
+  relu2_params pc = p;
+  pc.x = x.data();
+  run_cpu(pc);
+  relu2_params pg = p;
+  pg.x = dx.data();
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dx.download(), x, 0.0, 0.0, "x");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Relu2Cuda,
+                         testing::Values(rows_case{1, 14336, 0}, rows_case{3, 13, 0}, rows_case{7, 1000, 3}),
+                         rows_name);
+
 // ---------------------------------------------------------------------------------------------
 // argmax
 

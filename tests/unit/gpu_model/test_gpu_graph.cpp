@@ -238,7 +238,9 @@ TEST_P(GpuGraphDecode, PaddedRowsTouchNoOtherStateOrKv) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGraphDecode,
                          ::testing::Values(graph_case{"bamba-tiny", false}, graph_case{"bamba-tiny", true},
-                                           graph_case{"qwen3next-tiny", false}, graph_case{"qwen3next-tiny", true}),
+                                           graph_case{"qwen3next-tiny", false}, graph_case{"qwen3next-tiny", true},
+                                           graph_case{"nemotronh-tiny", false}, graph_case{"granite4h-tiny", false},
+                                           graph_case{"falconh1-tiny", false}),
                          case_name);
 
 }  // namespace

@@ -143,7 +143,8 @@ TEST_P(GpuFixture, BatchedExtendDecodeMixedMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::Values("bamba-tiny", "qwen3next-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::Values("bamba-tiny", "qwen3next-tiny", "bamba-groups", "nemotronh-tiny",
+                                           "granite4h-tiny", "falconh1-tiny"),
                          [](const ::testing::TestParamInfo<std::string>& fixture) {
                            std::string s = fixture.param;
                            std::replace(s.begin(), s.end(), '-', '_');

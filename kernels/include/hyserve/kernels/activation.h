@@ -16,11 +16,11 @@ void run_cpu(const swiglu_params& p);
 void run_cuda(const swiglu_params& p, void* stream = nullptr);
 
 // Squared ReLU in place (Nemotron-H MLP): x[t, i] = max(x[t, i], 0)².
-// CPU only for now: kernels::has_cuda<relu2_params>() is false until a CUDA kernel exists.
 struct relu2_params {
   float* x = nullptr;  // [rows, cols], row stride stride
   int64_t rows = 0, cols = 0, stride = 0;
 };
 void run_cpu(const relu2_params& p);
+void run_cuda(const relu2_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels
