@@ -240,6 +240,13 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   f.emits.resize(f.rows.size(), 0);
   f.kind = gs.kind;
   f.sent_at = clock::now();
+  ++loop_stats_.plans;
+  if (gs.last_result_at > gs.last_plan_at) {
+    // A plan that follows a result (the time the device may have waited for it).
+    ++loop_stats_.gaps;
+    loop_stats_.gap_s += std::chrono::duration<double>(f.sent_at - gs.last_result_at).count();
+  }
+  gs.last_plan_at = f.sent_at;
   f.cost_kind = gs.cost_kind;
   f.cost_rows = gs.cost_rows;
   f.cost_width = gs.cost_width;
@@ -794,7 +801,21 @@ void scheduler::report_load() {
   }
 }
 
+void scheduler::log_loop_stats() const {
+  const loop_stats& s = loop_stats_;
+  auto us = [](double sec, int64_t n) { return n > 0 ? sec / static_cast<double>(n) * 1e6 : 0.0; };
+  std::fprintf(stderr,
+               "[coordinator] step loop: %lld results, %.1f us each to handle; %lld plans, %.1f us each to plan "
+               "and send; %.1f us from a result to the next plan of its group (%lld plans that waited)\n",
+               static_cast<long long>(s.results), us(s.handle_s, s.results), static_cast<long long>(s.plans),
+               us(s.schedule_s, s.plans), us(s.gap_s, s.gaps), static_cast<long long>(s.gaps));
+}
+
 int scheduler::run(const std::atomic<bool>& stop_requested) {
+  struct log_at_exit {
+    const scheduler& s;
+    ~log_at_exit() { s.log_loop_stats(); }
+  } log_at_exit{*this};
   std::optional<clock::time_point> drain_deadline;
   const auto step_timeout = std::chrono::duration<double>(cfg_.worker.step_timeout_s);
   while (true) {
@@ -808,18 +829,25 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     take_cancellations();
     admit();
     bool busy = false;
+    const auto t_schedule = clock::now();
+    const int64_t plans_before = loop_stats_.plans;
     for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
       schedule_group(g);
       busy = busy || groups_[static_cast<size_t>(g)].in_flight();
     }
+    if (loop_stats_.plans != plans_before)
+      loop_stats_.schedule_s += std::chrono::duration<double>(clock::now() - t_schedule).count();
     {
       std::lock_guard<std::mutex> lock(inbox_mu_);
       report_load();
     }
     bool got_result = false;
     while (auto msg = link_.poll_result()) {
+      const auto t_result = clock::now();
       handle_result(msg->first, msg->second);
       got_result = true;
+      ++loop_stats_.results;
+      loop_stats_.handle_s += std::chrono::duration<double>(clock::now() - t_result).count();
     }
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];

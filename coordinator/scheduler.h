@@ -135,7 +135,7 @@ class scheduler final : public frontend {
     };
     std::deque<flight> flights;
     bool in_flight() const { return !flights.empty(); }
-    clock::time_point last_result_at;
+    clock::time_point last_result_at, last_plan_at;
     // Speculative decoding: commits for the next plan, and the draft-model round in progress
     // (its rows keep their order across its Draft steps).
     std::vector<wire::commit_op> commits, draft_commits;
@@ -207,6 +207,14 @@ class scheduler final : public frontend {
   std::vector<uint64_t> cancel_inbox_;
   std::atomic<int64_t> queued_{0};
   uint64_t next_id_ = 1;
+
+  // Where the loop's time goes (logged when run() returns): results handled and the time that
+  // took, plans sent and the time from a group's last result to its next plan.
+  struct loop_stats {
+    int64_t results = 0, plans = 0, gaps = 0;
+    double handle_s = 0, schedule_s = 0, gap_s = 0;
+  } loop_stats_;
+  void log_loop_stats() const;
 
   std::deque<uint64_t> waiting_;
   std::unordered_map<uint64_t, request_state> requests_;

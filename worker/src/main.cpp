@@ -159,6 +159,11 @@ int run(int argc, char** argv) {
   auto finish_all = [&] {
     while (r->in_flight() > 0) send_result(r->finish());
   };
+  // Where the loop's time goes (logged at shutdown): plans, those queued behind a running step,
+  // host time in submit, and time with nothing in flight waiting for the next plan.
+  using clock = std::chrono::steady_clock;
+  int64_t plans = 0, behind = 0;
+  double submit_s = 0, idle_s = 0;
   while (true) {
     // With a step in flight: finish it when the device is done, unless the next plan comes
     // first (and there is room for it behind the running step).
@@ -170,7 +175,10 @@ int run(int argc, char** argv) {
       if (r->in_flight() < 2 && message_waiting()) break;
       std::this_thread::yield();
     }
+    const auto t_wait = clock::now();
+    const bool was_idle = r->in_flight() == 0;
     const std::vector<uint8_t> bytes = next_message(t, tp_comm);
+    if (was_idle) idle_s += std::chrono::duration<double>(clock::now() - t_wait).count();
     std::optional<wire::step_plan> plan;
     wire::step_result bad;
     try {
@@ -186,9 +194,22 @@ int run(int argc, char** argv) {
       send_result(bad);
       continue;
     }
+    ++plans;
+    if (r->in_flight() > 0) ++behind;
+    const auto t_submit = clock::now();
     r->submit(std::move(*plan));
+    submit_s += std::chrono::duration<double>(clock::now() - t_submit).count();
   }
   finish_all();
+  if (plans > 0) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step loop: %lld plans, %lld queued behind a running step; %.1f us host time each to submit; "
+                  "%.3f s idle waiting for plans",
+                  static_cast<long long>(plans), static_cast<long long>(behind),
+                  submit_s / static_cast<double>(plans) * 1e6, idle_s);
+    say(t, line);
+  }
   MPI_Comm_free(&tp_comm);
   say(t, "shut down");
   return 0;

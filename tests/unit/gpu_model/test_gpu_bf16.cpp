@@ -84,7 +84,9 @@ TEST_P(GpuBf16Fixture, MatchesReferenceArgmaxWhereMarginExceeds005) {
       }
     }
   }
-  EXPECT_GT(checked, 20);
+  // Granite-4.0-H divides its logits by logits_scaling: 13 of its teacher-forced positions have
+  // a margin above 0.05 (the others at least 20).
+  EXPECT_GT(checked, fixture == "granite4h-tiny" ? 10 : 20);
   EXPECT_LE(mismatches, fixture == "qwen3next-tiny" ? kQwen3NextKnownFlips : 0) << fixture << ": " << checked
                                                                                    << " positions checked";
 }

@@ -84,8 +84,9 @@ std::vector<uint8_t> bytes_of(const tensor& t) {
 state_snapshot snapshot(const engine& e) {
   state_snapshot s;
   const model_config& mc = e.config();
-  const int32_t attn = static_cast<int32_t>(mc.num_layers_of(layer_kind::kAttention));
-  const int32_t rec = static_cast<int32_t>(mc.num_layers - attn);
+  // Layers with a KV cache, and layers with recurrent state (MLP-only layers have neither).
+  const int32_t attn = static_cast<int32_t>(mc.num_attention_layers());
+  const int32_t rec = static_cast<int32_t>(mc.num_recurrent_layers());
   for (int32_t i = 0; i < attn; ++i) {
     std::vector<uint8_t> k = bytes_of(e.pools().kv->layer(i).k), v = bytes_of(e.pools().kv->layer(i).v);
     k.insert(k.end(), v.begin(), v.end());
