@@ -163,8 +163,17 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
   ev.metrics.spec_accepted = r.accepted;
   if (!r.output.empty())
     ev.metrics.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.req.arrival).count();
+  flush_events();  // this request's earlier events first (and every other's: finishing is rare)
   if (r.req.sink) r.req.sink(std::move(ev));
   requests_.erase(it);
+}
+
+void scheduler::flush_events() {
+  for (pending_event& p : outbox_) {
+    const auto it = requests_.find(p.id);
+    if (it != requests_.end() && it->second.req.sink) it->second.req.sink(std::move(p.event));
+  }
+  outbox_.clear();
 }
 
 void scheduler::admit() {
@@ -621,7 +630,7 @@ bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens) {
       done = finish_reason::kLength;
     if (done) break;
   }
-  if (r.req.sink) r.req.sink(std::move(ev));
+  if (r.req.sink) outbox_.push_back(pending_event{r.req.id, std::move(ev)});
   if (done) finish(r.req.id, *done, std::nullopt);
   return done.has_value();
 }
@@ -812,10 +821,13 @@ void scheduler::log_loop_stats() const {
 }
 
 int scheduler::run(const std::atomic<bool>& stop_requested) {
-  struct log_at_exit {
-    const scheduler& s;
-    ~log_at_exit() { s.log_loop_stats(); }
-  } log_at_exit{*this};
+  struct at_exit {
+    scheduler& s;
+    ~at_exit() {
+      s.flush_events();
+      s.log_loop_stats();
+    }
+  } at_exit{*this};
   std::optional<clock::time_point> drain_deadline;
   const auto step_timeout = std::chrono::duration<double>(cfg_.worker.step_timeout_s);
   while (true) {
@@ -837,6 +849,8 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     }
     if (loop_stats_.plans != plans_before)
       loop_stats_.schedule_s += std::chrono::duration<double>(clock::now() - t_schedule).count();
+    // The tokens of the results handled last iteration go out now that the next steps run.
+    flush_events();
     {
       std::lock_guard<std::mutex> lock(inbox_mu_);
       report_load();

@@ -215,6 +215,15 @@ class scheduler final : public frontend {
     double handle_s = 0, schedule_s = 0, gap_s = 0;
   } loop_stats_;
   void log_loop_stats() const;
+  // Request events of the loop iteration, delivered to the requests' sinks after the next plans
+  // are sent (flush_events): a step's streaming costs the device no idle time. A request's
+  // events keep their order; finish() flushes before it hands its request's last event over.
+  struct pending_event {
+    uint64_t id = 0;
+    request_event event;
+  };
+  std::vector<pending_event> outbox_;
+  void flush_events();
 
   std::deque<uint64_t> waiting_;
   std::unordered_map<uint64_t, request_state> requests_;

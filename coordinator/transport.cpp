@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <deque>
 #include <string>
 #include <thread>
 
@@ -16,12 +17,19 @@ class mpi_transport final : public transport {
   explicit mpi_transport(const topology& t) : topo_(t) {}
   int num_groups() const override { return topo_.dp; }
 
+  // Non-blocking: a plan larger than MPI's eager limit would otherwise hold the scheduler thread
+  // until the worker posts its receive (while it prepares or waits for its step). The bytes
+  // stay alive until the send completes; sends to one rank keep their order.
   void send_plan(int group, const std::vector<uint8_t>& bytes) override {
-    MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, topo_.leader_of(group),
-             static_cast<int>(mpi_tag::kPlan), MPI_COMM_WORLD);
+    pending& p = sends_.emplace_back();
+    p.bytes = bytes;
+    MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, topo_.leader_of(group),
+              static_cast<int>(mpi_tag::kPlan), MPI_COMM_WORLD, &p.request);
+    reap();
   }
 
   std::optional<std::pair<int, std::vector<uint8_t>>> poll_result() override {
+    reap();
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, static_cast<int>(mpi_tag::kResult), MPI_COMM_WORLD, &flag, &st);
@@ -34,6 +42,13 @@ class mpi_transport final : public transport {
   }
 
   void send_shutdown() override {
+    // The plans still on their way first (a worker that is gone would keep them forever: the
+    // wait is bounded, then they are dropped).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!sends_.empty() && std::chrono::steady_clock::now() < until) {
+      reap();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     const std::vector<uint8_t> bytes = wire::encode_shutdown();
     for (int g = 0; g < topo_.dp; ++g)
       MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, topo_.leader_of(g),
@@ -41,7 +56,22 @@ class mpi_transport final : public transport {
   }
 
  private:
+  struct pending {
+    std::vector<uint8_t> bytes;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  // Frees the sends that have completed, oldest first (a deque keeps the others' buffers put).
+  void reap() {
+    while (!sends_.empty()) {
+      int done = 0;
+      MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE);
+      if (!done) return;
+      sends_.pop_front();
+    }
+  }
+
   topology topo_;
+  std::deque<pending> sends_;
 };
 
 }  // namespace

@@ -1,25 +1,17 @@
 #pragma once
 // Carries one request's events from the scheduler thread to the HTTP session's strand.
 //
-// The scheduler calls the sink (make_sink) on its own thread; the sink never blocks: it hands
-// the event to the server's event_gate, which relays it onto the channel's strand, where it is
-// queued and the waiting handler is woken. next() is awaited by the handler on that strand, so
-// the queue needs no lock.
+// The scheduler calls the sink (make_sink) on its own thread; the sink never blocks: it posts
+// the event onto the strand, where it is queued and the waiting handler is woken. next() is
+// awaited by the handler on that strand, so the queue needs no lock.
 //
-// The relay batches: a sink call costs the scheduler thread a lock and a push; the first event
-// of a burst (one step's tokens for every stream) posts one task to the I/O threads, which
-// takes every event queued until it runs and posts each to its strand. So the scheduler's cost
-// per step does not grow with the streams' posts, wake-ups and writes.
-//
-// The gate also guards the posting: the server closes it before its io_context is destroyed,
+// An event_gate guards the posting: the server closes it before its io_context is destroyed,
 // after which late events (a scheduler finishing a request after the server stopped) are
 // dropped instead of being posted to a dead executor.
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <utility>
-#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -29,9 +21,7 @@
 
 namespace hyserve::coordinator::api {
 
-class event_channel;
-
-class event_gate : public std::enable_shared_from_this<event_gate> {
+class event_gate {
  public:
   // Runs `post` unless the gate is closed; the lock keeps close() from completing meanwhile.
   template <class F>
@@ -43,17 +33,10 @@ class event_gate : public std::enable_shared_from_this<event_gate> {
     std::lock_guard lock(mutex_);
     open_ = false;
   }
-  // Queues `event` for `channel` (see the file comment); `io` runs the relay task. Events for
-  // one channel arrive in the order they were relayed.
-  void relay(std::weak_ptr<event_channel> channel, const boost::asio::any_io_executor& io, request_event event);
 
  private:
-  void dispatch();  // on an I/O thread: posts the queued events until none is left
-
   std::mutex mutex_;
   bool open_ = true;
-  std::vector<std::pair<std::weak_ptr<event_channel>, request_event>> pending_;
-  bool dispatching_ = false;  // a relay task is posted or running
 };
 
 class event_channel {
@@ -64,7 +47,6 @@ class event_channel {
   // The sink for generate_request::sink. It holds the gate and a weak reference to the
   // channel: events that arrive after the handler dropped the channel are discarded.
   static event_sink make_sink(const std::shared_ptr<event_channel>& channel, std::shared_ptr<event_gate> gate);
-  friend class event_gate;
 
   // The next event in order, or nullopt once interrupt() was called.
   boost::asio::awaitable<std::optional<request_event>> next();
