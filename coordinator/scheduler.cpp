@@ -815,9 +815,11 @@ void scheduler::log_loop_stats() const {
   auto us = [](double sec, int64_t n) { return n > 0 ? sec / static_cast<double>(n) * 1e6 : 0.0; };
   std::fprintf(stderr,
                "[coordinator] step loop: %lld results, %.1f us each to handle; %lld plans, %.1f us each to plan "
-               "and send; %.1f us from a result to the next plan of its group (%lld plans that waited)\n",
+               "and send; %.1f us from a result to the next plan of its group (%lld plans that waited); "
+               "after a result: %.1f us to the loop's top, %.1f us to take submissions and admit\n",
                static_cast<long long>(s.results), us(s.handle_s, s.results), static_cast<long long>(s.plans),
-               us(s.schedule_s, s.plans), us(s.gap_s, s.gaps), static_cast<long long>(s.gaps));
+               us(s.schedule_s, s.plans), us(s.gap_s, s.gaps), static_cast<long long>(s.gaps),
+               us(s.tail_s, s.results), us(s.admit_s, s.results));
 }
 
 int scheduler::run(const std::atomic<bool>& stop_requested) {
@@ -837,11 +839,17 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
                                           std::chrono::duration<double>(cfg_.server.drain_timeout_s));
       std::fprintf(stderr, "[coordinator] draining %zu requests\n", requests_.size());
     }
+    const auto t_top = clock::now();
     take_submissions();
     take_cancellations();
     admit();
     bool busy = false;
     const auto t_schedule = clock::now();
+    if (after_result_) {
+      loop_stats_.tail_s += std::chrono::duration<double>(t_top - *after_result_).count();
+      loop_stats_.admit_s += std::chrono::duration<double>(t_schedule - t_top).count();
+      after_result_.reset();
+    }
     const int64_t plans_before = loop_stats_.plans;
     for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
       schedule_group(g);
@@ -906,7 +914,10 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     // (steps of a fraction of a millisecond) without sleeping, since a sleep of tens of
     // microseconds costs the device that much idle time per step; on the CPU the workers need
     // the cores.
-    if (got_result) continue;
+    if (got_result) {
+      after_result_ = clock::now();
+      continue;
+    }
     if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(500));
     else if (cfg_.device == device_kind::kCuda) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(50));

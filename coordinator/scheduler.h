@@ -212,8 +212,9 @@ class scheduler final : public frontend {
   // took, plans sent and the time from a group's last result to its next plan.
   struct loop_stats {
     int64_t results = 0, plans = 0, gaps = 0;
-    double handle_s = 0, schedule_s = 0, gap_s = 0;
+    double handle_s = 0, schedule_s = 0, gap_s = 0, tail_s = 0, admit_s = 0;
   } loop_stats_;
+  std::optional<clock::time_point> after_result_;  // the last iteration handled a result
   void log_loop_stats() const;
   // Request events of the loop iteration, delivered to the requests' sinks after the next plans
   // are sent (flush_events): a step's streaming costs the device no idle time. A request's
