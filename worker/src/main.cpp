@@ -94,9 +94,10 @@ int run(int argc, char** argv) {
     return 1;
   }
   // The coordinator drives shutdown (it drains first, then sends kShutdown): a signal that
-  // mpirun forwards to every rank must not kill the workers under it.
+  // mpirun forwards to every rank (SIGUSR1 from launch/serve.sh) must not kill the workers under it.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGUSR1, SIG_IGN);
   MPI_Comm tp_comm;
   MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
   std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);
@@ -104,7 +105,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<worker::runner> r;
   try {
     const model_config mc = resolve_model_config(cfg);
-    worker::fault_injection fault{cfg.worker.fail_at_step, cfg.worker.fail_rank};
+    worker::fault_injection fault{cfg.worker.fault == worker_fault::kThrow ? cfg.worker.fail_at_step : -1,
+                                  cfg.worker.fail_rank};
     // device: cuda — worker w (dp_rank · tp + tp_rank, its rank among the workers) uses CUDA device
     // w % cuda_device_count(). The model's tensor-parallel reductions then run on device memory
     // through NCCL over tp_comm (every wait bounded by worker.step_timeout_s); the runner keeps
@@ -137,7 +139,13 @@ int run(int argc, char** argv) {
              MPI_COMM_WORLD);
   }
   say(t, "ready");
-  while (true) {
+  for (int64_t received = 0;; ++received) {
+    if (cfg.worker.fault == worker_fault::kHang && received == cfg.worker.fail_at_step &&
+        t.tp_rank() == cfg.worker.fail_rank) {
+      // Test-only (worker.fault: hang): this rank stops reading control messages for good.
+      say(t, "injected hang before control message " + std::to_string(received));
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const std::vector<uint8_t> bytes = next_message(t, tp_comm);
     wire::step_result res;
     try {
