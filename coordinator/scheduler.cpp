@@ -623,7 +623,14 @@ bool scheduler::row_failed(int g, uint64_t id, const wire::step_result& res, siz
   if (!res.rows.at(row).tokens.empty()) return false;
   // The worker refused this row alone (e.g. sampling settings it cannot use): only its request
   // fails; the others of the step go on.
-  const std::string why = res.error.empty() ? "the worker returned no token for this request" : res.error;
+  // res.error lists the refused rows as "request ID: reason; request ID: reason": keep this one's.
+  std::string why = res.error.empty() ? "the worker returned no token for this request" : res.error;
+  const std::string tag = "request " + std::to_string(id) + ": ";
+  if (const size_t at = res.error.find(tag); at != std::string::npos) {
+    const size_t from = at + tag.size();
+    const size_t end = res.error.find("; request ", from);
+    why = res.error.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  }
   std::fprintf(stderr, "[coordinator] step %llu on group %d: request %llu failed: %s\n",
                static_cast<unsigned long long>(res.step_id), g, static_cast<unsigned long long>(id), why.c_str());
   finish(id, finish_reason::kAbort, "worker error: " + why);
