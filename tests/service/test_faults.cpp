@@ -6,7 +6,8 @@
 //  - a rank killed outright during streams: /health stops answering 200, open streams end with
 //    an error event (not cut), and the log names the rank and host;
 //  - SIGINT to launch/serve.sh's process group during three long streams: all three finish
-//    with [DONE], /health answers 503 from the signal on, and every rank exits 0.
+//    with [DONE], /health answers 503 from the signal on, and every rank exits 0;
+//  - server.strict_fields turns unknown OpenAI fields into a 400.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -240,6 +241,27 @@ server: {host: 127.0.0.1, port: @PORT@, drain_timeout_s: 120}
   std::printf("SIGINT with >= %d of %d tokens streamed: /health 503 after %.2f s, all streams [DONE], job ended "
               "%.2f s after the signal\n",
               at_signal_min, kTokens, to_503, seconds_since(signalled));
+}
+
+// server.strict_fields: an unknown field on an OpenAI route is a 400 naming it.
+TEST(ServiceStrictFields, UnknownOpenAIFieldIs400) {
+  service_process svc("strict", R"(model: {path: @MODEL@}
+parallel: {tp: 1, dp: 1}
+cache: {page_size: 16, max_requests: 4, max_context: 512}
+server: {host: 127.0.0.1, port: @PORT@, strict_fields: true}
+)",
+                      1);
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  const http_reply typo = http_post(svc.port(), "/v1/completions", R"({"prompt": [5, 6], "max_new_token": 3})");
+  EXPECT_EQ(typo.status, 400u) << typo.describe();
+  const auto err = error_object(typo);
+  ASSERT_TRUE(err.has_value()) << typo.body;
+  EXPECT_EQ(err->at("param").as_string(), "max_new_token");
+  EXPECT_NE(std::string(err->at("message").as_string()).find("server.strict_fields"), std::string::npos) << typo.body;
+  const http_reply ok =
+      http_post(svc.port(), "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "user": "me", "model": "x"})");
+  EXPECT_EQ(ok.status, 200u) << ok.describe();
+  EXPECT_EQ(ok.json().at("usage").at("completion_tokens").to_number<int64_t>(), 3);
 }
 
 }  // namespace
