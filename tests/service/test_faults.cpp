@@ -149,6 +149,45 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: )" +
   }
 }
 
+// The case a blocking send could not survive: the first plan is a 1500-token prefill (over MPI's
+// eager size, so a blocking send waits for the receiver) to a leader that never reads it.
+TEST(ServiceHang, LargePlanToALeaderThatStoppedReadingDoesNotBlockTheCoordinator) {
+  constexpr double kStepTimeout = 2.0, kGrace = 1.5, kBound = kStepTimeout + kGrace;
+  service_process svc("hangbig", R"(model: {path: @MODEL@}
+parallel: {tp: 2, dp: 1}
+cache: {page_size: 16, max_requests: 4, max_context: 2048}
+scheduler: {chunked_prefill: 2048, max_batch_tokens: 2048}
+server: {host: 127.0.0.1, port: @PORT@}
+worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: 0, fail_rank: 0}
+)",
+                      2);
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  http_reply reply;
+  const auto sent = steady::now();
+  std::thread client([&] {
+    reply = http_post(svc.port(), "/generate", generate_body(long_prompt(1500), greedy(8, true)), 60s);
+  });
+  double detected = -1.0;
+  while (seconds_since(sent) < kBound + 5.0) {
+    if (http_call(svc.port(), "GET", "/health", {}, 2s).status == 503u) {
+      detected = seconds_since(sent);
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  client.join();
+  const std::optional<int> status = svc.wait_exit(std::chrono::milliseconds(static_cast<int64_t>(2 * kBound * 1000)));
+  std::printf("1500-token plan to a leader that stopped reading: /health 503 after %.2f s, job ended %.2f s after the "
+              "request\n",
+              detected, seconds_since(sent));
+  EXPECT_GT(detected, 0.0) << "/health never answered 503\n" << svc.report();
+  EXPECT_LE(detected, kBound);
+  EXPECT_EQ(reply.status, 500u) << reply.describe();
+  EXPECT_NE(reply.body.find("did not answer step"), std::string::npos) << reply.body;
+  ASSERT_TRUE(status.has_value()) << "mpirun still running\n" << svc.report();
+  EXPECT_TRUE(svc.wait_ranks_gone(100ms)) << "rank processes left behind";
+}
+
 TEST(ServiceWorkerLoss, KilledRankEndsOpenStreamsWithAnErrorEvent) {
   service_process svc("killstreams", R"(model: {path: @MODEL@}
 parallel: {tp: 2, dp: 1}
