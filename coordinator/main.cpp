@@ -290,6 +290,11 @@ int run(int argc, char** argv) {
                    static_cast<unsigned>(server.port()), t.dp, t.tp, static_cast<long long>(mc.vocab_size));
 
   const int rc = sched.run(g_stop);
+  {
+    // The loop is over: no stall or lost-rank checks from here on (the exit deadline remains).
+    std::lock_guard<std::mutex> lock(watch->mu);
+    watch->sched = nullptr;
+  }
   if (rc != 0) {
     // A group is hung or gone: collectives cannot complete, so the whole job is ended. For
     // worker.fault_grace_s the server stays up answering 503 (/health included), so load
