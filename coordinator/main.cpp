@@ -85,6 +85,9 @@ void start_watchdog(std::shared_ptr<watchdog_state> w) {
             HYSERVE_LOG_ERROR("fatal: the scheduler loop has not advanced for %.1f s (over worker.step_timeout_s); "
                               "/health answers 503 for %.1f s, then the job ends",
                               idle_s, w->grace_s);
+            char why[160];
+            std::snprintf(why, sizeof(why), "fatal worker fault: the scheduler loop stalled for %.1f s", idle_s);
+            w->sched->fail_open_requests(why);
             set_deadline(*w, w->grace_s);
           }
         }

@@ -77,6 +77,10 @@ submit_result scheduler::submit(generate_request req) {
   }
   req.id = next_id_++;
   res.id = req.id;
+  if (req.sink) {
+    std::lock_guard<std::mutex> sinks_lock(sinks_mu_);
+    sinks_[req.id] = req.sink;
+  }
   ++queued_;
   inbox_.push_back(std::move(req));
   return res;
@@ -152,6 +156,10 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
     --queued_;
   }
   release(r);
+  {
+    std::lock_guard<std::mutex> sinks_lock(sinks_mu_);
+    sinks_.erase(id);
+  }
   request_event ev;
   ev.finished = true;
   ev.reason = reason;
@@ -803,6 +811,23 @@ void scheduler::report_lost_rank(int world_rank, const std::string& host) {
           std::to_string((world_rank - 1) % tp) + ") on host " + host + " exited";
   healthy_ = false;
   lost_flag_ = true;
+}
+
+void scheduler::fail_open_requests(const std::string& why) {
+  std::unordered_map<uint64_t, event_sink> open;
+  {
+    std::lock_guard<std::mutex> lock(sinks_mu_);
+    open.swap(sinks_);
+  }
+  // A sink only posts to its session (thread-safe); events the loop might still send for these
+  // requests later reach no one (their handlers end with this one).
+  for (auto& [id, sink] : open) {
+    request_event ev;
+    ev.finished = true;
+    ev.reason = finish_reason::kAbort;
+    ev.error = why;
+    sink(std::move(ev));
+  }
 }
 
 void scheduler::fatal(const std::string& why) {

@@ -56,6 +56,9 @@ class scheduler final : public frontend {
   void report_lost_rank(int world_rank, const std::string& host);
   // From any thread: a fatal fault found outside the loop (a watchdog): /health answers 503.
   void mark_unhealthy() { healthy_ = false; }
+  // From any thread, when the loop itself is stuck (a watchdog): every open request gets a final
+  // error event now (streams end with an error event rather than being cut when the job ends).
+  void fail_open_requests(const std::string& why);
   // Steady-clock nanoseconds of the loop's last iteration (a watchdog checks that it advances).
   int64_t last_tick_ns() const { return last_tick_ns_.load(); }
 
@@ -220,6 +223,9 @@ class scheduler final : public frontend {
   std::mutex lost_mu_;  // guards lost_ (written by a watchdog thread)
   std::string lost_;    // non-empty: a worker rank is gone (what to report)
   std::atomic<bool> lost_flag_{false};
+  // The sink of every request submitted and not finished, for fail_open_requests.
+  std::mutex sinks_mu_;
+  std::unordered_map<uint64_t, event_sink> sinks_;
 
   std::mutex inbox_mu_;  // guards the three inbox fields below (touched by HTTP threads)
   std::deque<generate_request> inbox_;

@@ -150,7 +150,9 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: )" +
 }
 
 // The case a blocking send could not survive: the first plan is a 1500-token prefill (over MPI's
-// eager size, so a blocking send waits for the receiver) to a leader that never reads it.
+// eager size, so a blocking send waits for the receiver) to a leader that never reads it. With
+// the non-blocking send the step timeout fails the request ("did not answer step"); were the
+// loop stuck in a send, only the watchdog's stall check would answer ("scheduler loop stalled").
 TEST(ServiceHang, LargePlanToALeaderThatStoppedReadingDoesNotBlockTheCoordinator) {
   constexpr double kStepTimeout = 2.0, kGrace = 1.5, kBound = kStepTimeout + kGrace;
   service_process svc("hangbig", R"(model: {path: @MODEL@}
