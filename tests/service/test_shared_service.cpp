@@ -570,8 +570,13 @@ TEST_F(Tp2Service, FuzzedBodiesAndHeadersLeaveTheServerHealthy) {
       for (size_t i = 0, len = pick(40); i < len; ++i) value += static_cast<char>(0x20 + rng() % 95);
       head += name + ": " + value + "\r\n";
     }
-    // Now and then a body shorter than announced is not sent (that waits for the read timeout);
-    // a Content-Length shorter than the body is.
+    // Malformed header lines now and then (bad names, bad or conflicting lengths).
+    const std::vector<std::string> bad_lines = {"X\x01Bad: 1\r\n", "Bad Name: 1\r\n", "NoColon\r\n",
+                                                "Content-Length: abc\r\n", "Content-Length: 1\r\n",
+                                                "X-Long: " + std::string(2000, 'a') + "\r\n", ": empty\r\n"};
+    if (pick(12) == 0) head += bad_lines[pick(bad_lines.size())];
+    // Never a body shorter than announced (that waits for the read timeout); a Content-Length
+    // shorter than the body now and then.
     const size_t length = pick(10) == 0 ? pick(body.size() + 1) : body.size();
     head += "Content-Length: " + std::to_string(length) + "\r\nConnection: close\r\n\r\n";
     http_connection c(port());
