@@ -40,10 +40,12 @@ int64_t now_ns() {
 }
 
 // The watchdog: a thread of its own, so that no call on the scheduler's thread can stall it.
-// Every 100 ms it checks that the local worker ranks still run (a lost one is reported to the
+// Every 20 ms (mpirun ends the job about a second after a rank dies: the clients must hear of it
+// first) it checks that the local worker ranks still run (a lost one is reported to the
 // scheduler, which fails every request with its name and host), that the scheduler loop still
-// advances (stalled past worker.step_timeout_s: /health 503, then the job ends after
-// worker.fault_grace_s), and that the process ends by its exit deadline once one is set.
+// advances (stalled past worker.step_timeout_s: every open request fails, /health 503, then the
+// job ends after worker.fault_grace_s), and that the process ends by its exit deadline once one
+// is set.
 // Detached: it lives until the process exits, so it also bounds MPI_Finalize.
 struct watchdog_state {
   std::mutex mu;
@@ -65,7 +67,7 @@ void start_watchdog(std::shared_ptr<watchdog_state> w) {
   std::thread([w] {
     bool stalled = false;
     while (true) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
       {
         std::lock_guard<std::mutex> lock(w->mu);
         if (w->sched != nullptr) {

@@ -209,7 +209,7 @@ worker: {step_timeout_s: 30, fault_grace_s: 5}
       << svc.report();
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
   const auto killed = steady::now();
-  // /health never says 200 once the loss is known (100 ms polling), until the server is gone.
+  // /health never says 200 once the loss is known (20 ms polling), until the server is gone.
   std::this_thread::sleep_for(300ms);
   const http_reply h = http_call(svc.port(), "GET", "/health", {}, 2s);
   EXPECT_NE(h.status, 200u) << "/health 200 " << seconds_since(killed) << " s after a worker was killed";
