@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "coordinator/http/server.h"
 #include "coordinator/log.h"
 #include "coordinator/metrics/service_metrics.h"
+#include "coordinator/rank_monitor.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/transport.h"
 #include "hyserve/common/config.h"
@@ -28,7 +30,79 @@ using namespace hyserve::coordinator;
 
 std::atomic<bool> g_stop{false};
 
+// SIGINT, SIGTERM and SIGUSR1 (what launch/serve.sh sends through mpirun, which forwards it to
+// every rank; the workers ignore it): drain, then stop every rank.
 extern "C" void on_signal(int) { g_stop.store(true); }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The watchdog: a thread of its own, so that no call on the scheduler's thread can stall it.
+// Every 20 ms (mpirun ends the job about a second after a rank dies: the clients must hear of it
+// first) it checks that the local worker ranks still run (a lost one is reported to the
+// scheduler, which fails every request with its name and host), that the scheduler loop still
+// advances (stalled past worker.step_timeout_s: every open request fails, /health 503, then the
+// job ends after worker.fault_grace_s), and that the process ends by its exit deadline once one
+// is set.
+// Detached: it lives until the process exits, so it also bounds MPI_Finalize.
+struct watchdog_state {
+  std::mutex mu;
+  scheduler* sched = nullptr;  // null once the scheduler is gone (guarded by mu)
+  std::optional<rank_monitor> monitor;
+  std::atomic<int64_t> deadline_ns{0};  // 0: none
+  double stall_s = 60.0, grace_s = 2.0;
+  bool lost_reported = false;
+};
+
+void set_deadline(watchdog_state& w, double seconds_from_now) {
+  const int64_t d = now_ns() + static_cast<int64_t>(seconds_from_now * 1e9);
+  int64_t cur = w.deadline_ns.load();
+  while ((cur == 0 || d < cur) && !w.deadline_ns.compare_exchange_weak(cur, d)) {
+  }
+}
+
+void start_watchdog(std::shared_ptr<watchdog_state> w) {
+  std::thread([w] {
+    bool stalled = false;
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (w->sched != nullptr) {
+          if (w->monitor && !w->lost_reported) {
+            if (const auto lost = w->monitor->lost()) {
+              w->lost_reported = true;
+              HYSERVE_LOG_ERROR("worker rank %d (pid %d) on host %s is gone", lost->world_rank,
+                                static_cast<int>(lost->pid), host_name().c_str());
+              w->sched->report_lost_rank(lost->world_rank, host_name());
+            }
+          }
+          const int64_t tick = w->sched->last_tick_ns();
+          const double idle_s = tick == 0 ? 0.0 : static_cast<double>(now_ns() - tick) / 1e9;
+          if (!stalled && idle_s > w->stall_s) {
+            stalled = true;
+            w->sched->mark_unhealthy();
+            HYSERVE_LOG_ERROR("fatal: the scheduler loop has not advanced for %.1f s (over worker.step_timeout_s); "
+                              "/health answers 503 for %.1f s, then the job ends",
+                              idle_s, w->grace_s);
+            char why[160];
+            std::snprintf(why, sizeof(why), "fatal worker fault: the scheduler loop stalled for %.1f s", idle_s);
+            w->sched->fail_open_requests(why);
+            set_deadline(*w, w->grace_s);
+          }
+        }
+      }
+      const int64_t deadline = w->deadline_ns.load();
+      if (deadline != 0 && now_ns() > deadline) {
+        HYSERVE_LOG_ERROR("fatal: the coordinator did not end by its deadline; exiting (mpirun ends every rank)");
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    }
+  }).detach();
+}
 
 // The tokenizer (model.tokenizer) and the chat format (chat). Throws config_error naming the
 // setting at fault: a malformed tokenizer.json, ids past the model's vocabulary, a chat.eos that
@@ -75,7 +149,9 @@ int stop_workers_after_error(const topology& t, double startup_timeout_s) {
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
-  make_mpi_transport(t)->send_shutdown();
+  std::unique_ptr<transport> link = make_mpi_transport(t);
+  link->send_shutdown();
+  if (!link->wait_sent(startup_timeout_s)) MPI_Abort(MPI_COMM_WORLD, 1);
   return 1;
 }
 
@@ -87,6 +163,9 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "usage: coordinator CONFIG.yaml\n");
     return 2;
   }
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
   service_config cfg;
   model_config mc;
   try {
@@ -116,8 +195,6 @@ int run(int argc, char** argv) {
   MPI_Comm unused;
   MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &unused);  // workers form their tp groups
 
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   HYSERVE_LOG_INFO("waiting for %d data-parallel group(s) of tp=%d to load the model", t.dp, t.tp);
   std::vector<wire::hello> hellos;
   try {
@@ -130,6 +207,25 @@ int run(int argc, char** argv) {
   std::unique_ptr<transport> link = make_mpi_transport(t);
   metrics::service_metrics metrics;
   scheduler sched(cfg, mc, hellos, *link);
+  auto watch = std::make_shared<watchdog_state>();
+  watch->stall_s = cfg.worker.step_timeout_s;
+  watch->grace_s = cfg.worker.fault_grace_s;
+  watch->monitor.emplace(1, t.world_size - 1);
+  HYSERVE_LOG_INFO("watching %zu of %d worker rank(s) on this host (%s); the others by worker.step_timeout_s",
+                   watch->monitor->ranks().size(), t.world_size - 1, host_name().c_str());
+  {
+    std::lock_guard<std::mutex> lock(watch->mu);
+    watch->sched = &sched;
+  }
+  // Declared after sched: destroyed first, so the watchdog never sees a destroyed scheduler.
+  struct unwatch {
+    std::shared_ptr<watchdog_state> w;
+    ~unwatch() {
+      std::lock_guard<std::mutex> lock(w->mu);
+      w->sched = nullptr;
+    }
+  } unwatch_guard{watch};
+  start_watchdog(watch);
   scheduler_observer obs;
   obs.on_step = [&metrics](std::string_view mode, double s) { metrics.step_seconds(mode).observe(s); };
   obs.on_load = [&metrics](int64_t q, int64_t r) {
@@ -174,6 +270,7 @@ int run(int argc, char** argv) {
   opts.port = static_cast<uint16_t>(cfg.server.port);
   opts.threads = cfg.server.threads;
   opts.body_limit = static_cast<size_t>(cfg.server.max_body_bytes);
+  opts.strict_fields = cfg.server.strict_fields;
   if (!cfg.server.api_key.empty()) opts.api_key = cfg.server.api_key;
   opts.server_info["dp"] = cfg.parallel.dp;
   opts.server_info["tp"] = cfg.parallel.tp;
@@ -191,27 +288,43 @@ int run(int argc, char** argv) {
   } catch (const error& e) {
     HYSERVE_LOG_ERROR("cannot serve on %s:%d: %s", cfg.server.host.c_str(), cfg.server.port, e.what());
     link->send_shutdown();
+    if (!link->wait_sent(cfg.worker.step_timeout_s)) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
   HYSERVE_LOG_INFO("serving on http://%s:%u (dp=%d, tp=%d, vocab=%lld)", cfg.server.host.c_str(),
                    static_cast<unsigned>(server.port()), t.dp, t.tp, static_cast<long long>(mc.vocab_size));
 
   const int rc = sched.run(g_stop);
+  {
+    // The loop is over: no stall or lost-rank checks from here on (the exit deadline remains).
+    std::lock_guard<std::mutex> lock(watch->mu);
+    watch->sched = nullptr;
+  }
   if (rc != 0) {
     // A group is hung or gone: collectives cannot complete, so the whole job is ended. For
     // worker.fault_grace_s the server stays up answering 503 (/health included), so load
     // balancers and clients see the fault rather than a refused connection; then it closes.
+    // The watchdog ends the process if any of this blocks.
+    set_deadline(*watch, cfg.worker.fault_grace_s + 5.0);
     HYSERVE_LOG_ERROR("fatal worker fault; /health answers 503 for %.1f s, then the job ends",
                       cfg.worker.fault_grace_s);
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.worker.fault_grace_s));
-    server.stop(std::chrono::milliseconds(2000));
+    server.stop(std::chrono::milliseconds(1000));
     HYSERVE_LOG_ERROR("fatal worker fault; ending the job");
     MPI_Abort(MPI_COMM_WORLD, 3);
     return rc;
   }
   HYSERVE_LOG_INFO("shutting down");
+  // Bounded: in-flight answers are written (drain_timeout_s), then the workers are told to stop.
+  set_deadline(*watch, cfg.server.drain_timeout_s + cfg.worker.step_timeout_s + 30.0);
   server.stop(std::chrono::milliseconds(static_cast<int64_t>(cfg.server.drain_timeout_s * 1000)));
   link->send_shutdown();
+  if (!link->wait_sent(cfg.worker.step_timeout_s)) {
+    HYSERVE_LOG_ERROR("a worker group did not take the shutdown message within %.1f s; ending the job",
+                      cfg.worker.step_timeout_s);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
+  }
   return 0;
 }
 

@@ -79,8 +79,10 @@ class frontend {
   // Cancels a request (client went away): its slots are freed; its sink gets a final kAbort.
   virtual void cancel(uint64_t id) = 0;
   virtual model_info info() const = 0;
-  // false while loading or after a fatal worker error.
+  // false while loading, while draining for shutdown, or after a fatal worker error.
   virtual bool healthy() const = 0;
+  // true from the first shutdown signal on (in-flight requests finish, new ones are refused).
+  virtual bool draining() const { return false; }
 };
 
 }  // namespace hyserve::coordinator

@@ -77,6 +77,10 @@ submit_result scheduler::submit(generate_request req) {
   }
   req.id = next_id_++;
   res.id = req.id;
+  if (req.sink) {
+    std::lock_guard<std::mutex> sinks_lock(sinks_mu_);
+    sinks_[req.id] = req.sink;
+  }
   ++queued_;
   inbox_.push_back(std::move(req));
   return res;
@@ -152,6 +156,10 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
     --queued_;
   }
   release(r);
+  {
+    std::lock_guard<std::mutex> sinks_lock(sinks_mu_);
+    sinks_.erase(id);
+  }
   request_event ev;
   ev.finished = true;
   ev.reason = reason;
@@ -635,6 +643,24 @@ bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens) {
   return done.has_value();
 }
 
+bool scheduler::row_failed(int g, uint64_t id, const wire::step_result& res, size_t row) {
+  if (!res.rows.at(row).tokens.empty()) return false;
+  // The worker refused this row alone (e.g. sampling settings it cannot use): only its request
+  // fails; the others of the step go on.
+  // res.error lists the refused rows as "request ID: reason; request ID: reason": keep this one's.
+  std::string why = res.error.empty() ? "the worker returned no token for this request" : res.error;
+  const std::string tag = "request " + std::to_string(id) + ": ";
+  if (const size_t at = res.error.find(tag); at != std::string::npos) {
+    const size_t from = at + tag.size();
+    const size_t end = res.error.find("; request ", from);
+    why = res.error.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  }
+  std::fprintf(stderr, "[coordinator] step %llu on group %d: request %llu failed: %s\n",
+               static_cast<unsigned long long>(res.step_id), g, static_cast<unsigned long long>(id), why.c_str());
+  finish(id, finish_reason::kAbort, "worker error: " + why);
+  return true;
+}
+
 void scheduler::handle_verify(int g, const wire::step_result& res) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   gs.round_active = false;
@@ -642,6 +668,7 @@ void scheduler::handle_verify(int g, const wire::step_result& res) {
   for (size_t i = 0; i < gs.round_ids.size(); ++i) {
     auto it = requests_.find(gs.round_ids[i]);
     if (it == requests_.end()) continue;
+    if (row_failed(g, gs.round_ids[i], res, i)) continue;
     request_state& r = it->second;
     const std::vector<int32_t>& target = res.rows[i].tokens;
     spec::draft_tree counted = r.drafts;  // only the drafts that count this round
@@ -747,6 +774,7 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
         auto it = requests_.find(ids[i]);
         // Step k's proposal is not verified (the step only advances the draft's state).
         if (it == requests_.end() || static_cast<int32_t>(it->second.drafts.tokens.size()) >= gs.round_k) continue;
+        if (row_failed(g, ids[i], *res, i)) continue;
         const std::vector<int32_t>& toks = res->rows[i].tokens;
         it->second.drafts.tokens.push_back(toks.at(0));
         it->second.drafts.parent.push_back(static_cast<int32_t>(it->second.drafts.parent.size()));
@@ -763,6 +791,7 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
         request_state& r = it->second;
         r.consumed += st.tokens[i];
         if (r.consumed < r.total_len()) continue;
+        if (row_failed(g, ids[i], *res, i)) continue;
         emit(r, {res->rows[i].tokens.at(0)});
       }
       return;
@@ -783,9 +812,45 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
     request_state& r = it->second;
     r.consumed += st.tokens[i];
     if (!st.emits[i]) continue;  // a prefill chunk that does not end the prompt
+    if (row_failed(g, ids[i], *res, i)) continue;
     emit(r, {res->rows[i].tokens.at(0)});
   }
   if (wasted > 0 && observer_.on_wasted_rows) observer_.on_wasted_rows(wasted);
+}
+
+void scheduler::report_lost_rank(int world_rank, const std::string& host) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  if (!lost_.empty()) return;
+  const int tp = std::max(1, cfg_.parallel.tp);
+  const int g = (world_rank - 1) / tp;
+  lost_ = "worker rank " + std::to_string(world_rank) + " (data-parallel group " + std::to_string(g) + ", tp rank " +
+          std::to_string((world_rank - 1) % tp) + ") on host " + host + " exited";
+  healthy_ = false;
+  lost_flag_ = true;
+}
+
+void scheduler::fail_open_requests(const std::string& why) {
+  std::unordered_map<uint64_t, event_sink> open;
+  {
+    std::lock_guard<std::mutex> lock(sinks_mu_);
+    open.swap(sinks_);
+  }
+  // A sink only posts to its session (thread-safe); events the loop might still send for these
+  // requests later reach no one (their handlers end with this one).
+  for (auto& [id, sink] : open) {
+    request_event ev;
+    ev.finished = true;
+    ev.reason = finish_reason::kAbort;
+    ev.error = why;
+    sink(std::move(ev));
+  }
+}
+
+void scheduler::fatal(const std::string& why) {
+  healthy_ = false;
+  std::fprintf(stderr, "[coordinator] fatal: %s; failing %zu request(s)\n", why.c_str(), requests_.size());
+  std::fflush(stderr);
+  fail_all("fatal worker fault: " + why);
 }
 
 void scheduler::fail_all(const std::string& why) {
@@ -833,6 +898,16 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
   std::optional<clock::time_point> drain_deadline;
   const auto step_timeout = std::chrono::duration<double>(cfg_.worker.step_timeout_s);
   while (true) {
+    last_tick_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
+    if (lost_flag_.load()) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(lost_mu_);
+        why = lost_;
+      }
+      fatal(why);
+      return 1;
+    }
     if (stop_requested.load() && !drain_deadline) {
       draining_ = true;
       drain_deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
@@ -881,9 +956,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
                                 std::to_string(first) + " on host " + hellos_[g].host + ") did not answer step " +
                                 std::to_string(gs.flights.front().step_id) +
                                 " within " + std::to_string(cfg_.worker.step_timeout_s) + " s";
-        std::fprintf(stderr, "[coordinator] fatal: %s\n", why.c_str());
-        healthy_ = false;
-        fail_all("fatal worker fault: " + why);
+        fatal(why);
         return 1;
       }
     }

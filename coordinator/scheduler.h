@@ -47,7 +47,20 @@ class scheduler final : public frontend {
   submit_result submit(generate_request req) override;
   void cancel(uint64_t id) override;
   model_info info() const override { return info_; }
-  bool healthy() const override { return healthy_.load(); }
+  // false once draining (SIGINT / SIGTERM / SIGUSR1) or after a fatal worker fault.
+  bool healthy() const override { return healthy_.load() && !draining_.load(); }
+  bool draining() const override { return draining_.load(); }
+
+  // From any thread: a worker rank is known to be gone (its process exited). The loop fails
+  // every request with an error naming the rank and host, and run() returns 1.
+  void report_lost_rank(int world_rank, const std::string& host);
+  // From any thread: a fatal fault found outside the loop (a watchdog): /health answers 503.
+  void mark_unhealthy() { healthy_ = false; }
+  // From any thread, when the loop itself is stuck (a watchdog): every open request gets a final
+  // error event now (streams end with an error event rather than being cut when the job ends).
+  void fail_open_requests(const std::string& why);
+  // Steady-clock nanoseconds of the loop's last iteration (a watchdog checks that it advances).
+  int64_t last_tick_ns() const { return last_tick_ns_.load(); }
 
   void set_observer(scheduler_observer obs) { observer_ = std::move(obs); }
 
@@ -180,6 +193,9 @@ class scheduler final : public frontend {
   // context limit (later tokens are dropped). Returns true when it finished.
   bool emit(request_state& r, const std::vector<int32_t>& tokens);
   void handle_verify(int g, const wire::step_result& res);
+  // A row the worker returned without tokens (it refused that row only): fails its request
+  // with the worker's message and returns true.
+  bool row_failed(int g, uint64_t id, const wire::step_result& res, size_t row);
   bool spec_enabled() const { return cfg_.speculative.algorithm != speculative_algorithm::kNone; }
   void handle_result(int g, const std::vector<uint8_t>& bytes);
   void process_result(int g, const group_state::flight& st, const std::optional<wire::step_result>& res,
@@ -190,6 +206,8 @@ class scheduler final : public frontend {
   // Whether group g may send a step now (none in flight, or an overlapped plain step).
   bool may_send(int g) const;
   void fail_all(const std::string& why);
+  // A fatal fault: /health 503, the reason logged, every request failed with it.
+  void fatal(const std::string& why);
   void report_load();
   int32_t pages_for(const request_state& r) const;
 
@@ -201,6 +219,13 @@ class scheduler final : public frontend {
   scheduler_observer observer_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> last_tick_ns_{0};
+  std::mutex lost_mu_;  // guards lost_ (written by a watchdog thread)
+  std::string lost_;    // non-empty: a worker rank is gone (what to report)
+  std::atomic<bool> lost_flag_{false};
+  // The sink of every request submitted and not finished, for fail_open_requests.
+  std::mutex sinks_mu_;
+  std::unordered_map<uint64_t, event_sink> sinks_;
 
   std::mutex inbox_mu_;  // guards the three inbox fields below (touched by HTTP threads)
   std::deque<generate_request> inbox_;

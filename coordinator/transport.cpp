@@ -3,7 +3,8 @@
 #include <mpi.h>
 
 #include <chrono>
-#include <deque>
+#include <iterator>
+#include <list>
 #include <string>
 #include <thread>
 
@@ -15,21 +16,22 @@ namespace {
 class mpi_transport final : public transport {
  public:
   explicit mpi_transport(const topology& t) : topo_(t) {}
+  ~mpi_transport() override {
+    // Sends a receiver never took (a hung rank at a fatal fault) are left to MPI_Abort; cancel
+    // them so that no request outlives its buffer.
+    for (pending& p : pending_) {
+      MPI_Cancel(&p.request);
+      MPI_Request_free(&p.request);
+    }
+  }
   int num_groups() const override { return topo_.dp; }
 
-  // Non-blocking: a plan larger than MPI's eager limit would otherwise hold the scheduler thread
-  // until the worker posts its receive (while it prepares or waits for its step). The bytes
-  // stay alive until the send completes; sends to one rank keep their order.
   void send_plan(int group, const std::vector<uint8_t>& bytes) override {
-    pending& p = sends_.emplace_back();
-    p.bytes = bytes;
-    MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, topo_.leader_of(group),
-              static_cast<int>(mpi_tag::kPlan), MPI_COMM_WORLD, &p.request);
-    reap();
+    isend(topo_.leader_of(group), static_cast<int>(mpi_tag::kPlan), bytes);
   }
 
   std::optional<std::pair<int, std::vector<uint8_t>>> poll_result() override {
-    reap();
+    progress();
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, static_cast<int>(mpi_tag::kResult), MPI_COMM_WORLD, &flag, &st);
@@ -37,41 +39,53 @@ class mpi_transport final : public transport {
     int count = 0;
     MPI_Get_count(&st, MPI_BYTE, &count);
     std::vector<uint8_t> bytes(static_cast<size_t>(count));
+    // The message is here (probed): this receive completes at once.
     MPI_Recv(bytes.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     return std::make_pair((st.MPI_SOURCE - 1) / topo_.tp, std::move(bytes));
   }
 
   void send_shutdown() override {
-    // The plans still on their way first (a worker that is gone would keep them forever: the
-    // wait is bounded, then they are dropped).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!sends_.empty() && std::chrono::steady_clock::now() < until) {
-      reap();
+    const std::vector<uint8_t> bytes = wire::encode_shutdown();
+    for (int g = 0; g < topo_.dp; ++g) isend(topo_.leader_of(g), static_cast<int>(mpi_tag::kShutdown), bytes);
+  }
+
+  bool wait_sent(double timeout_s) override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (true) {
+      progress();
+      if (pending_.empty()) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    const std::vector<uint8_t> bytes = wire::encode_shutdown();
-    for (int g = 0; g < topo_.dp; ++g)
-      MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, topo_.leader_of(g),
-               static_cast<int>(mpi_tag::kShutdown), MPI_COMM_WORLD);
   }
 
  private:
   struct pending {
-    std::vector<uint8_t> bytes;
     MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<uint8_t> bytes;  // kept alive until the send completes
   };
-  // Frees the sends that have completed, oldest first (a deque keeps the others' buffers put).
-  void reap() {
-    while (!sends_.empty()) {
+
+  void isend(int rank, int tag, const std::vector<uint8_t>& bytes) {
+    pending p;
+    p.bytes = bytes;
+    // The buffer of a std::vector does not move when the vector does (list nodes stay put too).
+    pending_.push_back(std::move(p));
+    pending& q = pending_.back();
+    MPI_Isend(q.bytes.data(), static_cast<int>(q.bytes.size()), MPI_BYTE, rank, tag, MPI_COMM_WORLD, &q.request);
+    progress();
+  }
+
+  // Completes the sends whose receiver has taken them (never waits).
+  void progress() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
       int done = 0;
-      MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE);
-      if (!done) return;
-      sends_.pop_front();
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? pending_.erase(it) : std::next(it);
     }
   }
 
   topology topo_;
-  std::deque<pending> sends_;
+  std::list<pending> pending_;
 };
 
 }  // namespace

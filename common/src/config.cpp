@@ -536,7 +536,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
              "is required when speculative.algorithm is draft_model (path or synthetic)");
 
     const YAML::Node srv = root["server"];
-    r.check_keys(srv, "server", {"host", "port", "api_key", "max_body_bytes", "threads", "drain_timeout_s"});
+    r.check_keys(srv, "server",
+                 {"host", "port", "api_key", "max_body_bytes", "threads", "drain_timeout_s", "strict_fields"});
     if_present(srv, "host", [&](const YAML::Node& n) {
       cfg.server.host = r.get_string(n, "server.host");
       if (cfg.server.host.empty()) r.fail(n, "server.host", "must not be empty");
@@ -556,6 +557,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     if_present(srv, "drain_timeout_s", [&](const YAML::Node& n) {
       cfg.server.drain_timeout_s = r.get_seconds(n, "server.drain_timeout_s", /*allow_zero=*/true);
     });
+    if_present(srv, "strict_fields",
+               [&](const YAML::Node& n) { cfg.server.strict_fields = r.get_bool(n, "server.strict_fields"); });
 
     if (root["chat"]) {
       chat_section chat;
@@ -564,7 +567,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     }
 
     const YAML::Node wk = root["worker"];
-    r.check_keys(wk, "worker", {"step_timeout_s", "startup_timeout_s", "fault_grace_s", "fail_at_step", "fail_rank"});
+    r.check_keys(wk, "worker",
+                 {"step_timeout_s", "startup_timeout_s", "fault_grace_s", "fail_at_step", "fail_rank", "fault"});
     if_present(wk, "step_timeout_s", [&](const YAML::Node& n) {
       cfg.worker.step_timeout_s = r.get_seconds(n, "worker.step_timeout_s", /*allow_zero=*/false);
     });
@@ -582,6 +586,10 @@ service_config parse_config(const std::string& text, const std::string& file) {
         r.fail(n, "worker.fail_rank",
                "must be < parallel.tp = " + std::to_string(cfg.parallel.tp) + ", got " +
                    std::to_string(cfg.worker.fail_rank));
+    });
+    if_present(wk, "fault", [&](const YAML::Node& n) {
+      cfg.worker.fault = r.get_enum(n, "worker.fault", "fault", {"throw", "hang"}) == 0 ? worker_fault::kThrow
+                                                                                        : worker_fault::kHang;
     });
   } catch (const YAML::Exception& e) {
     throw config_error(where + ": YAML error: " + e.what());
@@ -605,17 +613,17 @@ void resolve_tokenizer_path(service_config& cfg, const std::string& config_path)
     if (given.is_absolute()) {
       candidates.push_back(given);
     } else {
-      candidates.push_back(fs::absolute(given, ec));
       candidates.push_back(fs::absolute(fs::path(config_path), ec).parent_path() / given);
+      candidates.push_back(fs::absolute(given, ec));
     }
     const auto found =
         std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& p) { return fs::exists(p, ec); });
     if (found == candidates.end())
       throw config_error(config_path + ": model.tokenizer: '" + cfg.model.tokenizer + "' not found" +
                          (given.is_absolute() ? std::string()
-                                              : " (looked in the current directory and in " +
+                                              : " (looked in " +
                                                     fs::absolute(fs::path(config_path), ec).parent_path().string() +
-                                                    ")"));
+                                                    " and in the current directory)"));
     fs::path file = *found;
     if (fs::is_directory(file, ec)) {
       file /= "tokenizer.json";
@@ -642,25 +650,32 @@ service_config load_config_file(const std::string& path) {
   service_config cfg = parse_config(*text, path);
 
   if (!cfg.model.path.empty()) {
-    // Relative model paths: the current directory first, then the config file's directory, so
-    // a config works both from the repository root and next to its model.
+    // Relative model paths: the config file's directory first (a config works from any
+    // directory), then the current directory (older configs written against the repository root).
     const fs::path given(cfg.model.path);
     std::error_code ec;
     std::vector<fs::path> candidates;
     if (given.is_absolute()) {
       candidates.push_back(given);
     } else {
-      candidates.push_back(fs::absolute(given, ec));
       candidates.push_back(fs::absolute(fs::path(path), ec).parent_path() / given);
+      candidates.push_back(fs::absolute(given, ec));
     }
     const auto found =
         std::find_if(candidates.begin(), candidates.end(), [&](const fs::path& p) { return fs::is_directory(p, ec); });
     if (found == candidates.end())
       throw config_error(path + ": model.path: directory '" + cfg.model.path + "' not found" +
                          (given.is_absolute() ? std::string()
-                                              : " (looked in the current directory and in " +
-                                                    fs::absolute(fs::path(path), ec).parent_path().string() + ")"));
+                                              : " (looked in " +
+                                                    fs::absolute(fs::path(path), ec).parent_path().string() +
+                                                    " and in the current directory)"));
     cfg.model.path = found->lexically_normal().string();
+  }
+  if (const fs::path given(cfg.speculative.draft_model.path); !given.empty() && !given.is_absolute()) {
+    // As model.path: beside the config file first, then the current directory (left as given).
+    std::error_code ec;
+    const fs::path beside = fs::absolute(fs::path(path), ec).parent_path() / given;
+    if (fs::is_directory(beside, ec)) cfg.speculative.draft_model.path = beside.lexically_normal().string();
   }
   resolve_tokenizer_path(cfg, path);
   return cfg;

@@ -7,6 +7,7 @@
 
 #include "coordinator/api/json_fields.h"
 #include "coordinator/api/validation.h"
+#include "hyserve/common/error.h"
 #include "hyserve/common/json.h"
 
 namespace hyserve::coordinator::api {
@@ -62,6 +63,11 @@ std::optional<api_error> read_messages(const boost::json::object& obj, std::vect
       return invalid_param(at + ".role", at + ".role must be a non-empty string");
     }
     msg.role = role->get_string();
+    for (const char* calls : {"tool_calls", "function_call"}) {
+      if (const auto* v = field(m, calls); v && !(v->is_array() && v->get_array().empty())) {
+        return invalid_param(at + "." + calls, at + "." + calls + ": tool calls in messages are not supported by this server");
+      }
+    }
     if (auto e = read_content(field(m, "content"), at + ".content", msg.content)) return e;
     out.push_back(std::move(msg));
   }
@@ -118,13 +124,24 @@ parse_result<completion_call> parse_chat(std::string_view body, const model_info
   if (!text.chat) {
     return invalid_param("messages", "this model has no chat template: set `chat` in the server configuration");
   }
+  call.ignored_fields = unknown_fields(
+      obj, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+            "stop", "stream", "n", "stop_token_ids", "ignore_eos", "sparse", "user", "stream_options", "logprobs",
+            "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+            "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "echo",
+            "best_of", "suffix"});
+  if (auto e = refuse_unimplemented(obj)) return std::move(*e);
+  if (const auto* v = field(obj, "echo"); v && !(v->is_bool() && !v->get_bool()))
+    return invalid_param("echo", "echo: echoing the prompt is supported on /v1/completions only");
   std::vector<chat_message> messages;
   if (auto e = read_messages(obj, messages)) return std::move(*e);
-  tokenizer::encode_options enc;
-  enc.add_special_tokens = false;  // the format's bos stands for the model's BOS
-  if (auto e = encode_text(*text.tokenizer, render_chat(*text.chat, messages), "messages", enc, call.input_ids)) {
-    return std::move(*e);
+  // The format's bos stands for the model's BOS; message content never becomes a special token.
+  try {
+    call.input_ids = encode_chat(*text.tokenizer, *text.chat, messages);
+  } catch (const error& e) {
+    return invalid_param("messages", std::string("messages: ") + e.what());
   }
+  if (call.input_ids.empty()) return invalid_param("messages", "messages encode to no tokens");
 
   if (const auto* n = field(obj, "n")) {
     int64_t count = 0;

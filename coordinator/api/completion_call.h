@@ -22,6 +22,12 @@ struct completion_call {
   sampling_params sampling;        // validated; prompt + max_new_tokens <= max_context
   bool stream = false;
   std::vector<std::string> stop_strings;  // end the output before any of these (needs a tokenizer)
+  // OpenAI routes: request fields the server does not know (ignored, but never silently).
+  std::vector<std::string> ignored_fields;
+  // /v1/completions `echo`: the prompt goes before the completion in the answer.
+  bool echo = false;
+  std::string echo_text;            // the prompt as text (decoded when given as token ids)
+  std::vector<int32_t> echo_ids;    // the prompt's token ids
 };
 
 struct completion_state {
@@ -34,6 +40,9 @@ struct completion_state {
   std::string text;                 // output text so far (final: held-back bytes excluded)
   std::optional<finish_reason> finished;
   double latency_ms = 0.0;  // since arrival
+  // /v1/completions with echo: the prompt, put before the output in the final answer.
+  std::optional<std::string> echo_text;
+  std::vector<int32_t> echo_ids;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
 };

@@ -110,7 +110,23 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
 
   completion_call call;
   call.kind = api_kind::kCompletions;
+  call.ignored_fields = unknown_fields(
+      obj, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "n",
+            "stop_token_ids", "ignore_eos", "sparse", "user", "stream_options", "echo", "logprobs", "top_logprobs",
+            "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+            "min_tokens"});
+  if (auto e = refuse_unimplemented(obj)) return std::move(*e);
   if (auto e = read_prompt(obj, info, text, call.input_ids)) return std::move(*e);
+  if (const auto* v = field(obj, "echo")) {
+    if (auto e = read_bool(*v, "echo", call.echo)) return std::move(*e);
+    if (call.echo) {
+      call.echo_ids = call.input_ids;
+      const auto* prompt = field(obj, "prompt");
+      if (prompt->is_string()) call.echo_text = prompt->get_string();
+      else if (is_text_value(*prompt)) call.echo_text = prompt->get_array()[0].get_string();
+      else if (text.tokenizer) call.echo_text = text.tokenizer->decode(call.input_ids);
+    }
+  }
 
   if (const auto* n = field(obj, "n")) {
     int64_t count = 0;
@@ -135,6 +151,13 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
 }
 
 boost::json::object completion_response(const completion_state& state) {
+  if (state.echo_text) {
+    std::vector<int32_t> ids = state.echo_ids;
+    ids.insert(ids.end(), state.output_ids.begin(), state.output_ids.end());
+    boost::json::object out = completion_body(state, ids, *state.echo_text + state.text);
+    out["usage"] = usage(state);
+    return out;
+  }
   boost::json::object out = completion_body(state, state.output_ids, state.text);
   out["usage"] = usage(state);
   return out;

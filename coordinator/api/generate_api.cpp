@@ -1,6 +1,8 @@
 #include "coordinator/api/generate_api.h"
 
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include <boost/json.hpp>
 
@@ -39,6 +41,17 @@ boost::json::object meta_info(const completion_state& state) {
   return meta;
 }
 
+std::optional<api_error> refuse_unknown(const boost::json::object& obj, const std::string& prefix,
+                                        std::initializer_list<std::string_view> known) {
+  const std::vector<std::string> unknown = unknown_fields(obj, known);
+  if (unknown.empty()) return std::nullopt;
+  std::string names, known_list;
+  for (const auto& u : unknown) names += (names.empty() ? "" : ", ") + prefix + u;
+  for (const auto& k : known) known_list += (known_list.empty() ? "" : ", ") + std::string(k);
+  return invalid_param(prefix + unknown.front(), "unknown field" + std::string(unknown.size() > 1 ? "s " : " ") +
+                                                     names + " (known: " + known_list + ")");
+}
+
 }  // namespace
 
 parse_result<completion_call> parse_generate(std::string_view body, const model_info& info, const text_support& text) {
@@ -48,6 +61,9 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
 
   completion_call call;
   call.kind = api_kind::kGenerate;
+  // /generate is this server's own API: a field it does not know is a mistake (a typo such as
+  // max_new_token would otherwise fall back to a default without a word).
+  if (auto e = refuse_unknown(obj, "", {"input_ids", "text", "sampling_params", "stream"})) return std::move(*e);
   const auto* ids = field(obj, "input_ids");
   if (const auto* t = field(obj, "text")) {
     if (!text.tokenizer) return invalid_param("text", std::string(kNoTokenizer));
@@ -69,6 +85,11 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
     if (!sp->is_object()) {
       return invalid_param("sampling_params",
                            "sampling_params must be an object, got " + std::string(json_kind_name(*sp)));
+    }
+    if (auto e = refuse_unknown(sp->get_object(), "sampling_params.",
+                                {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
+                                 "ignore_eos", "sparse", "stop"})) {
+      return std::move(*e);
     }
     if (auto e = read_sampling(sp->get_object(), keys, info, call.sampling, max_given)) return std::move(*e);
     if (const auto* stop = field(sp->get_object(), "stop")) {

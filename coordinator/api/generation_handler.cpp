@@ -28,7 +28,7 @@ const char* api_name(api_kind kind) {
   return "?";
 }
 
-std::string sse(const boost::json::value& v) { return "data: " + boost::json::serialize(v) + "\n\n"; }
+std::string sse(const boost::json::value& v) { return "data: " + http::json_text(v) + "\n\n"; }
 
 double seconds_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -128,12 +128,38 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
     co_return;
   }
   completion_call call = std::get<completion_call>(std::move(parsed));
+  // Unknown fields on the OpenAI routes: a 400 with server.strict_fields, else ignored with a
+  // warning header on every answer and a log line.
+  std::vector<std::pair<std::string, std::string>> warn_headers;
+  if (!call.ignored_fields.empty()) {
+    std::string names;
+    for (const auto& f : call.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+    if (options_.strict_fields) {
+      metrics_.count_request(400);
+      co_await ex.respond(http::error_response(
+          400, http::kInvalidRequest,
+          "unknown field" + std::string(call.ignored_fields.size() > 1 ? "s " : " ") + names +
+              " (server.strict_fields is on)",
+          call.ignored_fields.front()));
+      co_return;
+    }
+    HYSERVE_LOG_WARN("%s request: ignored unknown field(s): %s", api_name(kind), names.c_str());
+    warn_headers.emplace_back(kIgnoredFieldsHeader, names);
+  }
+  auto with_warning = [&warn_headers](http::response res) {
+    for (const auto& h : warn_headers) res.headers.push_back(h);
+    return res;
+  };
 
   completion_state state;
   state.model = options_.served_model_name.empty() ? info.model_id : options_.served_model_name;
   state.created = std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count();
   state.prompt_tokens = static_cast<int32_t>(call.input_ids.size());
+  if (call.echo) {
+    state.echo_text = std::move(call.echo_text);
+    state.echo_ids = std::move(call.echo_ids);
+  }
   state.has_text = options_.text.tokenizer != nullptr;
   std::optional<text_stream> texts;
   if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings));
@@ -147,7 +173,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
   const submit_result submitted = frontend_.submit(std::move(req));
   if (std::optional<http::response> refusal = refusal_response(submitted, kind, options_.retry_after_seconds)) {
     metrics_.count_request(refusal->status);
-    co_await ex.respond(std::move(*refusal));
+    co_await ex.respond(with_warning(std::move(*refusal)));
     co_return;
   }
   state.id = submitted.id;
@@ -209,11 +235,17 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
     if (call.stream && (fresh > 0 || done)) {
       if (!streaming) {
         streaming = true;
-        if (!co_await ex.begin_stream(200, "text/event-stream")) {
+        if (!co_await ex.begin_stream(200, "text/event-stream", warn_headers)) {
           gone = true;
           break;
         }
         if (kind == api_kind::kChat && !co_await ex.write_chunk(sse(chat_role_chunk(state)))) {
+          gone = true;
+          break;
+        }
+        // echo: the prompt is the stream's first chunk.
+        if (kind == api_kind::kCompletions && state.echo_text &&
+            !co_await ex.write_chunk(sse(completion_chunk(state, state.echo_ids, *state.echo_text)))) {
           gone = true;
           break;
         }
@@ -248,7 +280,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
         co_await ex.end_stream();
       }
     } else {
-      co_await ex.respond(http::error_response(500, http::kServerError, message));
+      co_await ex.respond(with_warning(http::error_response(500, http::kServerError, message)));
     }
     co_return;
   }
@@ -259,7 +291,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
   if (streaming) {
     if (co_await ex.write_chunk(std::string(kDone))) co_await ex.end_stream();
   } else {
-    co_await ex.respond(http::json_response(200, render_final(kind, state)));
+    co_await ex.respond(with_warning(http::json_response(200, render_final(kind, state))));
   }
 }
 

@@ -26,7 +26,13 @@ struct generation_options {
   std::string served_model_name;  // "model" in OpenAI responses; empty: frontend's model_id
   int retry_after_seconds = 1;    // Retry-After when the queue is full
   text_support text;              // tokenizer and chat format; empty: token ids only
+  // OpenAI routes: unknown request fields are a 400 instead of a warning (X-Hyserve-Ignored-Fields
+  // header and a log line).
+  bool strict_fields = false;
 };
+
+// The response header that names request fields an OpenAI route ignored.
+inline constexpr const char* kIgnoredFieldsHeader = "X-Hyserve-Ignored-Fields";
 
 class generation_handler {
  public:

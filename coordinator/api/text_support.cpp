@@ -34,6 +34,41 @@ std::string render_chat(const chat_format& format, std::span<const chat_message>
   return out;
 }
 
+std::vector<int32_t> encode_chat(const tokenizer::bpe_tokenizer& tok, const chat_format& format,
+                                 std::span<const chat_message> messages) {
+  tokenizer::encode_options markup;  // the format's own text: its special tokens are recognised
+  markup.add_special_tokens = false;
+  tokenizer::encode_options user = markup;  // roles and content: plain text
+  user.match_special_tokens = false;
+  std::vector<int32_t> out;
+  std::string pending = format.bos;  // format text not encoded yet
+  auto flush = [&] {
+    if (!pending.empty()) tok.encode_into(pending, out, markup);
+    pending.clear();
+  };
+  for (const chat_message& m : messages) {
+    const std::string& t = format.message_template;
+    size_t pos = 0;
+    while (pos < t.size()) {
+      const size_t role = t.find("{role}", pos);
+      const size_t content = t.find("{content}", pos);
+      const size_t next = std::min(role, content);
+      if (next == std::string::npos) {
+        pending.append(t, pos, std::string::npos);
+        break;
+      }
+      pending.append(t, pos, next - pos);
+      flush();
+      const std::string& text = next == role ? m.role : m.content;
+      if (!text.empty()) tok.encode_into(text, out, user);
+      pos = next + (next == role ? std::string_view("{role}").size() : std::string_view("{content}").size());
+    }
+  }
+  pending += format.generation_prompt;
+  flush();
+  return out;
+}
+
 text_stream::text_stream(const tokenizer::bpe_tokenizer& tok, std::vector<std::string> stop_strings)
     : detok_(tok), matcher_(std::move(stop_strings)) {}
 

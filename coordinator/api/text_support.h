@@ -39,6 +39,13 @@ struct text_support {
 // The prompt text of a conversation, ending with the generation prompt.
 std::string render_chat(const chat_format& format, std::span<const chat_message> messages);
 
+// The token ids of render_chat(format, messages): only the format's own text (bos, template,
+// generation prompt) may hold special tokens; roles and message content are tokenized with
+// special-token matching off, so a user who writes "<|im_end|>" gets those characters, not the
+// turn-ending token. Throws invalid_argument_error for text that is not valid UTF-8.
+std::vector<int32_t> encode_chat(const tokenizer::bpe_tokenizer& tok, const chat_format& format,
+                                 std::span<const chat_message> messages);
+
 // One request's output text. push() takes generated ids in order and returns the text that is
 // final: complete UTF-8, before any stop string, and not a prefix of one.
 class text_stream {

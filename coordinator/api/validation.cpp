@@ -14,8 +14,21 @@ namespace {
 
 std::string number_text(double v) {
   std::ostringstream s;
+  s.precision(9);
   s << v;
   return s.str();
+}
+
+constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+constexpr double kFloatMin = static_cast<double>(std::numeric_limits<float>::min());  // smallest normal
+
+bool is_zero_number(const boost::json::value& v) {
+  return (v.is_int64() && v.get_int64() == 0) || (v.is_uint64() && v.get_uint64() == 0) ||
+         (v.is_double() && v.get_double() == 0.0);
+}
+
+api_error not_implemented(const std::string& param, const std::string& what) {
+  return invalid_param(param, param + ": " + what + " is not supported by this server");
 }
 
 }  // namespace
@@ -42,6 +55,12 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
     if (!std::isfinite(t) || t < 0.0) {
       return invalid_param(param, param + " must be a finite number >= 0, got " + number_text(t));
     }
+    // The worker samples in float: 0 (greedy) or a normal float, so that logits / temperature
+    // stays finite.
+    if (t != 0.0 && (t > kFloatMax || t < kFloatMin)) {
+      return invalid_param(param, param + " must be 0 or in [" + number_text(kFloatMin) + ", " + number_text(kFloatMax) +
+                                      "] (the worker's float range), got " + number_text(t));
+    }
     out.temperature = static_cast<float>(t);
   }
   if (const auto* v = field(obj, keys.top_p)) {
@@ -49,6 +68,10 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
     double p = 0.0;
     if (auto e = read_number(*v, param, p)) return e;
     if (!(p > 0.0 && p <= 1.0)) return invalid_param(param, param + " must be in (0, 1], got " + number_text(p));
+    if (p < kFloatMin) {
+      return invalid_param(param, param + " must be in [" + number_text(kFloatMin) +
+                                      ", 1] (the worker's float range), got " + number_text(p));
+    }
     out.top_p = static_cast<float>(p);
   }
   if (const auto* v = field(obj, keys.top_k)) {
@@ -72,6 +95,57 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
   }
   if (const auto* v = field(obj, keys.sparse)) {
     if (auto e = read_bool(*v, keys.param(keys.sparse), out.sparse)) return e;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> unknown_fields(const boost::json::object& obj, std::initializer_list<std::string_view> known) {
+  std::vector<std::string> out;
+  for (const auto& kv : obj) {
+    const std::string_view key(kv.key().data(), kv.key().size());
+    if (std::find(known.begin(), known.end(), key) == known.end()) out.emplace_back(key);
+  }
+  return out;
+}
+
+std::optional<api_error> refuse_unimplemented(const boost::json::object& obj) {
+  if (const auto* v = field(obj, "suffix"); v && !(v->is_string() && v->get_string().empty()))
+    return not_implemented("suffix", "suffix (insertion after the completion)");
+  if (const auto* v = field(obj, "best_of")) {
+    int64_t n = 0;
+    if (auto e = read_integer(*v, "best_of", n)) return e;
+    if (n != 1) return not_implemented("best_of", "best_of = " + std::to_string(n) + " (only 1)");
+  }
+  if (const auto* v = field(obj, "logprobs"); v && !(v->is_bool() && !v->get_bool()))
+    return not_implemented("logprobs", "logprobs");
+  if (const auto* v = field(obj, "top_logprobs"); v && !is_zero_number(*v))
+    return not_implemented("top_logprobs", "top_logprobs");
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    if (const auto* v = field(obj, name); v && !is_zero_number(*v))
+      return not_implemented(name, std::string(name) + " other than 0");
+  }
+  if (const auto* v = field(obj, "repetition_penalty")) {
+    double d = 0.0;
+    if (auto e = read_number(*v, "repetition_penalty", d)) return e;
+    if (d != 1.0) return not_implemented("repetition_penalty", "repetition_penalty other than 1");
+  }
+  if (const auto* v = field(obj, "logit_bias"); v && !(v->is_object() && v->get_object().empty()))
+    return not_implemented("logit_bias", "logit_bias");
+  if (const auto* v = field(obj, "min_tokens"); v && !is_zero_number(*v))
+    return not_implemented("min_tokens", "min_tokens other than 0");
+  if (const auto* v = field(obj, "response_format")) {
+    const auto* o = v->if_object();
+    const boost::json::value* type = o ? field(*o, "type") : nullptr;
+    if (!(type && type->is_string() && type->get_string() == "text"))
+      return not_implemented("response_format", "response_format other than {\"type\": \"text\"}");
+  }
+  for (const char* name : {"tools", "functions"}) {
+    if (const auto* v = field(obj, name); v && !(v->is_array() && v->get_array().empty()))
+      return not_implemented(name, std::string(name) + " (tool calling)");
+  }
+  for (const char* name : {"tool_choice", "function_call"}) {
+    if (const auto* v = field(obj, name); v && !(v->is_string() && v->get_string() == "none"))
+      return not_implemented(name, std::string(name) + " other than \"none\" (tool calling)");
   }
   return std::nullopt;
 }

@@ -2,6 +2,7 @@
 // Validation shared by /generate and /v1/completions: sampling fields and context limits.
 // The two APIs spell the fields differently, so the readers take the field names.
 #include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,11 +33,21 @@ struct sampling_keys {
 };
 
 // Reads the sampling fields present in `obj` over the defaults already in `out`. Sets
-// `max_new_tokens_given` when the request set it. Checks: max_new_tokens in [0, max_context],
-// temperature finite and >= 0, top_p in (0, 1], top_k >= -1, stop ids inside the vocabulary,
-// sparse a boolean.
+// `max_new_tokens_given` when the request set it. Checks, in the types the worker uses (float
+// sampling values): max_new_tokens in [0, max_context], temperature 0 or a normal float
+// ([1.17549435e-38, 3.40282347e+38]), top_p in (0, 1] and a normal float, top_k >= -1, stop ids
+// inside the vocabulary, ignore_eos and sparse booleans.
 std::optional<api_error> read_sampling(const boost::json::object& obj, const sampling_keys& keys, const model_info& info,
                                        sampling_params& out, bool& max_new_tokens_given);
+
+// The fields of `obj` not in `known`, in the object's order.
+std::vector<std::string> unknown_fields(const boost::json::object& obj, std::initializer_list<std::string_view> known);
+
+// OpenAI parameters that change the output and that this server does not implement: a 400
+// naming the parameter when one is given a value other than its default (suffix, best_of > 1,
+// logprobs / top_logprobs, presence_penalty / frequency_penalty, repetition_penalty,
+// logit_bias, min_tokens, response_format other than text, tools / tool_choice / functions).
+std::optional<api_error> refuse_unimplemented(const boost::json::object& obj);
 
 // Checks the prompt against the context limit and fits max_new_tokens: an explicit value over
 // the limit is an error naming both numbers and the limit; a default is reduced to what fits.

@@ -9,6 +9,8 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -30,7 +32,10 @@ class exchange {
   virtual boost::asio::any_io_executor executor() const = 0;
 
   virtual boost::asio::awaitable<void> respond(response res) = 0;
-  virtual boost::asio::awaitable<bool> begin_stream(unsigned status, std::string content_type) = 0;
+  // HTTP/1.1 clients get a chunked body; HTTP/1.0 clients a close-delimited one (the connection
+  // closes at end_stream). `headers`: extra response headers.
+  virtual boost::asio::awaitable<bool> begin_stream(unsigned status, std::string content_type,
+                                                    std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   virtual boost::asio::awaitable<bool> write_chunk(std::string data) = 0;
   virtual boost::asio::awaitable<bool> end_stream() = 0;
 

@@ -17,6 +17,10 @@ struct response {
   std::vector<std::pair<std::string, std::string>> headers;  // extra headers (Allow, Retry-After, ...)
 };
 
+// JSON text with numbers in plain decimal notation (74.859148, never 7.4859148E1); non-finite
+// doubles become null.
+std::string json_text(const boost::json::value& v);
+
 response json_response(unsigned status, const boost::json::value& body);
 
 // {"error": {"message", "type", "param", "code"}}; an empty `param` renders as null.

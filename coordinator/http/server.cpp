@@ -116,6 +116,7 @@ void server::start() {
   endpoint_opts.api_key = s.options.api_key;
   endpoint_opts.generation.served_model_name = s.options.served_model_name;
   endpoint_opts.generation.retry_after_seconds = s.options.retry_after_seconds;
+  endpoint_opts.generation.strict_fields = s.options.strict_fields;
   endpoint_opts.generation.text = s.options.text;
   endpoint_opts.server_info = s.server_info();
   s.endpoints = std::make_unique<api::endpoints>(s.frontend_ref, s.metrics_ref, s.gate, std::move(endpoint_opts));

@@ -39,6 +39,7 @@ struct server_options {
   int retry_after_seconds = 1;         // Retry-After of 503 queue-full answers
   boost::json::object server_info;     // extra fields for GET /server_info (e.g. the config)
   api::text_support text;              // tokenizer and chat format; empty: token ids only
+  bool strict_fields = false;          // OpenAI routes: unknown request fields are a 400
 };
 
 class server {

@@ -117,6 +117,7 @@ class beast_session final : public session, private exchange {
       const std::string_view target(request_.target().data(), request_.target().size());
       path_ = std::string(target.substr(0, target.find('?')));
       keep_alive_ = request_.keep_alive();
+      close_delimited_ = false;
       responded_ = false;
       client_gone_ = false;
 
@@ -219,14 +220,19 @@ class beast_session final : public session, private exchange {
     if (ec) fail_write();
   }
 
-  net::awaitable<bool> begin_stream(unsigned status, std::string content_type) override {
+  net::awaitable<bool> begin_stream(unsigned status, std::string content_type,
+                                    std::vector<std::pair<std::string, std::string>> headers = {}) override {
     responded_ = true;
     bhttp::response<bhttp::empty_body> msg{static_cast<bhttp::status>(status), version()};
     msg.set(bhttp::field::server, beast::string_view(kServerName.data(), kServerName.size()));
     msg.set(bhttp::field::content_type, content_type);
     msg.set(bhttp::field::cache_control, "no-cache");
+    for (const auto& [name, value] : headers) msg.set(name, value);
+    // HTTP/1.0 has no chunked encoding: the body runs until the connection closes.
+    close_delimited_ = request_.version() < 11;
+    if (close_delimited_) keep_alive_ = false;
     msg.keep_alive(keep_alive_ && !draining_);
-    msg.chunked(true);
+    msg.chunked(!close_delimited_);
     bhttp::response_serializer<bhttp::empty_body> serializer{msg};
     beast::error_code ec;
     stream_.expires_after(options_.write_timeout);
@@ -239,13 +245,18 @@ class beast_session final : public session, private exchange {
     if (client_gone_) co_return false;
     beast::error_code ec;
     stream_.expires_after(options_.write_timeout);
-    co_await net::async_write(stream_, bhttp::make_chunk(net::buffer(data)), net::redirect_error(net::use_awaitable, ec));
+    if (close_delimited_)
+      co_await net::async_write(stream_, net::buffer(data), net::redirect_error(net::use_awaitable, ec));
+    else
+      co_await net::async_write(stream_, bhttp::make_chunk(net::buffer(data)),
+                                net::redirect_error(net::use_awaitable, ec));
     if (ec) fail_write();
     co_return !ec;
   }
 
   net::awaitable<bool> end_stream() override {
     if (client_gone_) co_return false;
+    if (close_delimited_) co_return true;  // the connection closes after the handler (keep_alive_ off)
     beast::error_code ec;
     stream_.expires_after(options_.write_timeout);
     co_await net::async_write(stream_, bhttp::make_chunk_last(), net::redirect_error(net::use_awaitable, ec));
@@ -318,6 +329,7 @@ class beast_session final : public session, private exchange {
   bhttp::request<bhttp::string_body> request_;
   std::string path_;
   bool keep_alive_ = false;
+  bool close_delimited_ = false;  // the response being streamed ends when the connection closes
   bool responded_ = false;    // the current request has been answered (or its stream begun)
   bool idle_ = true;          // waiting for the next request's header
   bool draining_ = false;

@@ -95,8 +95,12 @@ TEST_F(server_test, Health_OkWhenHealthy_503Otherwise) {
 }
 
 TEST_F(server_test, Generate_NonStream_ReturnsTokensAndMetaInfo) {
-  http_reply r = post("/generate",
-                      R"({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}, "unknown_field": 1})");
+  // /generate is this server's own API: an unknown field is a mistake, answered 400.
+  http_reply bad = post("/generate",
+                        R"({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}, "unknown_field": 1})");
+  EXPECT_EQ(bad.status, 400u) << bad.body;
+  EXPECT_EQ(parse(bad.body).at("error").at("param").as_string(), "unknown_field") << bad.body;
+  http_reply r = post("/generate", R"({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}})");
   ASSERT_EQ(r.status, 200u) << r.error << r.body;
   EXPECT_EQ(r.header("content-type"), "application/json");
   json::value v = parse(r.body);

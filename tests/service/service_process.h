@@ -134,6 +134,10 @@ class service_process {
     }
   }
 
+  // Start through launch/serve.sh (its own process group; no install or build: the binaries of
+  // this build) instead of mpirun directly. mpirun_pid() is then serve.sh's pid.
+  void use_serve_script() { via_serve_script_ = true; }
+
   // Forks mpirun. Must be called from a thread that outlives the child (the main thread):
   // the child gets SIGTERM when that thread ends, so a crashed test run leaves nothing behind.
   bool start() {
@@ -147,6 +151,7 @@ class service_process {
                                  std::string(":"), std::string("-np"), std::to_string(workers_), worker_binary(),
                                  config_path_})
       args.push_back(a);
+    if (via_serve_script_) args = {"/bin/bash", std::string(HYSERVE_SOURCE_DIR) + "/launch/serve.sh", config_path_};
     command_.clear();
     for (const auto& a : args) command_ += (command_.empty() ? "" : " ") + a;
 
@@ -170,6 +175,10 @@ class service_process {
       env.emplace_back(kv);
     }
     env.emplace_back("OMP_NUM_THREADS=1");
+    if (via_serve_script_) {
+      env.emplace_back("HYSERVE_BUILD_DIR=" + binary_dir());
+      env.emplace_back("HYSERVE_NO_BUILD=1");
+    }
     std::vector<char*> argv, envp;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -360,6 +369,7 @@ class service_process {
 
   std::string name_;
   int workers_ = 0;
+  bool via_serve_script_ = false;
   std::string dir_, config_path_, log_path_, yaml_, command_;
   std::string failure_;
   pid_t pid_ = -1;

@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <tuple>
+#include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -408,6 +412,191 @@ TEST_F(Tp2Service, BadInputMatrix) {
   const generation edge = generate(port(), at_limit, greedy(4, true));
   EXPECT_EQ(edge.status, 200u) << edge;
   EXPECT_EQ(edge.ids.size(), 4u);
+}
+
+// Sampling values are checked in the type the worker uses (float): a temperature of 1e300 (inf
+// as a float) or a top_p of 1e-50 (0 as a float) is a 400 naming the field and the limit, and
+// fails nothing else: six valid requests sent beside it all complete.
+TEST_F(Tp2Service, OutOfFloatRangeSamplingValueFailsOnlyItsRequest) {
+  const auto& prompts = reference();
+  std::vector<http_reply> replies(7);
+  run_concurrently(replies.size(), [&](size_t i) {
+    if (i == 3) {
+      replies[i] = http_post(port(), "/generate",
+                             R"({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 24, "temperature": 1e300}})");
+    } else {
+      replies[i] = http_post(port(), "/generate", generate_body(prompts[i % 3].input_ids, greedy(24, true)));
+    }
+  });
+  int ok = 0, bad = 0;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (i == 3) {
+      EXPECT_EQ(replies[i].status, 400u) << replies[i].describe();
+      const auto err = error_object(replies[i]);
+      ASSERT_TRUE(err.has_value()) << replies[i].body;
+      EXPECT_EQ(err->at("param").as_string(), "sampling_params.temperature");
+      EXPECT_NE(std::string(err->at("message").as_string()).find("3.40282347e+38"), std::string::npos) << replies[i].body;
+      bad += replies[i].status == 400u;
+    } else {
+      const generation g = parse_generation(replies[i]);
+      EXPECT_EQ(g.status, 200u) << g;
+      EXPECT_EQ(g.ids, prompts[i % 3].greedy_ids) << "request " << i;
+      ok += g.status == 200u;
+    }
+  }
+  EXPECT_EQ(ok, 6);
+  EXPECT_EQ(bad, 1);
+  for (const auto& [target, body, param] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"/generate", R"({"input_ids": [5], "sampling_params": {"top_p": 1e-50}})", "sampling_params.top_p"},
+           {"/generate", R"({"input_ids": [5], "sampling_params": {"temperature": 1e-40}})", "sampling_params.temperature"},
+           {"/v1/completions", R"({"prompt": [5], "temperature": 1e300})", "temperature"},
+           {"/v1/completions", R"({"prompt": [5], "top_p": 1e-45})", "top_p"}}) {
+    const http_reply r = http_post(port(), target, body);
+    EXPECT_EQ(r.status, 400u) << body << ": " << r.describe();
+    const auto err = error_object(r);
+    ASSERT_TRUE(err.has_value()) << r.body;
+    EXPECT_EQ(err->at("param").as_string(), param) << r.body;
+    EXPECT_NE(std::string(err->at("message").as_string()).find("float range"), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(http_get(port(), "/health").status, 200u);
+}
+
+// /generate is this server's API: a field it does not know is a 400 naming it (a typo such as
+// max_new_token must not fall back to the default length).
+TEST_F(Tp2Service, GenerateRejectsUnknownFields) {
+  const http_reply typo =
+      http_post(port(), "/generate", R"({"input_ids": [5, 6], "sampling_params": {"max_new_token": 3}})");
+  EXPECT_EQ(typo.status, 400u) << typo.describe();
+  EXPECT_EQ(error_object(typo)->at("param").as_string(), "sampling_params.max_new_token") << typo.body;
+  EXPECT_NE(typo.body.find("known: max_new_tokens"), std::string::npos) << typo.body;
+  const http_reply top = http_post(port(), "/generate", R"({"input_ids": [5, 6], "streem": true, "x": 1})");
+  EXPECT_EQ(top.status, 400u) << top.describe();
+  EXPECT_EQ(error_object(top)->at("param").as_string(), "streem") << top.body;
+  EXPECT_NE(top.body.find("unknown fields streem, x"), std::string::npos) << top.body;
+}
+
+// Numbers in JSON answers are plain decimals (never 7.4859148E1), and an HTTP/1.0 client gets a
+// close-delimited stream (no chunked encoding, which HTTP/1.0 does not have).
+TEST_F(Tp2Service, PlainDecimalNumbersAndHttp10Streams) {
+  const std::regex exponent(R"([0-9][eE][-+]?[0-9])");
+  for (int i = 0; i < 5; ++i) {
+    const http_reply r = http_post(port(), "/generate", generate_body(reference()[0].input_ids, greedy(4, true)));
+    ASSERT_EQ(r.status, 200u) << r.describe();
+    EXPECT_FALSE(std::regex_search(r.body, exponent)) << r.body;
+    EXPECT_GT(r.json().at("meta_info").at("latency_ms").to_number<double>(), 0.0) << r.body;
+  }
+  const std::string body = generate_body(reference()[1].input_ids, streaming(8));
+  http_connection c(port());
+  const http_reply r = c.raw_exchange("POST /generate HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
+                                      30s);
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  EXPECT_EQ(r.header("transfer-encoding"), "") << "chunked encoding sent to an HTTP/1.0 client";
+  EXPECT_EQ(r.header("content-type"), "text/event-stream");
+  EXPECT_NE(r.body.find("data: [DONE]\n\n"), std::string::npos) << r.body;
+  std::vector<int32_t> ids;
+  for (size_t pos = r.body.find("data: {"); pos != std::string::npos; pos = r.body.find("data: {", pos + 1)) {
+    const size_t end = r.body.find("\n\n", pos);
+    const boost::json::value v = boost::json::parse(r.body.substr(pos + 6, end - pos - 6));
+    for (int32_t id : ids_of(v.at("new_ids"))) ids.push_back(id);
+  }
+  EXPECT_EQ(ids, std::vector<int32_t>(reference()[1].greedy_ids.begin(), reference()[1].greedy_ids.begin() + 8));
+}
+
+// Fuzzing the HTTP surface (seeded, bounded in count and time): random JSON, mutated valid bodies
+// and random headers on every route. No answer is a 500 or a dropped connection, the server stays
+// healthy, every slot comes back, and a fixed greedy request gives the same output afterwards.
+TEST_F(Tp2Service, FuzzedBodiesAndHeadersLeaveTheServerHealthy) {
+  constexpr uint32_t kSeed = 20261204;
+  constexpr int kRequests = 2000;
+  const auto time_limit = 60s;
+  std::mt19937 rng(kSeed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> atoms = {"0", "-1", "1", "2", "1e300", "-1e300", "1e-50", "1e999", "0.5", "3.5",
+                                          "9223372036854775808", "18446744073709551616", "true", "false", "null",
+                                          "\"\"", "\"x\"", "\"\\ud800\"", "\"<|im_end|>\"", "[]", "{}", "[5,6,7]",
+                                          "[-1]", "[512]"};
+  const std::vector<std::string> keys = {"input_ids", "text", "prompt", "messages", "sampling_params",
+                                         "max_new_tokens", "max_tokens", "temperature", "top_p", "top_k", "seed",
+                                         "stop", "stop_token_ids", "ignore_eos", "stream", "n", "sparse", "echo",
+                                         "logprobs", "best_of", "suffix", "logit_bias", "tools", "zzz"};
+  std::function<std::string(int)> random_json = [&](int depth) -> std::string {
+    const size_t kind = depth > 3 ? 0 : pick(4);
+    if (kind == 0) return atoms[pick(atoms.size())];
+    if (kind == 1) {
+      std::string a = "[";
+      for (size_t i = 0, n = pick(5); i < n; ++i) a += (i ? "," : "") + random_json(depth + 1);
+      return a + "]";
+    }
+    std::string o = "{";
+    for (size_t i = 0, n = 1 + pick(5); i < n; ++i)
+      o += (i ? ",\"" : "\"") + keys[pick(keys.size())] + "\":" + random_json(depth + 1);
+    return o + "}";
+  };
+  const std::vector<std::string> valid = {
+      generate_body({5, 6, 7}, greedy(4, true)), generate_body({9, 10}, streaming(3)),
+      R"({"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0})",
+      R"({"prompt": [5, 6], "max_tokens": 3, "stream": true, "temperature": 0.7, "top_p": 0.9, "seed": 3})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})"};
+  const std::vector<std::string> junk = {"1e309", "\xff", "\"", "{", "]", "\\u0000", ",", "null", "-", "99999999999"};
+  auto mutate = [&](std::string b) {
+    for (size_t k = 0, n = 1 + pick(4); k < n && !b.empty(); ++k) {
+      const size_t at = pick(b.size());
+      switch (pick(4)) {
+        case 0: b[at] = static_cast<char>(rng() & 0xff); break;
+        case 1: b.erase(at, 1 + pick(8)); break;
+        case 2: b.insert(at, junk[pick(junk.size())]); break;
+        default: b.insert(at, b.substr(pick(b.size()), pick(16))); break;
+      }
+    }
+    return b;
+  };
+  const std::vector<std::string> targets = {"/generate", "/v1/completions", "/v1/chat/completions", "/generate",
+                                            "/v1/completions", "/health", "/nope"};
+  const std::vector<std::string> content_types = {"application/json", "text/plain", "", "application/json; charset=utf-8",
+                                                  "multipart/form-data; boundary=x"};
+  const auto started = steady::now();
+  int sent = 0;
+  std::map<unsigned, int> statuses;
+  for (; sent < kRequests && steady::now() - started < time_limit; ++sent) {
+    const std::string target = targets[pick(targets.size())];
+    const size_t how = pick(3);
+    std::string body = how == 0 ? random_json(0) : how == 1 ? mutate(valid[pick(valid.size())]) : valid[pick(valid.size())];
+    std::string head = std::string(pick(8) == 0 ? "GET " : "POST ") + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    if (const std::string& ct = content_types[pick(content_types.size())]; !ct.empty())
+      head += "Content-Type: " + ct + "\r\n";
+    for (size_t h = 0, n = pick(4); h < n; ++h) {
+      std::string name = "X-F" + std::to_string(rng() % 1000), value;
+      for (size_t i = 0, len = pick(40); i < len; ++i) value += static_cast<char>(0x20 + rng() % 95);
+      head += name + ": " + value + "\r\n";
+    }
+    // Malformed header lines now and then (bad names, bad or conflicting lengths).
+    const std::vector<std::string> bad_lines = {"X\x01Bad: 1\r\n", "Bad Name: 1\r\n", "NoColon\r\n",
+                                                "Content-Length: abc\r\n", "Content-Length: 1\r\n",
+                                                "X-Long: " + std::string(2000, 'a') + "\r\n", ": empty\r\n"};
+    if (pick(12) == 0) head += bad_lines[pick(bad_lines.size())];
+    // Never a body shorter than announced (that waits for the read timeout); a Content-Length
+    // shorter than the body now and then.
+    const size_t length = pick(10) == 0 ? pick(body.size() + 1) : body.size();
+    head += "Content-Length: " + std::to_string(length) + "\r\nConnection: close\r\n\r\n";
+    http_connection c(port());
+    const http_reply r = c.raw_exchange(head + body, 30s);
+    ++statuses[r.status];
+    ASSERT_NE(r.status, 0u) << "no answer to fuzz request " << sent << " (seed " << kSeed << "): " << r.error
+                            << "\n" << head << body;
+    ASSERT_LT(r.status, 500u) << "fuzz request " << sent << " (seed " << kSeed << "): " << r.describe() << "\n"
+                              << head << body;
+  }
+  std::string summary;
+  for (const auto& [status, n] : statuses) summary += " " + std::to_string(status) + ":" + std::to_string(n);
+  std::printf("fuzz: %d requests in %.1f s (seed %u), statuses%s\n", sent,
+              std::chrono::duration<double>(steady::now() - started).count(), kSeed, summary.c_str());
+  EXPECT_GE(sent, 100);
+  EXPECT_EQ(http_get(port(), "/health").status, 200u);
+  const generation g = generate(port(), reference()[0].input_ids, greedy(24, true));
+  EXPECT_EQ(g.ids, reference()[0].greedy_ids) << g;
+  EXPECT_TRUE(eventually([&] { return metric_value(metrics_text(port()), "hyserve_free_mamba_slots") == 16.0; }, 10s))
+      << metrics_text(port());
 }
 
 // A client that goes away mid-stream (FIN or RST), or while waiting for a plain answer, cancels

@@ -110,9 +110,10 @@ int run(int argc, char** argv) {
     return 1;
   }
   // The coordinator drives shutdown (it drains first, then sends kShutdown): a signal that
-  // mpirun forwards to every rank must not kill the workers under it.
+  // mpirun forwards to every rank (SIGUSR1 from launch/serve.sh) must not kill the workers under it.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGUSR1, SIG_IGN);
   MPI_Comm tp_comm;
   MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
   std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);
@@ -120,7 +121,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<worker::runner> r;
   try {
     const model_config mc = resolve_model_config(cfg);
-    worker::fault_injection fault{cfg.worker.fail_at_step, cfg.worker.fail_rank};
+    worker::fault_injection fault{cfg.worker.fault == worker_fault::kThrow ? cfg.worker.fail_at_step : -1,
+                                  cfg.worker.fail_rank};
     // device: cuda — worker w (dp_rank · tp + tp_rank, its rank among the workers) uses CUDA device
     // w % cuda_device_count(). The model's tensor-parallel reductions then run on device memory
     // through NCCL over tp_comm (every wait bounded by worker.step_timeout_s); the runner keeps
@@ -177,7 +179,7 @@ int run(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   int64_t plans = 0, behind = 0;
   double submit_s = 0, idle_s = 0;
-  while (true) {
+  for (int64_t received = 0;; ++received) {
     // With a step in flight: finish it when the device is done, unless the next plan comes
     // first (and there is room for it behind the running step).
     while (r->in_flight() > 0) {
@@ -187,6 +189,12 @@ int run(int argc, char** argv) {
       }
       if (r->in_flight() < 2 && message_waiting()) break;
       std::this_thread::yield();
+    }
+    if (cfg.worker.fault == worker_fault::kHang && received == cfg.worker.fail_at_step &&
+        t.tp_rank() == cfg.worker.fail_rank) {
+      // Test-only (worker.fault: hang): this rank stops reading control messages for good.
+      say(t, "injected hang before control message " + std::to_string(received));
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     const auto t_wait = clock::now();
     const bool was_idle = r->in_flight() == 0;

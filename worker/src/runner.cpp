@@ -162,6 +162,9 @@ void runner::launch(const forward_batch& batch, flight& f) {
   // Sampling settings of every logits row (one per row, or one per token of a verify row), in
   // row order; each draw's counter is its output index, so a token does not depend on the batch.
   step_sampling sampling;
+  // Rows whose settings the sampler cannot use fail alone: they sample greedily in this step and
+  // return no token, with the reason in res.error (the coordinator fails only their requests).
+  std::vector<std::pair<size_t, std::string>>& bad_rows = f.bad_rows;
   const auto n_rows = static_cast<int64_t>(batch.rows.size());
   for (int64_t bi = 0; bi < n_rows; ++bi) {
     const auto b = static_cast<size_t>(bi);
@@ -176,6 +179,14 @@ void runner::launch(const forward_batch& batch, flight& f) {
       st.seed = pr.sample.seed;
       st.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(i - begin);
       st.want_logprob = plan.want_logprobs ? 1 : 0;
+      try {
+        kernels::check_sample_settings(st);
+      } catch (const std::exception& e) {
+        if (bad_rows.empty() || bad_rows.back().first != b) bad_rows.emplace_back(b, e.what());
+        st.temperature = 0.0f;
+        st.top_k = 0;
+        st.top_p = 1.0f;
+      }
       sampling.settings.push_back(st);
       // The row's last logits row feeds its slot: the next step's placeholder for this request.
       sampling.feed_slots.push_back(i + 1 == end ? pr.mamba_slot : -1);
@@ -260,6 +271,14 @@ void runner::complete(flight& f) {
       }
     }
   }
+
+  for (const auto& [b, why] : f.bad_rows) {
+    res.rows[b].tokens.clear();
+    res.rows[b].logprobs.clear();
+    res.error += (res.error.empty() ? "" : "; ") + std::string("request ") + std::to_string(plan.rows[b].request_id) +
+                 ": " + why;
+  }
+
   if (plan.mode < phases_.size()) {
     phase_times& ph = phases_[plan.mode];
     ph.forward_s += std::chrono::duration<double>(f.t_sample - f.t_forward).count();

@@ -29,8 +29,9 @@ cache:
 scheduler: {max_batch_tokens: 1024, max_running: 16, chunked_prefill: 256, max_queue: 10, overlap: false}
 sparsity: {algorithm: quest, page_budget: 16, sink_pages: 2, recent_pages: 4, min_seq_len: 512}
 speculative: {algorithm: ngram, num_draft_tokens: 3}
-server: {host: 0.0.0.0, port: 9000, api_key: secret, max_body_bytes: 65536, threads: 4, drain_timeout_s: 2.5}
-worker: {step_timeout_s: 5, startup_timeout_s: 30.5, fault_grace_s: 0.5, fail_at_step: 7, fail_rank: 1}
+server: {host: 0.0.0.0, port: 9000, api_key: secret, max_body_bytes: 65536, threads: 4, drain_timeout_s: 2.5,
+         strict_fields: true}
+worker: {step_timeout_s: 5, startup_timeout_s: 30.5, fault_grace_s: 0.5, fail_at_step: 7, fail_rank: 1, fault: hang}
 )";
 
 TEST(Config, FullConfigParses) {
@@ -70,6 +71,8 @@ TEST(Config, FullConfigParses) {
   EXPECT_DOUBLE_EQ(c.worker.fault_grace_s, 0.5);
   EXPECT_EQ(c.worker.fail_at_step, 7);
   EXPECT_EQ(c.worker.fail_rank, 1);
+  EXPECT_EQ(c.worker.fault, worker_fault::kHang);
+  EXPECT_TRUE(c.server.strict_fields);
 }
 
 TEST(Config, MissingKeysTakeDefaults) {
@@ -105,6 +108,8 @@ TEST(Config, MissingKeysTakeDefaults) {
   EXPECT_EQ(c.worker.startup_timeout_s, d.worker.startup_timeout_s);
   EXPECT_EQ(c.worker.fail_at_step, -1);
   EXPECT_EQ(c.worker.fail_rank, 0);
+  EXPECT_EQ(c.worker.fault, worker_fault::kThrow);
+  EXPECT_FALSE(c.server.strict_fields);
 }
 
 TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
@@ -130,9 +135,11 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "min_accept_rate, cost_check)");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {address: x}"), config_error,
                     "server.address: unknown key (known: host, port, api_key, max_body_bytes, threads, "
-                    "drain_timeout_s)");
+                    "drain_timeout_s, strict_fields)");
   EXPECT_ERROR_WITH(load_config_string(model + "worker: {timeout: 1}"), config_error,
-                    "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fault_grace_s, fail_at_step, fail_rank)");
+                    "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fault_grace_s, fail_at_step, fail_rank, "
+                    "fault)");
+  EXPECT_ERROR_WITH(load_config_string(model + "worker: {fault: stall}"), config_error, "worker.fault");
 }
 
 TEST(Config, BadValuesNameThePathAndValue) {
@@ -336,7 +343,7 @@ void in_directory(const std::string& dir, Fn&& fn) {
   std::filesystem::current_path(saved);
 }
 
-TEST(Config, RelativeModelPathResolvesAgainstCwdThenConfigDir) {
+TEST(Config, RelativeModelPathResolvesAgainstConfigDirThenCwd) {
   test::scratch_dir dir;
   std::filesystem::create_directories(dir.file("ckpt_next_to_config"));
   const std::string p = dir.file("service.yaml");
@@ -360,12 +367,28 @@ TEST(Config, RelativeModelPathResolvesAgainstCwdThenConfigDir) {
     EXPECT_EQ(m.num_layers, 4);
   });
 
+  // In both places: the one beside the config file wins.
+  std::filesystem::create_directories(dir.file("tests/fixtures/bamba-tiny"));
+  test::write_file(p, "model: {path: tests/fixtures/bamba-tiny}\n");
+  in_directory(HYSERVE_SOURCE_DIR, [&] {
+    EXPECT_EQ(load_config_file(p).model.path, dir.file("tests/fixtures/bamba-tiny"));
+  });
+
   // Neither.
   test::write_file(p, "model: {path: no_such_checkpoint}\n");
   EXPECT_ERROR_WITH(load_config_file(p), config_error, p, "model.path", "'no_such_checkpoint' not found");
 }
 
 TEST(Config, RepositoryConfigsLoad) {
+  // From any directory (launch/serve.sh with the default config): paths are relative to the file.
+  in_directory("/", [&] {
+    const service_config def = load_config_file(std::string(HYSERVE_SOURCE_DIR) + "/configs/default.yaml");
+    EXPECT_EQ(std::filesystem::path(def.model.tokenizer),
+              (std::filesystem::path(HYSERVE_SOURCE_DIR) / "tests/fixtures/tokenizer-bpe512/tokenizer.json")
+                  .lexically_normal());
+    const service_config tiny = load_config_file(std::string(HYSERVE_SOURCE_DIR) + "/configs/bamba-tiny.yaml");
+    EXPECT_EQ(resolve_model_config(tiny).hidden_size, 64);
+  });
   in_directory(HYSERVE_SOURCE_DIR, [&] {
     const service_config tiny = load_config_file("configs/bamba-tiny.yaml");
     EXPECT_EQ(resolve_model_config(tiny).hidden_size, 64);

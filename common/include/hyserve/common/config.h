@@ -108,7 +108,16 @@ struct server_section {
   std::string api_key;             // empty = no authentication
   int64_t max_body_bytes = 8 << 20;
   int32_t threads = 2;             // HTTP I/O threads
-  double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may finish
+  double drain_timeout_s = 30.0;   // SIGINT / SIGTERM / SIGUSR1: how long in-flight requests may finish
+  // OpenAI routes: request fields the server does not know are ignored with a warning (an
+  // X-Hyserve-Ignored-Fields header and a log line); true turns them into a 400.
+  bool strict_fields = false;
+};
+
+// Test-only fault injection (worker.fault): what the failing rank does at worker.fail_at_step.
+enum class worker_fault : uint8_t {
+  kThrow,  // the step throws: its requests fail with 500, the worker stays up
+  kHang,   // the rank stops reading control messages and never answers (a hung rank)
 };
 
 struct worker_section {
@@ -116,7 +125,8 @@ struct worker_section {
   double startup_timeout_s = 600.0;  // time for every group to load and say hello
   double fault_grace_s = 2.0;        // after a fatal fault: /health answers 503 this long, then the job ends
   int64_t fail_at_step = -1;         // test only: the worker throws in this step (-1 = never)
-  int32_t fail_rank = 0;             // test only: tp rank that throws
+  int32_t fail_rank = 0;             // test only: tp rank that throws (or hangs)
+  worker_fault fault = worker_fault::kThrow;  // test only: throw | hang at fail_at_step
 };
 
 // `chat`: how /v1/chat/completions turns messages into a prompt (ChatML style):
@@ -147,8 +157,8 @@ struct service_config {
   std::string source;  // file it was loaded from ("<string>" for load_config_string)
 };
 
-// Loads and validates a YAML file. Relative `model.path` is resolved against the current
-// directory first, then against the config file's directory.
+// Loads and validates a YAML file. Relative `model.path` and `model.tokenizer` resolve against
+// the config file's directory first, then against the current directory.
 service_config load_config_file(const std::string& path);
 service_config load_config_string(const std::string& yaml_text);
 

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hyserve/common/config.h"
@@ -80,6 +81,9 @@ class runner {
     std::vector<kernels::sample_output> sampled;  // one per logits row (forward_options::sampled)
     host_tensor logits;                            // a draft tree's first-position logits
     bool want_logits = false;
+    // Rows whose sampling settings the sampler cannot use (sampled greedily, returned without a
+    // token, named in the result's error): they fail alone.
+    std::vector<std::pair<size_t, std::string>> bad_rows;
     deferred_step defer;
     uint64_t d2h_before = 0;
     std::chrono::steady_clock::time_point t_forward, t_sample;
