@@ -277,9 +277,10 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
 bool scheduler::may_send(int g) const {
   const group_state& gs = groups_[static_cast<size_t>(g)];
   if (gs.flights.empty()) return true;
-  // Overlap: one plain step may follow the one in flight (speculative rounds run strictly:
+  // Overlap: up to scheduler.overlap_steps plain steps in flight (speculative rounds run strictly:
   // each of their steps depends on the previous result).
-  return cfg_.scheduler.overlap && !spec_enabled() && gs.flights.size() == 1 && !gs.round_active &&
+  return cfg_.scheduler.overlap && !spec_enabled() &&
+         gs.flights.size() < static_cast<size_t>(cfg_.scheduler.overlap_steps) && !gs.round_active &&
          gs.flights.back().kind == group_state::step_kind::kPlain;
 }
 

@@ -438,8 +438,14 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
 
     const YAML::Node sched = root["scheduler"];
-    r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue", "overlap"});
+    r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue", "overlap",
+                                           "overlap_steps"});
     if_present(sched, "overlap", [&](const YAML::Node& n) { cfg.scheduler.overlap = r.get_bool(n, "scheduler.overlap"); });
+    if_present(sched, "overlap_steps", [&](const YAML::Node& n) {
+      const int32_t v = r.get_int32_min(n, "scheduler.overlap_steps", 2);
+      if (v > 4) r.fail(n, "scheduler.overlap_steps", "must be in [2, 4], got " + n.Scalar());
+      cfg.scheduler.overlap_steps = v;
+    });
     if_present(sched, "max_batch_tokens", [&](const YAML::Node& n) {
       cfg.scheduler.max_batch_tokens = r.get_int32_min(n, "scheduler.max_batch_tokens", 1);
     });

@@ -78,12 +78,12 @@ std::vector<job> workload() {
   return jobs;
 }
 
-std::string config(bool overlap, const std::string& extra, bool cuda = false) {
+std::string config(bool overlap, const std::string& extra, bool cuda = false, int overlap_steps = 2) {
   return std::string(R"(model: {path: @MODEL@}
 )") + (cuda ? "device: cuda\nparallel: {tp: 1, dp: 1}" : "parallel: {tp: 2, dp: 1}") + R"(
 cache: {page_size: 16, max_requests: 12, max_context: 512}
 scheduler: {max_running: 12, chunked_prefill: 16, max_batch_tokens: 64, overlap: )" +
-         (overlap ? "true" : "false") + "}\n" + extra + "server: {host: 127.0.0.1, port: @PORT@}\n";
+         (overlap ? "true" : "false") + ", overlap_steps: " + std::to_string(overlap_steps) + "}\n" + extra + "server: {host: 127.0.0.1, port: @PORT@}\n";
 }
 
 struct outcome {
@@ -95,8 +95,8 @@ struct outcome {
 // Runs the workload on one service, 16 requests at a time, with a streaming request that the
 // client drops after a few tokens running beside them.
 outcome run_workload(const std::string& name, bool overlap, const std::string& extra, bool with_cancel,
-                     bool cuda = false) {
-  service_process svc(name, config(overlap, extra, cuda), cuda ? 1 : 2);
+                     bool cuda = false, int overlap_steps = 2) {
+  service_process svc(name, config(overlap, extra, cuda, overlap_steps), cuda ? 1 : 2);
   outcome out;
   EXPECT_TRUE(svc.launch()) << svc.report();
   if (testing::Test::HasFailure()) return out;
@@ -174,6 +174,17 @@ TEST(ServiceOverlap, Tp2OverlapOnEqualsOffGreedySeededStopsAndCancel) {
   std::printf("overlapped steps %.0f, wasted rows %.0f\n", overlapped.overlapped_steps, overlapped.wasted_rows);
 }
 
+// Three plain steps in flight per group (scheduler.overlap_steps: 3): a row may carry a
+// placeholder for a token of the step just before it while two are still running.
+TEST(ServiceOverlap, Tp2ThreeStepsInFlightEqualsStrict) {
+  const outcome strict = run_workload("overlap3-off", false, "", true);
+  const outcome overlapped = run_workload("overlap3-on", true, "", true, false, 3);
+  EXPECT_TRUE(overlapped.cancelled_stream_ended);
+  expect_same(strict, overlapped);
+  EXPECT_GT(overlapped.overlapped_steps, 20.0);
+  EXPECT_GT(overlapped.wasted_rows, 0.0);
+}
+
 TEST(ServiceOverlap, Tp2NgramRoundsOverlapOnEqualsOff) {
   const std::string spec = "speculative: {algorithm: ngram, num_draft_tokens: 4, cost_check: false}\n";
   const outcome strict = run_workload("overlap-ngram-off", false, spec, false);
@@ -205,6 +216,10 @@ TEST(ServiceOverlap, CudaOverlapOnEqualsOffGreedySeededStopsAndCancel) {
   EXPECT_EQ(strict.overlapped_steps, 0.0);
   EXPECT_GT(overlapped.overlapped_steps, 20.0);
   EXPECT_GT(overlapped.wasted_rows, 0.0);
+  // Three steps in flight: the worker queues the third behind the running one as it finishes.
+  const outcome three = run_workload("overlap3-cuda-on", true, "", true, true, 3);
+  expect_same(strict, three);
+  EXPECT_GT(three.overlapped_steps, 20.0);
 }
 
 }  // namespace

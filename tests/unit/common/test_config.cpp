@@ -126,7 +126,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "parallel.pp: unknown key (known: tp, dp)");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch: 1}"), config_error,
                     "scheduler.max_batch: unknown key (known: max_batch_tokens, max_running, chunked_prefill, "
-                    "max_queue, overlap)");
+                    "max_queue, overlap, overlap_steps)");
   EXPECT_ERROR_WITH(load_config_string(model + "sparsity: {budget: 1}"), config_error,
                     "sparsity.budget: unknown key (known: algorithm, page_budget, sink_pages, recent_pages, "
                     "min_seq_len)");
@@ -156,6 +156,11 @@ TEST(Config, BadValuesNameThePathAndValue) {
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_queue: 1.5}"), config_error,
                     "scheduler.max_queue: expected an integer, got '1.5'");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {overlap: sometimes}"), config_error, "scheduler.overlap");
+  EXPECT_EQ(load_config_string(model + "scheduler: {overlap_steps: 3}").scheduler.overlap_steps, 3);
+  EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {overlap_steps: 1}"), config_error,
+                    "scheduler.overlap_steps: must be >= 2, got 1");
+  EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {overlap_steps: 5}"), config_error,
+                    "scheduler.overlap_steps: must be in [2, 4], got 5");
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch_tokens: [1, 2]}"), config_error,
                     "scheduler.max_batch_tokens: expected an integer, got a sequence");
   EXPECT_ERROR_WITH(load_config_string(model + "cache: {max_context: 99999999999}"), config_error,

@@ -61,6 +61,8 @@ struct scheduler_section {
   // the device from the previous step's samples. false: each step waits for the previous
   // result. Speculative rounds always run strictly.
   bool overlap = true;
+  // With overlap: plain steps a data-parallel group may have in flight at once (2-4).
+  int32_t overlap_steps = 2;
 };
 
 enum class sparsity_algorithm : uint8_t { kNone, kQuest };
