@@ -405,7 +405,12 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
 
     const YAML::Node par = root["parallel"];
-    r.check_keys(par, "parallel", {"tp", "dp"});
+    r.check_keys(par, "parallel", {"tp", "dp", "device_collective"});
+    if_present(par, "device_collective", [&](const YAML::Node& n) {
+      cfg.parallel.device_collective = r.get_enum(n, "parallel.device_collective", "collective", {"nccl", "host"}) == 0
+                                           ? device_collective_kind::kNccl
+                                           : device_collective_kind::kHost;
+    });
     if_present(par, "tp", [&](const YAML::Node& n) { cfg.parallel.tp = r.get_int32_min(n, "parallel.tp", 1); });
     if_present(par, "dp", [&](const YAML::Node& n) { cfg.parallel.dp = r.get_int32_min(n, "parallel.dp", 1); });
 

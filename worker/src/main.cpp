@@ -16,6 +16,7 @@
 #include "hyserve/common/topology.h"
 #include "hyserve/common/wire.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/worker/host_collective.h"
 #include "hyserve/worker/mpi_collective.h"
 #include "hyserve/worker/runner.h"
 #if HYSERVE_HAVE_NCCL
@@ -127,22 +128,40 @@ int run(int argc, char** argv) {
     // w % cuda_device_count(). The model's tensor-parallel reductions then run on device memory
     // through NCCL over tp_comm (every wait bounded by worker.step_timeout_s); the runner keeps
     // the MPI collective for its host-side agreement.
-    const int ordinal =
-        cfg.device == device_kind::kCuda ? (t.dp_rank() * t.tp + t.tp_rank()) % std::max(1, kernels::cuda_device_count()) : 0;
+    // With parallel.device_collective: host the reductions are copied to the host and reduced
+    // with MPI instead, and several ranks may share a device (one GPU runs a TP or DP layout):
+    // each then sizes its caches from its share of the free memory (cache.ranks_per_device).
+    const int devices = cfg.device == device_kind::kCuda ? std::max(1, kernels::cuda_device_count()) : 1;
+    const int workers = t.dp * t.tp;
+    const int self = t.dp_rank() * t.tp + t.tp_rank();
+    const int ordinal = cfg.device == device_kind::kCuda ? self % devices : 0;
+    if (cfg.device == device_kind::kCuda) {
+      cfg.cache.ranks_per_device = (workers - 1 - ordinal) / devices + 1;  // workers w with w % devices == ordinal
+      if (t.tp > 1 && t.tp > devices && cfg.parallel.device_collective == device_collective_kind::kNccl)
+        throw config_error("parallel.tp = " + std::to_string(t.tp) + " ranks on " + std::to_string(devices) +
+                           " CUDA device(s): NCCL cannot put two ranks of one group on one device; set "
+                           "parallel.device_collective: host to run them there");
+    }
     const kernels::exec_context ctx = kernels::open_device(cfg.device, ordinal);
     worker::collective* model_comm = comm.get();
     if (cfg.device == device_kind::kCuda && t.tp > 1) {
+      if (cfg.parallel.device_collective == device_collective_kind::kHost) {
+        device_comm = worker::make_host_staged_collective(tp_comm, cfg.device, cfg.worker.step_timeout_s);
+      } else {
 #if HYSERVE_HAVE_NCCL
-      device_comm = worker::make_nccl_collective(tp_comm, cfg.worker.step_timeout_s, ordinal);
-      model_comm = device_comm.get();
+        device_comm = worker::make_nccl_collective(tp_comm, cfg.worker.step_timeout_s, ordinal);
 #else
-      throw config_error("device: cuda with parallel.tp > 1 needs NCCL, which this build does not have");
+        throw config_error("device: cuda with parallel.tp > 1 needs NCCL, which this build does not have "
+                           "(or parallel.device_collective: host)");
 #endif
+      }
+      model_comm = device_comm.get();
     }
     r = std::make_unique<worker::runner>(
         worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx), cfg.cache, comm.get(),
         fault);
-    r->set_draft_model(worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, comm.get(), ctx),
+    // The draft model's reductions run where the target's do (device memory on CUDA).
+    r->set_draft_model(worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx),
                        cfg.cache);
   } catch (const error& e) {
     say(t, std::string("start-up failed: ") + e.what());

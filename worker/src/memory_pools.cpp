@@ -217,7 +217,9 @@ int32_t plan_kv_pages(const cache_section& cache, device_kind device, int64_t pa
   const int64_t addressable = int64_t{cache.max_requests} * pages_per_req;
   if (device == device_kind::kCpu || page_bytes <= 0) return static_cast<int32_t>(addressable);
   const kernels::device_memory_info mem = kernels::cuda_memory_info();
-  const double budget = static_cast<double>(mem.free_bytes) * cache.gpu_memory_fraction - static_cast<double>(state_bytes);
+  const double budget = static_cast<double>(mem.free_bytes) * cache.gpu_memory_fraction /
+                            static_cast<double>(std::max(1, cache.ranks_per_device)) -
+                        static_cast<double>(state_bytes);
   const int64_t fit = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(page_bytes)) : 0;
   if (fit < 1)
     throw capacity_error("cache.gpu_memory_fraction = " + std::to_string(cache.gpu_memory_fraction) + " of " +

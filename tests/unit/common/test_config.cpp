@@ -123,7 +123,12 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
   EXPECT_ERROR_WITH(load_config_string("model: {synthetic: {hidden: 64}}"), config_error,
                     "model.synthetic.hidden: unknown key (known: arch, vocab_size,");
   EXPECT_ERROR_WITH(load_config_string(model + "parallel: {pp: 2}"), config_error,
-                    "parallel.pp: unknown key (known: tp, dp)");
+                    "parallel.pp: unknown key (known: tp, dp, device_collective)");
+  EXPECT_ERROR_WITH(load_config_string(model + "parallel: {device_collective: gloo}"), config_error,
+                    "parallel.device_collective: unknown collective 'gloo' (known: nccl, host)");
+  EXPECT_EQ(load_config_string(model + "parallel: {device_collective: host}").parallel.device_collective,
+            device_collective_kind::kHost);
+  EXPECT_EQ(load_config_string(model).parallel.device_collective, device_collective_kind::kNccl);
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch: 1}"), config_error,
                     "scheduler.max_batch: unknown key (known: max_batch_tokens, max_running, chunked_prefill, "
                     "max_queue, overlap, overlap_steps)");

@@ -36,9 +36,14 @@ struct model_section {
   std::string tokenizer;
 };
 
+// How tensor-parallel partial results are combined on a GPU: NCCL on device memory, or copied
+// to the host and reduced with MPI (several ranks may then share one device).
+enum class device_collective_kind : uint8_t { kNccl, kHost };
+
 struct parallel_section {
   int32_t tp = 1;
   int32_t dp = 1;
+  device_collective_kind device_collective = device_collective_kind::kNccl;
 };
 
 struct cache_section {
@@ -47,6 +52,9 @@ struct cache_section {
   int32_t max_context = 4096;
   int32_t num_pages = 0;           // 0 = derived: max_requests · ceil(max_context / page_size)
   double gpu_memory_fraction = 0.85;  // (0, 1]
+  // Worker ranks that share this rank's device (set by the worker at start-up, not read from the
+  // YAML): each takes gpu_memory_fraction / ranks_per_device of the free memory for its caches.
+  int32_t ranks_per_device = 1;
   dtype kv_dtype = dtype::kF32;         // `kv_dtype`: float32 | bfloat16 (KV cache pages)
   dtype ssm_state_dtype = dtype::kF32;  // `ssm_state_dtype`: float32 | bfloat16 (Mamba2 SSM state)
 };

@@ -126,7 +126,7 @@ class mamba_state_cache {
 // Pages of the KV pool. cache.num_pages > 0 is taken as given. Otherwise on the CPU:
 // max_requests · ceil(max_context / page_size) (every request can reach max_context). On CUDA,
 // measured after the weights are resident:
-//   budget    = free_device_bytes · gpu_memory_fraction − state_bytes
+//   budget    = free_device_bytes · gpu_memory_fraction / ranks_per_device − state_bytes
 //   num_pages = min(floor(budget / page_bytes), max_requests · ceil(max_context / page_size))
 // where page_bytes = kv_cache::bytes_per_page(...) and state_bytes is the recurrent-state cache
 // (mamba_state_cache::bytes_per_slot(...) · (max_requests + 1)). Throws capacity_error when the
