@@ -53,6 +53,8 @@ bool is_map(const YAML::Node& n) { return n.IsDefined() && n.IsMap(); }
 class yaml_reader {
  public:
   explicit yaml_reader(std::string file) : file_(std::move(file)) {}
+  // The config file's path; empty for a config given as a string.
+  const std::string& file() const { return file_; }
 
   [[noreturn]] void fail(const YAML::Node& at, const std::string& path, const std::string& what) const {
     std::string prefix;
@@ -190,7 +192,15 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
   // architecture), with seeded random weights.
   if (is_map(node) && node["hf_config"]) {
     r.check_keys(node, base, {"hf_config", "residual_scale", "seed"});
-    const std::string file = r.get_string(node["hf_config"], base + ".hf_config");
+    std::string file = r.get_string(node["hf_config"], base + ".hf_config");
+    // A relative path as for model.path: beside the config file first (a config works from any
+    // directory), then the current directory.
+    if (!file.empty() && !r.file().empty() && std::filesystem::path(file).is_relative()) {
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      const fs::path beside = fs::absolute(fs::path(r.file()), ec).parent_path() / file;
+      if (fs::is_regular_file(beside, ec)) file = beside.lexically_normal().string();
+    }
     try {
       out.arch = read_hf_config(file);
     } catch (const config_error& e) {
