@@ -1,5 +1,5 @@
 #pragma once
-// Continuous-batching scheduler (DESIGN.md §3, §5). Runs on the thread that owns MPI; HTTP
+// Continuous-batching scheduler (docs/ARCHITECTURE.md, One request, end to end; Memory). Runs on the thread that owns MPI; HTTP
 // threads only enqueue submissions and cancellations. It owns the memory bookkeeping of every
 // data-parallel group (request slots, mamba slots, KV pages), builds one step plan per idle
 // group (Extend, Decode or Mixed with chunked prefill; with speculation, Draft and TargetVerify
@@ -157,7 +157,7 @@ class scheduler final : public frontend {
     std::vector<uint64_t> round_ids;
     int32_t round_k = 0, round_step = 0;
     // Requests in prefill when the round started: their next chunks ride in the round's
-    // TargetVerify step as extend rows (DESIGN.md §4 mixed batches), within max_batch_tokens.
+    // TargetVerify step as extend rows (docs/ARCHITECTURE.md, Speculative decoding: prefill chunks ride along), within max_batch_tokens.
     std::vector<uint64_t> round_prefill;
     // The last verify step had prefill waiting but no token budget left for it: the next step
     // is a plain one that carries the prefill, so it cannot starve.

@@ -1,5 +1,5 @@
 #pragma once
-// Speculative decoding in the coordinator (DESIGN.md §8): n-gram prompt-lookup drafts over a
+// Speculative decoding in the coordinator (docs/ARCHITECTURE.md, Speculative decoding): n-gram prompt-lookup drafts over a
 // request's own tokens, the acceptance rule, and the per-request draft budget that backs off
 // when acceptance is low. Pure functions of their inputs; the scheduler owns the rounds.
 #include <cstdint>

@@ -1,4 +1,4 @@
-// hyserve-sparse-quality: how far sparse Top-K decode attention (DESIGN.md §7) moves the decode
+// hyserve-sparse-quality: how far sparse Top-K decode attention (docs/ARCHITECTURE.md, Sparse Top-K attention) moves the decode
 // logits of a model away from dense attention, in a single process (the engine: the model,
 // pools and forward modes the workers run).
 //   hyserve-sparse-quality CONFIG [--prompt-len 32768] [--steps 64] [--budgets 1024,2048,4096]

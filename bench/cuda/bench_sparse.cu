@@ -1,4 +1,4 @@
-// Sparse Top-K decode attention on the device (DESIGN.md §7), as times, GB/s and ratios to the
+// Sparse Top-K decode attention on the device (docs/ARCHITECTURE.md, Sparse Top-K attention), as times, GB/s and ratios to the
 // device-to-device copy bandwidth measured in the same run (same method as hyserve-bench-cuda:
 // 32 calls captured in one CUDA graph, replayed 10 times, median per call).
 //

@@ -21,7 +21,7 @@
 //   hyserve_sparse_decode_row_fraction        gauge     sparse_decode_rows_total / decode_rows_total
 //   hyserve_attention_pages_read_per_step     histogram KV pages one attention layer read in a decode step
 //   hyserve_attention_pages_read_total        counter   the sum of those
-// The decode attention metrics come from the workers' step results (DESIGN.md §7).
+// The decode attention metrics come from the workers' step results (docs/ARCHITECTURE.md, Sparse Top-K attention).
 #include <string>
 #include <string_view>
 

@@ -1,4 +1,4 @@
-// The per-request sparse attention override (DESIGN.md §7): sampling field `sparse`, a boolean,
+// The per-request sparse attention override (docs/ARCHITECTURE.md, Sparse Top-K attention): sampling field `sparse`, a boolean,
 // default true; anything else is a 400 naming the field.
 #include <gtest/gtest.h>
 

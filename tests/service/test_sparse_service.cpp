@@ -1,4 +1,4 @@
-// Sparse Top-K decode attention through the service (DESIGN.md §7): sampling_params.sparse
+// Sparse Top-K decode attention through the service (docs/ARCHITECTURE.md, Sparse Top-K attention): sampling_params.sparse
 // reaches the worker's step plan, a request that opts out decodes exactly like the dense
 // fixture reference, and /metrics counts decode rows, sparse rows and KV pages read.
 // bamba-tiny, page size 4, budget 3 pages (1 sink, 1 recent), min_seq_len 8; the 41-token

@@ -1,6 +1,6 @@
 #pragma once
 // Collective over NCCL on device pointers: the tensor-parallel group on the CUDA backend
-// (DESIGN.md §2). Free of CUDA and NCCL headers: streams and communicators cross this header as
+// (docs/ARCHITECTURE.md, Processes and the wire). Free of CUDA and NCCL headers: streams and communicators cross this header as
 // void* (a cudaStream_t, an ncclComm_t).
 //
 // Construction is collective over the MPI communicator (the tp group): rank 0 creates the NCCL

@@ -1,6 +1,6 @@
 #pragma once
 // Decode steps replayed as CUDA graphs, one graph per (batch bucket, page-table stride bucket)
-// (DESIGN.md §6, §12). A Decode batch of bs rows is padded to the smallest bucket ≥ bs
+// (docs/ARCHITECTURE.md, Model and kernels). A Decode batch of bs rows is padded to the smallest bucket ≥ bs
 // (1, 2, 4, … up to max_batch, and max_batch itself) with padding rows that write nowhere
 // (step_pack.h); its page table is laid out at the smallest power-of-two stride ≥ its pages.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Sparse Top-K decode attention inside the model (DESIGN.md §7; kernels/sparse_attention.h).
+// Sparse Top-K decode attention inside the model (docs/ARCHITECTURE.md, Sparse Top-K attention; kernels/sparse_attention.h).
 //
 // With `sparsity.algorithm: quest`, every attention layer keeps per-page key summaries
 // (kv_layer_cache::key_min / key_max, allocated on the first step that writes keys) and updates

@@ -1,4 +1,4 @@
-// Worker rank: executes the step plans of its data-parallel group (DESIGN.md §2–§3).
+// Worker rank: executes the step plans of its data-parallel group (docs/ARCHITECTURE.md, Processes and the wire; One request, end to end).
 //   mpirun -np 1 coordinator CONFIG : -np W worker CONFIG
 #include <mpi.h>
 

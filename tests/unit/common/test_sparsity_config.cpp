@@ -1,4 +1,4 @@
-// The `sparsity` section (DESIGN.md §7): algorithm quest | none, page_budget, sink_pages,
+// The `sparsity` section (docs/ARCHITECTURE.md, Sparse Top-K attention): algorithm quest | none, page_budget, sink_pages,
 // recent_pages, min_seq_len, validated at load with messages naming the field.
 #include <gtest/gtest.h>
 

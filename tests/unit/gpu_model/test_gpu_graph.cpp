@@ -118,8 +118,6 @@ class GpuGraphDecode : public ::testing::TestWithParam<graph_case> {
     eager_ = std::make_unique<engine>(graph_config(GetParam(), false));
     graph_ = std::make_unique<engine>(graph_config(GetParam(), true));
     vocab_ = eager_->config().vocab_size;
-    // Both fixtures decode through graphs (Qwen3-Next's 4 experts route on the device).
-    expect_graph_ = true;
   }
 
   // Opens one request per prompt length in both engines and prefills it; returns the handles
@@ -165,16 +163,16 @@ class GpuGraphDecode : public ::testing::TestWithParam<graph_case> {
       EXPECT_EQ(argmax(g, vocab_), id) << "batch " << rows.size() << " row " << i;
       next_[rows[i]] = id;
     }
-    EXPECT_EQ(report.graph, expect_graph_) << "batch " << rows.size();
-    if (expect_graph_) {
-      // The key: the batch bucket and the page-table stride (a power of two ≥ the longest row's
-      // pages at page size 4); its first step captures, every later one replays.
-      int32_t longest = 0;
-      for (size_t r : rows) longest = std::max(longest, lens_[r] + 1);
-      const std::pair<int32_t, int32_t> key{bucket_of(static_cast<int32_t>(rows.size())), bucket_of((longest + 3) / 4)};
-      EXPECT_EQ(report.graph_batch, key.first);
-      EXPECT_EQ(report.captured, seen_.insert(key).second) << "batch " << rows.size() << " stride " << key.second;
-    }
+    // Every fixture decodes through graphs (Qwen3-Next's 4 experts route on the device), so
+    // every step of the graph engine takes one: no step falls back to the eager path.
+    EXPECT_TRUE(report.graph) << "batch " << rows.size() << ": decode ran eagerly in the graph engine";
+    // The key: the batch bucket and the page-table stride (a power of two ≥ the longest row's
+    // pages at page size 4); its first step captures, every later one replays.
+    int32_t longest = 0;
+    for (size_t r : rows) longest = std::max(longest, lens_[r] + 1);
+    const std::pair<int32_t, int32_t> key{bucket_of(static_cast<int32_t>(rows.size())), bucket_of((longest + 3) / 4)};
+    EXPECT_EQ(report.graph_batch, key.first) << "batch " << rows.size();
+    EXPECT_EQ(report.captured, seen_.insert(key).second) << "batch " << rows.size() << " stride " << key.second;
     for (size_t r : rows) lens_[r] += 1;
     EXPECT_GE(report.gpu_ms, 0.0);
     return report;
@@ -182,7 +180,6 @@ class GpuGraphDecode : public ::testing::TestWithParam<graph_case> {
 
   std::unique_ptr<engine> eager_, graph_;
   int64_t vocab_ = 0;
-  bool expect_graph_ = true;
   std::vector<int32_t> handles_, next_, lens_;  // per request: handle, next token, cached tokens
   std::set<std::pair<int32_t, int32_t>> seen_;  // graph keys captured so far
 };
@@ -204,17 +201,19 @@ TEST_P(GpuGraphDecode, GraphDecodeEqualsEagerAcrossBucketsAndLengths) {
     }
   // 28 steps over 8 keys (worked out from the schedule): (1, 1), (1, 4), (1, 8), (1, 16), (2, 8),
   // (4, 16), (8, 8), (8, 16); every other step replays.
-  if (expect_graph_) {
-    EXPECT_EQ(seen_.size(), 8u);
-    EXPECT_EQ(replays, 20);
-  }
+  EXPECT_EQ(seen_.size(), 8u);
+  EXPECT_EQ(replays, 20);
 }
 
 TEST_P(GpuGraphDecode, PaddedRowsTouchNoOtherStateOrKv) {
   open_and_prefill({6, 11, 19, 4});
-  decode({0, 1, 2});  // bucket 4 captured (warm-up), one padding row
+  const step_report first = decode({0, 1, 2});  // bucket 4 captured (warm-up), one padding row
+  EXPECT_TRUE(first.graph && first.captured);
+  EXPECT_EQ(first.graph_batch, 4);
   const state_snapshot before = snapshot(*graph_);
-  decode({0, 1, 2});  // the replay
+  const step_report replay = decode({0, 1, 2});  // the replay: the padding row runs in the graph
+  EXPECT_TRUE(replay.graph && !replay.captured);
+  EXPECT_EQ(replay.graph_batch, 4);
   const state_snapshot after = snapshot(*graph_);
   const model_config& mc = graph_->config();
   // One K or V token row of a layer: kv_heads_local × head_dim elements.

@@ -61,10 +61,17 @@ TEST(Sample, SameSeedAndCounterGiveSameToken) {
   sample_params p = params(l);
   p.temperature = 1.0f;
   p.seed = 42;
+  int argmax_draws = 0;
+  const auto top = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
   for (uint64_t c = 0; c < 50; ++c) {
     p.counter = c;
-    EXPECT_EQ(sample_cpu(p).token, sample_cpu(p).token);
+    const int32_t t = sample_cpu(p).token;
+    EXPECT_EQ(t, sample_cpu(p).token);
+    argmax_draws += t == top ? 1 : 0;
   }
+  // Different counters draw different tokens: the argmax has probability e / Σ e^sin(i) ≈ 0.033
+  // here, so 50 draws expect 1.7 of it; 10 or more has probability below 1e-5 (binomial tail).
+  EXPECT_LT(argmax_draws, 10) << "sampling at temperature 1 keeps returning the argmax";
 }
 
 TEST(Sample, TopKOneIsGreedy) {
@@ -92,16 +99,25 @@ TEST(Sample, FrequenciesFollowSoftmaxWithinTolerance) {
   for (int t = 0; t < 4; ++t) EXPECT_NEAR(count[t] / static_cast<double>(n), (t + 1) / 10.0, 0.015) << t;
 }
 
+// Only the nucleus is drawn from, and within it by renormalised probability: 4/7 and 3/7, not
+// always the argmax. With n = 2000 draws the standard deviation of a frequency is
+// sqrt(p(1-p)/n) ≈ 0.011; the bound 0.055 is 5 standard deviations.
 TEST(Sample, TopPKeepsSmallestNucleus) {
   const std::vector<float> l = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
   sample_params p = params(l);
   p.temperature = 1.0f;
+  p.seed = 3;
   p.top_p = 0.65f;  // 0.4 + 0.3 ≥ 0.65 → tokens 3 and 2 only
-  for (uint64_t c = 0; c < 2000; ++c) {
-    p.counter = c;
+  const int n = 2000;
+  int count[4] = {0, 0, 0, 0};
+  for (int c = 0; c < n; ++c) {
+    p.counter = static_cast<uint64_t>(c);
     const int32_t t = sample_cpu(p).token;
-    EXPECT_TRUE(t == 3 || t == 2) << t;
+    ASSERT_TRUE(t == 3 || t == 2) << t;
+    ++count[t];
   }
+  EXPECT_NEAR(count[3] / static_cast<double>(n), 4.0 / 7.0, 0.055);
+  EXPECT_NEAR(count[2] / static_cast<double>(n), 3.0 / 7.0, 0.055);
 }
 
 TEST(Sample, RejectsBadValues) {
@@ -179,6 +195,77 @@ TEST(LastToken, ScatterThenResolve) {
   std::vector<int32_t> ids = {5, -1, -3, 0, -2};
   run_cpu(token_resolve_params{ids.data(), last.data(), static_cast<int64_t>(ids.size()), 4});
   EXPECT_EQ(ids, (std::vector<int32_t>{5, 33, 11, 0, 7}));
+}
+
+
+// The batched op (what a step samples with) draws from the truncated, tempered softmax, not the
+// argmax: 8 tokens with p ∝ v + 1, one arm per setting, n = 6000 rows per arm that differ only
+// in their counter. Each token's frequency is within 5 standard deviations (sqrt(p(1-p)/n)) of
+// its exact probability, tokens outside the kept set never appear, and the argmax's share stays
+// below its probability + 5 standard deviations, well under 1 (a sampler that degenerates to
+// the argmax fails every arm). A correct sampler fails one of the 25 two-sided 5-sigma checks
+// with probability about 25 · 6e-7 (the draws are seeded, so the outcome is fixed).
+TEST(SampleRows, FrequenciesFollowTheTruncatedSoftmaxNotTheArgmax) {
+  const int64_t V = 8, n = 6000;
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int64_t v = 0; v < V; ++v) row[static_cast<size_t>(v)] = std::log(static_cast<float>(v + 1));
+  struct arm {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    std::vector<double> prob;  // exact, per token
+  };
+  auto normalise = [](std::vector<double> w) {
+    double z = 0;
+    for (double x : w) z += x;
+    for (double& x : w) x /= z;
+    return w;
+  };
+  const std::vector<arm> arms = {
+      {1.0f, 0, 1.0f, normalise({1, 2, 3, 4, 5, 6, 7, 8})},
+      // T = 0.5 squares the weights.
+      {0.5f, 0, 1.0f, normalise({1, 4, 9, 16, 25, 36, 49, 64})},
+      // top_k 3: tokens 5, 6, 7.
+      {1.0f, 3, 1.0f, normalise({0, 0, 0, 0, 0, 6, 7, 8})},
+      // top_p 0.4: 8/36 = 0.222, + 7/36 = 0.417 ≥ 0.4 → tokens 7 and 6.
+      {1.0f, 0, 0.4f, normalise({0, 0, 0, 0, 0, 0, 7, 8})},
+  };
+  for (size_t a = 0; a < arms.size(); ++a) {
+    const arm& A = arms[a];
+    std::vector<float> logits(static_cast<size_t>(n * V));
+    std::vector<sample_settings> s(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy(row.begin(), row.end(), logits.begin() + r * V);
+      sample_settings& st = s[static_cast<size_t>(r)];
+      st.temperature = A.temperature;
+      st.top_k = A.top_k;
+      st.top_p = A.top_p;
+      st.seed = 1000 + a;
+      st.counter = static_cast<uint64_t>(r);
+    }
+    std::vector<sample_output> out(static_cast<size_t>(n));
+    run_cpu(sample_rows_params{logits.data(), s.data(), out.data(), n, V, V});
+    std::vector<int64_t> count(static_cast<size_t>(V), 0);
+    for (const sample_output& o : out) {
+      ASSERT_GE(o.token, 0);
+      ASSERT_LT(o.token, V);
+      ++count[static_cast<size_t>(o.token)];
+    }
+    for (int64_t v = 0; v < V; ++v) {
+      const double p = A.prob[static_cast<size_t>(v)];
+      const double f = static_cast<double>(count[static_cast<size_t>(v)]) / static_cast<double>(n);
+      if (p == 0.0) {
+        EXPECT_EQ(count[static_cast<size_t>(v)], 0) << "arm " << a << ": token " << v << " is outside the kept set";
+      } else {
+        EXPECT_NEAR(f, p, 5.0 * std::sqrt(p * (1.0 - p) / static_cast<double>(n))) << "arm " << a << ", token " << v;
+      }
+    }
+    const double p_top = A.prob[static_cast<size_t>(V - 1)];
+    const double f_top = static_cast<double>(count[static_cast<size_t>(V - 1)]) / static_cast<double>(n);
+    EXPECT_LT(f_top, p_top + 5.0 * std::sqrt(p_top * (1.0 - p_top) / static_cast<double>(n)))
+        << "arm " << a << ": the argmax is drawn too often";
+    EXPECT_LT(p_top, 0.7) << "arm " << a << ": the check would not tell sampling from the argmax";
+  }
 }
 
 }  // namespace

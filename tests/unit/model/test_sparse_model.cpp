@@ -1,4 +1,4 @@
-// Sparse Top-K decode attention inside the models (DESIGN.md §7), float32 on the CPU.
+// Sparse Top-K decode attention inside the models (docs/ARCHITECTURE.md, Sparse Top-K attention), float32 on the CPU.
 //
 // References: the Hugging Face greedy tokens of the fixtures, and the same model run densely
 // (sparsity.algorithm: none) over the same tokens. Expectations:

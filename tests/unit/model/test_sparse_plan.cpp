@@ -1,6 +1,6 @@
 // The per-step sparse attention plan of the model (worker/model/sparse_select.h): which steps
 // keep page summaries, which select pages, which rows stay dense, and the step's decode
-// attention statistics, against counts worked out by hand from DESIGN.md §7.
+// attention statistics, against counts worked out by hand from docs/ARCHITECTURE.md, Sparse Top-K attention.
 // Config: page size 4, budget 3 pages, 1 sink, 1 recent, min_seq_len 8.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// The service configuration (DESIGN.md §10): YAML parsed once into typed structs and validated
+// The service configuration (docs/ARCHITECTURE.md, Configuration): YAML parsed once into typed structs and validated
 // at load. Unknown keys and bad values are config_error naming the path, e.g.
 //   "cache.page_size: must be a power of two, got 12".
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// The seven forward modes of a step (DESIGN.md §4), shared by the coordinator (which puts one
+// The seven forward modes of a step (docs/ARCHITECTURE.md, Forward modes and hybrid metadata), shared by the coordinator (which puts one
 // in every step plan, as its byte) and the workers (which decode the byte and switch over the
 // mode). Every switch over forward_mode has no default: and the build uses -Werror=switch, so
 // a new mode cannot be added unhandled.

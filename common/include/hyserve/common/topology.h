@@ -1,5 +1,5 @@
 #pragma once
-// Process layout of one job (DESIGN.md §2): world rank 0 is the coordinator, ranks 1..W the
+// Process layout of one job (docs/ARCHITECTURE.md, Processes and the wire): world rank 0 is the coordinator, ranks 1..W the
 // workers (W = dp · tp); worker w has dp_rank = (w-1) / tp and tp_rank = (w-1) % tp.
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// Wire protocol between the coordinator and the workers (DESIGN.md §2–§3). Messages are
+// Wire protocol between the coordinator and the workers (docs/ARCHITECTURE.md, Processes and the wire; One request, end to end). Messages are
 // versioned, length-prefixed and checksummed:
 //   [magic u32 "HYSV"][version u16][type u16][payload_len u32][crc32 of payload u32][payload]
 // All integers little-endian. Decoding validates everything: a truncated, corrupt, unknown or
@@ -124,7 +124,7 @@ struct step_result {
   std::string error;  // when !ok: what failed (the step's requests fail, the worker stays up)
   std::vector<row_result> rows;
   double step_ms = 0.0;
-  // Decode attention of the step (DESIGN.md §7): rows of a Decode / TargetVerify step (padding
+  // Decode attention of the step (docs/ARCHITECTURE.md, Sparse Top-K attention): rows of a Decode / TargetVerify step (padding
   // excluded), those that attended over a sparse page selection, and the KV pages one attention
   // layer read for them (all pages of a dense row). Zero for other modes.
   int32_t decode_rows = 0;

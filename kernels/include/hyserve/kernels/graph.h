@@ -1,5 +1,5 @@
 #pragma once
-// CUDA graphs and the stream-ordered plumbing around them (DESIGN.md §6: decode replayed as
+// CUDA graphs and the stream-ordered plumbing around them (docs/ARCHITECTURE.md, Model and kernels: decode replayed as
 // CUDA graphs). Free of CUDA headers; without the CUDA backend every call that needs a device
 // throws hyserve::error and the no-op destructors stay harmless.
 //

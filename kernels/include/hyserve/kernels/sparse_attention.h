@@ -1,5 +1,5 @@
 #pragma once
-// Sparse Top-K decode attention (DESIGN.md §7): per-page key summaries and Quest page selection.
+// Sparse Top-K decode attention (docs/ARCHITECTURE.md, Sparse Top-K attention): per-page key summaries and Quest page selection.
 //
 // Page summaries: per attention layer key_min / key_max [num_pages, kv_heads, head_dim] f32,
 // the element-wise minimum / maximum of the keys held by the page. They are updated from the

@@ -1,5 +1,5 @@
 #pragma once
-// Collective operations over the tensor-parallel group of one DP group (DESIGN.md §2). The
+// Collective operations over the tensor-parallel group of one DP group (docs/ARCHITECTURE.md, Processes and the wire). The
 // model calls these; implementations: local (tp = 1), MPI (CPU), NCCL (CUDA).
 #include <cstddef>
 #include <cstdint>

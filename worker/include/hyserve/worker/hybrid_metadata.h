@@ -1,6 +1,6 @@
 #pragma once
 // Per-step metadata shared by every SSM layer (and the attention layers' row bookkeeping),
-// built by a pure function of the forward batch. Contract: DESIGN.md §4.
+// built by a pure function of the forward batch. Contract: docs/ARCHITECTURE.md, Forward modes and hybrid metadata.
 #include <cstdint>
 #include <vector>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Memory pools of one worker (DESIGN.md §5): the req→token table, the paged KV allocator and
+// Memory pools of one worker (docs/ARCHITECTURE.md, Memory): the req→token table, the paged KV allocator and
 // caches, and the mamba slot allocator with per-layer conv/SSM state. The coordinator owns the
 // bookkeeping in the service; the offline engine drives the same allocators directly.
 #include <cstdint>
@@ -50,7 +50,7 @@ class kv_page_allocator {
 struct kv_layer_cache {
   tensor k;
   tensor v;
-  // Page summaries for sparse attention (DESIGN.md §5, §7): f32 [num_pages, kv_heads, head_dim]
+  // Page summaries for sparse attention (docs/ARCHITECTURE.md, Memory; Sparse Top-K attention): f32 [num_pages, kv_heads, head_dim]
   // element-wise min / max of each page's keys. Empty unless sparsity.algorithm is quest; then
   // allocated on the device of k by the first step that writes keys (worker/model/sparse_select.h).
   tensor key_min{};

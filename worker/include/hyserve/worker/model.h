@@ -31,7 +31,7 @@ struct model_context {
   req_to_token_pool* req_to_token = nullptr;  // token position → flat KV location
   kv_cache* kv = nullptr;                     // one layer cache per attention layer, in layer order
   mamba_state_cache* mamba = nullptr;         // one layer state per SSM layer, in layer order
-  // TargetVerify / Draft: per-step states, slot index = row · steps + step (DESIGN.md §4).
+  // TargetVerify / Draft: per-step states, slot index = row · steps + step (docs/ARCHITECTURE.md, Forward modes and hybrid metadata).
   mamba_state_cache* mamba_steps = nullptr;
   // The token each state slot's request sampled last, on the model's device (i32 [slots]),
   // written by every step that samples on the device (forward_options::sample). A token id
@@ -41,7 +41,7 @@ struct model_context {
   int64_t last_token_slots = 0;
 };
 
-// What decode attention read in one step (DESIGN.md §7), summed over the step's rows; the same
+// What decode attention read in one step (docs/ARCHITECTURE.md, Sparse Top-K attention), summed over the step's rows; the same
 // for every attention layer (the layers read equally many pages per row, only which differ).
 struct sparse_attention_stats {
   int64_t decode_rows = 0;  // rows of a Decode / TargetVerify step (padding excluded); 0 otherwise
@@ -109,7 +109,7 @@ class model {
   // The device the model's weights live on and its ops run on; the caches of ctx must live
   // there too.
   virtual const kernels::exec_context& exec() const = 0;
-  // Sparse Top-K decode attention from the next step on (DESIGN.md §7; make_model passes
+  // Sparse Top-K decode attention from the next step on (docs/ARCHITECTURE.md, Sparse Top-K attention; make_model passes
   // cfg.sparsity). Page summaries are kept from the first step run with algorithm quest: switch
   // to quest only between requests (KV written before has no summaries).
   virtual void set_sparsity(const sparsity_section& sparsity) = 0;
