@@ -6,6 +6,7 @@
 // tensor-parallel degree raised.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 
 #include "service_test_support.h"
@@ -19,6 +20,11 @@ struct family_case {
   int tp;
   bool serve_sh;  // started through launch/serve.sh
 };
+
+// Names the case in gtest's and ctest's listings (instead of the struct's bytes).
+void PrintTo(const family_case& c, std::ostream* os) {
+  *os << "configs/" << c.config << " tp=" << c.tp << (c.serve_sh ? " via launch/serve.sh" : "");
+}
 
 std::string family_case_name(const ::testing::TestParamInfo<family_case>& info) {
   std::string n = info.param.fixture;
