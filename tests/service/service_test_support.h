@@ -31,6 +31,25 @@ inline const std::vector<test::reference_prompt>& reference() {
   return prompts;
 }
 
+// A config shipped in configs/ (the file launch/serve.sh serves) for a service_process, which
+// writes it into a directory of its own: the port becomes @PORT@ (an ephemeral one), relative
+// paths (which resolve against configs/) become absolute, and `tp` replaces the config's
+// tensor-parallel degree when given. Every substitution must find its text: an edited config
+// fails here rather than silently serving something else.
+inline std::string shipped_config(const std::string& name, int tp = 0) {
+  std::string yaml = read_text(std::string(HYSERVE_SOURCE_DIR) + "/configs/" + name);
+  auto replace_all = [&](const std::string& from, const std::string& to) {
+    size_t n = 0;
+    for (size_t pos = yaml.find(from); pos != std::string::npos; pos = yaml.find(from, pos + to.size()), ++n)
+      yaml.replace(pos, from.size(), to);
+    if (n == 0) ADD_FAILURE() << "configs/" << name << " has no '" << from << "'";
+  };
+  replace_all("port: 8000", "port: @PORT@");
+  replace_all("../tests/fixtures/", std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/");
+  if (tp > 0) replace_all("parallel: {tp: 1, dp: 1}", "parallel: {tp: " + std::to_string(tp) + ", dp: 1}");
+  return yaml;
+}
+
 inline boost::json::array to_json_ids(const std::vector<int32_t>& ids) {
   boost::json::array a;
   for (int32_t id : ids) a.emplace_back(id);
@@ -227,6 +246,31 @@ inline void run_concurrently(size_t n, const std::function<void(size_t)>& fn) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// The greedy continuations of a fixture over /generate: every prompt alone, then all of them at
+// once (twice, so that with dp=2 both groups serve some), token for token.
+inline void expect_fixture_greedy(uint16_t port, const std::string& label,
+                                  const std::vector<test::reference_prompt>& prompts = reference()) {
+  ASSERT_EQ(prompts.size(), 3u);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto n = static_cast<int32_t>(prompts[p].greedy_ids.size());
+    const generation g = generate(port, prompts[p].input_ids, greedy(n, true));
+    EXPECT_EQ(g.status, 200u) << label << " prompt " << p << ": " << g;
+    EXPECT_EQ(g.ids, prompts[p].greedy_ids) << label << " prompt " << p;
+    EXPECT_EQ(g.finish, "length") << label << " prompt " << p;
+    EXPECT_EQ(g.completion_tokens, n) << label << " prompt " << p;
+    EXPECT_EQ(g.prompt_tokens, static_cast<int64_t>(prompts[p].input_ids.size())) << label << " prompt " << p;
+  }
+  std::vector<generation> got(2 * prompts.size());
+  run_concurrently(got.size(), [&](size_t i) {
+    const auto& p = prompts[i % prompts.size()];
+    got[i] = generate(port, p.input_ids, greedy(static_cast<int32_t>(p.greedy_ids.size()), true));
+  });
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].status, 200u) << label << " concurrent " << i << ": " << got[i];
+    EXPECT_EQ(got[i].ids, prompts[i % prompts.size()].greedy_ids) << label << " concurrent " << i;
+  }
 }
 
 // The error object of a JSON error answer ({"error": {message, type, param, code}}).

@@ -18,29 +18,6 @@
 namespace hyserve::service_test {
 namespace {
 
-// The greedy fixture over /generate: every prompt alone, then all of them at once (twice, so
-// that with dp=2 both groups serve some).
-void expect_fixture_greedy(uint16_t port, const std::string& label) {
-  const auto& prompts = reference();
-  ASSERT_EQ(prompts.size(), 3u);
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    const generation g = generate(port, prompts[p].input_ids, greedy(24, true));
-    EXPECT_EQ(g.status, 200u) << label << " prompt " << p << ": " << g;
-    EXPECT_EQ(g.ids, prompts[p].greedy_ids) << label << " prompt " << p;
-    EXPECT_EQ(g.finish, "length") << label << " prompt " << p;
-    EXPECT_EQ(g.completion_tokens, 24) << label << " prompt " << p;
-    EXPECT_EQ(g.prompt_tokens, static_cast<int64_t>(prompts[p].input_ids.size())) << label << " prompt " << p;
-  }
-  std::vector<generation> got(2 * prompts.size());
-  run_concurrently(got.size(), [&](size_t i) {
-    got[i] = generate(port, prompts[i % prompts.size()].input_ids, greedy(24, true));
-  });
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].status, 200u) << label << " concurrent " << i << ": " << got[i];
-    EXPECT_EQ(got[i].ids, prompts[i % prompts.size()].greedy_ids) << label << " concurrent " << i;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // DP=1 × TP=2, shared by the cases below.
 
