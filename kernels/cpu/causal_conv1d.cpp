@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "conv_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -19,18 +20,10 @@ constexpr int64_t kChannelBlock = 64;
 
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
+// The shared field checks (conv_validate.h), then the slots, which the CPU op can read.
 template <class Params>
 void check_common(const Params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.state_indices, op, "state_indices");
-  if (p.width > 1) require_ptr(p.conv_states, op, "conv_states");  // width 1 keeps no window
-  require_positive(p.batch, op, "batch");
-  require_positive(p.dim, op, "dim");
-  if (p.width < 1) fail(op, "width", p.width, "must be >= 1");
-  require_stride(p.x_stride, p.dim, op, "x_stride");
-  require_stride(p.out_stride, p.dim, op, "out_stride");
+  check_conv1d_fields(p, op);
   require_state_indices(p.state_indices, p.batch, op);
 }
 

@@ -15,7 +15,10 @@
 #include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/ssm.h"
+#include "conv_validate.h"
 #include "dtype_dispatch.h"
+#include "gdn_validate.h"
+#include "ssm_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -31,9 +34,7 @@ float silu(float v) { return v / (1.0f + std::exp(-v)); }
 // Shape checks shared by the three multi-token ops: steps, tree parents, start columns.
 void check_steps(const int32_t* parent, const int32_t* first_step, const int32_t* state_indices, int64_t batch,
                  int64_t tokens_per_row, int64_t steps, const char* op) {
-  require_positive(tokens_per_row, op, "tokens_per_row");
-  if (steps < tokens_per_row)
-    fail(op, "steps", steps, ("must be >= tokens_per_row = " + std::to_string(tokens_per_row)).c_str());
+  require_step_columns(tokens_per_row, steps, op);
   for (int64_t b = 0; b < batch; ++b) {
     if (state_indices[b] < 0) continue;
     const int64_t f = first_step != nullptr ? first_step[b] : 0;
@@ -56,57 +57,6 @@ int64_t start_column(const int32_t* parent, const int32_t* first_step, int64_t b
   const int64_t q = parent != nullptr ? parent[b * T + t] : t - 1;
   if (q >= 0) return f + q;
   return f - 1;
-}
-
-void check_ssm(const ssm_common_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.dt, op, "dt");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.B, op, "B");
-  require_ptr(p.C, op, "C");
-  require_ptr(p.y, op, "y");
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads, op, "heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.d_state, op, "d_state");
-  require_positive(p.n_groups, op, "n_groups");
-  if (p.heads % p.n_groups != 0)
-    fail(op, "n_groups", p.n_groups, ("must divide heads = " + std::to_string(p.heads)).c_str());
-  require_stride(p.x_stride, p.heads * p.head_dim, op, "x_stride");
-  require_stride(p.dt_stride, p.heads, op, "dt_stride");
-  require_stride(p.bc_stride, p.n_groups * p.d_state, op, "bc_stride");
-  require_stride(p.y_stride, p.heads * p.head_dim, op, "y_stride");
-  require_state_indices(p.state_indices, p.batch, op);
-  require_storage(p.io_dtype, op, "io_dtype");
-  require_storage(p.state_dtype, op, "state_dtype");
-}
-
-void check_gdn(const gdn_common_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.states, op, "states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads_k, op, "heads_k");
-  require_positive(p.heads_v, op, "heads_v");
-  require_positive(p.k_dim, op, "k_dim");
-  require_positive(p.v_dim, op, "v_dim");
-  if (p.heads_v % p.heads_k != 0)
-    fail(op, "heads_v", p.heads_v, ("must be a multiple of heads_k = " + std::to_string(p.heads_k)).c_str());
-  require_stride(p.q_stride, p.heads_k * p.k_dim, op, "q_stride");
-  require_stride(p.k_stride, p.heads_k * p.k_dim, op, "k_stride");
-  require_stride(p.v_stride, p.heads_v * p.v_dim, op, "v_stride");
-  require_stride(p.a_stride, p.heads_v, op, "a_stride");
-  require_stride(p.b_stride, p.heads_v, op, "b_stride");
-  require_stride(p.out_stride, p.heads_v * p.v_dim, op, "out_stride");
-  require_state_indices(p.state_indices, p.batch, op);
 }
 
 void normalise(const float* src, float* dst, int64_t n, bool l2, float scale) {
@@ -176,8 +126,8 @@ void ssm_multi_head(const selective_state_update_multi_params& p, int64_t b, int
 
 void run_cpu(const selective_state_update_multi_params& p) {
   constexpr const char* op = "selective_state_update_multi";
-  check_ssm(p, op);
-  require_ptr(p.step_states, op, "step_states");
+  check_ssm_update_multi_fields(p, op);  // ssm_validate.h, shared with the CUDA op
+  require_state_indices(p.state_indices, p.batch, op);
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
   dispatch_storage(p.io_dtype, op, "io_dtype", [&](auto io) {
     dispatch_storage(p.state_dtype, op, "state_dtype", [&](auto st) {
@@ -201,19 +151,7 @@ void run_cpu(const selective_state_update_multi_params& p) {
 
 void run_cpu(const conv1d_update_multi_params& p) {
   constexpr const char* op = "causal_conv1d_update_multi";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.dim, op, "dim");
-  if (p.width < 1) fail(op, "width", p.width, "must be >= 1");
-  if (p.width > 1) {
-    require_ptr(p.conv_states, op, "conv_states");
-    require_ptr(p.step_windows, op, "step_windows");
-  }
-  require_stride(p.x_stride, p.dim, op, "x_stride");
-  require_stride(p.out_stride, p.dim, op, "out_stride");
+  check_conv1d_update_multi_fields(p, op);  // conv_validate.h, shared with the CUDA op
   require_state_indices(p.state_indices, p.batch, op);
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
   const int64_t K = p.width, W = K - 1, T = p.tokens_per_row, win_elems = p.dim * W;
@@ -248,8 +186,8 @@ void run_cpu(const conv1d_update_multi_params& p) {
 
 void run_cpu(const gdn_state_update_multi_params& p) {
   constexpr const char* op = "gdn_state_update_multi";
-  check_gdn(p, op);
-  require_ptr(p.step_states, op, "step_states");
+  check_gdn_update_multi_fields(p, op);  // gdn_validate.h, shared with the CUDA op
+  require_state_indices(p.state_indices, p.batch, op);
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
   const int64_t K = p.k_dim, V = p.v_dim, T = p.tokens_per_row;
   const int64_t group = p.heads_v / p.heads_k;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ssm_dtype.h"
+#include "ssm_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -62,30 +63,9 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// The shared field checks (ssm_validate.h), then the slots, which the CPU op can read.
 void check_common(const ssm_common_params& p, const char* op) {
-  require_ssm_dtypes(p, op);
-  require_ptr(p.x, op, "x");
-  require_ptr(p.dt, op, "dt");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.B, op, "B");
-  require_ptr(p.C, op, "C");
-  require_ptr(p.y, op, "y");
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads, op, "heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.d_state, op, "d_state");
-  require_positive(p.n_groups, op, "n_groups");
-  if (p.heads % p.n_groups != 0) {
-    fail(op, "n_groups", p.n_groups, ("must divide heads = " + std::to_string(p.heads)).c_str());
-  }
-  require_stride(p.x_stride, p.heads * p.head_dim, op, "x_stride");
-  require_stride(p.dt_stride, p.heads, op, "dt_stride");
-  require_stride(p.bc_stride, p.n_groups * p.d_state, op, "bc_stride");
-  require_stride(p.y_stride, p.heads * p.head_dim, op, "y_stride");
-  if (!(p.dt_min <= p.dt_max))
-    fail(op, "dt_min", p.dt_min, ("must be <= dt_max = " + std::to_string(p.dt_max)).c_str());
+  check_ssm_common_fields(p, op);
   require_state_indices(p.state_indices, p.batch, op);
 }
 
@@ -248,9 +228,8 @@ void update_row(const selective_state_update_params& p, int64_t b, int64_t h, fl
 
 void run_cpu(const ssd_chunk_scan_params& p) {
   constexpr const char* op = "ssd_chunk_scan";
-  check_common(p, op);
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_positive(p.chunk_size, op, "chunk_size");
+  check_ssd_chunk_scan_fields(p, op);
+  require_state_indices(p.state_indices, p.batch, op);
   require_query_start_loc(p.query_start_loc, p.batch, op);
 
   int64_t n_live = 0;

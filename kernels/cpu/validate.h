@@ -30,6 +30,13 @@ inline void require_non_negative(int64_t value, const char* op, const char* fiel
   if (value < 0) fail(op, field, value, "must be >= 0");
 }
 
+// Multi-token ops: tokens_per_row >= 1 tokens per row, each writing one of `steps` step columns.
+inline void require_step_columns(int64_t tokens_per_row, int64_t steps, const char* op) {
+  require_positive(tokens_per_row, op, "tokens_per_row");
+  if (steps < tokens_per_row)
+    fail(op, "steps", steps, ("must be >= tokens_per_row = " + std::to_string(tokens_per_row)).c_str());
+}
+
 // A row stride must cover the row it addresses.
 inline void require_stride(int64_t stride, int64_t row_elems, const char* op, const char* field) {
   if (stride < row_elems) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../cpu/conv_validate.h"
 #include "common.cuh"
 #include "dispatch.h"
 #include "hyserve/kernels/causal_conv1d.h"
@@ -151,20 +152,12 @@ void launch_conv1d_update(const conv1d_update_params& p, cudaStream_t stream) {
 HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
 #undef HYSERVE_INSTANTIATE
 
-// The CPU op's checks on the host-visible fields. state_indices, query_start_loc and
-// has_initial_state live on the device: a slot < 0 is padding; the rest is trusted.
+// The checks both backends share (cpu/conv_validate.h), then the CUDA kernels' own limits.
+// state_indices, query_start_loc and has_initial_state live on the device: a slot < 0 is
+// padding; the rest is trusted.
 template <class Params>
 void check_common(const Params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.state_indices, op, "state_indices");
-  if (p.width > 1) require_ptr(p.conv_states, op, "conv_states");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.dim, op, "dim");
-  if (p.width < 1) fail(op, "width", p.width, "must be >= 1");
-  require_stride(p.x_stride, p.dim, op, "x_stride");
-  require_stride(p.out_stride, p.dim, op, "out_stride");
+  cpu_detail::check_conv1d_fields(p, op);
   if (p.batch > kMaxGridY) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
   if (!conv_width_table::supports(p.width)) {
     fail(op, "width", p.width, ("unsupported by the CUDA kernels; built for " + conv_width_table::list()).c_str());

@@ -34,6 +34,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../cpu/gdn_validate.h"
 #include "common.cuh"
 #include "dispatch.h"
 #include "env_choice.h"
@@ -215,35 +216,9 @@ __global__ void __launch_bounds__(kGdnThreads)
 
 }  // namespace
 
-// The CPU op's checks of the host-visible fields; state_indices, query_start_loc and
-// has_initial_state live in device memory and are not read here.
-void check_gdn_common(const gdn_common_params& p, const char* op, bool f32_io) {
-  if (f32_io) {
-    require_ptr(p.q, op, "q");
-    require_ptr(p.k, op, "k");
-    require_ptr(p.v, op, "v");
-    require_ptr(p.out, op, "out");
-  }
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.states, op, "states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads_k, op, "heads_k");
-  require_positive(p.heads_v, op, "heads_v");
-  require_positive(p.k_dim, op, "k_dim");
-  require_positive(p.v_dim, op, "v_dim");
-  if (p.heads_v % p.heads_k != 0)
-    fail(op, "heads_v", p.heads_v, ("must be a multiple of heads_k = " + std::to_string(p.heads_k)).c_str());
-  require_stride(p.q_stride, p.heads_k * p.k_dim, op, "q_stride");
-  require_stride(p.k_stride, p.heads_k * p.k_dim, op, "k_stride");
-  require_stride(p.v_stride, p.heads_v * p.v_dim, op, "v_stride");
-  require_stride(p.a_stride, p.heads_v, op, "a_stride");
-  require_stride(p.b_stride, p.heads_v, op, "b_stride");
-  require_stride(p.out_stride, p.heads_v * p.v_dim, op, "out_stride");
-  if (!std::isfinite(p.scale)) fail(op, "scale", p.scale, "must be finite");
-  // CUDA-specific limits: grid dimensions, the key-dim table and the 16-byte state accesses.
+// The CUDA kernels' own limits: grid dimensions, the key-dim table and the 16-byte state
+// accesses.
+static void check_gdn_cuda_limits(const gdn_common_params& p, const char* op) {
   if (!gdn_key_dim_table::supports(p.k_dim))
     fail(op, "k_dim", p.k_dim, ("unsupported by the CUDA kernels; built for " + gdn_key_dim_table::list()).c_str());
   if (p.batch > kMaxGridY) fail(op, "batch", p.batch, "exceeds the CUDA grid (65535)");
@@ -252,19 +227,16 @@ void check_gdn_common(const gdn_common_params& p, const char* op, bool f32_io) {
   require_aligned16(p.states, op, "states");
 }
 
+// The checks both backends share (cpu/gdn_validate.h), then the CUDA limits; state_indices,
+// query_start_loc and has_initial_state live in device memory and are not read here.
+void check_gdn_common(const gdn_common_params& p, const char* op, bool f32_io) {
+  cpu_detail::check_gdn_common_fields(p, op, f32_io);
+  check_gdn_cuda_limits(p, op);
+}
+
 void check_gdn_chunk_scan(const gdn_chunk_scan_params& p, const char* op) {
-  if (p.io_dtype != dtype::kF32 && p.io_dtype != dtype::kBF16)
-    fail(op, "io_dtype", dtype_name(p.io_dtype), "must be f32 or bf16");
-  const bool bf16_io = p.io_dtype == dtype::kBF16;
-  check_gdn_common(p, op, !bf16_io);
-  if (bf16_io) {
-    require_ptr(p.q_bf16, op, "q_bf16");
-    require_ptr(p.k_bf16, op, "k_bf16");
-    require_ptr(p.v_bf16, op, "v_bf16");
-    require_ptr(p.out_bf16, op, "out_bf16");
-  }
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_positive(p.chunk_size, op, "chunk_size");
+  cpu_detail::check_gdn_chunk_scan_fields(p, op);
+  check_gdn_cuda_limits(p, op);
 }
 
 void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* has_init, const char* op,

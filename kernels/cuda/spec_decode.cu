@@ -6,7 +6,9 @@
 #include <string>
 #include <type_traits>
 
+#include "../cpu/conv_validate.h"
 #include "../cpu/dtype_dispatch.h"
+#include "../cpu/gdn_validate.h"
 #include "ssm_common.cuh"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/causal_conv1d.h"
@@ -308,20 +310,8 @@ using namespace cuda_detail;
 
 void run_cuda(const selective_state_update_multi_params& p, void* stream) {
   constexpr const char* op = "selective_state_update_multi";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.y, op, "y");
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.step_states, op, "step_states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads, op, "heads");
-  require_positive(p.n_groups, op, "n_groups");
-  require_positive(p.tokens_per_row, op, "tokens_per_row");
-  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
-  require_positive(p.head_dim, op, "head_dim");
-  if (p.d_state < 1 || p.d_state > 32 * kMultiMaxPer) fail(op, "d_state", p.d_state, "must be in [1, 256]");
-  if (p.heads % p.n_groups != 0) fail(op, "n_groups", p.n_groups, "must divide heads");
-  cpu_detail::require_ssm_dtypes(p, op);
+  cpu_detail::check_ssm_update_multi_fields(p, op);  // shared with the CPU op (cpu/ssm_validate.h)
+  if (p.d_state > 32 * kMultiMaxPer) fail(op, "d_state", p.d_state, "must be in [1, 256]");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.head_dim, int64_t{kMultiWarps})), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));
   // Elements per lane: 4 up to d_state 128 (half the registers, more warps resident), else 8.
@@ -336,15 +326,7 @@ void run_cuda(const selective_state_update_multi_params& p, void* stream) {
 
 void run_cuda(const conv1d_update_multi_params& p, void* stream) {
   constexpr const char* op = "causal_conv1d_update_multi";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.dim, op, "dim");
-  require_positive(p.width, op, "width");
-  require_positive(p.tokens_per_row, op, "tokens_per_row");
-  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  cpu_detail::check_conv1d_update_multi_fields(p, op);  // shared with the CPU op (cpu/conv_validate.h)
   const dim3 grid(static_cast<unsigned>(ceil_div(p.dim, kThreads)), static_cast<unsigned>(p.batch));
   conv_update_multi_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
@@ -352,16 +334,7 @@ void run_cuda(const conv1d_update_multi_params& p, void* stream) {
 
 void run_cuda(const gdn_state_update_multi_params& p, void* stream) {
   constexpr const char* op = "gdn_state_update_multi";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.states, op, "states");
-  require_ptr(p.step_states, op, "step_states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads_k, op, "heads_k");
-  require_positive(p.heads_v, op, "heads_v");
-  require_positive(p.tokens_per_row, op, "tokens_per_row");
-  if (p.steps < p.tokens_per_row) fail(op, "steps", p.steps, "must be >= tokens_per_row");
+  cpu_detail::check_gdn_update_multi_fields(p, op);  // shared with the CPU op (cpu/gdn_validate.h)
   const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.k_dim));
   const dim3 grid(static_cast<unsigned>(p.heads_v), static_cast<unsigned>(p.batch));
   const size_t shared = static_cast<size_t>(2 * p.k_dim + 2) * sizeof(float);

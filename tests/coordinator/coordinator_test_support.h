@@ -1,6 +1,6 @@
 #pragma once
-// Test doubles for the coordinator's HTTP tests: a deterministic frontend, and a synchronous
-// Beast HTTP client whose every exchange is bounded by a deadline.
+// Test doubles for the coordinator's HTTP tests: a deterministic frontend, and the bounded
+// HTTP client of the test-support library that throws when it cannot connect.
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include <boost/beast/http.hpp>
 
 #include "coordinator/request.h"
+#include "http_client.h"
 
 namespace hyserve::coordinator::testing {
 
@@ -167,150 +168,19 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 
-// Shuts the socket down if the guarded I/O is still running at the deadline, which makes a
-// blocked read or write fail instead of hanging the test.
-class io_deadline {
+// The HTTP client of the test-support library (tests/support/http_client.h).
+using io_deadline = test_support::socket_deadline;
+using test_support::http_reply;
+using test_support::sse_events;
+
+// One keep-alive connection to the server under test; the constructor throws
+// boost::system::system_error when the server does not accept the connection.
+class http_client : public test_support::http_connection {
  public:
-  io_deadline(tcp::socket& socket, std::chrono::milliseconds limit)
-      : thread_([this, fd = socket.native_handle(), limit] {
-          std::unique_lock lock(mutex_);
-          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-            expired_ = true;
-            ::shutdown(fd, SHUT_RDWR);
-          }
-        }) {}
-  ~io_deadline() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  bool expired() {
-    std::lock_guard lock(mutex_);
-    return expired_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool expired_ = false;
-  std::thread thread_;
-};
-
-struct http_reply {
-  unsigned status = 0;  // 0 when the exchange failed (see error)
-  std::string body;
-  std::map<std::string, std::string> headers;  // lower-case names
-  bool keep_alive = false;
-  std::string error;
-
-  std::string header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? std::string() : it->second;
+  explicit http_client(uint16_t port) : http_connection(port) {
+    if (!connected())
+      throw boost::system::system_error(make_error_code(boost::asio::error::connection_refused), error());
   }
 };
-
-// One keep-alive connection; request() writes a request and reads the whole response with
-// beast::http::write / read.
-class http_client {
- public:
-  explicit http_client(uint16_t port) : socket_(ioc_) {
-    socket_.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
-  }
-
-  http_reply request(const std::string& method, const std::string& target, const std::string& body = {},
-                     const std::vector<std::pair<std::string, std::string>>& headers = {},
-                     std::chrono::milliseconds limit = 10s) {
-    http_reply reply;
-    io_deadline deadline(socket_, limit);
-    beast::error_code ec;
-    bhttp::write(socket_, make_request(method, target, body, headers), ec);
-    if (ec) {
-      reply.error = "write: " + ec.message();
-      return reply;
-    }
-    bhttp::response_parser<bhttp::string_body> parser;
-    parser.body_limit(64 << 20);
-    bhttp::read(socket_, buffer_, parser, ec);
-    if (ec) {
-      reply.error = "read: " + ec.message() + (deadline.expired() ? " (deadline)" : "");
-      return reply;
-    }
-    auto res = parser.release();
-    reply.status = res.result_int();
-    reply.keep_alive = res.keep_alive();
-    for (const auto& f : res) {
-      std::string name(f.name_string());
-      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-      reply.headers[name] = std::string(f.value());
-    }
-    reply.body = std::move(res.body());
-    return reply;
-  }
-
-  // Writes a request without reading the answer.
-  void send_only(const std::string& method, const std::string& target, const std::string& body) {
-    io_deadline deadline(socket_, 5s);
-    bhttp::write(socket_, make_request(method, target, body, {}));
-  }
-
-  // Reads a streamed (chunked) response until its body contains `needle`; returns the body so far.
-  std::string read_stream_until(const std::string& needle, std::chrono::milliseconds limit = 5s) {
-    io_deadline deadline(socket_, limit);
-    bhttp::response_parser<bhttp::string_body> parser;
-    beast::error_code ec;
-    bhttp::read_header(socket_, buffer_, parser, ec);
-    while (!ec && parser.get().body().find(needle) == std::string::npos && !parser.is_done()) {
-      bhttp::read_some(socket_, buffer_, parser, ec);
-    }
-    return parser.get().body();
-  }
-
-  void close() {
-    beast::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
-  }
-
-  tcp::socket& socket() { return socket_; }
-
- private:
-  static bhttp::request<bhttp::string_body> make_request(const std::string& method, const std::string& target,
-                                                         const std::string& body,
-                                                         const std::vector<std::pair<std::string, std::string>>& headers) {
-    bhttp::request<bhttp::string_body> req;
-    req.method_string(method);
-    req.target(target);
-    req.version(11);
-    req.set(bhttp::field::host, "127.0.0.1");
-    for (const auto& [name, value] : headers) req.set(name, value);
-    if (!body.empty()) req.set(bhttp::field::content_type, "application/json");
-    req.body() = body;
-    req.keep_alive(true);
-    req.prepare_payload();
-    return req;
-  }
-
-  net::io_context ioc_;
-  tcp::socket socket_;
-  beast::flat_buffer buffer_;
-};
-
-// The payloads of the `data: ...` events of a server-sent-events body, in order.
-inline std::vector<std::string> sse_events(const std::string& body) {
-  std::vector<std::string> events;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    const size_t end = body.find("\n\n", pos);
-    if (end == std::string::npos) break;
-    const std::string block = body.substr(pos, end - pos);
-    if (block.rfind("data: ", 0) == 0) events.push_back(block.substr(6));
-    pos = end + 2;
-  }
-  return events;
-}
 
 }  // namespace hyserve::coordinator::testing

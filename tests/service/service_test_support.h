@@ -22,6 +22,9 @@
 
 namespace hyserve::service_test {
 
+// The HTTP client of the test-support library (tests/support/http_client.h).
+using namespace hyserve::test_support;
+
 constexpr int32_t kVocab = 512;      // bamba-tiny
 constexpr int32_t kEosId = 2;
 constexpr int32_t kMaxContext = 512;  // cache.max_context of the test configs

@@ -1,7 +1,8 @@
 #pragma once
-// A small synchronous Boost.Beast HTTP/1.1 client for the end-to-end tests. Every exchange is
-// bounded: a watchdog thread shuts the socket down at the deadline, which makes a blocked
-// read or write fail instead of hanging the test.
+// A small synchronous Boost.Beast HTTP/1.1 client for the tests of the HTTP server and of the
+// whole service (the hyserve_test_support library). Every exchange is bounded: a watchdog
+// thread shuts the socket down at the deadline, which makes a blocked read or write fail
+// instead of hanging the test.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -30,7 +31,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 
-namespace hyserve::service_test {
+namespace hyserve::test_support {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -38,9 +39,11 @@ namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 using namespace std::chrono_literals;
 
-// Shuts `fd` down if still armed at the deadline.
+// Shuts the socket down if the guarded I/O is still running at the deadline.
 class socket_deadline {
  public:
+  socket_deadline(tcp::socket& socket, std::chrono::milliseconds limit)
+      : socket_deadline(socket.native_handle(), limit) {}
   socket_deadline(int fd, std::chrono::milliseconds limit)
       : thread_([this, fd, limit] {
           std::unique_lock lock(mutex_);
@@ -74,6 +77,7 @@ struct http_reply {
   unsigned status = 0;  // 0: the exchange failed (see error)
   std::string body;
   std::map<std::string, std::string> headers;  // lower-case names
+  bool keep_alive = false;                     // the response lets the connection stay open
   std::string error;
 
   std::string header(const std::string& name) const {
@@ -200,6 +204,18 @@ class http_connection {
     }
   }
   bool stream_done() const { return stream_parser_ && stream_parser_->is_done(); }
+
+  // Reads a streamed response (its request sent with send_only) until its body contains
+  // `needle`; returns the body so far.
+  std::string read_stream_until(const std::string& needle, std::chrono::milliseconds limit = 5s) {
+    socket_deadline deadline(socket_, limit);
+    bhttp::response_parser<bhttp::string_body> parser;
+    beast::error_code ec;
+    bhttp::read_header(socket_, buffer_, parser, ec);
+    while (!ec && parser.get().body().find(needle) == std::string::npos && !parser.is_done())
+      bhttp::read_some(socket_, buffer_, parser, ec);
+    return parser.get().body();
+  }
   const std::string& stream_error() const { return stream_error_; }
 
   void close() {
@@ -207,6 +223,8 @@ class http_connection {
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
   }
+  tcp::socket& socket() { return socket_; }
+
   // Closes abruptly (RST): what a client that crashes does.
   void reset() {
     beast::error_code ec;
@@ -257,6 +275,7 @@ class http_connection {
     }
     auto res = parser.release();
     reply.status = res.result_int();
+    reply.keep_alive = res.keep_alive();
     for (const auto& f : res) {
       std::string name(f.name_string());
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -297,10 +316,24 @@ inline http_reply http_call(uint16_t port, const std::string& method, const std:
   return c.request(method, target, body, {}, limit);
 }
 
+// The payloads of the `data: ...` events of a server-sent-events body, in order.
+inline std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> events;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    const std::string block = body.substr(pos, end - pos);
+    if (block.rfind("data: ", 0) == 0) events.push_back(block.substr(6));
+    pos = end + 2;
+  }
+  return events;
+}
+
 inline http_reply http_get(uint16_t port, const std::string& target) { return http_call(port, "GET", target); }
 inline http_reply http_post(uint16_t port, const std::string& target, const std::string& body,
                             std::chrono::milliseconds limit = 120s) {
   return http_call(port, "POST", target, body, limit);
 }
 
-}  // namespace hyserve::service_test
+}  // namespace hyserve::test_support

@@ -17,9 +17,16 @@
 
 #include "cuda/device_buffer.h"
 #include "hyserve/common/error.h"
+#include "test_data.h"
 #include "hyserve/kernels/device.h"
 
 namespace hyserve::kernels::cuda_test {
+
+// Shared with every suite (tests/support/test_data.h).
+using test_support::expect_invalid;
+using test_support::join;
+using test_support::random_floats;
+using test_support::round_bf16;
 
 constexpr uint32_t kPoisonBits = 0xffffffffu;  // what device_buffer::fill_bytes(0xff) writes
 
@@ -33,15 +40,6 @@ inline bool is_poison(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u == kPoisonBits;
-}
-
-// n values uniform in [lo, hi) from a fixed seed.
-inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return v;
 }
 
 template <class T>
@@ -136,25 +134,6 @@ void expect_equal(const std::vector<I>& got, const std::vector<I>& want, const s
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " differ; first at " << first << ": cuda "
                      << got[first] << ", cpu " << want[first];
-}
-
-// Runs fn and expects an invalid_argument_error whose message contains field.
-template <class Fn>
-void expect_invalid(Fn&& fn, const std::string& field) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected invalid_argument_error naming '" << field << "'";
-  } catch (const invalid_argument_error& e) {
-    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
-        << "message '" << e.what() << "' does not name '" << field << "'";
-  }
-}
-
-// Joins integers for test names: {37, 16, 1} → "37x16x1".
-inline std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "x" : "") << v[i];
-  return os.str();
 }
 
 }  // namespace hyserve::kernels::cuda_test

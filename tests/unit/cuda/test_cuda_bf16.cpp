@@ -33,6 +33,7 @@ using cuda_test::expect_equal;
 using cuda_test::expect_match;
 using cuda_test::poison;
 using cuda_test::random_floats;
+using cuda_test::round_bf16;
 using cuda_test::to_device;
 
 #define HYSERVE_REQUIRE_CUDA() \
@@ -41,12 +42,6 @@ using cuda_test::to_device;
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> round_bf16(const std::vector<float>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(f32_to_bf16(v[i]));
   return out;
 }
 

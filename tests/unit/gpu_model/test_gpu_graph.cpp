@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "fixture.h"
+#include "graph_test_support.h"
 #include "hyserve/common/config.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/gdn.h"
@@ -34,34 +34,11 @@ using worker::forward_options;
 using worker::step_report;
 using worker::step_row;
 
-struct graph_case {
-  std::string fixture;
-  bool bf16 = false;
-};
+using graph_test::argmax;
+using graph_test::case_name;
+using graph_test::graph_case;
 
-std::string case_name(const ::testing::TestParamInfo<graph_case>& info) {
-  std::string n = info.param.fixture + (info.param.bf16 ? "_bf16" : "_f32");
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-}
-
-service_config graph_config(const graph_case& c, bool graphs) {
-  service_config cfg;
-  cfg.model.path = test::fixture_dir(c.fixture);
-  cfg.device = device_kind::kCuda;
-  cfg.cuda_graphs = graphs;
-  cfg.cache.page_size = 4;
-  cfg.cache.max_requests = 8;
-  cfg.cache.max_context = 128;
-  cfg.scheduler.max_running = 8;  // buckets 1, 2, 4, 8
-  if (c.bf16) {
-    cfg.model.weight_dtype = dtype::kBF16;
-    cfg.cache.kv_dtype = dtype::kBF16;
-  }
-  return cfg;
-}
-
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+service_config graph_config(const graph_case& c, bool graphs) { return graph_test::graph_config(c, graphs, 8); }
 
 int32_t bucket_of(int32_t bs) {
   int32_t b = 1;

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "fixture.h"
+#include "graph_test_support.h"
 #include "hyserve/common/config.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/gdn.h"
@@ -38,34 +38,11 @@ using worker::forward_options;
 using worker::step_report;
 using worker::step_row;
 
-struct arena_case {
-  std::string fixture;
-  bool bf16 = false;
-};
+using arena_case = graph_test::graph_case;
+using graph_test::argmax;
+using graph_test::case_name;
 
-std::string case_name(const ::testing::TestParamInfo<arena_case>& info) {
-  std::string n = info.param.fixture + (info.param.bf16 ? "_bf16" : "_f32");
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-}
-
-service_config make_config(const arena_case& c, bool graphs) {
-  service_config cfg;
-  cfg.model.path = test::fixture_dir(c.fixture);
-  cfg.device = device_kind::kCuda;
-  cfg.cuda_graphs = graphs;
-  cfg.cache.page_size = 4;
-  cfg.cache.max_requests = 16;
-  cfg.cache.max_context = 128;
-  cfg.scheduler.max_running = 8;  // buckets 1, 2, 4, 8
-  if (c.bf16) {
-    cfg.model.weight_dtype = dtype::kBF16;
-    cfg.cache.kv_dtype = dtype::kBF16;
-  }
-  return cfg;
-}
-
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+service_config make_config(const arena_case& c, bool graphs) { return graph_test::graph_config(c, graphs, 16); }
 
 std::vector<int32_t> prompt_of(size_t i, int32_t len, int64_t vocab) {
   std::vector<int32_t> p(static_cast<size_t>(len));

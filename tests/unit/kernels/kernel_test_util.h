@@ -11,17 +11,15 @@
 #include <vector>
 
 #include "hyserve/common/error.h"
+#include "test_data.h"
 
 namespace hyserve::kernels::test {
 
-// n values uniform in [lo, hi) from a fixed seed.
-inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return v;
-}
+// Shared with every suite (tests/support/test_data.h).
+using test_support::expect_invalid;
+using test_support::join;
+using test_support::random_floats;
+using test_support::round_bf16;
 
 // Fails (once, with the worst element) unless |got[i] - want[i]| <= atol + rtol·|want[i]| for all i.
 template <class Want>
@@ -50,25 +48,6 @@ void expect_close(const std::vector<float>& got, const std::vector<Want>& want, 
                   const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   expect_close(got.data(), want.data(), got.size(), atol, rtol, what);
-}
-
-// Runs fn and expects an invalid_argument_error whose message contains field.
-template <class Fn>
-void expect_invalid(Fn&& fn, const std::string& field) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected invalid_argument_error naming '" << field << "'";
-  } catch (const invalid_argument_error& e) {
-    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
-        << "message '" << e.what() << "' does not name '" << field << "'";
-  }
-}
-
-// Joins integers for test names: {37, 16, 1} → "37x16x1".
-inline std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "x" : "") << v[i];
-  return os.str();
 }
 
 }  // namespace hyserve::kernels::test

@@ -25,11 +25,10 @@ namespace {
 
 using test::expect_close;
 using test::random_floats;
+using test::round_bf16;
 
 constexpr int kQ = 256;    // chunk length of the parallel path
 constexpr int kTile = 64;  // output row tile
-
-float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 float load(const void* base, int64_t i, dtype t) {
   if (t == dtype::kF32) return static_cast<const float*>(base)[i];

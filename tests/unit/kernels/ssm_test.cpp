@@ -27,6 +27,7 @@ namespace {
 
 using test::expect_close;
 using test::random_floats;
+using test::round_bf16;
 
 constexpr double kAtol = 1e-5;
 constexpr double kRtol = 1e-5;
@@ -379,8 +380,6 @@ TEST(SsmConsistency, ScanThenUpdatesEqualsLongScan) {
 
 // ---------------------------------------------------------------------------------------------
 // bf16 io and/or bf16 state, against the per-step recurrence on the same (bf16) values
-
-float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 void round_all(std::vector<float>& v) {
   for (auto& e : v) e = round_bf16(e);

@@ -1,0 +1,49 @@
+#pragma once
+// What the CUDA-graph decode tests (test_gpu_graph.cpp, test_gpu_graph_arena.cpp) share: the
+// fixture and storage type of a case, its test name, and the engine configuration with or
+// without decode graphs (page size 4, buckets 1, 2, 4 and 8).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "fixture.h"
+#include "hyserve/common/config.h"
+
+namespace hyserve::graph_test {
+
+struct graph_case {
+  std::string fixture;
+  bool bf16 = false;
+};
+
+inline std::string case_name(const ::testing::TestParamInfo<graph_case>& info) {
+  std::string n = info.param.fixture + (info.param.bf16 ? "_bf16" : "_f32");
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+// One engine on the CUDA device over the case's fixture; bf16 cases store weights and the KV
+// cache in bf16.
+inline service_config graph_config(const graph_case& c, bool graphs, int32_t max_requests) {
+  service_config cfg;
+  cfg.model.path = test::fixture_dir(c.fixture);
+  cfg.device = device_kind::kCuda;
+  cfg.cuda_graphs = graphs;
+  cfg.cache.page_size = 4;
+  cfg.cache.max_requests = max_requests;
+  cfg.cache.max_context = 128;
+  cfg.scheduler.max_running = 8;  // buckets 1, 2, 4, 8
+  if (c.bf16) {
+    cfg.model.weight_dtype = dtype::kBF16;
+    cfg.cache.kv_dtype = dtype::kBF16;
+  }
+  return cfg;
+}
+
+inline int32_t argmax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+}  // namespace hyserve::graph_test
