@@ -47,6 +47,8 @@ for s in "${stages[@]}"; do
     serve-cuda) targets+=(coordinator worker hyserve-generate hyserve-bench) ;;
     served | served-qwen) targets+=(coordinator worker hyserve-generate hyserve-bench hyserve-bench-model) ;;
     startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
+    gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
+    diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
   esac
 done
 target_args=()
@@ -120,7 +122,22 @@ for s in "${stages[@]}"; do
         tail -5 '"$out"'/serve-cuda.server.log
         exit $rc' ;;
     served) stage served 420 bench/served_vs_engine.sh configs/bamba-9b-synthetic-cuda.yaml "$out" bamba-9b ;;
-    served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=256 bench/served_vs_engine.sh \
+    gpu-service)
+      # The service and collective tests whose CUDA cases need a device: overlapped decode
+      # on the GPU, the host-staged collective with ranks sharing the device, TP=2 on one GPU.
+      stage gpu-service-overlap 240 "$bin/service_test" --gtest_filter='ServiceOverlap.Cuda*'
+      stage gpu-host-collective 120 ctest --test-dir "$build" --output-on-failure -R 'MpiHostCollective'
+      stage gpu-tp-parity 300 mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe} -np 2 \
+        "$bin/tp_parity_test" --gtest_filter='*Cuda*' ;;
+    diag-qwen)
+      # bench/diag_served.sh on the tiny Qwen3-Next with 2 and 3 steps in flight.
+      for k in ${OVERLAPS:-2 3}; do
+        sed "s/^scheduler: {/scheduler: {overlap_steps: $k, /" configs/qwen3next-tiny-cuda.yaml > configs/.diag-overlap$k.yaml
+        stage diag-qwen-overlap$k 200 env BUILD_DIR="$build" bench/diag_served.sh configs/.diag-overlap$k.yaml \
+          "$out/diag-qwen-overlap$k" "${DIAG_CONCURRENCY:-1 16 64}" "${DIAG_OUTPUT:-512}"
+        rm -f configs/.diag-overlap$k.yaml
+      done ;;
+    served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
     startup) stage startup 480 bash -c '
         export HYSERVE_BUILD_DIR='"$build"' HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a
@@ -143,7 +160,7 @@ for s in "${stages[@]}"; do
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service diag-qwen select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

@@ -60,6 +60,7 @@ gpu_timer::~gpu_timer() = default;
 void gpu_timer::start(void* /*stream*/) { no_cuda("gpu_timer::start"); }
 void gpu_timer::stop(void* /*stream*/) { no_cuda("gpu_timer::stop"); }
 double gpu_timer::elapsed_ms() const { no_cuda("gpu_timer::elapsed_ms"); }
+double gpu_timer::since_ms(const gpu_timer& /*earlier*/) const { no_cuda("gpu_timer::since_ms"); }
 
 bool profile_active() { return false; }
 void profile_start(double /*hold_ms*/) { no_cuda("profile_start"); }

@@ -240,6 +240,13 @@ double gpu_timer::elapsed_ms() const {
   return ms;
 }
 
+double gpu_timer::since_ms(const gpu_timer& earlier) const {
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(begin_)));
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(earlier.end_), static_cast<cudaEvent_t>(begin_)));
+  return ms;
+}
+
 namespace {
 
 // The profile of this thread: its events (one per mark) and their labels and bytes.

@@ -80,7 +80,23 @@ void decode_graphs::stream_deleter::operator()(void* s) const noexcept {
   kernels::stream_destroy(s);
 }
 
-decode_graphs::~decode_graphs() = default;
+decode_graphs::~decode_graphs() {
+  auto summary = [](std::vector<float> v) {
+    if (v.empty()) return std::string("none");
+    double sum = 0;
+    for (float x : v) sum += x;
+    std::sort(v.begin(), v.end());
+    auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))]; };
+    char text[128];
+    std::snprintf(text, sizeof text, "mean %.1f us, p50 %.1f, p90 %.1f, p99 %.1f", sum / static_cast<double>(v.size()),
+                  at(0.5), at(0.9), at(0.99));
+    return std::string(text);
+  };
+  if (!clock_.busy_us.empty())
+    std::cerr << "hyserve: decode graphs: " << clock_.busy_us.size() << " replayed sampling steps: device busy "
+              << summary(clock_.busy_us) << "; device idle before a step that follows one (" << clock_.idle_us.size()
+              << "): " << summary(clock_.idle_us) << "\n";
+}
 
 std::string decode_graphs::ineligible(const hybrid_metadata& meta, const forward_options& opts) const {
   if (meta.mode != forward_mode::kDecode) return std::string(forward_mode_name(meta.mode)) + " step";
@@ -213,6 +229,22 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   if (report) timer.emplace();
   // After every eager op queued on the legacy stream (state resets, the previous eager step).
   kernels::stream_wait_legacy(stream);
+  // The step clock (the header): replays of sampling graphs only.
+  ++clock_.runs;
+  kernels::gpu_timer* step_timer = nullptr;
+  uint64_t step_seq = 0;
+  bool follows = false;
+  if (key.sampling && graphs_.count(key)) {
+    step_seq = clock_.timed++;
+    auto& slot = clock_.ring[step_seq % clock_.ring.size()];
+    if (!slot) slot = std::make_unique<kernels::gpu_timer>();
+    step_timer = slot.get();
+    follows = step_seq > 0 && clock_.last_run == clock_.runs - 1;
+    clock_.last_run = clock_.runs;
+    step_timer->start(stream);
+  } else {
+    clock_.last_run = 0;
+  }
   kernels::copy_h2d_async(inputs_.data(), host_in, static_cast<size_t>(layout.total) * sizeof(int32_t), stream);
   in_copied_[static_cast<size_t>(half)].record(stream);
   if (timer) timer->start(stream);
@@ -278,10 +310,18 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
     kernels::copy_d2h_async(staged, sampled_.data(), bytes, stream);
     const kernels::stream_event* copied = &sampled_copied_[static_cast<size_t>(half)];
     sampled_copied_[static_cast<size_t>(half)].record(stream);
-    auto take = [copied, staged, bytes, bs, sampled] {
+    if (step_timer) step_timer->stop(stream);
+    auto take = [this, copied, staged, bytes, bs, sampled, step_timer, step_seq, follows] {
       copied->synchronize();
       sampled->resize(static_cast<size_t>(bs));
       std::memcpy(sampled->data(), staged, bytes);
+      if (step_timer && clock_.busy_us.size() < (size_t{1} << 20)) {
+        clock_.busy_us.push_back(static_cast<float>(step_timer->elapsed_ms() * 1e3));
+        if (follows) {
+          const auto& before = clock_.ring[(step_seq - 1) % clock_.ring.size()];
+          clock_.idle_us.push_back(static_cast<float>(step_timer->since_ms(*before) * 1e3));
+        }
+      }
     };
     if (defer && !report && graph && !captured) {
       // Replayed: the caller takes the tokens later (the next step may be queued first).

@@ -39,6 +39,7 @@
 // `cuda_graphs`, tp = 1, dense attention, no host-routed MoE); it logs once which path decode
 // takes and why. Per step, ineligible() names why a step runs eagerly instead (other modes,
 // hidden-state capture, a batch above max_batch, forward_options::eager).
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -156,6 +157,18 @@ class decode_graphs {
   std::map<decode_graph_key, graph_entry> graphs_;
   std::set<decode_graph_key> failed_;  // keys whose capture failed: eager on the graph stream
   mutable std::set<std::string> logged_;
+  // Device time of replayed sampling steps, logged when the graphs are destroyed: each step's
+  // busy time on the graph stream (input copy to token copy) and the idle time before it when
+  // the step before it was also one (the gap the host's step loop leaves). A ring of timers:
+  // at most two steps are in flight, so a step's predecessor is intact when it is taken.
+  struct step_clock {
+    std::array<std::unique_ptr<kernels::gpu_timer>, 4> ring;
+    uint64_t timed = 0;       // timed steps so far (the next one's sequence number)
+    uint64_t runs = 0;        // run() calls so far
+    uint64_t last_run = 0;    // run() number of the last timed step (+ 1; 0: none)
+    std::vector<float> busy_us, idle_us;
+  };
+  step_clock clock_;
 };
 
 // Logs a line to stderr once per distinct text (per process).

@@ -140,6 +140,9 @@ class gpu_timer {
   void stop(void* stream);
   // Milliseconds from start to stop; waits for the stop event.
   double elapsed_ms() const;
+  // Milliseconds from earlier's stop to this timer's start (both recorded on one stream, earlier
+  // first); waits for this timer's start event.
+  double since_ms(const gpu_timer& earlier) const;
 
  private:
   void* begin_ = nullptr;
