@@ -3,6 +3,7 @@
 # threads' CPU use while they run, then SIGTERM the coordinator (a drained shutdown) so that the
 # coordinator and the workers log where their step loops spent the time.
 #   bench/diag_served.sh CONFIG OUT [CONCURRENCIES] [OUTPUT_LEN]
+# Environment: NOSTREAM (concurrencies to run again without streaming), VOCAB, BUILD_DIR.
 set -u
 cfg=$1 out=$2 concs=${3:-"16 64"} output=${4:-1024}
 build=${BUILD_DIR:-build}
@@ -19,6 +20,12 @@ for c in $concs; do
   top -b -H -n 1 -d 0.5 -w 200 | head -40 > "$out/top-c$c.txt"
   wait $bench
   python3 -c "import json,sys; d=json.load(open('$out/c$c.json')); print('c$c', 'itl p50', d['itl_ms']['p50'], 'tok/s', d['output_token_throughput'])"
+done
+# The same load without streaming (NOSTREAM: concurrencies): what the HTTP streams cost.
+for c in ${NOSTREAM:-}; do
+  "$build/bin/hyserve-bench" --url http://127.0.0.1:8000 --concurrency "$c" --requests "$c" --prompt-len 128 \
+    --output-len "$output" --vocab "${VOCAB:-512}" --seed "$c" --no-stream --json > "$out/c$c-nostream.json" 2> "$out/c$c-nostream.err"
+  python3 -c "import json,sys; d=json.load(open('$out/c$c-nostream.json')); print('c$c no-stream', 'wall s', d['wall_time_s'], 'tok/s', d['output_token_throughput'])"
 done
 curl -sf localhost:8000/metrics > "$out/metrics.txt"
 pkill -TERM -x coordinator

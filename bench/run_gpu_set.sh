@@ -132,8 +132,10 @@ for s in "${stages[@]}"; do
     diag-qwen)
       # bench/diag_served.sh on the tiny Qwen3-Next with 2 and 3 steps in flight.
       for k in ${OVERLAPS:-2 3}; do
-        sed "s/^scheduler: {/scheduler: {overlap_steps: $k, /" configs/qwen3next-tiny-cuda.yaml > configs/.diag-overlap$k.yaml
-        stage diag-qwen-overlap$k 200 env BUILD_DIR="$build" bench/diag_served.sh configs/.diag-overlap$k.yaml \
+        mkdir -p "$out/diag-qwen-overlap$k"
+        sed "s|^scheduler: {|scheduler: {overlap_steps: $k, step_trace: $out/diag-qwen-overlap$k/trace, |" \
+          configs/qwen3next-tiny-cuda.yaml > configs/.diag-overlap$k.yaml
+        stage diag-qwen-overlap$k 200 env BUILD_DIR="$build" NOSTREAM="${DIAG_NOSTREAM:-64}" bench/diag_served.sh configs/.diag-overlap$k.yaml \
           "$out/diag-qwen-overlap$k" "${DIAG_CONCURRENCY:-1 16 64}" "${DIAG_OUTPUT:-512}"
         rm -f configs/.diag-overlap$k.yaml
       done ;;

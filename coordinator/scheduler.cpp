@@ -28,6 +28,7 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vector<wire::hello> groups,
                      transport& link)
     : cfg_(cfg), link_(link), hellos_(std::move(groups)) {
+  if (!cfg.scheduler.step_trace.empty()) trace_.open(cfg.scheduler.step_trace + ".coordinator.csv");
   info_.model_id = cfg.model.synthetic ? "synthetic-bamba" : cfg.model.path;
   info_.vocab_size = mc.vocab_size;
   info_.eos_token_id = mc.eos_token_id;
@@ -177,11 +178,13 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
 }
 
 void scheduler::flush_events() {
+  if (!outbox_.empty()) trace_.add("flush", 0, static_cast<int64_t>(outbox_.size()));
   for (pending_event& p : outbox_) {
     const auto it = requests_.find(p.id);
     if (it != requests_.end() && it->second.req.sink) it->second.req.sink(std::move(p.event));
   }
   outbox_.clear();
+  if (trace_.on()) trace_.add("flushed", 0);
 }
 
 void scheduler::admit() {
@@ -272,6 +275,7 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   gs.step_emits.clear();
   gs.cost_kind = -1;
   link_.send_plan(g, wire::encode(plan));
+  trace_.add("plan", plan.step_id, g, static_cast<int64_t>(plan.rows.size()));
 }
 
 bool scheduler::may_send(int g) const {
@@ -715,6 +719,7 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   // Results come back in the order the steps were sent.
   group_state::flight st = std::move(gs.flights.front());
   gs.flights.pop_front();
+  trace_.add("result", st.step_id, g, static_cast<int64_t>(st.rows.size()));
   // The step's own time: from its sending, or from the previous result when it queued behind it.
   const auto started = std::max(st.sent_at, gs.last_result_at);
   gs.last_result_at = clock::now();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hyserve/common/config.h"
+#include "hyserve/common/step_trace.h"
 #include "hyserve/common/wire.h"
 #include "coordinator/request.h"
 #include "coordinator/speculative.h"
@@ -241,6 +242,7 @@ class scheduler final : public frontend {
   } loop_stats_;
   std::optional<clock::time_point> after_result_;  // the last iteration handled a result
   void log_loop_stats() const;
+  step_trace trace_;  // scheduler.step_trace: result / plan / flush events
   // Request events of the loop iteration, delivered to the requests' sinks after the next plans
   // are sent (flush_events): a step's streaming costs the device no idle time. A request's
   // events keep their order; finish() flushes before it hands its request's last event over.

@@ -454,7 +454,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
 
     const YAML::Node sched = root["scheduler"];
     r.check_keys(sched, "scheduler", {"max_batch_tokens", "max_running", "chunked_prefill", "max_queue", "overlap",
-                                           "overlap_steps"});
+                                           "overlap_steps", "step_trace"});
+    if_present(sched, "step_trace", [&](const YAML::Node& n) { cfg.scheduler.step_trace = r.get_string(n, "scheduler.step_trace"); });
     if_present(sched, "overlap", [&](const YAML::Node& n) { cfg.scheduler.overlap = r.get_bool(n, "scheduler.overlap"); });
     if_present(sched, "overlap_steps", [&](const YAML::Node& n) {
       const int32_t v = r.get_int32_min(n, "scheduler.overlap_steps", 2);

@@ -85,7 +85,10 @@ TEST(HostCollective, AMissingRankTimesOutNamingTheOperation) {
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   auto c = worker::make_host_staged_collective(comm, device_kind::kCpu, 0.5);
-  float x = 1.0f;
+  // The timed-out all-reduce stays posted on the other ranks until rank 0 joins below, and MPI
+  // completes it during a later call (after this test returns): its buffer must outlive the test.
+  static float x;
+  x = 1.0f;
   if (world_rank() != 0) {
     const auto t0 = std::chrono::steady_clock::now();
     try {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hyserve/common/config.h"
+#include "hyserve/common/step_trace.h"
 #include "hyserve/common/error.h"
 #include "hyserve/common/topology.h"
 #include "hyserve/common/wire.h"
@@ -184,11 +185,16 @@ int run(int argc, char** argv) {
   // after each result (next_message).
   const bool spin = cfg.device == device_kind::kCuda && t.tp == 1;
   std::chrono::steady_clock::time_point spin_until{};
+  // scheduler.step_trace: the leader's plan / submitted / result events.
+  step_trace trace(t.is_leader() && !cfg.scheduler.step_trace.empty()
+                       ? cfg.scheduler.step_trace + ".worker" + std::to_string(t.dp_rank()) + ".csv"
+                       : std::string());
   auto send_result = [&](const wire::step_result& res) {
     if (spin) spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
     if (!t.is_leader()) return;
     const std::vector<uint8_t> out = wire::encode(res);
     MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, static_cast<int>(mpi_tag::kResult), MPI_COMM_WORLD);
+    trace.add("result", res.step_id, static_cast<int64_t>(r->in_flight()));
   };
   auto finish_all = [&] {
     while (r->in_flight() > 0) send_result(r->finish());
@@ -237,8 +243,11 @@ int run(int argc, char** argv) {
     ++plans;
     if (r->in_flight() > 0) ++behind;
     const auto t_submit = clock::now();
+    const uint64_t step_id = plan->step_id;
+    trace.add("plan", step_id, static_cast<int64_t>(r->in_flight()), static_cast<int64_t>(plan->rows.size()));
     r->submit(std::move(*plan));
     submit_s += std::chrono::duration<double>(clock::now() - t_submit).count();
+    trace.add("submitted", step_id, static_cast<int64_t>(r->in_flight()));
   }
   finish_all();
   if (plans > 0) {

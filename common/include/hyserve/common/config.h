@@ -71,6 +71,9 @@ struct scheduler_section {
   bool overlap = true;
   // With overlap: plain steps a data-parallel group may have in flight at once (2-4).
   int32_t overlap_steps = 2;
+  // Diagnosis: when set, the coordinator and each worker leader write a CSV trace of their step
+  // loops' events to `<step_trace>.<process>.csv` at shutdown (common/step_trace.h).
+  std::string step_trace;
 };
 
 enum class sparsity_algorithm : uint8_t { kNone, kQuest };
