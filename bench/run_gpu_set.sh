@@ -137,6 +137,7 @@ for s in "${stages[@]}"; do
           configs/qwen3next-tiny-cuda.yaml > configs/.diag-overlap$k.yaml
         stage diag-qwen-overlap$k 200 env BUILD_DIR="$build" NOSTREAM="${DIAG_NOSTREAM:-64}" bench/diag_served.sh configs/.diag-overlap$k.yaml \
           "$out/diag-qwen-overlap$k" "${DIAG_CONCURRENCY:-1 16 64}" "${DIAG_OUTPUT:-512}"
+        python3 bench/step_trace_report.py "$out/diag-qwen-overlap$k/trace" > "$out/diag-qwen-overlap$k/trace-report.txt" 2>&1
         rm -f configs/.diag-overlap$k.yaml
       done ;;
     served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \

@@ -14,14 +14,43 @@ event_sink event_channel::make_sink(const std::shared_ptr<event_channel>& channe
   // Only a weak reference: the handler owns the channel (and through it a timer and a strand),
   // so a sink that outlives the handler, or the server, holds no I/O object.
   return [weak = std::weak_ptr<event_channel>(channel), gate = std::move(gate)](request_event event) {
-    gate->pass([&] {
-      const std::shared_ptr<event_channel> live = weak.lock();
-      if (!live) return;  // the handler is gone (client left, request cancelled)
-      net::post(live->strand_, [weak, event = std::move(event)]() mutable {
-        if (const auto target = weak.lock()) target->push(std::move(event));
-      });
-    });
+    const std::shared_ptr<event_channel> live = weak.lock();
+    if (!live) return;  // the handler is gone (client left, request cancelled)
+    gate->deliver(live, std::move(event));
   };
+}
+
+void event_gate::deliver(const std::shared_ptr<event_channel>& channel, request_event event) {
+  std::lock_guard lock(mutex_);
+  if (!open_) return;
+  pending_.emplace_back(channel, std::move(event));
+  if (scheduled_) return;
+  scheduled_ = true;
+  net::post(channel->strand_, [self = shared_from_this()] { self->drain(); });
+}
+
+void event_gate::drain() {
+  std::vector<std::pair<std::weak_ptr<event_channel>, request_event>> batch;
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_.empty() || !open_) {
+        scheduled_ = false;
+        return;
+      }
+      batch.swap(pending_);
+    }
+    // Posted from an I/O thread: the strands' handlers are queued without waking a thread per
+    // event. Every channel's events go out in the order they came.
+    for (auto& [weak, event] : batch) {
+      const std::shared_ptr<event_channel> target = weak.lock();
+      if (!target) continue;
+      net::post(target->strand_, [weak = std::move(weak), event = std::move(event)]() mutable {
+        if (const auto t = weak.lock()) t->push(std::move(event));
+      });
+    }
+    batch.clear();
+  }
 }
 
 void event_channel::push(request_event event) {
