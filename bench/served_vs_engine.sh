@@ -58,6 +58,15 @@ if [ -n "$ready" ]; then
   curl -sf "localhost:$port/metrics" > "$out/$name-metrics.txt"
 fi
 kill -TERM -- -$server 2> /dev/null || kill -TERM $server
+# A drain that does not end within 30 s is reported and the job killed, so that a later run on
+# the same port is not answered by this server.
+for _ in $(seq 1 300); do kill -0 $server 2> /dev/null || break; sleep 0.1; done
+if kill -0 $server 2> /dev/null; then
+  echo "[$name] the server did not stop within 30 s of SIGTERM; killing it" | tee -a "$out/$name-startup.txt"
+  kill -KILL -- -$server 2> /dev/null
+  pkill -KILL -f "$bin/coordinator" 2> /dev/null
+  pkill -KILL -f "$bin/worker" 2> /dev/null
+fi
 wait $server 2> /dev/null
 for _ in $(seq 1 300); do curl -sf "localhost:$port/health" > /dev/null 2>&1 || break; sleep 0.1; done
 

@@ -47,6 +47,39 @@ struct request_event {
 
 using event_sink = std::function<void(request_event)>;
 
+// Events handed to sinks while an event_batch lives on the calling thread may be delivered
+// together when it ends: a sink whose delivery must wake another thread (a system call, tens
+// of microseconds in a virtual machine) registers that wake-up with defer_wakeup, and it runs
+// once, when the outermost batch on the thread ends. The scheduler wraps each step's events in
+// one (scheduler::flush_events), so 64 streams cost it one wake-up per step, not 64.
+class event_batch {
+ public:
+  event_batch() { ++depth(); }
+  ~event_batch() {
+    if (--depth() > 0) return;
+    std::vector<std::function<void()>> run;
+    run.swap(wakeups());
+    for (auto& f : run) f();
+  }
+  event_batch(const event_batch&) = delete;
+  event_batch& operator=(const event_batch&) = delete;
+  // Runs f now when no batch is open on this thread, else when the outermost one ends.
+  static void defer_wakeup(std::function<void()> f) {
+    if (depth() == 0) f();
+    else wakeups().push_back(std::move(f));
+  }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+  static std::vector<std::function<void()>>& wakeups() {
+    thread_local std::vector<std::function<void()>> w;
+    return w;
+  }
+};
+
 struct generate_request {
   uint64_t id = 0;  // assigned by submit
   std::vector<int32_t> input_ids;

@@ -180,9 +180,12 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
 void scheduler::flush_events() {
   if (outbox_.empty()) return;
   trace_.add("flush", 0, static_cast<int64_t>(outbox_.size()));
-  for (pending_event& p : outbox_) {
-    const auto it = requests_.find(p.id);
-    if (it != requests_.end() && it->second.req.sink) it->second.req.sink(std::move(p.event));
+  {
+    const event_batch batch;  // one wake-up of the HTTP side for all of them
+    for (pending_event& p : outbox_) {
+      const auto it = requests_.find(p.id);
+      if (it != requests_.end() && it->second.req.sink) it->second.req.sink(std::move(p.event));
+    }
   }
   outbox_.clear();
   trace_.add("flushed", 0);

@@ -457,6 +457,9 @@ service_config parse_config(const std::string& text, const std::string& file) {
                                            "overlap_steps", "step_trace"});
     if_present(sched, "step_trace", [&](const YAML::Node& n) { cfg.scheduler.step_trace = r.get_string(n, "scheduler.step_trace"); });
     if_present(sched, "overlap", [&](const YAML::Node& n) { cfg.scheduler.overlap = r.get_bool(n, "scheduler.overlap"); });
+    // Default: 3 steps in flight on a GPU (a step of a fraction of a millisecond then never
+    // waits for the coordinator's round trip), 2 on the CPU (steps are long; fewer wasted rows).
+    if (cfg.device == device_kind::kCuda) cfg.scheduler.overlap_steps = 3;
     if_present(sched, "overlap_steps", [&](const YAML::Node& n) {
       const int32_t v = r.get_int32_min(n, "scheduler.overlap_steps", 2);
       if (v > 4) r.fail(n, "scheduler.overlap_steps", "must be in [2, 4], got " + n.Scalar());

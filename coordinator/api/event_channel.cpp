@@ -21,12 +21,19 @@ event_sink event_channel::make_sink(const std::shared_ptr<event_channel>& channe
 }
 
 void event_gate::deliver(const std::shared_ptr<event_channel>& channel, request_event event) {
-  std::lock_guard lock(mutex_);
-  if (!open_) return;
-  pending_.emplace_back(channel, std::move(event));
-  if (scheduled_) return;
-  scheduled_ = true;
-  net::post(channel->strand_, [self = shared_from_this()] { self->drain(); });
+  {
+    std::lock_guard lock(mutex_);
+    if (!open_) return;
+    pending_.emplace_back(channel, std::move(event));
+    if (scheduled_) return;
+    scheduled_ = true;
+  }
+  // One delivery per batch of the scheduler's events (coordinator/request.h, event_batch).
+  event_batch::defer_wakeup([self = shared_from_this(), strand = channel->strand_] {
+    std::lock_guard lock(self->mutex_);
+    if (self->open_) net::post(strand, [self] { self->drain(); });
+    else self->scheduled_ = false;
+  });
 }
 
 void event_gate::drain() {

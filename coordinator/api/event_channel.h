@@ -8,8 +8,9 @@
 //
 // The event_gate carries the events of every request to their channels, in batches: the
 // scheduler thread only appends an event to the gate's list (a lock and a push); the first event
-// after a delivery posts one delivery task onto that event's strand, which hands each waiting
-// event to its channel's strand. Posting onto an idle strand wakes an I/O thread (a system call
+// after a delivery posts one delivery task onto that event's strand (when the scheduler's
+// event_batch ends, coordinator/request.h), which hands each waiting event to its channel's
+// strand. Posting onto an idle strand wakes an I/O thread (a system call
 // and, in a virtual machine, a cross-CPU interrupt: tens of microseconds); with 64 streams a
 // step's events used to cost the scheduler thread milliseconds, so the device waited for it.
 // One delivery runs at a time (it loops until the list is empty), so a channel's events keep

@@ -120,5 +120,33 @@ TEST(EventGate, AChannelWhoseHandlerLeftIsSkipped) {
   EXPECT_EQ(got, std::vector<int32_t>{2});
 }
 
+TEST(EventGate, EventsOfABatchAreWokenOnceWhenItEnds) {
+  net::io_context ioc(1);
+  auto gate = std::make_shared<event_gate>();
+  std::vector<std::shared_ptr<event_channel>> channels;
+  std::vector<std::vector<int32_t>> got(4);
+  for (int c = 0; c < 4; ++c) {
+    auto ch = std::make_shared<event_channel>(net::make_strand(ioc));
+    channels.push_back(ch);
+    net::co_spawn(ch->strand(), [ch, &out = got[static_cast<size_t>(c)]]() -> net::awaitable<void> {
+      std::optional<request_event> e = co_await ch->next();
+      if (e) out = e->new_tokens;
+    }, net::detached);
+  }
+  ioc.poll();  // the handlers wait
+  {
+    const event_batch batch;
+    for (int c = 0; c < 4; ++c) {
+      request_event e;
+      e.new_tokens = {c};
+      event_channel::make_sink(channels[static_cast<size_t>(c)], gate)(std::move(e));
+    }
+    ioc.poll();
+    for (const auto& v : got) EXPECT_TRUE(v.empty()) << "delivered before the batch ended";
+  }
+  ioc.run();
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(got[static_cast<size_t>(c)], std::vector<int32_t>{c});
+}
+
 }  // namespace
 }  // namespace hyserve::coordinator::api

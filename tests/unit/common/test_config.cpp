@@ -131,7 +131,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
   EXPECT_EQ(load_config_string(model).parallel.device_collective, device_collective_kind::kNccl);
   EXPECT_ERROR_WITH(load_config_string(model + "scheduler: {max_batch: 1}"), config_error,
                     "scheduler.max_batch: unknown key (known: max_batch_tokens, max_running, chunked_prefill, "
-                    "max_queue, overlap, overlap_steps)");
+                    "max_queue, overlap, overlap_steps, step_trace)");
   EXPECT_ERROR_WITH(load_config_string(model + "sparsity: {budget: 1}"), config_error,
                     "sparsity.budget: unknown key (known: algorithm, page_budget, sink_pages, recent_pages, "
                     "min_seq_len)");

@@ -69,7 +69,8 @@ struct scheduler_section {
   // the device from the previous step's samples. false: each step waits for the previous
   // result. Speculative rounds always run strictly.
   bool overlap = true;
-  // With overlap: plain steps a data-parallel group may have in flight at once (2-4).
+  // With overlap: plain steps a data-parallel group may have in flight at once (2-4). Default 3
+  // with `device: cuda`, 2 on the CPU.
   int32_t overlap_steps = 2;
   // Diagnosis: when set, the coordinator and each worker leader write a CSV trace of their step
   // loops' events to `<step_trace>.<process>.csv` at shutdown (common/step_trace.h).
@@ -120,7 +121,7 @@ struct server_section {
   int32_t port = 8000;
   std::string api_key;             // empty = no authentication
   int64_t max_body_bytes = 8 << 20;
-  int32_t threads = 2;             // HTTP I/O threads
+  int32_t threads = 4;             // HTTP I/O threads
   double drain_timeout_s = 30.0;   // SIGINT / SIGTERM / SIGUSR1: how long in-flight requests may finish
   // OpenAI routes: request fields the server does not know are ignored with a warning (an
   // X-Hyserve-Ignored-Fields header and a log line); true turns them into a 400.
