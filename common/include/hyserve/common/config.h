@@ -121,7 +121,7 @@ struct server_section {
   int32_t port = 8000;
   std::string api_key;             // empty = no authentication
   int64_t max_body_bytes = 8 << 20;
-  int32_t threads = 4;             // HTTP I/O threads
+  int32_t threads = 2;             // HTTP I/O threads
   double drain_timeout_s = 30.0;   // SIGINT / SIGTERM / SIGUSR1: how long in-flight requests may finish
   // OpenAI routes: request fields the server does not know are ignored with a warning (an
   // X-Hyserve-Ignored-Fields header and a log line); true turns them into a 400.
