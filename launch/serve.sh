@@ -47,6 +47,9 @@ stop() {
     STOPPING=1
     log "stopping: draining in-flight requests (a second Ctrl-C ends the job at once)"
     kill -USR1 "$JOB" 2>/dev/null || true
+    # Also straight to the coordinator (a child of mpirun on this host): a drain must not
+    # depend on mpirun forwarding the signal.
+    pkill -USR1 -P "$JOB" -x coordinator 2>/dev/null || true
   else
     log "stopping now"
     kill -TERM "$JOB" 2>/dev/null || true
