@@ -55,7 +55,6 @@ class granite_moe_hybrid_model final : public hybrid_model {
     block_loader::attention_scales as;
     as.o = rm;
     int32_t n_attn = 0, n_mamba = 0;
-    bool host_moe = false;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
       granite_layer& L = layers_[static_cast<size_t>(i)];
@@ -84,17 +83,13 @@ class granite_moe_hybrid_model final : public hybrid_model {
       if (L.moe) {
         L.moe_block = load_experts(ws, p + "block_sparse_moe.");
         L.moe_block.shared = std::move(shared);
-        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
         layers::place(L.moe_block, ctx.device, weight_type);
-        host_moe = host_moe || !L.moe_block.device_routing;
       } else {
         L.shared = std::move(shared);
       }
       progress.layer_done(i + 1, ld.bytes());
     }
-    start(graphs, n_attn, n_mamba,
-          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
-                   : std::string());
+    start(graphs, n_attn, n_mamba);
   }
 
  private:
@@ -125,14 +120,14 @@ class granite_moe_hybrid_model final : public hybrid_model {
     w.router = ws.load(p + "router.layer.weight", {E, H});
     const host_tensor in = ws.load(p + "input_linear.weight", {E, 2 * I, H});
     const host_tensor out = ws.load(p + "output_linear.weight", {E, H, I});
-    w.experts.resize(static_cast<size_t>(E));
+    // Stacked on the host in f32 (placed, converted to the weight type, by the caller).
+    layers::expert_stack stack(E, il, H, dtype::kF32, device_kind::kCpu);
     for (int64_t e = 0; e < E; ++e) {
-      layers::mlp_weights& x = w.experts[static_cast<size_t>(e)];
       const float* ie = in.as<float>() + e * 2 * I * H;
-      x.gate = sub_block(ie, H, b, il, 0, H, 1.0f);
-      x.up = sub_block(ie, H, I + b, il, 0, H, 1.0f);
-      x.down = sub_block(out.as<float>() + e * H * I, I, 0, H, b, il, mc_.residual_multiplier);
+      stack.set(e, sub_block(ie, H, b, il, 0, H, 1.0f), sub_block(ie, H, I + b, il, 0, H, 1.0f),
+                sub_block(out.as<float>() + e * H * I, I, 0, H, b, il, mc_.residual_multiplier));
     }
+    stack.finish(w);
     return w;
   }
 

@@ -76,8 +76,7 @@ class qwen3_next_model final : public hybrid_model {
       }
       L.moe = mc.is_moe_layer(i);
       if (L.moe) {
-        L.moe_block = layers::load_moe(ws, p + "mlp.", mc, tp);
-        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
+        L.moe_block = layers::load_moe(ld, ws, p + "mlp.", mc, tp, weight_type);
       } else {
         const int64_t I = mc.intermediate_size;
         const int64_t il = tp_split(I, n, "intermediate_size");
@@ -88,11 +87,7 @@ class qwen3_next_model final : public hybrid_model {
       place_layer(L);
       progress.layer_done(i + 1);
     }
-    const bool host_moe = std::any_of(layers_.begin(), layers_.end(),
-                                      [](const qwen3_next_layer& L) { return L.moe && !L.moe_block.device_routing; });
-    start(graphs, n_attn, n_recurrent,
-          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
-                   : std::string());
+    start(graphs, n_attn, n_recurrent);
   }
 
   // The recurrent-state cache holds the GDN layers: conv window over q | k | v, state
