@@ -81,7 +81,7 @@ class granite_moe_hybrid_model final : public hybrid_model {
       if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
       L.moe = mc.num_experts > 0;
       if (L.moe) {
-        L.moe_block = load_experts(ws, p + "block_sparse_moe.");
+        L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
         L.moe_block.shared = std::move(shared);
         layers::place(L.moe_block, ctx.device, weight_type);
       } else {
@@ -110,7 +110,9 @@ class granite_moe_hybrid_model final : public hybrid_model {
 
   // Experts stored fused: input_linear [E, 2·I, H] (gate | up of each), output_linear [E, H, I];
   // router.layer [E, H] (replicated). Each rank keeps its slice of every expert's I channels.
-  layers::moe_weights load_experts(const weight_source& ws, const std::string& p) {
+  // With tp = 1 the checkpoint's layout is the stacked layout (moe_layer.h): input_linear goes
+  // to the device as is (generated there for synthetic weights), output_linear scaled.
+  layers::moe_weights load_experts(weight_loader& ld, const weight_source& ws, const std::string& p) {
     const int64_t H = mc_.hidden_size, E = mc_.num_experts, I = mc_.moe_intermediate_size;
     const int64_t il = tp_split(I, tp_.size, "intermediate_size");
     const int64_t b = tp_.rank * il;
@@ -118,6 +120,13 @@ class granite_moe_hybrid_model final : public hybrid_model {
     w.top_k = mc_.num_experts_per_tok;
     w.norm_topk_prob = true;  // softmax over the top-k router logits
     w.router = ws.load(p + "router.layer.weight", {E, H});
+    if (tp_.size == 1) {
+      w.gate_up = ld.load(p + "input_linear.weight", {E, 2 * I, H}, weight_type_);
+      w.down = ld.load_selection(p + "output_linear.weight", {E, H, I}, {}, weight_type_, {mc_.residual_multiplier});
+      w.num_experts = E;
+      w.inter_local = I;
+      return w;
+    }
     const host_tensor in = ws.load(p + "input_linear.weight", {E, 2 * I, H});
     const host_tensor out = ws.load(p + "output_linear.weight", {E, H, I});
     // Stacked on the host in f32 (placed, converted to the weight type, by the caller).
