@@ -357,6 +357,8 @@ void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* strea
   }
 }
 
+namespace {
+
 // The params' kernel choice (gdn.h) as a path; kDefault is automatic.
 gdn_prefill_path path_of(gdn_prefill_kernel k) {
   switch (k) {
@@ -368,6 +370,8 @@ gdn_prefill_path path_of(gdn_prefill_kernel k) {
   }
   fail("gdn_chunk_scan", "kernel", static_cast<int>(k), "unknown prefill kernel");
 }
+
+}  // namespace
 
 void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, path_of(p.kernel), stream); }
 
