@@ -10,6 +10,7 @@
 #include "hyserve/kernels/embedding.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
 #include "hyserve/kernels/row_ops.h"
@@ -81,6 +82,7 @@ HYSERVE_INSTANTIATE_RUN(swiglu_params)
 HYSERVE_INSTANTIATE_RUN(relu2_params)
 HYSERVE_INSTANTIATE_RUN(row_add_params)
 HYSERVE_INSTANTIATE_RUN(moe_route_params)
+HYSERVE_INSTANTIATE_RUN(moe_experts_params)
 HYSERVE_INSTANTIATE_RUN(sigmoid_mul_params)
 HYSERVE_INSTANTIATE_RUN(kv_write_params)
 HYSERVE_INSTANTIATE_RUN(paged_attention_params)

@@ -13,7 +13,10 @@
 //   hyserve-bench-cuda <op>...    some of: ssm_update, attention_decode, ssd_scan, rmsnorm,
 //                                 skinny_gemm (bf16-weight GEMM at m = 1..8 rows, the 9B decode
 //                                 and verify shapes, each rows-per-warp choice of the FMA kernel
-//                                 and the tensor-core path)
+//                                 and the tensor-core path), moe (the Qwen3-Next MoE layer: hidden
+//                                 2048, 512 experts top 10 of width 512, shared expert 512, bf16
+//                                 weights, at 1, 64 and 8192 tokens; the routed-experts op alone
+//                                 and the whole layer with router and shared expert)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -37,6 +40,8 @@
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/moe.h"
+#include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/ssm.h"
 
@@ -372,6 +377,149 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
   set_skinny_path(skinny_path::kDefault);
 }
 
+
+// bf16 values uniform in [lo, hi) from a per-element hash, on the device (gigabytes of weights).
+__global__ void fill_hash_bf16_kernel(uint16_t* out, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed * 0x85EBCA77u;
+    h ^= h >> 16;
+    h *= 0x7FEB352Du;
+    h ^= h >> 15;
+    h *= 0x846CA68Bu;
+    h ^= h >> 16;
+    const float v = lo + (hi - lo) * static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+    out[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
+device_array<uint16_t> random_bf16_device(size_t n, uint32_t seed, float lo, float hi) {
+  device_array<uint16_t> a(n);
+  fill_hash_bf16_kernel<<<1024, 256>>>(a.data(), n, seed, lo, hi);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return a;
+}
+
+// The Qwen3-Next MoE layer (hidden 2048, 512 experts, top 10, expert width 512, shared expert
+// 512 with its sigmoid gate; bf16 weights) at 1, 64 and 8192 tokens: the routed-experts op
+// alone (moe_experts) and the layer (router GEMM, experts, shared expert, gate, add:
+// moe_layer). Bytes: the weights the step touches (the distinct experts the routing picks,
+// counted on the host from the same logits, plus router and shared expert for the layer), x
+// and out. The experts' FLOPs (2 · tokens · top_k · 3 · hidden · width) give the TFLOP/s
+// printed after the table.
+void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::string>& notes) {
+  constexpr int64_t H = 2048, E = 512, K = 10, I = 512, IS = 512;
+  const float ws = 1.0f / std::sqrt(static_cast<float>(H));
+  auto gate_up = random_bf16_device(static_cast<size_t>(E * 2 * I * H), 1, -ws, ws);
+  auto down = random_bf16_device(static_cast<size_t>(E * H * I), 2, -ws, ws);
+  auto router = random_bf16_device(static_cast<size_t>(E * H), 3, -ws, ws);
+  auto sh_gate = random_bf16_device(static_cast<size_t>(IS * H), 4, -ws, ws);
+  auto sh_up = random_bf16_device(static_cast<size_t>(IS * H), 5, -ws, ws);
+  auto sh_down = random_bf16_device(static_cast<size_t>(H * IS), 6, -ws, ws);
+  auto sh_gw = random_bf16_device(static_cast<size_t>(H), 7, -ws, ws);
+  const double expert_bytes = 3.0 * I * H * 2;
+  for (const int64_t T : {int64_t{1}, int64_t{64}, int64_t{8192}}) {
+    auto x = random_device_hash(static_cast<size_t>(T * H), 10 + static_cast<uint32_t>(T));
+    // Logits of the layer's router on x, for the experts-op timing and the distinct-expert count.
+    device_array<float> logits(static_cast<size_t>(T * E));
+    gemm_params r;
+    r.a = x.data();
+    r.b = router.data();
+    r.b_dtype = hyserve::dtype::kBF16;
+    r.c = logits.data();
+    r.m = T;
+    r.n = E;
+    r.k = H;
+    r.lda = H;
+    r.ldb = H;
+    r.ldc = E;
+    r.trans_b = true;
+    run_cuda(r, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> hl = logits.download();
+    std::vector<uint8_t> used(static_cast<size_t>(E), 0);
+    std::vector<int32_t> ids(static_cast<size_t>(K));
+    std::vector<float> w(static_cast<size_t>(K));
+    for (int64_t t = 0; t < T; ++t) {
+      moe_route_token(hl.data() + t * E, E, K, moe_scoring::kSoftmax, true, ids.data(), w.data());
+      for (int32_t e : ids) used[static_cast<size_t>(e)] = 1;
+    }
+    const double distinct = static_cast<double>(std::count(used.begin(), used.end(), uint8_t{1}));
+    device_array<float> out(static_cast<size_t>(T * H));
+    device_array<float> act(static_cast<size_t>(T * IS)), ys(static_cast<size_t>(T * H)), gl(static_cast<size_t>(T));
+    moe_experts_params p;
+    p.x = x.data();
+    p.router_logits = logits.data();
+    p.gate_up = gate_up.data();
+    p.down = down.data();
+    p.out = out.data();
+    p.tokens = T;
+    p.hidden = H;
+    p.inter = I;
+    p.experts = E;
+    p.top_k = K;
+    p.x_stride = p.out_stride = H;
+    p.logits_stride = E;
+    p.w_dtype = hyserve::dtype::kBF16;
+    const double io = 4.0 * 2 * T * H;
+    const double us_op = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
+    rows.push_back({"moe_experts", "qwen3next E512 k10 I512", static_cast<int>(T), us_op, distinct * expert_bytes + io});
+    const double us_layer = time_call_us(stream, 1, [&](int) {
+      run_cuda(r, stream);  // router
+      run_cuda(p, stream);
+      swiglu_linear_params s;
+      s.x = x.data();
+      s.gate_w = sh_gate.data();
+      s.up_w = sh_up.data();
+      s.out = act.data();
+      s.m = T;
+      s.n = IS;
+      s.k = H;
+      s.x_stride = s.w_stride = H;
+      s.out_stride = IS;
+      s.w_dtype = hyserve::dtype::kBF16;
+      run_cuda(s, stream);
+      gemm_params d;
+      d.a = act.data();
+      d.b = sh_down.data();
+      d.b_dtype = hyserve::dtype::kBF16;
+      d.c = ys.data();
+      d.m = T;
+      d.n = H;
+      d.k = IS;
+      d.lda = IS;
+      d.ldb = IS;
+      d.ldc = H;
+      d.trans_b = true;
+      run_cuda(d, stream);
+      gemm_params g = r;
+      g.b = sh_gw.data();
+      g.c = gl.data();
+      g.n = 1;
+      g.ldc = 1;
+      run_cuda(g, stream);
+      row_add_params a;
+      a.x = ys.data();
+      a.out = out.data();
+      a.gate_logits = gl.data();
+      a.gate_stride = 1;
+      a.rows = T;
+      a.cols = H;
+      a.x_stride = a.out_stride = H;
+      run_cuda(a, stream);
+    });
+    const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
+    rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
+    const double flops = 2.0 * T * K * 3.0 * H * I;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "moe_experts T=%lld: %.1f distinct experts, %.2f TFLOP/s on the experts' FLOPs (%.1f GFLOP)",
+                  static_cast<long long>(T), distinct, flops / (us_op * 1e-6) / 1e12, flops / 1e9);
+    notes.push_back(line);
+  }
+}
+
 }  // namespace
 }  // namespace hyserve::kernels
 
@@ -437,8 +585,11 @@ int main(int argc, char** argv) {
     }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
     if (want("skinny_gemm")) bench_skinny_gemm(stream, rows);
+    std::vector<std::string> notes;
+    if (want("moe")) bench_moe(stream, rows, notes);
 
     bench::print_rows(rows, copy_bw);
+    for (const std::string& n : notes) std::printf("%s\n", n.c_str());
     CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hyserve-bench-cuda: %s\n", e.what());

@@ -331,7 +331,7 @@ void read_synthetic(const yaml_reader& r, const YAML::Node& node, synthetic_mode
 }
 
 void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) {
-  const auto keys = r.check_keys(node, "model", {"path", "synthetic", "dtype", "tokenizer"});
+  const auto keys = r.check_keys(node, "model", {"path", "synthetic", "dtype", "tokenizer", "gdn_prefill"});
   if (keys.count("path") + keys.count("synthetic") != 1)
     r.fail(node, "model", "exactly one of path or synthetic must be given");
   if (keys.count("path")) {
@@ -346,6 +346,10 @@ void read_model(const yaml_reader& r, const YAML::Node& node, model_section& m) 
   if_present(node, "dtype", [&](const YAML::Node& n) {
     const size_t i = r.get_enum(n, "model.dtype", "dtype", {"float32", "bfloat16", "float16"});
     m.weight_dtype = i == 0 ? dtype::kF32 : i == 1 ? dtype::kBF16 : dtype::kF16;
+  });
+  if_present(node, "gdn_prefill", [&](const YAML::Node& n) {
+    m.gdn_prefill = static_cast<gdn_prefill_choice>(
+        r.get_enum(n, "model.gdn_prefill", "GDN prefill kernel", {"auto", "recurrent", "tc", "tf32", "bf16"}));
   });
   if_present(node, "tokenizer", [&](const YAML::Node& n) {
     m.tokenizer = r.get_string(n, "model.tokenizer");

@@ -357,7 +357,23 @@ void run_cuda(const gdn_chunk_scan_params& p, gdn_prefill_path path, void* strea
   }
 }
 
-void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, gdn_prefill_path::automatic, stream); }
+namespace {
+
+// The params' kernel choice (gdn.h) as a path; kDefault is automatic.
+gdn_prefill_path path_of(gdn_prefill_kernel k) {
+  switch (k) {
+    case gdn_prefill_kernel::kDefault: return gdn_prefill_path::automatic;
+    case gdn_prefill_kernel::kRecurrent: return gdn_prefill_path::recurrent;
+    case gdn_prefill_kernel::kTc: return gdn_prefill_path::tc;
+    case gdn_prefill_kernel::kTf32: return gdn_prefill_path::tf32;
+    case gdn_prefill_kernel::kBf16: return gdn_prefill_path::bf16;
+  }
+  fail("gdn_chunk_scan", "kernel", static_cast<int>(k), "unknown prefill kernel");
+}
+
+}  // namespace
+
+void run_cuda(const gdn_chunk_scan_params& p, void* stream) { run_cuda(p, path_of(p.kernel), stream); }
 
 void run_cuda_tc_stages(const gdn_chunk_scan_params& p, gdn_prefill_path path, int stages, void* stream) {
   constexpr const char* op = "gdn_chunk_scan";

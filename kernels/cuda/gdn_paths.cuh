@@ -1,8 +1,9 @@
 #pragma once
 // Explicit choice between the CUDA GDN prefill implementations, and between the decode
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
-// takes gdn_prefill_default_path(), read once from HYSERVE_GDN_PREFILL (recurrent | tc | tf32 | bf16;
-// unset: tc); run_cuda(gdn_state_update_params) takes gdn_decode_default_path(), from
+// takes the path its params name (gdn_chunk_scan_params::kernel, which models set from their
+// dtype or model.gdn_prefill), or with kDefault gdn_prefill_default_path(), read once from
+// HYSERVE_GDN_PREFILL (recurrent | tc | tf32 | bf16; unset: tc; benchmarks and direct calls); run_cuda(gdn_state_update_params) takes gdn_decode_default_path(), from
 // HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8; unset: tiles8). Any other value is
 // an error naming the variable and its values.
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the

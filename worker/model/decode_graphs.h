@@ -36,7 +36,7 @@
 // thread that runs the steps (the worker's, or the engine's caller) must outlive the graphs.
 //
 // A model creates one decode_graphs when graphs can serve it at all (device cuda, config
-// `cuda_graphs`, tp = 1, dense attention, no host-routed MoE); it logs once which path decode
+// `cuda_graphs`, tp = 1, dense attention; MoE layers route on the device); it logs once which path decode
 // takes and why. Per step, ineligible() names why a step runs eagerly instead (other modes,
 // hidden-state capture, a batch above max_batch, forward_options::eager).
 #include <array>

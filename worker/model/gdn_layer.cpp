@@ -96,6 +96,18 @@ void fill_gdn_common(kernels::gdn_common_params& p, const gdn_weights& w, const 
 
 }  // namespace
 
+kernels::gdn_prefill_kernel gdn_prefill_for(gdn_prefill_choice choice, dtype weight_type) {
+  switch (choice) {
+    case gdn_prefill_choice::kAuto:
+      return weight_type == dtype::kBF16 ? kernels::gdn_prefill_kernel::kBf16 : kernels::gdn_prefill_kernel::kTc;
+    case gdn_prefill_choice::kRecurrent: return kernels::gdn_prefill_kernel::kRecurrent;
+    case gdn_prefill_choice::kTc: return kernels::gdn_prefill_kernel::kTc;
+    case gdn_prefill_choice::kTf32: return kernels::gdn_prefill_kernel::kTf32;
+    case gdn_prefill_choice::kBf16: return kernels::gdn_prefill_kernel::kBf16;
+  }
+  throw config_error("model.gdn_prefill: unknown choice");
+}
+
 void place(gdn_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.in_proj, &w.out_proj}) place_weight(*t, device, weight_type);
   for (tensor* t : {&w.conv_w, &w.conv_b, &w.dt_bias, &w.A_log, &w.norm}) place(*t, device);
@@ -158,6 +170,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     s.query_start_loc = in.query_start_loc.as<int32_t>();
     s.has_initial_state = in.initial_state_flags();
     s.chunk_size = w.chunk_size;
+    s.kernel = w.prefill_kernel;
     kernels::run(s, ctx);
   };
   if (per_step) {

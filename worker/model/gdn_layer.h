@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#include "hyserve/common/config.h"
 #include "hyserve/common/model_config.h"
 #include "hyserve/common/tensor.h"
+#include "hyserve/kernels/gdn.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/hybrid_metadata.h"
 #include "hyserve/worker/memory_pools.h"
@@ -34,11 +36,18 @@ struct gdn_weights {
   int64_t conv_width = 0;
   int64_t chunk_size = 64;
   float eps = 1e-6f;
+  // The chunked prefill's CUDA kernel (kernels/gdn.h), chosen by the model from model.dtype or
+  // model.gdn_prefill (gdn_prefill_for).
+  kernels::gdn_prefill_kernel prefill_kernel = kernels::gdn_prefill_kernel::kDefault;
 
   int64_t key_dim() const { return heads_k * head_k_dim; }
   int64_t value_dim() const { return heads_v * head_v_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
+
+// The prefill kernel for model.gdn_prefill: auto follows the weight type (bf16: the bf16 path;
+// f32: tc, fp32-level accuracy); a named path is taken as is.
+kernels::gdn_prefill_kernel gdn_prefill_for(gdn_prefill_choice choice, dtype weight_type);
 
 // Rank tp.rank's shard of the Hugging Face Qwen3NextGatedDeltaNet under `prefix`
 // (".../linear_attn."). Throws config_error when the key heads do not split over tp.

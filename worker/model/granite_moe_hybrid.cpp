@@ -55,7 +55,6 @@ class granite_moe_hybrid_model final : public hybrid_model {
     block_loader::attention_scales as;
     as.o = rm;
     int32_t n_attn = 0, n_mamba = 0;
-    bool host_moe = false;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
       granite_layer& L = layers_[static_cast<size_t>(i)];
@@ -82,19 +81,15 @@ class granite_moe_hybrid_model final : public hybrid_model {
       if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
       L.moe = mc.num_experts > 0;
       if (L.moe) {
-        L.moe_block = load_experts(ws, p + "block_sparse_moe.");
+        L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
         L.moe_block.shared = std::move(shared);
-        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
         layers::place(L.moe_block, ctx.device, weight_type);
-        host_moe = host_moe || !L.moe_block.device_routing;
       } else {
         L.shared = std::move(shared);
       }
       progress.layer_done(i + 1, ld.bytes());
     }
-    start(graphs, n_attn, n_mamba,
-          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
-                   : std::string());
+    start(graphs, n_attn, n_mamba);
   }
 
  private:
@@ -115,7 +110,9 @@ class granite_moe_hybrid_model final : public hybrid_model {
 
   // Experts stored fused: input_linear [E, 2·I, H] (gate | up of each), output_linear [E, H, I];
   // router.layer [E, H] (replicated). Each rank keeps its slice of every expert's I channels.
-  layers::moe_weights load_experts(const weight_source& ws, const std::string& p) {
+  // With tp = 1 the checkpoint's layout is the stacked layout (moe_layer.h): input_linear goes
+  // to the device as is (generated there for synthetic weights), output_linear scaled.
+  layers::moe_weights load_experts(weight_loader& ld, const weight_source& ws, const std::string& p) {
     const int64_t H = mc_.hidden_size, E = mc_.num_experts, I = mc_.moe_intermediate_size;
     const int64_t il = tp_split(I, tp_.size, "intermediate_size");
     const int64_t b = tp_.rank * il;
@@ -123,16 +120,23 @@ class granite_moe_hybrid_model final : public hybrid_model {
     w.top_k = mc_.num_experts_per_tok;
     w.norm_topk_prob = true;  // softmax over the top-k router logits
     w.router = ws.load(p + "router.layer.weight", {E, H});
+    if (tp_.size == 1) {
+      w.gate_up = ld.load(p + "input_linear.weight", {E, 2 * I, H}, weight_type_);
+      w.down = ld.load_selection(p + "output_linear.weight", {E, H, I}, {}, weight_type_, {mc_.residual_multiplier});
+      w.num_experts = E;
+      w.inter_local = I;
+      return w;
+    }
     const host_tensor in = ws.load(p + "input_linear.weight", {E, 2 * I, H});
     const host_tensor out = ws.load(p + "output_linear.weight", {E, H, I});
-    w.experts.resize(static_cast<size_t>(E));
+    // Stacked on the host in f32 (placed, converted to the weight type, by the caller).
+    layers::expert_stack stack(E, il, H, dtype::kF32, device_kind::kCpu);
     for (int64_t e = 0; e < E; ++e) {
-      layers::mlp_weights& x = w.experts[static_cast<size_t>(e)];
       const float* ie = in.as<float>() + e * 2 * I * H;
-      x.gate = sub_block(ie, H, b, il, 0, H, 1.0f);
-      x.up = sub_block(ie, H, I + b, il, 0, H, 1.0f);
-      x.down = sub_block(out.as<float>() + e * H * I, I, 0, H, b, il, mc_.residual_multiplier);
+      stack.set(e, sub_block(ie, H, b, il, 0, H, 1.0f), sub_block(ie, H, I + b, il, 0, H, 1.0f),
+                sub_block(out.as<float>() + e * H * I, I, 0, H, b, il, mc_.residual_multiplier));
     }
+    stack.finish(w);
     return w;
   }
 

@@ -32,7 +32,7 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
     case model_arch::kBamba:
       return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
     case model_arch::kQwen3Next:
-      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
+      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs, cfg.model.gdn_prefill);
     case model_arch::kNemotronH:
       return make_nemotron_h(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
     case model_arch::kGraniteMoeHybrid:
@@ -72,7 +72,7 @@ std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_c
     case model_arch::kBamba:
       return make_bamba(dmc, *weights, tp, comm, ctx, weight_type);
     case model_arch::kQwen3Next:
-      return make_qwen3_next(dmc, *weights, tp, comm, ctx, weight_type);
+      return make_qwen3_next(dmc, *weights, tp, comm, ctx, weight_type, {}, {}, cfg.model.gdn_prefill);
     case model_arch::kNemotronH:
       return make_nemotron_h(dmc, *weights, tp, comm, ctx, weight_type);
     case model_arch::kGraniteMoeHybrid:

@@ -1,53 +1,83 @@
 #include "moe_layer.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
-#include <vector>
+#include <utility>
 
-#include "hyserve/kernels/activation.h"
+#include "hyserve/common/error.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/kernels/row_ops.h"
-#include "hyserve/kernels/graph.h"
 #include "hyserve/kernels/run.h"
 #include "load_util.h"
 
 namespace hyserve::worker::layers {
 
+expert_stack::expert_stack(int64_t experts, int64_t inter_local, int64_t hidden, dtype type, device_kind device)
+    : experts_(experts),
+      inter_(inter_local),
+      hidden_(hidden),
+      gate_up_(type, {experts, 2 * inter_local, hidden}, device),
+      down_(type, {experts, hidden, inter_local}, device) {}
+
 namespace {
 
-void load_swiglu(const weight_source& ws, const std::string& p, int64_t hidden, int64_t inter, tp_placement tp,
-                 const char* what, mlp_weights& w) {
-  const int64_t il = tp_split(inter, tp.size, what);
-  const int64_t b = tp.rank * il, e = b + il;
-  w.gate = ws.load_slice(p + "gate_proj.weight", {inter, hidden}, 0, b, e);
-  w.up = ws.load_slice(p + "up_proj.weight", {inter, hidden}, 0, b, e);
-  w.down = ws.load_slice(p + "down_proj.weight", {hidden, inter}, 1, b, e);
-}
-
-// down · (silu(gate · x) ⊙ up · x) on this rank's slice of the intermediate dimension: a partial
-// sum over tp.
-tensor swiglu_partial(const mlp_weights& w, const tensor& x, const exec_context& ctx) {
-  const tensor act = swiglu_linear(w, x, ctx);
-  return linear(act, w.down, ctx);
+void copy_bytes(void* dst, const tensor& src, device_kind device) {
+  if (device == device_kind::kCuda)
+    kernels::device_copy_d2d(dst, src.data(), src.nbytes());
+  else
+    std::memcpy(dst, src.data(), src.nbytes());
 }
 
 }  // namespace
 
-moe_weights load_moe(const weight_source& ws, const std::string& prefix, const model_config& mc, tp_placement tp) {
-  const int64_t H = mc.hidden_size, E = mc.num_experts;
+void expert_stack::set(int64_t e, const tensor& gate, const tensor& up, const tensor& down) {
+  const shape_t gs{inter_, hidden_}, ds{hidden_, inter_};
+  HYSERVE_CHECK(e >= 0 && e < experts_ && gate.shape() == gs && up.shape() == gs && down.shape() == ds &&
+                    gate.type() == gate_up_.type() && up.type() == gate_up_.type() && down.type() == down_.type() &&
+                    gate.device() == gate_up_.device() && up.device() == gate_up_.device() &&
+                    down.device() == down_.device(),
+                "expert_stack: expert " + std::to_string(e) + " gate " + gate.shape().str() + ", up " +
+                    up.shape().str() + ", down " + down.shape().str() + " do not fit the stack");
+  const size_t block = gate.nbytes();
+  char* gu = static_cast<char*>(gate_up_.data()) + static_cast<size_t>(e) * 2 * block;
+  copy_bytes(gu, gate, gate_up_.device());
+  copy_bytes(gu + block, up, gate_up_.device());
+  copy_bytes(static_cast<char*>(down_.data()) + static_cast<size_t>(e) * down.nbytes(), down, down_.device());
+}
+
+void expert_stack::finish(moe_weights& w) {
+  w.gate_up = std::move(gate_up_);
+  w.down = std::move(down_);
+  w.num_experts = experts_;
+  w.inter_local = inter_;
+}
+
+moe_weights load_moe(weight_loader& ld, const weight_source& ws, const std::string& prefix, const model_config& mc,
+                     tp_placement tp, dtype weight_type) {
+  const int64_t H = mc.hidden_size, E = mc.num_experts, I = mc.moe_intermediate_size;
   moe_weights w;
   w.top_k = mc.num_experts_per_tok;
   w.norm_topk_prob = mc.norm_topk_prob;
   w.router = ws.load(prefix + "gate.weight", {E, H});
-  w.experts.resize(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e)
-    load_swiglu(ws, prefix + "experts." + std::to_string(e) + ".", H, mc.moe_intermediate_size, tp,
-                "moe_intermediate_size", w.experts[static_cast<size_t>(e)]);
+  const int64_t il = tp_split(I, tp.size, "moe_intermediate_size");
+  const int64_t b = tp.rank * il, end = b + il;
+  expert_stack stack(E, il, H, weight_type, ld.device());
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = prefix + "experts." + std::to_string(e) + ".";
+    const tensor gate = ld.load_slice(p + "gate_proj.weight", {I, H}, 0, b, end, weight_type);
+    const tensor up = ld.load_slice(p + "up_proj.weight", {I, H}, 0, b, end, weight_type);
+    const tensor down = ld.load_slice(p + "down_proj.weight", {H, I}, 1, b, end, weight_type);
+    stack.set(e, gate, up, down);
+  }
+  stack.finish(w);
   if (mc.shared_expert_intermediate_size > 0) {
-    load_swiglu(ws, prefix + "shared_expert.", H, mc.shared_expert_intermediate_size, tp,
-                "shared_expert_intermediate_size", w.shared);
+    const int64_t Is = mc.shared_expert_intermediate_size;
+    const int64_t sl = tp_split(Is, tp.size, "shared_expert_intermediate_size");
+    const int64_t sb = tp.rank * sl, se = sb + sl;
+    const std::string p = prefix + "shared_expert.";
+    w.shared.gate = ws.load_slice(p + "gate_proj.weight", {Is, H}, 0, sb, se);
+    w.shared.up = ws.load_slice(p + "up_proj.weight", {Is, H}, 0, sb, se);
+    w.shared.down = ws.load_slice(p + "down_proj.weight", {H, Is}, 1, sb, se);
     w.shared_gate = ws.load(prefix + "shared_expert_gate.weight", {1, H});
   }
   return w;
@@ -55,104 +85,20 @@ moe_weights load_moe(const weight_source& ws, const std::string& prefix, const m
 
 void place(moe_weights& w, device_kind device, dtype weight_type) {
   place_weight(w.router, device, weight_type);
-  for (mlp_weights& e : w.experts) place(e, device, weight_type);
+  place_weight(w.gate_up, device, weight_type);
+  place_weight(w.down, device, weight_type);
   place(w.shared, device, weight_type);
   place_weight(w.shared_gate, device, weight_type);
 }
 
-bool dense_routing_pays(int64_t experts, device_kind device) { return device == device_kind::kCuda && experts <= 16; }
-
 namespace {
-
-// Device routing: dense [E, T] weights, every expert over every token.
-void routed_experts_dense(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
-  const int64_t T = x.shape()[0], H = x.shape()[1];
-  const int64_t E = static_cast<int64_t>(w.experts.size());
-  if (T == 0) return;
-  const tensor logits = linear(x, w.router, ctx);  // [T, E]
-  tensor dense = tensor::f32({E, T}, ctx.device);
-  kernels::moe_route_params r;
-  r.logits = logits.as<float>();
-  r.weights = dense.as<float>();
-  r.tokens = T;
-  r.experts = E;
-  r.top_k = w.top_k;
-  r.logits_stride = E;
-  r.weights_stride = T;
-  r.norm_topk_prob = w.norm_topk_prob;
-  kernels::run(r, ctx);
-  // Experts in index order, like the host path; unrouted tokens add 0 · y.
-  for (int64_t e = 0; e < E; ++e) {
-    const tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], x, ctx);
-    kernels::row_add_params p;
-    p.x = ye.as<float>();
-    p.out = out.as<float>();
-    p.weights = dense.as<float>() + e * T;
-    p.rows = T;
-    p.cols = H;
-    p.x_stride = p.out_stride = H;
-    kernels::run(p, ctx);
-  }
-}
-
-// Host routing: softmax over experts, the k largest (ties to the lower index), optionally
-// renormalised. Tokens and their weights are then grouped by expert.
-void host_routed_experts(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
-  const int64_t T = x.shape()[0], H = x.shape()[1];
-  const int64_t E = static_cast<int64_t>(w.experts.size()), k = w.top_k;
-  const tensor logits = linear(x, w.router, ctx).to_host();  // [T, E]
-  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(E));
-  std::vector<std::vector<float>> weights(static_cast<size_t>(E));
-  std::vector<float> prob(static_cast<size_t>(E));
-  std::vector<int64_t> order(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* l = logits.as<float>() + t * E;
-    const float mx = *std::max_element(l, l + E);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += (prob[static_cast<size_t>(e)] = std::exp(l[e] - mx));
-    for (float& p : prob) p /= sum;
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
-      return prob[static_cast<size_t>(a)] > prob[static_cast<size_t>(b)] ||
-             (prob[static_cast<size_t>(a)] == prob[static_cast<size_t>(b)] && a < b);
-    });
-    float top_sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) top_sum += prob[static_cast<size_t>(order[static_cast<size_t>(j)])];
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = order[static_cast<size_t>(j)];
-      tokens[static_cast<size_t>(e)].push_back(static_cast<int32_t>(t));
-      weights[static_cast<size_t>(e)].push_back(w.norm_topk_prob ? prob[static_cast<size_t>(e)] / top_sum
-                                                                 : prob[static_cast<size_t>(e)]);
-    }
-  }
-
-  // Experts in index order, each over the tokens routed to it (distinct rows, so the weighted
-  // scatter-add into out has no conflicts).
-  for (int64_t e = 0; e < E; ++e) {
-    const std::vector<int32_t>& idx = tokens[static_cast<size_t>(e)];
-    if (idx.empty()) continue;
-    const tensor rows = upload_i32(idx, ctx);
-    const tensor wt = tensor::from_host(weights[static_cast<size_t>(e)].data(), dtype::kF32,
-                                        static_cast<int64_t>(idx.size()), ctx.device);
-    const tensor ye = swiglu_partial(w.experts[static_cast<size_t>(e)], gather_rows(x, rows, ctx), ctx);
-    kernels::row_add_params p;
-    p.x = ye.as<float>();
-    p.out = out.as<float>();
-    p.out_rows = rows.as<int32_t>();
-    p.weights = wt.as<float>();
-    p.rows = static_cast<int64_t>(idx.size());
-    p.cols = H;
-    p.x_stride = p.out_stride = H;
-    kernels::run(p, ctx);
-  }
-}
 
 // Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
 // partial sum before the reduction.
 void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
   if (!w.shared.gate.empty() && T > 0) {
-    const tensor ys = swiglu_partial(w.shared, x, ctx);
+    const tensor ys = linear(swiglu_linear(w.shared, x, ctx), w.shared.down, ctx);
     const tensor gl = w.shared_gate.empty() ? tensor() : linear(x, w.shared_gate, ctx);  // [T, 1]
     kernels::row_add_params p;
     p.x = ys.as<float>();
@@ -171,14 +117,27 @@ void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exe
 tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
   tensor out = tensor::f32({T, H}, ctx.device);
-  // The experts accumulate into out: it starts from zero also where allocations are not
-  // zero-filled (inside a CUDA graph capture).
-  if (ctx.device == device_kind::kCuda) kernels::fill_zero_async(out.data(), out.nbytes(), ctx.stream);
-  if (w.device_routing)
-    routed_experts_dense(w, x, out, ctx);
-  else
-    host_routed_experts(w, x, out, ctx);
-  shared_expert(w, x, out, ctx);
+  if (T > 0) {
+    const tensor logits = linear(x, w.router, ctx);  // [T, E]
+    kernels::moe_experts_params p;
+    p.x = x.as<float>();
+    p.router_logits = logits.as<float>();
+    p.gate_up = w.gate_up.data();
+    p.down = w.down.data();
+    p.out = out.as<float>();  // written whole (accumulate = false)
+    p.tokens = T;
+    p.hidden = H;
+    p.inter = w.inter_local;
+    p.experts = w.num_experts;
+    p.top_k = w.top_k;
+    p.x_stride = p.out_stride = H;
+    p.logits_stride = w.num_experts;
+    p.scoring = w.scoring;
+    p.norm_topk_prob = w.norm_topk_prob;
+    p.w_dtype = w.gate_up.type();
+    kernels::run(p, ctx);
+    shared_expert(w, x, out, ctx);
+  }
   reduce_partial(out, comm);
   return out;
 }

@@ -38,8 +38,9 @@ class qwen3_next_model final : public hybrid_model {
  public:
   qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
                    const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                   const decode_graph_options& graphs)
+                   const decode_graph_options& graphs, gdn_prefill_choice gdn_prefill)
       : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Qwen3-Next") {
+    const kernels::gdn_prefill_kernel prefill_kernel = layers::gdn_prefill_for(gdn_prefill, weight_type);
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     const int r = tp.rank, n = tp.size;
     const int64_t H = mc.hidden_size;
@@ -62,6 +63,7 @@ class qwen3_next_model final : public hybrid_model {
       switch (L.kind) {
         case layer_kind::kGatedDeltaNet:
           L.gdn = layers::load_gdn(ws, p + "linear_attn.", mc, tp);
+          L.gdn.prefill_kernel = prefill_kernel;
           L.cache_index = n_recurrent++;
           break;
         case layer_kind::kAttention:
@@ -76,8 +78,7 @@ class qwen3_next_model final : public hybrid_model {
       }
       L.moe = mc.is_moe_layer(i);
       if (L.moe) {
-        L.moe_block = layers::load_moe(ws, p + "mlp.", mc, tp);
-        L.moe_block.device_routing = layers::dense_routing_pays(mc.num_experts, ctx.device);
+        L.moe_block = layers::load_moe(ld, ws, p + "mlp.", mc, tp, weight_type);
       } else {
         const int64_t I = mc.intermediate_size;
         const int64_t il = tp_split(I, n, "intermediate_size");
@@ -88,11 +89,7 @@ class qwen3_next_model final : public hybrid_model {
       place_layer(L);
       progress.layer_done(i + 1);
     }
-    const bool host_moe = std::any_of(layers_.begin(), layers_.end(),
-                                      [](const qwen3_next_layer& L) { return L.moe && !L.moe_block.device_routing; });
-    start(graphs, n_attn, n_recurrent,
-          host_moe ? "MoE with " + std::to_string(mc.num_experts) + " experts routes on the host (device routing: <= 16)"
-                   : std::string());
+    start(graphs, n_attn, n_recurrent);
   }
 
   // The recurrent-state cache holds the GDN layers: conv window over q | k | v, state
@@ -156,8 +153,9 @@ class qwen3_next_model final : public hybrid_model {
 
 std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
                                        collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                       const sparsity_section& sparsity, const decode_graph_options& graphs) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
+                                       const sparsity_section& sparsity, const decode_graph_options& graphs,
+                                       gdn_prefill_choice gdn_prefill) {
+  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs, gdn_prefill);
 }
 
 }  // namespace hyserve::worker

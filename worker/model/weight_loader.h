@@ -34,6 +34,7 @@ class weight_loader {
                         const std::vector<float>& scale = {});
 
   uint64_t bytes() const { return bytes_; }  // placed so far
+  device_kind device() const { return ctx_.device; }
 
  private:
 

@@ -119,7 +119,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "gpu_memory_fraction, kv_dtype, ssm_state_dtype)");
   EXPECT_ERROR_WITH(load_config_string(model + "caches: {}"), config_error, "caches: unknown key (known: model,");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtyp: float32}"), config_error,
-                    "model.dtyp: unknown key (known: path, synthetic, dtype, tokenizer)");
+                    "model.dtyp: unknown key (known: path, synthetic, dtype, tokenizer, gdn_prefill)");
   EXPECT_ERROR_WITH(load_config_string("model: {synthetic: {hidden: 64}}"), config_error,
                     "model.synthetic.hidden: unknown key (known: arch, vocab_size,");
   EXPECT_ERROR_WITH(load_config_string(model + "parallel: {pp: 2}"), config_error,
@@ -472,6 +472,16 @@ TEST(Config, ResolveModelConfigReadsCheckpointConfig) {
   EXPECT_EQ(m.layer_kinds[1], layer_kind::kAttention);
   c.model.path = "/nonexistent/ckpt";
   EXPECT_ERROR_WITH(resolve_model_config(c), config_error, "/nonexistent/ckpt/config.json");
+}
+
+TEST(Config, GdnPrefillKernel) {
+  EXPECT_EQ(load_config_string("model: {path: /ckpt}\n").model.gdn_prefill, gdn_prefill_choice::kAuto);
+  EXPECT_EQ(load_config_string("model: {path: /ckpt, gdn_prefill: bf16}\n").model.gdn_prefill, gdn_prefill_choice::kBf16);
+  EXPECT_EQ(load_config_string("model: {path: /ckpt, gdn_prefill: tc}\n").model.gdn_prefill, gdn_prefill_choice::kTc);
+  EXPECT_EQ(load_config_string("model: {path: /ckpt, gdn_prefill: recurrent}\n").model.gdn_prefill,
+            gdn_prefill_choice::kRecurrent);
+  EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, gdn_prefill: fast}\n"), config_error,
+                    "model.gdn_prefill: unknown GDN prefill kernel 'fast' (known: auto, recurrent, tc, tf32, bf16)");
 }
 
 TEST(Config, CacheElementTypes) {

@@ -125,5 +125,36 @@ TEST_F(ShippedConfigs, FamilyBenchmarkConfigsHaveTheirCheckpointShapes) {
   }
 }
 
+// The MoE benchmark configs: real layer and expert shapes (Qwen3-Next-80B-A3B with fewer layers,
+// Granite-4.0-H-Small), bf16 on CUDA.
+TEST_F(ShippedConfigs, MoeBenchmarkConfigsHaveTheirExpertShapes) {
+  struct expect {
+    const char* file;
+    model_arch arch;
+    int64_t hidden, layers, attention_layers, recurrent_layers, vocab, experts, top_k, expert_width, shared_width;
+  };
+  for (const expect& e :
+       {expect{"configs/qwen3-next-80b-a3b-synthetic-cuda.yaml", model_arch::kQwen3Next, 2048, 32, 8, 24, 151936, 512,
+               10, 512, 512},
+        expect{"configs/granite-4.0-h-small-synthetic-cuda.yaml", model_arch::kGraniteMoeHybrid, 4096, 40, 4, 36, 100352,
+               72, 10, 768, 8192}}) {
+    SCOPED_TRACE(e.file);
+    const service_config c = load_config_file(e.file);
+    EXPECT_EQ(c.device, device_kind::kCuda);
+    EXPECT_EQ(c.model.weight_dtype, dtype::kBF16);
+    const model_config m = resolve_model_config(c);
+    EXPECT_EQ(m.arch, e.arch);
+    EXPECT_EQ(m.hidden_size, e.hidden);
+    EXPECT_EQ(m.num_layers, e.layers);
+    EXPECT_EQ(m.num_attention_layers(), e.attention_layers);
+    EXPECT_EQ(m.num_recurrent_layers(), e.recurrent_layers);
+    EXPECT_EQ(m.vocab_size, e.vocab);
+    EXPECT_EQ(m.num_experts, e.experts);
+    EXPECT_EQ(m.num_experts_per_tok, e.top_k);
+    EXPECT_EQ(m.moe_intermediate_size, e.expert_width);
+    EXPECT_EQ(m.shared_expert_intermediate_size, e.shared_width);
+  }
+}
+
 }  // namespace
 }  // namespace hyserve

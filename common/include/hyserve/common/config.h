@@ -26,6 +26,11 @@ struct synthetic_model_config {
   double residual_scale = 1.0;
 };
 
+// `model.gdn_prefill`: the Gated DeltaNet chunked-prefill kernel on CUDA. auto: by model.dtype
+// (bfloat16: the bf16 tensor-core path, about 1e-2 relative like flash-linear-attention's;
+// float32: tc, 3xTF32 at fp32-level accuracy); or one named path (recurrent | tc | tf32 | bf16).
+enum class gdn_prefill_choice : uint8_t { kAuto, kRecurrent, kTc, kTf32, kBf16 };
+
 struct model_section {
   std::string path;                               // HF checkpoint directory (exclusive with synthetic)
   std::optional<synthetic_model_config> synthetic;
@@ -34,6 +39,7 @@ struct model_section {
   // to the file's path; by default <path>/tokenizer.json when it exists. Empty: no tokenizer
   // (the API then takes token ids only).
   std::string tokenizer;
+  gdn_prefill_choice gdn_prefill = gdn_prefill_choice::kAuto;  // `gdn_prefill`: auto | recurrent | tc | tf32 | bf16
 };
 
 // How tensor-parallel partial results are combined on a GPU: NCCL on device memory, or copied

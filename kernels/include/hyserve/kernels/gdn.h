@@ -47,6 +47,12 @@ struct gdn_common_params {
 // A_log, dt_bias and the states stay f32, and so does the arithmetic: bf16 inputs are widened,
 // outputs rounded to nearest even. On CUDA, bf16 io is taken by the bf16 and recurrent paths
 // (gdn_paths.cuh).
+// Which CUDA prefill implementation a call asks for (kernels/cuda/gdn_paths.cuh): kDefault
+// takes gdn_prefill_default_path(); the others that path (a shape the tensor-core paths do not
+// take runs the recurrent kernel). The CPU op has one implementation and ignores it. Models
+// choose by their dtype (model.gdn_prefill, worker/model/gdn_layer.h).
+enum class gdn_prefill_kernel : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
+
 struct gdn_chunk_scan_params : gdn_common_params {
   const int32_t* __restrict__ query_start_loc = nullptr;    // [batch + 1]
   const uint8_t* __restrict__ has_initial_state = nullptr;  // [batch]; null = all false
@@ -56,6 +62,7 @@ struct gdn_chunk_scan_params : gdn_common_params {
   const uint16_t* __restrict__ k_bf16 = nullptr;
   const uint16_t* __restrict__ v_bf16 = nullptr;
   uint16_t* __restrict__ out_bf16 = nullptr;
+  gdn_prefill_kernel kernel = gdn_prefill_kernel::kDefault;  // CUDA only
 };
 
 void run_cpu(const gdn_chunk_scan_params& p);

@@ -1,0 +1,194 @@
+// moe_experts on CUDA against the CPU op over experts {4, 64, 512} × top_k {1, 2, 8, 10} ×
+// tokens {1, 7, 64, 2048} (hidden 128, inter 64), f32 and bf16 weights, with router ties
+// (logits on an integer grid) and experts that get no token (the upper half of the experts
+// never wins); plus the Qwen3-Next shape (hidden 2048, inter 512, 512 experts, top 10) at 1,
+// 64 and 1024 tokens, sigmoid scoring, accumulate, and bitwise repeatability.
+// Routing: ids identical, weights within 1e-6 + 1e-5·|cpu|. Outputs: with S = max |cpu out|,
+//   f32 weights: |gpu − cpu| <= 2e-4·S + 1e-3·|cpu| (operands split into two bf16 terms);
+//   bf16 weights: |gpu − cpu| <= 1e-2·S + 1e-2·|cpu| (x is bf16-exact; the SwiGLU activations
+//   are rounded to bf16 between the two GEMMs, the CPU op keeps them f32).
+// Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hyserve/kernels/device.h"
+
+#if defined(HYSERVE_HAVE_CUDA)
+
+#include "cuda_test_util.h"
+#include "hyserve/common/dtype.h"
+#include "hyserve/kernels/moe.h"
+
+namespace hyserve::kernels {
+namespace {
+
+struct moe_shape {
+  int64_t T, H, I, E, k;
+  bool bf16 = true;
+  moe_scoring scoring = moe_scoring::kSoftmax;
+  bool norm = true;
+  bool ties = true;
+  bool accumulate = false;
+};
+
+std::string name(const moe_shape& s) {
+  return "T " + std::to_string(s.T) + " H " + std::to_string(s.H) + " I " + std::to_string(s.I) + " E " +
+         std::to_string(s.E) + " k " + std::to_string(s.k) + (s.bf16 ? " bf16" : " f32") +
+         (s.scoring == moe_scoring::kSoftmax ? " softmax" : " sigmoid") + (s.norm ? " norm" : " raw") +
+         (s.ties ? " ties" : "") + (s.accumulate ? " accumulate" : "");
+}
+
+void check_moe(const moe_shape& s, uint32_t seed) {
+  const std::string what = name(s);
+  const size_t TH = static_cast<size_t>(s.T * s.H);
+  const std::vector<float> x = cuda_test::round_bf16(cuda_test::random_floats(TH, seed, -1, 1));
+  std::vector<float> logits = cuda_test::random_floats(static_cast<size_t>(s.T * s.E), seed + 1, -3, 3);
+  if (s.ties)
+    for (float& v : logits) v = std::round(v);
+  if (s.E >= 2 * s.k)  // the upper half of the experts gets no token
+    for (int64_t t = 0; t < s.T; ++t)
+      for (int64_t e = s.E / 2; e < s.E; ++e) logits[static_cast<size_t>(t * s.E + e)] = -30.0f;
+  const float ws = 1.0f / std::sqrt(static_cast<float>(s.H));
+  std::vector<float> gate_up =
+      cuda_test::random_floats(static_cast<size_t>(s.E * 2 * s.I * s.H), seed + 2, -2 * ws, 2 * ws);
+  std::vector<float> down = cuda_test::random_floats(static_cast<size_t>(s.E * s.H * s.I), seed + 3,
+                                                     -2.0f / std::sqrt(static_cast<float>(s.I)),
+                                                     2.0f / std::sqrt(static_cast<float>(s.I)));
+  std::vector<uint16_t> gate_up16, down16;
+  if (s.bf16) {
+    gate_up16.reserve(gate_up.size());
+    down16.reserve(down.size());
+    for (float& v : gate_up) gate_up16.push_back(f32_to_bf16(v));
+    for (float& v : down) down16.push_back(f32_to_bf16(v));
+  }
+  const std::vector<float> out0 = s.accumulate ? cuda_test::random_floats(TH, seed + 4) : std::vector<float>(TH, cuda_test::poison());
+
+  moe_experts_params p;
+  p.tokens = s.T;
+  p.hidden = s.H;
+  p.inter = s.I;
+  p.experts = s.E;
+  p.top_k = s.k;
+  p.x_stride = p.out_stride = s.H;
+  p.logits_stride = s.E;
+  p.scoring = s.scoring;
+  p.norm_topk_prob = s.norm;
+  p.accumulate = s.accumulate;
+  p.w_dtype = s.bf16 ? dtype::kBF16 : dtype::kF32;
+
+  std::vector<float> want = out0;
+  std::vector<int32_t> want_ids(static_cast<size_t>(s.T * s.k));
+  std::vector<float> want_w(static_cast<size_t>(s.T * s.k));
+  p.x = x.data();
+  p.router_logits = logits.data();
+  p.gate_up = s.bf16 ? static_cast<const void*>(gate_up16.data()) : gate_up.data();
+  p.down = s.bf16 ? static_cast<const void*>(down16.data()) : down.data();
+  p.out = want.data();
+  p.topk_ids = want_ids.data();
+  p.topk_weights = want_w.data();
+  run_cpu(p);
+
+  device_array<float> d_x(x), d_logits(logits), d_out(out0);
+  device_array<float> d_gu32, d_down32;
+  device_array<uint16_t> d_gu16, d_down16;
+  if (s.bf16) {
+    d_gu16 = device_array<uint16_t>(gate_up16);
+    d_down16 = device_array<uint16_t>(down16);
+  } else {
+    d_gu32 = device_array<float>(gate_up);
+    d_down32 = device_array<float>(down);
+  }
+  device_array<int32_t> d_ids(want_ids.size());
+  device_array<float> d_w(want_w.size());
+  d_ids.fill_bytes(0xff);
+  d_w.fill_bytes(0xff);
+  p.x = d_x.data();
+  p.router_logits = d_logits.data();
+  p.gate_up = s.bf16 ? static_cast<const void*>(d_gu16.data()) : d_gu32.data();
+  p.down = s.bf16 ? static_cast<const void*>(d_down16.data()) : d_down32.data();
+  p.out = d_out.data();
+  p.topk_ids = d_ids.data();
+  p.topk_weights = d_w.data();
+  run_cuda(p);
+  device_synchronize();
+  const std::vector<float> got = d_out.download();
+  cuda_test::expect_equal(d_ids.download(), want_ids, what + " ids");
+  cuda_test::expect_match(d_w.download(), want_w, 1e-6, 1e-5, what + " weights");
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  if (s.bf16)
+    cuda_test::expect_match(got, want, 1e-2 * scale, 1e-2, what + " out");
+  else
+    cuda_test::expect_match(got, want, 2e-4 * scale, 1e-3, what + " out");
+
+  if (!s.accumulate) {  // the same call again: bitwise the same result
+    d_out.fill_bytes(0xff);
+    run_cuda(p);
+    device_synchronize();
+    const std::vector<float> again = d_out.download();
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << what << " repeat";
+  }
+}
+
+TEST(CudaMoe, MatchesCpuOverGrid) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 100;
+  for (int64_t E : {4, 64, 512})
+    for (int64_t k : {1, 2, 8, 10})
+      for (int64_t T : {1, 7, 64, 2048})
+        for (bool bf16 : {true, false}) {
+          if (k > E) continue;
+          moe_shape s{T, 128, 64, E, k, bf16};
+          check_moe(s, seed += 7);
+        }
+}
+
+TEST(CudaMoe, MatchesCpuScoringAndAccumulate) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 900;
+  check_moe({33, 64, 32, 16, 4, true, moe_scoring::kSigmoid, true}, seed++);
+  check_moe({33, 64, 32, 16, 4, false, moe_scoring::kSigmoid, false}, seed++);
+  check_moe({33, 64, 32, 16, 4, true, moe_scoring::kSoftmax, false}, seed++);
+  check_moe({40, 64, 32, 16, 2, false, moe_scoring::kSoftmax, true, false, true}, seed++);
+  check_moe({300, 64, 32, 8, 2, true, moe_scoring::kSoftmax, true, false, true}, seed++);
+}
+
+TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 1000;
+  for (int64_t T : {1, 64, 1024}) check_moe({T, 2048, 512, 512, 10, true, moe_scoring::kSoftmax, true, false}, seed++);
+  check_moe({64, 2048, 512, 512, 10, false, moe_scoring::kSoftmax, true, false}, seed++);
+}
+
+TEST(CudaMoe, RejectsWhatTheKernelsDoNotTake) {
+  moe_experts_params p;
+  p.tokens = 1;
+  p.hidden = 12;  // not a multiple of 8
+  p.inter = 8;
+  p.experts = 4;
+  p.top_k = 2;
+  float dummy[64] = {};
+  p.x = p.router_logits = dummy;
+  p.gate_up = p.down = dummy;
+  p.out = dummy;
+  p.x_stride = p.out_stride = 12;
+  p.logits_stride = 4;
+  cuda_test::expect_invalid([&] { run_cuda(p); }, "hidden");
+  p.hidden = 8;
+  p.x_stride = p.out_stride = 8;
+  p.experts = 64;
+  p.top_k = 33;
+  p.logits_stride = 64;
+  cuda_test::expect_invalid([&] { run_cuda(p); }, "top_k");
+}
+
+}  // namespace
+}  // namespace hyserve::kernels
+
+#endif  // HYSERVE_HAVE_CUDA
