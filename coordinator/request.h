@@ -47,6 +47,16 @@ struct request_event {
 
 using event_sink = std::function<void(request_event)>;
 
+// Appends a later event of the same request to `into` (its tokens after into's; its end, if it
+// ends the request). Events that queued up behind a stream's write go out as one.
+inline void append_event(request_event& into, request_event&& later) {
+  into.new_tokens.insert(into.new_tokens.end(), later.new_tokens.begin(), later.new_tokens.end());
+  into.finished = later.finished;
+  into.reason = later.reason;
+  into.error = std::move(later.error);
+  into.metrics = later.metrics;
+}
+
 // Events handed to sinks while an event_batch lives on the calling thread may be delivered
 // together when it ends: a sink whose delivery must wake another thread (a system call, tens
 // of microseconds in a virtual machine) registers that wake-up with defer_wakeup, and it runs

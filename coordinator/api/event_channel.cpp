@@ -70,6 +70,17 @@ void event_channel::interrupt() {
   wakeup_.cancel();
 }
 
+std::optional<request_event> event_channel::take_queued() {
+  if (events_.empty() || interrupted_) return std::nullopt;
+  request_event merged = std::move(events_.front());
+  events_.pop_front();
+  while (!merged.finished && !merged.error && !events_.empty()) {
+    append_event(merged, std::move(events_.front()));
+    events_.pop_front();
+  }
+  return merged;
+}
+
 net::awaitable<std::optional<request_event>> event_channel::next() {
   while (events_.empty() && !interrupted_) {
     wakeup_.expires_at(net::steady_timer::time_point::max());

@@ -66,6 +66,9 @@ class event_channel {
 
   // The next event in order, or nullopt once interrupt() was called.
   boost::asio::awaitable<std::optional<request_event>> next();
+  // next() without waiting: every event already queued, merged into one (append_event, in
+  // order, up to and including one that ends the request); nullopt when none is queued.
+  std::optional<request_event> take_queued();
 
   // Wakes next() for good: the handler stops waiting (client gone, server aborting).
   void interrupt();

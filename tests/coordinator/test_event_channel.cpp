@@ -148,5 +148,29 @@ TEST(EventGate, EventsOfABatchAreWokenOnceWhenItEnds) {
   for (int c = 0; c < 4; ++c) EXPECT_EQ(got[static_cast<size_t>(c)], std::vector<int32_t>{c});
 }
 
+TEST(EventChannel, QueuedEventsAreTakenAsOneUpToTheEnd) {
+  net::io_context ioc(1);
+  auto gate = std::make_shared<event_gate>();
+  auto ch = std::make_shared<event_channel>(net::make_strand(ioc));
+  event_sink sink = event_channel::make_sink(ch, gate);
+  for (int i = 0; i < 5; ++i) {
+    request_event e;
+    e.new_tokens = {2 * i, 2 * i + 1};
+    e.finished = i == 3;  // the request ends at the fourth event; a fifth must stay queued
+    e.reason = finish_reason::kStop;
+    sink(std::move(e));
+  }
+  ioc.run();  // delivered onto the strand (one thread: nothing else touches the channel now)
+  std::optional<request_event> first = ch->take_queued();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->new_tokens, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_TRUE(first->finished);
+  EXPECT_EQ(first->reason, finish_reason::kStop);
+  std::optional<request_event> rest = ch->take_queued();
+  ASSERT_TRUE(rest.has_value());
+  EXPECT_EQ(rest->new_tokens, (std::vector<int32_t>{8, 9}));
+  EXPECT_FALSE(ch->take_queued().has_value());
+}
+
 }  // namespace
 }  // namespace hyserve::coordinator::api
