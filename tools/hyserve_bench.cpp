@@ -70,6 +70,7 @@ std::string make_body(const bench_options& o, uint64_t index) {
   body["input_ids"] = std::move(input);
   body["sampling_params"] = std::move(sampling);
   body["stream"] = o.stream;
+  if (o.stream && !o.cumulative) body["stream_options"] = boost::json::object{{"incremental", true}};
   return boost::json::serialize(body);
 }
 

@@ -21,6 +21,9 @@ struct completion_call {
   std::vector<int32_t> input_ids;  // non-empty, every id < vocab_size
   sampling_params sampling;        // validated; prompt + max_new_tokens <= max_context
   bool stream = false;
+  // /generate `stream_options.incremental`: each streamed chunk carries only its new ids and
+  // text (SGLang's incremental streaming) instead of the whole output so far.
+  bool incremental_stream = false;
   std::vector<std::string> stop_strings;  // end the output before any of these (needs a tokenizer)
   // OpenAI routes: request fields the server does not know (ignored, but never silently).
   std::vector<std::string> ignored_fields;
@@ -45,6 +48,7 @@ struct completion_state {
   std::vector<int32_t> echo_ids;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  bool incremental_stream = false;  // completion_call::incremental_stream
 };
 
 // "stop" | "length" | "abort"

@@ -63,7 +63,7 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
   call.kind = api_kind::kGenerate;
   // /generate is this server's own API: a field it does not know is a mistake (a typo such as
   // max_new_token would otherwise fall back to a default without a word).
-  if (auto e = refuse_unknown(obj, "", {"input_ids", "text", "sampling_params", "stream"})) return std::move(*e);
+  if (auto e = refuse_unknown(obj, "", {"input_ids", "text", "sampling_params", "stream", "stream_options"})) return std::move(*e);
   const auto* ids = field(obj, "input_ids");
   if (const auto* t = field(obj, "text")) {
     if (!text.tokenizer) return invalid_param("text", std::string(kNoTokenizer));
@@ -103,6 +103,16 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
   if (const auto* s = field(obj, "stream")) {
     if (auto e = read_bool(*s, "stream", call.stream)) return std::move(*e);
   }
+  if (const auto* so = field(obj, "stream_options")) {
+    if (!so->is_object()) {
+      return invalid_param("stream_options",
+                           "stream_options must be an object, got " + std::string(json_kind_name(*so)));
+    }
+    if (auto e = refuse_unknown(so->get_object(), "stream_options.", {"incremental"})) return std::move(*e);
+    if (const auto* inc = field(so->get_object(), "incremental")) {
+      if (auto e = read_bool(*inc, "stream_options.incremental", call.incremental_stream)) return std::move(*e);
+    }
+  }
   if (auto e = check_context(call.input_ids.size(), field(obj, "text") ? "text" : "input_ids", keys, info, max_given,
                              call.sampling)) {
     return std::move(*e);
@@ -118,11 +128,12 @@ boost::json::object generate_response(const completion_state& state) {
   return out;
 }
 
-boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids) {
+boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids,
+                                   std::string_view new_text) {
   boost::json::object out;
-  out["output_ids"] = to_array(state.output_ids);
+  out["output_ids"] = state.incremental_stream ? to_array(new_ids) : to_array(state.output_ids);
   out["new_ids"] = to_array(new_ids);
-  if (state.has_text) out["text"] = state.text;
+  if (state.has_text) out["text"] = state.incremental_stream ? boost::json::string(new_text) : boost::json::string(state.text);
   out["meta_info"] = meta_info(state);
   return out;
 }

@@ -27,6 +27,10 @@ namespace hyserve::coordinator::api {
 parse_result<completion_call> parse_generate(std::string_view body, const model_info& info, const text_support& text);
 
 boost::json::object generate_response(const completion_state& state);
-boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids);
+// A streamed chunk: new_ids, and the whole output so far (output_ids, text: SGLang's format),
+// or with state.incremental_stream only this chunk's ids and text (output_ids = new_ids, text =
+// new_text), so that a chunk's size does not grow with the output.
+boost::json::object generate_chunk(const completion_state& state, std::span<const int32_t> new_ids,
+                                   std::string_view new_text);
 
 }  // namespace hyserve::coordinator::api

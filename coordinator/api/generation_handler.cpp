@@ -49,7 +49,7 @@ boost::json::object render_final(api_kind kind, const completion_state& state) {
 std::string render_chunks(api_kind kind, const completion_state& state, std::span<const int32_t> new_ids,
                           std::string_view new_text) {
   switch (kind) {
-    case api_kind::kGenerate: return sse(generate_chunk(state, new_ids));
+    case api_kind::kGenerate: return sse(generate_chunk(state, new_ids, new_text));
     case api_kind::kCompletions: return sse(completion_chunk(state, new_ids, new_text));
     case api_kind::kChat: {
       std::string out;
@@ -156,6 +156,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
   state.created = std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch()).count();
   state.prompt_tokens = static_cast<int32_t>(call.input_ids.size());
+  state.incremental_stream = call.incremental_stream;
   if (call.echo) {
     state.echo_text = std::move(call.echo_text);
     state.echo_ids = std::move(call.echo_ids);

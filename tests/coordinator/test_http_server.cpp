@@ -150,6 +150,34 @@ TEST_F(server_test, Generate_StreamAgreesWithNonStream) {
   EXPECT_EQ(last.at("meta_info").at("completion_tokens").to_number<int>(), 12);
 }
 
+TEST_F(server_test, Generate_IncrementalStreamCarriesOnlyNewIds) {
+  const std::string request = R"({"input_ids": [40, 41], "sampling_params": {"max_new_tokens": 12}})";
+  const auto expected = ids_of(parse(post("/generate", request).body).at("output_ids"));
+  http_reply streamed = post("/generate", R"({"input_ids": [40, 41], "stream": true,
+                                             "stream_options": {"incremental": true},
+                                             "sampling_params": {"max_new_tokens": 12}})");
+  ASSERT_EQ(streamed.status, 200u) << streamed.error;
+  const auto events = sse_events(streamed.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<int64_t> joined;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json::value chunk = parse(events[i]);
+    const auto fresh = ids_of(chunk.at("new_ids"));
+    EXPECT_EQ(ids_of(chunk.at("output_ids")), fresh) << "chunk " << i << ": only this chunk's ids";
+    joined.insert(joined.end(), fresh.begin(), fresh.end());
+  }
+  EXPECT_EQ(joined, expected);
+  EXPECT_EQ(parse(events[events.size() - 2]).at("meta_info").at("completion_tokens").to_number<int>(), 12);
+
+  http_reply bad = post("/generate", R"({"input_ids": [40], "stream": true, "stream_options": {"incremental": 1}})");
+  EXPECT_EQ(bad.status, 400u);
+  EXPECT_NE(bad.body.find("stream_options.incremental"), std::string::npos) << bad.body;
+  http_reply unknown = post("/generate", R"({"input_ids": [40], "stream_options": {"include_usage": true}})");
+  EXPECT_EQ(unknown.status, 400u);
+  EXPECT_NE(unknown.body.find("stream_options.include_usage"), std::string::npos) << unknown.body;
+}
+
 TEST_F(server_test, Completions_AgreesWithGenerate) {
   http_reply gen = post("/generate", R"({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}})");
   ASSERT_EQ(gen.status, 200u);

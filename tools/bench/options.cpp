@@ -11,7 +11,7 @@ namespace hyserve::bench {
 const char* const kUsage =
     "usage: hyserve-bench [--url http://127.0.0.1:8000] [--concurrency 8] [--requests 64]\n"
     "                     [--prompt-len 128] [--output-len 64] [--vocab 1024] [--seed 0]\n"
-    "                     [--stream | --no-stream] [--api-key KEY] [--timeout 120] [--json]\n"
+    "                     [--stream | --no-stream] [--cumulative] [--api-key KEY] [--timeout 120] [--json]\n"
     "\n"
     "Sends --requests POST /generate requests with random prompts (token ids in [3, vocab),\n"
     "deterministic from --seed), greedy sampling and ignore_eos, keeping --concurrency of them\n"
@@ -27,6 +27,8 @@ const char* const kUsage =
     "  --seed N           prompt seed (unsigned 64-bit)\n"
     "  --stream           stream tokens over SSE (default)\n"
     "  --no-stream        one JSON response per request (end-to-end latency only)\n"
+    "  --cumulative       streamed chunks carry the whole output so far (SGLang's format) instead\n"
+    "                     of only their new tokens (stream_options.incremental, the default)\n"
     "  --api-key KEY      send Authorization: Bearer KEY\n"
     "  --timeout S        seconds allowed for each connect, write and read (> 0)\n"
     "  --json             print the summary as one JSON object\n"
@@ -172,6 +174,9 @@ bench_options parse_args(int argc, char** argv) {
     } else if (arg == "--no-stream") {
       no_value();
       o.stream = false;
+    } else if (arg == "--cumulative") {
+      no_value();
+      o.cumulative = true;
     } else if (arg == "--api-key") {
       o.api_key = value();
       if (o.api_key->empty()) throw usage_error("--api-key: must not be empty");

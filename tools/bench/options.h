@@ -31,6 +31,7 @@ struct bench_options {
   int32_t vocab = 1024;
   uint64_t seed = 0;
   bool stream = true;
+  bool cumulative = false;  // streamed chunks with the whole output so far (else incremental)
   std::optional<std::string> api_key;
   bool json = false;
   double timeout_s = 120.0;

@@ -33,6 +33,7 @@ summary make_summary(const bench_options& options, const std::vector<request_res
   summary s;
   s.url = options.url.text;
   s.stream = options.stream;
+  s.incremental = options.stream && !options.cumulative;
   s.concurrency = options.concurrency;
   s.requests = options.requests;
   s.prompt_len = options.prompt_len;
@@ -123,6 +124,7 @@ boost::json::object to_json(const summary& s) {
   boost::json::object o;
   o["url"] = s.url;
   o["stream"] = s.stream;
+  o["incremental"] = s.incremental;
   o["concurrency"] = s.concurrency;
   o["requests"] = s.requests;
   o["prompt_len"] = s.prompt_len;

@@ -29,6 +29,7 @@ std::optional<distribution> summarize(std::vector<double> seconds);
 struct summary {
   std::string url;
   bool stream = true;
+  bool incremental = true;  // stream_options.incremental was asked for
   int32_t concurrency = 0;
   int32_t requests = 0;
   int32_t prompt_len = 0;
