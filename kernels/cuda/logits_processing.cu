@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kThreads) process_kernel(const logits_process_
       x[v] = xv;
     }
   }
-  const int32_t top_n = min(s.top_n, static_cast<int32_t>(min<int64_t>(p.max_top, V)));
+  const int64_t top_cap = p.max_top < p.vocab ? p.max_top : p.vocab;
+  const int32_t top_n = s.top_n < top_cap ? s.top_n : static_cast<int32_t>(top_cap);
   if (top_n <= 0) return;
   __syncthreads();
   float mx = -INFINITY;
