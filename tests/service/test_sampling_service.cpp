@@ -4,8 +4,8 @@
 // (tests/fixtures/bamba-tiny/reference.safetensors, full_logits.<prompt>: one row per position of
 // prompt + greedy continuation). Logprobs are those of the processed distribution (after bias,
 // masks and penalties, before temperature / top-k / top-p); with no processing they are the raw
-// log-softmax, which the service must match within kLogprobTol (the CPU logits agree with the
-// reference to 2e-4, GenerateCli.LogitsRowsMatchTeacherForcedReference). A penalised greedy run
+// log-softmax, which the service must match within kLogprobTol = 1e-4 (measured on the CPU:
+// about 1.5e-6; the test prints the largest difference). A penalised greedy run
 // must follow the recomputed argmax token for token up to and including its first departure from
 // the plain greedy path (past that the reference has no logits). tp = 1 samples on the model's
 // device (the eager processing path); tp = 2 samples on the host after the vocabulary gather;
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@ namespace {
 
 namespace json = boost::json;
 
-constexpr double kLogprobTol = 5e-4;  // log-softmax of logits within 2e-4: at most 4e-4 apart
+constexpr double kLogprobTol = 1e-4;  // float32 on the CPU: measured ~1.5e-6
 constexpr double kMarginTol = 2e-3;   // a recomputed argmax closer than this is not a fair test
 
 const safetensors_file& reference_logits() {
@@ -109,15 +110,23 @@ gen_logprobs parse_logprobs(const http_reply& r) {
   return g;
 }
 
-// Every token's logprob and top-k against the reference log-softmax at its position.
+// Every token's logprob and top-k against the reference log-softmax at its position (the
+// largest difference is printed: the measured agreement, below the stated tolerance).
 void expect_reference_logprobs(size_t p, const gen_logprobs& g, size_t top_k, const std::string& label) {
   const test::reference_prompt& rp = reference()[p];
+  double worst = 0.0;
+  struct report {
+    const std::string& label;
+    double& worst;
+    ~report() { std::printf("%s: largest |logprob - reference| %.3g (tolerance %.0e)\n", label.c_str(), worst, kLogprobTol); }
+  } rep{label, worst};
   ASSERT_EQ(g.ids, rp.greedy_ids) << label;
   ASSERT_EQ(g.lps.size(), g.ids.size()) << label;
   ASSERT_EQ(g.tops.size(), top_k > 0 ? g.ids.size() : 0) << label;
   for (size_t t = 0; t < g.ids.size(); ++t) {
     const std::vector<double> ls = log_softmax(ref_row(p, rp.input_ids.size() - 1 + t));
     EXPECT_NEAR(g.lps[t], ls[static_cast<size_t>(g.ids[t])], kLogprobTol) << label << " token " << t;
+    worst = std::max(worst, std::fabs(g.lps[t] - ls[static_cast<size_t>(g.ids[t])]));
     if (top_k == 0) continue;
     const auto& top = g.tops[t];
     ASSERT_EQ(top.size(), top_k) << label << " token " << t;
@@ -126,6 +135,7 @@ void expect_reference_logprobs(size_t p, const gen_logprobs& g, size_t top_k, co
     std::sort(sorted.rbegin(), sorted.rend());
     for (size_t k = 0; k < top_k; ++k) {
       EXPECT_NEAR(top[k].first, ls[static_cast<size_t>(top[k].second)], kLogprobTol) << label << " token " << t << " rank " << k;
+      worst = std::max(worst, std::fabs(top[k].first - ls[static_cast<size_t>(top[k].second)]));
       EXPECT_NEAR(top[k].first, sorted[k], kLogprobTol) << label << " token " << t << " rank " << k;
       if (k > 0) EXPECT_LE(top[k].first, top[k - 1].first) << label << " token " << t;
     }
