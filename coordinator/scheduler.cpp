@@ -311,7 +311,8 @@ void scheduler::schedule_group(int g) {
   // Speculative rounds carry the prefill chunks of the other requests in their verify step;
   // a round without drafts is an ordinary Decode or Mixed step.
   // A request with logits processing or logprobs does not speculate (its verify rows would need
-  // the processing and counts at every draft position): a step that decodes one runs plain.
+  // the processing and counts at every draft position): while one is decoding, the group's
+  // steps are plain (the others decode without drafts meanwhile; outputs are unchanged).
   const bool processing = std::any_of(decode_ids.begin(), decode_ids.end(), [&](uint64_t id) {
     return requests_.at(id).req.sampling.needs_processing();
   });
