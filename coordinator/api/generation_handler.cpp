@@ -175,7 +175,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
   state.logprobs = call.sampling.logprobs || call.sampling.top_logprobs > 0;
   state.top_logprobs = call.sampling.top_logprobs;
   std::optional<text_stream> texts;
-  if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings));
+  if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings), call.sampling.min_tokens);
 
   auto channel = std::make_shared<event_channel>(ex.executor());
   generate_request req;

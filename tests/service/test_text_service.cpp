@@ -260,6 +260,15 @@ TEST_F(TextService, StopStringAcrossTokensIsTrimmed) {
   EXPECT_EQ(v.at("choices").at(0).at("finish_reason").as_string(), "stop");
   EXPECT_EQ(v.at("usage").at("completion_tokens").to_number<int64_t>(), expected_tokens);
 
+  // min_tokens: no stop string ends the output before that many tokens (vLLM's rule), so the
+  // same stop string does not cut it at that boundary.
+  json::object late = body;
+  late["min_tokens"] = expected_tokens + 2;
+  const http_reply lr = http_post(port(), "/v1/completions", json::serialize(late));
+  ASSERT_EQ(lr.status, 200u) << lr.describe();
+  EXPECT_GE(lr.json().at("usage").at("completion_tokens").to_number<int64_t>(), expected_tokens + 2) << lr.body;
+  EXPECT_EQ(std::string(lr.json().at("choices").at(0).at("text").as_string()).rfind(head, 0), 0u) << lr.body;
+
   body["stream"] = true;
   const text_stream_result s = stream_text(port(), "/v1/completions", body);
   ASSERT_EQ(s.status, 200u) << s.error;
