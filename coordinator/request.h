@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hyserve::coordinator {
@@ -22,6 +23,19 @@ struct sampling_params {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   bool sparse = true;        // per-request override of sparse attention
+  // Logits processing on the worker (vLLM's definitions; README, Sampling parameters).
+  float repetition_penalty = 1.0f;  // (0, 2]... validated range in api/validation.h; 1 = off
+  float presence_penalty = 0.0f;    // [-2, 2]
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  int32_t min_tokens = 0;           // EOS and stop token ids masked until this many tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> additive bias, ids ascending
+  bool logprobs = false;            // the sampled token's logprob per output token
+  int32_t top_logprobs = 0;         // 0..20 most likely tokens per output token
+  bool changes_logits() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || min_tokens > 0 ||
+           !logit_bias.empty();
+  }
+  bool needs_processing() const { return changes_logits() || logprobs || top_logprobs > 0; }
 };
 
 enum class finish_reason : uint8_t { kStop, kLength, kAbort };
@@ -38,6 +52,10 @@ struct request_metrics {
 // One update of a request, in order. The last event has finished = true.
 struct request_event {
   std::vector<int32_t> new_tokens;  // tokens generated since the previous event
+  // With sampling_params.logprobs / top_logprobs: one entry per new token (logprob of the
+  // processed distribution; README, Sampling parameters), and its top_logprobs (token, logprob).
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   bool finished = false;
   finish_reason reason = finish_reason::kLength;
   // Set when the request failed on a worker (HTTP 500) or the service is shutting down.
@@ -51,6 +69,8 @@ using event_sink = std::function<void(request_event)>;
 // ends the request). Events that queued up behind a stream's write go out as one.
 inline void append_event(request_event& into, request_event&& later) {
   into.new_tokens.insert(into.new_tokens.end(), later.new_tokens.begin(), later.new_tokens.end());
+  into.logprobs.insert(into.logprobs.end(), later.logprobs.begin(), later.logprobs.end());
+  for (auto& top : later.top_logprobs) into.top_logprobs.push_back(std::move(top));
   into.finished = later.finished;
   into.reason = later.reason;
   into.error = std::move(later.error);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <thread>
 
 #include "hyserve/common/error.h"
@@ -317,7 +318,13 @@ void scheduler::schedule_group(int g) {
   if (decode_ids.empty() && prefill_ids.empty()) return;
   // Speculative rounds carry the prefill chunks of the other requests in their verify step;
   // a round without drafts is an ordinary Decode or Mixed step.
-  if (spec_enabled() && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
+  // A request with logits processing or logprobs does not speculate (its verify rows would need
+  // the processing and counts at every draft position): while one is decoding, the group's
+  // steps are plain (the others decode without drafts meanwhile; outputs are unchanged).
+  const bool processing = std::any_of(decode_ids.begin(), decode_ids.end(), [&](uint64_t id) {
+    return requests_.at(id).req.sampling.needs_processing();
+  });
+  if (spec_enabled() && !processing && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
     if (start_round(g, decode_ids, prefill_ids)) return;
     schedule_plain(g, decode_ids, prefill_ids);
     return;
@@ -390,6 +397,27 @@ wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
     r.pages_sent = true;
   }
   row.dense_attention = !r.req.sampling.sparse;
+  // Logits processing (the worker applies it where it samples; README, Sampling parameters).
+  const sampling_params& sp = r.req.sampling;
+  if (sp.needs_processing()) {
+    wire::logits_processing& lp = row.processing;
+    lp.repetition_penalty = sp.repetition_penalty;
+    lp.presence_penalty = sp.presence_penalty;
+    lp.frequency_penalty = sp.frequency_penalty;
+    lp.prompt_len = static_cast<int32_t>(r.req.input_ids.size());
+    lp.logprobs = sp.logprobs;
+    lp.top_logprobs = sp.top_logprobs;
+    for (const auto& [id, bias] : sp.logit_bias) {
+      lp.bias_ids.push_back(id);
+      lp.bias_values.push_back(bias);
+    }
+    // min_tokens: the stop ids travel only while the row's token could still come too early.
+    if (row.output_index < sp.min_tokens) {
+      lp.min_tokens = sp.min_tokens;
+      lp.min_tokens_mask = sp.stop_token_ids;
+      if (!sp.ignore_eos && info_.eos_token_id >= 0) lp.min_tokens_mask.push_back(info_.eos_token_id);
+    }
+  }
   ++r.in_steps;
   return row;
 }
@@ -632,14 +660,25 @@ bool scheduler::send_draft_catch_up(int g) {
   return true;
 }
 
-bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens) {
+bool scheduler::emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row) {
   const sampling_params& sp = r.req.sampling;
   request_event ev;
   std::optional<finish_reason> done;
-  for (int32_t tok : tokens) {
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const int32_t tok = tokens[t];
     if (r.output.empty()) r.first_token = clock::now();
     r.output.push_back(tok);
     ev.new_tokens.push_back(tok);
+    if (sp.logprobs || sp.top_logprobs > 0) {
+      const bool have = row && t < row->logprobs.size();
+      ev.logprobs.push_back(have ? row->logprobs[t] : std::numeric_limits<float>::quiet_NaN());
+      auto& top = ev.top_logprobs.emplace_back();
+      if (row && row->top_n > 0)
+        for (int32_t k = 0; k < row->top_n; ++k) {
+          const size_t at = t * static_cast<size_t>(row->top_n) + static_cast<size_t>(k);
+          if (at < row->top_ids.size()) top.emplace_back(row->top_ids[at], row->top_logprobs[at]);
+        }
+    }
     const bool is_stop = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end() ||
                          (!sp.ignore_eos && info_.eos_token_id >= 0 && tok == info_.eos_token_id);
     if (is_stop) done = finish_reason::kStop;
@@ -802,7 +841,7 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
         r.consumed += st.tokens[i];
         if (r.consumed < r.total_len()) continue;
         if (row_failed(g, ids[i], *res, i)) continue;
-        emit(r, {res->rows[i].tokens.at(0)});
+        emit(r, {res->rows[i].tokens.at(0)}, &res->rows[i]);
       }
       return;
     case group_state::step_kind::kDraftCatchUp:
@@ -823,7 +862,7 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
     r.consumed += st.tokens[i];
     if (!st.emits[i]) continue;  // a prefill chunk that does not end the prompt
     if (row_failed(g, ids[i], *res, i)) continue;
-    emit(r, {res->rows[i].tokens.at(0)});
+    emit(r, {res->rows[i].tokens.at(0)}, &res->rows[i]);
   }
   if (wasted > 0 && observer_.on_wasted_rows) observer_.on_wasted_rows(wasted);
 }

@@ -192,7 +192,7 @@ class scheduler final : public frontend {
   wire::plan_row base_row(request_state& r) const;
   // Appends tokens to a request's output, finishing it on a stop token, max_new_tokens or the
   // context limit (later tokens are dropped). Returns true when it finished.
-  bool emit(request_state& r, const std::vector<int32_t>& tokens);
+  bool emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row = nullptr);
   void handle_verify(int g, const wire::step_result& res);
   // A row the worker returned without tokens (it refused that row only): fails its request
   // with the worker's message and returns true.

@@ -10,6 +10,7 @@
 #include "hyserve/kernels/embedding.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/logits_processing.h"
 #include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
@@ -98,6 +99,8 @@ HYSERVE_INSTANTIATE_RUN(argmax_params)
 HYSERVE_INSTANTIATE_RUN(sample_rows_params)
 HYSERVE_INSTANTIATE_RUN(last_token_scatter_params)
 HYSERVE_INSTANTIATE_RUN(token_resolve_params)
+HYSERVE_INSTANTIATE_RUN(logits_process_params)
+HYSERVE_INSTANTIATE_RUN(token_count_params)
 HYSERVE_INSTANTIATE_RUN(selective_state_update_multi_params)
 HYSERVE_INSTANTIATE_RUN(conv1d_update_multi_params)
 HYSERVE_INSTANTIATE_RUN(gdn_state_update_multi_params)

@@ -269,6 +269,18 @@ void validate(const step_plan& m) {
            " (must be equal, or both empty)");
     check_all_at_least(r.retrieve_next_token, -1, {kRows, i, "retrieve_next_token"});
     check_all_at_least(r.retrieve_next_sibling, -1, {kRows, i, "retrieve_next_sibling"});
+    const logits_processing& lp = r.processing;
+    check_at_least(lp.min_tokens, 0, {kRows, i, "processing.min_tokens"});
+    check_at_least(lp.prompt_len, 0, {kRows, i, "processing.prompt_len"});
+    check_at_least(lp.top_logprobs, 0, {kRows, i, "processing.top_logprobs"});
+    if (lp.top_logprobs > kMaxTopLogprobs)
+      fail(name_of({kRows, i, "processing.top_logprobs"}) + " = " + std::to_string(lp.top_logprobs) + " exceeds " +
+           std::to_string(kMaxTopLogprobs));
+    check_size(lp.min_tokens_mask.size(), kMaxTokensPerRow, {kRows, i, "processing.min_tokens_mask"});
+    check_size(lp.bias_ids.size(), kMaxTokensPerRow, {kRows, i, "processing.bias_ids"});
+    if (lp.bias_ids.size() != lp.bias_values.size())
+      fail(name_of({kRows, i, ""}) + ": processing.bias_ids has " + std::to_string(lp.bias_ids.size()) +
+           " entries but bias_values has " + std::to_string(lp.bias_values.size()));
   }
   check_all_at_least(m.free_req_slots, 0, {nullptr, 0, "step_plan.free_req_slots"});
   for (size_t i = 0; i < m.commits.size(); ++i) {
@@ -295,6 +307,14 @@ void validate(const step_result& m) {
     if (!r.logprobs.empty() && r.logprobs.size() != r.tokens.size())
       fail(name_of({kRows, i, ""}) + ": logprobs has " + std::to_string(r.logprobs.size()) + " entries for " +
            std::to_string(r.tokens.size()) + " tokens (must be equal, or empty)");
+    if (r.top_n < 0 || r.top_n > kMaxTopLogprobs)
+      fail(name_of({kRows, i, "top_n"}) + " = " + std::to_string(r.top_n) + " (must be in [0, " +
+           std::to_string(kMaxTopLogprobs) + "])");
+    const size_t top = r.tokens.size() * static_cast<size_t>(r.top_n);
+    if (r.top_ids.size() != top || r.top_logprobs.size() != top)
+      fail(name_of({kRows, i, ""}) + ": top_ids / top_logprobs have " + std::to_string(r.top_ids.size()) + " / " +
+           std::to_string(r.top_logprobs.size()) + " entries for " + std::to_string(r.tokens.size()) +
+           " tokens of top_n " + std::to_string(r.top_n));
   }
   check_at_least(m.decode_rows, 0, {nullptr, 0, "step_result.decode_rows"});
   check_at_least(m.sparse_rows, 0, {nullptr, 0, "step_result.sparse_rows"});
@@ -391,6 +411,27 @@ std::vector<uint8_t> encode(const step_plan& m) {
     w.u8(kPlanExtensionDraftWidth);
     w.i32(m.draft_width);
   }
+  size_t processed = 0;
+  for (const plan_row& r : m.rows) processed += r.processing.any() ? 1 : 0;
+  if (processed > 0) {
+    w.u8(kPlanExtensionProcessing);
+    w.count(processed, kMaxRows, "step_plan.processing");
+    for (size_t i = 0; i < m.rows.size(); ++i) {
+      const logits_processing& lp = m.rows[i].processing;
+      if (!lp.any()) continue;
+      w.i32(static_cast<int32_t>(i));
+      w.f32(lp.repetition_penalty);
+      w.f32(lp.presence_penalty);
+      w.f32(lp.frequency_penalty);
+      w.i32(lp.min_tokens);
+      w.i32(lp.prompt_len);
+      w.boolean(lp.logprobs);
+      w.i32(lp.top_logprobs);
+      w.i32s(lp.min_tokens_mask, kMaxTokensPerRow, "logits_processing.min_tokens_mask");
+      w.i32s(lp.bias_ids, kMaxTokensPerRow, "logits_processing.bias_ids");
+      w.f32s(lp.bias_values, kMaxTokensPerRow, "logits_processing.bias_values");
+    }
+  }
   return w.finish(message_type::kStepPlan);
 }
 
@@ -410,6 +451,20 @@ std::vector<uint8_t> encode(const step_result& m) {
   w.i32(m.decode_rows);
   w.i32(m.sparse_rows);
   w.i64(m.pages_read);
+  size_t with_top = 0;
+  for (const row_result& r : m.rows) with_top += r.top_n > 0 ? 1 : 0;
+  if (with_top > 0) {
+    w.u8(kResultExtensionTopLogprobs);
+    w.count(with_top, kMaxRows, "step_result.top_logprobs");
+    for (size_t i = 0; i < m.rows.size(); ++i) {
+      const row_result& r = m.rows[i];
+      if (r.top_n == 0) continue;
+      w.i32(static_cast<int32_t>(i));
+      w.i32(r.top_n);
+      w.i32s(r.top_ids, kMaxTokensPerRow, "row_result.top_ids");
+      w.f32s(r.top_logprobs, kMaxTokensPerRow, "row_result.top_logprobs");
+    }
+  }
   return w.finish(message_type::kStepResult);
 }
 
@@ -480,11 +535,13 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     const size_t trailing = r.left();
     const size_t at = r.where();
     const uint8_t ext = r.u8("step_plan.extension");
-    if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed && ext != kPlanExtensionDraftWidth)
+    if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed && ext != kPlanExtensionDraftWidth &&
+        ext != kPlanExtensionProcessing)
       fail(std::to_string(trailing) + " trailing bytes after the step_plan payload at offset " + std::to_string(at) +
            " (unknown extension tag " + std::to_string(ext) + "; supported, in order: " +
            std::to_string(kPlanExtensionSpec) + " speculative commits, " + std::to_string(kPlanExtensionMixed) +
-           " extend rows of a verify step, " + std::to_string(kPlanExtensionDraftWidth) + " draft width)");
+           " extend rows of a verify step, " + std::to_string(kPlanExtensionDraftWidth) + " draft width, " +
+           std::to_string(kPlanExtensionProcessing) + " logits processing)");
     if (ext <= last_ext)
       fail("step_plan extension tag " + std::to_string(ext) + " at offset " + std::to_string(at) +
            " repeats or follows a later tag (each extension at most once, in tag order)");
@@ -497,6 +554,30 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     if (ext == kPlanExtensionDraftWidth) {
       m.draft_width = r.i32("step_plan.draft_width");
       if (m.draft_width <= 1) throw wire_error("step_plan: the draft-width extension is present but not > 1");
+      continue;
+    }
+    if (ext == kPlanExtensionProcessing) {
+      const uint32_t n = r.count(kMaxRows, 41, "step_plan.processing");
+      if (n == 0) throw wire_error("step_plan: the processing extension is present but empty");
+      int32_t last_row = -1;
+      for (uint32_t k = 0; k < n; ++k) {
+        const int32_t row = r.i32("logits_processing.row");
+        if (row <= last_row || row >= static_cast<int32_t>(m.rows.size()))
+          fail("step_plan.processing[" + std::to_string(k) + "].row = " + std::to_string(row) +
+               " (rows ascending, each at most once, below " + std::to_string(m.rows.size()) + ")");
+        last_row = row;
+        logits_processing& lp = m.rows[static_cast<size_t>(row)].processing;
+        lp.repetition_penalty = r.f32("logits_processing.repetition_penalty");
+        lp.presence_penalty = r.f32("logits_processing.presence_penalty");
+        lp.frequency_penalty = r.f32("logits_processing.frequency_penalty");
+        lp.min_tokens = r.i32("logits_processing.min_tokens");
+        lp.prompt_len = r.i32("logits_processing.prompt_len");
+        lp.logprobs = r.boolean("logits_processing.logprobs");
+        lp.top_logprobs = r.i32("logits_processing.top_logprobs");
+        lp.min_tokens_mask = r.i32s(kMaxTokensPerRow, "logits_processing.min_tokens_mask");
+        lp.bias_ids = r.i32s(kMaxTokensPerRow, "logits_processing.bias_ids");
+        lp.bias_values = r.f32s(kMaxTokensPerRow, "logits_processing.bias_values");
+      }
       continue;
     }
     const uint32_t n = r.count(kMaxRows, kCommitBytes, "step_plan.draft_commits");
@@ -541,6 +622,28 @@ step_result decode_step_result(std::span<const uint8_t> bytes) {
   m.decode_rows = r.i32("step_result.decode_rows");
   m.sparse_rows = r.i32("step_result.sparse_rows");
   m.pages_read = r.i64("step_result.pages_read");
+  if (!r.at_end()) {
+    const size_t at = r.where();
+    const uint8_t ext = r.u8("step_result.extension");
+    if (ext != kResultExtensionTopLogprobs)
+      fail("unknown step_result extension tag " + std::to_string(ext) + " at offset " + std::to_string(at) +
+           " (supported: " + std::to_string(kResultExtensionTopLogprobs) + " top logprobs)");
+    const uint32_t n = r.count(kMaxRows, 16, "step_result.top_logprobs");
+    if (n == 0) throw wire_error("step_result: the top-logprobs extension is present but empty");
+    int32_t last_row = -1;
+    for (uint32_t k = 0; k < n; ++k) {
+      const int32_t row = r.i32("row_result.row");
+      if (row <= last_row || row >= static_cast<int32_t>(m.rows.size()))
+        fail("step_result.top_logprobs[" + std::to_string(k) + "].row = " + std::to_string(row) +
+             " (rows ascending, each at most once, below " + std::to_string(m.rows.size()) + ")");
+      last_row = row;
+      row_result& rr = m.rows[static_cast<size_t>(row)];
+      rr.top_n = r.i32("row_result.top_n");
+      if (rr.top_n <= 0) fail("step_result.top_logprobs[" + std::to_string(k) + "].top_n must be > 0");
+      rr.top_ids = r.i32s(kMaxTokensPerRow, "row_result.top_ids");
+      rr.top_logprobs = r.f32s(kMaxTokensPerRow, "row_result.top_logprobs");
+    }
+  }
   r.expect_end(message_type::kStepResult);
   validate(m);
   return m;

@@ -6,6 +6,7 @@
 #include <boost/json.hpp>
 
 #include "coordinator/api/json_fields.h"
+#include "coordinator/api/logprobs.h"
 #include "coordinator/api/validation.h"
 #include "hyserve/common/error.h"
 #include "hyserve/common/json.h"
@@ -100,11 +101,16 @@ boost::json::object envelope(const completion_state& state, const char* object, 
   return out;
 }
 
-boost::json::object chunk(const completion_state& state, boost::json::object delta, bool final) {
+boost::json::object chunk(const completion_state& state, boost::json::object delta, bool final, size_t lp_from = 0,
+                          size_t lp_to = 0) {
   boost::json::object choice;
   choice["index"] = 0;
   choice["delta"] = std::move(delta);
-  choice["logprobs"] = nullptr;
+  if (state.logprobs && lp_from < lp_to) {
+    choice["logprobs"] = chat_logprobs(state, lp_from, lp_to);
+  } else {
+    choice["logprobs"] = nullptr;
+  }
   choice["finish_reason"] = final ? finish_value(state) : nullptr;
   return envelope(state, "chat.completion.chunk", std::move(choice));
 }
@@ -131,6 +137,14 @@ parse_result<completion_call> parse_chat(std::string_view body, const model_info
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "echo",
             "best_of", "suffix"});
   if (auto e = refuse_unimplemented(obj)) return std::move(*e);
+  if (const auto* v = field(obj, "logprobs"); v && !v->is_null()) {
+    if (auto e = read_bool(*v, "logprobs", call.sampling.logprobs)) return std::move(*e);
+  }
+  if (const auto* v = field(obj, "top_logprobs"); v && !v->is_null()) {
+    if (auto e = read_top_logprobs(*v, "top_logprobs", call.sampling.top_logprobs)) return std::move(*e);
+    if (call.sampling.top_logprobs > 0 && !call.sampling.logprobs)
+      return invalid_param("top_logprobs", "top_logprobs needs logprobs: true");
+  }
   if (const auto* v = field(obj, "echo"); v && !(v->is_bool() && !v->get_bool()))
     return invalid_param("echo", "echo: echoing the prompt is supported on /v1/completions only");
   std::vector<chat_message> messages;
@@ -176,7 +190,11 @@ boost::json::object chat_response(const completion_state& state) {
   boost::json::object choice;
   choice["index"] = 0;
   choice["message"] = std::move(message);
-  choice["logprobs"] = nullptr;
+  if (state.logprobs) {
+    choice["logprobs"] = chat_logprobs(state, 0, state.output_ids.size());
+  } else {
+    choice["logprobs"] = nullptr;
+  }
   choice["finish_reason"] = finish_value(state);
   boost::json::object out = envelope(state, "chat.completion", std::move(choice));
   out["usage"] = usage(state);
@@ -190,14 +208,15 @@ boost::json::object chat_role_chunk(const completion_state& state) {
   return chunk(state, std::move(delta), false);
 }
 
-boost::json::object chat_content_chunk(const completion_state& state, std::string_view content) {
+boost::json::object chat_content_chunk(const completion_state& state, std::string_view content, size_t lp_from,
+                                       size_t lp_to) {
   boost::json::object delta;
   delta["content"] = content;
-  return chunk(state, std::move(delta), false);
+  return chunk(state, std::move(delta), false, lp_from, lp_to);
 }
 
-boost::json::object chat_final_chunk(const completion_state& state) {
-  boost::json::object out = chunk(state, boost::json::object(), true);
+boost::json::object chat_final_chunk(const completion_state& state, size_t lp_from, size_t lp_to) {
+  boost::json::object out = chunk(state, boost::json::object(), true, lp_from, lp_to);
   out["usage"] = usage(state);
   return out;
 }

@@ -26,7 +26,9 @@ parse_result<completion_call> parse_chat(std::string_view body, const model_info
 
 boost::json::object chat_response(const completion_state& state);
 boost::json::object chat_role_chunk(const completion_state& state);
-boost::json::object chat_content_chunk(const completion_state& state, std::string_view content);
-boost::json::object chat_final_chunk(const completion_state& state);
+// With logprobs on, the chunks carry the logprobs of output tokens [lp_from, lp_to).
+boost::json::object chat_content_chunk(const completion_state& state, std::string_view content, size_t lp_from = 0,
+                                       size_t lp_to = 0);
+boost::json::object chat_final_chunk(const completion_state& state, size_t lp_from = 0, size_t lp_to = 0);
 
 }  // namespace hyserve::coordinator::api

@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/request.h"
+#include "hyserve/tokenizer/bpe_tokenizer.h"
 
 namespace hyserve::coordinator::api {
 
@@ -49,6 +51,14 @@ struct completion_state {
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
   bool incremental_stream = false;  // completion_call::incremental_stream
+  // sampling_params.logprobs / top_logprobs: one entry per output id (README, Sampling
+  // parameters), and how the API reports them.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  std::vector<float> output_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> output_top_logprobs;
+  const tokenizer::bpe_tokenizer* tokenizer = nullptr;  // token strings (null: "token_id:N")
+  size_t logprobs_sent = 0;  // chat streams: output tokens whose logprobs went out
 };
 
 // "stop" | "length" | "abort"

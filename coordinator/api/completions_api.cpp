@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 
 #include "coordinator/api/json_fields.h"
+#include "coordinator/api/logprobs.h"
 #include "coordinator/api/validation.h"
 #include "hyserve/common/json.h"
 
@@ -78,13 +79,18 @@ boost::json::object usage(const completion_state& state) {
   return u;
 }
 
+// lp_from, lp_to: the output tokens whose logprobs the body carries (when asked).
 boost::json::object completion_body(const completion_state& state, std::span<const int32_t> ids,
-                                    std::string_view text) {
+                                    std::string_view text, size_t lp_from, size_t lp_to) {
   boost::json::object choice;
   choice["index"] = 0;
   choice["text"] = text;
   choice["token_ids"] = to_array(ids);
-  choice["logprobs"] = nullptr;
+  if (state.logprobs && lp_from < lp_to) {
+    choice["logprobs"] = completion_logprobs(state, lp_from, lp_to);
+  } else {
+    choice["logprobs"] = nullptr;
+  }
   if (state.finished) {
     choice["finish_reason"] = finish_reason_name(*state.finished);
   } else {
@@ -116,6 +122,14 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
             "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
             "min_tokens"});
   if (auto e = refuse_unimplemented(obj)) return std::move(*e);
+  if (const auto* v = field(obj, "top_logprobs"); v && !v->is_null() && !(v->is_int64() && v->get_int64() == 0))
+    return invalid_param("top_logprobs",
+                         "top_logprobs is a chat parameter: on /v1/completions give logprobs: N (0 to " +
+                             std::to_string(kMaxTopLogprobs) + ")");
+  if (const auto* v = field(obj, "logprobs"); v && !v->is_null()) {
+    if (auto e = read_top_logprobs(*v, "logprobs", call.sampling.top_logprobs)) return std::move(*e);
+    call.sampling.logprobs = true;
+  }
   if (auto e = read_prompt(obj, info, text, call.input_ids)) return std::move(*e);
   if (const auto* v = field(obj, "echo")) {
     if (auto e = read_bool(*v, "echo", call.echo)) return std::move(*e);
@@ -154,18 +168,21 @@ boost::json::object completion_response(const completion_state& state) {
   if (state.echo_text) {
     std::vector<int32_t> ids = state.echo_ids;
     ids.insert(ids.end(), state.output_ids.begin(), state.output_ids.end());
-    boost::json::object out = completion_body(state, ids, *state.echo_text + state.text);
+    boost::json::object out =
+        completion_body(state, ids, *state.echo_text + state.text, 0, state.output_ids.size());
     out["usage"] = usage(state);
     return out;
   }
-  boost::json::object out = completion_body(state, state.output_ids, state.text);
+  boost::json::object out = completion_body(state, state.output_ids, state.text, 0, state.output_ids.size());
   out["usage"] = usage(state);
   return out;
 }
 
 boost::json::object completion_chunk(const completion_state& state, std::span<const int32_t> new_ids,
-                                     std::string_view new_text) {
-  boost::json::object out = completion_body(state, new_ids, new_text);
+                                     std::string_view new_text, bool output) {
+  const size_t to = state.output_ids.size();
+  const size_t from = output && new_ids.size() <= to ? to - new_ids.size() : to;
+  boost::json::object out = completion_body(state, new_ids, new_text, from, to);
   if (state.finished) out["usage"] = usage(state);
   return out;
 }

@@ -28,8 +28,9 @@ namespace hyserve::coordinator::api {
 parse_result<completion_call> parse_completion(std::string_view body, const model_info& info, const text_support& text);
 
 boost::json::object completion_response(const completion_state& state);
-// `new_text`: the text that became final with these ids.
+// `new_text`: the text that became final with these ids; `output`: they are the last output ids
+// of the state (false for the echoed prompt), whose logprobs the chunk carries when asked.
 boost::json::object completion_chunk(const completion_state& state, std::span<const int32_t> new_ids,
-                                     std::string_view new_text);
+                                     std::string_view new_text, bool output = true);
 
 }  // namespace hyserve::coordinator::api

@@ -7,6 +7,7 @@
 #include <boost/json.hpp>
 
 #include "coordinator/api/json_fields.h"
+#include "coordinator/api/logprobs.h"
 #include "coordinator/api/validation.h"
 #include "hyserve/common/json.h"
 
@@ -38,6 +39,7 @@ boost::json::object meta_info(const completion_state& state) {
   if (state.spec_drafted > 0) {
     meta["spec_accept_rate"] = static_cast<double>(state.spec_accepted) / static_cast<double>(state.spec_drafted);
   }
+  add_generate_logprobs(state, meta);
   return meta;
 }
 
@@ -63,7 +65,16 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
   call.kind = api_kind::kGenerate;
   // /generate is this server's own API: a field it does not know is a mistake (a typo such as
   // max_new_token would otherwise fall back to a default without a word).
-  if (auto e = refuse_unknown(obj, "", {"input_ids", "text", "sampling_params", "stream", "stream_options"})) return std::move(*e);
+  if (auto e = refuse_unknown(obj, "", {"input_ids", "text", "sampling_params", "stream", "stream_options",
+                                        "return_logprob", "top_logprobs_num"}))
+    return std::move(*e);
+  if (const auto* v = field(obj, "return_logprob")) {
+    if (auto e = read_bool(*v, "return_logprob", call.sampling.logprobs)) return std::move(*e);
+  }
+  if (const auto* v = field(obj, "top_logprobs_num")) {
+    if (auto e = read_top_logprobs(*v, "top_logprobs_num", call.sampling.top_logprobs)) return std::move(*e);
+    if (call.sampling.top_logprobs > 0) call.sampling.logprobs = true;
+  }
   const auto* ids = field(obj, "input_ids");
   if (const auto* t = field(obj, "text")) {
     if (!text.tokenizer) return invalid_param("text", std::string(kNoTokenizer));
@@ -80,6 +91,7 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
 
   sampling_keys keys;
   keys.prefix = "sampling_params.";
+  keys.min_tokens = "min_new_tokens";
   bool max_given = false;
   if (const auto* sp = field(obj, "sampling_params")) {
     if (!sp->is_object()) {
@@ -88,7 +100,8 @@ parse_result<completion_call> parse_generate(std::string_view body, const model_
     }
     if (auto e = refuse_unknown(sp->get_object(), "sampling_params.",
                                 {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
-                                 "ignore_eos", "sparse", "stop"})) {
+                                 "ignore_eos", "sparse", "stop", "repetition_penalty", "presence_penalty",
+                                 "frequency_penalty", "min_new_tokens", "logit_bias"})) {
       return std::move(*e);
     }
     if (auto e = read_sampling(sp->get_object(), keys, info, call.sampling, max_given)) return std::move(*e);

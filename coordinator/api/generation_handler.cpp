@@ -1,6 +1,7 @@
 #include "coordinator/api/generation_handler.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -46,15 +47,24 @@ boost::json::object render_final(api_kind kind, const completion_state& state) {
 // The SSE events for one update: the ids and text that became final with it. A chat stream
 // sends text deltas only (none while a character or a possible stop string is held back) and
 // a closing chunk with the finish_reason.
-std::string render_chunks(api_kind kind, const completion_state& state, std::span<const int32_t> new_ids,
+// Chat logprobs go with the text they belong to: a chunk carries those of the output tokens
+// since the previous chunk (state.logprobs_sent), the closing chunk any left.
+std::string render_chunks(api_kind kind, completion_state& state, std::span<const int32_t> new_ids,
                           std::string_view new_text) {
   switch (kind) {
     case api_kind::kGenerate: return sse(generate_chunk(state, new_ids, new_text));
     case api_kind::kCompletions: return sse(completion_chunk(state, new_ids, new_text));
     case api_kind::kChat: {
       std::string out;
-      if (!new_text.empty()) out += sse(chat_content_chunk(state, new_text));
-      if (state.finished) out += sse(chat_final_chunk(state));
+      const size_t to = state.output_ids.size();
+      if (!new_text.empty()) {
+        out += sse(chat_content_chunk(state, new_text, state.logprobs_sent, to));
+        state.logprobs_sent = to;
+      }
+      if (state.finished) {
+        out += sse(chat_final_chunk(state, state.logprobs_sent, to));
+        state.logprobs_sent = to;
+      }
       return out;
     }
   }
@@ -162,8 +172,11 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
     state.echo_ids = std::move(call.echo_ids);
   }
   state.has_text = options_.text.tokenizer != nullptr;
+  state.tokenizer = options_.text.tokenizer.get();
+  state.logprobs = call.sampling.logprobs || call.sampling.top_logprobs > 0;
+  state.top_logprobs = call.sampling.top_logprobs;
   std::optional<text_stream> texts;
-  if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings));
+  if (state.has_text) texts.emplace(*options_.text.tokenizer, std::move(call.stop_strings), call.sampling.min_tokens);
 
   auto channel = std::make_shared<event_channel>(ex.executor());
   generate_request req;
@@ -217,6 +230,12 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
       metrics_.generation_tokens().inc(static_cast<double>(fresh));
       state.output_ids.insert(state.output_ids.end(), event->new_tokens.begin(),
                               event->new_tokens.begin() + static_cast<std::ptrdiff_t>(fresh));
+      if (state.logprobs)
+        for (size_t i = 0; i < fresh; ++i) {
+          state.output_logprobs.push_back(i < event->logprobs.size() ? event->logprobs[i] : NAN);
+          state.output_top_logprobs.push_back(i < event->top_logprobs.size() ? event->top_logprobs[i]
+                                                                              : decltype(event->top_logprobs)::value_type{});
+        }
     }
     if (stop_string) {
       // The scheduler does not know stop strings: end the request there. Its abort event is

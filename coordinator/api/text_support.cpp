@@ -69,8 +69,9 @@ std::vector<int32_t> encode_chat(const tokenizer::bpe_tokenizer& tok, const chat
   return out;
 }
 
-text_stream::text_stream(const tokenizer::bpe_tokenizer& tok, std::vector<std::string> stop_strings)
-    : detok_(tok), matcher_(std::move(stop_strings)) {}
+text_stream::text_stream(const tokenizer::bpe_tokenizer& tok, std::vector<std::string> stop_strings,
+                         int32_t min_tokens)
+    : detok_(tok), matcher_(std::move(stop_strings)), min_tokens_(min_tokens) {}
 
 text_stream::update text_stream::push(std::span<const int32_t> ids) {
   update u;
@@ -78,9 +79,14 @@ text_stream::update text_stream::push(std::span<const int32_t> ids) {
   for (int32_t id : ids) {
     if (matcher_.stopped()) break;
     ++u.consumed;
+    const bool early = ++pushed_ <= min_tokens_;
     piece.clear();
     detok_.push(id, piece);
     if (piece.empty()) continue;
+    if (early) {
+      u.delta += piece;  // before min_tokens: no stop string can end the output
+      continue;
+    }
     tokenizer::stop_string_matcher::result r = matcher_.push(piece);
     u.delta += r.text;
     if (r.stopped) u.stopped = true;

@@ -50,8 +50,9 @@ std::vector<int32_t> encode_chat(const tokenizer::bpe_tokenizer& tok, const chat
 // final: complete UTF-8, before any stop string, and not a prefix of one.
 class text_stream {
  public:
-  // `tok` must outlive the stream.
-  text_stream(const tokenizer::bpe_tokenizer& tok, std::vector<std::string> stop_strings);
+  // `tok` must outlive the stream. The text of the first `min_tokens` ids is never searched for
+  // stop strings (sampling_params.min_tokens, as vLLM: no stop before that many tokens).
+  text_stream(const tokenizer::bpe_tokenizer& tok, std::vector<std::string> stop_strings, int32_t min_tokens = 0);
 
   struct update {
     std::string delta;     // text that became final
@@ -71,6 +72,8 @@ class text_stream {
   tokenizer::incremental_detokenizer detok_;
   tokenizer::stop_string_matcher matcher_;
   std::string text_;
+  int32_t min_tokens_ = 0;
+  int64_t pushed_ = 0;
 };
 
 }  // namespace hyserve::coordinator::api

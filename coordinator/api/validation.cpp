@@ -1,6 +1,9 @@
 #include "coordinator/api/validation.h"
 
 #include <algorithm>
+#include <cctype>
+#include <exception>
+#include <utility>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -21,11 +24,6 @@ std::string number_text(double v) {
 
 constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
 constexpr double kFloatMin = static_cast<double>(std::numeric_limits<float>::min());  // smallest normal
-
-bool is_zero_number(const boost::json::value& v) {
-  return (v.is_int64() && v.get_int64() == 0) || (v.is_uint64() && v.get_uint64() == 0) ||
-         (v.is_double() && v.get_double() == 0.0);
-}
 
 api_error not_implemented(const std::string& param, const std::string& what) {
   return invalid_param(param, param + ": " + what + " is not supported by this server");
@@ -96,6 +94,84 @@ std::optional<api_error> read_sampling(const boost::json::object& obj, const sam
   if (const auto* v = field(obj, keys.sparse)) {
     if (auto e = read_bool(*v, keys.param(keys.sparse), out.sparse)) return e;
   }
+  if (const auto* v = field(obj, keys.repetition_penalty)) {
+    const std::string param = keys.param(keys.repetition_penalty);
+    double d = 0.0;
+    if (auto e = read_number(*v, param, d)) return e;
+    if (!(d > 0.0 && d <= kMaxRepetitionPenalty))
+      return invalid_param(param, param + " must be in (0, " + number_text(kMaxRepetitionPenalty) + "], got " +
+                                      number_text(d));
+    out.repetition_penalty = static_cast<float>(d);
+  }
+  for (const auto& [key, target] : {std::pair<const std::string*, float*>{&keys.presence_penalty, &out.presence_penalty},
+                                    std::pair<const std::string*, float*>{&keys.frequency_penalty, &out.frequency_penalty}}) {
+    const auto* v = field(obj, *key);
+    if (!v) continue;
+    const std::string param = keys.param(*key);
+    double d = 0.0;
+    if (auto e = read_number(*v, param, d)) return e;
+    if (!(d >= -2.0 && d <= 2.0)) return invalid_param(param, param + " must be in [-2, 2], got " + number_text(d));
+    *target = static_cast<float>(d);
+  }
+  if (const auto* v = field(obj, keys.min_tokens)) {
+    const std::string param = keys.param(keys.min_tokens);
+    int64_t n = 0;
+    if (auto e = read_integer(*v, param, n)) return e;
+    if (n < 0 || n > info.max_context)
+      return invalid_param(param, param + " must be in [0, " + std::to_string(info.max_context) +
+                                      "] (the context limit), got " + std::to_string(n));
+    out.min_tokens = static_cast<int32_t>(n);
+  }
+  if (const auto* v = field(obj, keys.logit_bias); v && !v->is_null()) {
+    const std::string param = keys.param(keys.logit_bias);
+    const auto* o = v->if_object();
+    if (!o) return invalid_param(param, param + " must be an object mapping token ids to biases, got " +
+                                            std::string(json_kind_name(*v)));
+    if (o->size() > static_cast<size_t>(kMaxLogitBias))
+      return invalid_param(param, param + " has " + std::to_string(o->size()) + " entries, over the limit of " +
+                                      std::to_string(kMaxLogitBias));
+    std::vector<std::pair<int32_t, float>> bias;
+    for (const auto& kv : *o) {
+      const std::string key(kv.key().data(), kv.key().size());
+      const std::string at = param + "[\"" + key + "\"]";
+      int64_t id = -1;
+      size_t used = 0;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size() || key.empty() || !(std::isdigit(static_cast<unsigned char>(key[0]))))
+        return invalid_param(param, at + ": the key must be a token id (a decimal integer)");
+      if (id < 0 || id >= info.vocab_size)
+        return invalid_param(param, at + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                        std::to_string(info.vocab_size) + ")");
+      double b = 0.0;
+      if (auto e = read_number(kv.value(), at, b)) return e;
+      if (!(b >= -100.0 && b <= 100.0))
+        return invalid_param(param, at + " must be in [-100, 100], got " + number_text(b));
+      bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
+    std::sort(bias.begin(), bias.end());
+    for (size_t i = 1; i < bias.size(); ++i)
+      if (bias[i].first == bias[i - 1].first)
+        return invalid_param(param, param + " names token id " + std::to_string(bias[i].first) + " twice");
+    out.logit_bias = std::move(bias);
+  }
+  return std::nullopt;
+}
+
+std::optional<api_error> read_top_logprobs(const boost::json::value& v, std::string_view param, int32_t& out) {
+  const std::string p(param);
+  if (v.is_null()) {
+    out = 0;
+    return std::nullopt;
+  }
+  int64_t n = 0;
+  if (auto e = read_integer(v, p, n)) return e;
+  if (n < 0 || n > kMaxTopLogprobs)
+    return invalid_param(p, p + " must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(n));
+  out = static_cast<int32_t>(n);
   return std::nullopt;
 }
 
@@ -116,23 +192,6 @@ std::optional<api_error> refuse_unimplemented(const boost::json::object& obj) {
     if (auto e = read_integer(*v, "best_of", n)) return e;
     if (n != 1) return not_implemented("best_of", "best_of = " + std::to_string(n) + " (only 1)");
   }
-  if (const auto* v = field(obj, "logprobs"); v && !(v->is_bool() && !v->get_bool()))
-    return not_implemented("logprobs", "logprobs");
-  if (const auto* v = field(obj, "top_logprobs"); v && !is_zero_number(*v))
-    return not_implemented("top_logprobs", "top_logprobs");
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (const auto* v = field(obj, name); v && !is_zero_number(*v))
-      return not_implemented(name, std::string(name) + " other than 0");
-  }
-  if (const auto* v = field(obj, "repetition_penalty")) {
-    double d = 0.0;
-    if (auto e = read_number(*v, "repetition_penalty", d)) return e;
-    if (d != 1.0) return not_implemented("repetition_penalty", "repetition_penalty other than 1");
-  }
-  if (const auto* v = field(obj, "logit_bias"); v && !(v->is_object() && v->get_object().empty()))
-    return not_implemented("logit_bias", "logit_bias");
-  if (const auto* v = field(obj, "min_tokens"); v && !is_zero_number(*v))
-    return not_implemented("min_tokens", "min_tokens other than 0");
   if (const auto* v = field(obj, "response_format")) {
     const auto* o = v->if_object();
     const boost::json::value* type = o ? field(*o, "type") : nullptr;
@@ -163,6 +222,11 @@ std::optional<api_error> check_context(size_t prompt_tokens, std::string_view pr
   if (sampling.max_new_tokens > room) {
     if (!max_new_tokens_given) {
       sampling.max_new_tokens = static_cast<int32_t>(room);
+      if (sampling.min_tokens > sampling.max_new_tokens) {
+        const std::string param = keys.param(keys.min_tokens);
+        return invalid_param(param, param + " (" + std::to_string(sampling.min_tokens) + ") must be <= the " +
+                                        std::to_string(sampling.max_new_tokens) + " tokens left in the context");
+      }
       return std::nullopt;
     }
     const std::string param = keys.param(keys.max_new_tokens);
@@ -170,6 +234,11 @@ std::optional<api_error> check_context(size_t prompt_tokens, std::string_view pr
                                     std::to_string(sampling.max_new_tokens) + ") = " +
                                     std::to_string(prompt + sampling.max_new_tokens) +
                                     " tokens is over the context limit of " + std::to_string(limit) + " tokens");
+  }
+  if (sampling.min_tokens > sampling.max_new_tokens) {
+    const std::string param = keys.param(keys.min_tokens);
+    return invalid_param(param, param + " (" + std::to_string(sampling.min_tokens) + ") must be <= " +
+                                    keys.max_new_tokens + " (" + std::to_string(sampling.max_new_tokens) + ")");
   }
   return std::nullopt;
 }

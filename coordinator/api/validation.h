@@ -28,15 +28,27 @@ struct sampling_keys {
   std::string stop_token_ids = "stop_token_ids";
   std::string ignore_eos = "ignore_eos";
   std::string sparse = "sparse";  // false: this request's decode attention stays dense
+  std::string repetition_penalty = "repetition_penalty";
+  std::string presence_penalty = "presence_penalty";
+  std::string frequency_penalty = "frequency_penalty";
+  std::string min_tokens = "min_tokens";  // /generate: min_new_tokens
+  std::string logit_bias = "logit_bias";
 
   std::string param(std::string_view key) const { return prefix + std::string(key); }
 };
+
+inline constexpr int kMaxLogitBias = 300;           // logit_bias entries per request
+inline constexpr double kMaxRepetitionPenalty = 100.0;
+inline constexpr int kMaxTopLogprobs = 20;         // logprobs / top_logprobs
 
 // Reads the sampling fields present in `obj` over the defaults already in `out`. Sets
 // `max_new_tokens_given` when the request set it. Checks, in the types the worker uses (float
 // sampling values): max_new_tokens in [0, max_context], temperature 0 or a normal float
 // ([1.17549435e-38, 3.40282347e+38]), top_p in (0, 1] and a normal float, top_k >= -1, stop ids
-// inside the vocabulary, ignore_eos and sparse booleans.
+// inside the vocabulary, ignore_eos and sparse booleans; repetition_penalty in (0, kMaxRepetitionPenalty],
+// presence_penalty and frequency_penalty in [-2, 2], min_tokens >= 0 (and <= max_new_tokens,
+// checked by check_context), logit_bias an object of at most kMaxLogitBias token-id keys with
+// values in [-100, 100].
 std::optional<api_error> read_sampling(const boost::json::object& obj, const sampling_keys& keys, const model_info& info,
                                        sampling_params& out, bool& max_new_tokens_given);
 
@@ -45,18 +57,21 @@ std::vector<std::string> unknown_fields(const boost::json::object& obj, std::ini
 
 // OpenAI parameters that change the output and that this server does not implement: a 400
 // naming the parameter when one is given a value other than its default (suffix, best_of > 1,
-// logprobs / top_logprobs, presence_penalty / frequency_penalty, repetition_penalty,
-// logit_bias, min_tokens, response_format other than text, tools / tool_choice / functions).
+// response_format other than text, tools / tool_choice / functions).
 std::optional<api_error> refuse_unimplemented(const boost::json::object& obj);
 
 // Checks the prompt against the context limit and fits max_new_tokens: an explicit value over
 // the limit is an error naming both numbers and the limit; a default is reduced to what fits.
+// Then min_tokens must not exceed max_new_tokens.
 std::optional<api_error> check_context(size_t prompt_tokens, std::string_view prompt_param, const sampling_keys& keys,
                                        const model_info& info, bool max_new_tokens_given, sampling_params& sampling);
 
 // Stop strings: a string or an array of strings (none empty), appended to `out`.
 std::optional<api_error> read_stop_strings(const boost::json::value& v, std::string_view param,
                                            std::vector<std::string>& out);
+
+// An integer number of top logprobs in [0, kMaxTopLogprobs] (`param` names it in errors).
+std::optional<api_error> read_top_logprobs(const boost::json::value& v, std::string_view param, int32_t& out);
 
 // True for a string, or a non-empty array of strings: text where token ids could also go.
 bool is_text_value(const boost::json::value& v);

@@ -260,6 +260,15 @@ TEST_F(TextService, StopStringAcrossTokensIsTrimmed) {
   EXPECT_EQ(v.at("choices").at(0).at("finish_reason").as_string(), "stop");
   EXPECT_EQ(v.at("usage").at("completion_tokens").to_number<int64_t>(), expected_tokens);
 
+  // min_tokens: no stop string ends the output before that many tokens (vLLM's rule), so the
+  // same stop string does not cut it at that boundary.
+  json::object late = body;
+  late["min_tokens"] = expected_tokens + 2;
+  const http_reply lr = http_post(port(), "/v1/completions", json::serialize(late));
+  ASSERT_EQ(lr.status, 200u) << lr.describe();
+  EXPECT_GE(lr.json().at("usage").at("completion_tokens").to_number<int64_t>(), expected_tokens + 2) << lr.body;
+  EXPECT_EQ(std::string(lr.json().at("choices").at(0).at("text").as_string()).rfind(head, 0), 0u) << lr.body;
+
   body["stream"] = true;
   const text_stream_result s = stream_text(port(), "/v1/completions", body);
   ASSERT_EQ(s.status, 200u) << s.error;
@@ -346,18 +355,65 @@ TEST_F(TextService, UnknownOpenAIFieldsAreNamedInAHeader) {
 
 // Parameters that change the output and are not implemented are a 400 naming them; their
 // default values are accepted.
+// Chat logprobs in the OpenAI shape ({content: [{token, logprob, bytes, top_logprobs}]}), plain
+// and streamed with the same values; token strings and bytes are the tokenizer's; top_logprobs
+// needs logprobs: true.
+TEST_F(TextService, ChatLogprobsInTheOpenAIShape) {
+  json::object body{{"messages", json::array{json::object{{"role", "user"}, {"content", "Hello there"}}}},
+                    {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+  const http_reply r = http_post(port(), "/v1/chat/completions", json::serialize(body));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  const json::value v = r.json();
+  const auto& choice = v.at("choices").as_array().at(0).as_object();
+  const auto& content = choice.at("logprobs").at("content").as_array();
+  const int64_t n = v.at("usage").at("completion_tokens").to_number<int64_t>();
+  ASSERT_EQ(static_cast<int64_t>(content.size()), n) << r.body;
+  std::string joined_bytes;
+  std::vector<double> plain;
+  for (const auto& e : content) {
+    const auto& o = e.as_object();
+    EXPECT_LE(o.at("logprob").to_number<double>(), 0.0);
+    plain.push_back(o.at("logprob").to_number<double>());
+    std::string bytes;
+    for (const auto& b : o.at("bytes").as_array()) bytes.push_back(static_cast<char>(b.to_number<int64_t>()));
+    if (tokenizer::utf8_is_valid(bytes)) EXPECT_EQ(std::string(o.at("token").as_string()), bytes);
+    joined_bytes += bytes;
+    const auto& top = o.at("top_logprobs").as_array();
+    ASSERT_EQ(top.size(), 3u);
+    EXPECT_EQ(std::string(top[0].at("token").as_string()), std::string(o.at("token").as_string()));  // greedy: the sampled token is the most likely
+    EXPECT_NEAR(top[0].at("logprob").to_number<double>(), o.at("logprob").to_number<double>(), 1e-6);
+    EXPECT_GE(top[0].at("logprob").to_number<double>(), top[2].at("logprob").to_number<double>());
+  }
+  // The bytes of the tokens make up the text (unless a stop string cut it, or the model wrote
+  // invalid UTF-8, which the text carries as U+FFFD).
+  if (choice.at("finish_reason").as_string() == "length" && tokenizer::utf8_is_valid(joined_bytes)) EXPECT_EQ(joined_bytes, std::string(choice.at("message").at("content").as_string()));
+  body["stream"] = true;
+  const http_reply s = http_post(port(), "/v1/chat/completions", json::serialize(body));
+  ASSERT_EQ(s.status, 200u) << s.describe();
+  std::vector<double> streamed;
+  for (const std::string& ev : sse_events(s.body)) {
+    if (ev == "[DONE]") break;
+    const json::value c = json::parse(ev);
+    const auto& lp = c.at("choices").as_array().at(0).at("logprobs");
+    if (lp.is_null()) continue;
+    for (const auto& e : lp.at("content").as_array()) streamed.push_back(e.at("logprob").to_number<double>());
+  }
+  EXPECT_EQ(streamed, plain);
+  const http_reply bad = http_post(port(), "/v1/chat/completions",
+                                   R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})");
+  EXPECT_EQ(bad.status, 400u) << bad.describe();
+  EXPECT_EQ(error_object(bad)->at("param").as_string(), "top_logprobs") << bad.body;
+  const http_reply bad2 = http_post(port(), "/v1/chat/completions",
+                                    R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})");
+  EXPECT_EQ(bad2.status, 400u) << bad2.describe();
+  EXPECT_NE(std::string(error_object(bad2)->at("message").as_string()).find("[0, 20]"), std::string::npos) << bad2.body;
+}
+
 TEST_F(TextService, UnimplementedOpenAIParametersAre400) {
   const std::vector<std::pair<std::string, std::string>> chat_refused = {
       {"tools", R"([{"type": "function", "function": {"name": "f"}}])"},
       {"tool_choice", R"("required")"},
       {"response_format", R"({"type": "json_object"})"},
-      {"logprobs", "true"},
-      {"top_logprobs", "2"},
-      {"presence_penalty", "0.5"},
-      {"frequency_penalty", "-1"},
-      {"repetition_penalty", "1.3"},
-      {"logit_bias", R"({"5": 10})"},
-      {"min_tokens", "4"},
   };
   for (const auto& [param, value] : chat_refused) {
     const std::string body =
@@ -375,7 +431,7 @@ TEST_F(TextService, UnimplementedOpenAIParametersAre400) {
   EXPECT_EQ(calls.status, 400u) << calls.describe();
   EXPECT_EQ(error_object(calls)->at("param").as_string(), "messages[0].tool_calls") << calls.body;
   const std::vector<std::pair<std::string, std::string>> completion_refused = {
-      {"suffix", R"("tail")"}, {"best_of", "3"}, {"logprobs", "2"}};
+      {"suffix", R"("tail")"}, {"best_of", "3"}};
   for (const auto& [param, value] : completion_refused) {
     const http_reply r =
         http_post(port(), "/v1/completions", R"({"prompt": "Hello", "max_tokens": 2, ")" + param + "\": " + value + "}");

@@ -36,7 +36,120 @@ void feed_from_host(const std::vector<kernels::sample_output>& sampled, const st
   kernels::stream_synchronize(ex.stream);  // before the uploads are freed
 }
 
+// A host vector in ex's memory (the host vector itself on the CPU).
+struct staged {
+  tensor dev;
+  const void* ptr = nullptr;
+};
+template <class T>
+staged stage(const std::vector<T>& v, const kernels::exec_context& ex) {
+  staged s;
+  if (v.empty()) return s;
+  if (ex.device == device_kind::kCpu) {
+    s.ptr = v.data();
+    return s;
+  }
+  static_assert(sizeof(T) % 4 == 0);
+  s.dev = tensor::from_host(v.data(), dtype::kI32, static_cast<int64_t>(v.size() * sizeof(T) / 4), ex.device);
+  s.ptr = s.dev.data();
+  return s;
+}
+
 }  // namespace
+
+std::string processing_blocker(const step_sampling* sampling) {
+  if (sampling && sampling->needs_processing()) return "logits processing (penalties, logit_bias, min_tokens or top_logprobs)";
+  return {};
+}
+
+int32_t* step_driver::counts(const model_context& ctx, int64_t vocab, device_kind where) {
+  const int64_t slots = ctx.req_to_token ? ctx.req_to_token->max_requests() : 0;
+  if (slots <= 0) throw invalid_argument_error("logits processing: the model context has no request slots");
+  if (counts_.numel() == 0 || counts_.device() != where || counts_slots_ != slots || counts_vocab_ != vocab) {
+    const std::vector<int32_t> zeros(static_cast<size_t>(slots * vocab), 0);
+    counts_ = tensor::from_host(zeros.data(), dtype::kI32, slots * vocab, where);
+    counts_slots_ = slots;
+    counts_vocab_ = vocab;
+  }
+  return counts_.as<int32_t>();
+}
+
+void step_driver::process_logits(float* logits, int64_t rows, int64_t vocab, const step_sampling& s,
+                                 const model_context& ctx, const kernels::exec_context& ex,
+                                 std::vector<kernels::top_logprob>* top) {
+  const bool penalties = !s.clear_slots.empty() || !s.seen.empty() || !s.count_slots.empty() ||
+                         std::any_of(s.processing.begin(), s.processing.end(),
+                                     [](const kernels::logits_row_settings& r) { return r.count_slot >= 0; });
+  int32_t* cnt = penalties ? counts(ctx, vocab, ex.device) : nullptr;
+  if (!s.clear_slots.empty() || !s.seen.empty()) {
+    const staged clear = stage(s.clear_slots, ex), seen = stage(s.seen, ex);
+    kernels::token_count_params c;
+    c.counts = cnt;
+    c.n_slots = counts_slots_;
+    c.vocab = vocab;
+    c.clear_slots = static_cast<const int32_t*>(clear.ptr);
+    c.n_clear = static_cast<int64_t>(s.clear_slots.size());
+    c.seen = static_cast<const int32_t*>(seen.ptr);
+    c.n_seen = static_cast<int64_t>(s.seen.size() / 2);
+    kernels::run(c, ex);
+    if (ex.device != device_kind::kCpu) kernels::stream_synchronize(ex.stream);  // before the uploads are freed
+  }
+  if (s.processing.empty()) return;
+  if (static_cast<int64_t>(s.processing.size()) != rows)
+    throw invalid_argument_error("logits processing: " + std::to_string(s.processing.size()) + " settings for " +
+                                 std::to_string(rows) + " logits rows");
+  for (const kernels::logits_row_settings& r : s.processing)
+    kernels::check_logits_row_settings(r, penalties ? counts_slots_ : 0, static_cast<int64_t>(s.bias_ids.size()),
+                                       static_cast<int64_t>(s.mask_ids.size()), s.max_top);
+  const staged settings = stage(s.processing, ex), bias_ids = stage(s.bias_ids, ex),
+               bias_values = stage(s.bias_values, ex), mask = stage(s.mask_ids, ex);
+  tensor dev_top;
+  const int64_t top_elems = rows * s.max_top;
+  if (top) top->assign(static_cast<size_t>(top_elems), kernels::top_logprob{});
+  kernels::logits_process_params p;
+  p.logits = logits;
+  p.settings = static_cast<const kernels::logits_row_settings*>(settings.ptr);
+  p.counts = cnt;
+  p.bias_ids = static_cast<const int32_t*>(bias_ids.ptr);
+  p.bias_values = static_cast<const float*>(bias_values.ptr);
+  p.mask_ids = static_cast<const int32_t*>(mask.ptr);
+  p.rows = rows;
+  p.vocab = vocab;
+  p.stride = vocab;
+  p.n_slots = penalties ? counts_slots_ : 0;
+  p.n_bias = static_cast<int64_t>(s.bias_ids.size());
+  p.n_mask = static_cast<int64_t>(s.mask_ids.size());
+  p.max_top = top ? s.max_top : 0;
+  if (p.max_top > 0) {
+    if (ex.device == device_kind::kCpu) {
+      p.top = top->data();
+    } else {
+      dev_top = tensor::i32({top_elems * 2}, ex.device);
+      p.top = static_cast<kernels::top_logprob*>(dev_top.data());
+    }
+  }
+  kernels::run(p, ex);
+  if (ex.device != device_kind::kCpu) {
+    // Only the rows that asked pay this copy: 8 bytes per (row, rank) of the step's max_top.
+    if (p.max_top > 0) dev_top.copy_to_host(top->data(), static_cast<size_t>(top_elems) * sizeof(kernels::top_logprob));
+    kernels::stream_synchronize(ex.stream);  // before the uploads are freed
+  }
+}
+
+void step_driver::count_sampled(const kernels::sample_output* sampled, const step_sampling& s,
+                                const kernels::exec_context& ex) {
+  if (s.count_slots.empty() || counts_.numel() == 0) return;
+  const staged slots = stage(s.count_slots, ex);
+  kernels::token_count_params c;
+  c.counts = counts_.as<int32_t>();
+  c.n_slots = counts_slots_;
+  c.vocab = counts_vocab_;
+  c.sampled = sampled;
+  c.sampled_slots = static_cast<const int32_t*>(slots.ptr);
+  c.n_sampled = static_cast<int64_t>(s.count_slots.size());
+  kernels::run(c, ex);
+  if (ex.device != device_kind::kCpu) kernels::stream_synchronize(ex.stream);  // before the upload is freed
+}
 
 void check_step_tokens(const std::vector<int32_t>& ids, int64_t vocab, const model_context& ctx) {
   for (size_t t = 0; t < ids.size(); ++t) {
@@ -123,6 +236,7 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
     std::string why = graphs_->ineligible(meta, opts);
     if (why.empty() && frame_.sparsity->algorithm != sparsity_algorithm::kNone)
       why = "sparse attention (per-step host selection plans)";
+    if (why.empty()) why = processing_blocker(sampling);
     if (why.empty()) {
       const step_body graph_body = [&](const layers::step_inputs& in, const kernels::exec_context& ex) {
         return body(in, ex, /*all_logits=*/true, nullptr);  // decode: one logits row per token
@@ -167,6 +281,8 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
     out.assign(static_cast<size_t>(rows), kernels::sample_output{});
     if (rows > 0) {
       const tensor dev_out = tensor::i32({rows * 2}, frame_.ctx.device);
+      if (sampling->needs_processing())
+        process_logits(local.as<float>(), rows, local.shape()[1], *sampling, ctx, frame_.ctx, opts.top_logprobs);
       kernels::sample_rows_params p;
       p.logits = local.as<float>();
       p.settings = in.sample_settings.as<kernels::sample_settings>();
@@ -175,6 +291,7 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
       p.vocab = local.shape()[1];
       p.stride = local.shape()[1];
       kernels::run(p, frame_.ctx);
+      count_sampled(p.out, *sampling, frame_.ctx);
       if (ctx.last_tokens) {
         kernels::last_token_scatter_params f;
         f.sampled = p.out;
@@ -196,6 +313,9 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
     const int64_t rows = logits.shape()[0];
     std::vector<kernels::sample_output>& out = *opts.sampled;
     out.assign(static_cast<size_t>(rows), kernels::sample_output{});
+    const kernels::exec_context host{};
+    if (sampling->needs_processing())
+      process_logits(logits.as<float>(), rows, logits.shape()[1], *sampling, ctx, host, opts.top_logprobs);
     kernels::sample_rows_params p;
     p.logits = logits.as<float>();
     p.settings = sampling->settings.data();
@@ -203,7 +323,8 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
     p.rows = rows;
     p.vocab = logits.shape()[1];
     p.stride = logits.shape()[1];
-    kernels::run(p, kernels::exec_context{});
+    kernels::run(p, host);
+    count_sampled(out.data(), *sampling, host);
     feed_from_host(out, sampling->feed_slots, ctx, frame_.ctx);
     return tensor{};
   }

@@ -49,9 +49,26 @@ class step_driver {
                  const forward_options& opts, const model_body& body);
 
  private:
+  // Logits processing of a sampling step (model.h, step_sampling): counts maintenance, then
+  // bias / masks / penalties / top-N on logits [rows, vocab] in the memory of ex (the device of
+  // eager sampling, or the host with tp > 1).
+  void process_logits(float* logits, int64_t rows, int64_t vocab, const step_sampling& s, const model_context& ctx,
+                      const kernels::exec_context& ex, std::vector<kernels::top_logprob>* top);
+  // Counts the sampled tokens (in ex's memory) of rows with a count slot.
+  void count_sampled(const kernels::sample_output* sampled, const step_sampling& s, const kernels::exec_context& ex);
+  int32_t* counts(const model_context& ctx, int64_t vocab, device_kind where);
+
   step_frame frame_;
   std::unique_ptr<decode_graphs> graphs_;
+  // Per request slot token counts of the penalties (logits_processing.h), allocated on first
+  // use where this model samples.
+  tensor counts_;
+  int64_t counts_slots_ = 0, counts_vocab_ = 0;
 };
+
+// Why a sampling step cannot replay a decode graph (empty: it can): rows asking for logits
+// processing (penalties, logit_bias, min_tokens or top_logprobs) take the eager path.
+std::string processing_blocker(const step_sampling* sampling);
 
 // Every token id of a step is in [0, vocab), or a placeholder -(s + 1) for the last token of a
 // slot s of ctx.last_tokens (model_context); invalid_argument_error naming the position otherwise.

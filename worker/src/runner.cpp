@@ -17,6 +17,55 @@
 
 namespace hyserve::worker {
 
+namespace {
+
+// Checks a row's processing values the worker uses (a bad one fails the row alone).
+void check_processing(const wire::logits_processing& lp, int64_t vocab) {
+  kernels::logits_row_settings s;
+  s.repetition_penalty = lp.repetition_penalty;
+  s.presence_penalty = lp.presence_penalty;
+  s.frequency_penalty = lp.frequency_penalty;
+  kernels::check_logits_row_settings(s, 0, 0, 0, 0);
+  for (size_t k = 0; k < lp.bias_ids.size(); ++k)
+    if (lp.bias_ids[k] < 0 || lp.bias_ids[k] >= vocab || !std::isfinite(lp.bias_values[k]))
+      throw invalid_argument_error("logit_bias: token " + std::to_string(lp.bias_ids[k]) + " (bias " +
+                                   std::to_string(lp.bias_values[k]) + ") is outside the vocabulary [0, " +
+                                   std::to_string(vocab) + ") or not finite");
+  for (int32_t id : lp.min_tokens_mask)
+    if (id < 0 || id >= vocab)
+      throw invalid_argument_error("min_tokens: stop token " + std::to_string(id) + " is outside the vocabulary");
+}
+
+// Adds logits row i's processing (row pr, its output index counter) to the step's sampling.
+void add_processing(const wire::plan_row& pr, uint64_t counter, bool feeds, step_sampling& sampling,
+                    std::vector<kernels::logits_row_settings>& rows, size_t i) {
+  const wire::logits_processing& lp = pr.processing;
+  kernels::logits_row_settings& s = rows[i];
+  s.repetition_penalty = lp.repetition_penalty;
+  s.presence_penalty = lp.presence_penalty;
+  s.frequency_penalty = lp.frequency_penalty;
+  s.count_slot = lp.penalties() ? pr.req_slot : -1;
+  s.bias_begin = static_cast<int32_t>(sampling.bias_ids.size());
+  s.bias_count = static_cast<int32_t>(lp.bias_ids.size());
+  sampling.bias_ids.insert(sampling.bias_ids.end(), lp.bias_ids.begin(), lp.bias_ids.end());
+  sampling.bias_values.insert(sampling.bias_values.end(), lp.bias_values.begin(), lp.bias_values.end());
+  s.mask_begin = static_cast<int32_t>(sampling.mask_ids.size());
+  if (counter < static_cast<uint64_t>(lp.min_tokens)) {
+    s.mask_count = static_cast<int32_t>(lp.min_tokens_mask.size());
+    sampling.mask_ids.insert(sampling.mask_ids.end(), lp.min_tokens_mask.begin(), lp.min_tokens_mask.end());
+  }
+  s.top_n = lp.top_logprobs;
+  sampling.max_top = std::max(sampling.max_top, lp.top_logprobs);
+  // The row's sampled token is an output token (counted) once the row reaches the prompt's end.
+  if (lp.penalties() && feeds &&
+      pr.prefix_len + static_cast<int64_t>(pr.tokens.size()) >= static_cast<int64_t>(lp.prompt_len)) {
+    sampling.count_slots.resize(rows.size(), -1);
+    sampling.count_slots[i] = pr.req_slot;
+  }
+}
+
+}  // namespace
+
 runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault)
     : model_(std::move(m)), comm_(comm), fault_(fault) {
   page_size_ = cache.page_size;
@@ -166,6 +215,11 @@ void runner::launch(const forward_batch& batch, flight& f) {
   // return no token, with the reason in res.error (the coordinator fails only their requests).
   std::vector<std::pair<size_t, std::string>>& bad_rows = f.bad_rows;
   const auto n_rows = static_cast<int64_t>(batch.rows.size());
+  // Logits processing (model.h, step_sampling): rows of the target model that ask for it.
+  // Filled (one entry per logits row) only when a row asks: other steps allocate nothing for it.
+  std::vector<kernels::logits_row_settings> processing;
+  bool any_processing = false;
+  const int64_t vocab = model_->config().vocab_size;
   for (int64_t bi = 0; bi < n_rows; ++bi) {
     const auto b = static_cast<size_t>(bi);
     const wire::plan_row& pr = plan.rows[b];
@@ -178,20 +232,45 @@ void runner::launch(const forward_batch& batch, flight& f) {
       st.top_p = pr.sample.top_p;
       st.seed = pr.sample.seed;
       st.counter = static_cast<uint64_t>(pr.output_index) + static_cast<uint64_t>(i - begin);
-      st.want_logprob = plan.want_logprobs ? 1 : 0;
+      const wire::logits_processing& lp = pr.processing;
+      st.want_logprob = plan.want_logprobs || lp.logprobs || lp.top_logprobs > 0 ? 1 : 0;
+      bool ok = true;
       try {
         kernels::check_sample_settings(st);
+        if (lp.any()) check_processing(lp, vocab);
       } catch (const std::exception& e) {
         if (bad_rows.empty() || bad_rows.back().first != b) bad_rows.emplace_back(b, e.what());
         st.temperature = 0.0f;
         st.top_k = 0;
         st.top_p = 1.0f;
+        ok = false;
+      }
+      if (ok && !on_draft && pr.mamba_slot >= 0 && (lp.changes_logits() || lp.top_logprobs > 0)) {
+        const auto li = static_cast<size_t>(i - meta.logit_row_start[0]);
+        if (processing.empty())
+          processing.resize(static_cast<size_t>(meta.logit_row_start.back() - meta.logit_row_start[0]));
+        add_processing(pr, st.counter, i + 1 == end, sampling, processing, li);
+        any_processing = true;
+        if (lp.penalties() && i == begin) {
+          // The slot's counts start with the request's first chunk; prompt positions are marked.
+          if (pr.reset_state) sampling.clear_slots.push_back(pr.req_slot);
+          for (size_t j = 0; j < pr.tokens.size(); ++j)
+            if (pr.prefix_len + static_cast<int64_t>(j) < lp.prompt_len && pr.tokens[j] >= 0) {
+              sampling.seen.push_back(pr.req_slot);
+              sampling.seen.push_back(pr.tokens[j]);
+            }
+        }
       }
       sampling.settings.push_back(st);
       // The row's last logits row feeds its slot: the next step's placeholder for this request.
       sampling.feed_slots.push_back(i + 1 == end ? pr.mamba_slot : -1);
     }
   }
+  if (any_processing) {
+    sampling.processing = std::move(processing);
+    if (!sampling.count_slots.empty()) sampling.count_slots.resize(sampling.processing.size(), -1);
+  }
+  f.top_width = sampling.max_top;
   f.logit_row_start = meta.logit_row_start;
   f.request_ids.reserve(batch.rows.size());
   for (const batch_row& row : batch.rows) f.request_ids.push_back(row.request_id);
@@ -203,6 +282,7 @@ void runner::launch(const forward_batch& batch, flight& f) {
   if (!f.want_logits) {
     opts.sample = &sampling;
     opts.sampled = &f.sampled;
+    if (sampling.max_top > 0) opts.top_logprobs = &f.top;
     // Only a step nothing else follows on the host may end later (complete()).
     if (!mirror_draft && (!comm_ || comm_->size() == 1)) opts.defer = &f.defer;
   }
@@ -253,10 +333,22 @@ void runner::complete(flight& f) {
     const wire::plan_row& pr = plan.rows[b];
     const auto first = static_cast<size_t>(f.logit_row_start[b]);
     const auto per_row = static_cast<size_t>(f.logit_row_start[b + 1]) - first;
+    const wire::logits_processing& lp = pr.processing;
+    // Logprobs only for rows that asked (or a plan that asks for every row).
+    const bool want_logprob = plan.want_logprobs || lp.logprobs || lp.top_logprobs > 0;
+    const bool want_top = lp.top_logprobs > 0 && f.top_width > 0 && !f.top.empty();
+    if (want_top) rr.top_n = lp.top_logprobs;
     for (size_t j = 0; j < per_row; ++j) {
-      const kernels::sample_output& so = f.sampled[first + j - static_cast<size_t>(first_logit)];
+      const size_t li = first + j - static_cast<size_t>(first_logit);
+      const kernels::sample_output& so = f.sampled[li];
       rr.tokens.push_back(so.token);
-      if (plan.want_logprobs) rr.logprobs.push_back(so.logprob);
+      if (want_logprob) rr.logprobs.push_back(so.logprob);
+      if (want_top)
+        for (int32_t k = 0; k < lp.top_logprobs; ++k) {
+          const kernels::top_logprob& t = f.top[li * static_cast<size_t>(f.top_width) + static_cast<size_t>(k)];
+          rr.top_ids.push_back(t.token);
+          rr.top_logprobs.push_back(t.logprob);
+        }
       // A draft tree's first position: the next best tokens after the greedy one, best first
       // (ties to the lower id), as sibling drafts.
       if (f.want_logits && pr.draft_step == 0 && pr.mamba_slot >= 0) {
@@ -275,6 +367,9 @@ void runner::complete(flight& f) {
   for (const auto& [b, why] : f.bad_rows) {
     res.rows[b].tokens.clear();
     res.rows[b].logprobs.clear();
+    res.rows[b].top_n = 0;
+    res.rows[b].top_ids.clear();
+    res.rows[b].top_logprobs.clear();
     res.error += (res.error.empty() ? "" : "; ") + std::string("request ") + std::to_string(plan.rows[b].request_id) +
                  ": " + why;
   }

@@ -61,8 +61,14 @@ static bool same_bits(double a, double b) { return std::bit_cast<uint64_t>(a) ==
 static bool operator==(const sampling& a, const sampling& b) {
   return same_bits(a.temperature, b.temperature) && a.top_k == b.top_k && same_bits(a.top_p, b.top_p) && a.seed == b.seed;
 }
+static bool operator==(const logits_processing& a, const logits_processing& b) {
+  return same_bits(a.repetition_penalty, b.repetition_penalty) && same_bits(a.presence_penalty, b.presence_penalty) &&
+         same_bits(a.frequency_penalty, b.frequency_penalty) && a.min_tokens == b.min_tokens &&
+         a.prompt_len == b.prompt_len && a.logprobs == b.logprobs && a.top_logprobs == b.top_logprobs &&
+         a.min_tokens_mask == b.min_tokens_mask && a.bias_ids == b.bias_ids && a.bias_values == b.bias_values;
+}
 static bool operator==(const plan_row& a, const plan_row& b) {
-  return a.request_id == b.request_id && a.req_slot == b.req_slot && a.mamba_slot == b.mamba_slot &&
+  return a.processing == b.processing && a.request_id == b.request_id && a.req_slot == b.req_slot && a.mamba_slot == b.mamba_slot &&
          a.prefix_len == b.prefix_len && a.tokens == b.tokens && a.first_page_pos == b.first_page_pos &&
          a.new_pages == b.new_pages && a.sample == b.sample && a.output_index == b.output_index &&
          a.is_decode == b.is_decode && a.reset_state == b.reset_state && a.dense_attention == b.dense_attention &&
@@ -82,8 +88,8 @@ static bool operator==(const step_plan& a, const step_plan& b) {
          a.extend_rows == b.extend_rows && a.draft_width == b.draft_width;
 }
 static bool operator==(const row_result& a, const row_result& b) {
-  return a.request_id == b.request_id && a.tokens == b.tokens &&
-         std::equal(a.logprobs.begin(), a.logprobs.end(), b.logprobs.begin(), b.logprobs.end(),
+  return a.request_id == b.request_id && a.tokens == b.tokens && a.top_n == b.top_n && a.top_ids == b.top_ids &&
+         a.top_logprobs == b.top_logprobs && std::equal(a.logprobs.begin(), a.logprobs.end(), b.logprobs.begin(), b.logprobs.end(),
                     [](float x, float y) { return same_bits(x, y); });
 }
 static bool operator==(const step_result& a, const step_result& b) {
@@ -230,6 +236,47 @@ TEST(WireRoundTrip, StepPlanAllFieldsSet) {
   EXPECT_EQ(out.rows[0].sample.seed, 0xfedcba9876543210ULL);
   EXPECT_EQ(out.commits[0].accepted_step, 2);
   EXPECT_EQ(encode(out), bytes);
+}
+
+// Logits processing travels in its extension for the rows that set it; other rows and plans are
+// byte-identical to plans without it. Top logprobs come back only for the rows that asked.
+TEST(WireRoundTrip, LogitsProcessingExtension) {
+  step_plan in = sample_plan();
+  const size_t plain_size = encode(in).size();
+  in.rows[1].processing.repetition_penalty = 1.25f;
+  in.rows[1].processing.presence_penalty = -0.5f;
+  in.rows[1].processing.frequency_penalty = 0.75f;
+  in.rows[1].processing.min_tokens = 4;
+  in.rows[1].processing.prompt_len = 9;
+  in.rows[1].processing.top_logprobs = 20;
+  in.rows[1].processing.logprobs = true;
+  in.rows[1].processing.min_tokens_mask = {2, 7};
+  in.rows[1].processing.bias_ids = {5, 11};
+  in.rows[1].processing.bias_values = {100.0f, -100.0f};
+  in.rows[2].processing.logprobs = true;
+  const bytes_t bytes = encode(in);
+  EXPECT_GT(bytes.size(), plain_size);
+  const step_plan out = decode_step_plan(bytes);
+  EXPECT_TRUE(out == in);
+  EXPECT_FALSE(out.rows[0].processing.any());
+  EXPECT_TRUE(out.rows[1].processing.changes_logits());
+  EXPECT_FALSE(out.rows[2].processing.changes_logits());
+  step_plan bad = in;
+  bad.rows[1].processing.top_logprobs = 21;
+  EXPECT_THROW(encode(bad), wire_error);
+  bad = in;
+  bad.rows[1].processing.bias_values.pop_back();
+  EXPECT_THROW(encode(bad), wire_error);
+
+  step_result res = sample_result();
+  res.rows[1].top_n = 2;
+  res.rows[1].top_ids.assign(res.rows[1].tokens.size() * 2, 3);
+  res.rows[1].top_logprobs.assign(res.rows[1].tokens.size() * 2, -1.5f);
+  const step_result back = decode_step_result(encode(res));
+  EXPECT_TRUE(back == res);
+  EXPECT_EQ(back.rows[0].top_n, 0);
+  res.rows[1].top_ids.pop_back();
+  EXPECT_THROW(encode(res), wire_error);
 }
 
 TEST(WireRoundTrip, StepPlanIdleEmpty) {

@@ -169,6 +169,29 @@ TEST(DecodeGraphPlan, IneligibleStepsNameTheirReason) {
   }
 }
 
+// Sampling steps whose rows ask for logits processing (logit_bias, penalties, pending
+// min_tokens, top_logprobs) take the eager path; the sampled token's logprob alone and plain
+// rows keep the graph.
+TEST(DecodeGraphPlan, LogitsProcessingTakesTheEagerPath) {
+  EXPECT_EQ(processing_blocker(nullptr), "");
+  step_sampling s;
+  s.settings.resize(2);
+  s.settings[1].want_logprob = 1;
+  s.feed_slots = {0, 1};
+  EXPECT_FALSE(s.needs_processing());
+  EXPECT_EQ(processing_blocker(&s), "");
+  s.processing.resize(2);
+  s.processing[1].bias_count = 1;
+  EXPECT_TRUE(s.needs_processing());
+  EXPECT_NE(processing_blocker(&s).find("logits processing"), std::string::npos);
+  step_sampling counted;
+  counted.count_slots = {-1, 3};
+  EXPECT_FALSE(processing_blocker(&counted).empty());
+  step_sampling prompt;
+  prompt.seen = {3, 17};
+  EXPECT_FALSE(processing_blocker(&prompt).empty());
+}
+
 TEST(DecodeGraphPlan, BlockersOfAWholeModel) {
   decode_graph_options on;
   on.enabled = true;

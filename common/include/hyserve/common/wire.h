@@ -29,6 +29,7 @@ inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxRows = 1u << 20;          // rows, free_req_slots, commits
 inline constexpr uint32_t kMaxTokensPerRow = 1u << 24;  // tokens, new_pages, retrieve_*, logprobs
 inline constexpr uint32_t kMaxStringBytes = 1u << 20;   // error, host
+inline constexpr int32_t kMaxTopLogprobs = 20;          // logits_processing.top_logprobs
 
 enum class message_type : uint16_t {
   kHello = 1,     // worker → coordinator at start-up: capacities
@@ -46,6 +47,28 @@ struct sampling {
   int32_t top_k = 0;     // 0 = off
   float top_p = 1.0f;    // (0, 1]
   uint64_t seed = 0;     // with the row's output index, makes sampling deterministic
+};
+
+// Per-request logits processing and logprobs (the OpenAI / vLLM parameters; the worker applies
+// them where it samples, kernels/include/hyserve/kernels/logits_processing.h). Default values
+// mean "off"; a plan row carries them in the optional processing extension only when one is on.
+struct logits_processing {
+  float repetition_penalty = 1.0f;  // > 0; 1 = off. Prompt and output tokens.
+  float presence_penalty = 0.0f;    // output tokens
+  float frequency_penalty = 0.0f;   // output tokens
+  int32_t min_tokens = 0;           // mask min_tokens_mask while output_index < min_tokens
+  int32_t prompt_len = 0;           // positions below are prompt tokens (repetition_penalty)
+  bool logprobs = false;            // return the sampled token's logprob
+  int32_t top_logprobs = 0;         // 0..20: return the top-N of the processed distribution
+  std::vector<int32_t> min_tokens_mask;  // EOS and stop token ids
+  std::vector<int32_t> bias_ids;         // logit_bias
+  std::vector<float> bias_values;        // same length as bias_ids
+  bool penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+  // Anything that changes the logits before sampling (the step leaves the fast path).
+  bool changes_logits() const { return penalties() || !bias_ids.empty() || (min_tokens > 0 && !min_tokens_mask.empty()); }
+  bool any() const { return changes_logits() || logprobs || top_logprobs > 0 || min_tokens > 0; }
 };
 
 // One row of a step plan. The mode byte of the plan says how the rows are interpreted.
@@ -66,6 +89,9 @@ struct plan_row {
   int32_t draft_step = 0;    // Draft mode
   std::vector<int32_t> retrieve_next_token;    // tree TargetVerify only, [D]
   std::vector<int32_t> retrieve_next_sibling;  // tree TargetVerify only, [D]
+  // Travels in an optional trailing extension (tag kPlanExtensionProcessing) listing the rows
+  // whose processing is not all default; plans without such rows are unchanged.
+  logits_processing processing;
 };
 
 // Control operations applied before the step's forward pass.
@@ -111,11 +137,18 @@ struct step_plan {
 inline constexpr uint8_t kPlanExtensionSpec = 1;
 inline constexpr uint8_t kPlanExtensionMixed = 2;
 inline constexpr uint8_t kPlanExtensionDraftWidth = 3;
+inline constexpr uint8_t kPlanExtensionProcessing = 4;
+inline constexpr uint8_t kResultExtensionTopLogprobs = 1;
 
 struct row_result {
   int64_t request_id = -1;
   std::vector<int32_t> tokens;     // 1 sampled token (D for TargetVerify)
-  std::vector<float> logprobs;     // same length as tokens when want_logprobs, else empty
+  std::vector<float> logprobs;     // same length as tokens when the row asked (or want_logprobs), else empty
+  // Rows that asked for top_logprobs = N: N (token, logprob) pairs per token, token-major
+  // (top_ids[t * N + k]). Travels in an optional trailing extension of the result.
+  int32_t top_n = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
 };
 
 struct step_result {
@@ -154,7 +187,10 @@ std::vector<uint8_t> encode_shutdown();
 //     output_index, draft_step, top_k >= 0, retrieve_next_token/_sibling both empty or of
 //     equal length with values >= -1; free_req_slots >= 0; commits: mamba_slot >= -1,
 //     row >= 0, accepted_step >= 0. The mode byte and the float sampling values pass through.
-//   step_result: per row logprobs empty or as long as tokens; 0 <= sparse_rows <= decode_rows;
+//   plan_row.processing: min_tokens, prompt_len >= 0, top_logprobs in [0, 20], bias ids and
+//     values of equal length (the penalty values pass through: the worker checks them per row).
+//   step_result: per row logprobs empty or as long as tokens; top_n in [0, 20] with
+//     top_ids / top_logprobs of tokens * top_n entries; 0 <= sparse_rows <= decode_rows;
 //     pages_read >= 0.
 //   hello: every count >= 0, tp_size >= 1.
 // Bools are one byte that must be 0 or 1; floats and doubles travel as their IEEE-754 bits.

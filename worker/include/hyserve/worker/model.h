@@ -10,6 +10,7 @@
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/graph.h"
+#include "hyserve/kernels/logits_processing.h"
 #include "hyserve/kernels/sampling.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
@@ -21,9 +22,29 @@ namespace hyserve::worker {
 // Sampling on the device (forward_options::sample): one settings entry per logits row, and the
 // state slot whose last token each logits row feeds (-1: none; the last logits row of a row
 // feeds the row's slot, for the next step's placeholders, model_context::last_tokens).
+//
+// Logits processing (kernels/include/hyserve/kernels/logits_processing.h) runs where sampling
+// runs, before it, for steps where a row asks for it: `processing` is empty or holds one entry
+// per logits row (indices into bias_* and mask_ids), and the per-slot token counts the
+// penalties read are kept by the model where it samples (indexed by request slot): before the
+// step, `clear_slots` are zeroed and the (slot, token) pairs of `seen` marked as prompt tokens;
+// after the draw, the token of logits row i is counted for slot count_slots[i] (>= 0). Such a
+// step runs eagerly (never as a decode graph); one without stays on the fast path.
 struct step_sampling {
   std::vector<kernels::sample_settings> settings;
   std::vector<int32_t> feed_slots;
+  std::vector<kernels::logits_row_settings> processing;
+  std::vector<int32_t> bias_ids;
+  std::vector<float> bias_values;
+  std::vector<int32_t> mask_ids;
+  int32_t max_top = 0;  // the largest top_n of the step (forward_options::top_logprobs rows are max_top wide)
+  std::vector<int32_t> clear_slots;
+  std::vector<int32_t> seen;         // pairs (slot, token)
+  std::vector<int32_t> count_slots;  // empty, or one per logits row (-1: not counted)
+  // The step needs the processing path (and so runs eagerly).
+  bool needs_processing() const {
+    return !processing.empty() || !clear_slots.empty() || !seen.empty() || !count_slots.empty();
+  }
 };
 
 // Where the model reads and writes per-request state during a step.
@@ -85,6 +106,9 @@ struct forward_options {
   // model_context::last_tokens at their feed slots.
   const step_sampling* sample = nullptr;
   std::vector<kernels::sample_output>* sampled = nullptr;
+  // With sample->max_top > 0: receives [logits rows, max_top] top-N tokens and logprobs of the
+  // processed distribution (entries past a row's top_n are unspecified).
+  std::vector<kernels::top_logprob>* top_logprobs = nullptr;
   // When set, a step that can end later (a Decode step replayed as a CUDA graph that samples on
   // the device, without a report) returns once it is queued on the device and sets *defer:
   // *sampled is filled by defer->finish(), and it (and the model) must outlive that call. The

@@ -79,6 +79,8 @@ class runner {
     std::vector<int32_t> logit_row_start;          // hybrid_metadata's, per row (+ 1)
     std::vector<uint64_t> request_ids;
     std::vector<kernels::sample_output> sampled;  // one per logits row (forward_options::sampled)
+    std::vector<kernels::top_logprob> top;        // [logits rows, top_width] (forward_options::top_logprobs)
+    int32_t top_width = 0;
     host_tensor logits;                            // a draft tree's first-position logits
     bool want_logits = false;
     // Rows whose sampling settings the sampler cannot use (sampled greedily, returned without a
