@@ -45,6 +45,7 @@ struct completion_state {
   std::vector<int32_t> echo_ids;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache (final event)
 };
 
 // "stop" | "length" | "abort"
