@@ -263,6 +263,39 @@ int run(int argc, char** argv) {
     obs.on_overlap = [&overlapped](int64_t) { overlapped.inc(1.0); };
     obs.on_wasted_rows = [&wasted](int64_t n) { wasted.inc(static_cast<double>(n)); };
   }
+  {
+    // Prefix caching (docs/ARCHITECTURE.md, Prefix caching): prompt tokens of admitted requests
+    // and those served from the cache (hit rate = cached / prompt), tree nodes evicted (one KV
+    // page each, with its checkpoint if it had one), checkpoints in use and pages the trees hold.
+    auto& reg = metrics.metric_registry();
+    auto& prompt = reg.counter_series("hyserve_prefix_cache_prompt_tokens_total",
+                                      "Prompt tokens of requests admitted with prefix caching on.");
+    auto& cached = reg.counter_series("hyserve_prefix_cache_cached_tokens_total",
+                                      "Prompt tokens served from the prefix cache (not prefilled).");
+    auto& hit_rate = reg.gauge_series("hyserve_prefix_cache_hit_rate",
+                                      "Fraction of prompt tokens served from the prefix cache (since start).");
+    auto& hits = reg.counter_series("hyserve_prefix_cache_hits_total", "Requests that started from a cached prefix.");
+    auto& evicted = reg.counter_series("hyserve_prefix_cache_evicted_pages_total",
+                                       "Prefix-cache nodes evicted (one KV page each).");
+    auto& evicted_ckpt = reg.counter_series("hyserve_prefix_cache_evicted_checkpoints_total",
+                                            "Recurrent-state checkpoints evicted with their pages.");
+    auto& in_use = reg.gauge_series("hyserve_prefix_cache_checkpoints", "Recurrent-state checkpoints in use.");
+    auto& pages = reg.gauge_series("hyserve_prefix_cache_pages", "KV pages held by the prefix cache.");
+    obs.on_prefix_lookup = [&prompt, &cached, &hit_rate, &hits](int64_t p, int64_t c) {
+      prompt.inc(static_cast<double>(p));
+      cached.inc(static_cast<double>(c));
+      if (c > 0) hits.inc(1.0);
+      if (prompt.value() > 0) hit_rate.set(cached.value() / prompt.value());
+    };
+    obs.on_prefix_evict = [&evicted, &evicted_ckpt](int64_t n, int64_t c) {
+      evicted.inc(static_cast<double>(n));
+      evicted_ckpt.inc(static_cast<double>(c));
+    };
+    obs.on_prefix_capacity = [&in_use, &pages](int64_t c, int64_t p) {
+      in_use.set(static_cast<double>(c));
+      pages.set(static_cast<double>(p));
+    };
+  }
   sched.set_observer(std::move(obs));
 
   http::server_options opts;

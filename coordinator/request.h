@@ -47,6 +47,7 @@ struct request_metrics {
   double latency_ms = 0.0;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
 // One update of a request, in order. The last event has finished = true.
@@ -134,6 +135,13 @@ struct model_info {
   int32_t dp = 1, tp = 1;
 };
 
+// POST /flush_cache: what the prefix cache dropped (every node no running request holds).
+struct flush_result {
+  bool ok = false;
+  int64_t pages = 0, checkpoints = 0;
+  std::string message;  // when !ok: why
+};
+
 // Implemented by the scheduler.
 class frontend {
  public:
@@ -146,6 +154,8 @@ class frontend {
   virtual bool healthy() const = 0;
   // true from the first shutdown signal on (in-flight requests finish, new ones are refused).
   virtual bool draining() const { return false; }
+  // Drops every prefix-cache entry no running request holds (waits for the scheduler loop).
+  virtual flush_result flush_cache() { return flush_result{false, 0, 0, "prefix caching is not available"}; }
 };
 
 }  // namespace hyserve::coordinator

@@ -45,6 +45,11 @@ scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vec
     for (int32_t i = h.num_pages - 1; i >= 0; --i) gs.free_pages.push_back(i);
     for (int32_t i = h.max_requests - 1; i >= 0; --i) gs.free_req_slots.push_back(i);
     for (int32_t i = h.mamba_slots - 1; i >= 0; --i) gs.free_mamba_slots.push_back(i);
+    if (prefix_enabled()) {
+      // Checkpoint slots follow the request slots on every rank of the group.
+      gs.tree.emplace(h.page_size);
+      for (int32_t i = cfg.cache.prefix.state_slots - 1; i >= 0; --i) gs.free_ckpt_slots.push_back(h.mamba_slots + i);
+    }
   }
 }
 
@@ -131,7 +136,12 @@ void scheduler::take_cancellations() {
 void scheduler::release(request_state& r) {
   if (r.group < 0) return;
   group_state& g = groups_[static_cast<size_t>(r.group)];
-  held_resources h{r.req_slot, r.mamba_slot, std::move(r.pages)};
+  held_resources h{r.req_slot, r.mamba_slot, {}, std::move(r.held_nodes)};
+  // Pages the prefix tree owns stay with it (the request lets go of their nodes).
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    if (i >= r.page_shared.size() || !r.page_shared[i]) h.pages.push_back(r.pages[i]);
+  r.held_nodes.clear();
+  r.page_shared.clear();
   // A step in flight may still write the request's slot and pages (an overlapped step sent
   // before the request finished): they are freed once the last such step has come back.
   if (r.in_steps > 0 && g.in_flight()) g.flights.back().deferred.push_back(std::move(h));
@@ -147,6 +157,107 @@ void scheduler::free_resources(group_state& g, held_resources& h) {
   g.free_mamba_slots.push_back(h.mamba_slot);
   g.released_req_slots.push_back(h.req_slot);
   h.pages.clear();
+  if (g.tree && !h.nodes.empty()) g.tree->release(h.nodes, ++tick_);
+  h.nodes.clear();
+}
+
+bool scheduler::checkpoint_at(const request_state& r, int32_t pos) const {
+  const auto L = static_cast<int32_t>(r.req.input_ids.size());
+  const int32_t ps = hellos_.front().page_size;
+  if (pos <= 0 || pos > L || pos % ps != 0) return false;
+  // Every state_interval tokens, and the prompt's last page boundaries: the one at or before its
+  // end (a longer prompt that continues it, e.g. the next turn of a chat) and the one before its
+  // last token (the same prompt again: a request always prefills at least its last token).
+  return pos % cfg_.cache.state_interval() == 0 || pos == L / ps * ps || pos == (L - 1) / ps * ps;
+}
+
+int32_t scheduler::prefill_chunk(const request_state& r, int32_t n) const {
+  if (!prefix_enabled() || n <= 0 || r.group < 0) return n;
+  const group_state& g = groups_[static_cast<size_t>(r.group)];
+  const int32_t f = r.fed(), ps = hellos_.front().page_size;
+  const int32_t last = std::min<int32_t>(f + n, static_cast<int32_t>(r.req.input_ids.size()));
+  // Checkpoint positions are page boundaries: the chunk ends at the first one the tree lacks.
+  for (int32_t c = (f / ps + 1) * ps; c <= last; c += ps)
+    if (checkpoint_at(r, c) && !g.tree->has_checkpoint(r.req.input_ids, c / ps)) return c - f;
+  return n;
+}
+
+bool scheduler::evict_for(group_state& g, int32_t pages, int32_t ckpts) {
+  int64_t nodes = 0, ckpt_freed = 0;
+  while (static_cast<int32_t>(g.free_pages.size()) < pages || static_cast<int32_t>(g.free_ckpt_slots.size()) < ckpts) {
+    if (!g.tree) break;
+    const auto e = g.tree->evict_one();
+    if (!e) break;
+    g.free_pages.push_back(e->page);
+    if (e->checkpoint >= 0) {
+      g.free_ckpt_slots.push_back(e->checkpoint);
+      ++ckpt_freed;
+    }
+    ++nodes;
+  }
+  if (nodes > 0 && observer_.on_prefix_evict) observer_.on_prefix_evict(nodes, ckpt_freed);
+  return static_cast<int32_t>(g.free_pages.size()) >= pages && static_cast<int32_t>(g.free_ckpt_slots.size()) >= ckpts;
+}
+
+void scheduler::insert_saves(group_state& g, const std::vector<pending_save>& saves, bool ok) {
+  for (const pending_save& sv : saves) {
+    auto it = requests_.find(sv.id);
+    if (!ok || it == requests_.end() || it->second.cancelled || it->second.group < 0) {
+      g.free_ckpt_slots.push_back(sv.slot);
+      continue;
+    }
+    request_state& r = it->second;
+    const prefix_tree::inserted ins = g.tree->insert(r.req.input_ids, r.pages, sv.pages, ++tick_);
+    r.page_shared.resize(r.pages.size(), 0);
+    for (int32_t d : ins.adopted_pages) r.page_shared[static_cast<size_t>(d)] = 1;
+    r.held_nodes.insert(r.held_nodes.end(), ins.adopted_nodes.begin(), ins.adopted_nodes.end());
+    if (!g.tree->attach_checkpoint(ins.last, sv.slot)) g.free_ckpt_slots.push_back(sv.slot);
+  }
+}
+
+flush_result scheduler::flush_cache() {
+  if (!prefix_enabled()) return flush_result{false, 0, 0, "prefix caching is off (cache.prefix.enabled: false)"};
+  auto w = std::make_shared<flush_waiter>();
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    flush_inbox_.push_back(w);
+  }
+  std::unique_lock<std::mutex> lock(w->mu);
+  if (!w->cv.wait_for(lock, std::chrono::seconds(30), [&] { return w->done; }))
+    return flush_result{false, 0, 0, "the scheduler did not take the flush within 30 s"};
+  return w->res;
+}
+
+void scheduler::take_flushes() {
+  std::vector<std::shared_ptr<flush_waiter>> ws;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    ws.swap(flush_inbox_);
+  }
+  if (ws.empty()) return;
+  flush_result res;
+  res.ok = true;
+  for (group_state& g : groups_) {
+    if (!g.tree) continue;
+    int64_t nodes = 0, ckpts = 0;
+    while (const auto e = g.tree->evict_one()) {
+      g.free_pages.push_back(e->page);
+      ++nodes;
+      if (e->checkpoint >= 0) {
+        g.free_ckpt_slots.push_back(e->checkpoint);
+        ++ckpts;
+      }
+    }
+    res.pages += nodes;
+    res.checkpoints += ckpts;
+    if (nodes > 0 && observer_.on_prefix_evict) observer_.on_prefix_evict(nodes, ckpts);
+  }
+  for (auto& w : ws) {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->res = res;
+    w->done = true;
+    w->cv.notify_all();
+  }
 }
 
 void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::string> err) {
@@ -171,6 +282,7 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
   ev.metrics.latency_ms = ms_since(r.req.arrival);
   ev.metrics.spec_drafted = r.drafted;
   ev.metrics.spec_accepted = r.accepted;
+  ev.metrics.cached_tokens = r.cached_tokens;
   if (!r.output.empty())
     ev.metrics.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.req.arrival).count();
   flush_events();  // this request's earlier events first (and every other's: finishing is rare)
@@ -197,12 +309,35 @@ void scheduler::admit() {
     request_state& r = requests_.at(waiting_.front());
     const int32_t need = pages_for(r);
     int best = -1;
+    prefix_tree::match best_match;
+    const auto prompt_len = static_cast<int32_t>(r.req.input_ids.size());
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];
       if (gs.free_req_slots.empty() || gs.free_mamba_slots.empty()) continue;
-      if (static_cast<int32_t>(gs.free_pages.size()) < need) continue;
       if (static_cast<int32_t>(gs.running.size()) >= cfg_.scheduler.max_running) continue;
-      if (best < 0 || gs.running.size() < groups_[static_cast<size_t>(best)].running.size()) best = static_cast<int>(g);
+      // Prefix caching: the deepest cached node with a checkpoint (the last prompt token is
+      // always prefilled); its pages need no new ones, and unheld tree pages can be evicted.
+      prefix_tree::match m;
+      int32_t avail = static_cast<int32_t>(gs.free_pages.size());
+      if (gs.tree) {
+        m = gs.tree->lookup(r.req.input_ids, prompt_len - 1);
+        avail += gs.tree->unheld() - m.tokens();
+      }
+      if (avail < need - m.tokens()) continue;
+      if (best < 0 || m.tokens() > best_match.tokens() ||
+          (m.tokens() == best_match.tokens() && gs.running.size() < groups_[static_cast<size_t>(best)].running.size())) {
+        best = static_cast<int>(g);
+        best_match = std::move(m);
+      }
+    }
+    if (best >= 0 && groups_[static_cast<size_t>(best)].tree) {
+      // Under memory pressure admission evicts before it waits (the match is held first).
+      group_state& gs = groups_[static_cast<size_t>(best)];
+      gs.tree->hold(best_match.nodes);
+      if (!evict_for(gs, need - best_match.tokens(), 0)) {
+        gs.tree->release(best_match.nodes, ++tick_);
+        return;
+      }
     }
     if (best < 0) {
       // FCFS: the head waits for capacity. One that can never fit is rejected instead.
@@ -220,9 +355,19 @@ void scheduler::admit() {
     gs.free_req_slots.pop_back();
     r.mamba_slot = gs.free_mamba_slots.back();
     gs.free_mamba_slots.pop_back();
-    for (int32_t i = 0; i < need; ++i) {
+    r.pages = best_match.pages;
+    r.page_shared.assign(r.pages.size(), 1);
+    r.held_nodes = best_match.nodes;
+    if (best_match.tokens() > 0) {
+      r.cached_tokens = best_match.tokens() * hellos_.front().page_size;
+      r.consumed = r.cached_tokens;
+      r.restore_from = best_match.checkpoint;
+    }
+    if (gs.tree && observer_.on_prefix_lookup) observer_.on_prefix_lookup(prompt_len, r.cached_tokens);
+    for (int32_t i = best_match.tokens(); i < need; ++i) {
       r.pages.push_back(gs.free_pages.back());
       gs.free_pages.pop_back();
+      r.page_shared.push_back(0);
     }
     gs.running.push_back(r.req.id);
     waiting_.pop_front();
@@ -256,6 +401,10 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   gs.draft_commits.clear();
   plan.kv_moves = std::move(gs.kv_moves);
   gs.kv_moves.clear();
+  plan.state_restores = std::move(gs.restores);
+  gs.restores.clear();
+  plan.state_saves = std::move(gs.saves);
+  gs.saves.clear();
   group_state::flight f;
   f.step_id = plan.step_id;
   f.mode = mode;
@@ -275,6 +424,8 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   f.cost_kind = gs.cost_kind;
   f.cost_rows = gs.cost_rows;
   f.cost_width = gs.cost_width;
+  f.saves = std::move(gs.step_saves);
+  gs.step_saves.clear();
   if (!gs.flights.empty() && observer_.on_overlap) observer_.on_overlap(static_cast<int64_t>(f.rows.size()));
   gs.flights.push_back(std::move(f));
   gs.step_emits.clear();
@@ -313,7 +464,9 @@ void scheduler::schedule_group(int g) {
         continue;
     }
     if (r.cancelled && r.in_steps > 0) continue;
-    (r.known_len() - r.fed() == 1 && r.fed() > 0 ? decode_ids : prefill_ids).push_back(id);
+    // (A prefix-cache hit that left only the last prompt token to run is a decode row once its
+    // first step has sent its pages.)
+    (r.known_len() - r.fed() == 1 && r.fed() > 0 && r.pages_sent ? decode_ids : prefill_ids).push_back(id);
   }
   if (decode_ids.empty() && prefill_ids.empty()) return;
   // Speculative rounds carry the prefill chunks of the other requests in their verify step;
@@ -363,7 +516,7 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   for (uint64_t id : prefill_ids) {
     if (budget <= 0) break;
     request_state& r = requests_.at(id);
-    const int32_t n = std::min({r.known_len() - r.fed(), cfg_.scheduler.chunked_prefill, budget});
+    const int32_t n = prefill_chunk(r, std::min({r.known_len() - r.fed(), cfg_.scheduler.chunked_prefill, budget}));
     add_row(r, n, false);
   }
   if (plan.rows.empty()) return;
@@ -390,11 +543,25 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
 wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
   wire::plan_row row = base_row(r);
   for (int32_t i = 0; i < n; ++i) row.tokens.push_back(r.token_or_placeholder(r.fed() + i));
+  group_state& gs = groups_[static_cast<size_t>(r.group)];
   if (!r.pages_sent) {
     row.first_page_pos = 0;
     row.new_pages = r.pages;
-    row.reset_state = true;
+    // A prefix-cache hit starts from a copy of the checkpoint instead of a zero state.
+    row.reset_state = r.restore_from < 0;
+    if (r.restore_from >= 0) gs.restores.push_back(wire::state_copy_op{r.restore_from, r.mamba_slot});
+    r.restore_from = -1;
     r.pages_sent = true;
+  }
+  // Prefix caching: a chunk that ends at a checkpoint position the tree lacks saves the state
+  // after it into a checkpoint slot (the tree takes it and the pages when the result is in).
+  const int32_t end = r.fed() + n;
+  if (gs.tree && checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / hellos_.front().page_size) &&
+      evict_for(gs, 0, 1)) {
+    const int32_t slot = gs.free_ckpt_slots.back();
+    gs.free_ckpt_slots.pop_back();
+    gs.saves.push_back(wire::state_copy_op{r.mamba_slot, slot});
+    gs.step_saves.push_back(pending_save{r.req.id, end / hellos_.front().page_size, slot});
   }
   row.dense_attention = !r.req.sampling.sparse;
   // Logits processing (the worker applies it where it samples; README, Sampling parameters).
@@ -612,7 +779,7 @@ void scheduler::send_round_step(int g) {
       auto it = requests_.find(id);
       if (it == requests_.end()) continue;
       request_state& r = it->second;
-      const int32_t n = std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget});
+      const int32_t n = prefill_chunk(r, std::min({r.total_len() - r.consumed, cfg_.scheduler.chunked_prefill, budget}));
       if (n <= 0) continue;
       plan.rows.push_back(prefill_row(r, n));
       gs.step_rows.push_back(id);
@@ -794,6 +961,7 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
       if (st.emits[i]) --r.flight_outputs;
     }
   }
+  if (!st.saves.empty()) insert_saves(gs, st.saves, failure.empty());
   process_result(g, st, res, failure);
   // Requests that ended while this step was in flight: their slots and pages are free now.
   for (held_resources& h : st.deferred) free_resources(gs, h);
@@ -922,6 +1090,22 @@ void scheduler::report_load() {
     }
     observer_.on_capacity(pages, slots);
   }
+  int64_t pages = 0, slots = 0, ckpts = 0, cached = 0, used = 0;
+  for (const auto& g : groups_) {
+    pages += static_cast<int64_t>(g.free_pages.size());
+    slots += static_cast<int64_t>(g.free_mamba_slots.size());
+    ckpts += static_cast<int64_t>(g.free_ckpt_slots.size());
+    if (g.tree) {
+      cached += g.tree->nodes();
+      used += g.tree->checkpoints();
+    }
+  }
+  cap_pages_ = pages;
+  cap_slots_ = slots;
+  cap_ckpts_ = ckpts;
+  cap_cached_pages_ = cached;
+  cap_ckpts_used_ = used;
+  if (prefix_enabled() && observer_.on_prefix_capacity) observer_.on_prefix_capacity(used, cached);
 }
 
 void scheduler::log_loop_stats() const {
@@ -966,6 +1150,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     const auto t_top = clock::now();
     take_submissions();
     take_cancellations();
+    take_flushes();
     admit();
     bool busy = false;
     const auto t_schedule = clock::now();

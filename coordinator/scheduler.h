@@ -7,6 +7,8 @@
 // request events.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -20,6 +22,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/step_trace.h"
 #include "hyserve/common/wire.h"
+#include "coordinator/prefix_tree.h"
 #include "coordinator/request.h"
 #include "coordinator/speculative.h"
 #include "coordinator/transport.h"
@@ -39,6 +42,17 @@ struct scheduler_observer {
   // rows of a step in flight whose request finished before it came back.
   std::function<void(int64_t rows)> on_overlap;
   std::function<void(int64_t rows)> on_wasted_rows;
+  // Prefix caching: an admitted request's prompt tokens and those served from the cache; nodes
+  // (pages, with their checkpoints) evicted; checkpoints in use and pages held by the trees.
+  std::function<void(int64_t prompt_tokens, int64_t cached_tokens)> on_prefix_lookup;
+  std::function<void(int64_t nodes, int64_t checkpoints)> on_prefix_evict;
+  std::function<void(int64_t checkpoints, int64_t cached_pages)> on_prefix_capacity;
+};
+
+// Free capacity summed over the groups, updated by the loop each iteration (any thread may read).
+struct capacity_snapshot {
+  int64_t free_pages = 0, free_slots = 0, free_checkpoints = 0;
+  int64_t cached_pages = 0, checkpoints = 0;
 };
 
 class scheduler final : public frontend {
@@ -51,6 +65,11 @@ class scheduler final : public frontend {
   // false once draining (SIGINT / SIGTERM / SIGUSR1) or after a fatal worker fault.
   bool healthy() const override { return healthy_.load() && !draining_.load(); }
   bool draining() const override { return draining_.load(); }
+  flush_result flush_cache() override;
+  capacity_snapshot capacity() const {
+    return capacity_snapshot{cap_pages_.load(), cap_slots_.load(), cap_ckpts_.load(), cap_cached_pages_.load(),
+                             cap_ckpts_used_.load()};
+  }
 
   // From any thread: a worker rank is known to be gone (its process exited). The loop fails
   // every request with an error naming the rank and host, and run() returns 1.
@@ -83,6 +102,12 @@ class scheduler final : public frontend {
     int group = -1;
     int32_t req_slot = -1, mamba_slot = -1;
     std::vector<int32_t> pages;
+    // Prefix caching: which of pages the group's tree owns (shared), the tree nodes this request
+    // holds, the prompt tokens it found cached, and the checkpoint its first step restores.
+    std::vector<uint8_t> page_shared;
+    std::vector<int32_t> held_nodes;
+    int32_t cached_tokens = 0;
+    int32_t restore_from = -1;
     int32_t consumed = 0;  // tokens of prompt + output already in the cache
     bool pages_sent = false;
     int32_t in_steps = 0;  // steps in flight that carry a row of this request
@@ -121,6 +146,13 @@ class scheduler final : public frontend {
   struct held_resources {
     int32_t req_slot = -1, mamba_slot = -1;
     std::vector<int32_t> pages;
+    std::vector<int32_t> nodes;  // prefix-tree nodes to let go of
+  };
+  // A checkpoint a step in flight writes: the node after `pages` pages of request id's prompt.
+  struct pending_save {
+    uint64_t id = 0;
+    int32_t pages = 0;
+    int32_t slot = -1;
   };
   struct group_state {
     std::vector<int32_t> free_pages, free_req_slots, free_mamba_slots;
@@ -146,6 +178,7 @@ class scheduler final : public frontend {
       int cost_kind = -1;
       int32_t cost_rows = 0, cost_width = 0;
       std::vector<held_resources> deferred;  // released once this step's result is in
+      std::vector<pending_save> saves;       // checkpoints the step writes
     };
     std::deque<flight> flights;
     bool in_flight() const { return !flights.empty(); }
@@ -170,6 +203,12 @@ class scheduler final : public frontend {
     int32_t cost_rows = 0, cost_width = 0;
     int64_t skipped_rounds = 0;  // consecutive rounds the cost check skipped
     spec::acceptance_prior accept;  // acceptance over the group's rounds (requests' prior)
+    // Prefix caching: the group's tree, its free checkpoint slots, and the state copies and
+    // checkpoints of the step being built.
+    std::optional<prefix_tree> tree;
+    std::vector<int32_t> free_ckpt_slots;
+    std::vector<wire::state_copy_op> restores, saves;
+    std::vector<pending_save> step_saves;
   };
 
   void take_submissions();
@@ -211,6 +250,25 @@ class scheduler final : public frontend {
   void fatal(const std::string& why);
   void report_load();
   int32_t pages_for(const request_state& r) const;
+  // Prefix caching.
+  bool prefix_enabled() const { return cfg_.cache.prefix.enabled; }
+  bool checkpoint_at(const request_state& r, int32_t pos) const;
+  // A prefill chunk of n tokens from r.fed(), cut at the next checkpoint position the tree lacks.
+  int32_t prefill_chunk(const request_state& r, int32_t n) const;
+  // Evicts least-recently-used tree leaves until the group has `pages` free pages and `ckpts`
+  // free checkpoint slots, or nothing more can go. Returns whether both are met.
+  bool evict_for(group_state& g, int32_t pages, int32_t ckpts);
+  void take_flushes();
+  void insert_saves(group_state& g, const std::vector<pending_save>& saves, bool ok);
+  uint64_t tick_ = 0;
+  std::atomic<int64_t> cap_pages_{0}, cap_slots_{0}, cap_ckpts_{0}, cap_cached_pages_{0}, cap_ckpts_used_{0};
+  struct flush_waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    flush_result res;
+  };
+  std::vector<std::shared_ptr<flush_waiter>> flush_inbox_;  // guarded by inbox_mu_
 
   service_config cfg_;
   model_info info_;

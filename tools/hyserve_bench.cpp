@@ -1,11 +1,16 @@
 // hyserve-bench: load generator for a running hyserve server (POST /generate).
 //   hyserve-bench --url http://127.0.0.1:8000 --concurrency 8 --requests 64 --prompt-len 128 --output-len 64
 //                 [--vocab 1024] [--seed 0] [--stream|--no-stream] [--api-key K] [--timeout 120] [--json]
+//                 [--shared-prefix N] [--turns T]
 // Prompts are random token ids in [3, vocab) derived from --seed; every request is greedy with
 // ignore_eos so it generates exactly --output-len tokens. `concurrency` workers (Asio coroutines,
 // one keep-alive connection each) keep that many requests in flight until all are done.
 // Streaming (the default) measures time to first token and inter-token latency from the SSE
 // events; without it only end-to-end latency is measured.
+// Prefix caching: --shared-prefix N puts the same N tokens before every prompt; --turns T runs
+// --requests conversations of T turns, each turn resending the conversation so far (shared
+// prefix, earlier prompts and answers) plus --prompt-len new tokens; the summary reports the
+// prompt tokens the server served from its cache (meta_info.cached_tokens).
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,9 +59,13 @@ std::vector<int32_t> make_prompt(uint64_t seed, uint64_t index, int32_t len, int
   return ids;
 }
 
-std::string make_body(const bench_options& o, uint64_t index) {
+// The shared prefix (a system prompt): one id sequence for the run, from the seed.
+std::vector<int32_t> shared_prefix(const bench_options& o) {
+  return make_prompt(o.seed ^ 0x5EED5EED5EED5EEDull, ~uint64_t{0}, o.shared_prefix, o.vocab);
+}
+
+std::string make_body(const bench_options& o, uint64_t index, const std::vector<int32_t>& prompt) {
   boost::json::array input;
-  const std::vector<int32_t> prompt = make_prompt(o.seed, index, o.prompt_len, o.vocab);
   input.reserve(prompt.size());
   for (int32_t id : prompt) input.emplace_back(id);
   boost::json::object sampling;
@@ -76,13 +85,12 @@ std::string make_body(const bench_options& o, uint64_t index) {
 
 struct shared_run {
   shared_run(const bench_options& o, const tcp::resolver::results_type& eps, const client_config& cfg,
-             const std::vector<std::string>& b, std::vector<request_result>& r, progress& p)
-      : options(o), endpoints(eps), config(cfg), bodies(b), results(r), bar(p) {}
+             std::vector<request_result>& r, progress& p)
+      : options(o), endpoints(eps), config(cfg), results(r), bar(p) {}
 
   const bench_options& options;
   const tcp::resolver::results_type& endpoints;
   const client_config& config;
-  const std::vector<std::string>& bodies;
   std::vector<request_result>& results;
   progress& bar;
   std::atomic<size_t> next{0};
@@ -95,15 +103,32 @@ net::awaitable<void> worker(shared_run& run) {
   connection conn(co_await net::this_coro::executor, run.endpoints, run.config);
   const std::function<void(int64_t)> on_tokens = [&run](int64_t n) { run.bar.add_tokens(n); };
   for (;;) {
-    const size_t i = run.next.fetch_add(1);
-    if (i >= run.bodies.size()) break;
-    request_result r = co_await conn.generate(run.bodies[i], run.options.stream, run.options.prompt_len, on_tokens);
-    if (!r.ok) {
-      std::lock_guard lock(run.mutex);
-      if (run.first_error.empty()) run.first_error = "request " + std::to_string(i) + ": " + r.error;
+    const bench_options& o = run.options;
+    const size_t c = run.next.fetch_add(1);  // a conversation: `turns` requests, one after another
+    if (c >= static_cast<size_t>(o.requests)) break;
+    std::vector<int32_t> history = shared_prefix(o);
+    for (int32_t t = 0; t < o.turns; ++t) {
+      const size_t i = c * static_cast<size_t>(o.turns) + static_cast<size_t>(t);
+      const std::vector<int32_t> mine = make_prompt(o.seed, i, o.prompt_len, o.vocab);
+      history.insert(history.end(), mine.begin(), mine.end());
+      request_result r = co_await conn.generate(make_body(o, i, history), o.stream,
+                                                static_cast<int64_t>(history.size()), on_tokens);
+      const bool ok = r.ok;
+      if (!ok) {
+        std::lock_guard lock(run.mutex);
+        if (run.first_error.empty()) run.first_error = "request " + std::to_string(i) + ": " + r.error;
+      }
+      run.bar.request_done(ok);
+      history.insert(history.end(), r.output_ids.begin(), r.output_ids.end());
+      run.results[i] = std::move(r);
+      if (!ok) {  // the conversation cannot go on: its later turns count as failed
+        for (int32_t u = t + 1; u < o.turns; ++u) {
+          run.results[c * static_cast<size_t>(o.turns) + static_cast<size_t>(u)].error = "an earlier turn failed";
+          run.bar.request_done(false);
+        }
+        break;
+      }
     }
-    run.bar.request_done(r.ok);
-    run.results[i] = std::move(r);
   }
   conn.close();
 }
@@ -154,17 +179,14 @@ int run_bench(const bench_options& o) {
                  text.c_str());
   }
 
-  std::vector<std::string> bodies;
-  bodies.reserve(static_cast<size_t>(o.requests));
-  for (int32_t i = 0; i < o.requests; ++i) bodies.push_back(make_body(o, static_cast<uint64_t>(i)));
-  std::vector<request_result> results(bodies.size());
+  std::vector<request_result> results(static_cast<size_t>(o.requests) * static_cast<size_t>(o.turns));
 
   const int workers = std::min(o.concurrency, o.requests);
   const int threads =
       std::min(workers, static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
   net::io_context pool(threads);
-  progress bar(o.requests, ::isatty(STDERR_FILENO) == 1);
-  shared_run run(o, endpoints, config, bodies, results, bar);
+  progress bar(static_cast<int64_t>(results.size()), ::isatty(STDERR_FILENO) == 1);
+  shared_run run(o, endpoints, config, results, bar);
 
   bar.start();
   const bench_clock::time_point start = bench_clock::now();

@@ -431,7 +431,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
     const YAML::Node cache = root["cache"];
     r.check_keys(cache, "cache",
                  {"page_size", "max_requests", "max_context", "num_pages", "gpu_memory_fraction", "kv_dtype",
-                  "ssm_state_dtype"});
+                  "ssm_state_dtype", "prefix"});
     // Cache element types: "cache.kv_dtype: unknown dtype 'x' (known: float32, bfloat16)".
     auto cache_dtype = [&](const YAML::Node& n, const std::string& path) {
       return r.get_enum(n, path, "dtype", {"float32", "bfloat16"}) == 0 ? dtype::kF32 : dtype::kBF16;
@@ -454,6 +454,21 @@ service_config parse_config(const std::string& text, const std::string& file) {
       const double v = r.get_double(n, "cache.gpu_memory_fraction");
       if (!(v > 0.0) || v > 1.0) r.fail(n, "cache.gpu_memory_fraction", "must be in (0, 1], got " + n.Scalar());
       cfg.cache.gpu_memory_fraction = v;
+    });
+    if_present(cache, "prefix", [&](const YAML::Node& pc) {
+      r.check_keys(pc, "cache.prefix", {"enabled", "state_interval", "state_slots"});
+      prefix_cache_section& s = cfg.cache.prefix;
+      if_present(pc, "enabled", [&](const YAML::Node& n) { s.enabled = r.get_bool(n, "cache.prefix.enabled"); });
+      if_present(pc, "state_slots",
+                 [&](const YAML::Node& n) { s.state_slots = r.get_int32_min(n, "cache.prefix.state_slots", 1); });
+      if_present(pc, "state_interval", [&](const YAML::Node& n) {
+        const int32_t v = r.get_int32_min(n, "cache.prefix.state_interval", 0);
+        if (v % cfg.cache.page_size != 0)
+          r.fail(n, "cache.prefix.state_interval",
+                 "must be a multiple of cache.page_size (" + std::to_string(cfg.cache.page_size) + "), got " +
+                     std::to_string(v));
+        s.state_interval = v;
+      });
     });
 
     const YAML::Node sched = root["scheduler"];

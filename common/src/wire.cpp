@@ -289,6 +289,16 @@ void validate(const step_plan& m) {
     check_at_least(c.row, 0, {"step_plan.commits", i, "row"});
     check_at_least(c.accepted_step, 0, {"step_plan.commits", i, "accepted_step"});
   }
+  check_size(m.state_restores.size(), kMaxRows, {nullptr, 0, "step_plan.state_restores"});
+  check_size(m.state_saves.size(), kMaxRows, {nullptr, 0, "step_plan.state_saves"});
+  for (size_t i = 0; i < m.state_restores.size(); ++i) {
+    check_at_least(m.state_restores[i].src_slot, 0, {"step_plan.state_restores", i, "src_slot"});
+    check_at_least(m.state_restores[i].dst_slot, 0, {"step_plan.state_restores", i, "dst_slot"});
+  }
+  for (size_t i = 0; i < m.state_saves.size(); ++i) {
+    check_at_least(m.state_saves[i].src_slot, 0, {"step_plan.state_saves", i, "src_slot"});
+    check_at_least(m.state_saves[i].dst_slot, 0, {"step_plan.state_saves", i, "dst_slot"});
+  }
   for (size_t i = 0; i < m.draft_commits.size(); ++i) {
     const commit_op& c = m.draft_commits[i];
     check_at_least(c.mamba_slot, -1, {"step_plan.draft_commits", i, "mamba_slot"});
@@ -432,6 +442,16 @@ std::vector<uint8_t> encode(const step_plan& m) {
       w.f32s(lp.bias_values, kMaxTokensPerRow, "logits_processing.bias_values");
     }
   }
+  if (!m.state_restores.empty() || !m.state_saves.empty()) {
+    w.u8(kPlanExtensionPrefix);
+    for (const auto* ops : {&m.state_restores, &m.state_saves}) {
+      w.count(ops->size(), kMaxRows, "step_plan.state_copies");
+      for (const state_copy_op& c : *ops) {
+        w.i32(c.src_slot);
+        w.i32(c.dst_slot);
+      }
+    }
+  }
   return w.finish(message_type::kStepPlan);
 }
 
@@ -536,12 +556,13 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
     const size_t at = r.where();
     const uint8_t ext = r.u8("step_plan.extension");
     if (ext != kPlanExtensionSpec && ext != kPlanExtensionMixed && ext != kPlanExtensionDraftWidth &&
-        ext != kPlanExtensionProcessing)
+        ext != kPlanExtensionProcessing && ext != kPlanExtensionPrefix)
       fail(std::to_string(trailing) + " trailing bytes after the step_plan payload at offset " + std::to_string(at) +
            " (unknown extension tag " + std::to_string(ext) + "; supported, in order: " +
            std::to_string(kPlanExtensionSpec) + " speculative commits, " + std::to_string(kPlanExtensionMixed) +
            " extend rows of a verify step, " + std::to_string(kPlanExtensionDraftWidth) + " draft width, " +
-           std::to_string(kPlanExtensionProcessing) + " logits processing)");
+           std::to_string(kPlanExtensionProcessing) + " logits processing, " +
+           std::to_string(kPlanExtensionPrefix) + " prefix-cache state copies)");
     if (ext <= last_ext)
       fail("step_plan extension tag " + std::to_string(ext) + " at offset " + std::to_string(at) +
            " repeats or follows a later tag (each extension at most once, in tag order)");
@@ -578,6 +599,20 @@ step_plan decode_step_plan(std::span<const uint8_t> bytes) {
         lp.bias_ids = r.i32s(kMaxTokensPerRow, "logits_processing.bias_ids");
         lp.bias_values = r.f32s(kMaxTokensPerRow, "logits_processing.bias_values");
       }
+      continue;
+    }
+    if (ext == kPlanExtensionPrefix) {
+      for (auto* ops : {&m.state_restores, &m.state_saves}) {
+        const uint32_t n = r.count(kMaxRows, 8, "step_plan.state_copies");
+        ops->reserve(n);
+        for (uint32_t i = 0; i < n; ++i) {
+          state_copy_op& c = ops->emplace_back();
+          c.src_slot = r.i32("state_copy_op.src_slot");
+          c.dst_slot = r.i32("state_copy_op.dst_slot");
+        }
+      }
+      if (m.state_restores.empty() && m.state_saves.empty())
+        throw wire_error("step_plan: the prefix-cache extension is present but empty");
       continue;
     }
     const uint32_t n = r.count(kMaxRows, kCommitBytes, "step_plan.draft_commits");

@@ -59,6 +59,7 @@ struct completion_state {
   std::vector<std::vector<std::pair<int32_t, float>>> output_top_logprobs;
   const tokenizer::bpe_tokenizer* tokenizer = nullptr;  // token strings (null: "token_id:N")
   size_t logprobs_sent = 0;  // chat streams: output tokens whose logprobs went out
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache (final event)
 };
 
 // "stop" | "length" | "abort"

@@ -76,6 +76,9 @@ boost::json::object usage(const completion_state& state) {
   u["prompt_tokens"] = state.prompt_tokens;
   u["completion_tokens"] = completion;
   u["total_tokens"] = state.prompt_tokens + completion;
+  boost::json::object details;
+  details["cached_tokens"] = state.cached_tokens;  // served from the prefix cache
+  u["prompt_tokens_details"] = std::move(details);
   return u;
 }
 

@@ -35,6 +35,7 @@ void endpoints::register_routes(http::router& routes) const {
   routes.add("GET", "/v1/models", guard([this](http::exchange& ex) { return models(ex); }));
   routes.add("GET", "/server_info", guard([this](http::exchange& ex) { return server_info(ex); }));
   routes.add("GET", "/metrics", guard([this](http::exchange& ex) { return metrics_text(ex); }));
+  routes.add("POST", "/flush_cache", guard([this](http::exchange& ex) { return flush_cache(ex); }));
   routes.add("POST", "/generate",
              guard([this](http::exchange& ex) { return generation_.handle(ex, api_kind::kGenerate); }));
   routes.add("POST", "/v1/completions",
@@ -101,6 +102,21 @@ boost::asio::awaitable<void> endpoints::server_info(http::exchange& ex) const {
       options_.generation.served_model_name.empty() ? info.model_id : options_.generation.served_model_name;
   body["healthy"] = frontend_.healthy();
   body["started"] = started_;
+  co_await ex.respond(http::json_response(200, body));
+}
+
+// POST /flush_cache: drops every prefix-cache entry no running request holds. The scheduler
+// loop does it between two iterations; this handler waits for it (a few milliseconds).
+boost::asio::awaitable<void> endpoints::flush_cache(http::exchange& ex) const {
+  const flush_result r = frontend_.flush_cache();
+  if (!r.ok) {
+    co_await ex.respond(http::error_response(400, http::kInvalidRequest, r.message));
+    co_return;
+  }
+  boost::json::object body;
+  body["flushed"] = true;
+  body["pages"] = r.pages;
+  body["checkpoints"] = r.checkpoints;
   co_await ex.respond(http::json_response(200, body));
 }
 

@@ -40,6 +40,7 @@ class endpoints {
   boost::asio::awaitable<void> models(http::exchange& ex) const;
   boost::asio::awaitable<void> server_info(http::exchange& ex) const;
   boost::asio::awaitable<void> metrics_text(http::exchange& ex) const;
+  boost::asio::awaitable<void> flush_cache(http::exchange& ex) const;
   boost::asio::awaitable<void> authorized(http::exchange& ex, const http::handler& inner) const;
   http::handler guard(http::handler inner) const;
 

@@ -27,6 +27,7 @@ boost::json::object meta_info(const completion_state& state) {
   boost::json::object meta;
   meta["id"] = state.id;
   meta["prompt_tokens"] = state.prompt_tokens;
+  meta["cached_tokens"] = state.cached_tokens;
   meta["completion_tokens"] = state.output_ids.size();
   if (state.finished) {
     boost::json::object reason;

@@ -249,6 +249,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
       state.finished = event->reason;
       state.spec_drafted = event->metrics.spec_drafted;
       state.spec_accepted = event->metrics.spec_accepted;
+      state.cached_tokens = event->metrics.cached_tokens;
       if (texts) {
         new_text += texts->finish();
         if (texts->stopped()) state.finished = finish_reason::kStop;

@@ -251,13 +251,20 @@ net::awaitable<request_result> connection::generate(const std::string& body, boo
     int64_t fresh = 0;
     if (const auto* ids = obj.if_contains("new_ids"); ids != nullptr && ids->is_array()) {
       fresh = static_cast<int64_t>(ids->get_array().size());
+      for (const auto& id : ids->get_array())
+        if (id.is_int64()) result.output_ids.push_back(static_cast<int32_t>(id.get_int64()));
     } else if (const auto* all = obj.if_contains("output_ids"); all != nullptr && all->is_array()) {
       fresh = static_cast<int64_t>(all->get_array().size()) - result.output_tokens;
+      result.output_ids.clear();
+      for (const auto& id : all->get_array())
+        if (id.is_int64()) result.output_ids.push_back(static_cast<int32_t>(id.get_int64()));
     } else {
       stream_error = "event without new_ids or output_ids: " + clip(payload);
       return;
     }
     if (const auto* meta = obj.if_contains("meta_info"); meta != nullptr && meta->is_object()) {
+      if (const auto* c = meta->get_object().if_contains("cached_tokens"); c != nullptr && c->is_int64())
+        result.cached_tokens = c->get_int64();
       const auto* reason = meta->get_object().if_contains("finish_reason");
       if (reason != nullptr && reason->is_object()) {
         const auto* type = reason->get_object().if_contains("type");
@@ -314,7 +321,11 @@ net::awaitable<request_result> connection::generate(const std::string& body, boo
     co_return result;
   }
   result.output_tokens = static_cast<int64_t>(ids->get_array().size());
+  for (const auto& id : ids->get_array())
+    if (id.is_int64()) result.output_ids.push_back(static_cast<int32_t>(id.get_int64()));
   if (const auto* meta = v.get_object().if_contains("meta_info"); meta != nullptr && meta->is_object()) {
+    if (const auto* c = meta->get_object().if_contains("cached_tokens"); c != nullptr && c->is_int64())
+      result.cached_tokens = c->get_int64();
     const auto* reason = meta->get_object().if_contains("finish_reason");
     if (reason != nullptr && reason->is_object()) {
       const auto* type = reason->get_object().if_contains("type");

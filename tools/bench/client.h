@@ -30,6 +30,8 @@ struct request_result {
   double e2e_s = 0.0;          // request sent -> response complete
   std::vector<double> itl_s;   // streaming only: gap before each token after the first
   std::string finish_reason;   // meta_info.finish_reason.type when the server reported it
+  std::vector<int32_t> output_ids;  // the generated tokens (multi-turn: the next turn resends them)
+  int64_t cached_tokens = 0;        // meta_info.cached_tokens: prompt tokens served from the prefix cache
 };
 
 struct client_config {

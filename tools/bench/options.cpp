@@ -12,6 +12,7 @@ const char* const kUsage =
     "usage: hyserve-bench [--url http://127.0.0.1:8000] [--concurrency 8] [--requests 64]\n"
     "                     [--prompt-len 128] [--output-len 64] [--vocab 1024] [--seed 0]\n"
     "                     [--stream | --no-stream] [--cumulative] [--api-key KEY] [--timeout 120] [--json]\n"
+    "                     [--shared-prefix N] [--turns T]\n"
     "\n"
     "Sends --requests POST /generate requests with random prompts (token ids in [3, vocab),\n"
     "deterministic from --seed), greedy sampling and ignore_eos, keeping --concurrency of them\n"
@@ -25,6 +26,9 @@ const char* const kUsage =
     "  --output-len N     generated tokens per request (>= 1)\n"
     "  --vocab N          prompt ids are drawn from [3, N) (N >= 4)\n"
     "  --seed N           prompt seed (unsigned 64-bit)\n"
+    "  --shared-prefix N  every prompt starts with the same N tokens (a system prompt; >= 0)\n"
+    "  --turns T          multi-turn: --requests conversations of T turns, each turn resending\n"
+    "                     the conversation so far plus --prompt-len new tokens (>= 1)\n"
     "  --stream           stream tokens over SSE (default)\n"
     "  --no-stream        one JSON response per request (end-to-end latency only)\n"
     "  --cumulative       streamed chunks carry the whole output so far (SGLang's format) instead\n"
@@ -166,6 +170,10 @@ bench_options parse_args(int argc, char** argv) {
       o.output_len = static_cast<int32_t>(parse_integer(flag, value(), 1, kMaxCount));
     } else if (arg == "--vocab") {
       o.vocab = static_cast<int32_t>(parse_integer(flag, value(), 4, kMaxCount));
+    } else if (arg == "--shared-prefix") {
+      o.shared_prefix = static_cast<int32_t>(parse_integer(flag, value(), 0, kMaxCount));
+    } else if (arg == "--turns") {
+      o.turns = static_cast<int32_t>(parse_integer(flag, value(), 1, kMaxCount));
     } else if (arg == "--seed") {
       o.seed = parse_unsigned(flag, value());
     } else if (arg == "--stream") {

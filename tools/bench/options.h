@@ -29,6 +29,11 @@ struct bench_options {
   int32_t prompt_len = 128;
   int32_t output_len = 64;
   int32_t vocab = 1024;
+  // Prefix caching workloads: every request starts with the same shared_prefix tokens (a system
+  // prompt); with turns > 1, --requests conversations of `turns` requests each, where every turn
+  // resends the whole conversation (prefix, earlier prompts and answers) plus prompt_len new tokens.
+  int32_t shared_prefix = 0;
+  int32_t turns = 1;
   uint64_t seed = 0;
   bool stream = true;
   bool cumulative = false;  // streamed chunks with the whole output so far (else incremental)

@@ -35,11 +35,13 @@ summary make_summary(const bench_options& options, const std::vector<request_res
   s.stream = options.stream;
   s.incremental = options.stream && !options.cumulative;
   s.concurrency = options.concurrency;
-  s.requests = options.requests;
+  s.requests = options.requests * options.turns;
   s.prompt_len = options.prompt_len;
   s.output_len = options.output_len;
   s.first_error = first_error;
   s.wall_s = wall_s;
+  s.shared_prefix = options.shared_prefix;
+  s.turns = options.turns;
   std::vector<double> ttft, itl, tpot, e2e;
   for (const request_result& r : results) {
     if (!r.ok) {
@@ -49,6 +51,7 @@ summary make_summary(const bench_options& options, const std::vector<request_res
     }
     ++s.ok;
     s.prompt_tokens += r.prompt_tokens;
+    s.cached_tokens += r.cached_tokens;
     s.output_tokens += r.output_tokens;
     if (r.output_tokens != options.output_len) ++s.unexpected_output_len;
     e2e.push_back(r.e2e_s);
@@ -108,6 +111,11 @@ void print_text(std::FILE* out, const summary& s) {
   std::fprintf(out, "%-36s %.3f\n", "Wall time (s):", s.wall_s);
   std::fprintf(out, "%-36s %lld / %lld\n", "Prompt / output tokens (total):", static_cast<long long>(s.prompt_tokens),
                static_cast<long long>(s.output_tokens));
+  if (s.shared_prefix > 0 || s.turns > 1)
+    std::fprintf(out, "%-36s %d / %d\n", "Shared prefix tokens / turns:", s.shared_prefix, s.turns);
+  std::fprintf(out, "%-36s %lld (%.1f%% of prompt tokens)\n", "Prompt tokens served from cache:",
+               static_cast<long long>(s.cached_tokens),
+               s.prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0.0);
   std::fprintf(out, "%-36s %.3f\n", "Request throughput (req/s):", s.request_throughput);
   std::fprintf(out, "%-36s %.2f\n", "Output token throughput (tok/s):", s.output_throughput);
   std::fprintf(out, "%-36s %.2f\n", "Total token throughput (tok/s):", s.total_throughput);
@@ -140,6 +148,9 @@ boost::json::object to_json(const summary& s) {
   o["wall_time_s"] = s.wall_s;
   o["prompt_tokens"] = s.prompt_tokens;
   o["output_tokens"] = s.output_tokens;
+  o["shared_prefix"] = s.shared_prefix;
+  o["turns"] = s.turns;
+  o["cached_prompt_tokens"] = s.cached_tokens;
   o["request_throughput"] = s.request_throughput;
   o["output_token_throughput"] = s.output_throughput;
   o["total_token_throughput"] = s.total_throughput;

@@ -39,7 +39,9 @@ struct summary {
   std::string first_error;            // empty when nothing failed
   int64_t unexpected_output_len = 0;  // successful requests whose token count != output_len
   double wall_s = 0;
+  int32_t shared_prefix = 0, turns = 1;
   int64_t prompt_tokens = 0;          // successful requests
+  int64_t cached_tokens = 0;          // of those, served from the server's prefix cache
   int64_t output_tokens = 0;          // successful requests
   double request_throughput = 0;      // ok requests / s
   double output_throughput = 0;       // output tokens / s

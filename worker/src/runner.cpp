@@ -137,9 +137,9 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
       if (r.req_slot < 0 || r.req_slot >= max_requests_)
         throw invalid_argument_error("request " + std::to_string(r.request_id) + ": req_slot " +
                                      std::to_string(r.req_slot) + " outside [0, " + std::to_string(max_requests_) + ")");
-      if (r.mamba_slot >= pools_.recurrent->n_slots())
+      if (r.mamba_slot >= pools_.request_slots)
         throw invalid_argument_error("request " + std::to_string(r.request_id) + ": mamba_slot " +
-                                     std::to_string(r.mamba_slot) + " outside [0, " + std::to_string(pools_.recurrent->n_slots()) + ")");
+                                     std::to_string(r.mamba_slot) + " outside [0, " + std::to_string(pools_.request_slots) + ")");
       if (r.first_page_pos % page_size_ != 0)
         throw invalid_argument_error("first_page_pos " + std::to_string(r.first_page_pos) + " is not page aligned");
       int32_t* table = pools_.req_to_token->row(r.req_slot);
@@ -177,6 +177,9 @@ void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
       pools_.recurrent->reset_slot(r.mamba_slot);
       if (draft_) draft_pools_.recurrent->reset_slot(r.mamba_slot);
     }
+  // Prefix caching: rows that start from a checkpoint get it copied into their slot.
+  pools_.copy_slots(plan.state_restores, model_->exec());
+  if (draft_) draft_pools_.copy_slots(plan.state_restores, draft_->exec());
 }
 
 void runner::launch(const forward_batch& batch, flight& f) {
@@ -300,6 +303,9 @@ void runner::launch(const forward_batch& batch, flight& f) {
     ext.rows.assign(batch.rows.end() - batch.extend_rows, batch.rows.end());
     (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
   }
+  // Prefix caching: checkpoints of the state after this step (queued behind the forward pass).
+  pools_.copy_slots(plan.state_saves, model_->exec());
+  if (draft_) draft_pools_.copy_slots(plan.state_saves, draft_->exec());
   f.t_sample = std::chrono::steady_clock::now();
   if (f.want_logits) {
     kernels::sample_rows_params p;
@@ -392,7 +398,9 @@ bool runner::can_submit_behind(const wire::step_plan& next) const {
   if (forward_mode_from_byte(next.mode) != forward_mode::kDecode) return false;
   // Its preparation may only touch the host (page tables): no device-side state changes that
   // the step in flight could still be reading.
-  if (!next.commits.empty() || !next.draft_commits.empty() || !next.kv_moves.empty()) return false;
+  if (!next.commits.empty() || !next.draft_commits.empty() || !next.kv_moves.empty() ||
+      !next.state_restores.empty() || !next.state_saves.empty())
+    return false;
   return std::none_of(next.rows.begin(), next.rows.end(), [](const wire::plan_row& r) { return r.reset_state; });
 }
 

@@ -46,7 +46,7 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
     page_bytes += int64_t{attn_layers} * 2 * m.kv_heads_local() * mc.head_dim * static_cast<int64_t>(sizeof(float));
   p.num_pages = plan_kv_pages(cache, device, page_bytes,
                               mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape(), cache.ssm_state_dtype) *
-                                  (int64_t{cache.max_requests} + 1));
+                                  (int64_t{cache.max_requests} + cache.checkpoint_slots() + 1));
   // Ranks measuring free device memory may disagree.
   if (device != device_kind::kCpu && comm && comm->size() > 1) {
     std::vector<float> all(static_cast<size_t>(comm->size()));
@@ -57,8 +57,10 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
   p.req_to_token = std::make_unique<req_to_token_pool>(cache.max_requests, cache.max_context);
   p.kv = std::make_unique<kv_cache>(attn_layers, p.num_pages, cache.page_size, m.kv_heads_local(),
                                     static_cast<int32_t>(mc.head_dim), device, cache.kv_dtype);
-  p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests, m.mamba_shape(), device,
-                                                    cache.ssm_state_dtype);
+  // Prefix-cache checkpoint slots follow the request slots in the same cache.
+  p.request_slots = cache.max_requests;
+  p.recurrent = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests + cache.checkpoint_slots(),
+                                                    m.mamba_shape(), device, cache.ssm_state_dtype);
   p.recurrent_layers = recurrent_layers;
   p.attn_layers = attn_layers;
   p.last_tokens = tensor::i32({cache.max_requests}, device);
@@ -105,6 +107,57 @@ void state_pools::move_kv(int32_t req_slot, int32_t from, int32_t to, const kern
     }
   }
   if (device) kernels::stream_synchronize(nullptr);
+}
+
+void state_pools::copy_slots(const std::vector<wire::state_copy_op>& ops, const kernels::exec_context& ctx) {
+  if (ops.empty() || recurrent_layers == 0) return;
+  std::vector<int32_t> dst, src, col;
+  std::vector<uint8_t> written(static_cast<size_t>(recurrent->n_slots()), 0);
+  for (const wire::state_copy_op& c : ops) {
+    for (int32_t s : {c.src_slot, c.dst_slot})
+      if (s < 0 || s >= recurrent->n_slots())
+        throw invalid_argument_error("state copy: slot " + std::to_string(s) + " outside [0, " +
+                                     std::to_string(recurrent->n_slots()) + ")");
+    written[static_cast<size_t>(c.dst_slot)] = 1;
+    dst.push_back(c.dst_slot);
+    src.push_back(c.src_slot);
+    col.push_back(0);
+  }
+  // One launch copies every pair in parallel: no pair may read a slot another one writes.
+  for (int32_t s : src)
+    if (written[static_cast<size_t>(s)])
+      throw invalid_argument_error("state copy: slot " + std::to_string(s) + " is both copied from and written");
+  // A copy between slots of the same cache is the speculative commit with one step per "row"
+  // (row = source slot): the same kernel, every recurrent layer in one launch.
+  std::vector<void*> ssm;
+  std::vector<const void*> ssm_src;
+  std::vector<float*> conv;
+  std::vector<const float*> conv_src;
+  for (int32_t l = 0; l < recurrent_layers; ++l) {
+    ssm.push_back(recurrent->layer(l).ssm.data());
+    conv.push_back(recurrent->layer(l).conv.as<float>());
+    ssm_src.push_back(recurrent->layer(l).ssm.data());
+    conv_src.push_back(recurrent->layer(l).conv.as<float>());
+  }
+  const mamba_state_shape& s = recurrent->shape();
+  const tensor d_dst = tensor::from_host(dst.data(), dtype::kI32, static_cast<int64_t>(dst.size()), ctx.device);
+  const tensor d_src = tensor::from_host(src.data(), dtype::kI32, static_cast<int64_t>(src.size()), ctx.device);
+  const tensor d_col = tensor::from_host(col.data(), dtype::kI32, static_cast<int64_t>(col.size()), ctx.device);
+  kernels::state_commit_params p;
+  p.n_layers = recurrent_layers;
+  p.ssm_states = ssm.data();
+  p.ssm_steps = ssm_src.data();
+  p.conv_states = conv.data();
+  p.conv_steps = conv_src.data();
+  p.state_elems = int64_t{s.heads} * s.head_dim * s.d_state;
+  p.conv_elems = int64_t{s.conv_dim} * (s.conv_width - 1);
+  p.steps = 1;
+  p.slots = d_dst.as<int32_t>();
+  p.rows = d_src.as<int32_t>();
+  p.steps_taken = d_col.as<int32_t>();
+  p.n_commits = static_cast<int64_t>(dst.size());
+  p.state_dtype = recurrent->state_type();
+  kernels::run(p, ctx);
 }
 
 void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,

@@ -112,11 +112,32 @@ TEST(Config, MissingKeysTakeDefaults) {
   EXPECT_FALSE(c.server.strict_fields);
 }
 
+TEST(Config, PrefixCacheSection) {
+  const std::string model = "model: {path: /ckpt}\n";
+  const service_config off = load_config_string(model);
+  EXPECT_FALSE(off.cache.prefix.enabled);
+  EXPECT_EQ(off.cache.checkpoint_slots(), 0);
+  EXPECT_EQ(off.cache.state_interval(), 256);
+  const service_config on = load_config_string(
+      model + "cache: {page_size: 32, prefix: {enabled: true, state_interval: 96, state_slots: 8}}");
+  EXPECT_TRUE(on.cache.prefix.enabled);
+  EXPECT_EQ(on.cache.checkpoint_slots(), 8);
+  EXPECT_EQ(on.cache.state_interval(), 96);
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {page_size: 32, prefix: {state_interval: 48}}"), config_error,
+                    "cache.prefix.state_interval: must be a multiple of cache.page_size (32), got 48");
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {prefix: {state_slots: 0}}"), config_error,
+                    "cache.prefix.state_slots");
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {prefix: {enabled: maybe}}"), config_error,
+                    "cache.prefix.enabled");
+}
+
 TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
   const std::string model = "model: {path: /ckpt}\n";
   EXPECT_ERROR_WITH(load_config_string(model + "cache: {pag_size: 16}"), config_error,
                     "cache.pag_size: unknown key (known: page_size, max_requests, max_context, num_pages, "
-                    "gpu_memory_fraction, kv_dtype, ssm_state_dtype)");
+                    "gpu_memory_fraction, kv_dtype, ssm_state_dtype, prefix)");
+  EXPECT_ERROR_WITH(load_config_string(model + "cache: {prefix: {slots: 4}}"), config_error,
+                    "cache.prefix.slots: unknown key (known: enabled, state_interval, state_slots)");
   EXPECT_ERROR_WITH(load_config_string(model + "caches: {}"), config_error, "caches: unknown key (known: model,");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtyp: float32}"), config_error,
                     "model.dtyp: unknown key (known: path, synthetic, dtype, tokenizer, gdn_prefill)");

@@ -81,8 +81,11 @@ static bool operator==(const commit_op& a, const commit_op& b) {
 static bool operator==(const kv_move_op& a, const kv_move_op& b) {
   return a.req_slot == b.req_slot && a.from_pos == b.from_pos && a.to_pos == b.to_pos;
 }
+static bool operator==(const state_copy_op& a, const state_copy_op& b) {
+  return a.src_slot == b.src_slot && a.dst_slot == b.dst_slot;
+}
 static bool operator==(const step_plan& a, const step_plan& b) {
-  return a.step_id == b.step_id && a.mode == b.mode && a.draft_len == b.draft_len && a.is_tree == b.is_tree &&
+  return a.state_restores == b.state_restores && a.state_saves == b.state_saves && a.step_id == b.step_id && a.mode == b.mode && a.draft_len == b.draft_len && a.is_tree == b.is_tree &&
          a.want_logprobs == b.want_logprobs && a.rows == b.rows && a.free_req_slots == b.free_req_slots &&
          a.commits == b.commits && a.draft_commits == b.draft_commits && a.kv_moves == b.kv_moves &&
          a.extend_rows == b.extend_rows && a.draft_width == b.draft_width;
@@ -901,6 +904,28 @@ TEST(WireSpecExtension, AbsentWhenUnusedSoOldPlansAreUnchanged) {
   step_plan moves_only = sample_plan();
   moves_only.kv_moves = {{1, 5, 4}};
   EXPECT_TRUE(decode_step_plan(encode(moves_only)) == moves_only);
+}
+
+// Prefix caching: checkpoint restores and saves travel in their own extension, after the others.
+TEST(WirePrefixExtension, StateCopiesRoundTripAndAreValidated) {
+  step_plan restores = sample_plan();
+  restores.state_restores = {{70, 3}, {71, 5}};
+  EXPECT_TRUE(decode_step_plan(encode(restores)) == restores);
+  step_plan saves = spec_plan();
+  saves.extend_rows = 1;
+  saves.draft_width = 2;
+  saves.state_saves = {{4, 72}};
+  EXPECT_TRUE(decode_step_plan(encode(saves)) == saves);
+  EXPECT_EQ(encode(sample_plan()).size() + 1 + 4 + 2 * 8 + 4, encode(restores).size());
+  step_plan bad = sample_plan();
+  bad.state_saves = {{-1, 3}};
+  const std::string msg = error_of([&] { (void)encode(bad); });
+  EXPECT_NE(msg.find("step_plan.state_saves[0].src_slot"), std::string::npos) << msg;
+  bytes_t empty = encode(sample_plan());
+  empty.push_back(kPlanExtensionPrefix);
+  for (int i = 0; i < 8; ++i) empty.push_back(0);
+  reseal(empty);
+  EXPECT_THROW(decode_step_plan(empty), wire_error);
 }
 
 TEST(WireSpecExtension, UnknownTagAndEmptyExtensionAreRejected) {

@@ -52,6 +52,18 @@ struct parallel_section {
   device_collective_kind device_collective = device_collective_kind::kNccl;
 };
 
+// Prefix caching (`cache.prefix`): a radix tree over token ids at page granularity in the
+// coordinator; full KV pages are shared by reference count and the recurrent state (SSM / GDN
+// state and conv window) is checkpointed into a bounded pool of extra state slots at chosen page
+// boundaries. docs/ARCHITECTURE.md, Prefix caching.
+struct prefix_cache_section {
+  bool enabled = false;
+  // Checkpoint every state_interval tokens (a multiple of cache.page_size; 0 = the SSM kernels'
+  // chunk, 256 tokens, rounded up to a page), plus at the last page boundaries of each prompt.
+  int32_t state_interval = 0;
+  int32_t state_slots = 64;  // checkpoint slots per worker (each one slot of recurrent state)
+};
+
 struct cache_section {
   int32_t page_size = 16;          // power of two
   int32_t max_requests = 64;
@@ -63,6 +75,14 @@ struct cache_section {
   int32_t ranks_per_device = 1;
   dtype kv_dtype = dtype::kF32;         // `kv_dtype`: float32 | bfloat16 (KV cache pages)
   dtype ssm_state_dtype = dtype::kF32;  // `ssm_state_dtype`: float32 | bfloat16 (Mamba2 SSM state)
+  prefix_cache_section prefix;
+  // Checkpoint slots the workers keep beside the request slots (0 when prefix caching is off).
+  int32_t checkpoint_slots() const { return prefix.enabled ? prefix.state_slots : 0; }
+  // The effective checkpoint interval in tokens (a multiple of page_size).
+  int32_t state_interval() const {
+    const int32_t v = prefix.state_interval > 0 ? prefix.state_interval : 256;
+    return (v + page_size - 1) / page_size * page_size;
+  }
 };
 
 struct scheduler_section {

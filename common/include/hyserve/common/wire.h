@@ -101,6 +101,13 @@ struct commit_op {
   int32_t accepted_step = -1;
 };
 
+// Prefix caching: copy one recurrent-state slot (SSM / GDN state and conv window, every layer)
+// to another. Checkpoint slots follow the request slots: [mamba_slots, mamba_slots + state_slots).
+struct state_copy_op {
+  int32_t src_slot = -1;
+  int32_t dst_slot = -1;
+};
+
 struct kv_move_op {
   int32_t req_slot = -1;
   int32_t from_pos = 0;
@@ -132,6 +139,13 @@ struct step_plan {
   // draft_width tokens (the greedy one first) instead of one. Optional trailing extension (tag
   // kPlanExtensionDraftWidth), present only when > 1.
   int32_t draft_width = 1;
+  // Prefix caching (docs/ARCHITECTURE.md, Prefix caching): checkpoints copied into request slots
+  // before the step (after the rows' resets; a restored row has reset_state false), and request
+  // slots copied into checkpoint slots after the step's forward pass (the state after the row's
+  // last token). Both lists go to the target model and, when there is one, the draft model.
+  // Optional trailing extension (tag kPlanExtensionPrefix), present only when either is non-empty.
+  std::vector<state_copy_op> state_restores;
+  std::vector<state_copy_op> state_saves;
 };
 
 inline constexpr uint8_t kPlanExtensionSpec = 1;
@@ -139,6 +153,7 @@ inline constexpr uint8_t kPlanExtensionMixed = 2;
 inline constexpr uint8_t kPlanExtensionDraftWidth = 3;
 inline constexpr uint8_t kPlanExtensionProcessing = 4;
 inline constexpr uint8_t kResultExtensionTopLogprobs = 1;
+inline constexpr uint8_t kPlanExtensionPrefix = 5;
 
 struct row_result {
   int64_t request_id = -1;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hyserve/common/config.h"
+#include "hyserve/common/wire.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/memory_pools.h"
 #include "hyserve/worker/model.h"
@@ -18,6 +19,7 @@ struct state_pools {
   std::unique_ptr<kv_cache> kv;
   std::unique_ptr<mamba_state_cache> recurrent;
   int32_t num_pages = 0;
+  int32_t request_slots = 0;  // recurrent slots of requests; checkpoint slots (prefix cache) follow
   // Per-step SSM/conv states of TargetVerify and Draft steps: [rows · steps] entries per layer,
   // grown on demand (ensure_steps) and read by the commit of the next plan.
   std::unique_ptr<mamba_state_cache> steps;
@@ -35,6 +37,10 @@ struct state_pools {
   // Copies step `step` of row `row` (of the last verify/draft layout) into each slot, every layer.
   void commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,
                     const std::vector<int32_t>& step, const kernels::exec_context& ctx);
+  // Prefix caching: copies recurrent-state slots (SSM / GDN state and conv window, every layer)
+  // src → dst, all pairs in one kernel launch on ctx's stream. No slot may be both a source and
+  // a destination of the same call.
+  void copy_slots(const std::vector<wire::state_copy_op>& ops, const kernels::exec_context& ctx);
   // Copies the K and V of token position `from` of request slot req_slot to position `to`, in
   // every attention layer (tree drafts: the accepted path moves to its depths).
   void move_kv(int32_t req_slot, int32_t from, int32_t to, const kernels::exec_context& ctx);
