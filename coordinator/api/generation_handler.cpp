@@ -207,7 +207,9 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
     }
     // Events that queued up meanwhile (this stream's last write still in flight, or the I/O
     // thread behind the steps) go out with this one: one write per catch-up, not one per step.
-    if (!event->finished && !event->error)
+    // Streams only: a non-streamed answer writes nothing per event, and its time-to-first-token
+    // and inter-token observations stay one per event as the scheduler produced them.
+    if (call.stream && !event->finished && !event->error)
       if (std::optional<request_event> more = channel->take_queued()) append_event(*event, std::move(*more));
     const clock::time_point now = clock::now();
     state.latency_ms = seconds_between(arrival, now) * 1e3;
