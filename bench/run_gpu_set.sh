@@ -13,7 +13,10 @@
 # /metrics, then stopped), served / served-qwen (bench/served_vs_engine.sh on the 9B synthetic
 # Bamba / the tiny Qwen3-Next: the engine bench and the served path side by side) and startup
 # (seconds to /health 200 for the 9B synthetic config and for a 9B checkpoint written by
-# hyserve-write-checkpoint).
+# hyserve-write-checkpoint); moe (hyserve-bench-cuda moe beside bench/moe_anchor.py's PyTorch
+# anchor), families (hyserve-bench-model on the Nemotron-H, Granite-4.0-H, Falcon-H1 and
+# Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
+# (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -49,6 +52,9 @@ for s in "${stages[@]}"; do
     startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
     gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
+    moe) targets+=(hyserve-bench-cuda) ;;
+    families) targets+=(hyserve-bench-model) ;;
+    prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
 done
 target_args=()
@@ -142,6 +148,15 @@ for s in "${stages[@]}"; do
       done ;;
     served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
+    moe)
+      stage moe 120 "$bin/hyserve-bench-cuda" moe
+      stage moe-anchor 120 python3 bench/moe_anchor.py ;;
+    families)
+      for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
+        stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
+          --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
+      done ;;
+    prefix) stage prefix 400 bench/prefix_served.sh configs/bamba-9b-synthetic-cuda.yaml "$out/prefix" ;;
     startup) stage startup 480 bash -c '
         export HYSERVE_BUILD_DIR='"$build"' HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a
         serve_until_healthy() {  # CONFIG LOG: seconds from launch/serve.sh to /health 200, then stopped
@@ -163,7 +178,7 @@ for s in "${stages[@]}"; do
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service diag-qwen select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service diag-qwen moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

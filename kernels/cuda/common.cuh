@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -140,5 +142,56 @@ __device__ __forceinline__ float block_sum(float v) {
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+// (value, index) order of argmax: a larger value wins, equal values go to the lower index.
+__device__ __forceinline__ bool argmax_better(float v1, int32_t i1, float v2, int32_t i2) {
+  return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+// Block-wide best (value, index) in argmax_better's order; every thread gets the result.
+// blockDim.x is a multiple of 32 and at most 1024.
+__device__ __forceinline__ void block_best(float& v, int32_t& i) {
+  __shared__ float sv[32];
+  __shared__ int32_t si[32];
+  auto warp_best = [&] {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+      if (argmax_better(ov, oi, v, i)) {
+        v = ov;
+        i = oi;
+      }
+    }
+  };
+  warp_best();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  __syncthreads();
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  v = lane < n_warps ? sv[lane] : -INFINITY;
+  i = lane < n_warps ? si[lane] : INT_MAX;
+  warp_best();
+}
+
+// Sum in double over the block; every thread gets the result (as block_sum).
+__device__ __forceinline__ double block_sum_double(double v) {
+  __shared__ double partial[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = static_cast<int>(blockDim.x >> 5);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? partial[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 }  // namespace hyserve::kernels::cuda_detail

@@ -19,55 +19,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ bool better(float v1, int32_t i1, float v2, int32_t i2) {
-  return v1 > v2 || (v1 == v2 && i1 < i2);
-}
-
-// Block-wide best (value, index) in the order above; every thread gets the result.
-__device__ void block_best(float& v, int32_t& i) {
-  __shared__ float sv[32];
-  __shared__ int32_t si[32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_warps = static_cast<int>(blockDim.x >> 5);
-  __syncthreads();
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  v = lane < n_warps ? sv[lane] : -INFINITY;
-  i = lane < n_warps ? si[lane] : INT_MAX;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-__device__ double block_sum(double v) {
-  __shared__ double partial[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_warps = static_cast<int>(blockDim.x >> 5);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? partial[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __global__ void __launch_bounds__(kThreads) process_kernel(const logits_process_params p) {
   const logits_row_settings s = p.settings[blockIdx.x];
   float* x = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;
@@ -108,14 +59,14 @@ __global__ void __launch_bounds__(kThreads) process_kernel(const logits_process_
   float mx = -INFINITY;
   int32_t arg = INT_MAX;
   for (int32_t v = threadIdx.x; v < V; v += blockDim.x)
-    if (better(x[v], v, mx, arg)) {
+    if (argmax_better(x[v], v, mx, arg)) {
       mx = x[v];
       arg = v;
     }
   block_best(mx, arg);
   double z = 0.0;
   for (int32_t v = threadIdx.x; v < V; v += blockDim.x) z += exp(static_cast<double>(x[v]) - static_cast<double>(mx));
-  z = block_sum(z);
+  z = block_sum_double(z);
   const double lse = static_cast<double>(mx) + log(z);
   top_logprob* out = p.top + static_cast<int64_t>(blockIdx.x) * p.max_top;
   float last_v = mx;
@@ -127,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) process_kernel(const logits_process_
       int32_t bi = INT_MAX;
       for (int32_t v = threadIdx.x; v < V; v += blockDim.x) {
         const float xv = x[v];
-        if (better(last_v, last_i, xv, v) && better(xv, v, bv, bi)) {
+        if (argmax_better(last_v, last_i, xv, v) && argmax_better(xv, v, bv, bi)) {
           bv = xv;
           bi = v;
         }

@@ -32,59 +32,6 @@ constexpr int kArgmaxThreads = 512;
 constexpr int kSampleThreads = 1024;
 constexpr uint64_t kNoKey = ~0ull;        // no element (an element's key has bit 31 clear)
 
-// (value, index) order of argmax: a larger value wins, equal values go to the lower index.
-__device__ __forceinline__ bool better(float v1, int32_t i1, float v2, int32_t i2) {
-  return v1 > v2 || (v1 == v2 && i1 < i2);
-}
-
-// Block-wide best (value, index); every thread gets the result.
-__device__ void block_best(float& v, int32_t& i) {
-  __shared__ float sv[32];
-  __shared__ int32_t si[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_warps = static_cast<int>(blockDim.x >> 5);
-  __syncthreads();
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  v = lane < n_warps ? sv[lane] : -INFINITY;
-  i = lane < n_warps ? si[lane] : INT_MAX;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-__device__ double block_sum_double(double v) {
-  __shared__ double partial[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_warps = static_cast<int>(blockDim.x >> 5);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? partial[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __device__ uint64_t block_max_u64(uint64_t v) {
   __shared__ uint64_t partial[32];

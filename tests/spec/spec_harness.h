@@ -62,11 +62,57 @@ struct generation {
   coordinator::finish_reason reason = coordinator::finish_reason::kAbort;
   std::optional<std::string> error;
   int64_t drafted = 0, accepted = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
 struct gen_request {
   std::vector<int32_t> prompt;
   coordinator::sampling_params sampling;
+};
+
+// Requests submitted to a scheduler; their events fill one generation each. A request the
+// scheduler refuses ends at once with error "rejected: ...".
+class submitted_requests {
+ public:
+  submitted_requests(coordinator::scheduler& sched, const std::vector<gen_request>& reqs) : out_(reqs.size()) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      coordinator::generate_request g;
+      g.input_ids = reqs[i].prompt;
+      g.sampling = reqs[i].sampling;
+      g.sink = [this, i](coordinator::request_event ev) {
+        std::lock_guard lock(mu_);
+        generation& o = out_[i];
+        o.output.insert(o.output.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+        if (ev.finished) {
+          o.reason = ev.reason;
+          o.error = ev.error;
+          o.drafted = ev.metrics.spec_drafted;
+          o.accepted = ev.metrics.spec_accepted;
+          o.cached_tokens = ev.metrics.cached_tokens;
+          ++done_;
+          cv_.notify_all();
+        }
+      };
+      const auto res = sched.submit(std::move(g));
+      if (res.status != coordinator::submit_status::kAccepted) {
+        std::lock_guard lock(mu_);
+        out_[i].error = "rejected: " + res.message;
+        ++done_;
+      }
+    }
+  }
+  // Waits until every request has finished (at most `limit`); the generations so far.
+  std::vector<generation> wait(std::chrono::minutes limit) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return done_ == out_.size(); });
+    return out_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<generation> out_;
+  size_t done_ = 0;
 };
 
 class spec_service {
@@ -88,40 +134,10 @@ class spec_service {
   std::vector<generation> run(const std::vector<gen_request>& reqs) {
     if (ran_) throw std::logic_error("spec_service::run: once per service (the first run drained the scheduler)");
     ran_ = true;
-    std::vector<generation> out(reqs.size());
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t done = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      coordinator::generate_request g;
-      g.input_ids = reqs[i].prompt;
-      g.sampling = reqs[i].sampling;
-      g.sink = [&, i](coordinator::request_event ev) {
-        std::lock_guard lock(mu);
-        generation& o = out[i];
-        o.output.insert(o.output.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-        if (ev.finished) {
-          o.reason = ev.reason;
-          o.error = ev.error;
-          o.drafted = ev.metrics.spec_drafted;
-          o.accepted = ev.metrics.spec_accepted;
-          ++done;
-          cv.notify_all();
-        }
-      };
-      const auto res = sched_->submit(std::move(g));
-      if (res.status != coordinator::submit_status::kAccepted) {
-        std::lock_guard lock(mu);
-        out[i].error = "rejected: " + res.message;
-        ++done;
-      }
-    }
+    submitted_requests batch(*sched_, reqs);
     std::atomic<bool> stop{false};
     std::thread loop([&] { sched_->run(stop); });
-    {
-      std::unique_lock lock(mu);
-      cv.wait_for(lock, std::chrono::minutes(10), [&] { return done == reqs.size(); });
-    }
+    std::vector<generation> out = batch.wait(std::chrono::minutes(10));
     stop = true;
     loop.join();
     return out;

@@ -33,12 +33,7 @@ namespace {
 
 using coordinator::finish_reason;
 
-struct result {
-  std::vector<int32_t> output;
-  finish_reason reason = finish_reason::kAbort;
-  std::optional<std::string> error;
-  int32_t cached = 0;
-};
+using result = generation;
 
 // A service whose scheduler loop keeps running between waves of requests.
 class prefix_service {
@@ -63,37 +58,9 @@ class prefix_service {
   std::atomic<int64_t> evicted{0};  // tree nodes evicted (pages, with their checkpoints)
   coordinator::scheduler& sched() { return *sched_; }
 
+  // Submits every request at once and waits until all have finished (the loop keeps running).
   std::vector<result> run(const std::vector<gen_request>& reqs) {
-    std::vector<result> out(reqs.size());
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t done = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      coordinator::generate_request g;
-      g.input_ids = reqs[i].prompt;
-      g.sampling = reqs[i].sampling;
-      g.sink = [&, i](coordinator::request_event ev) {
-        std::lock_guard lock(mu);
-        result& o = out[i];
-        o.output.insert(o.output.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-        if (ev.finished) {
-          o.reason = ev.reason;
-          o.error = ev.error;
-          o.cached = ev.metrics.cached_tokens;
-          ++done;
-          cv.notify_all();
-        }
-      };
-      const auto res = sched_->submit(std::move(g));
-      if (res.status != coordinator::submit_status::kAccepted) {
-        std::lock_guard lock(mu);
-        out[i].error = "rejected: " + res.message;
-        ++done;
-      }
-    }
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, std::chrono::minutes(5), [&] { return done == reqs.size(); });
-    return out;
+    return submitted_requests(*sched_, reqs).wait(std::chrono::minutes(5));
   }
   // The loop's capacity after it has gone round at least twice more.
   coordinator::capacity_snapshot settled_capacity() {
@@ -203,7 +170,7 @@ void expect_same(const std::vector<result>& want, const std::vector<result>& got
 
 int64_t cached_total(const std::vector<result>& r) {
   int64_t s = 0;
-  for (const auto& x : r) s += x.cached;
+  for (const auto& x : r) s += x.cached_tokens;
   return s;
 }
 
@@ -280,7 +247,7 @@ TEST_P(PrefixRandom, SharedPrefixesMatchTheCacheOffAndNothingLeaks) {
       for (const auto& g : w) {
         if (got[i].output != want[i].output)
           std::printf("[prefix] request %zu: prompt %zu tokens, %d cached, temperature %.1f, %d new\n", i, g.prompt.size(),
-                      got[i].cached, static_cast<double>(g.sampling.temperature), g.sampling.max_new_tokens);
+                      got[i].cached_tokens, static_cast<double>(g.sampling.temperature), g.sampling.max_new_tokens);
         ++i;
       }
   }
@@ -288,13 +255,15 @@ TEST_P(PrefixRandom, SharedPrefixesMatchTheCacheOffAndNothingLeaks) {
   int hits = 0;
   for (const auto& w : waves)
     for (const auto& g : w) prompt_tokens += static_cast<int64_t>(g.prompt.size());
-  for (const auto& r : got) hits += r.cached > 0 ? 1 : 0;
+  for (const auto& r : got) hits += r.cached_tokens > 0 ? 1 : 0;
   const int64_t cached = cached_total(got);
   std::printf("[prefix] %s%s%s: %d of %zu requests hit, %lld of %lld prompt tokens cached\n", fixture,
               ngram ? " ngram" : "", tiny ? " tiny pool" : "", hits, got.size(), static_cast<long long>(cached),
               static_cast<long long>(prompt_tokens));
   std::printf("[prefix] %lld tree nodes evicted\n", static_cast<long long>(on.evicted.load()));
-  if (tiny) EXPECT_GT(on.evicted.load(), static_cast<int64_t>(got.size()) / 2);  // admission keeps evicting
+  if (tiny) {
+    EXPECT_GT(on.evicted.load(), static_cast<int64_t>(got.size()) / 2);  // admission keeps evicting
+  }
   EXPECT_GT(hits, static_cast<int>(got.size()) / 5);
   EXPECT_GT(cached, prompt_tokens / (tiny ? 10 : 3));
   // No leak: once every request has ended and the cache is flushed, everything is free again.
@@ -327,10 +296,24 @@ INSTANTIATE_TEST_SUITE_P(Prefix, PrefixRandom,
 // a tiny pool; f32, and bf16 weights / KV / SSM state (Mamba2 only: the GDN state stays f32).
 class PrefixRandomCuda : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
 
+// Requests whose output or finish reason differ between two runs of the same requests.
+int differing(const std::vector<result>& a, const std::vector<result>& b) {
+  int n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i].output != b[i].output || a[i].reason != b[i].reason;
+  return n;
+}
+
+// On the device the kernels' rounding depends on how rows are batched (bf16 GEMM tiling, the
+// chunking of a prefill: issue #26), so a restored checkpoint, computed under another request's
+// chunking, can flip a near-tie. Bound: the cache changes no more requests than batching the
+// same cache-off requests differently (all 200 in one wave instead of ten) does; where that
+// changes none, as for bamba-tiny in f32, the outputs must be identical.
 TEST_P(PrefixRandomCuda, SharedPrefixesMatchTheCacheOffOnTheDevice) {
   if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const auto [fixture, bf16] = GetParam();
   const auto waves = random_waves(vocab_of(fixture), waves_seed(), 10);
+  std::vector<gen_request> one_wave;
+  for (const auto& w : waves) one_wave.insert(one_wave.end(), w.begin(), w.end());
   setup off_s;
   off_s.fixture = fixture;
   off_s.device = "cuda";
@@ -338,15 +321,29 @@ TEST_P(PrefixRandomCuda, SharedPrefixesMatchTheCacheOffOnTheDevice) {
   setup on_s = off_s;
   on_s.prefix = true;
   on_s.tiny_pool = true;
-  std::vector<result> want, got;
+  std::vector<result> want, rebatched, got;
   {
     prefix_service off(make_config(off_s));
     want = run_waves(off, waves);
+    rebatched = off.run(one_wave);
   }
   prefix_service on(make_config(on_s));
   const coordinator::capacity_snapshot start = on.settled_capacity();
   got = run_waves(on, waves);
-  expect_same(want, got, std::string(fixture) + (bf16 ? " bf16" : "") + " cuda");
+  const std::string what = std::string(fixture) + (bf16 ? " bf16" : "") + " cuda";
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(want[i].error) << what << " request " << i << ": " << *want[i].error;
+    ASSERT_FALSE(got[i].error) << what << " request " << i << ": " << *got[i].error;
+    ASSERT_FALSE(rebatched[i].error) << what << " request " << i << ": " << *rebatched[i].error;
+  }
+  const int noise = differing(want, rebatched), changed = differing(want, got);
+  std::printf("%s: %d of %zu requests differ with the cache on; %d differ cache-off batched as one wave; "
+              "%lld prompt tokens from the cache\n",
+              what.c_str(), changed, got.size(), noise, static_cast<long long>(cached_total(got)));
+  if (noise == 0)
+    expect_same(want, got, what);
+  else
+    EXPECT_LE(changed, noise) << what;
   EXPECT_GT(cached_total(got), 0);
   ASSERT_TRUE(on.sched().flush_cache().ok);
   const coordinator::capacity_snapshot end = on.settled_capacity();

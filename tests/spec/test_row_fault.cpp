@@ -24,7 +24,7 @@ service_config row_fault_config(const std::string& speculative) {
 TEST(RowFault, BadSamplingValueFailsOnlyItsRow) {
   const auto prompts = load_reference_prompts("bamba-tiny");
   ASSERT_EQ(prompts.size(), 3u);
-  for (const std::string spec : {std::string(), std::string("speculative: {algorithm: ngram, cost_check: false}\n")}) {
+  for (const std::string& spec : {std::string(), std::string("speculative: {algorithm: ngram, cost_check: false}\n")}) {
     SCOPED_TRACE(spec.empty() ? "plain" : "ngram");
     std::vector<gen_request> reqs(7);
     for (size_t i = 0; i < reqs.size(); ++i) {

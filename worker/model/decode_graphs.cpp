@@ -234,7 +234,7 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   kernels::gpu_timer* step_timer = nullptr;
   uint64_t step_seq = 0;
   bool follows = false;
-  if (key.sampling && graphs_.count(key)) {
+  if (cfg_.step_clock && key.sampling && graphs_.count(key)) {
     step_seq = clock_.timed++;
     auto& slot = clock_.ring[step_seq % clock_.ring.size()];
     if (!slot) slot = std::make_unique<kernels::gpu_timer>();

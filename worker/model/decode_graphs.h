@@ -88,6 +88,7 @@ struct decode_graph_config {
   int64_t vocab_local = 0;         // logits columns of this rank
   int32_t attention_layers = 0;    // caches whose addresses the graphs bake in
   int32_t state_layers = 0;
+  bool step_clock = false;  // time replayed sampling steps (two events a step; the header below)
 };
 
 class decode_graphs {
@@ -157,7 +158,7 @@ class decode_graphs {
   std::map<decode_graph_key, graph_entry> graphs_;
   std::set<decode_graph_key> failed_;  // keys whose capture failed: eager on the graph stream
   mutable std::set<std::string> logged_;
-  // Device time of replayed sampling steps, logged when the graphs are destroyed: each step's
+  // With cfg.step_clock: device time of replayed sampling steps, logged when the graphs are destroyed: each step's
   // busy time on the graph stream (input copy to token copy) and the idle time before it when
   // the step before it was also one (the gap the host's step loop leaves). A ring of timers:
   // at most two steps are in flight, so a step's predecessor is intact when it is taken.

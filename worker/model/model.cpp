@@ -28,6 +28,7 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
   decode_graph_options graphs;
   graphs.enabled = cuda_graphs_enabled(cfg);
   graphs.max_batch = std::min(cfg.scheduler.max_running, cfg.cache.max_requests);
+  graphs.step_clock = !cfg.scheduler.step_trace.empty();
   switch (mc.arch) {
     case model_arch::kBamba:
       return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);

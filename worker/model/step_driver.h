@@ -25,6 +25,7 @@ using model_body = std::function<tensor(const layers::step_inputs& in, const ker
 struct decode_graph_options {
   bool enabled = false;
   int32_t max_batch = 0;
+  bool step_clock = false;  // time replayed sampling steps on the device (scheduler.step_trace set)
 };
 
 struct step_frame {

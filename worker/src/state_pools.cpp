@@ -67,6 +67,41 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
   return p;
 }
 
+void state_pools::run_commit(mamba_state_cache& source, int32_t steps, const std::vector<int32_t>& slots,
+                             const std::vector<int32_t>& rows, const std::vector<int32_t>& steps_taken,
+                             const kernels::exec_context& ctx) {
+  std::vector<void*> ssm;
+  std::vector<const void*> ssm_src;
+  std::vector<float*> conv;
+  std::vector<const float*> conv_src;
+  for (int32_t l = 0; l < recurrent_layers; ++l) {
+    ssm.push_back(recurrent->layer(l).ssm.data());
+    conv.push_back(recurrent->layer(l).conv.as<float>());
+    ssm_src.push_back(source.layer(l).ssm.data());
+    conv_src.push_back(source.layer(l).conv.as<float>());
+  }
+  const mamba_state_shape& s = recurrent->shape();
+  const auto n = static_cast<int64_t>(slots.size());
+  const tensor d_slots = tensor::from_host(slots.data(), dtype::kI32, n, ctx.device);
+  const tensor d_rows = tensor::from_host(rows.data(), dtype::kI32, n, ctx.device);
+  const tensor d_taken = tensor::from_host(steps_taken.data(), dtype::kI32, n, ctx.device);
+  kernels::state_commit_params p;
+  p.n_layers = recurrent_layers;
+  p.ssm_states = ssm.data();
+  p.ssm_steps = ssm_src.data();
+  p.conv_states = conv.data();
+  p.conv_steps = conv_src.data();
+  p.state_elems = int64_t{s.heads} * s.head_dim * s.d_state;
+  p.conv_elems = int64_t{s.conv_dim} * (s.conv_width - 1);
+  p.steps = steps;
+  p.slots = d_slots.as<int32_t>();
+  p.rows = d_rows.as<int32_t>();
+  p.steps_taken = d_taken.as<int32_t>();
+  p.n_commits = n;
+  p.state_dtype = recurrent->state_type();
+  kernels::run(p, ctx);
+}
+
 void state_pools::ensure_steps(int32_t rows, int32_t cols, device_kind device) {
   const int64_t need = int64_t{rows} * cols;
   if (!steps || steps->n_slots() < need) {
@@ -129,35 +164,7 @@ void state_pools::copy_slots(const std::vector<wire::state_copy_op>& ops, const 
       throw invalid_argument_error("state copy: slot " + std::to_string(s) + " is both copied from and written");
   // A copy between slots of the same cache is the speculative commit with one step per "row"
   // (row = source slot): the same kernel, every recurrent layer in one launch.
-  std::vector<void*> ssm;
-  std::vector<const void*> ssm_src;
-  std::vector<float*> conv;
-  std::vector<const float*> conv_src;
-  for (int32_t l = 0; l < recurrent_layers; ++l) {
-    ssm.push_back(recurrent->layer(l).ssm.data());
-    conv.push_back(recurrent->layer(l).conv.as<float>());
-    ssm_src.push_back(recurrent->layer(l).ssm.data());
-    conv_src.push_back(recurrent->layer(l).conv.as<float>());
-  }
-  const mamba_state_shape& s = recurrent->shape();
-  const tensor d_dst = tensor::from_host(dst.data(), dtype::kI32, static_cast<int64_t>(dst.size()), ctx.device);
-  const tensor d_src = tensor::from_host(src.data(), dtype::kI32, static_cast<int64_t>(src.size()), ctx.device);
-  const tensor d_col = tensor::from_host(col.data(), dtype::kI32, static_cast<int64_t>(col.size()), ctx.device);
-  kernels::state_commit_params p;
-  p.n_layers = recurrent_layers;
-  p.ssm_states = ssm.data();
-  p.ssm_steps = ssm_src.data();
-  p.conv_states = conv.data();
-  p.conv_steps = conv_src.data();
-  p.state_elems = int64_t{s.heads} * s.head_dim * s.d_state;
-  p.conv_elems = int64_t{s.conv_dim} * (s.conv_width - 1);
-  p.steps = 1;
-  p.slots = d_dst.as<int32_t>();
-  p.rows = d_src.as<int32_t>();
-  p.steps_taken = d_col.as<int32_t>();
-  p.n_commits = static_cast<int64_t>(dst.size());
-  p.state_dtype = recurrent->state_type();
-  kernels::run(p, ctx);
+  run_commit(*recurrent, 1, dst, src, col, ctx);
 }
 
 void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vector<int32_t>& rows,
@@ -180,35 +187,7 @@ void state_pools::commit_steps(const std::vector<int32_t>& slots, const std::vec
   if (steps->state_type() != recurrent->state_type())
     throw invalid_argument_error("commit: per-step states are " + std::string(dtype_name(steps->state_type())) +
                                  ", the slots " + std::string(dtype_name(recurrent->state_type())));
-  std::vector<void*> ssm;
-  std::vector<const void*> ssm_src;
-  std::vector<float*> conv;
-  std::vector<const float*> conv_src;
-  for (int32_t l = 0; l < recurrent_layers; ++l) {
-    ssm.push_back(recurrent->layer(l).ssm.data());
-    conv.push_back(recurrent->layer(l).conv.as<float>());
-    ssm_src.push_back(steps->layer(l).ssm.data());
-    conv_src.push_back(steps->layer(l).conv.as<float>());
-  }
-  const mamba_state_shape& s = recurrent->shape();
-  const tensor d_slots = tensor::from_host(slots.data(), dtype::kI32, static_cast<int64_t>(slots.size()), ctx.device);
-  const tensor d_rows = tensor::from_host(rows.data(), dtype::kI32, static_cast<int64_t>(rows.size()), ctx.device);
-  const tensor d_step = tensor::from_host(step.data(), dtype::kI32, static_cast<int64_t>(step.size()), ctx.device);
-  kernels::state_commit_params p;
-  p.n_layers = recurrent_layers;
-  p.ssm_states = ssm.data();
-  p.ssm_steps = ssm_src.data();
-  p.conv_states = conv.data();
-  p.conv_steps = conv_src.data();
-  p.state_elems = int64_t{s.heads} * s.head_dim * s.d_state;
-  p.conv_elems = int64_t{s.conv_dim} * (s.conv_width - 1);
-  p.steps = step_cols;
-  p.slots = d_slots.as<int32_t>();
-  p.rows = d_rows.as<int32_t>();
-  p.steps_taken = d_step.as<int32_t>();
-  p.n_commits = static_cast<int64_t>(slots.size());
-  p.state_dtype = recurrent->state_type();
-  kernels::run(p, ctx);
+  run_commit(*steps, step_cols, slots, rows, step, ctx);
 }
 
 }  // namespace hyserve::worker

@@ -44,6 +44,13 @@ struct state_pools {
   // Copies the K and V of token position `from` of request slot req_slot to position `to`, in
   // every attention layer (tree drafts: the accepted path moves to its depths).
   void move_kv(int32_t req_slot, int32_t from, int32_t to, const kernels::exec_context& ctx);
+
+ private:
+  // The state-commit kernel over every recurrent layer: slot slots[i] takes column
+  // steps_taken[i] of row rows[i] of `source` (`steps` columns a row). One launch.
+  void run_commit(mamba_state_cache& source, int32_t steps, const std::vector<int32_t>& slots,
+                  const std::vector<int32_t>& rows, const std::vector<int32_t>& steps_taken,
+                  const kernels::exec_context& ctx);
 };
 
 // Allocates the pools on the model's device. With comm set (a tensor-parallel group), the ranks
