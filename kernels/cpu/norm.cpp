@@ -76,13 +76,17 @@ void run_cpu(const gated_rmsnorm_params& p) {
 
 #pragma omp parallel
   {
-    std::vector<float> h(static_cast<size_t>(gs));  // x · silu(gate) of one group
+    std::vector<float> h(static_cast<size_t>(gs));  // x · silu(gate) of one group, or x before the gate
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < p.rows; ++r) {
       for (int64_t g = 0; g < n_groups; ++g) {
         const float* x = p.x + r * p.x_stride + g * gs;
         const float* z = p.gate + r * p.gate_stride + g * gs;
-        for (int64_t i = 0; i < gs; ++i) h[i] = x[i] * silu(z[i]);
+        if (p.norm_before_gate) {
+          for (int64_t i = 0; i < gs; ++i) h[i] = x[i];
+        } else {
+          for (int64_t i = 0; i < gs; ++i) h[i] = x[i] * silu(z[i]);
+        }
         if (p.sumsq_out != nullptr) {
           p.sumsq_out[r * n_groups + g] = static_cast<float>(sum_squares(h.data(), gs));
           continue;
@@ -91,7 +95,11 @@ void run_cpu(const gated_rmsnorm_params& p) {
         const float inv = static_cast<float>(1.0 / std::sqrt(ss / divisor + p.eps));
         float* o = p.out + r * p.out_stride + g * gs;  // may alias x; x of this group is already in h
         const float* w = p.weight + g * gs;
-        for (int64_t i = 0; i < gs; ++i) o[i] = h[i] * inv * w[i];
+        if (p.norm_before_gate) {
+          for (int64_t i = 0; i < gs; ++i) o[i] = h[i] * inv * w[i] * silu(z[i]);
+        } else {
+          for (int64_t i = 0; i < gs; ++i) o[i] = h[i] * inv * w[i];
+        }
       }
     }
   }

@@ -79,14 +79,33 @@ __global__ void __launch_bounds__(kNormThreads) gated_rmsnorm_kernel(const gated
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const T* x = reinterpret_cast<const T*>(p.x) + r * p.x_stride + g * gs;
     const T* z = reinterpret_cast<const T*>(p.gate) + r * p.gate_stride + g * gs;
-    // h = x · silu(z), recomputed in each pass instead of staged.
+    // h = x · silu(z) (x itself with norm_before_gate), recomputed in each pass instead of staged.
     auto h_pack = [&](int64_t i, float (&h)[kN]) {
       if constexpr (Vec) {
-        const pack16<T> xv = load_pack(x + i), zv = load_pack(z + i);
+        const pack16<T> xv = load_pack(x + i);
+        if (p.norm_before_gate) {
 #pragma unroll
-        for (int j = 0; j < kN; ++j) h[j] = to_float(xv.v[j]) * silu(to_float(zv.v[j]));
+          for (int j = 0; j < kN; ++j) h[j] = to_float(xv.v[j]);
+        } else {
+          const pack16<T> zv = load_pack(z + i);
+#pragma unroll
+          for (int j = 0; j < kN; ++j) h[j] = to_float(xv.v[j]) * silu(to_float(zv.v[j]));
+        }
       } else {
-        h[0] = to_float(x[i]) * silu(to_float(z[i]));
+        h[0] = p.norm_before_gate ? to_float(x[i]) : to_float(x[i]) * silu(to_float(z[i]));
+      }
+    };
+    // The factor after the norm: silu(z) with norm_before_gate, else 1.
+    auto post_pack = [&](int64_t i, float (&s)[kN]) {
+      if (!p.norm_before_gate) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) s[j] = 1.0f;
+      } else if constexpr (Vec) {
+        const pack16<T> zv = load_pack(z + i);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) s[j] = silu(to_float(zv.v[j]));
+      } else {
+        s[0] = silu(to_float(z[i]));
       }
     };
 
@@ -112,17 +131,18 @@ __global__ void __launch_bounds__(kNormThreads) gated_rmsnorm_kernel(const gated
     T* o = reinterpret_cast<T*>(p.out) + r * p.out_stride + g * gs;
     const float* w = p.weight + g * gs;
     for (int64_t i = threadIdx.x * kN; i < gs; i += step) {
-      float h[kN];
+      float h[kN], gf[kN];
       h_pack(i, h);
+      post_pack(i, gf);  // 1 without norm_before_gate: the product below is exactly h · inv · w
       if constexpr (Vec) {
         float wv[kN];
         load_floats<kN>(w + i, wv);
         pack16<T> out;
 #pragma unroll
-        for (int j = 0; j < kN; ++j) out.v[j] = from_float<T>(h[j] * inv * wv[j]);
+        for (int j = 0; j < kN; ++j) out.v[j] = from_float<T>(h[j] * inv * wv[j] * gf[j]);
         store_pack(o + i, out);
       } else {
-        o[i] = from_float<T>(h[0] * inv * w[i]);
+        o[i] = from_float<T>(h[0] * inv * w[i] * gf[0]);
       }
     }
     // A thread's next row begins with block_sum's barrier, so no thread overtakes a reader.
@@ -147,6 +167,7 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
   const int64_t n_groups = p.cols / gs;
   const int nt = static_cast<int>(blockDim.x);
   const bool normalise = p.sumsq_out == nullptr;
+  const bool before_gate = p.norm_before_gate;
   float wv[kPacks][kN];
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -171,7 +192,9 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
       const int64_t i = static_cast<int64_t>(threadIdx.x + j * nt) * kN;
       if (i < gs) {
         xv[j] = *reinterpret_cast<const float4*>(x + i);
-        zv[j] = *reinterpret_cast<const float4*>(z + i);
+        // Before the gate, phase 1 (Σx²) needs no gate.
+        zv[j] = before_gate && !normalise ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                                          : *reinterpret_cast<const float4*>(z + i);
       } else {
         xv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         zv[j] = xv[j];
@@ -185,7 +208,7 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
       const float zs[kN] = {zv[j].x, zv[j].y, zv[j].z, zv[j].w};
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
-        h[j][e] = xs[e] * silu(zs[e]);  // 0 past the group: silu(0) = 0
+        h[j][e] = before_gate ? xs[e] : xs[e] * silu(zs[e]);  // 0 past the group: x = 0
         ss += h[j][e] * h[j][e];
       }
     }
@@ -204,10 +227,16 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int64_t i = static_cast<int64_t>(threadIdx.x + j * nt) * kN;
-      if (i < gs)
-        *reinterpret_cast<float4*>(o + i) =
-            make_float4(h[j][0] * inv * wv[j][0], h[j][1] * inv * wv[j][1], h[j][2] * inv * wv[j][2],
-                        h[j][3] * inv * wv[j][3]);
+      if (i < gs) {
+        if (before_gate)
+          *reinterpret_cast<float4*>(o + i) =
+              make_float4(h[j][0] * inv * wv[j][0] * silu(zv[j].x), h[j][1] * inv * wv[j][1] * silu(zv[j].y),
+                          h[j][2] * inv * wv[j][2] * silu(zv[j].z), h[j][3] * inv * wv[j][3] * silu(zv[j].w));
+        else
+          *reinterpret_cast<float4*>(o + i) =
+              make_float4(h[j][0] * inv * wv[j][0], h[j][1] * inv * wv[j][1], h[j][2] * inv * wv[j][2],
+                          h[j][3] * inv * wv[j][3]);
+      }
     }
     // With sumsq_in there is no barrier between rows; none is needed: a thread only ever
     // touches its own elements, and block_sum's scratch is unused.

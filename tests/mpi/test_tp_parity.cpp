@@ -24,12 +24,13 @@ using worker::forward_mode;
 using worker::forward_options;
 using worker::step_row;
 
-constexpr float kTpTol = 1e-5f;      // TP=2 vs TP=1 logits (CPU, float32)
+constexpr float kTpTol = 1e-5f;      // TP=2 or 4 vs TP=1 logits (CPU, float32)
 constexpr float kTpCudaTol = 1e-4f;  // the same on CUDA (other reduction orders than one rank's)
 
 struct config_case {
   std::string name;
   std::string yaml;
+  int max_tp = 0;  // the largest world its dimensions split over (0: any the suite runs at)
 };
 
 std::string synthetic_yaml(int n_groups, int kv_heads) {
@@ -41,7 +42,15 @@ std::string synthetic_yaml(int n_groups, int kv_heads) {
          std::to_string(n_groups) + ", mamba_d_conv: 4, mamba_chunk_size: 8, seed: 11}\n";
 }
 
-class TpParity : public ::testing::TestWithParam<config_case> {};
+class TpParity : public ::testing::TestWithParam<config_case> {
+ protected:
+  void SetUp() override {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (GetParam().max_tp > 0 && world > GetParam().max_tp)
+      GTEST_SKIP() << GetParam().name << " splits over at most " << GetParam().max_tp << " ranks";
+  }
+};
 
 void check_parity(const std::string& yaml, device_kind device) {
   int rank = 0, world = 1;
@@ -108,14 +117,16 @@ INSTANTIATE_TEST_SUITE_P(
                                   "model: {path: " + test::fixture_dir("bamba-tiny") + "}\n"},
                       config_case{"synthetic_groups2_split", synthetic_yaml(2, 2)},
                       config_case{"synthetic_groups1_kv1_replicated", synthetic_yaml(1, 1)},
-                      config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n"},
+                      // 2 linear-attention key heads: up to TP=2.
+                      config_case{"qwen3next_tiny", "model: {path: " + test::fixture_dir("qwen3next-tiny") + "}\n", 2},
                       // 4 B/C groups split over the ranks (per-group gated norm stays local).
                       config_case{"bamba_groups_split", "model: {path: " + test::fixture_dir("bamba-groups") + "}\n"},
                       // Mamba2 (4 groups split), attention without rope, relu² MLP layers.
                       config_case{"nemotronh_tiny", "model: {path: " + test::fixture_dir("nemotronh-tiny") + "}\n"},
                       // One group replicated; experts and the shared MLP split like Qwen3-Next's.
                       config_case{"granite4h_tiny", "model: {path: " + test::fixture_dir("granite4h-tiny") + "}\n"},
-                      // Parallel attention + Mamba2 (2 groups split, norm before gate).
+                      // Parallel attention + Mamba2 (2 groups, norm before gate): split at TP=2; at
+                      // TP=4 each norm group spans two ranks, which all-reduce its Σy².
                       config_case{"falconh1_tiny", "model: {path: " + test::fixture_dir("falconh1-tiny") + "}\n"}),
     [](const auto& param_info) { return param_info.param.name; });
 
@@ -135,6 +146,25 @@ TEST(TpStartup, UnsupportedSplitNamesTheDimension) {
     FAIL() << "expected a start-up error";
   } catch (const config_error& e) {
     EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TpStartup, GroupsNeitherDividingNorDividedByTpNameTheField) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 2 && world != 4) GTEST_SKIP() << "runs at 2 or 4 ranks";
+  // 3 B/C groups over 2 or 4 ranks (12 heads split evenly): neither split nor one per rank.
+  std::string yaml = synthetic_yaml(3, 1);
+  yaml.replace(yaml.find("mamba_n_heads: 4"), 16, "mamba_n_heads: 12");
+  const service_config cfg = load_config_string(yaml);
+  const model_config mc = resolve_model_config(cfg);
+  auto comm = worker::make_mpi_collective(MPI_COMM_WORLD);
+  try {
+    worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get());
+    FAIL() << "expected a start-up error";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("mamba_n_groups = 3"), std::string::npos) << e.what();
   }
 }
 

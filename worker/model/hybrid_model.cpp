@@ -26,11 +26,16 @@ std::vector<float> scalar(float s) { return s == 1.0f ? std::vector<float>{} : s
 
 }  // namespace
 
-int64_t block_loader::groups_local() const {
-  // B/C groups split when n_groups % tp == 0, replicated when n_groups == 1.
-  if (mc_.mamba_n_groups % tp_.size == 0) return mc_.mamba_n_groups / tp_.size;
-  return 1;
-}
+namespace {
+
+// B/C groups per rank: n_groups / tp when tp divides n_groups; else one (the group that this
+// rank's heads read: replicated when n_groups == 1, shared by tp / n_groups ranks when
+// n_groups divides tp).
+int64_t mamba_groups_local(int64_t groups, int tp) { return groups % tp == 0 ? groups / tp : 1; }
+
+}  // namespace
+
+int64_t block_loader::groups_local() const { return mamba_groups_local(mc_.mamba_n_groups, tp_.size); }
 
 // in_proj and out_proj in the weight type; conv, dt_bias, A_log, D and the norm in f32.
 layers::mamba2_weights block_loader::mamba2(const std::string& p, const std::vector<float>& in_scale,
@@ -42,11 +47,13 @@ layers::mamba2_weights block_loader::mamba2(const std::string& p, const std::vec
   const int64_t di = nh * hd, conv = di + 2 * G * N, in_dim = di + conv + nh;
   const int64_t hl = tp_split(nh, n, "mamba_n_heads");
   const int64_t dil = hl * hd;
-  if (G % n != 0 && G != 1)
+  if (G % n != 0 && n % G != 0)
     throw config_error("tensor parallelism: mamba_n_groups = " + std::to_string(G) +
-                       " must be 1 or divisible by tp = " + std::to_string(n));
+                       " must divide or be divisible by tp = " + std::to_string(n));
   const int64_t gl = groups_local();
-  const int64_t g0 = (G == 1) ? 0 : r * gl;  // first local group
+  // First local group: the rank's share when tp divides G; else the one group of its heads
+  // (group g holds heads [g·nh/G, (g+1)·nh/G), this rank heads [r·hl, (r+1)·hl)).
+  const int64_t g0 = (G % n == 0) ? r * gl : r / (n / G);
   // Channel ranges of this shard inside xBC = [x (di) | B (G·N) | C (G·N)].
   const std::vector<range> xbc = {{r * dil, (r + 1) * dil},
                                   {di + g0 * N, di + (g0 + gl) * N},
@@ -76,13 +83,14 @@ layers::mamba2_weights block_loader::mamba2(const std::string& p, const std::vec
   w.groups = gl;
   w.conv_width = K;
   w.chunk_size = mc_.mamba_chunk_size;
-  // Gated norm groups follow the SSM groups: di / G channels each.
+  // Gated norm groups follow the SSM groups: di / G channels each; a group wider than this rank's
+  // channels is split over tp / G ranks, which all-reduce its sum of squares (mamba2_forward).
   w.norm_group_global = di / G;
   w.norm_group_size = std::min(w.norm_group_global, dil);
-  if (w.rms_norm && w.norm_before_gate && w.norm_group_size < w.norm_group_global)
-    throw config_error("tensor parallelism: mamba_norm_before_gate with mamba_n_groups = " + std::to_string(G) +
-                       " split over tp = " + std::to_string(n) +
-                       " is not supported (supported: n_groups divisible by tp, or tp = 1)");
+  if (w.norm_group_size < w.norm_group_global) {
+    w.norm_groups_total = G;
+    w.norm_group_index = g0;
+  }
   w.dt_min = mc_.time_step_min;
   w.dt_max = mc_.time_step_max;
   w.eps = mc_.rms_norm_eps;
@@ -170,10 +178,7 @@ void hybrid_model::start(const decode_graph_options& graphs, int32_t attention_l
   driver_ = std::make_unique<step_driver>(frame, graphs, attention_layers, state_layers, why);
 }
 
-int64_t hybrid_model::groups_local() const {
-  if (mc_.mamba_n_groups % tp_.size == 0) return mc_.mamba_n_groups / tp_.size;
-  return 1;
-}
+int64_t hybrid_model::groups_local() const { return mamba_groups_local(mc_.mamba_n_groups, tp_.size); }
 
 mamba_state_shape hybrid_model::mamba_shape() const {
   mamba_state_shape s;

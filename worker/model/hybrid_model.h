@@ -28,7 +28,8 @@ class block_loader {
       : ld_(ld), mc_(mc), tp_(tp), wt_(weight_type) {}
 
   // Mamba2 mixer (in_proj z | x | B | C | dt, conv1d, dt_bias, A_log, D, norm, out_proj): heads
-  // split over tp, B/C groups split when n_groups % tp == 0, replicated when n_groups == 1.
+  // split over tp, B/C groups split when n_groups % tp == 0, else one group per rank (replicated
+  // when n_groups == 1; each of tp / n_groups ranks holding a copy when n_groups divides tp).
   // in_scale: scales of in_proj's output z | x | B | C | dt (5 entries; empty = 1) times
   // in_multiplier; out_scale scales out_proj.
   layers::mamba2_weights mamba2(const std::string& prefix, const std::vector<float>& in_scale = {},

@@ -626,9 +626,10 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   } else {
     prefill(in.mamba_slots);
   }
-  if (!w.rms_norm || w.norm_before_gate) {
-    // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups are
-    // whole on every rank: checked at load).
+  const bool split_groups = w.rms_norm && w.norm_group_global > w.norm_group_size && comm && comm->size() > 1;
+  if (!w.rms_norm || (w.norm_before_gate && !split_groups)) {
+    // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups
+    // whole on this rank; a group split over ranks takes the gated norm below).
     tensor normed;
     if (w.rms_norm) {
       normed = tensor::f32({T, di}, ctx.device);
@@ -658,7 +659,8 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     profile(ctx, "mamba.gate", 3 * nbytes(y) + nbytes(w.norm));
     y = std::move(gated);
   } else {
-    // Gated RMSNorm over groups; a group split across ranks reduces its sum of squares first.
+    // Gated RMSNorm over groups, norm(y · silu(z)) or norm(y) · silu(z) with norm_before_gate; a
+    // group split across ranks reduces its sum of squares first.
     kernels::gated_rmsnorm_params g;
     g.x = y.as<float>();
     g.gate = proj.as<float>();
@@ -671,14 +673,25 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     g.out_stride = di;
     g.group_size = w.norm_group_size;
     g.eps = w.eps;
+    g.norm_before_gate = w.norm_before_gate;
     tensor sumsq;
-    if (w.norm_group_global > w.norm_group_size && comm && comm->size() > 1) {
-      sumsq = tensor::f32({T, di / w.norm_group_size}, ctx.device);
-      g.sumsq_out = sumsq.as<float>();
+    if (split_groups) {
+      // The rank's one group (di = its local channels) writes its Σ over rows at its index in
+      // [groups, T], zeros elsewhere: the all-reduce over all ranks then adds, per group, the
+      // partial sums of the ranks sharing it (every rank when there is one group).
+      HYSERVE_CHECK(w.norm_group_size == di, "Mamba2 mixer: a split gated-norm group must be the rank's only one");
+      const int64_t groups = w.norm_groups_total;
+      sumsq = tensor::f32({groups, T}, ctx.device);
+      if (groups > 1) {
+        if (ctx.device == device_kind::kCpu) std::memset(sumsq.data(), 0, sumsq.nbytes());
+        else kernels::fill_zero_async(sumsq.data(), sumsq.nbytes(), ctx.stream);
+      }
+      float* own = sumsq.as<float>() + w.norm_group_index * T;
+      g.sumsq_out = own;
       kernels::run(g, ctx);
       comm->all_reduce_sum(sumsq.as<float>(), sumsq.numel());
       g.sumsq_out = nullptr;
-      g.sumsq_in = sumsq.as<float>();
+      g.sumsq_in = own;
       g.group_count = w.norm_group_global;
     }
     kernels::run(g, ctx);

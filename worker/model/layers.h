@@ -191,10 +191,14 @@ struct mamba2_weights {
   int64_t conv_width = 0, chunk_size = 256;
   int64_t norm_group_size = 0;    // local channels per gated-norm group
   int64_t norm_group_global = 0;  // channels per group over all ranks (> local: sum-of-squares all-reduce)
+  // A group split over ranks (then the rank's one local group): the number of groups over all
+  // ranks and this rank's group among them; the all-reduce adds each group's partial sums only.
+  int64_t norm_groups_total = 1;
+  int64_t norm_group_index = 0;
   float dt_min = 0.0f, dt_max = 3.4e38f, eps = 1e-5f;
   // Output norm (model_config::mamba_rms_norm / mamba_norm_before_gate): gated RMSNorm
-  // norm(y · silu(z)) by default; norm(y) · silu(z) with norm_before_gate (groups local to the
-  // rank); y · silu(z) without rms_norm (norm empty).
+  // norm(y · silu(z)) by default; norm(y) · silu(z) with norm_before_gate; y · silu(z) without
+  // rms_norm (norm empty). Either norm reduces a group split over ranks through the collective.
   bool rms_norm = true;
   bool norm_before_gate = false;
 

@@ -320,7 +320,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, RmsnormCuda,
                          });
 
 // ---------------------------------------------------------------------------------------------
-// gated rmsnorm: normal, phase 1 (sumsq_out) and phase 2 (sumsq_in with the global group size)
+// gated rmsnorm: normal, phase 1 (sumsq_out) and phase 2 (sumsq_in with the global group size),
+// the norm after the gate or before it (norm_before_gate)
 
 enum class gated_mode { kNormal, kPhase1, kPhase2 };
 
@@ -328,6 +329,7 @@ struct gated_case {
   int rows, cols, groups, pad;
   gated_mode mode;
   bool in_place;
+  bool before_gate = false;
 };
 
 class GatedRmsnormCuda : public testing::TestWithParam<gated_case> {};
@@ -354,6 +356,7 @@ TEST_P(GatedRmsnormCuda, MatchesCpu) {
   p.x_stride = p.gate_stride = p.out_stride = stride;
   p.group_size = gs;
   p.eps = 1e-5f;
+  p.norm_before_gate = c.before_gate;
   if (c.mode == gated_mode::kPhase2) p.group_count = 2 * gs;  // as if split over two ranks
   gated_rmsnorm_params pc = p;
   pc.x = x.data();
@@ -401,12 +404,22 @@ INSTANTIATE_TEST_SUITE_P(
                     gated_case{2, 4 * 1000, 1, 0, gated_mode::kNormal, false},
                     gated_case{1, 8192, 1, 0, gated_mode::kPhase1, false},
                     gated_case{1, 8192, 1, 0, gated_mode::kPhase2, true},
-                    gated_case{2, 40960, 1, 0, gated_mode::kNormal, false}),
+                    gated_case{2, 40960, 1, 0, gated_mode::kNormal, false},
+                    // Before the gate (Falcon-H1): register kernel in every mode, the two-pass
+                    // kernel vectorised and scalar.
+                    gated_case{4, 8192, 2, 0, gated_mode::kNormal, false, true},
+                    gated_case{4, 8192, 2, 0, gated_mode::kPhase1, false, true},
+                    gated_case{4, 8192, 2, 4, gated_mode::kPhase2, true, true},
+                    gated_case{2, 40960, 1, 0, gated_mode::kNormal, false, true},
+                    gated_case{2, 40960, 1, 0, gated_mode::kPhase2, false, true},
+                    gated_case{7, 99, 3, 2, gated_mode::kNormal, false, true},
+                    gated_case{7, 99, 3, 2, gated_mode::kPhase1, false, true}),
     [](const testing::TestParamInfo<gated_case>& tp) {
       const auto& c = tp.param;
       const char* mode = c.mode == gated_mode::kNormal ? "" : c.mode == gated_mode::kPhase1 ? "_phase1" : "_phase2";
       return "Cuda_f32_rows" + std::to_string(c.rows) + "_cols" + std::to_string(c.cols) + "_groups" +
-             std::to_string(c.groups) + (c.pad ? "_padded" : "") + mode + (c.in_place ? "_inplace" : "");
+             std::to_string(c.groups) + (c.pad ? "_padded" : "") + mode + (c.in_place ? "_inplace" : "") +
+             (c.before_gate ? "_before_gate" : "");
     });
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-// RMSNorm and gated RMSNorm against direct formulas in double; the two-phase (tensor-parallel)
-// gated path against the one-phase result. Tolerance 1e-5 abs + 1e-5 rel.
+// RMSNorm and gated RMSNorm (norm after or before the gate) against direct formulas in double;
+// the two-phase (tensor-parallel) gated path against the one-phase result. Tolerance 1e-5 abs +
+// 1e-5 rel.
 #include "hyserve/kernels/norm.h"
 
 #include <gtest/gtest.h>
@@ -65,21 +66,28 @@ INSTANTIATE_TEST_SUITE_P(Grid, RmsNorm,
                                   (i.param.in_place ? "_inplace" : "");
                          });
 
-// Gated reference: h = x·silu(z); out = h · rsqrt(mean_group(h²) + eps) · w.
+double silu_ref(double v) { return v / (1.0 + std::exp(-v)); }
+
+// Gated reference: h = x·silu(z); out = h · rsqrt(mean_group(h²) + eps) · w. Before the gate:
+// h = x; out = h · rsqrt(mean_group(h²) + eps) · w · silu(z).
 std::vector<double> gated_ref(const std::vector<float>& x, const std::vector<float>& z, const std::vector<float>& w,
-                              int64_t rows, int64_t cols, int64_t stride, int64_t group, float eps) {
+                              int64_t rows, int64_t cols, int64_t stride, int64_t group, float eps,
+                              bool before_gate = false) {
   std::vector<double> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g0 = 0; g0 < cols; g0 += group) {
       std::vector<double> h(static_cast<size_t>(group));
       double ss = 0.0;
       for (int64_t i = 0; i < group; ++i) {
-        const double zv = z[r * stride + g0 + i];
-        h[i] = x[r * stride + g0 + i] * zv / (1.0 + std::exp(-zv));
+        const double xv = x[r * stride + g0 + i];
+        h[i] = before_gate ? xv : xv * silu_ref(z[r * stride + g0 + i]);
         ss += h[i] * h[i];
       }
       const double inv = 1.0 / std::sqrt(ss / group + eps);
-      for (int64_t i = 0; i < group; ++i) out[r * cols + g0 + i] = h[i] * inv * w[g0 + i];
+      for (int64_t i = 0; i < group; ++i) {
+        const double gate = before_gate ? silu_ref(z[r * stride + g0 + i]) : 1.0;
+        out[r * cols + g0 + i] = h[i] * inv * w[g0 + i] * gate;
+      }
     }
   }
   return out;
@@ -88,6 +96,7 @@ std::vector<double> gated_ref(const std::vector<float>& x, const std::vector<flo
 struct gated_case {
   int rows, cols, group_size;
   bool in_place;
+  bool before_gate = false;
 };
 
 class GatedRmsNorm : public testing::TestWithParam<gated_case> {};
@@ -98,7 +107,7 @@ TEST_P(GatedRmsNorm, MatchesFormula) {
   auto x = random_floats(static_cast<size_t>(c.rows * stride), 31u + static_cast<uint32_t>(c.cols), -2.0f, 2.0f);
   const auto z = random_floats(static_cast<size_t>(c.rows * stride), 32u, -3.0f, 3.0f);
   const auto w = random_floats(static_cast<size_t>(c.cols), 33u, 0.5f, 1.5f);
-  const auto ref = gated_ref(x, z, w, c.rows, c.cols, stride, c.group_size, 1e-6f);
+  const auto ref = gated_ref(x, z, w, c.rows, c.cols, stride, c.group_size, 1e-6f, c.before_gate);
   std::vector<float> out(static_cast<size_t>(c.rows * stride));
   gated_rmsnorm_params p;
   p.x = x.data();
@@ -109,6 +118,7 @@ TEST_P(GatedRmsNorm, MatchesFormula) {
   p.cols = c.cols;
   p.x_stride = p.gate_stride = p.out_stride = stride;
   p.group_size = c.group_size;
+  p.norm_before_gate = c.before_gate;
   run_cpu(p);
   const float* got = c.in_place ? x.data() : out.data();
   for (int64_t r = 0; r < c.rows; ++r) {
@@ -119,16 +129,18 @@ TEST_P(GatedRmsNorm, MatchesFormula) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, GatedRmsNorm,
                          testing::Values(gated_case{5, 64, 64, false}, gated_case{5, 64, 16, false},
-                                         gated_case{4, 96, 32, true}, gated_case{2, 4096 + 32, 1032, false}),
+                                         gated_case{4, 96, 32, true}, gated_case{2, 4096 + 32, 1032, false},
+                                         gated_case{5, 64, 64, false, true}, gated_case{5, 64, 16, false, true},
+                                         gated_case{4, 96, 32, true, true}),
                          [](const testing::TestParamInfo<gated_case>& i) {
                            return "rows" + std::to_string(i.param.rows) + "_cols" + std::to_string(i.param.cols) +
                                   "_groups" + std::to_string(i.param.cols / i.param.group_size) +
-                                  (i.param.in_place ? "_inplace" : "");
+                                  (i.param.in_place ? "_inplace" : "") + (i.param.before_gate ? "_before_gate" : "");
                          });
 
 // One normalisation group of 2·half channels split over two "ranks" of half channels each:
 // phase 1 per half, the sums added (the all-reduce), phase 2 per half with group_count = 2·half.
-TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) {
+void split_group_equals_one_phase(bool before_gate) {
   const int64_t rows = 3, half = 40, cols = 2 * half;
   const auto x = random_floats(static_cast<size_t>(rows * cols), 41u, -2.0f, 2.0f);
   const auto z = random_floats(static_cast<size_t>(rows * cols), 42u, -3.0f, 3.0f);
@@ -144,8 +156,9 @@ TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) {
   p.cols = cols;
   p.x_stride = p.gate_stride = p.out_stride = cols;
   p.group_size = cols;
+  p.norm_before_gate = before_gate;
   run_cpu(p);
-  expect_close(whole, gated_ref(x, z, w, rows, cols, cols, cols, 1e-6f), kAtol, kRtol, "one phase");
+  expect_close(whole, gated_ref(x, z, w, rows, cols, cols, cols, 1e-6f, before_gate), kAtol, kRtol, "one phase");
 
   std::vector<float> sums[2] = {std::vector<float>(rows), std::vector<float>(rows)};
   auto half_params = [&](int rank) {
@@ -157,6 +170,7 @@ TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) {
     q.cols = half;
     q.x_stride = q.gate_stride = q.out_stride = cols;
     q.group_size = half;
+    q.norm_before_gate = before_gate;
     return q;
   };
   for (int rank = 0; rank < 2; ++rank) {
@@ -176,17 +190,22 @@ TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) {
   }
   expect_close(split, whole, kAtol, kRtol, "two phase");
 
-  // Phase 1 reports Σh² of the local channels.
+  // Phase 1 reports Σh² of the local channels (h = x before the gate).
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0.0;
     for (int64_t i = 0; i < half; ++i) {
-      const double zv = z[r * cols + i];
-      const double h = x[r * cols + i] * zv / (1.0 + std::exp(-zv));
+      const double xv = x[r * cols + i];
+      const double h = before_gate ? xv : xv * silu_ref(z[r * cols + i]);
       ss += h * h;
     }
     EXPECT_NEAR(sums[0][r], ss, 1e-5 * ss + 1e-6);
   }
 }
+
+TEST(GatedRmsNormTwoPhase, SplitGroupEqualsOnePhase) { split_group_equals_one_phase(false); }
+
+// Falcon-H1 (norm_before_gate): Σx² is what the ranks reduce; silu(z) multiplies after the norm.
+TEST(GatedRmsNormTwoPhase, SplitGroupBeforeGateEqualsOnePhase) { split_group_equals_one_phase(true); }
 
 // Several groups per rank: sumsq_out is [rows, cols/group_size]; feeding it back unchanged with
 // group_count 0 reproduces the local result.

@@ -19,14 +19,17 @@ struct rmsnorm_params {
 void run_cpu(const rmsnorm_params& p);
 void run_cuda(const rmsnorm_params& p, void* stream = nullptr);
 
-// Gated RMSNorm (Mamba2, norm_before_gate = false):
-//   h = x · silu(gate); out = h * rsqrt(mean_over_group(h²) + eps) * weight
+// Gated RMSNorm (Mamba2):
+//   norm_before_gate = false:  h = x · silu(gate); out = h * rsqrt(mean_over_group(h²) + eps) * weight
+//   norm_before_gate = true:   h = x;              out = h * rsqrt(mean_over_group(h²) + eps) * weight
+//                                                        * silu(gate)
 // where the mean runs over contiguous groups of group_size channels (group_size = cols for a
 // single group; Mamba2 uses intermediate_size / n_groups).
 //
 // Tensor parallelism with one group split over ranks: call once with sumsq_out set (writes the
 // per-row, per-group Σh² and returns without normalising), all-reduce it, then call again with
-// sumsq_in set and group_count = the global channel count of a group.
+// sumsq_in set and group_count = the global channel count of a group. Both calls take the same
+// norm_before_gate.
 //
 // The CUDA op launches with programmatic dependent launch; for groups it holds in registers it
 // reads weight before waiting for the kernel launched just before it (which must not write it).
@@ -42,6 +45,7 @@ struct gated_rmsnorm_params {
   float* sumsq_out = nullptr;        // null: normal mode. else [rows, cols/group_size]: phase 1
   const float* sumsq_in = nullptr;   // null: computed locally. else [rows, cols/group_size]
   int64_t group_count = 0;           // divisor of the mean when sumsq_in is set (0 = group_size)
+  bool norm_before_gate = false;     // true: normalise x, then multiply by silu(gate) (Falcon-H1)
 };
 
 void run_cpu(const gated_rmsnorm_params& p);
