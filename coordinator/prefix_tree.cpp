@@ -54,6 +54,8 @@ void prefix_tree::update_evictable(int32_t id) {
   node& n = nodes_[static_cast<size_t>(id)];
   lru_.erase({n.last_use, id});
   if (evictable(id)) lru_.insert({n.last_use, id});
+  ckpt_lru_.erase({n.ckpt_use, id});
+  if (id != 0 && n.alive && n.refs == 0 && n.checkpoint >= 0) ckpt_lru_.insert({n.ckpt_use, id});
 }
 
 void prefix_tree::hold(const std::vector<int32_t>& ids) {
@@ -117,19 +119,51 @@ prefix_tree::inserted prefix_tree::insert(const std::vector<int32_t>& tokens, co
   return out;
 }
 
-bool prefix_tree::attach_checkpoint(int32_t id, int32_t slot) {
+bool prefix_tree::attach_checkpoint(int32_t id, int32_t slot, uint64_t tick) {
   node& n = nodes_.at(static_cast<size_t>(id));
   if (n.checkpoint >= 0) return false;
+  ckpt_lru_.erase({n.ckpt_use, id});
   n.checkpoint = slot;
+  n.ckpt_use = tick;
   ++checkpoints_;
+  update_evictable(id);
   return true;
+}
+
+void prefix_tree::touch_checkpoint(int32_t id, uint64_t tick) {
+  node& n = nodes_.at(static_cast<size_t>(id));
+  HYSERVE_CHECK(n.alive && n.checkpoint >= 0, "prefix_tree::touch_checkpoint: node " + std::to_string(id) +
+                                                  " has no checkpoint");
+  ckpt_lru_.erase({n.ckpt_use, id});
+  n.ckpt_use = tick;
+  update_evictable(id);
+}
+
+std::optional<prefix_tree::evicted> prefix_tree::evict_checkpoint() {
+  if (ckpt_lru_.empty()) return std::nullopt;
+  const int32_t id = ckpt_lru_.begin()->second;
+  node& n = nodes_[static_cast<size_t>(id)];
+  if (n.children.empty()) {
+    lru_.erase({n.last_use, id});
+    return remove_leaf(id);
+  }
+  ckpt_lru_.erase(ckpt_lru_.begin());
+  evicted e{-1, n.checkpoint};
+  n.checkpoint = -1;
+  --checkpoints_;
+  return e;
 }
 
 std::optional<prefix_tree::evicted> prefix_tree::evict_one() {
   if (lru_.empty()) return std::nullopt;
   const int32_t id = lru_.begin()->second;
   lru_.erase(lru_.begin());
+  return remove_leaf(id);
+}
+
+prefix_tree::evicted prefix_tree::remove_leaf(int32_t id) {
   node& n = nodes_[static_cast<size_t>(id)];
+  ckpt_lru_.erase({n.ckpt_use, id});
   evicted e{n.page, n.checkpoint};
   if (n.checkpoint >= 0) --checkpoints_;
   node& parent = nodes_[static_cast<size_t>(n.parent)];

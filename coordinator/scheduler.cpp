@@ -186,9 +186,12 @@ bool scheduler::evict_for(group_state& g, int32_t pages, int32_t ckpts) {
   int64_t nodes = 0, ckpt_freed = 0;
   while (static_cast<int32_t>(g.free_pages.size()) < pages || static_cast<int32_t>(g.free_ckpt_slots.size()) < ckpts) {
     if (!g.tree) break;
-    const auto e = g.tree->evict_one();
+    // Short of checkpoint slots only: the stalest checkpoint goes, not necessarily a leaf.
+    const bool pages_short = static_cast<int32_t>(g.free_pages.size()) < pages;
+    auto e = pages_short ? g.tree->evict_one() : g.tree->evict_checkpoint();
+    if (!e && !pages_short) e = g.tree->evict_one();
     if (!e) break;
-    g.free_pages.push_back(e->page);
+    if (e->page >= 0) g.free_pages.push_back(e->page);
     if (e->checkpoint >= 0) {
       g.free_ckpt_slots.push_back(e->checkpoint);
       ++ckpt_freed;
@@ -211,7 +214,7 @@ void scheduler::insert_saves(group_state& g, const std::vector<pending_save>& sa
     r.page_shared.resize(r.pages.size(), 0);
     for (int32_t d : ins.adopted_pages) r.page_shared[static_cast<size_t>(d)] = 1;
     r.held_nodes.insert(r.held_nodes.end(), ins.adopted_nodes.begin(), ins.adopted_nodes.end());
-    if (!g.tree->attach_checkpoint(ins.last, sv.slot)) g.free_ckpt_slots.push_back(sv.slot);
+    if (!g.tree->attach_checkpoint(ins.last, sv.slot, ++tick_)) g.free_ckpt_slots.push_back(sv.slot);
   }
 }
 
@@ -362,6 +365,7 @@ void scheduler::admit() {
       r.cached_tokens = best_match.tokens() * hellos_.front().page_size;
       r.consumed = r.cached_tokens;
       r.restore_from = best_match.checkpoint;
+      gs.tree->touch_checkpoint(best_match.nodes.back(), ++tick_);
     }
     if (gs.tree && observer_.on_prefix_lookup) observer_.on_prefix_lookup(prompt_len, r.cached_tokens);
     for (int32_t i = best_match.tokens(); i < need; ++i) {
