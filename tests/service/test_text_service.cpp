@@ -475,6 +475,116 @@ TEST_F(TextService, UnimplementedOpenAIParametersAre400) {
   EXPECT_EQ(ok2.status, 200u) << ok2.describe();
 }
 
+// echo with logprobs would also need the prompt tokens' logprobs, which the server does not
+// compute: a 400 naming echo and logprobs, never an answer silently without them. Other servers'
+// parameters that would change the output (vLLM, SGLang) and OpenAI's audio output are a 400
+// naming the parameter unless given their default; the defaults are accepted and not reported as
+// ignored.
+TEST_F(TextService, EchoWithLogprobsAndOtherServersOutputParametersAre400) {
+  for (const std::string& body :
+       {std::string(R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": 1})"),
+        std::string(R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": 0, "stream": true})"),
+        std::string(R"({"prompt": [5, 6, 7], "max_tokens": 2, "logprobs": 3, "echo": true})")}) {
+    const http_reply r = http_post(port(), "/v1/completions", body);
+    EXPECT_EQ(r.status, 400u) << body << ": " << r.describe();
+    const auto err = error_object(r);
+    ASSERT_TRUE(err.has_value()) << r.body;
+    EXPECT_EQ(err->at("param").as_string(), "echo") << r.body;
+    const std::string message(err->at("message").as_string());
+    EXPECT_NE(message.find("logprobs"), std::string::npos) << r.body;
+    EXPECT_NE(message.find("not supported"), std::string::npos) << r.body;
+  }
+  // Either alone still works.
+  const http_reply lp = http_post(port(), "/v1/completions",
+                                  R"({"prompt": "Hello there", "max_tokens": 2, "echo": false, "logprobs": 1})");
+  ASSERT_EQ(lp.status, 200u) << lp.describe();
+  EXPECT_EQ(lp.json().at("choices").at(0).at("logprobs").at("token_logprobs").as_array().size(), 2u) << lp.body;
+  const http_reply echo = http_post(port(), "/v1/completions",
+                                    R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": null})");
+  ASSERT_EQ(echo.status, 200u) << echo.describe();
+  EXPECT_TRUE(echo.json().at("choices").at(0).at("logprobs").is_null()) << echo.body;
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"min_p", "0.1"},
+      {"use_beam_search", "true"},
+      {"prompt_logprobs", "1"},
+      {"guided_json", R"({"type": "object"})"},
+      {"guided_regex", R"("a+")"},
+      {"guided_choice", R"(["yes", "no"])"},
+      {"guided_grammar", R"("root ::= \"a\"")"},
+      {"structured_outputs", R"({"choice": ["a"]})"},
+      {"bad_words", R"(["Hello"])"},
+      {"allowed_token_ids", "[5, 6]"},
+      {"include_stop_str_in_output", "true"},
+      {"truncate_prompt_tokens", "3"},
+      {"chat_template", R"("{{ messages }}")"},
+      {"continue_final_message", "true"},
+      {"add_generation_prompt", "false"},
+      {"modalities", R"(["text", "audio"])"},
+      {"audio", R"({"voice": "alloy", "format": "wav"})"},
+  };
+  for (const auto& [param, value] : refused) {
+    for (const std::string target : {"/v1/completions", "/v1/chat/completions"}) {
+      const std::string head = target == "/v1/completions" ? R"({"prompt": "Hello", "max_tokens": 2, ")"
+                                                            : R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ")";
+      const std::string body = head + param + "\": " + value + "}";
+      const http_reply r = http_post(port(), target, body);
+      EXPECT_EQ(r.status, 400u) << target << " " << body << ": " << r.describe();
+      const auto err = error_object(r);
+      ASSERT_TRUE(err.has_value()) << r.body;
+      EXPECT_EQ(err->at("param").as_string(), param) << r.body;
+      EXPECT_NE(std::string(err->at("message").as_string()).find("not supported"), std::string::npos) << r.body;
+    }
+  }
+  const std::string defaults = R"("min_p": 0, "use_beam_search": false, "prompt_logprobs": null, "guided_json": null,
+      "bad_words": [], "include_stop_str_in_output": false, "modalities": ["text"], "audio": null,
+      "continue_final_message": false, "add_generation_prompt": true, "chat_template": null})";
+  const http_reply c = http_post(port(), "/v1/completions", R"({"prompt": "Hello", "max_tokens": 2, )" + defaults);
+  EXPECT_EQ(c.status, 200u) << c.describe();
+  EXPECT_EQ(c.header("x-hyserve-ignored-fields"), "");
+  const http_reply ch = http_post(port(), "/v1/chat/completions",
+                                  R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, )" + defaults);
+  EXPECT_EQ(ch.status, 200u) << ch.describe();
+  EXPECT_EQ(ch.header("x-hyserve-ignored-fields"), "");
+}
+
+// The implemented sampling parameters act on the OpenAI routes as on /generate: penalties on a
+// text completion give /generate's tokens for the same text and values; a logit_bias of 100 in a
+// chat forces its token.
+TEST_F(TextService, PenaltiesAndLogitBiasWorkOnTheOpenAIRoutes) {
+  const json::object pen{{"frequency_penalty", 1.5}, {"presence_penalty", 0.5}, {"repetition_penalty", 1.3}};
+  json::object comp{{"prompt", "Hello there"}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  json::object sp{{"max_new_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  for (const auto& kv : pen) {
+    comp[kv.key()] = kv.value();
+    sp[kv.key()] = kv.value();
+  }
+  const http_reply c = http_post(port(), "/v1/completions", json::serialize(comp));
+  ASSERT_EQ(c.status, 200u) << c.describe();
+  const http_reply g =
+      http_post(port(), "/generate", json::serialize(json::object{{"text", "Hello there"}, {"sampling_params", sp}}));
+  ASSERT_EQ(g.status, 200u) << g.describe();
+  const std::vector<int32_t> via_completions = ids_of(c.json().at("choices").at(0).at("token_ids"));
+  EXPECT_EQ(via_completions, ids_of(g.json().at("output_ids")));
+  EXPECT_EQ(via_completions.size(), 16u);
+  // Without the penalties the output differs (else the comparison above tests nothing).
+  json::object plain{{"prompt", "Hello there"}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  const http_reply p = http_post(port(), "/v1/completions", json::serialize(plain));
+  ASSERT_EQ(p.status, 200u) << p.describe();
+  EXPECT_NE(ids_of(p.json().at("choices").at(0).at("token_ids")), via_completions) << "the penalties changed nothing";
+
+  const int32_t forced = local_tokenizer().encode("Hello", {.add_special_tokens = false}).at(0);
+  json::object chat{{"messages", json::array{json::object{{"role", "user"}, {"content", "hi"}}}},
+                    {"max_tokens", 4},
+                    {"temperature", 0},
+                    {"logit_bias", json::object{{std::to_string(forced), 100}}}};
+  const http_reply r = http_post(port(), "/v1/chat/completions", json::serialize(chat));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  EXPECT_EQ(std::string(r.json().at("choices").at(0).at("message").at("content").as_string()),
+            local_tokenizer().decode(std::vector<int32_t>(4, forced)));
+  EXPECT_EQ(r.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4);
+}
+
 TEST(TextServiceLaunch, MalformedTokenizerIsAClearStartupError) {
   const std::string bad_dir = ::testing::TempDir() + "hyserve-bad-tokenizer";
   std::filesystem::create_directories(bad_dir);

@@ -166,6 +166,8 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fault_grace_s, fail_at_step, fail_rank, "
                     "fault)");
   EXPECT_ERROR_WITH(load_config_string(model + "worker: {fault: stall}"), config_error, "worker.fault");
+  EXPECT_EQ(load_config_string(model + "worker: {fault: stop}").worker.fault, worker_fault::kStop);
+  EXPECT_EQ(load_config_string(model + "worker: {fault: throw}").worker.fault, worker_fault::kThrow);
 }
 
 TEST(Config, BadValuesNameThePathAndValue) {
