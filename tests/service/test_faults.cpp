@@ -234,6 +234,8 @@ worker: {step_timeout_s: 30, fault_grace_s: 5}
   for (size_t i = 0; i < streams.size(); ++i) {
     EXPECT_TRUE(streams[i].saw_error) << "stream " << i << " was cut without an error event after "
                                       << streams[i].tokens.load() << " tokens: " << streams[i].transport_error;
+    EXPECT_TRUE(streams[i].saw_done) << "stream " << i << " ended without [DONE] after its error event: "
+                                     << streams[i].transport_error;
     EXPECT_NE(streams[i].error_text.find("exited"), std::string::npos) << streams[i].error_text;
     EXPECT_LT(streams[i].tokens.load(), 480);
   }
