@@ -3,6 +3,8 @@
 //    leaders and non-leaders, and a rank that stops reading there (worker.fault: hang): /health
 //    503 within step_timeout_s + fault_grace_s of the stop, every open stream ends with an error
 //    event and [DONE], the log names the ranks and host, and every rank is gone within twice that;
+//  - the coordinator's scheduler loop blocked for good (worker.fault: coordinator_stall): the
+//    watchdog thread alone fails the streams, turns /health to 503 and ends the job;
 //  - a rank killed outright during streams: /health stops answering 200, open streams end with
 //    an error event (not cut), and the log names the rank and host;
 //  - SIGINT to launch/serve.sh's process group, SIGTERM to serve.sh alone, or SIGUSR1 to mpirun
@@ -205,6 +207,60 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: 0, fa
   EXPECT_NE(reply.body.find("did not answer step"), std::string::npos) << reply.body;
   ASSERT_TRUE(status.has_value()) << "mpirun still running\n" << svc.report();
   EXPECT_TRUE(svc.wait_ranks_gone(100ms)) << "rank processes left behind";
+}
+
+// The watchdog on its own: the coordinator's scheduler loop blocks for good (worker.fault:
+// coordinator_stall, as a blocking call that never returns would) while two streams run. The
+// watchdog thread alone turns /health to 503 within step_timeout_s + fault_grace_s, ends both
+// streams with an error event and [DONE], and ends the job within twice that.
+TEST(ServiceHang, StalledSchedulerLoopIsAnsweredByTheWatchdog) {
+  constexpr double kStepTimeout = 2.0, kGrace = 1.5, kBound = kStepTimeout + kGrace;
+  service_process svc("stall", R"(model: {path: @MODEL@}
+parallel: {tp: 2, dp: 1}
+cache: {page_size: 16, max_requests: 8, max_context: 512}
+server: {host: 127.0.0.1, port: @PORT@}
+worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: coordinator_stall, fail_at_step: 20}
+)",
+                      2);
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  const auto& prompts = reference();
+  std::vector<stream_watch> streams(2);
+  for (size_t i = 0; i < streams.size(); ++i) streams[i].start(svc.port(), prompts[i].input_ids, 400);
+  const bool stalled = eventually(
+      [&] { return svc.log().find("injected stall of the scheduler loop before control message 20") != std::string::npos; },
+      30s);
+  const auto stall_at = steady::now();
+  ASSERT_TRUE(stalled) << "the injected stall did not happen\n" << svc.report();
+  double detected = -1.0;
+  while (seconds_since(stall_at) < kBound + 5.0) {
+    if (http_call(svc.port(), "GET", "/health", {}, 2s).status == 503u) {
+      detected = seconds_since(stall_at);
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  const auto deadline = stall_at + std::chrono::milliseconds(static_cast<int64_t>(2 * kBound * 1000));
+  const std::optional<int> status =
+      svc.wait_exit(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now()));
+  const bool ranks_gone =
+      svc.wait_ranks_gone(std::max(100ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now())));
+  const double gone = seconds_since(stall_at);
+  for (auto& s : streams) s.join();
+  std::printf("stalled scheduler loop: /health 503 after %.2f s, every rank gone %.2f s after the stall\n", detected,
+              gone);
+  EXPECT_GT(detected, 0.0) << "/health never answered 503\n" << svc.report();
+  EXPECT_LE(detected, kBound);
+  ASSERT_TRUE(status.has_value()) << "mpirun still running " << 2 * kBound << " s after the stall\n" << svc.report();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status);
+  EXPECT_TRUE(ranks_gone) << "rank processes left behind";
+  for (size_t i = 0; i < streams.size(); ++i) {
+    EXPECT_TRUE(streams[i].saw_error) << "stream " << i << " ended without an error event ("
+                                      << streams[i].tokens.load() << " tokens): " << streams[i].transport_error;
+    EXPECT_TRUE(streams[i].saw_done) << "stream " << i << " was cut: " << streams[i].transport_error;
+    EXPECT_NE(streams[i].error_text.find("scheduler loop stalled"), std::string::npos) << streams[i].error_text;
+    EXPECT_LT(streams[i].tokens.load(), 400) << "stream " << i;
+  }
+  EXPECT_NE(svc.log().find("the scheduler loop has not advanced"), std::string::npos) << svc.log_tail();
 }
 
 TEST(ServiceWorkerLoss, KilledRankEndsOpenStreamsWithAnErrorEvent) {

@@ -170,6 +170,8 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "fault)");
   EXPECT_ERROR_WITH(load_config_string(model + "worker: {fault: stall}"), config_error, "worker.fault");
   EXPECT_EQ(load_config_string(model + "worker: {fault: stop}").worker.fault, worker_fault::kStop);
+  EXPECT_EQ(load_config_string(model + "worker: {fault: coordinator_stall}").worker.fault,
+            worker_fault::kCoordinatorStall);
   EXPECT_EQ(load_config_string(model + "worker: {fault: throw}").worker.fault, worker_fault::kThrow);
 }
 
