@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -583,6 +587,119 @@ TEST_F(TextService, PenaltiesAndLogitBiasWorkOnTheOpenAIRoutes) {
   EXPECT_EQ(std::string(r.json().at("choices").at(0).at("message").at("content").as_string()),
             local_tokenizer().decode(std::vector<int32_t>(4, forced)));
   EXPECT_EQ(r.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4);
+}
+
+// Fuzzing the text surface (seeded, bounded in count and time): text prompts, chat messages,
+// stop strings, echo, logprobs and logit_bias, random and mutated, with random headers, on a
+// service with a tokenizer and a chat format. No answer is a 500 or a dropped connection; the
+// server stays healthy and a fixed greedy chat and completion answer as before.
+TEST_F(TextService, FuzzedTextAndChatBodiesLeaveTheServerHealthy) {
+  constexpr uint32_t kSeed = 20261205;
+  constexpr int kRequests = 2000;
+  const auto time_limit = 15s;
+  const std::string fixed_chat =
+      R"({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0})";
+  const std::string fixed_completion = R"({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0})";
+  const http_reply chat_before = http_post(port(), "/v1/chat/completions", fixed_chat);
+  const http_reply completion_before = http_post(port(), "/v1/completions", fixed_completion);
+  ASSERT_EQ(chat_before.status, 200u) << chat_before.describe();
+  ASSERT_EQ(completion_before.status, 200u) << completion_before.describe();
+
+  std::mt19937 rng(kSeed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> strings = {
+      R"("")", R"("Hello")", R"("<|im_end|>")", R"("<|im_start|>system\nx")", R"("\ud800")", R"("\u0000")",
+      R"("é漢字🙂")", "\"" + std::string(300, 'a') + "\"", R"("\n\n")", R"(" ")"};
+  const std::vector<std::string> atoms = {"0", "-1", "1", "2", "1e300", "1e-50", "0.5", "true", "false", "null",
+                                          "[]", "{}", "[5,6,7]", "[\"a\",\"b\"]", "{\"5\": 100}", "{\"x\": 1}"};
+  const std::vector<std::string> keys = {"prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                                         "top_p", "stop", "stream", "echo", "logprobs", "top_logprobs", "logit_bias",
+                                         "min_tokens", "presence_penalty", "frequency_penalty", "seed", "n", "zzz",
+                                         "role", "content", "text", "sampling_params"};
+  std::function<std::string(int)> random_json = [&](int depth) -> std::string {
+    const size_t kind = depth > 3 ? pick(2) : pick(5);
+    if (kind == 0) return atoms[pick(atoms.size())];
+    if (kind == 1) return strings[pick(strings.size())];
+    if (kind == 2) {
+      std::string a = "[";
+      for (size_t i = 0, n = pick(4); i < n; ++i) a += (i ? "," : "") + random_json(depth + 1);
+      return a + "]";
+    }
+    std::string o = "{";
+    for (size_t i = 0, n = 1 + pick(5); i < n; ++i)
+      o += (i ? ",\"" : "\"") + keys[pick(keys.size())] + "\":" + random_json(depth + 1);
+    return o + "}";
+  };
+  auto message = [&] {
+    static const char* roles[] = {"user", "system", "assistant", "tool", "x"};
+    return R"({"role": ")" + std::string(roles[pick(5)]) + R"(", "content": )" + strings[pick(strings.size())] + "}";
+  };
+  auto valid_body = [&](bool chat) {
+    std::string b = chat ? R"({"messages": [)" + message() + (pick(2) ? "," + message() : "") + "]"
+                         : R"({"prompt": )" + strings[1 + pick(strings.size() - 1)];
+    b += ", \"max_tokens\": " + std::to_string(1 + pick(6));
+    if (pick(2)) b += ", \"temperature\": " + std::string(pick(2) ? "0" : "0.8") + ", \"seed\": 7";
+    if (pick(3) == 0) b += ", \"stream\": true";
+    if (pick(3) == 0) b += ", \"stop\": " + strings[pick(strings.size())];
+    if (pick(4) == 0) b += chat ? ", \"logprobs\": true, \"top_logprobs\": 2" : ", \"logprobs\": 2";
+    if (!chat && pick(4) == 0) b += ", \"echo\": true";
+    if (pick(5) == 0) b += R"(, "logit_bias": {")" + std::to_string(pick(512)) + R"(": 5})";
+    if (pick(5) == 0) b += ", \"frequency_penalty\": 0.5, \"presence_penalty\": -0.5";
+    return b + "}";
+  };
+  const std::vector<std::string> junk = {"1e309", "\xff", "\xc3", "\"", "{", "]", "\\u", ",", "null", "<|im_end|>"};
+  auto mutate = [&](std::string b) {
+    for (size_t k = 0, n = 1 + pick(3); k < n && !b.empty(); ++k) {
+      const size_t at = pick(b.size());
+      switch (pick(3)) {
+        case 0: b[at] = static_cast<char>(rng() & 0xff); break;
+        case 1: b.erase(at, 1 + pick(6)); break;
+        default: b.insert(at, junk[pick(junk.size())]); break;
+      }
+    }
+    return b;
+  };
+  const auto started = steady::now();
+  int sent = 0;
+  std::map<unsigned, int> statuses;
+  for (; sent < kRequests && steady::now() - started < time_limit; ++sent) {
+    const size_t route = pick(3);
+    const std::string target = route == 0 ? "/v1/chat/completions" : route == 1 ? "/v1/completions" : "/generate";
+    const size_t how = pick(3);
+    std::string body = how == 0   ? random_json(0)
+                       : how == 1 ? mutate(valid_body(route == 0))
+                                  : valid_body(route == 0);
+    if (route == 2 && how == 2) body = R"({"text": )" + strings[pick(strings.size())] + R"(, "sampling_params": {"max_new_tokens": 3}})";
+    std::string head = "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    if (pick(4)) head += "Content-Type: application/json\r\n";
+    for (size_t h = 0, n = pick(3); h < n; ++h) {
+      std::string value;
+      for (size_t i = 0, len = pick(30); i < len; ++i) value += static_cast<char>(0x20 + rng() % 95);
+      head += "X-F" + std::to_string(rng() % 100) + ": " + value + "\r\n";
+    }
+    head += "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+    http_connection c(port());
+    const http_reply r = c.raw_exchange(head + body, 30s);
+    ++statuses[r.status];
+    ASSERT_NE(r.status, 0u) << "no answer to fuzz request " << sent << " (seed " << kSeed << "): " << r.error << "\n"
+                            << head << body;
+    ASSERT_LT(r.status, 500u) << "fuzz request " << sent << " (seed " << kSeed << "): " << r.describe() << "\n"
+                              << head << body;
+  }
+  std::string summary;
+  for (const auto& [status, n] : statuses) summary += " " + std::to_string(status) + ":" + std::to_string(n);
+  std::printf("text fuzz: %d requests in %.1f s (seed %u), statuses%s\n", sent,
+              std::chrono::duration<double>(steady::now() - started).count(), kSeed, summary.c_str());
+  EXPECT_GE(sent, 100);
+  EXPECT_GT(statuses[200], 0) << "no fuzz request was valid: the generation paths were not reached";
+  EXPECT_EQ(http_get(port(), "/health").status, 200u);
+  const http_reply chat_after = http_post(port(), "/v1/chat/completions", fixed_chat);
+  const http_reply completion_after = http_post(port(), "/v1/completions", fixed_completion);
+  ASSERT_EQ(chat_after.status, 200u) << chat_after.describe();
+  ASSERT_EQ(completion_after.status, 200u) << completion_after.describe();
+  EXPECT_EQ(chat_after.json().at("choices").at(0).at("message"), chat_before.json().at("choices").at(0).at("message"));
+  EXPECT_EQ(completion_after.json().at("choices").at(0).at("token_ids"),
+            completion_before.json().at("choices").at(0).at("token_ids"));
 }
 
 TEST(TextServiceLaunch, MalformedTokenizerIsAClearStartupError) {
