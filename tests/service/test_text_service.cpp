@@ -702,6 +702,35 @@ TEST_F(TextService, FuzzedTextAndChatBodiesLeaveTheServerHealthy) {
             completion_before.json().at("choices").at(0).at("token_ids"));
 }
 
+// launch/serve.sh with a config whose model and tokenizer paths are relative: they resolve
+// against the config file's folder, not the directory serve.sh runs in (the default config works
+// from anywhere). The folder holds `model` and `tok` (links to the fixtures); the test runs
+// elsewhere.
+TEST(TextServiceLaunch, ServeShResolvesRelativePathsAgainstTheConfigFile) {
+  service_process svc("relpaths", R"(model: {path: model, tokenizer: tok}
+parallel: {tp: 1, dp: 1}
+cache: {page_size: 16, max_requests: 2, max_context: 256}
+server: {host: 127.0.0.1, port: @PORT@}
+chat:
+  template: "<|im_start|>{role}\n{content}<|im_end|>\n"
+  generation_prompt: "<|im_start|>assistant\n"
+  eos: "<|im_end|>"
+)",
+                      1);
+  const std::filesystem::path dir = std::filesystem::path(svc.config_path()).parent_path();
+  ASSERT_NE(std::filesystem::current_path(), dir);
+  std::filesystem::create_directory_symlink(fixture_model_dir(), dir / "model");
+  std::filesystem::create_directory_symlink(tokenizer_dir(), dir / "tok");
+  svc.use_serve_script();
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  const http_reply r = http_post(svc.port(), "/v1/chat/completions",
+                                 R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})");
+  EXPECT_EQ(r.status, 200u) << r.describe() << "\n" << svc.log_tail();
+  EXPECT_EQ(r.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4) << r.body;
+  EXPECT_NE(svc.log().find((dir / "tok").string()), std::string::npos) << "the tokenizer path is not the config's folder's\n"
+                                                                       << svc.log_tail();
+}
+
 TEST(TextServiceLaunch, MalformedTokenizerIsAClearStartupError) {
   const std::string bad_dir = ::testing::TempDir() + "hyserve-bad-tokenizer";
   std::filesystem::create_directories(bad_dir);
