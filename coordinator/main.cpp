@@ -104,6 +104,31 @@ void start_watchdog(std::shared_ptr<watchdog_state> w) {
   }).detach();
 }
 
+// Test only (worker.fault: coordinator_stall): the scheduler's thread blocks for good before
+// sending control message worker.fail_at_step, as a call that never returns would (a blocking
+// send to a rank that stopped reading); only the watchdog can answer the clients then.
+class stalling_transport final : public transport {
+ public:
+  stalling_transport(std::unique_ptr<transport> inner, int64_t at) : inner_(std::move(inner)), at_(at) {}
+  int num_groups() const override { return inner_->num_groups(); }
+  void send_plan(int group, const std::vector<uint8_t>& bytes) override {
+    if (sent_++ == at_) {
+      HYSERVE_LOG_ERROR("injected stall of the scheduler loop before control message %lld",
+                        static_cast<long long>(at_));
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    inner_->send_plan(group, bytes);
+  }
+  std::optional<std::pair<int, std::vector<uint8_t>>> poll_result() override { return inner_->poll_result(); }
+  void send_shutdown() override { inner_->send_shutdown(); }
+  bool wait_sent(double timeout_s) override { return inner_->wait_sent(timeout_s); }
+
+ private:
+  std::unique_ptr<transport> inner_;
+  int64_t at_ = -1;
+  int64_t sent_ = 0;
+};
+
 // The tokenizer (model.tokenizer) and the chat format (chat). Throws config_error naming the
 // setting at fault: a malformed tokenizer.json, ids past the model's vocabulary, a chat.eos that
 // is not one token.
@@ -205,6 +230,8 @@ int run(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<transport> link = make_mpi_transport(t);
+  if (cfg.worker.fault == worker_fault::kCoordinatorStall && cfg.worker.fail_at_step >= 0)
+    link = std::make_unique<stalling_transport>(std::move(link), cfg.worker.fail_at_step);
   metrics::service_metrics metrics;
   scheduler sched(cfg, mc, hellos, *link);
   auto watch = std::make_shared<watchdog_state>();

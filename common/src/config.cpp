@@ -632,8 +632,10 @@ service_config parse_config(const std::string& text, const std::string& file) {
                    std::to_string(cfg.worker.fail_rank));
     });
     if_present(wk, "fault", [&](const YAML::Node& n) {
-      cfg.worker.fault = r.get_enum(n, "worker.fault", "fault", {"throw", "hang"}) == 0 ? worker_fault::kThrow
-                                                                                        : worker_fault::kHang;
+      static constexpr worker_fault kFaults[] = {worker_fault::kThrow, worker_fault::kHang, worker_fault::kStop,
+                                                 worker_fault::kCoordinatorStall};
+      cfg.worker.fault =
+          kFaults[r.get_enum(n, "worker.fault", "fault", {"throw", "hang", "stop", "coordinator_stall"})];
     });
   } catch (const YAML::Exception& e) {
     throw config_error(where + ": YAML error: " + e.what());

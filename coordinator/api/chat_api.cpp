@@ -133,7 +133,7 @@ parse_result<completion_call> parse_chat(std::string_view body, const model_info
   if (!text.chat) {
     return invalid_param("messages", "this model has no chat template: set `chat` in the server configuration");
   }
-  call.ignored_fields = unknown_fields(
+  call.ignored_fields = unknown_openai_fields(
       obj, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
             "stop", "stream", "n", "stop_token_ids", "ignore_eos", "sparse", "user", "stream_options", "logprobs",
             "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",

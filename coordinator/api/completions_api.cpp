@@ -119,7 +119,7 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
 
   completion_call call;
   call.kind = api_kind::kCompletions;
-  call.ignored_fields = unknown_fields(
+  call.ignored_fields = unknown_openai_fields(
       obj, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "n",
             "stop_token_ids", "ignore_eos", "sparse", "user", "stream_options", "echo", "logprobs", "top_logprobs",
             "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
@@ -144,6 +144,11 @@ parse_result<completion_call> parse_completion(std::string_view body, const mode
       else if (text.tokenizer) call.echo_text = text.tokenizer->decode(call.input_ids);
     }
   }
+  // OpenAI's echo with logprobs also gives the prompt tokens' logprobs, which this server does not
+  // compute: refused rather than answered without them.
+  if (call.echo && call.sampling.logprobs)
+    return invalid_param("echo", "echo with logprobs (logprobs of the prompt tokens) is not supported by this server: "
+                                 "send echo or logprobs, not both");
 
   if (const auto* n = field(obj, "n")) {
     int64_t count = 0;

@@ -184,6 +184,27 @@ std::vector<std::string> unknown_fields(const boost::json::object& obj, std::ini
   return out;
 }
 
+namespace {
+
+// Other servers' (and newer OpenAI) fields refuse_unimplemented checks for their default value.
+constexpr std::string_view kRefusedUnlessDefault[] = {
+    "min_p",          "use_beam_search",        "include_stop_str_in_output", "prompt_logprobs", "guided_json",
+    "guided_regex",   "guided_choice",          "guided_grammar",             "structured_outputs",
+    "allowed_token_ids", "truncate_prompt_tokens", "audio",                   "chat_template",   "bad_words",
+    "modalities",     "continue_final_message", "add_generation_prompt"};
+
+}  // namespace
+
+std::vector<std::string> unknown_openai_fields(const boost::json::object& obj,
+                                               std::initializer_list<std::string_view> known) {
+  std::vector<std::string> out = unknown_fields(obj, known);
+  std::erase_if(out, [](const std::string& k) {
+    return std::find(std::begin(kRefusedUnlessDefault), std::end(kRefusedUnlessDefault), k) !=
+           std::end(kRefusedUnlessDefault);
+  });
+  return out;
+}
+
 std::optional<api_error> refuse_unimplemented(const boost::json::object& obj) {
   if (const auto* v = field(obj, "suffix"); v && !(v->is_string() && v->get_string().empty()))
     return not_implemented("suffix", "suffix (insertion after the completion)");
@@ -206,6 +227,30 @@ std::optional<api_error> refuse_unimplemented(const boost::json::object& obj) {
     if (const auto* v = field(obj, name); v && !(v->is_string() && v->get_string() == "none"))
       return not_implemented(name, std::string(name) + " other than \"none\" (tool calling)");
   }
+  // Parameters of other servers (vLLM, SGLang) and newer OpenAI ones that would change the
+  // output: refused unless given their default value, never ignored.
+  if (const auto* v = field(obj, "min_p"); v && !v->is_null() && !(v->is_number() && v->to_number<double>() == 0.0))
+    return not_implemented("min_p", "min_p other than 0");
+  if (const auto* v = field(obj, "use_beam_search"); v && !v->is_null() && !(v->is_bool() && !v->get_bool()))
+    return not_implemented("use_beam_search", "beam search");
+  if (const auto* v = field(obj, "include_stop_str_in_output"); v && !v->is_null() && !(v->is_bool() && !v->get_bool()))
+    return not_implemented("include_stop_str_in_output", "include_stop_str_in_output: true");
+  for (const char* name : {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "structured_outputs", "allowed_token_ids", "truncate_prompt_tokens", "audio",
+                           "chat_template"}) {
+    if (const auto* v = field(obj, name); v && !v->is_null()) return not_implemented(name, name);
+  }
+  if (const auto* v = field(obj, "bad_words"); v && !v->is_null() && !(v->is_array() && v->get_array().empty()))
+    return not_implemented("bad_words", "bad_words");
+  if (const auto* v = field(obj, "modalities"); v && !v->is_null()) {
+    const auto* a = v->if_array();
+    if (!(a && a->size() == 1 && (*a)[0].is_string() && (*a)[0].get_string() == "text"))
+      return not_implemented("modalities", "modalities other than [\"text\"]");
+  }
+  if (const auto* v = field(obj, "continue_final_message"); v && !v->is_null() && !(v->is_bool() && !v->get_bool()))
+    return not_implemented("continue_final_message", "continue_final_message: true");
+  if (const auto* v = field(obj, "add_generation_prompt"); v && !v->is_null() && !(v->is_bool() && v->get_bool()))
+    return not_implemented("add_generation_prompt", "add_generation_prompt: false");
   return std::nullopt;
 }
 

@@ -57,8 +57,15 @@ std::vector<std::string> unknown_fields(const boost::json::object& obj, std::ini
 
 // OpenAI parameters that change the output and that this server does not implement: a 400
 // naming the parameter when one is given a value other than its default (suffix, best_of > 1,
-// response_format other than text, tools / tool_choice / functions).
+// response_format other than text, tools / tool_choice / functions; other servers' min_p,
+// use_beam_search, prompt_logprobs, guided_*, structured_outputs, bad_words, allowed_token_ids,
+// include_stop_str_in_output, truncate_prompt_tokens, chat_template, continue_final_message,
+// add_generation_prompt: false; OpenAI's audio and modalities other than ["text"]).
 std::optional<api_error> refuse_unimplemented(const boost::json::object& obj);
+
+// unknown_fields for an OpenAI route: the fields refuse_unimplemented reads are known too.
+std::vector<std::string> unknown_openai_fields(const boost::json::object& obj,
+                                               std::initializer_list<std::string_view> known);
 
 // Checks the prompt against the context limit and fits max_new_tokens: an explicit value over
 // the limit is an error naming both numbers and the limit; a default is reduced to what fits.

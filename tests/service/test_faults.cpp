@@ -1,20 +1,25 @@
 // Faults of the job as a whole (tp = 2, the real binaries under mpirun):
-//  - a rank that stops reading control messages at a chosen step (worker.fault: hang), five
-//    times over leaders and non-leaders: /health 503 within step_timeout_s + fault_grace_s of the
-//    hang, every open stream ends with an error event and [DONE], the log names the ranks and
-//    host, and every rank is gone within twice that;
+//  - a rank stopped by SIGSTOP at a chosen control message (worker.fault: stop), five times over
+//    leaders and non-leaders, and a rank that stops reading there (worker.fault: hang): /health
+//    503 within step_timeout_s + fault_grace_s of the stop, every open stream ends with an error
+//    event and [DONE], the log names the ranks and host, and every rank is gone within twice that;
+//  - the coordinator's scheduler loop blocked for good (worker.fault: coordinator_stall): the
+//    watchdog thread alone fails the streams, turns /health to 503 and ends the job;
 //  - a rank killed outright during streams: /health stops answering 200, open streams end with
 //    an error event (not cut), and the log names the rank and host;
-//  - SIGINT to launch/serve.sh's process group during three long streams: all three finish
-//    with [DONE], /health answers 503 from the signal on, and every rank exits 0;
+//  - SIGINT to launch/serve.sh's process group, SIGTERM to serve.sh alone, or SIGUSR1 to mpirun
+//    during three long streams: all three finish with [DONE], /health answers 503 from the signal
+//    on, and every rank exits 0;
 //  - server.strict_fields turns unknown OpenAI fields into a 400.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -84,20 +89,29 @@ std::vector<int32_t> long_prompt(size_t n) {
 
 TEST(ServiceHang, InjectedHangIsFatalWithinTheTimeoutEveryTime) {
   constexpr double kStepTimeout = 2.0, kGrace = 1.5, kBound = kStepTimeout + kGrace;
-  // (control message at which the rank stops reading, tp rank): leaders and non-leaders, early
-  // and later in the streams.
-  const std::vector<std::pair<int, int>> cases = {{6, 0}, {6, 1}, {15, 0}, {15, 1}, {30, 0}};
+  // (control message at which the rank stops, tp rank, how): leaders and non-leaders, early and
+  // later in the streams; `stop` is the process stopped by SIGSTOP (as `kill -STOP` does), `hang`
+  // a process that still runs but never reads again.
+  struct hang_case {
+    int step, rank;
+    const char* fault;
+  };
+  const std::vector<hang_case> cases = {{6, 0, "stop"},  {6, 1, "stop"}, {15, 0, "stop"},
+                                        {15, 1, "stop"}, {30, 0, "stop"}, {6, 1, "hang"}};
   const auto& prompts = reference();
-  for (const auto& [step, rank] : cases) {
-    SCOPED_TRACE("hang at control message " + std::to_string(step) + " on tp rank " + std::to_string(rank));
-    service_process svc("hang" + std::to_string(step) + "r" + std::to_string(rank),
+  for (const auto& [step, rank, fault] : cases) {
+    const std::string what = std::string(fault) + " at control message " + std::to_string(step) + " on tp rank " +
+                             std::to_string(rank);
+    SCOPED_TRACE(what);
+    service_process svc(std::string(fault) + std::to_string(step) + "r" + std::to_string(rank),
                         R"(model: {path: @MODEL@}
 parallel: {tp: 2, dp: 1}
 cache: {page_size: 16, max_requests: 8, max_context: 512}
 scheduler: {chunked_prefill: 512, max_batch_tokens: 1024}
 server: {host: 127.0.0.1, port: @PORT@}
-worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: )" +
-                            std::to_string(step) + ", fail_rank: " + std::to_string(rank) + "}\n",
+worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: )" +
+                            std::string(fault) + ", fail_at_step: " + std::to_string(step) +
+                            ", fail_rank: " + std::to_string(rank) + "}\n",
                         2);
     ASSERT_TRUE(svc.launch()) << svc.report();
     ASSERT_EQ(http_get(svc.port(), "/health").status, 200u);
@@ -109,10 +123,10 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: )" +
       long_reply = http_post(svc.port(), "/generate", generate_body(long_prompt(450), greedy(40, true)), 60s);
     });
     // The hang, as the worker reports it.
-    const std::string marker = "injected hang before control message " + std::to_string(step);
+    const std::string marker = "injected " + std::string(fault) + " before control message " + std::to_string(step);
     const bool hung = eventually([&] { return svc.log().find(marker) != std::string::npos; }, 30s);
     const auto hang_at = steady::now();
-    ASSERT_TRUE(hung) << "the injected hang did not happen\n" << svc.report();
+    ASSERT_TRUE(hung) << "the injected fault did not happen\n" << svc.report();
     double detected = -1.0;
     while (seconds_since(hang_at) < kBound + 5.0) {
       const http_reply h = http_call(svc.port(), "GET", "/health", {}, 2s);
@@ -122,18 +136,23 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: )" +
       }
       std::this_thread::sleep_for(20ms);
     }
+    // Every rank gone within twice step_timeout_s + fault_grace_s of the hang.
+    const auto deadline = hang_at + std::chrono::milliseconds(static_cast<int64_t>(2 * kBound * 1000));
+    const std::optional<int> status =
+        svc.wait_exit(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now()));
+    const bool ranks_gone =
+        svc.wait_ranks_gone(std::max(100ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now())));
+    const double gone = seconds_since(hang_at);
     for (auto& s : streams) s.join();
     long_client.join();
-    const std::optional<int> status = svc.wait_exit(std::chrono::milliseconds(static_cast<int64_t>(2 * kBound * 1000)));
-    const double gone = seconds_since(hang_at);
-    const bool ranks_gone = svc.wait_ranks_gone(100ms);
-    std::printf("hang at message %d on tp rank %d: /health 503 after %.2f s, job ended %.2f s after the hang\n", step,
-                rank, detected, gone);
+    std::printf("%s: /health 503 after %.2f s, every rank gone %.2f s after it (bounds %.1f s, %.1f s)\n", what.c_str(),
+                detected, gone, kBound, 2 * kBound);
     EXPECT_GT(detected, 0.0) << "/health never answered 503\n" << svc.report();
     EXPECT_LE(detected, kBound) << "503 came later than step_timeout_s + fault_grace_s";
     ASSERT_TRUE(status.has_value()) << "mpirun still running " << 2 * kBound << " s after the hang\n" << svc.report();
     EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status);
-    EXPECT_TRUE(ranks_gone) << "rank processes left behind";
+    EXPECT_TRUE(ranks_gone) << "rank processes left " << 2 * kBound << " s after the hang";
+    EXPECT_LE(gone, 2 * kBound + 0.1) << "the job outlived twice step_timeout_s + fault_grace_s";
     for (size_t i = 0; i < streams.size(); ++i) {
       EXPECT_TRUE(streams[i].began) << "stream " << i << ": " << streams[i].status << " " << streams[i].transport_error;
       EXPECT_TRUE(streams[i].saw_error) << "stream " << i << " ended without an error event ("
@@ -190,6 +209,60 @@ worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: hang, fail_at_step: 0, fa
   EXPECT_TRUE(svc.wait_ranks_gone(100ms)) << "rank processes left behind";
 }
 
+// The watchdog on its own: the coordinator's scheduler loop blocks for good (worker.fault:
+// coordinator_stall, as a blocking call that never returns would) while two streams run. The
+// watchdog thread alone turns /health to 503 within step_timeout_s + fault_grace_s, ends both
+// streams with an error event and [DONE], and ends the job within twice that.
+TEST(ServiceHang, StalledSchedulerLoopIsAnsweredByTheWatchdog) {
+  constexpr double kStepTimeout = 2.0, kGrace = 1.5, kBound = kStepTimeout + kGrace;
+  service_process svc("stall", R"(model: {path: @MODEL@}
+parallel: {tp: 2, dp: 1}
+cache: {page_size: 16, max_requests: 8, max_context: 512}
+server: {host: 127.0.0.1, port: @PORT@}
+worker: {step_timeout_s: 2, fault_grace_s: 1.5, fault: coordinator_stall, fail_at_step: 20}
+)",
+                      2);
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  const auto& prompts = reference();
+  std::vector<stream_watch> streams(2);
+  for (size_t i = 0; i < streams.size(); ++i) streams[i].start(svc.port(), prompts[i].input_ids, 400);
+  const bool stalled = eventually(
+      [&] { return svc.log().find("injected stall of the scheduler loop before control message 20") != std::string::npos; },
+      30s);
+  const auto stall_at = steady::now();
+  ASSERT_TRUE(stalled) << "the injected stall did not happen\n" << svc.report();
+  double detected = -1.0;
+  while (seconds_since(stall_at) < kBound + 5.0) {
+    if (http_call(svc.port(), "GET", "/health", {}, 2s).status == 503u) {
+      detected = seconds_since(stall_at);
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  const auto deadline = stall_at + std::chrono::milliseconds(static_cast<int64_t>(2 * kBound * 1000));
+  const std::optional<int> status =
+      svc.wait_exit(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now()));
+  const bool ranks_gone =
+      svc.wait_ranks_gone(std::max(100ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now())));
+  const double gone = seconds_since(stall_at);
+  for (auto& s : streams) s.join();
+  std::printf("stalled scheduler loop: /health 503 after %.2f s, every rank gone %.2f s after the stall\n", detected,
+              gone);
+  EXPECT_GT(detected, 0.0) << "/health never answered 503\n" << svc.report();
+  EXPECT_LE(detected, kBound);
+  ASSERT_TRUE(status.has_value()) << "mpirun still running " << 2 * kBound << " s after the stall\n" << svc.report();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status);
+  EXPECT_TRUE(ranks_gone) << "rank processes left behind";
+  for (size_t i = 0; i < streams.size(); ++i) {
+    EXPECT_TRUE(streams[i].saw_error) << "stream " << i << " ended without an error event ("
+                                      << streams[i].tokens.load() << " tokens): " << streams[i].transport_error;
+    EXPECT_TRUE(streams[i].saw_done) << "stream " << i << " was cut: " << streams[i].transport_error;
+    EXPECT_NE(streams[i].error_text.find("scheduler loop stalled"), std::string::npos) << streams[i].error_text;
+    EXPECT_LT(streams[i].tokens.load(), 400) << "stream " << i;
+  }
+  EXPECT_NE(svc.log().find("the scheduler loop has not advanced"), std::string::npos) << svc.log_tail();
+}
+
 TEST(ServiceWorkerLoss, KilledRankEndsOpenStreamsWithAnErrorEvent) {
   service_process svc("killstreams", R"(model: {path: @MODEL@}
 parallel: {tp: 2, dp: 1}
@@ -217,6 +290,8 @@ worker: {step_timeout_s: 30, fault_grace_s: 5}
   for (size_t i = 0; i < streams.size(); ++i) {
     EXPECT_TRUE(streams[i].saw_error) << "stream " << i << " was cut without an error event after "
                                       << streams[i].tokens.load() << " tokens: " << streams[i].transport_error;
+    EXPECT_TRUE(streams[i].saw_done) << "stream " << i << " ended without [DONE] after its error event: "
+                                     << streams[i].transport_error;
     EXPECT_NE(streams[i].error_text.find("exited"), std::string::npos) << streams[i].error_text;
     EXPECT_LT(streams[i].tokens.load(), 480);
   }
@@ -229,15 +304,19 @@ worker: {step_timeout_s: 30, fault_grace_s: 5}
   std::printf("killed worker pid %d; %s\n", static_cast<int>(workers[1]), m.empty() ? "" : m.str().c_str());
 }
 
-TEST(ServiceShutdown, SigintToServeShProcessGroupDrainsThreeLongStreams) {
+// Three 1500-token streams, then `send_signal` (once each has 20 tokens): all three end with
+// [DONE] and full length, /health answers 503 from the signal on, and every rank exits 0.
+void expect_signal_drains_three_long_streams(const std::string& name, bool via_serve_script,
+                                             const std::function<void(service_process&)>& send_signal,
+                                             const std::string& how) {
   constexpr int32_t kTokens = 1500;
-  service_process svc("sigint", R"(model: {path: @MODEL@}
+  service_process svc(name, R"(model: {path: @MODEL@}
 parallel: {tp: 1, dp: 1}
 cache: {page_size: 16, max_requests: 8, max_context: 2048}
 server: {host: 127.0.0.1, port: @PORT@, drain_timeout_s: 120}
 )",
                       1);
-  svc.use_serve_script();
+  if (via_serve_script) svc.use_serve_script();
   ASSERT_TRUE(svc.launch()) << svc.report();
   const std::vector<pid_t> coordinators = svc.coordinator_pids();
   ASSERT_EQ(coordinators.size(), 1u);
@@ -252,8 +331,7 @@ server: {host: 127.0.0.1, port: @PORT@, drain_timeout_s: 120}
       },
       60s))
       << svc.report();
-  // What Ctrl-C in the terminal does: SIGINT to every process of serve.sh's group.
-  ASSERT_EQ(::kill(-svc.mpirun_pid(), SIGINT), 0);
+  send_signal(svc);
   const auto signalled = steady::now();
   // /health answers 503 from the signal on (the coordinator drains; the server still listens).
   const bool unhealthy = eventually([&] { return http_call(svc.port(), "GET", "/health", {}, 2s).status == 503u; },
@@ -272,16 +350,38 @@ server: {host: 127.0.0.1, port: @PORT@, drain_timeout_s: 120}
     EXPECT_EQ(streams[i].finish, "length") << "stream " << i;
   }
   const std::optional<int> status = svc.wait_exit(60s);
-  ASSERT_TRUE(status.has_value()) << "serve.sh still running 60 s after SIGINT\n" << svc.report();
+  ASSERT_TRUE(status.has_value()) << "still running 60 s after the signal\n" << svc.report();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status) << "\n"
                                                                << svc.log_tail();
   EXPECT_TRUE(svc.wait_ranks_gone(10s)) << "rank processes left behind";
   const std::string log = svc.log();
   EXPECT_NE(log.find("draining"), std::string::npos) << svc.log_tail();
   EXPECT_NE(log.find("[worker 1 dp0/tp0] shut down"), std::string::npos) << svc.log_tail();
-  std::printf("SIGINT with >= %d of %d tokens streamed: /health 503 after %.2f s, all streams [DONE], job ended "
+  std::printf("%s with >= %d of %d tokens streamed: /health 503 after %.2f s, all streams [DONE], job ended "
               "%.2f s after the signal\n",
-              at_signal_min, kTokens, to_503, seconds_since(signalled));
+              how.c_str(), at_signal_min, kTokens, to_503, seconds_since(signalled));
+}
+
+// What Ctrl-C in the terminal does: SIGINT to every process of serve.sh's group.
+TEST(ServiceShutdown, SigintToServeShProcessGroupDrainsThreeLongStreams) {
+  expect_signal_drains_three_long_streams(
+      "sigint", true, [](service_process& svc) { ASSERT_EQ(::kill(-svc.mpirun_pid(), SIGINT), 0); },
+      "SIGINT to serve.sh's process group");
+}
+
+// What a service manager's stop does: SIGTERM to serve.sh's pid alone.
+TEST(ServiceShutdown, SigtermToServeShDrainsThreeLongStreams) {
+  expect_signal_drains_three_long_streams(
+      "sigterm-sh", true, [](service_process& svc) { ASSERT_EQ(::kill(svc.mpirun_pid(), SIGTERM), 0); },
+      "SIGTERM to serve.sh");
+}
+
+// A job started with mpirun itself: SIGUSR1 to mpirun (forwarded to every rank) drains, as the
+// README says (SIGTERM to mpirun is mpirun's own job kill).
+TEST(ServiceShutdown, Sigusr1ToMpirunDrainsThreeLongStreams) {
+  expect_signal_drains_three_long_streams(
+      "sigusr1", false, [](service_process& svc) { ASSERT_EQ(::kill(svc.mpirun_pid(), SIGUSR1), 0); },
+      "SIGUSR1 to mpirun");
 }
 
 // server.strict_fields: an unknown field on an OpenAI route is a 400 naming it.

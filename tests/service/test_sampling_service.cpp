@@ -13,11 +13,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
 
 #include "service_test_support.h"
 
@@ -160,6 +164,61 @@ server: {host: 127.0.0.1, port: @PORT@}
 )" + extra;
 }
 
+// hyserve-generate --logits on the fixture: its greedy ids and one logits row per position of
+// prompt + output (row prompt.size() - 1 + t is the distribution of output token t).
+struct cli_logits {
+  std::vector<int32_t> ids;
+  std::vector<std::vector<float>> rows;
+  std::string error;
+};
+
+cli_logits generate_cli_logits(const std::vector<int32_t>& prompt, int32_t n) {
+  cli_logits out;
+  std::string joined;
+  for (size_t i = 0; i < prompt.size(); ++i) joined += (i ? "," : "") + std::to_string(prompt[i]);
+  const std::string cmd = binary_dir() + "/bin/hyserve-generate --model " + fixture_model_dir() + " --input-ids " +
+                          joined + " --max-new-tokens " + std::to_string(n) + " --json --logits 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) {
+    out.error = "popen failed: " + cmd;
+    return out;
+  }
+  std::string text;
+  std::array<char, 65536> buf{};
+  for (size_t got; (got = std::fread(buf.data(), 1, buf.size(), pipe)) > 0;) text.append(buf.data(), got);
+  const int status = ::pclose(pipe);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    out.error = cmd + " failed: " + text.substr(0, 2000);
+    return out;
+  }
+  boost::system::error_code ec;
+  const json::value v = json::parse(text, ec);
+  if (ec || !v.is_object() || !v.as_object().contains("logits")) {
+    out.error = "no JSON with logits from " + cmd + ": " + text.substr(0, 2000);
+    return out;
+  }
+  out.ids = ids_of(v.at("output_ids"));
+  out.rows = json::value_to<std::vector<std::vector<float>>>(v.at("logits"));
+  return out;
+}
+
+// What the worker's logits processing does to one row (vLLM's order: logit_bias, then the
+// repetition penalty on tokens of the prompt or the output so far, then the frequency and
+// presence penalties on the output's counts), recomputed here in float like the worker.
+std::vector<float> processed_row(std::vector<float> x, const std::map<int32_t, float>& bias, const penalties& pen,
+                                 const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+  for (const auto& [id, b] : bias) x[static_cast<size_t>(id)] += b;
+  for (int32_t v = 0; v < kVocab; ++v) {
+    const auto cnt = std::count(output.begin(), output.end(), v);
+    const bool seen = cnt > 0 || std::find(prompt.begin(), prompt.end(), v) != prompt.end();
+    float& xv = x[static_cast<size_t>(v)];
+    const auto rp = static_cast<float>(pen.rep);
+    if (seen && rp != 1.0f) xv = xv > 0.0f ? xv / rp : xv * rp;
+    if (cnt > 0) xv -= static_cast<float>(pen.freq) * static_cast<float>(cnt) + static_cast<float>(pen.pres);
+  }
+  return x;
+}
+
 class SamplingService : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -284,6 +343,95 @@ TEST_F(SamplingService, LogprobsMatchTheReference) {
     for (const auto& x : l.at("token_logprobs").as_array()) streamed_lps.push_back(x.to_number<double>());
   }
   EXPECT_EQ(streamed_lps, plain);
+}
+
+// Logprobs against hyserve-generate --logits (the same model run by the command-line tool): with
+// no processing they are the log-softmax of its rows within kLogprobTol; with logit_bias and the
+// penalties they are the log-softmax of its rows processed as recomputed here, and the greedy
+// tokens are the argmax of those rows, token for token up to and including the first departure
+// from the tool's greedy path (past that the tool has no logits for the new path).
+TEST_F(SamplingService, LogprobsEqualLogSoftmaxOfGenerateCliLogitsWithBiasAndPenalties) {
+  constexpr int32_t kTokens = 24;
+  constexpr size_t kTop = 5;
+  double worst = 0.0;
+  size_t compared = 0, departures = 0;
+  for (size_t p = 0; p < reference().size(); ++p) {
+    const std::vector<int32_t>& prompt = reference()[p].input_ids;
+    const cli_logits cli = generate_cli_logits(prompt, kTokens);
+    ASSERT_TRUE(cli.error.empty()) << cli.error;
+    ASSERT_EQ(cli.ids.size(), static_cast<size_t>(kTokens));
+    ASSERT_GE(cli.rows.size(), prompt.size() - 1 + kTokens);
+    // Biases on the 2nd and 4th most likely tokens of the first step and on a far one.
+    const std::vector<float>& first = cli.rows[prompt.size() - 1];
+    std::vector<int32_t> order(kVocab);
+    for (int32_t v = 0; v < kVocab; ++v) order[static_cast<size_t>(v)] = v;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return first[a] > first[b]; });
+    const std::map<int32_t, float> bias = {{order[1], 1.5f}, {order[3], -2.5f}, {order[200], 4.0f}};
+    struct processing_case {
+      const char* label;
+      std::map<int32_t, float> bias;
+      penalties pen;
+    };
+    const std::vector<processing_case> cases = {{"none", {}, {}},
+                                                {"logit_bias", bias, {}},
+                                                {"penalties", {}, {1.3, 0.4, 0.7}},
+                                                {"logit_bias + penalties", bias, {0.8, -0.5, 0.9}}};
+    for (const processing_case& c : cases) {
+      const std::string label = "prompt " + std::to_string(p) + ", " + c.label;
+      SCOPED_TRACE(label);
+      json::object sp{{"repetition_penalty", c.pen.rep}, {"presence_penalty", c.pen.pres},
+                      {"frequency_penalty", c.pen.freq}};
+      if (!c.bias.empty()) {
+        json::object b;
+        for (const auto& [id, v] : c.bias) b[std::to_string(id)] = v;
+        sp["logit_bias"] = std::move(b);
+      }
+      json::object body = generate_request(prompt, kTokens, sp);
+      body["return_logprob"] = true;
+      body["top_logprobs_num"] = kTop;
+      const http_reply r = post(port(), "/generate", body);
+      ASSERT_EQ(r.status, 200u) << r.describe();
+      const gen_logprobs g = parse_logprobs(r);
+      ASSERT_EQ(g.ids.size(), static_cast<size_t>(kTokens));
+      ASSERT_EQ(g.lps.size(), g.ids.size());
+      ASSERT_EQ(g.tops.size(), g.ids.size());
+      std::vector<int32_t> predicted;
+      for (size_t t = 0; t < static_cast<size_t>(kTokens); ++t) {
+        const std::vector<float> x = processed_row(cli.rows[prompt.size() - 1 + t], c.bias, c.pen, prompt, predicted);
+        std::vector<int32_t> ranked(kVocab);
+        for (int32_t v = 0; v < kVocab; ++v) ranked[static_cast<size_t>(v)] = v;
+        std::partial_sort(ranked.begin(), ranked.begin() + 2, ranked.end(),
+                          [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+        if (x[ranked[0]] - x[ranked[1]] < kMarginTol) break;  // a near tie: the path is not a fair test past it
+        predicted.push_back(ranked[0]);
+        EXPECT_EQ(g.ids[t], ranked[0]) << "token " << t;
+        const std::vector<double> ls = log_softmax(x);
+        std::vector<double> sorted = ls;
+        std::sort(sorted.rbegin(), sorted.rend());
+        EXPECT_NEAR(g.lps[t], ls[static_cast<size_t>(g.ids[t])], kLogprobTol) << "token " << t;
+        worst = std::max(worst, std::fabs(g.lps[t] - ls[static_cast<size_t>(g.ids[t])]));
+        ASSERT_EQ(g.tops[t].size(), kTop) << "token " << t;
+        for (size_t k = 0; k < kTop; ++k) {
+          const auto& [lp, id] = g.tops[t][k];
+          EXPECT_NEAR(lp, ls[static_cast<size_t>(id)], kLogprobTol) << "token " << t << " rank " << k;
+          EXPECT_NEAR(lp, sorted[k], kLogprobTol) << "token " << t << " rank " << k;
+          worst = std::max(worst, std::fabs(lp - ls[static_cast<size_t>(id)]));
+        }
+        ++compared;
+        if (ranked[0] != cli.ids[t]) {  // off the tool's greedy path: no logits past here
+          ++departures;
+          break;
+        }
+      }
+      if (c.bias.empty() && c.pen.rep == 1.0 && c.pen.pres == 0.0 && c.pen.freq == 0.0)
+        EXPECT_EQ(g.ids, cli.ids) << "plain greedy differs from hyserve-generate";
+    }
+  }
+  std::printf("logprobs vs hyserve-generate --logits (plain, logit_bias, penalties): %zu tokens compared, %zu "
+              "departures from the greedy path, largest |difference| %.3g (tolerance %.0e)\n",
+              compared, departures, worst, kLogprobTol);
+  EXPECT_GE(compared, reference().size() * static_cast<size_t>(kTokens)) << "too few tokens compared";
+  EXPECT_GT(departures, 0u) << "no bias or penalty changed the greedy path: the token check tests nothing";
 }
 
 TEST_F(SamplingService, PenaltiesFollowTheReferenceRecomputation) {

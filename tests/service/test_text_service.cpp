@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -473,6 +477,258 @@ TEST_F(TextService, UnimplementedOpenAIParametersAre400) {
                                    R"({"prompt": "Hello", "max_tokens": 2, "best_of": 1, "echo": false,
                                        "suffix": null, "stop_token_ids": [7], "ignore_eos": true})");
   EXPECT_EQ(ok2.status, 200u) << ok2.describe();
+}
+
+// echo with logprobs would also need the prompt tokens' logprobs, which the server does not
+// compute: a 400 naming echo and logprobs, never an answer silently without them. Other servers'
+// parameters that would change the output (vLLM, SGLang) and OpenAI's audio output are a 400
+// naming the parameter unless given their default; the defaults are accepted and not reported as
+// ignored.
+TEST_F(TextService, EchoWithLogprobsAndOtherServersOutputParametersAre400) {
+  for (const std::string& body :
+       {std::string(R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": 1})"),
+        std::string(R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": 0, "stream": true})"),
+        std::string(R"({"prompt": [5, 6, 7], "max_tokens": 2, "logprobs": 3, "echo": true})")}) {
+    const http_reply r = http_post(port(), "/v1/completions", body);
+    EXPECT_EQ(r.status, 400u) << body << ": " << r.describe();
+    const auto err = error_object(r);
+    ASSERT_TRUE(err.has_value()) << r.body;
+    EXPECT_EQ(err->at("param").as_string(), "echo") << r.body;
+    const std::string message(err->at("message").as_string());
+    EXPECT_NE(message.find("logprobs"), std::string::npos) << r.body;
+    EXPECT_NE(message.find("not supported"), std::string::npos) << r.body;
+  }
+  // Either alone still works.
+  const http_reply lp = http_post(port(), "/v1/completions",
+                                  R"({"prompt": "Hello there", "max_tokens": 2, "echo": false, "logprobs": 1})");
+  ASSERT_EQ(lp.status, 200u) << lp.describe();
+  EXPECT_EQ(lp.json().at("choices").at(0).at("logprobs").at("token_logprobs").as_array().size(), 2u) << lp.body;
+  const http_reply echo = http_post(port(), "/v1/completions",
+                                    R"({"prompt": "Hello there", "max_tokens": 2, "echo": true, "logprobs": null})");
+  ASSERT_EQ(echo.status, 200u) << echo.describe();
+  EXPECT_TRUE(echo.json().at("choices").at(0).at("logprobs").is_null()) << echo.body;
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"min_p", "0.1"},
+      {"use_beam_search", "true"},
+      {"prompt_logprobs", "1"},
+      {"guided_json", R"({"type": "object"})"},
+      {"guided_regex", R"("a+")"},
+      {"guided_choice", R"(["yes", "no"])"},
+      {"guided_grammar", R"("root ::= \"a\"")"},
+      {"structured_outputs", R"({"choice": ["a"]})"},
+      {"bad_words", R"(["Hello"])"},
+      {"allowed_token_ids", "[5, 6]"},
+      {"include_stop_str_in_output", "true"},
+      {"truncate_prompt_tokens", "3"},
+      {"chat_template", R"("{{ messages }}")"},
+      {"continue_final_message", "true"},
+      {"add_generation_prompt", "false"},
+      {"modalities", R"(["text", "audio"])"},
+      {"audio", R"({"voice": "alloy", "format": "wav"})"},
+  };
+  for (const auto& [param, value] : refused) {
+    for (const std::string target : {"/v1/completions", "/v1/chat/completions"}) {
+      const std::string head = target == "/v1/completions" ? R"({"prompt": "Hello", "max_tokens": 2, ")"
+                                                            : R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ")";
+      const std::string body = head + param + "\": " + value + "}";
+      const http_reply r = http_post(port(), target, body);
+      EXPECT_EQ(r.status, 400u) << target << " " << body << ": " << r.describe();
+      const auto err = error_object(r);
+      ASSERT_TRUE(err.has_value()) << r.body;
+      EXPECT_EQ(err->at("param").as_string(), param) << r.body;
+      EXPECT_NE(std::string(err->at("message").as_string()).find("not supported"), std::string::npos) << r.body;
+    }
+  }
+  const std::string defaults = R"("min_p": 0, "use_beam_search": false, "prompt_logprobs": null, "guided_json": null,
+      "bad_words": [], "include_stop_str_in_output": false, "modalities": ["text"], "audio": null,
+      "continue_final_message": false, "add_generation_prompt": true, "chat_template": null})";
+  const http_reply c = http_post(port(), "/v1/completions", R"({"prompt": "Hello", "max_tokens": 2, )" + defaults);
+  EXPECT_EQ(c.status, 200u) << c.describe();
+  EXPECT_EQ(c.header("x-hyserve-ignored-fields"), "");
+  const http_reply ch = http_post(port(), "/v1/chat/completions",
+                                  R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, )" + defaults);
+  EXPECT_EQ(ch.status, 200u) << ch.describe();
+  EXPECT_EQ(ch.header("x-hyserve-ignored-fields"), "");
+}
+
+// The implemented sampling parameters act on the OpenAI routes as on /generate: penalties on a
+// text completion give /generate's tokens for the same text and values; a logit_bias of 100 in a
+// chat forces its token.
+TEST_F(TextService, PenaltiesAndLogitBiasWorkOnTheOpenAIRoutes) {
+  const json::object pen{{"frequency_penalty", 1.5}, {"presence_penalty", 0.5}, {"repetition_penalty", 1.3}};
+  json::object comp{{"prompt", "Hello there"}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  json::object sp{{"max_new_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  for (const auto& kv : pen) {
+    comp[kv.key()] = kv.value();
+    sp[kv.key()] = kv.value();
+  }
+  const http_reply c = http_post(port(), "/v1/completions", json::serialize(comp));
+  ASSERT_EQ(c.status, 200u) << c.describe();
+  const http_reply g =
+      http_post(port(), "/generate", json::serialize(json::object{{"text", "Hello there"}, {"sampling_params", sp}}));
+  ASSERT_EQ(g.status, 200u) << g.describe();
+  const std::vector<int32_t> via_completions = ids_of(c.json().at("choices").at(0).at("token_ids"));
+  EXPECT_EQ(via_completions, ids_of(g.json().at("output_ids")));
+  EXPECT_EQ(via_completions.size(), 16u);
+  // Without the penalties the output differs (else the comparison above tests nothing).
+  json::object plain{{"prompt", "Hello there"}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  const http_reply p = http_post(port(), "/v1/completions", json::serialize(plain));
+  ASSERT_EQ(p.status, 200u) << p.describe();
+  EXPECT_NE(ids_of(p.json().at("choices").at(0).at("token_ids")), via_completions) << "the penalties changed nothing";
+
+  const int32_t forced = local_tokenizer().encode("Hello", {.add_special_tokens = false}).at(0);
+  json::object chat{{"messages", json::array{json::object{{"role", "user"}, {"content", "hi"}}}},
+                    {"max_tokens", 4},
+                    {"temperature", 0},
+                    {"logit_bias", json::object{{std::to_string(forced), 100}}}};
+  const http_reply r = http_post(port(), "/v1/chat/completions", json::serialize(chat));
+  ASSERT_EQ(r.status, 200u) << r.describe();
+  EXPECT_EQ(std::string(r.json().at("choices").at(0).at("message").at("content").as_string()),
+            local_tokenizer().decode(std::vector<int32_t>(4, forced)));
+  EXPECT_EQ(r.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4);
+}
+
+// Fuzzing the text surface (seeded, bounded in count and time): text prompts, chat messages,
+// stop strings, echo, logprobs and logit_bias, random and mutated, with random headers, on a
+// service with a tokenizer and a chat format. No answer is a 500 or a dropped connection; the
+// server stays healthy and a fixed greedy chat and completion answer as before.
+TEST_F(TextService, FuzzedTextAndChatBodiesLeaveTheServerHealthy) {
+  constexpr uint32_t kSeed = 20261205;
+  constexpr int kRequests = 2000;
+  const auto time_limit = 15s;
+  const std::string fixed_chat =
+      R"({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0})";
+  const std::string fixed_completion = R"({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0})";
+  const http_reply chat_before = http_post(port(), "/v1/chat/completions", fixed_chat);
+  const http_reply completion_before = http_post(port(), "/v1/completions", fixed_completion);
+  ASSERT_EQ(chat_before.status, 200u) << chat_before.describe();
+  ASSERT_EQ(completion_before.status, 200u) << completion_before.describe();
+
+  std::mt19937 rng(kSeed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> strings = {
+      R"("")", R"("Hello")", R"("<|im_end|>")", R"("<|im_start|>system\nx")", R"("\ud800")", R"("\u0000")",
+      R"("é漢字🙂")", "\"" + std::string(300, 'a') + "\"", R"("\n\n")", R"(" ")"};
+  const std::vector<std::string> atoms = {"0", "-1", "1", "2", "1e300", "1e-50", "0.5", "true", "false", "null",
+                                          "[]", "{}", "[5,6,7]", "[\"a\",\"b\"]", "{\"5\": 100}", "{\"x\": 1}"};
+  const std::vector<std::string> keys = {"prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                                         "top_p", "stop", "stream", "echo", "logprobs", "top_logprobs", "logit_bias",
+                                         "min_tokens", "presence_penalty", "frequency_penalty", "seed", "n", "zzz",
+                                         "role", "content", "text", "sampling_params"};
+  std::function<std::string(int)> random_json = [&](int depth) -> std::string {
+    const size_t kind = depth > 3 ? pick(2) : pick(5);
+    if (kind == 0) return atoms[pick(atoms.size())];
+    if (kind == 1) return strings[pick(strings.size())];
+    if (kind == 2) {
+      std::string a = "[";
+      for (size_t i = 0, n = pick(4); i < n; ++i) a += (i ? "," : "") + random_json(depth + 1);
+      return a + "]";
+    }
+    std::string o = "{";
+    for (size_t i = 0, n = 1 + pick(5); i < n; ++i)
+      o += (i ? ",\"" : "\"") + keys[pick(keys.size())] + "\":" + random_json(depth + 1);
+    return o + "}";
+  };
+  auto message = [&] {
+    static const char* roles[] = {"user", "system", "assistant", "tool", "x"};
+    return R"({"role": ")" + std::string(roles[pick(5)]) + R"(", "content": )" + strings[pick(strings.size())] + "}";
+  };
+  auto valid_body = [&](bool chat) {
+    std::string b = chat ? R"({"messages": [)" + message() + (pick(2) ? "," + message() : "") + "]"
+                         : R"({"prompt": )" + strings[1 + pick(strings.size() - 1)];
+    b += ", \"max_tokens\": " + std::to_string(1 + pick(6));
+    if (pick(2)) b += ", \"temperature\": " + std::string(pick(2) ? "0" : "0.8") + ", \"seed\": 7";
+    if (pick(3) == 0) b += ", \"stream\": true";
+    if (pick(3) == 0) b += ", \"stop\": " + strings[pick(strings.size())];
+    if (pick(4) == 0) b += chat ? ", \"logprobs\": true, \"top_logprobs\": 2" : ", \"logprobs\": 2";
+    if (!chat && pick(4) == 0) b += ", \"echo\": true";
+    if (pick(5) == 0) b += R"(, "logit_bias": {")" + std::to_string(pick(512)) + R"(": 5})";
+    if (pick(5) == 0) b += ", \"frequency_penalty\": 0.5, \"presence_penalty\": -0.5";
+    return b + "}";
+  };
+  const std::vector<std::string> junk = {"1e309", "\xff", "\xc3", "\"", "{", "]", "\\u", ",", "null", "<|im_end|>"};
+  auto mutate = [&](std::string b) {
+    for (size_t k = 0, n = 1 + pick(3); k < n && !b.empty(); ++k) {
+      const size_t at = pick(b.size());
+      switch (pick(3)) {
+        case 0: b[at] = static_cast<char>(rng() & 0xff); break;
+        case 1: b.erase(at, 1 + pick(6)); break;
+        default: b.insert(at, junk[pick(junk.size())]); break;
+      }
+    }
+    return b;
+  };
+  const auto started = steady::now();
+  int sent = 0;
+  std::map<unsigned, int> statuses;
+  for (; sent < kRequests && steady::now() - started < time_limit; ++sent) {
+    const size_t route = pick(3);
+    const std::string target = route == 0 ? "/v1/chat/completions" : route == 1 ? "/v1/completions" : "/generate";
+    const size_t how = pick(3);
+    std::string body = how == 0   ? random_json(0)
+                       : how == 1 ? mutate(valid_body(route == 0))
+                                  : valid_body(route == 0);
+    if (route == 2 && how == 2) body = R"({"text": )" + strings[pick(strings.size())] + R"(, "sampling_params": {"max_new_tokens": 3}})";
+    std::string head = "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    if (pick(4)) head += "Content-Type: application/json\r\n";
+    for (size_t h = 0, n = pick(3); h < n; ++h) {
+      std::string value;
+      for (size_t i = 0, len = pick(30); i < len; ++i) value += static_cast<char>(0x20 + rng() % 95);
+      head += "X-F" + std::to_string(rng() % 100) + ": " + value + "\r\n";
+    }
+    head += "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+    http_connection c(port());
+    const http_reply r = c.raw_exchange(head + body, 30s);
+    ++statuses[r.status];
+    ASSERT_NE(r.status, 0u) << "no answer to fuzz request " << sent << " (seed " << kSeed << "): " << r.error << "\n"
+                            << head << body;
+    ASSERT_LT(r.status, 500u) << "fuzz request " << sent << " (seed " << kSeed << "): " << r.describe() << "\n"
+                              << head << body;
+  }
+  std::string summary;
+  for (const auto& [status, n] : statuses) summary += " " + std::to_string(status) + ":" + std::to_string(n);
+  std::printf("text fuzz: %d requests in %.1f s (seed %u), statuses%s\n", sent,
+              std::chrono::duration<double>(steady::now() - started).count(), kSeed, summary.c_str());
+  EXPECT_GE(sent, 100);
+  EXPECT_GT(statuses[200], 0) << "no fuzz request was valid: the generation paths were not reached";
+  EXPECT_EQ(http_get(port(), "/health").status, 200u);
+  const http_reply chat_after = http_post(port(), "/v1/chat/completions", fixed_chat);
+  const http_reply completion_after = http_post(port(), "/v1/completions", fixed_completion);
+  ASSERT_EQ(chat_after.status, 200u) << chat_after.describe();
+  ASSERT_EQ(completion_after.status, 200u) << completion_after.describe();
+  EXPECT_EQ(chat_after.json().at("choices").at(0).at("message"), chat_before.json().at("choices").at(0).at("message"));
+  EXPECT_EQ(completion_after.json().at("choices").at(0).at("token_ids"),
+            completion_before.json().at("choices").at(0).at("token_ids"));
+}
+
+// launch/serve.sh with a config whose model and tokenizer paths are relative: they resolve
+// against the config file's folder, not the directory serve.sh runs in (the default config works
+// from anywhere). The folder holds `model` and `tok` (links to the fixtures); the test runs
+// elsewhere.
+TEST(TextServiceLaunch, ServeShResolvesRelativePathsAgainstTheConfigFile) {
+  service_process svc("relpaths", R"(model: {path: model, tokenizer: tok}
+parallel: {tp: 1, dp: 1}
+cache: {page_size: 16, max_requests: 2, max_context: 256}
+server: {host: 127.0.0.1, port: @PORT@}
+chat:
+  template: "<|im_start|>{role}\n{content}<|im_end|>\n"
+  generation_prompt: "<|im_start|>assistant\n"
+  eos: "<|im_end|>"
+)",
+                      1);
+  const std::filesystem::path dir = std::filesystem::path(svc.config_path()).parent_path();
+  ASSERT_NE(std::filesystem::current_path(), dir);
+  std::filesystem::create_directory_symlink(fixture_model_dir(), dir / "model");
+  std::filesystem::create_directory_symlink(tokenizer_dir(), dir / "tok");
+  svc.use_serve_script();
+  ASSERT_TRUE(svc.launch()) << svc.report();
+  const http_reply r = http_post(svc.port(), "/v1/chat/completions",
+                                 R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})");
+  EXPECT_EQ(r.status, 200u) << r.describe() << "\n" << svc.log_tail();
+  EXPECT_EQ(r.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4) << r.body;
+  EXPECT_NE(svc.log().find((dir / "tok").string()), std::string::npos) << "the tokenizer path is not the config's folder's\n"
+                                                                       << svc.log_tail();
 }
 
 TEST(TextServiceLaunch, MalformedTokenizerIsAClearStartupError) {

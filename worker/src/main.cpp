@@ -221,6 +221,14 @@ int run(int argc, char** argv) {
       say(t, "injected hang before control message " + std::to_string(received));
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
+    if (cfg.worker.fault == worker_fault::kStop && received == cfg.worker.fail_at_step &&
+        t.tp_rank() == cfg.worker.fail_rank) {
+      // Test-only (worker.fault: stop): the process stops itself, as `kill -STOP` would, and is
+      // only ever killed afterwards.
+      say(t, "injected stop before control message " + std::to_string(received));
+      std::fflush(nullptr);
+      std::raise(SIGSTOP);
+    }
     const auto t_wait = clock::now();
     const bool was_idle = r->in_flight() == 0;
     const std::vector<uint8_t> bytes = next_message(t, tp_comm, spin_until);

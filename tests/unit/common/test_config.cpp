@@ -3,7 +3,10 @@
 
 #include <cfloat>
 #include <climits>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -166,6 +169,10 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "worker.timeout: unknown key (known: step_timeout_s, startup_timeout_s, fault_grace_s, fail_at_step, fail_rank, "
                     "fault)");
   EXPECT_ERROR_WITH(load_config_string(model + "worker: {fault: stall}"), config_error, "worker.fault");
+  EXPECT_EQ(load_config_string(model + "worker: {fault: stop}").worker.fault, worker_fault::kStop);
+  EXPECT_EQ(load_config_string(model + "worker: {fault: coordinator_stall}").worker.fault,
+            worker_fault::kCoordinatorStall);
+  EXPECT_EQ(load_config_string(model + "worker: {fault: throw}").worker.fault, worker_fault::kThrow);
 }
 
 TEST(Config, BadValuesNameThePathAndValue) {
@@ -540,6 +547,77 @@ TEST(Config, CudaGraphsDefaultOnForCudaAndRefusedOnCpu) {
   EXPECT_ERROR_WITH(load_config_string(model + "cuda_graphs: true\n"), config_error,
                     "cuda_graphs: true needs device: cuda");
   EXPECT_ERROR_WITH(load_config_string(model + "device: cuda\ncuda_graphs: maybe\n"), config_error, "cuda_graphs");
+}
+
+}  // namespace
+}  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+// The keys a section of the config knows, as its unknown-key error lists them.
+std::vector<std::string> known_keys(const std::string& yaml) {
+  try {
+    (void)load_config_string(yaml);
+  } catch (const config_error& e) {
+    const std::string what = e.what();
+    const size_t at = what.find("(known: ");
+    if (at == std::string::npos) return {};
+    const size_t end = what.find(')', at);
+    std::vector<std::string> keys;
+    std::string list = what.substr(at + 8, end - at - 8);
+    for (size_t pos = 0; pos <= list.size();) {
+      const size_t comma = std::min(list.find(", ", pos), list.size());
+      keys.push_back(list.substr(pos, comma - pos));
+      pos = comma + 2;
+    }
+    return keys;
+  }
+  return {};
+}
+
+// README's configuration section names every key the loader knows: the sections with a table
+// row per key as `section.key`, the ones documented below the table (sparsity, speculative, chat)
+// by the key itself.
+TEST(Config, ReadmeConfigurationListsEveryKey) {
+  std::ifstream in(std::string(HYSERVE_SOURCE_DIR) + "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(readme.empty());
+  const std::string model = "model: {path: /ckpt}\n";
+  struct section {
+    std::string prefix;  // "" for the top level
+    std::string yaml;    // a config whose only fault is the unknown key zzz in that section
+    bool table = true;   // keys in the table as `prefix.key`
+  };
+  const std::vector<section> sections = {
+      {"", model + "zzz: 1\n"},
+      {"model.", "model: {path: /ckpt, zzz: 1}\n"},
+      {"parallel.", model + "parallel: {zzz: 1}\n"},
+      {"cache.", model + "cache: {zzz: 1}\n"},
+      {"cache.prefix.", model + "cache: {prefix: {zzz: 1}}\n"},
+      {"scheduler.", model + "scheduler: {zzz: 1}\n"},
+      {"server.", model + "server: {zzz: 1}\n"},
+      {"worker.", model + "worker: {zzz: 1}\n"},
+      {"sparsity.", model + "sparsity: {zzz: 1}\n", false},
+      {"speculative.", model + "speculative: {zzz: 1}\n", false},
+      {"chat.", model + "chat: {zzz: 1}\n", false},
+  };
+  for (const section& s : sections) {
+    const std::vector<std::string> keys = known_keys(s.yaml);
+    ASSERT_FALSE(keys.empty()) << "no known-key list for " << s.prefix;
+    for (const std::string& key : keys) {
+      if (s.table) {
+        // A key that is a section itself has rows for its keys (`cache.prefix.enabled`).
+        EXPECT_TRUE(readme.find("`" + s.prefix + key + "`") != std::string::npos ||
+                    readme.find("`" + s.prefix + key + ".") != std::string::npos)
+            << "README's configuration table has no row for `" << s.prefix << key << "`";
+      } else {
+        EXPECT_TRUE(readme.find("`" + key + "`") != std::string::npos ||
+                    readme.find(key + ":") != std::string::npos)
+            << "README does not document " << s.prefix << key;
+      }
+    }
+  }
 }
 
 }  // namespace

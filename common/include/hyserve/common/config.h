@@ -158,6 +158,9 @@ struct server_section {
 enum class worker_fault : uint8_t {
   kThrow,  // the step throws: its requests fail with 500, the worker stays up
   kHang,   // the rank stops reading control messages and never answers (a hung rank)
+  kStop,   // the rank stops its own process with SIGSTOP (what `kill -STOP` does to it)
+  kCoordinatorStall,  // the coordinator's scheduler loop blocks for good before sending control
+                      // message fail_at_step (a call that never returns): only its watchdog answers
 };
 
 struct worker_section {
@@ -165,8 +168,8 @@ struct worker_section {
   double startup_timeout_s = 600.0;  // time for every group to load and say hello
   double fault_grace_s = 2.0;        // after a fatal fault: /health answers 503 this long, then the job ends
   int64_t fail_at_step = -1;         // test only: the worker throws in this step (-1 = never)
-  int32_t fail_rank = 0;             // test only: tp rank that throws (or hangs)
-  worker_fault fault = worker_fault::kThrow;  // test only: throw | hang at fail_at_step
+  int32_t fail_rank = 0;             // test only: tp rank that throws (or hangs, or stops)
+  worker_fault fault = worker_fault::kThrow;  // test only: throw | hang | stop | coordinator_stall at fail_at_step
 };
 
 // `chat`: how /v1/chat/completions turns messages into a prompt (ChatML style):
