@@ -55,7 +55,7 @@ void prefix_tree::update_evictable(int32_t id) {
   lru_.erase({n.last_use, id});
   if (evictable(id)) lru_.insert({n.last_use, id});
   ckpt_lru_.erase({n.ckpt_use, id});
-  if (id != 0 && n.alive && n.refs == 0 && n.checkpoint >= 0) ckpt_lru_.insert({n.ckpt_use, id});
+  if (id != 0 && n.alive && n.checkpoint >= 0 && n.ckpt_pins == 0) ckpt_lru_.insert({n.ckpt_use, id});
 }
 
 void prefix_tree::hold(const std::vector<int32_t>& ids) {
@@ -130,12 +130,21 @@ bool prefix_tree::attach_checkpoint(int32_t id, int32_t slot, uint64_t tick) {
   return true;
 }
 
-void prefix_tree::touch_checkpoint(int32_t id, uint64_t tick) {
+void prefix_tree::pin_checkpoint(int32_t id, uint64_t tick) {
   node& n = nodes_.at(static_cast<size_t>(id));
-  HYSERVE_CHECK(n.alive && n.checkpoint >= 0, "prefix_tree::touch_checkpoint: node " + std::to_string(id) +
+  HYSERVE_CHECK(n.alive && n.checkpoint >= 0, "prefix_tree::pin_checkpoint: node " + std::to_string(id) +
                                                   " has no checkpoint");
   ckpt_lru_.erase({n.ckpt_use, id});
   n.ckpt_use = tick;
+  ++n.ckpt_pins;
+  update_evictable(id);
+}
+
+void prefix_tree::unpin_checkpoint(int32_t id) {
+  node& n = nodes_.at(static_cast<size_t>(id));
+  HYSERVE_CHECK(n.alive && n.ckpt_pins > 0, "prefix_tree::unpin_checkpoint: node " + std::to_string(id) +
+                                                " is not pinned");
+  --n.ckpt_pins;
   update_evictable(id);
 }
 
@@ -143,7 +152,7 @@ std::optional<prefix_tree::evicted> prefix_tree::evict_checkpoint() {
   if (ckpt_lru_.empty()) return std::nullopt;
   const int32_t id = ckpt_lru_.begin()->second;
   node& n = nodes_[static_cast<size_t>(id)];
-  if (n.children.empty()) {
+  if (n.children.empty() && n.refs == 0) {
     lru_.erase({n.last_use, id});
     return remove_leaf(id);
   }

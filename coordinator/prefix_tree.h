@@ -6,9 +6,10 @@
 // Pages in the tree are shared by reference: a running request holds the nodes whose pages are in
 // its page table, and a held node is never evicted. Eviction takes least-recently-used leaves;
 // a leaf's page and checkpoint are freed together. When checkpoint slots are short, the
-// checkpoint restored from or made longest ago goes first, from any node no request holds (an
-// inner node keeps its page: deeper checkpoints still use it). Pure bookkeeping (no MPI, no
-// device).
+// checkpoint restored from or made longest ago goes first, from any node whose checkpoint is not
+// pinned: a request pins only the checkpoint it starts from, not the others on its path (it holds
+// their pages, not their states). A node that keeps its page after losing its checkpoint still
+// serves deeper checkpoints. Pure bookkeeping (no MPI, no device).
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -48,8 +49,10 @@ class prefix_tree {
                   uint64_t tick);
   // Gives node a checkpoint; false when it already has one (the caller frees slot).
   bool attach_checkpoint(int32_t node, int32_t slot, uint64_t tick = 0);
-  // A request starts from node's checkpoint (the checkpoint's recency for evict_checkpoint).
-  void touch_checkpoint(int32_t node, uint64_t tick);
+  // A request starts from node's checkpoint: pins it (evict_checkpoint leaves it) and makes it
+  // the freshest; unpin when the request has ended.
+  void pin_checkpoint(int32_t node, uint64_t tick);
+  void unpin_checkpoint(int32_t node);
 
   struct evicted {
     int32_t page = -1;
@@ -57,9 +60,9 @@ class prefix_tree {
   };
   // Removes the least recently used leaf no request holds; nullopt when there is none.
   std::optional<evicted> evict_one();
-  // Frees the checkpoint no request holds that was restored from or made longest ago: a leaf
-  // goes whole (its page is of no use without a checkpoint at or below it), an inner node keeps
-  // its page (evicted::page = -1). nullopt when every checkpoint is held.
+  // Frees the unpinned checkpoint restored from or made longest ago: a leaf no request holds goes
+  // whole (its page is of no use without a checkpoint at or below it); any other node keeps its
+  // page (evicted::page = -1). nullopt when every checkpoint is pinned.
   std::optional<evicted> evict_checkpoint();
 
   int32_t nodes() const { return live_; }
@@ -76,6 +79,7 @@ class prefix_tree {
     int32_t refs = 0;
     uint64_t last_use = 0;
     uint64_t ckpt_use = 0;  // tick of the checkpoint's making or last restore
+    int32_t ckpt_pins = 0;  // requests starting from the checkpoint
     bool alive = false;
   };
   std::vector<int32_t> key(const std::vector<int32_t>& tokens, int32_t depth) const;
@@ -86,7 +90,7 @@ class prefix_tree {
   std::vector<node> nodes_;  // nodes_[0] is the root (no page)
   std::vector<int32_t> free_ids_;
   std::set<std::pair<uint64_t, int32_t>> lru_;       // evictable leaves by (last_use, id)
-  std::set<std::pair<uint64_t, int32_t>> ckpt_lru_;  // unheld nodes with a checkpoint by (ckpt_use, id)
+  std::set<std::pair<uint64_t, int32_t>> ckpt_lru_;  // unpinned checkpoints by (ckpt_use, id)
   int32_t live_ = 0, checkpoints_ = 0, held_nodes_ = 0;
 };
 

@@ -136,7 +136,8 @@ void scheduler::take_cancellations() {
 void scheduler::release(request_state& r) {
   if (r.group < 0) return;
   group_state& g = groups_[static_cast<size_t>(r.group)];
-  held_resources h{r.req_slot, r.mamba_slot, {}, std::move(r.held_nodes)};
+  held_resources h{r.req_slot, r.mamba_slot, {}, std::move(r.held_nodes), r.pinned_node};
+  r.pinned_node = -1;
   // Pages the prefix tree owns stay with it (the request lets go of their nodes).
   for (size_t i = 0; i < r.pages.size(); ++i)
     if (i >= r.page_shared.size() || !r.page_shared[i]) h.pages.push_back(r.pages[i]);
@@ -158,6 +159,8 @@ void scheduler::free_resources(group_state& g, held_resources& h) {
   g.released_req_slots.push_back(h.req_slot);
   h.pages.clear();
   if (g.tree && !h.nodes.empty()) g.tree->release(h.nodes, ++tick_);
+  if (g.tree && h.pinned_node >= 0) g.tree->unpin_checkpoint(h.pinned_node);
+  h.pinned_node = -1;
   h.nodes.clear();
 }
 
@@ -365,7 +368,8 @@ void scheduler::admit() {
       r.cached_tokens = best_match.tokens() * hellos_.front().page_size;
       r.consumed = r.cached_tokens;
       r.restore_from = best_match.checkpoint;
-      gs.tree->touch_checkpoint(best_match.nodes.back(), ++tick_);
+      r.pinned_node = best_match.nodes.back();
+      gs.tree->pin_checkpoint(r.pinned_node, ++tick_);
     }
     if (gs.tree && observer_.on_prefix_lookup) observer_.on_prefix_lookup(prompt_len, r.cached_tokens);
     for (int32_t i = best_match.tokens(); i < need; ++i) {
@@ -559,13 +563,15 @@ wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
   }
   // Prefix caching: a chunk that ends at a checkpoint position the tree lacks saves the state
   // after it into a checkpoint slot (the tree takes it and the pages when the result is in).
+  // When the slots are full, the stalest unpinned checkpoint makes room (prefix_tree.h).
   const int32_t end = r.fed() + n;
-  if (gs.tree && checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / hellos_.front().page_size) &&
+  const int32_t ps = hellos_.front().page_size;
+  if (gs.tree && checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / ps) &&
       evict_for(gs, 0, 1)) {
     const int32_t slot = gs.free_ckpt_slots.back();
     gs.free_ckpt_slots.pop_back();
     gs.saves.push_back(wire::state_copy_op{r.mamba_slot, slot});
-    gs.step_saves.push_back(pending_save{r.req.id, end / hellos_.front().page_size, slot});
+    gs.step_saves.push_back(pending_save{r.req.id, end / ps, slot});
   }
   row.dense_attention = !r.req.sampling.sparse;
   // Logits processing (the worker applies it where it samples; README, Sampling parameters).

@@ -106,6 +106,7 @@ class scheduler final : public frontend {
     // holds, the prompt tokens it found cached, and the checkpoint its first step restores.
     std::vector<uint8_t> page_shared;
     std::vector<int32_t> held_nodes;
+    int32_t pinned_node = -1;  // prefix-tree node whose checkpoint it started from (pinned)
     int32_t cached_tokens = 0;
     int32_t restore_from = -1;
     int32_t consumed = 0;  // tokens of prompt + output already in the cache
@@ -147,6 +148,7 @@ class scheduler final : public frontend {
     int32_t req_slot = -1, mamba_slot = -1;
     std::vector<int32_t> pages;
     std::vector<int32_t> nodes;  // prefix-tree nodes to let go of
+    int32_t pinned_node = -1;    // the node whose checkpoint the request started from
   };
   // A checkpoint a step in flight writes: the node after `pages` pages of request id's prompt.
   struct pending_save {

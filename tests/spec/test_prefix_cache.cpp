@@ -391,34 +391,48 @@ TEST(PrefixTree, LookupHoldsAndEvictsLeastRecentlyUsedLeaves) {
   EXPECT_EQ(t.checkpoints(), 0);
 }
 
-TEST(PrefixTree, CheckpointEvictionTakesTheStalestCheckpointAndKeepsInnerPages) {
+TEST(PrefixTree, CheckpointEvictionTakesTheStalestUnpinnedCheckpoint) {
   coordinator::prefix_tree t(2);
-  const std::vector<int32_t> a{1, 2, 3, 4, 5, 6}, b{1, 2, 3, 4, 9, 9};
+  const std::vector<int32_t> a{1, 2, 3, 4, 5, 6}, b{1, 2, 3, 4, 9, 9}, c{1, 2, 7, 7};
   auto ins = t.insert(a, {10, 11, 12}, 3, 1);
   EXPECT_TRUE(t.attach_checkpoint(ins.adopted_nodes[1], 100, 2));  // inner: after 4 tokens
   EXPECT_TRUE(t.attach_checkpoint(ins.last, 101, 3));              // leaf: after 6 tokens
   auto ins_b = t.insert(b, {20, 21, 22}, 3, 4);
   EXPECT_TRUE(t.attach_checkpoint(ins_b.last, 102, 5));
-  EXPECT_FALSE(t.evict_checkpoint());  // everything is held
-  t.release(ins.adopted_nodes, 6);
-  t.release(ins_b.adopted_nodes, 7);
-  t.touch_checkpoint(ins.last, 8);  // a's leaf was restored from: now the freshest
+  auto ins_c = t.insert(c, {30, 31}, 2, 6);
+  EXPECT_TRUE(t.attach_checkpoint(ins_c.last, 103, 7));
+  t.release(ins.adopted_nodes, 8);
+  t.release(ins_b.adopted_nodes, 9);
+  // A request starts from a's leaf: pinned, and the freshest. c's request still runs (holds its
+  // nodes) but has not pinned its checkpoint.
+  t.pin_checkpoint(ins.last, 10);
   // The inner checkpoint (tick 2) goes first; its page stays, b's and a's paths still use it.
   auto e = t.evict_checkpoint();
   ASSERT_TRUE(e);
   EXPECT_EQ(e->checkpoint, 100);
   EXPECT_EQ(e->page, -1);
-  EXPECT_EQ(t.nodes(), 4);
+  EXPECT_EQ(t.nodes(), 5);
   EXPECT_EQ(t.lookup(a, 6).tokens(), 3);
   EXPECT_EQ(t.lookup(a, 5).tokens(), 0);  // no checkpoint at or before 4 tokens any more
-  // Then b's leaf (tick 5), whole: a page without a checkpoint at or below it is of no use.
+  // Then b's leaf (tick 5), whole: no request holds it, and its page is of no use without it.
   e = t.evict_checkpoint();
   ASSERT_TRUE(e);
   EXPECT_EQ(e->checkpoint, 102);
   EXPECT_EQ(e->page, 22);
-  EXPECT_EQ(t.nodes(), 3);
+  EXPECT_EQ(t.nodes(), 4);
+  // Then c's (tick 7): held, so its page stays; a's pinned checkpoint is never taken.
+  e = t.evict_checkpoint();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->checkpoint, 103);
+  EXPECT_EQ(e->page, -1);
+  EXPECT_FALSE(t.evict_checkpoint());
   EXPECT_EQ(t.checkpoints(), 1);
   EXPECT_EQ(t.lookup(a, 6).checkpoint, 101);
+  t.unpin_checkpoint(ins.last);
+  e = t.evict_checkpoint();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->checkpoint, 101);
+  EXPECT_EQ(e->page, 12);  // a's leaf: unheld now, so it goes whole
 }
 
 }  // namespace
