@@ -95,6 +95,8 @@ class scheduler final : public frontend {
   void seed_step_times(int g, const spec::step_costs& costs);
 
  private:
+  // Step kinds of the measured step times (group_state::costs; spec::step_costs::entry::kind).
+  static constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;
   using clock = std::chrono::steady_clock;
   struct request_state {
     generate_request req;
