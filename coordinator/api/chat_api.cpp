@@ -165,8 +165,14 @@ parse_result<completion_call> parse_chat(std::string_view body, const model_info
     if (auto e = read_integer(*n, "n", count)) return std::move(*e);
     if (count != 1) return invalid_param("n", "only n = 1 is supported, got " + std::to_string(count));
   }
+  // max_completion_tokens replaces the older max_tokens; both with different values is ambiguous.
+  const auto* max_new = field(obj, "max_completion_tokens");
+  if (const auto* old = field(obj, "max_tokens");
+      max_new && old && !max_new->is_null() && !old->is_null() && *max_new != *old)
+    return invalid_param("max_tokens", "max_tokens and max_completion_tokens differ (" + boost::json::serialize(*old) +
+                                           " and " + boost::json::serialize(*max_new) + "): send one of them");
   sampling_keys keys;
-  keys.max_new_tokens = field(obj, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  keys.max_new_tokens = max_new && !max_new->is_null() ? "max_completion_tokens" : "max_tokens";
   call.sampling.max_new_tokens = info.max_context;  // reduced to what fits by check_context
   call.sampling.temperature = kDefaultTemperature;
   bool max_given = false;

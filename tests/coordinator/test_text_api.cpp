@@ -417,6 +417,8 @@ TEST_F(text_server_test, Chat_Validation) {
                        bad{R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "n"},
                        bad{R"({"messages": [{"role": "user", "content": "hi"}], "stop": 5})", "stop"},
                        bad{R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000})",
+                           "max_tokens"},
+                       bad{R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "max_completion_tokens": 4})",
                            "max_tokens"}}) {
     http_reply r = post("/v1/chat/completions", b.body);
     EXPECT_EQ(r.status, 400u) << b.body << " -> " << r.body;
@@ -424,6 +426,11 @@ TEST_F(text_server_test, Chat_Validation) {
       EXPECT_EQ(parse(r.body).at("error").at("param").as_string(), b.param) << b.body;
     }
   }
+  // Both names with the same value are one limit.
+  http_reply r = post("/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "max_completion_tokens": 3})");
+  ASSERT_EQ(r.status, 200u) << r.body;
+  EXPECT_EQ(parse(r.body).at("usage").at("completion_tokens").as_int64(), 3);
 }
 
 TEST_F(no_tokenizer_test, TextIsRefusedWithoutATokenizer) {
