@@ -34,6 +34,17 @@ prefix_tree::match prefix_tree::lookup(const std::vector<int32_t>& tokens, int32
   return best;
 }
 
+int32_t prefix_tree::matched_pages(const std::vector<int32_t>& tokens, int32_t max_pages) const {
+  int32_t at = 0, d = 0;
+  const auto limit = std::min<int64_t>(max_pages, static_cast<int64_t>(tokens.size()) / page_size_);
+  for (; d < limit; ++d) {
+    const auto it = nodes_[static_cast<size_t>(at)].children.find(key(tokens, d));
+    if (it == nodes_[static_cast<size_t>(at)].children.end()) break;
+    at = it->second;
+  }
+  return d;
+}
+
 bool prefix_tree::has_checkpoint(const std::vector<int32_t>& tokens, int32_t pages) const {
   int32_t at = 0;
   if (static_cast<int64_t>(pages) * page_size_ > static_cast<int64_t>(tokens.size())) return false;

@@ -31,6 +31,8 @@ class prefix_tree {
   };
   // The deepest node on tokens' path that has a checkpoint and covers at most max_tokens tokens.
   match lookup(const std::vector<int32_t>& tokens, int32_t max_tokens) const;
+  // How many of tokens' first max_pages full pages are on the tree (checkpoints or not).
+  int32_t matched_pages(const std::vector<int32_t>& tokens, int32_t max_pages) const;
   // Whether the node after `pages` full pages of tokens exists and has a checkpoint.
   bool has_checkpoint(const std::vector<int32_t>& tokens, int32_t pages) const;
 

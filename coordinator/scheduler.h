@@ -257,6 +257,8 @@ class scheduler final : public frontend {
   // Prefix caching.
   bool prefix_enabled() const { return cfg_.cache.prefix.enabled; }
   bool checkpoint_at(const request_state& r, int32_t pos) const;
+  // The page boundary up to which the prefix tree holds r's prompt (before its last token).
+  int32_t shared_boundary(const request_state& r) const;
   // A prefill chunk of n tokens from r.fed(), cut at the next checkpoint position the tree lacks.
   int32_t prefill_chunk(const request_state& r, int32_t n) const;
   // Evicts least-recently-used tree leaves until the group has `pages` free pages and `ckpts`

@@ -11,24 +11,39 @@
 
 namespace hyserve::coordinator {
 
+int32_t scheduler::shared_boundary(const request_state& r) const {
+  const group_state& g = groups_[static_cast<size_t>(r.group)];
+  const auto L = static_cast<int32_t>(r.req.input_ids.size());
+  const int32_t ps = hellos_.front().page_size;
+  return g.tree->matched_pages(r.req.input_ids, (L - 1) / ps) * ps;
+}
+
 bool scheduler::checkpoint_at(const request_state& r, int32_t pos) const {
   const auto L = static_cast<int32_t>(r.req.input_ids.size());
   const int32_t ps = hellos_.front().page_size;
   if (pos <= 0 || pos > L || pos % ps != 0) return false;
-  // Every state_interval tokens, and the prompt's last page boundaries: the one at or before its
-  // end (a longer prompt that continues it, e.g. the next turn of a chat) and the one before its
-  // last token (the same prompt again: a request always prefills at least its last token).
-  return pos % cfg_.cache.state_interval() == 0 || pos == L / ps * ps || pos == (L - 1) / ps * ps;
+  // A chunk that ends on a multiple of state_interval; the prompt's last page boundaries: the
+  // one at or before its end (a longer prompt that continues it, e.g. the next turn of a chat)
+  // and the one before its last token (the same prompt again: a request always prefills at
+  // least its last token); and where this prompt leaves the pages the tree already holds.
+  return pos % cfg_.cache.state_interval() == 0 || pos == L / ps * ps || pos == (L - 1) / ps * ps ||
+         pos == shared_boundary(r);
 }
 
 int32_t scheduler::prefill_chunk(const request_state& r, int32_t n) const {
   if (!prefix_enabled() || n <= 0 || r.group < 0) return n;
   const group_state& g = groups_[static_cast<size_t>(r.group)];
   const int32_t f = r.fed(), ps = hellos_.front().page_size;
-  const int32_t last = std::min<int32_t>(f + n, static_cast<int32_t>(r.req.input_ids.size()));
-  // Checkpoint positions are page boundaries: the chunk ends at the first one the tree lacks.
-  for (int32_t c = (f / ps + 1) * ps; c <= last; c += ps)
-    if (checkpoint_at(r, c) && !g.tree->has_checkpoint(r.req.input_ids, c / ps)) return c - f;
+  const auto L = static_cast<int32_t>(r.req.input_ids.size());
+  const int32_t last = std::min<int32_t>(f + n, L);
+  // Every split costs a forward step, so a chunk is cut only where a checkpoint the tree lacks
+  // is worth a step: where this prompt leaves another prompt's pages (a shared prefix; later
+  // requests that share it start there), and at the prompt's last page boundary when the prompt
+  // does not end on one (the next turn of a conversation starts there). Other checkpoint
+  // positions are saved only when a chunk ends on them anyway.
+  const int32_t shared = shared_boundary(r);
+  for (int32_t c : {shared, L % ps != 0 ? L / ps * ps : 0})
+    if (c > f && c < last && !g.tree->has_checkpoint(r.req.input_ids, c / ps)) n = std::min(n, c - f);
   return n;
 }
 

@@ -264,7 +264,7 @@ TEST_P(PrefixRandom, SharedPrefixesMatchTheCacheOffAndNothingLeaks) {
   if (tiny) {
     EXPECT_GT(on.evicted.load(), static_cast<int64_t>(got.size()) / 2);  // admission keeps evicting
   }
-  EXPECT_GT(hits, static_cast<int>(got.size()) / 5);
+  EXPECT_GT(hits, static_cast<int>(got.size()) / (tiny ? 10 : 5));  // a 4-slot pool churns
   EXPECT_GT(cached, prompt_tokens / (tiny ? 10 : 3));
   // No leak: once every request has ended and the cache is flushed, everything is free again.
   const coordinator::capacity_snapshot before_flush = on.settled_capacity();
