@@ -130,6 +130,20 @@ INSTANTIATE_TEST_SUITE_P(
                       config_case{"falconh1_tiny", "model: {path: " + test::fixture_dir("falconh1-tiny") + "}\n"}),
     [](const auto& param_info) { return param_info.param.name; });
 
+// Loading yaml's model over this job's ranks fails at start-up, before any collective, with a
+// config_error whose text contains `names`.
+void expect_startup_error(const std::string& yaml, int rank, int world, const std::string& names) {
+  const service_config cfg = load_config_string(yaml);
+  const model_config mc = resolve_model_config(cfg);
+  auto comm = worker::make_mpi_collective(MPI_COMM_WORLD);
+  try {
+    worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get());
+    FAIL() << "expected a start-up error";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+  }
+}
+
 TEST(TpStartup, UnsupportedSplitNamesTheDimension) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -138,15 +152,7 @@ TEST(TpStartup, UnsupportedSplitNamesTheDimension) {
   // 3 attention heads cannot be split over 2 ranks; loading fails before any collective.
   std::string yaml = synthetic_yaml(1, 1);
   yaml.replace(yaml.find("num_attention_heads: 4"), 22, "num_attention_heads: 3");
-  const service_config cfg = load_config_string(yaml);
-  const model_config mc = resolve_model_config(cfg);
-  auto comm = worker::make_mpi_collective(MPI_COMM_WORLD);
-  try {
-    worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get());
-    FAIL() << "expected a start-up error";
-  } catch (const config_error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
-  }
+  expect_startup_error(yaml, rank, world, "num_attention_heads");
 }
 
 TEST(TpStartup, GroupsNeitherDividingNorDividedByTpNameTheField) {
@@ -157,15 +163,7 @@ TEST(TpStartup, GroupsNeitherDividingNorDividedByTpNameTheField) {
   // 3 B/C groups over 2 or 4 ranks (12 heads split evenly): neither split nor one per rank.
   std::string yaml = synthetic_yaml(3, 1);
   yaml.replace(yaml.find("mamba_n_heads: 4"), 16, "mamba_n_heads: 12");
-  const service_config cfg = load_config_string(yaml);
-  const model_config mc = resolve_model_config(cfg);
-  auto comm = worker::make_mpi_collective(MPI_COMM_WORLD);
-  try {
-    worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get());
-    FAIL() << "expected a start-up error";
-  } catch (const config_error& e) {
-    EXPECT_NE(std::string(e.what()).find("mamba_n_groups = 3"), std::string::npos) << e.what();
-  }
+  expect_startup_error(yaml, rank, world, "mamba_n_groups = 3");
 }
 
 }  // namespace
