@@ -16,7 +16,8 @@
 # hyserve-write-checkpoint); moe (hyserve-bench-cuda moe beside bench/moe_anchor.py's PyTorch
 # anchor), families (hyserve-bench-model on the Nemotron-H, Granite-4.0-H, Falcon-H1 and
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
-# (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on).
+# (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
+# model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -53,7 +54,7 @@ for s in "${stages[@]}"; do
     gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
-    families) targets+=(hyserve-bench-model) ;;
+    families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
 done
@@ -134,7 +135,28 @@ for s in "${stages[@]}"; do
       stage gpu-service-overlap 240 "$bin/service_test" --gtest_filter='ServiceOverlap.Cuda*'
       stage gpu-host-collective 120 ctest --test-dir "$build" --output-on-failure -R 'MpiHostCollective'
       stage gpu-tp-parity 300 mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe} -np 2 \
-        "$bin/tp_parity_test" --gtest_filter='*Cuda*' ;;
+        "$bin/tp_parity_test" --gtest_filter='*Cuda*'
+      stage gpu-tp4-parity 300 mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe} -np 4 \
+        "$bin/tp_parity_test" --gtest_filter='*Cuda*'
+      # TP 2/4, DP 2 and DP 2 × TP 2 served over HTTP on the one GPU against one rank (plain,
+      # n-gram drafting, sparse attention; bamba-tiny and qwen3next-tiny f32, bamba-tiny bf16).
+      stage gpu-layouts 540 "$bin/service_test" --gtest_filter='ParallelLayoutsOneGpu.*' ;;
+    model-tp2)
+      # The 9B synthetic Bamba at TP=2, both ranks on the one GPU (host-staged reductions): a
+      # functional check of the sharded CUDA path, not a speed claim.
+      python3 - configs/bamba-9b-synthetic-cuda.yaml "$out/bamba-9b-tp2.yaml" << 'EOF2'
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+c["parallel"] = {"tp": 2, "dp": 1, "device_collective": "host"}
+for k in ("tokenizer", "path"):
+    v = c.get("model", {}).get(k)
+    if isinstance(v, str) and not v.startswith("/"):
+        import os; c["model"][k] = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), v))
+yaml.safe_dump(c, open(sys.argv[2], "w"), default_flow_style=None)
+EOF2
+      stage model-tp2 400 mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe} -np 2 \
+        "$bin/hyserve-bench-model" "$out/bamba-9b-tp2.yaml" --batches 1,16 --decode-steps 8 --prefill-len 2048 \
+        --json "$out/model-tp2.json" ;;
     diag-qwen)
       # bench/diag_served.sh on the tiny Qwen3-Next with 2 and 3 steps in flight.
       for k in ${OVERLAPS:-2 3}; do
@@ -178,7 +200,7 @@ for s in "${stages[@]}"; do
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service diag-qwen moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service model-tp2 diag-qwen moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

@@ -24,6 +24,14 @@
 // token and W - 1 drafts, as a speculative round's verify), timed like decode (eager: verify
 // steps are not captured), with --profile-step one of them op by op; and the ratio of a verify
 // step to a decode step of the same rows (what a speculative round must win back).
+// Tensor parallelism: under `mpirun -np N` with the config's parallel.tp = N (one group; dp 1),
+// every rank builds its shard (placed and reduced as the service's workers are:
+// hyserve/worker/tp_device.h; with parallel.device_collective: host the N ranks may share one
+// GPU) and runs the same steps; rank 0 prints and writes the JSON. N ranks on one GPU share its
+// bandwidth and stage every reduction through the host: such figures are a functional check of
+// the sharded path, not a speed claim.
+#include <mpi.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -42,6 +50,8 @@
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/graph.h"
 #include "hyserve/worker/engine.h"
+#include "hyserve/worker/model.h"
+#include "hyserve/worker/tp_device.h"
 
 namespace {
 
@@ -332,15 +342,44 @@ int run(const options& o) {
   const int32_t page = cfg.cache.page_size;
   cfg.cache.num_pages = max_batch * ((row_ctx + page - 1) / page) + (o.prefill_len + 8 + page - 1) / page;
 
-  std::fprintf(stderr, "loading %s ...\n", o.config.c_str());
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (cfg.parallel.tp != world || cfg.parallel.dp != 1)
+    throw hyserve::config_error("parallel: {tp: " + std::to_string(cfg.parallel.tp) + ", dp: " +
+                                std::to_string(cfg.parallel.dp) +
+                                "}: this bench runs one tensor-parallel group (dp 1) of tp ranks: run it under "
+                                "mpirun -np " + std::to_string(cfg.parallel.tp) + " (it has " +
+                                std::to_string(world) + ")");
+  if (rank != 0 && !std::freopen("/dev/null", "w", stdout)) throw hyserve::error("cannot silence rank " + std::to_string(rank));
+  if (rank == 0) std::fprintf(stderr, "loading %s (tp %d) ...\n", o.config.c_str(), world);
   const auto t_load = clock_type::now();
-  hyserve::worker::engine eng(cfg);
+  std::unique_ptr<hyserve::worker::collective> comm;
+  std::unique_ptr<hyserve::worker::engine> eng_owner;
+  if (world == 1) {
+    eng_owner = std::make_unique<hyserve::worker::engine>(cfg);
+  } else {
+    const hyserve::worker::device_placement place = hyserve::worker::place_worker(cfg, rank, world, world);
+    cfg.cache.ranks_per_device = place.ranks_per_device;
+    const hyserve::kernels::exec_context ctx = hyserve::kernels::open_device(cfg.device, place.ordinal);
+    comm = hyserve::worker::make_model_collective(cfg, MPI_COMM_WORLD, world, place.ordinal);
+    eng_owner = std::make_unique<hyserve::worker::engine>(
+        hyserve::worker::make_model(cfg, hyserve::resolve_model_config(cfg), hyserve::worker::tp_placement{rank, world},
+                                    comm.get(), ctx),
+        cfg.cache);
+  }
+  hyserve::worker::engine& eng = *eng_owner;
   const hyserve::model_config& mc = eng.config();
-  std::fprintf(stderr, "loaded in %.1f s\n", seconds_since(t_load));
+  if (rank == 0) std::fprintf(stderr, "loaded in %.1f s\n", seconds_since(t_load));
   const double copy_bw = copy_bandwidth(cfg.device);
 
   json::object report;
   report["config"] = o.config;
+  report["tp"] = world;
+  if (world > 1)
+    report["collective"] = cfg.device != hyserve::device_kind::kCuda                                ? "mpi"
+                           : cfg.parallel.device_collective == hyserve::device_collective_kind::kHost ? "host"
+                                                                                                     : "nccl";
   report["device"] = cfg.device == hyserve::device_kind::kCuda ? "cuda" : "cpu";
   report["weight_dtype"] = std::string(hyserve::dtype_name(cfg.model.weight_dtype));
   report["kv_dtype"] = std::string(hyserve::dtype_name(cfg.cache.kv_dtype));
@@ -513,7 +552,7 @@ int run(const options& o) {
     if (best.wall > 0) fl["b1_step_over_floor"] = best.wall / floor_s;
     report["b1_floor"] = fl;
   }
-  if (!o.json_out.empty()) {
+  if (!o.json_out.empty() && rank == 0) {
     std::ofstream out(o.json_out);
     out << json::serialize(report) << "\n";
   }
@@ -523,10 +562,19 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 1;
   try {
-    return run(parse(argc, argv));
+    rc = run(parse(argc, argv));
   } catch (const std::exception& e) {
-    std::cerr << "hyserve-bench-model: " << e.what() << "\n";
-    return 1;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::cerr << "hyserve-bench-model (rank " << rank << "): " << e.what() << "\n";
+    // The other ranks may wait in a collective for this one.
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  MPI_Finalize();
+  return rc;
 }

@@ -69,32 +69,43 @@ void run_cpu(const sparse_select_params& p) {
     const sparse_row_plan plan = plan_sparse_row(len, q_len, dense, p);
     const int32_t* in = p.page_table + b * p.page_table_stride;
     int32_t* out = p.out_page_table + b * p.out_page_table_stride;
-    p.out_seq_lens[b] = static_cast<int32_t>(sparse_effective_len(len, plan, p.page_size));
+    using phase = sparse_select_params::phase;
+    if (p.mode != phase::kScore) p.out_seq_lens[b] = static_cast<int32_t>(sparse_effective_len(len, plan, p.page_size));
     if (!plan.sparse) {
-      std::copy(in, in + plan.n_pages, out);
+      if (p.mode != phase::kScore) std::copy(in, in + plan.n_pages, out);
       continue;
     }
-    // q̄: mean of the G query heads of each kv head, of the row's first query.
-    const float* q = p.q + p.query_start_loc[b] * p.q_stride;
-    std::vector<double> qbar(static_cast<size_t>(E), 0.0);
-    for (int64_t h = 0; h < p.kv_heads; ++h)
-      for (int64_t d = 0; d < D; ++d) {
-        double s = 0.0;
-        for (int64_t g = 0; g < G; ++g) s += q[(h * G + g) * D + d];
-        qbar[static_cast<size_t>(h * D + d)] = s / static_cast<double>(G);
-      }
     const int64_t mid0 = plan.n_sink, n_mid = plan.n_mid();
+    float* row_scores = p.scores != nullptr ? p.scores + b * p.page_table_stride : nullptr;
     std::vector<double> score(static_cast<size_t>(n_mid));
-    for (int64_t i = 0; i < n_mid; ++i) {
-      const int64_t page = in[mid0 + i];
-      const float* mn = p.key_min + page * E;
-      const float* mx = p.key_max + page * E;
-      double s = 0.0;
-      for (int64_t e = 0; e < E; ++e) {
-        const double qe = qbar[static_cast<size_t>(e)];
-        s += std::max(qe * mn[e], qe * mx[e]);
+    if (p.mode == phase::kSelect) {
+      if (plan.n_top > 0 && plan.n_top < n_mid) std::copy(row_scores, row_scores + n_mid, score.begin());
+    } else {
+      // q̄: mean of the G query heads of each kv head, of the row's first query.
+      const float* q = p.q + p.query_start_loc[b] * p.q_stride;
+      std::vector<double> qbar(static_cast<size_t>(E), 0.0);
+      for (int64_t h = 0; h < p.kv_heads; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          double s = 0.0;
+          for (int64_t g = 0; g < G; ++g) s += q[(h * G + g) * D + d];
+          qbar[static_cast<size_t>(h * D + d)] = s / static_cast<double>(G);
+        }
+      for (int64_t i = 0; i < n_mid; ++i) {
+        const int64_t page = in[mid0 + i];
+        const float* mn = p.key_min + page * E;
+        const float* mx = p.key_max + page * E;
+        double s = 0.0;
+        for (int64_t e = 0; e < E; ++e) {
+          const double qe = qbar[static_cast<size_t>(e)];
+          s += std::max(qe * mn[e], qe * mx[e]);
+        }
+        score[static_cast<size_t>(i)] = s;
       }
-      score[static_cast<size_t>(i)] = s;
+      if (p.mode == phase::kScore) {
+        if (plan.n_top > 0 && plan.n_top < n_mid)
+          for (int64_t i = 0; i < n_mid; ++i) row_scores[i] = static_cast<float>(score[static_cast<size_t>(i)]);
+        continue;
+      }
     }
     std::vector<int64_t> order(static_cast<size_t>(n_mid));
     std::iota(order.begin(), order.end(), int64_t{0});

@@ -37,6 +37,7 @@ inline void check_select(const sparse_select_params& p, const char* op) {
   require_non_negative(p.sink_pages, op, "sink_pages");
   require_non_negative(p.recent_pages, op, "recent_pages");
   require_non_negative(p.min_seq_len, op, "min_seq_len");
+  if (p.mode != sparse_select_params::phase::kFused) require_ptr(p.scores, op, "scores");
 }
 
 inline void check_seq_lens_values(const int32_t* lens, const sparse_select_params& p, const char* op) {

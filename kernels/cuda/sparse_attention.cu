@@ -396,9 +396,11 @@ struct select_smem {
 };
 
 // kP: pages per scoring group at a time (score_slice).
+// raw: the phase::kScore output (the scores themselves, row stride page_table_stride) instead
+// of keys.
 template <int kP>
 __global__ void __launch_bounds__(kThreads) sparse_score_kernel(const sparse_select_params p, int n_slices, int lanes,
-                                                                unsigned* keys, int64_t key_stride) {
+                                                                unsigned* keys, int64_t key_stride, float* raw) {
   extern __shared__ float4 s_qbar4[];  // [kv_heads · head_dim / 4]
   // The selection kernel (launched with PDL) may be scheduled as SMs free up; it waits for this
   // grid to complete before it reads anything.
@@ -410,9 +412,31 @@ __global__ void __launch_bounds__(kThreads) sparse_score_kernel(const sparse_sel
   if (!plan.sparse || plan.n_pages > p.page_table_stride || plan.n_top <= 0 || plan.n_top >= plan.n_mid()) return;
   load_qbar(p, q0, reinterpret_cast<float*>(s_qbar4));
   __syncthreads();
+  const int32_t* in = p.page_table + b * p.page_table_stride;
+  if (raw != nullptr) {
+    float* row = raw + b * p.page_table_stride;
+    score_slice<kP>(p, plan, in, s_qbar4, static_cast<int>(blockIdx.x), n_slices, lanes,
+                    [&](int64_t i, float s) { row[i] = s; });
+    return;
+  }
   unsigned* row_keys = keys + b * key_stride;
-  score_slice<kP>(p, plan, p.page_table + b * p.page_table_stride, s_qbar4, static_cast<int>(blockIdx.x), n_slices, lanes,
-              [&](int64_t i, float s) { row_keys[i] = select_key(s); });
+  score_slice<kP>(p, plan, in, s_qbar4, static_cast<int>(blockIdx.x), n_slices, lanes,
+                  [&](int64_t i, float s) { row_keys[i] = select_key(s); });
+}
+
+// phase::kSelect: the keys of the summed scores, for the rows that choose among their middle
+// pages (grid: slices × batch).
+__global__ void __launch_bounds__(kThreads) sparse_keys_kernel(const sparse_select_params p, unsigned* keys,
+                                                               int64_t key_stride) {
+  const int64_t b = blockIdx.y;
+  int64_t q0 = 0, len = 0;
+  const sparse_row_plan plan = device_row_plan(p, b, &q0, &len);
+  if (!plan.sparse || plan.n_pages > p.page_table_stride || plan.n_top <= 0 || plan.n_top >= plan.n_mid()) return;
+  const float* row = p.scores + b * p.page_table_stride;
+  unsigned* row_keys = keys + b * key_stride;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < plan.n_mid();
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    row_keys[i] = select_key(row[i]);
 }
 
 // Picks n_top of the row's n_mid middle pages (0 < n_top < n_mid) and writes them in page order
@@ -657,7 +681,7 @@ void launch_select_v1(const sparse_select_params& p, size_t qbar_bytes, int lane
 
 template <int kP>
 void launch_score_v2(const sparse_select_params& p, size_t qbar_bytes, int lanes, unsigned* keys, int64_t key_stride,
-                     cudaStream_t s) {
+                     float* raw, cudaStream_t s) {
   const auto kernel = &sparse_score_kernel<kP>;
   reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), qbar_bytes);
   // Slices per row: the resident scoring blocks of the device over the batch (one wave), each
@@ -669,20 +693,34 @@ void launch_score_v2(const sparse_select_params& p, size_t qbar_bytes, int lanes
   const int64_t max_slices = std::max<int64_t>(1, ceil_div(p.page_table_stride, pages_per_round));
   const auto n_slices = static_cast<int>(std::clamp<int64_t>(resident / p.batch, 1, max_slices));
   const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, qbar_bytes, s>>>(p, n_slices, lanes, keys, key_stride);
+  kernel<<<grid, kThreads, qbar_bytes, s>>>(p, n_slices, lanes, keys, key_stride, raw);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
+// Scores of the middle pages: as keys into `keys`, or (raw set) as floats into raw.
+void launch_score(const sparse_select_params& p, size_t qbar_bytes, int lanes, unsigned* keys, int64_t key_stride,
+                  float* raw, cudaStream_t s) {
+  // A page of at most 2 float4s per lane is a short dependent chain (page id, then summaries):
+  // 4 pages per group at a time keep enough loads in flight.
+  if (ceil_div(p.kv_heads * p.head_dim / 4, lanes) <= 2) {
+    launch_score_v2<4>(p, qbar_bytes, lanes, keys, key_stride, raw, s);
+  } else {
+    launch_score_v2<1>(p, qbar_bytes, lanes, keys, key_stride, raw, s);
+  }
+}
+
+// The selection of v2 from scores computed elsewhere (phase::kSelect) or by its scoring kernel.
 void launch_select_v2(const sparse_select_params& p, size_t qbar_bytes, int lanes, cudaStream_t s) {
   const int64_t key_stride = ceil_div(p.page_table_stride, 4) * 4;  // 16-byte aligned rows
   void* keys = nullptr;
   CUDA_CHECK(cudaMallocAsync(&keys, static_cast<size_t>(p.batch * key_stride) * sizeof(unsigned), s));
-  // A page of at most 2 float4s per lane is a short dependent chain (page id, then summaries):
-  // 4 pages per group at a time keep enough loads in flight.
-  if (ceil_div(p.kv_heads * p.head_dim / 4, lanes) <= 2) {
-    launch_score_v2<4>(p, qbar_bytes, lanes, static_cast<unsigned*>(keys), key_stride, s);
+  if (p.mode == sparse_select_params::phase::kSelect) {
+    const int64_t slices = std::clamp<int64_t>(ceil_div(p.page_table_stride, kThreads), 1, 64);
+    sparse_keys_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(p.batch)), kThreads, 0, s>>>(
+        p, static_cast<unsigned*>(keys), key_stride);
+    HYSERVE_CUDA_CHECK_LAUNCH();
   } else {
-    launch_score_v2<1>(p, qbar_bytes, lanes, static_cast<unsigned*>(keys), key_stride, s);
+    launch_score(p, qbar_bytes, lanes, static_cast<unsigned*>(keys), key_stride, nullptr, s);
   }
   // With PDL (where it applies) the selecting blocks start as the scoring blocks finish.
   launch_pdl(sparse_select_v2_kernel, dim3(static_cast<unsigned>(p.batch)), dim3(kSelThreads), 0, s, p,
@@ -709,7 +747,10 @@ void run_cuda(const sparse_select_params& p, void* stream) {
   // Threads per page: the summary's float4 count rounded up to a power of two, at most a warp.
   int lanes = 1;
   while (lanes < 32 && lanes < p.kv_heads * p.head_dim / 4) lanes *= 2;
-  if (select_v1()) {
+  // The phases of a sharded layer (score, all-reduce, select) run v2's kernels.
+  if (p.mode == sparse_select_params::phase::kScore) {
+    launch_score(p, qbar_bytes, lanes, nullptr, 0, p.scores, s);
+  } else if (p.mode == sparse_select_params::phase::kFused && select_v1()) {
     launch_select_v1(p, qbar_bytes, lanes, s);
   } else {
     launch_select_v2(p, qbar_bytes, lanes, s);

@@ -166,6 +166,23 @@ TEST(TpStartup, GroupsNeitherDividingNorDividedByTpNameTheField) {
   expect_startup_error(yaml, rank, world, "mamba_n_groups = 3");
 }
 
+// Sparse attention scores a page over every KV head (the ranks' partial scores are summed):
+// with fewer KV heads than ranks a head's query heads are split and its score cannot be formed.
+TEST(TpStartup, SparseAttentionWithReplicatedKvHeadsNamesTheLimit) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  const std::string sparse = "sparsity: {algorithm: quest, page_budget: 4}\n";
+  expect_startup_error(synthetic_yaml(1, 1) + sparse, rank, world, "num_key_value_heads = 1 must be a multiple of tp");
+  // Two KV heads split over two ranks load (and select through the summed scores).
+  if (world == 2) {
+    service_config cfg = load_config_string(synthetic_yaml(2, 2) + sparse);
+    auto comm = worker::make_mpi_collective(MPI_COMM_WORLD);
+    EXPECT_NO_THROW(worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{rank, world}, comm.get()));
+  }
+}
+
 }  // namespace
 }  // namespace hyserve
 

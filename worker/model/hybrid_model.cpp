@@ -146,6 +146,13 @@ hybrid_model::hybrid_model(const model_config& mc, tp_placement tp, collective* 
       sparsity_(sparsity),
       label_(label + ", " + std::to_string(mc.num_layers) + " layers") {
   if (tp.size > 1 && !comm) throw config_error(label + ": tp > 1 needs a collective");
+  // A page's sparse score sums over every KV head (layers::select_attention_pages): the ranks'
+  // partial scores add up to it only when each KV head, with all its query heads, is on one rank.
+  if (sparsity.algorithm != sparsity_algorithm::kNone && tp.size > 1 && mc.num_kv_heads % tp.size != 0)
+    throw config_error("sparsity.algorithm with parallel.tp = " + std::to_string(tp.size) +
+                       ": num_key_value_heads = " + std::to_string(mc.num_kv_heads) +
+                       " must be a multiple of tp (a replicated KV head's query heads are split over ranks, and "
+                       "its pages would be scored with part of them)");
   vocab_local_ = tp_split(mc.vocab_size, tp.size, "vocab_size");
 }
 

@@ -419,7 +419,7 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     a.kv_dtype = cache.k.type();
     a.out = attn.as<float>();
     a.query_start_loc = in.query_start_loc.as<int32_t>();
-    const attention_pages pages = select_attention_pages(q, w.q_heads, w.kv_heads, w.head_dim, cache, in, ctx);
+    const attention_pages pages = select_attention_pages(q, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.seq_lens = pages.seq_lens;
     a.page_table = pages.page_table;
     a.batch = in.batch_size;

@@ -114,7 +114,7 @@ void update_page_summaries(kv_layer_cache& cache, const tensor& k, int64_t kv_he
 }
 
 attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                       const kv_layer_cache& cache, const step_inputs& in,
+                                       const kv_layer_cache& cache, const step_inputs& in, collective* comm,
                                        const kernels::exec_context& ctx) {
   attention_pages dense{in.page_table.as<int32_t>(), in.seq_lens.as<int32_t>(), in.page_table_stride};
   const sparse_step& s = in.sparse;
@@ -136,7 +136,17 @@ attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t
   p.head_dim = head_dim;
   p.page_table_stride = p.out_page_table_stride = in.page_table_stride;
   p.q_stride = q_heads * head_dim;
-  kernels::run(p, ctx);
+  if (comm && comm->size() > 1) {
+    tensor scores = tensor::f32({in.batch_size, in.page_table_stride}, ctx.device);
+    p.scores = scores.as<float>();
+    p.mode = kernels::sparse_select_params::phase::kScore;
+    kernels::run(p, ctx);
+    comm->all_reduce_sum(p.scores, scores.numel());
+    p.mode = kernels::sparse_select_params::phase::kSelect;
+    kernels::run(p, ctx);
+  } else {
+    kernels::run(p, ctx);
+  }
   return attention_pages{s.page_table.as<int32_t>(), s.eff_seq_lens.as<int32_t>(), in.page_table_stride};
 }
 

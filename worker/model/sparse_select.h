@@ -63,13 +63,17 @@ void update_page_summaries(kv_layer_cache& cache, const tensor& k, int64_t kv_he
 
 // The page table and lengths the layer's paged attention reads: the dense ones, or (when the
 // step selects) this layer's selection from its queries q (f32 [T, q_heads·head_dim], post RoPE).
+// Under tensor parallelism (comm of more than one rank) a page's score sums over the heads of
+// every rank: each rank scores with its own heads, the scores are all-reduced, and every rank
+// then selects the same pages from the sums. That holds when the ranks' KV heads are distinct
+// (num_kv_heads a multiple of tp; hybrid_model refuses sparsity otherwise).
 struct attention_pages {
   const int32_t* page_table = nullptr;
   const int32_t* seq_lens = nullptr;
   int64_t page_table_stride = 0;
 };
 attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                       const kv_layer_cache& cache, const step_inputs& in,
+                                       const kv_layer_cache& cache, const step_inputs& in, collective* comm,
                                        const kernels::exec_context& ctx);
 
 }  // namespace hyserve::worker::layers

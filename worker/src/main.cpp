@@ -17,12 +17,9 @@
 #include "hyserve/common/topology.h"
 #include "hyserve/common/wire.h"
 #include "hyserve/kernels/device.h"
-#include "hyserve/worker/host_collective.h"
 #include "hyserve/worker/mpi_collective.h"
 #include "hyserve/worker/runner.h"
-#if HYSERVE_HAVE_NCCL
-#include "comm/nccl_collective.h"
-#endif
+#include "hyserve/worker/tp_device.h"
 
 namespace {
 
@@ -119,45 +116,20 @@ int run(int argc, char** argv) {
   MPI_Comm tp_comm;
   MPI_Comm_split(MPI_COMM_WORLD, t.dp_rank(), t.tp_rank(), &tp_comm);
   std::unique_ptr<worker::collective> comm = worker::make_mpi_collective(tp_comm);
-  std::unique_ptr<worker::collective> device_comm;  // NCCL, for tp > 1 on CUDA
+  std::unique_ptr<worker::collective> device_comm;  // the model's reductions when tp > 1
   std::unique_ptr<worker::runner> r;
   try {
     const model_config mc = resolve_model_config(cfg);
     worker::fault_injection fault{cfg.worker.fault == worker_fault::kThrow ? cfg.worker.fail_at_step : -1,
                                   cfg.worker.fail_rank};
-    // device: cuda — worker w (dp_rank · tp + tp_rank, its rank among the workers) uses CUDA device
-    // w % cuda_device_count(). The model's tensor-parallel reductions then run on device memory
-    // through NCCL over tp_comm (every wait bounded by worker.step_timeout_s); the runner keeps
-    // the MPI collective for its host-side agreement.
-    // With parallel.device_collective: host the reductions are copied to the host and reduced
-    // with MPI instead, and several ranks may share a device (one GPU runs a TP or DP layout):
-    // each then sizes its caches from its share of the free memory (cache.ranks_per_device).
-    const int devices = cfg.device == device_kind::kCuda ? std::max(1, kernels::cuda_device_count()) : 1;
-    const int workers = t.dp * t.tp;
-    const int self = t.dp_rank() * t.tp + t.tp_rank();
-    const int ordinal = cfg.device == device_kind::kCuda ? self % devices : 0;
-    if (cfg.device == device_kind::kCuda) {
-      cfg.cache.ranks_per_device = (workers - 1 - ordinal) / devices + 1;  // workers w with w % devices == ordinal
-      if (t.tp > 1 && t.tp > devices && cfg.parallel.device_collective == device_collective_kind::kNccl)
-        throw config_error("parallel.tp = " + std::to_string(t.tp) + " ranks on " + std::to_string(devices) +
-                           " CUDA device(s): NCCL cannot put two ranks of one group on one device; set "
-                           "parallel.device_collective: host to run them there");
-    }
-    const kernels::exec_context ctx = kernels::open_device(cfg.device, ordinal);
-    worker::collective* model_comm = comm.get();
-    if (cfg.device == device_kind::kCuda && t.tp > 1) {
-      if (cfg.parallel.device_collective == device_collective_kind::kHost) {
-        device_comm = worker::make_host_staged_collective(tp_comm, cfg.device, cfg.worker.step_timeout_s);
-      } else {
-#if HYSERVE_HAVE_NCCL
-        device_comm = worker::make_nccl_collective(tp_comm, cfg.worker.step_timeout_s, ordinal);
-#else
-        throw config_error("device: cuda with parallel.tp > 1 needs NCCL, which this build does not have "
-                           "(or parallel.device_collective: host)");
-#endif
-      }
-      model_comm = device_comm.get();
-    }
+    // Device, cache share and the model's collective (hyserve/worker/tp_device.h): NCCL on
+    // CUDA, or the host-staged collective with which several ranks share one device; the runner
+    // keeps the MPI collective for its host-side agreement.
+    const worker::device_placement place = worker::place_worker(cfg, t.dp_rank() * t.tp + t.tp_rank(), t.dp * t.tp, t.tp);
+    cfg.cache.ranks_per_device = place.ranks_per_device;
+    const kernels::exec_context ctx = kernels::open_device(cfg.device, place.ordinal);
+    device_comm = worker::make_model_collective(cfg, tp_comm, t.tp, place.ordinal);
+    worker::collective* model_comm = device_comm ? device_comm.get() : comm.get();
     r = std::make_unique<worker::runner>(
         worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx), cfg.cache, comm.get(),
         fault);

@@ -333,6 +333,67 @@ TEST(SparseSelect, MatchesBruteForce) {
   }
 }
 
+// Tensor parallelism: `parts` ranks each hold kv_heads / parts KV heads with their query heads.
+// The scene's queries and summaries of rank `part`'s heads.
+scene shard_of(const scene& s, int64_t parts, int64_t part) {
+  scene r = s;
+  const int64_t G = s.q_heads / s.kv_heads, kvl = s.kv_heads / parts, D = s.D;
+  r.kv_heads = kvl;
+  r.q_heads = kvl * G;
+  const int64_t tokens = static_cast<int64_t>(s.q.size()) / (s.q_heads * D);
+  r.q.assign(static_cast<size_t>(tokens * r.q_heads * D), 0.0f);
+  for (int64_t t = 0; t < tokens; ++t)
+    std::copy_n(s.q.begin() + (t * s.q_heads + part * r.q_heads) * D, r.q_heads * D, r.q.begin() + t * r.q_heads * D);
+  r.key_min.assign(static_cast<size_t>(s.num_pages * kvl * D), 0.0f);
+  r.key_max = r.key_min;
+  for (int64_t pg = 0; pg < s.num_pages; ++pg) {
+    std::copy_n(s.key_min.begin() + (pg * s.kv_heads + part * kvl) * D, kvl * D, r.key_min.begin() + pg * kvl * D);
+    std::copy_n(s.key_max.begin() + (pg * s.kv_heads + part * kvl) * D, kvl * D, r.key_max.begin() + pg * kvl * D);
+  }
+  return r;
+}
+
+// Each rank scores its heads (phase kScore), the scores are summed (the all-reduce), and the
+// selection from the sums (phase kSelect) equals one rank's fused selection over every head.
+TEST(SparseSelect, ShardedScorePhasesSumToTheFusedSelection) {
+  for (int64_t parts : {2, 4}) {
+    const int64_t kvh = 4, gqa = 2, D = 16, ps = 16;
+    const std::vector<int32_t> lens{40 * 16 + 3, 9 * 16, 5 * 16 - 1, 2 * 16, 23 * 16 + 9};
+    const scene s = make_scene(kvh * gqa, kvh, D, ps, lens, {1, 1, 1, 1, 1}, static_cast<uint32_t>(31 + parts));
+    for (const budget bu : {budget{6, 1, 2, 0}, budget{3, 1, 1, 0}}) {
+      std::vector<int32_t> want_table, want_lens;
+      run_cpu(select_params(s, bu, want_table, want_lens));
+      std::vector<float> sum(static_cast<size_t>(static_cast<int64_t>(lens.size()) * s.stride), 0.0f);
+      std::vector<int32_t> unused_table, unused_lens;
+      for (int64_t part = 0; part < parts; ++part) {
+        const scene sh = shard_of(s, parts, part);
+        std::vector<float> scores(sum.size(), 0.0f);
+        sparse_select_params p = select_params(sh, bu, unused_table, unused_lens);
+        p.mode = sparse_select_params::phase::kScore;
+        p.scores = scores.data();
+        run_cpu(p);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += scores[i];
+      }
+      // kScore writes no selection.
+      EXPECT_TRUE(std::all_of(unused_table.begin(), unused_table.end(), [](int32_t v) { return v == -3; }));
+      std::vector<int32_t> got_table, got_lens;
+      const scene first = shard_of(s, parts, 0);  // kSelect reads no q or summaries: any rank's
+      sparse_select_params p = select_params(first, bu, got_table, got_lens);
+      p.mode = sparse_select_params::phase::kSelect;
+      p.scores = sum.data();
+      run_cpu(p);
+      EXPECT_EQ(got_lens, want_lens) << parts << " ranks, budget " << bu.page_budget;
+      EXPECT_EQ(got_table, want_table) << parts << " ranks, budget " << bu.page_budget;
+    }
+  }
+  // A phase without its scores buffer is refused.
+  const scene s = make_scene(4, 2, 16, 16, {300}, {1}, 5u);
+  std::vector<int32_t> t, l;
+  sparse_select_params p = select_params(s, budget{}, t, l);
+  p.mode = sparse_select_params::phase::kSelect;
+  expect_invalid([&] { run_cpu(p); }, "scores");
+}
+
 TEST(SparseSelect, DenseRowsByLengthFlagAndQueryCount) {
   const scene s = make_scene(8, 2, 16, 16, {600, 600, 600, 600, 600}, {1, 1, 1, 2, 0}, 7u);
   const std::vector<uint8_t> dense{0, 1, 0, 0, 0};

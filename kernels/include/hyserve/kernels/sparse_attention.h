@@ -80,6 +80,17 @@ struct sparse_select_params {
   int64_t q_stride = 0;
   int64_t page_budget = 0, sink_pages = 0, recent_pages = 0, min_seq_len = 0;
   bool multi_query_rows = false;  // rows of q_len > 1 are selected with their first query
+  // A page's score sums over every KV head; tensor parallelism splits the heads over ranks, so
+  // a sharded layer selects in two phases around an all-reduce of `scores`:
+  //   kScore:  writes the score of middle page i of row b (this rank's heads) to
+  //            scores[b · page_table_stride + i] for every row that chooses among its middle
+  //            pages (0 < n_top < n_mid); nothing else is written;
+  //   kSelect: selects from the summed scores (q, key_min, key_max are not read) and writes
+  //            out_page_table / out_seq_lens.
+  // kFused (one rank): both in one op, scores not used. Ties go to the lower page index.
+  enum class phase : uint8_t { kFused, kScore, kSelect };
+  phase mode = phase::kFused;
+  float* scores = nullptr;  // [batch, page_table_stride] for kScore / kSelect
 };
 
 void run_cpu(const sparse_select_params& p);
