@@ -7,12 +7,12 @@
 
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
-#include "hyserve/kernels/causal_conv1d.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/run.h"
 #include "layers.h"
 #include "load_util.h"
+#include "recurrent_mixer.h"
 
 namespace hyserve::worker::layers {
 
@@ -118,26 +118,8 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
 
-  bool recurrent_step = false;  // one token per row updating state in place
-  bool per_step = false;        // tokens written to per-step states, persistent state untouched
-  switch (in.mode) {
-    case forward_mode::kExtend:
-    case forward_mode::kMixed:
-    case forward_mode::kDraftExtend:
-      break;
-    case forward_mode::kDecode:
-      recurrent_step = true;
-      break;
-    case forward_mode::kIdle:
-      return tensor::f32({0, hidden}, ctx.device);
-    case forward_mode::kTargetVerify:
-    case forward_mode::kDraft:
-      if (!steps)
-        throw invalid_argument_error(std::string("Gated DeltaNet mixer: forward mode ") +
-                                     std::string(forward_mode_name(in.mode)) + " needs per-step state storage");
-      per_step = true;
-      break;
-  }
+  const mixer_path path = mixer_path_of(in, steps, "Gated DeltaNet mixer");
+  if (path == mixer_path::kIdle) return tensor::f32({0, hidden}, ctx.device);
 
   const int64_t conv = w.conv_dim(), vd = w.value_dim();
   tensor proj = linear(x, w.in_proj, ctx);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
@@ -145,25 +127,17 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);
 
-  // Varlen prefill (conv + chunked delta rule from each row's slot, final state to the slot)
-  // over the rows whose slot in `slots` is >= 0.
-  auto prefill = [&](const device_array& slots) {
-    kernels::conv1d_varlen_params c;
-    c.x = proj.as<float>();
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = qkv.as<float>();
-    c.query_start_loc = in.query_start_loc.as<int32_t>();
-    c.state_indices = slots.as<int32_t>();
-    c.has_initial_state = in.initial_state_flags();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
+  mixer_conv cv;
+  cv.x = proj.as<float>();
+  cv.x_stride = in_w;
+  cv.out = qkv.as<float>();
+  cv.out_stride = conv;
+  cv.dim = conv;
+  cv.width = w.conv_width;
+  cv.weight = &w.conv_w;
+  cv.bias = &w.conv_b;
+  mixer_scan scan;
+  scan.prefill = [&](const device_array& slots) {
     kernels::gdn_chunk_scan_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     s.state_indices = slots.as<int32_t>();
@@ -173,57 +147,23 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     s.kernel = w.prefill_kernel;
     kernels::run(s, ctx);
   };
-  if (per_step) {
-    kernels::conv1d_update_multi_params c;
-    c.x = proj.as<float>();
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = qkv.as<float>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.conv_states = state.conv.as<float>();
-    c.step_windows = steps->conv.as<float>();
-    c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
-    c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
-    c.batch = in.spec_rows;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.tokens_per_row = in.spec_tokens_per_row;
-    c.steps = in.spec_steps;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
+  scan.update = [&] {
+    kernels::gdn_state_update_params s;
+    fill_gdn_common(s, w, proj, qkv, core, state, in);
+    kernels::run(s, ctx);
+  };
+  scan.steps = [&](const int32_t* retrieve_parent, const int32_t* first_step) {
     kernels::gdn_state_update_multi_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     s.step_states = steps->ssm.as<float>();
     s.batch = in.spec_rows;
-    s.retrieve_parent = c.retrieve_parent;
-    s.first_step = c.first_step;
+    s.retrieve_parent = retrieve_parent;
+    s.first_step = first_step;
     s.tokens_per_row = in.spec_tokens_per_row;
     s.steps = in.spec_steps;
     kernels::run(s, ctx);
-    if (in.spec_extend) prefill(in.extend_slots);
-  } else if (recurrent_step) {
-    kernels::conv1d_update_params c;
-    c.x = proj.as<float>();
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = qkv.as<float>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
-    kernels::gdn_state_update_params s;
-    fill_gdn_common(s, w, proj, qkv, core, state, in);
-    kernels::run(s, ctx);
-  } else {
-    prefill(in.mamba_slots);
-  }
+  };
+  run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps"}, ctx);
   // Norm before gate, per head: rmsnorm over each head's V channels (rows = tokens · heads),
   // then · silu(z).
   kernels::rmsnorm_params n;

@@ -16,6 +16,7 @@
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/ssm.h"
+#include "recurrent_mixer.h"
 #include "step_pack.h"
 
 namespace hyserve::worker::layers {
@@ -509,46 +510,19 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor y = tensor::f32({T, di}, ctx.device);
 
-  bool recurrent_step = false;  // one token per row updating state in place
-  bool per_step = false;        // tokens written to per-step states, persistent state untouched
-  switch (in.mode) {
-    case forward_mode::kExtend:
-    case forward_mode::kMixed:
-    case forward_mode::kDraftExtend:
-      break;
-    case forward_mode::kDecode:
-      recurrent_step = true;
-      break;
-    case forward_mode::kIdle:
-      return tensor::f32({0, hidden}, ctx.device);
-    case forward_mode::kTargetVerify:
-    case forward_mode::kDraft:
-      if (!steps)
-        throw invalid_argument_error(std::string("Mamba2 mixer: forward mode ") +
-                                     std::string(forward_mode_name(in.mode)) + " needs per-step state storage");
-      per_step = true;
-      break;
-  }
-
-  // Varlen prefill (conv + chunk scan from each row's slot, final state to the slot) over the
-  // rows whose slot in `slots` is >= 0.
-  auto prefill = [&](const device_array& slots) {
-    kernels::conv1d_varlen_params c;
-    c.x = proj.as<float>() + di;
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = xbc.as<float>();
-    c.query_start_loc = in.query_start_loc.as<int32_t>();
-    c.state_indices = slots.as<int32_t>();
-    c.has_initial_state = in.initial_state_flags();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
+  const mixer_path path = mixer_path_of(in, steps, "Mamba2 mixer");
+  if (path == mixer_path::kIdle) return tensor::f32({0, hidden}, ctx.device);
+  mixer_conv cv;
+  cv.x = proj.as<float>() + di;
+  cv.x_stride = in_w;
+  cv.out = xbc.as<float>();
+  cv.out_stride = conv;
+  cv.dim = conv;
+  cv.width = w.conv_width;
+  cv.weight = &w.conv_w;
+  cv.bias = &w.conv_b;
+  mixer_scan scan;
+  scan.prefill = [&](const device_array& slots) {
     kernels::ssd_chunk_scan_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     s.state_indices = slots.as<int32_t>();
@@ -557,65 +531,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     s.chunk_size = w.chunk_size;
     kernels::run(s, ctx);
   };
-  if (per_step) {
-    kernels::conv1d_update_multi_params c;
-    c.x = proj.as<float>() + di;
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = xbc.as<float>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.conv_states = state.conv.as<float>();
-    c.step_windows = steps->conv.as<float>();
-    c.retrieve_parent = in.spec_tree ? in.retrieve_parent.as<int32_t>() : nullptr;
-    c.first_step = in.spec_first_step ? in.first_step.as<int32_t>() : nullptr;
-    c.batch = in.spec_rows;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.tokens_per_row = in.spec_tokens_per_row;
-    c.steps = in.spec_steps;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
-    // Windows: each token's read (slot or step column) and written; the per-step state likewise.
-    const double row_tokens = static_cast<double>(in.spec_rows * in.spec_tokens_per_row);
-    profile(ctx, "mamba.conv_steps",
-            row_tokens * static_cast<double>(conv) * (8.0 + 2.0 * 4.0 * static_cast<double>(w.conv_width - 1)) +
-                nbytes(w.conv_w));
-    kernels::selective_state_update_multi_params s;
-    fill_ssm_common(s, w, proj, xbc, y, state, in);
-    HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
-    s.step_states = steps->ssm.data();
-    s.batch = in.spec_rows;
-    s.retrieve_parent = c.retrieve_parent;
-    s.first_step = c.first_step;
-    s.tokens_per_row = in.spec_tokens_per_row;
-    s.steps = in.spec_steps;
-    kernels::run(s, ctx);
-    // The slot's state read once per row, every token's step state written.
-    profile(ctx, "mamba.ssm_steps",
-            (static_cast<double>(in.spec_rows) + row_tokens) * static_cast<double>(w.heads * w.head_dim * w.d_state) *
-                    static_cast<double>(dtype_size(state.ssm.type())) +
-                nbytes(xbc) + nbytes(y));
-    if (in.spec_extend) prefill(in.extend_slots);
-  } else if (recurrent_step) {
-    kernels::conv1d_update_params c;
-    c.x = proj.as<float>() + di;
-    c.weight = w.conv_w.as<float>();
-    c.bias = w.conv_b.empty() ? nullptr : w.conv_b.as<float>();
-    c.out = xbc.as<float>();
-    c.state_indices = in.mamba_slots.as<int32_t>();
-    c.conv_states = state.conv.as<float>();
-    c.batch = in.batch_size;
-    c.dim = conv;
-    c.width = w.conv_width;
-    c.x_stride = in_w;
-    c.out_stride = conv;
-    c.silu = true;
-    kernels::run(c, ctx);
-    profile(ctx, "mamba.conv",
-            static_cast<double>(T * conv) * 8.0 + nbytes(w.conv_w) +
-                2.0 * static_cast<double>(in.batch_size * conv * (w.conv_width - 1)) * 4.0);
+  scan.update = [&] {
     kernels::selective_state_update_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     kernels::run(s, ctx);
@@ -623,9 +539,26 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
             2.0 * static_cast<double>(in.batch_size * w.heads * w.head_dim * w.d_state) *
                     static_cast<double>(dtype_size(state.ssm.type())) +
                 nbytes(xbc) + nbytes(y));
-  } else {
-    prefill(in.mamba_slots);
-  }
+  };
+  scan.steps = [&](const int32_t* retrieve_parent, const int32_t* first_step) {
+    kernels::selective_state_update_multi_params s;
+    fill_ssm_common(s, w, proj, xbc, y, state, in);
+    HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
+    s.step_states = steps->ssm.data();
+    s.batch = in.spec_rows;
+    s.retrieve_parent = retrieve_parent;
+    s.first_step = first_step;
+    s.tokens_per_row = in.spec_tokens_per_row;
+    s.steps = in.spec_steps;
+    kernels::run(s, ctx);
+    // The slot's state read once per row, every token's step state written.
+    const double row_tokens = static_cast<double>(in.spec_rows * in.spec_tokens_per_row);
+    profile(ctx, "mamba.ssm_steps",
+            (static_cast<double>(in.spec_rows) + row_tokens) * static_cast<double>(w.heads * w.head_dim * w.d_state) *
+                    static_cast<double>(dtype_size(state.ssm.type())) +
+                nbytes(xbc) + nbytes(y));
+  };
+  run_recurrent_mixer(path, cv, in, state, steps, scan, {"mamba.conv", "mamba.conv_steps"}, ctx);
   const bool split_groups = w.rms_norm && w.norm_group_global > w.norm_group_size && comm && comm->size() > 1;
   if (!w.rms_norm || (w.norm_before_gate && !split_groups)) {
     // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups
