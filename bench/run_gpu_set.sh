@@ -8,7 +8,8 @@
 # attention, every dtype) gdn skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
 # GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
 # speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), model-mma / spec-pred-mma
-# (model and spec-pred with the tensor-core skinny GEMM, HYSERVE_SKINNY=mma), and serve-cuda
+# (model and spec-pred with the tensor-core skinny GEMM: a copy of the config with
+# kernels: {skinny: mma} added, under OUT_DIR), and serve-cuda
 # (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
 # /metrics, then stopped), served / served-qwen (bench/served_vs_engine.sh on the 9B synthetic
 # Bamba / the tiny Qwen3-Next: the engine bench and the served path side by side) and startup
@@ -71,6 +72,19 @@ fi
 echo "build: $(($(date +%s) - t)) s" | tee -a "$out/summary.txt"
 
 bin=$build/bin
+# with_kernels CONFIG KEY VALUE: prints the path of a copy of CONFIG (under OUT_DIR) with
+# kernels.KEY: VALUE added (the kernel path choices are config keys; README, Configuration).
+with_kernels() {
+  local conf
+  conf="$out/$(basename "$1" .yaml)-$2-$3.yaml"
+  python3 - "$1" "$conf" "$2" "$3" << 'EOF'
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+c.setdefault("kernels", {})[sys.argv[3]] = sys.argv[4]
+yaml.safe_dump(c, open(sys.argv[2], "w"), default_flow_style=None)
+EOF
+  echo "$conf"
+}
 # stage NAME LIMIT_S COMMAND...: runs COMMAND with at most LIMIT_S seconds (less when less is
 # left), its output in OUT_DIR/NAME.log.
 stage() {
@@ -104,10 +118,10 @@ for s in "${stages[@]}"; do
     skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
     model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
              --decode-steps 8 --profile-step --verify-width 5 --json "$out/model.json" ;;
-    model-mma) stage model-mma 300 env HYSERVE_SKINNY=mma "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml \
+    model-mma) stage model-mma 300 "$bin/hyserve-bench-model" "$(with_kernels configs/bamba-9b-synthetic-cuda.yaml skinny mma)" \
                  --batches 1,8 --decode-steps 8 --profile-step --verify-width 5 --json "$out/model-mma.json" ;;
-    spec-pred-mma) stage spec-pred-mma 400 env HYSERVE_SKINNY=mma "$bin/hyserve-bench-spec" \
-                     configs/bamba-9b-synthetic-cuda-spec.yaml --batches 1,8,32 --prompt-len 1024 --new-tokens 128 \
+    spec-pred-mma) stage spec-pred-mma 400 "$bin/hyserve-bench-spec" \
+                     "$(with_kernels configs/bamba-9b-synthetic-cuda-spec.yaml skinny mma)" --batches 1,8,32 --prompt-len 1024 --new-tokens 128 \
                      --json "$out/spec-pred-mma.json" ;;
     spec-pred) stage spec-pred 400 "$bin/hyserve-bench-spec" configs/bamba-9b-synthetic-cuda-spec.yaml \
                  --batches 1,8,32 --prompt-len 1024 --new-tokens 128 --json "$out/spec-pred.json" ;;

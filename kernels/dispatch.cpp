@@ -13,6 +13,7 @@
 #include "hyserve/kernels/logits_processing.h"
 #include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/paths.h"
 #include "hyserve/kernels/rope.h"
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
@@ -51,6 +52,7 @@ void run(const Params& p, const exec_context& ctx) {
     case device_kind::kCuda:
 #if HYSERVE_HAVE_CUDA
       if constexpr (declares_run_cuda<Params>) {
+        const paths_scope paths(ctx.paths);  // the launchers' variant choices (paths.h)
         run_cuda(p, ctx.stream);
         return;
       } else {

@@ -11,7 +11,7 @@
 //   select: scoring + selection alone for batch 64 × 8192 pages, at the production summary
 //     shape (8 kv heads × 128: 8 KiB of summaries per page, 4.3 GB in all, so the time is
 //     bound by that read) and at a minimal one (1 kv head × 4 dims) where selection dominates.
-//     Both selection kernels are timed (HYSERVE_SPARSE_SELECT=v2, the default, and v1); their
+//     Both selection kernels are timed (kernels.sparse_select v2, the default, and v1); their
 //     page tables must be identical (same scores, exact selection), which is checked.
 //
 //   hyserve-bench-sparse            everything
@@ -31,6 +31,7 @@
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/paths.h"
 #include "hyserve/kernels/sparse_attention.h"
 
 namespace hyserve::kernels {
@@ -38,8 +39,13 @@ namespace {
 
 using bench::copy_bandwidth;
 
-// Selects the CUDA selection kernel (read by the op at every call).
-void set_select_variant(const char* v) { ::setenv("HYSERVE_SPARSE_SELECT", v, 1); }
+// The kernel paths of every op here: main runs the parts inside a paths_scope of g_paths (the
+// ops are called through run_cuda, not kernels::run). set_select_variant picks the selection
+// kernel, which the op reads at every call.
+kernel_paths g_paths;
+void set_select_variant(const char* v) {
+  g_paths.sparse_select = std::string(v) == "v1" ? kernel_paths::sparse_select_kind::kV1 : kernel_paths::sparse_select_kind::kV2;
+}
 
 // The working sets here (≥ 0.5 GB) exceed L2 many times over, so no input rotation is needed;
 // except select at 1 kv head × 4 dims (19 MB), whose summaries stay in L2 across calls.
@@ -202,6 +208,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hyserve-bench-sparse: no CUDA device\n");
     return 1;
   }
+  const paths_scope paths(g_paths);
   std::vector<std::string> parts(argv + 1, argv + argc);
   auto want = [&](const char* part) {
     return parts.empty() || std::find(parts.begin(), parts.end(), part) != parts.end();

@@ -1,7 +1,7 @@
 // Single-threaded tokenizer throughput on a deterministic mixed text (ASCII words with
 // punctuation and numbers, code-like indentation, some accented, CJK and emoji text).
-//   hyserve-bench-tokenizer [tokenizer.json] [megabytes]
-// Defaults: the test fixture tokenizer and 10 MB.
+//   hyserve-bench-tokenizer [--verbose] [tokenizer.json] [megabytes]
+// Defaults: the test fixture tokenizer and 10 MB. --verbose prints every timed run.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -82,9 +82,15 @@ double thread_cpu_seconds() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool verbose = false;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--verbose") verbose = true;
+    else args.emplace_back(argv[i]);
+  }
   const std::string path =
-      argc > 1 ? argv[1] : std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/tokenizer-bpe512/tokenizer.json";
-  const double megabytes = argc > 2 ? std::atof(argv[2]) : 10.0;
+      !args.empty() ? args[0] : std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/tokenizer-bpe512/tokenizer.json";
+  const double megabytes = args.size() > 1 ? std::atof(args[1].c_str()) : 10.0;
   try {
     auto t0 = std::chrono::steady_clock::now();
     const bpe_tokenizer tok = bpe_tokenizer::from_file(path);
@@ -105,7 +111,7 @@ int main(int argc, char** argv) {
       tok.encode_into(text, ids);
       const double s = seconds_since(t0), c = thread_cpu_seconds() - c0;
       if (run == 0) first = s, first_cpu = c;
-      if (std::getenv("HYSERVE_BENCH_VERBOSE")) std::printf("  run %d: %.3f s wall, %.3f s cpu\n", run, s, c);
+      if (verbose) std::printf("  run %d: %.3f s wall, %.3f s cpu\n", run, s, c);
       best = std::min(best, s);
       best_cpu = std::min(best_cpu, c);
     }

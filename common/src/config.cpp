@@ -13,6 +13,7 @@
 #include <limits>
 #include <set>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -380,6 +381,58 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
   });
 }
 
+// `kernels`: one key per kernel path choice (kernel_paths.h); `default` everywhere is the
+// kernels' own choice. Integer keys take `default` or a value in their range.
+void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
+  r.check_keys(node, "kernels",
+               {"attn_decode", "attn_decode_waves", "gdn_cluster", "gdn_decode", "gdn_max_tokens", "gdn_prefill",
+                "norm_linear", "norm_linear_blocks_per_sm", "pdl", "skinny", "sparse_select", "ssd_max_tokens",
+                "ssd_scan", "ssm_update_unroll"});
+  const auto path = [](const char* key) { return std::string("kernels.") + key; };
+  // "default" (0) or an integer in [lo, hi].
+  const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi) -> int32_t {
+    const std::string& s = r.scalar(n, path(key), "default or an integer");
+    if (s == "default") return 0;
+    const std::string range = "default or an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || v < lo || v > hi)
+      r.fail(n, path(key), "must be " + range + ", got '" + s + "'");
+    return static_cast<int32_t>(v);
+  };
+  // An enumerated key: the index of its value in `names` is the enumerator (kDefault first).
+  const auto named = [&](const char* key, auto& field, std::initializer_list<std::string_view> names) {
+    if_present(node, key, [&](const YAML::Node& n) {
+      field = static_cast<std::remove_reference_t<decltype(field)>>(r.get_enum(n, path(key), "path", names));
+    });
+  };
+  const auto integer = [&](const char* key, int32_t& field, int32_t lo, int32_t hi) {
+    if_present(node, key, [&](const YAML::Node& n) { field = bounded(n, key, lo, hi); });
+  };
+  named("attn_decode", k.attn_decode, {"default", "simt", "mma"});
+  integer("attn_decode_waves", k.attn_decode_waves, 1, 8);
+  if_present(node, "gdn_cluster", [&](const YAML::Node& n) {
+    static constexpr int32_t kSizes[] = {0, 1, 2, 4};
+    k.gdn_cluster = kSizes[r.get_enum(n, path("gdn_cluster"), "cluster size", {"default", "1", "2", "4"})];
+  });
+  named("gdn_decode", k.gdn_decode, {"default", "grid", "persistent", "persistent8", "tiles8"});
+  integer("gdn_max_tokens", k.gdn_max_tokens, 1, 1 << 30);
+  named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
+  if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
+  integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
+  if_present(node, "pdl", [&](const YAML::Node& n) { k.pdl = r.get_bool(n, path("pdl")); });
+  named("skinny", k.skinny, {"default", "fma", "mma"});
+  named("sparse_select", k.sparse_select, {"default", "v1", "v2"});
+  integer("ssd_max_tokens", k.ssd_max_tokens, 1, 1 << 30);
+  named("ssd_scan", k.ssd_scan,
+        {"default", "sequential", "parallel", "parallel_single", "parallel_fast", "parallel_pair", "parallel_quad",
+         "parallel_y", "parallel_quad_y", "parallel_oct_y", "phased"});
+  if_present(node, "ssm_update_unroll", [&](const YAML::Node& n) {
+    static constexpr int32_t kUnroll[] = {0, 4, 8};
+    k.ssm_update_unroll = kUnroll[r.get_enum(n, path("ssm_update_unroll"), "unroll", {"default", "4", "8"})];
+  });
+}
+
 service_config parse_config(const std::string& text, const std::string& file) {
   const yaml_reader r(file);
   const std::string where = file.empty() ? std::string(kStringSource) : file;
@@ -404,7 +457,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
     }
     r.check_keys(root, "",
                  {"model", "device", "cuda_graphs", "parallel", "cache", "scheduler", "sparsity", "speculative", "server",
-                  "worker", "chat"});
+                  "worker", "chat", "kernels"});
 
     if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
     read_model(r, root["model"], cfg.model);
@@ -603,6 +656,8 @@ service_config parse_config(const std::string& text, const std::string& file) {
     });
     if_present(srv, "strict_fields",
                [&](const YAML::Node& n) { cfg.server.strict_fields = r.get_bool(n, "server.strict_fields"); });
+
+    read_kernels(r, root["kernels"], cfg.kernels);
 
     if (root["chat"]) {
       chat_section chat;

@@ -34,10 +34,13 @@ allocation_stream_scope::allocation_stream_scope(void* stream, bool zero_fill)
     : previous_(stream), previous_zero_(zero_fill) {}
 allocation_stream_scope::~allocation_stream_scope() = default;
 
-exec_context open_device(device_kind kind, int /*ordinal*/) {
+exec_context open_device(device_kind kind, int /*ordinal*/, const kernel_paths& paths) {
   if (kind == device_kind::kCuda)
     throw config_error("device: cuda, but this build has no CUDA backend (configure with HYSERVE_ENABLE_CUDA=ON)");
-  return exec_context{kind, nullptr};
+  exec_context ctx;
+  ctx.device = kind;
+  ctx.paths = paths;
+  return ctx;
 }
 
 }  // namespace hyserve::kernels

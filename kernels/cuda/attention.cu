@@ -36,9 +36,9 @@
 #include "attention_paths.h"
 #include "common.cuh"
 #include "dispatch.h"
-#include "env_choice.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/paths.h"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -365,21 +365,15 @@ int mma_blocks_per_sm(int64_t head_dim, int64_t group) {
   return slot;
 }
 
-// Waves of resident blocks the decode slices aim for: HYSERVE_ATTN_DECODE_WAVES (1..8) if set,
+// Waves of resident blocks the decode slices aim for: kernels.attn_decode_waves (1..8) if set,
 // else 1 for the tensor-core kernel and 3 for the CUDA-core one. Measured on the H200 (bf16
 // cache, 32 q / 8 kv heads, batch 8): the tensor-core kernel at 32K context 84.6% of copy
 // bandwidth with 3 waves, 85.8% with 2, 87.2% with 1 (each wave's blocks start on cold loads and
 // end in a merge); the CUDA-core kernel 47.8% / 44.2% / 41.6% (it needs the extra waves to hide
 // its compute).
 int decode_waves(bool mma) {
-  static const int from_env = [] {
-    const char* e = std::getenv("HYSERVE_ATTN_DECODE_WAVES");
-    if (e == nullptr || *e == '\0') return 0;
-    const int w = std::atoi(e);
-    if (w < 1 || w > 8) throw invalid_argument_error(std::string("HYSERVE_ATTN_DECODE_WAVES: '") + e + "' (1..8)");
-    return w;
-  }();
-  return from_env > 0 ? from_env : mma ? 1 : 3;
+  const int asked = current_paths().attn_decode_waves;  // validated with the config: 0 or 1..8
+  return asked > 0 ? asked : mma ? 1 : 3;
 }
 
 template <class KV>
@@ -473,12 +467,14 @@ attn_decode_path g_attn_decode_path = attn_decode_path::kDefault;
 void set_attn_decode_path(attn_decode_path path) { g_attn_decode_path = path; }
 
 bool attn_decode_uses_mma() {
-  static const attn_decode_path from_env = cuda_detail::env_choice<attn_decode_path>(
-      "HYSERVE_ATTN_DECODE", {{"simt", attn_decode_path::kSimt}, {"mma", attn_decode_path::kMma}},
-      attn_decode_path::kDefault);
   attn_decode_path path = g_attn_decode_path;
-  if (path == attn_decode_path::kDefault) path = from_env;
-  if (path == attn_decode_path::kDefault) path = kAttnDecodeDefaultPath;
+  if (path == attn_decode_path::kDefault) {
+    switch (current_paths().attn_decode) {
+      case kernel_paths::attn_decode_kind::kDefault: path = kAttnDecodeDefaultPath; break;
+      case kernel_paths::attn_decode_kind::kSimt: path = attn_decode_path::kSimt; break;
+      case kernel_paths::attn_decode_kind::kMma: path = attn_decode_path::kMma; break;
+    }
+  }
   return path == attn_decode_path::kMma;
 }
 

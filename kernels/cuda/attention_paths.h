@@ -10,7 +10,8 @@ namespace hyserve::kernels {
 // bf16 products with q and p split exactly enough into two bf16 terms each that results stay at
 // f32 accuracy). An f32 cache and other shapes always take kSimt. The two differ in summation
 // order only; decode and verify queries of one process use the same path.
-// kDefault: the environment's HYSERVE_ATTN_DECODE (simt or mma), else kAttnDecodeDefaultPath.
+// kDefault: the op's kernels.attn_decode (exec_context::paths: simt or mma), else
+// kAttnDecodeDefaultPath.
 enum class attn_decode_path { kDefault = 0, kSimt = 1, kMma = 2 };
 inline constexpr attn_decode_path kAttnDecodeDefaultPath = attn_decode_path::kMma;
 void set_attn_decode_path(attn_decode_path path);

@@ -263,8 +263,11 @@ void install_device_allocators() {
   set_device_allocator(device_kind::kCuda, &allocator);
 }
 
-exec_context open_device(device_kind kind, int ordinal) {
-  if (kind == device_kind::kCpu) return exec_context{kind, nullptr};
+exec_context open_device(device_kind kind, int ordinal, const kernel_paths& paths) {
+  exec_context ctx;
+  ctx.device = kind;
+  ctx.paths = paths;
+  if (kind == device_kind::kCpu) return ctx;
   const int n = cuda_device_count();
   if (n == 0) throw config_error("device: cuda, but no CUDA device is visible (no GPU or no driver)");
   if (ordinal < 0 || ordinal >= n)
@@ -272,7 +275,7 @@ exec_context open_device(device_kind kind, int ordinal) {
                        ")");
   cuda_set_device(ordinal);
   install_device_allocators();
-  return exec_context{kind, nullptr};
+  return ctx;
 }
 
 }  // namespace hyserve::kernels

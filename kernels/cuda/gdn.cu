@@ -1,10 +1,10 @@
 // Gated DeltaNet on CUDA: the varlen prefill and the decode update.
 //
-// Kernels (paths in gdn_paths.cuh, chosen per call or from the environment):
+// Kernels (paths in gdn_paths.cuh, chosen per call or by the op's kernel paths):
 //   prefill, tc (default) / tf32: gdn_chunked.cuh, the chunked WY form on the tensor cores
 //                     (3xTF32 or plain TF32) for key dims 32, 64, 128;
-//   prefill, recurrent (HYSERVE_GDN_PREFILL=recurrent, and every other key dim), and the
-//                     decode update, grid (HYSERVE_GDN_DECODE=grid): the kernel below;
+//   prefill, recurrent (kernels.gdn_prefill: recurrent, and every other key dim), and the
+//                     decode update, grid (kernels.gdn_decode: grid): the kernel below;
 //   decode, tiles8 (default: 92-94% of copy at batch 64/256 against 82% for grid, bench/results
 //                     run 5) / persistent / persistent8: gdn_decode.cuh, the same math with
 //                     tiles of value rows (resident blocks prefetching the next tile for the
@@ -37,11 +37,11 @@
 #include "../cpu/gdn_validate.h"
 #include "common.cuh"
 #include "dispatch.h"
-#include "env_choice.h"
 #include "gdn_common.h"
 #include "gdn_decode.cuh"
 #include "gdn_paths.cuh"
 #include "hyserve/kernels/gdn.h"
+#include "hyserve/kernels/paths.h"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -256,12 +256,8 @@ void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* h
 }
 
 int64_t gdn_tc_max_tokens() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("HYSERVE_GDN_MAX_TOKENS");
-    const long long n = e != nullptr ? std::atoll(e) : 0;
-    return n > 0 ? static_cast<int64_t>(n) : int64_t{16384};
-  }();
-  return v;
+  const int32_t n = current_paths().gdn_max_tokens;
+  return n > 0 ? int64_t{n} : int64_t{16384};
 }
 
 namespace {
@@ -297,8 +293,9 @@ void launch_gdn_path(const gdn_chunk_scan_params& p, gdn_prefill_path path, cuda
   }
 }
 
-// The path a call takes: automatic is the environment's default, which with bf16 io is the bf16
-// path unless it is the recurrent kernel; bf16 io asked of the f32-accurate paths is an error.
+// The path a call takes: automatic is the default path (kernels.gdn_prefill), which with bf16 io
+// is the bf16 path unless it is the recurrent kernel; bf16 io asked of the f32-accurate paths is
+// an error.
 gdn_prefill_path resolve_path(const gdn_chunk_scan_params& p, gdn_prefill_path path, const char* op) {
   const bool asked = path != gdn_prefill_path::automatic;
   if (!asked) path = gdn_prefill_default_path();
@@ -318,14 +315,14 @@ gdn_prefill_path resolve_path(const gdn_chunk_scan_params& p, gdn_prefill_path p
 using namespace cuda_detail;
 
 gdn_prefill_path gdn_prefill_default_path() {
-  static const gdn_prefill_path path = cuda_detail::env_choice<gdn_prefill_path>(
-      "HYSERVE_GDN_PREFILL",
-      {{"recurrent", gdn_prefill_path::recurrent},
-       {"tc", gdn_prefill_path::tc},
-       {"tf32", gdn_prefill_path::tf32},
-       {"bf16", gdn_prefill_path::bf16}},
-      gdn_prefill_path::tc);
-  return path;
+  switch (current_paths().gdn_prefill) {
+    case kernel_paths::gdn_prefill_kind::kDefault: return gdn_prefill_path::tc;
+    case kernel_paths::gdn_prefill_kind::kRecurrent: return gdn_prefill_path::recurrent;
+    case kernel_paths::gdn_prefill_kind::kTc: return gdn_prefill_path::tc;
+    case kernel_paths::gdn_prefill_kind::kTf32: return gdn_prefill_path::tf32;
+    case kernel_paths::gdn_prefill_kind::kBf16: return gdn_prefill_path::bf16;
+  }
+  return gdn_prefill_path::tc;
 }
 
 bool gdn_prefill_tc_supports(const gdn_chunk_scan_params& p) { return tc_supports(p); }
@@ -385,14 +382,14 @@ void run_cuda_tc_stages(const gdn_chunk_scan_params& p, gdn_prefill_path path, i
 }
 
 gdn_decode_path gdn_decode_default_path() {
-  static const gdn_decode_path path =
-      cuda_detail::env_choice<gdn_decode_path>("HYSERVE_GDN_DECODE",
-                                  {{"grid", gdn_decode_path::grid},
-                                   {"persistent", gdn_decode_path::persistent},
-                                   {"persistent8", gdn_decode_path::persistent8},
-                                   {"tiles8", gdn_decode_path::tiles8}},
-                                  gdn_decode_path::tiles8);
-  return path;
+  switch (current_paths().gdn_decode) {
+    case kernel_paths::gdn_decode_kind::kDefault: return gdn_decode_path::tiles8;
+    case kernel_paths::gdn_decode_kind::kGrid: return gdn_decode_path::grid;
+    case kernel_paths::gdn_decode_kind::kPersistent: return gdn_decode_path::persistent;
+    case kernel_paths::gdn_decode_kind::kPersistent8: return gdn_decode_path::persistent8;
+    case kernel_paths::gdn_decode_kind::kTiles8: return gdn_decode_path::tiles8;
+  }
+  return gdn_decode_path::tiles8;
 }
 
 const char* gdn_decode_path_name(gdn_decode_path path) {

@@ -44,7 +44,7 @@
 // Shared-memory row strides are ≡ 4 (mod 32) floats where a tile is read as row-major A
 // fragments or transposed B fragments, ≡ 8 where it is read as k-major B fragments.
 //
-// The workspace holds cap = HYSERVE_GDN_MAX_TOKENS / 64 + batch chunks (default 16384 tokens);
+// The workspace holds cap = kernels.gdn_max_tokens / 64 + batch chunks (default 16384 tokens);
 // a batch needing more is computed by the recurrent kernel instead, gated on the overflow flag
 // on the device (no host synchronisation; graph-capturable).
 #include <cstdint>

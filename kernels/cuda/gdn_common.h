@@ -38,7 +38,7 @@ inline gdn_io<float> f32_io(const gdn_common_params& p) { return {p.q, p.k, p.v,
 void launch_gdn(const gdn_common_params& p, const int32_t* qsl, const uint8_t* has_init, const char* op,
                 cudaStream_t stream, const int* gate = nullptr, const gdn_io<__nv_bfloat16>* bf16 = nullptr);
 
-// Tokens the tensor-core prefill reserves its workspace for (HYSERVE_GDN_MAX_TOKENS, default 16384).
+// Tokens the tensor-core prefill reserves its workspace for (kernels.gdn_max_tokens, default 16384).
 int64_t gdn_tc_max_tokens();
 
 // The tensor-core prefill for key dim K: 3xTF32 (kSplit), plain TF32, or bf16 products (kHalf,

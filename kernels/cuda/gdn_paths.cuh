@@ -2,10 +2,11 @@
 // Explicit choice between the CUDA GDN prefill implementations, and between the decode
 // kernels (tests and benchmarks run all of them in one process). run_cuda(gdn_chunk_scan_params)
 // takes the path its params name (gdn_chunk_scan_params::kernel, which models set from their
-// dtype or model.gdn_prefill), or with kDefault gdn_prefill_default_path(), read once from
-// HYSERVE_GDN_PREFILL (recurrent | tc | tf32 | bf16; unset: tc; benchmarks and direct calls); run_cuda(gdn_state_update_params) takes gdn_decode_default_path(), from
-// HYSERVE_GDN_DECODE (grid | persistent | persistent8 | tiles8; unset: tiles8). Any other value is
-// an error naming the variable and its values.
+// dtype or model.gdn_prefill), or with kDefault gdn_prefill_default_path(), the op's
+// kernels.gdn_prefill (exec_context::paths, kernels/paths.h: recurrent | tc | tf32 | bf16;
+// default: tc; benchmarks and direct calls); run_cuda(gdn_state_update_params) takes
+// gdn_decode_default_path(), from kernels.gdn_decode (grid | persistent | persistent8 | tiles8;
+// default: tiles8).
 // Shapes the tensor-core kernels are not built for (key dims other than 32, 64, 128) take the
 // recurrent kernel whichever path is asked; gdn_prefill_tc_supports says which. bf16 io
 // (gdn_chunk_scan_params::io_dtype) runs on the bf16 path (automatic: the default path, or bf16

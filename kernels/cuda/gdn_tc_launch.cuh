@@ -13,11 +13,11 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "env_choice.h"
 #include "gdn_common.h"
 #include "gdn_tc_intra.cuh"
 #include "gdn_tc_state.cuh"
 #include "gdn_wy16_state.cuh"
+#include "hyserve/kernels/paths.h"
 #include "launch.cuh"
 #include "stream_alloc.h"
 
@@ -143,9 +143,9 @@ void launch_gdn_tc_k(const gdn_chunk_scan_params& p, cudaStream_t stream, int st
       }
       return static_cast<int64_t>(active) * nc >= need;
     };
-    // HYSERVE_GDN_CLUSTER (1 | 2 | 4) asks for a cluster size (taken when the slices divide by
-    // it and the device can co-schedule it); unset: the automatic choice above.
-    static const unsigned asked = env_choice<unsigned>("HYSERVE_GDN_CLUSTER", {{"1", 1u}, {"2", 2u}, {"4", 4u}}, 0u);
+    // kernels.gdn_cluster (1 | 2 | 4) asks for a cluster size (taken when the slices divide by
+    // it and the device can co-schedule it); default (0): the automatic choice above.
+    const auto asked = static_cast<unsigned>(current_paths().gdn_cluster);
     const bool waves = ctas > static_cast<int64_t>(sms) * per_sm;
     unsigned nc = 1;
     if (asked != 0) nc = asked == 1 || fits(asked) ? asked : 1;

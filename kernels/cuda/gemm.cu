@@ -19,10 +19,10 @@
 
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
-#include "env_choice.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/paths.h"
 #include "gemm_paths.h"
 #include "stream_alloc.h"
 
@@ -509,11 +509,14 @@ void set_skinny_rows(int rows) {
 void set_skinny_path(skinny_path path) { cuda_detail::g_skinny_path = path; }
 
 bool skinny_uses_mma() {
-  static const skinny_path from_env = cuda_detail::env_choice<skinny_path>(
-      "HYSERVE_SKINNY", {{"fma", skinny_path::kFma}, {"mma", skinny_path::kMma}}, skinny_path::kDefault);
   skinny_path p = cuda_detail::g_skinny_path;
-  if (p == skinny_path::kDefault) p = from_env;
-  if (p == skinny_path::kDefault) p = kSkinnyDefaultPath;
+  if (p == skinny_path::kDefault) {
+    switch (current_paths().skinny) {
+      case kernel_paths::skinny_kind::kDefault: p = kSkinnyDefaultPath; break;
+      case kernel_paths::skinny_kind::kFma: p = skinny_path::kFma; break;
+      case kernel_paths::skinny_kind::kMma: p = skinny_path::kMma; break;
+    }
+  }
   return p == skinny_path::kMma;
 }
 

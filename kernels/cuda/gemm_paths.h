@@ -16,7 +16,7 @@ void set_skinny_rows(int rows);
 // bf16 terms (kMma). Each path is row-invariant on its own (a row's bits do not depend on m);
 // the two differ in summation order, so a process uses one for every m (the fused
 // rmsnorm_linear decode kernel shares the FMA path's arithmetic and is used only with it).
-// kDefault: the environment's HYSERVE_SKINNY (fma or mma), else kSkinnyDefaultPath.
+// kDefault: the op's kernels.skinny (exec_context::paths: fma or mma), else kSkinnyDefaultPath.
 enum class skinny_path { kDefault = 0, kFma = 1, kMma = 2 };
 inline constexpr skinny_path kSkinnyDefaultPath = skinny_path::kFma;
 void set_skinny_path(skinny_path path);

@@ -1,19 +1,13 @@
 // When a launch may carry the programmatic-serialization attribute (launch.cuh).
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "check.h"
+#include "hyserve/kernels/paths.h"
 
 namespace hyserve::kernels::cuda_detail {
 
 bool pdl_applies(cudaStream_t stream) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("HYSERVE_PDL");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  if (!enabled || stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return false;
+  if (!current_paths().pdl || stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaGraphNode_t* deps = nullptr;
   const cudaGraphEdgeData* edges = nullptr;

@@ -11,7 +11,7 @@
 //
 // In a stream capture the attribute becomes a programmatic graph edge, which CUDA allows only
 // between kernel nodes: launch_pdl sets it only when every node the launch will depend on is a
-// kernel node, and never on the legacy default stream. HYSERVE_PDL=0 disables it everywhere
+// kernel node, and never on the legacy default stream. kernels.pdl: false disables it everywhere
 // (plain launches, the kernels' griddepcontrol instructions are then no-ops).
 #include <cuda_runtime.h>
 

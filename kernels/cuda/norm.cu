@@ -16,6 +16,7 @@
 #include "gemm_paths.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/paths.h"
 #include "launch.cuh"
 #include "stream_alloc.h"
 
@@ -287,7 +288,7 @@ void launch_gated_rmsnorm(const gated_rmsnorm_params& p, cudaStream_t stream) {
 // and up rows of one output, swiglu), streamed as 16-byte loads, kLinUnroll per lane in flight,
 // dotted with the rows of x in the skinny gemm kernel's order (chunk c = lane + 32·j, fmaf over
 // the 8 elements, xor-shuffle reduction), so each output equals the skinny kernel's bit for
-// bit. The grid is sized for kLinBlocksPerSm blocks per SM (HYSERVE_NORM_LINEAR_BLOCKS_PER_SM)
+// bit. The grid is sized for kLinBlocksPerSm blocks per SM (kernels.norm_linear_blocks_per_sm)
 // with an equal number of tasks per warp; each block stages the norm once for all its tasks.
 // The weights are constants, so each warp's first loads are issued before the programmatic-launch
 // wait (overlapping the previous kernel's tail and the staging), and a warp's next task's first
@@ -448,10 +449,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
 }
 
 bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("HYSERVE_NORM_LINEAR");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  const bool enabled = current_paths().norm_linear;
   // The fused kernel reproduces the FMA skinny path's arithmetic; with the MMA path the norm
   // and the GEMM run apart (the decode and verify linear layers must agree bit for bit).
   if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM || skinny_uses_mma()) return false;
@@ -472,11 +470,8 @@ void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsi
 
 template <bool kSwiglu>
 void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
-  static const int64_t per_sm = [] {
-    const char* e = std::getenv("HYSERVE_NORM_LINEAR_BLOCKS_PER_SM");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return static_cast<int64_t>(v >= 1 && v <= 8 ? v : 2);
-  }();
+  const int32_t asked = current_paths().norm_linear_blocks_per_sm;  // validated with the config: 0 or 1..8
+  const int64_t per_sm = asked >= 1 && asked <= 8 ? asked : 2;
   const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{kLinRows});
   // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
   // to amortise, so one task per warp (the skinny kernel's grid).

@@ -18,7 +18,7 @@
 //     programmatic dependent launch where it applies, so its launch overlaps the scoring): keys in registers,
 //     an adaptive radix select over the keys' range (1–3 histogram passes), and a block scan that
 //     writes the chosen pages in ascending order, ties to the lower index; dense rows copied.
-// Selection v1 (HYSERVE_SPARSE_SELECT=v1, kept for comparison): one launch; the same scoring
+// Selection v1 (kernels.sparse_select: v1, kept for comparison): one launch; the same scoring
 // blocks write float scores, and the last block of the row to finish (atomic counter after a
 // fence) selects with 256 threads: radix select (4 passes of 8 bits, shared-memory histogram
 // warp-aggregated with __match_any_sync) and a segmented block scan.
@@ -30,6 +30,7 @@
 #include "../cpu/sparse_validate.h"
 #include "common.cuh"
 #include "launch.cuh"
+#include "hyserve/kernels/paths.h"
 #include "hyserve/kernels/sparse_attention.h"
 
 namespace hyserve::kernels {
@@ -646,12 +647,9 @@ void run_cuda(const page_summary_update_params& p, void* stream) {
 
 namespace {
 
-// HYSERVE_SPARSE_SELECT=v1 takes the previous selection kernel (last scoring block selects);
-// anything else the default v2. Read at every call, so that one process can compare both.
-bool select_v1() {
-  const char* e = std::getenv("HYSERVE_SPARSE_SELECT");
-  return e != nullptr && std::strcmp(e, "v1") == 0;
-}
+// kernels.sparse_select: v1 takes the previous selection kernel (last scoring block selects);
+// default and v2 the v2 kernels. Per call (the op's paths), so that one process can compare both.
+bool select_v1() { return current_paths().sparse_select == kernel_paths::sparse_select_kind::kV1; }
 
 void launch_select_v1(const sparse_select_params& p, size_t qbar_bytes, int lanes, cudaStream_t s) {
   // The row's keys live in shared memory when they fit (else the selecting block re-reads the

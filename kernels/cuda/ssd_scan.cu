@@ -23,10 +23,10 @@
 //       sequential           ssd_scan_bf16.cuh: one block per (row, head, state slice) walking
 //                            the row's chunks in order, state kept in registers.
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
-// The bf16-io path is read once from the environment:
-// HYSERVE_SSD_SCAN=parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
+// The bf16-io path is the op's kernels.ssd_scan (exec_context::paths):
+// parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
 // parallel_quad_y|parallel_oct_y|phased|sequential
-// (unset or anything else: parallel_quad_y, the fastest at every measured shape: 16384 tokens
+// (default: parallel_quad_y, the fastest at every measured shape: 16384 tokens
 // 0.95 ms against 1.36 (parallel) and 1.86 (sequential), 256 rows x 256 tokens 4.30 against 5.74
 // and 7.90 ms, bench/results run 7);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
@@ -34,7 +34,7 @@
 // kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
 // carries per row, 4 MiB each at the production shape; phased: a partial chunk, 4 MiB), while
 // the sequential kernel already has batch × heads × 2 blocks.
-// The phased and parallel_single paths reserve chunks for HYSERVE_SSD_MAX_TOKENS tokens (default
+// The phased and parallel_single paths reserve chunks for kernels.ssd_max_tokens tokens (default
 // 16384; the token count is device data) plus one per row; a batch needing more chunks is
 // computed by the general kernel below instead (decided on the device: no host synchronisation,
 // graph-capturable). The parallel path's workspace is per row: it takes any token count.
@@ -59,8 +59,7 @@
 #include <type_traits>
 
 #include "dispatch.h"
-#include <cstdlib>
-#include <cstring>
+#include "hyserve/kernels/paths.h"
 
 #include "ssd_scan_bf16.cuh"
 #include "ssd_scan_chained.cuh"
@@ -301,12 +300,8 @@ void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
 constexpr int64_t kParallelMaxBatch = 64;
 
 int64_t parallel_max_tokens() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("HYSERVE_SSD_MAX_TOKENS");
-    const long long n = e != nullptr ? std::atoll(e) : 0;
-    return n > 0 ? static_cast<int64_t>(n) : int64_t{16384};
-  }();
-  return v;
+  const int32_t n = current_paths().ssd_max_tokens;
+  return n > 0 ? int64_t{n} : int64_t{16384};
 }
 
 template <class TS>
@@ -390,7 +385,7 @@ void launch_ssd_bf16_chained(const ssd_chunk_scan_params& p, bool persist, cudaS
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
       // Chunks the kernel takes: the workspace does not depend on it (carries and flags are per
       // row), so the persistent grid takes any batch whose items fit an int ticket; one block per
-      // item reserves HYSERVE_SSD_MAX_TOKENS / Q + batch (its grid size).
+      // item reserves kernels.ssd_max_tokens / Q + batch (its grid size).
       const int64_t max_cap = std::min<int64_t>((int64_t{1} << 31) / 2 / p.heads, int64_t{1} << 30);
       const int64_t cap64 = (kFlags != 0 || persist) ? max_cap : (parallel_max_tokens() + sc::kQ - 1) / sc::kQ + p.batch;
       const int cap = static_cast<int>(std::min(cap64, max_cap));
@@ -484,21 +479,21 @@ void launch_ssd_chunked(const ssd_chunk_scan_params& p, cudaStream_t stream) {
 using namespace cuda_detail;
 
 ssd_scan_path ssd_scan_default_path() {
-  static const ssd_scan_path path = [] {
-    const char* e = std::getenv("HYSERVE_SSD_SCAN");
-    if (e != nullptr && std::strcmp(e, "parallel") == 0) return ssd_scan_path::parallel;
-    if (e != nullptr && std::strcmp(e, "parallel_single") == 0) return ssd_scan_path::parallel_single;
-    if (e != nullptr && std::strcmp(e, "parallel_fast") == 0) return ssd_scan_path::parallel_fast;
-    if (e != nullptr && std::strcmp(e, "parallel_pair") == 0) return ssd_scan_path::parallel_pair;
-    if (e != nullptr && std::strcmp(e, "parallel_quad") == 0) return ssd_scan_path::parallel_quad;
-    if (e != nullptr && std::strcmp(e, "parallel_y") == 0) return ssd_scan_path::parallel_y;
-    if (e != nullptr && std::strcmp(e, "parallel_quad_y") == 0) return ssd_scan_path::parallel_quad_y;
-    if (e != nullptr && std::strcmp(e, "parallel_oct_y") == 0) return ssd_scan_path::parallel_oct_y;
-    if (e != nullptr && std::strcmp(e, "phased") == 0) return ssd_scan_path::phased;
-    if (e != nullptr && std::strcmp(e, "sequential") == 0) return ssd_scan_path::sequential;
-    return ssd_scan_path::parallel_quad_y;  // fastest at every measured shape (bench/results run 7)
-  }();
-  return path;
+  using k = kernel_paths::ssd_scan_kind;
+  switch (current_paths().ssd_scan) {
+    case k::kDefault: break;
+    case k::kSequential: return ssd_scan_path::sequential;
+    case k::kParallel: return ssd_scan_path::parallel;
+    case k::kParallelSingle: return ssd_scan_path::parallel_single;
+    case k::kParallelFast: return ssd_scan_path::parallel_fast;
+    case k::kParallelPair: return ssd_scan_path::parallel_pair;
+    case k::kParallelQuad: return ssd_scan_path::parallel_quad;
+    case k::kParallelY: return ssd_scan_path::parallel_y;
+    case k::kParallelQuadY: return ssd_scan_path::parallel_quad_y;
+    case k::kParallelOctY: return ssd_scan_path::parallel_oct_y;
+    case k::kPhased: return ssd_scan_path::phased;
+  }
+  return ssd_scan_path::parallel_quad_y;  // fastest at every measured shape (bench/results run 7)
 }
 
 void run_cuda(const ssd_chunk_scan_params& p, void* stream) { run_cuda(p, ssd_scan_path::automatic, stream); }

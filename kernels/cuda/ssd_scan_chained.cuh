@@ -40,7 +40,7 @@
 // writes slot k & 1; chunk k + 2 overwrites it only after chunk k + 1, which read it, has
 // published). Flags hold k + 1 once chunk k's S_out is in its slot; the host zeroes them.
 // Chunk counts are device data: with one block per item the host launches
-// HYSERVE_SSD_MAX_TOKENS / Q + batch items' blocks, and past that the plan raises the overflow
+// kernels.ssd_max_tokens / Q + batch items' blocks, and past that the plan raises the overflow
 // flag, the kernel exits at once and the general kernel (gated on the flag) computes the batch;
 // the persistent grid takes any count (the workspace is per row).
 #include <cuda_bf16.h>

@@ -1,14 +1,14 @@
 #pragma once
 // Explicit choice between the two bf16-io SSD chunk scan implementations (tests and benchmarks
-// run both in one process). run_cuda(ssd_chunk_scan_params) picks one from HYSERVE_SSD_SCAN
-// (see ssd_scan.cu); other shapes and f32 io take their own kernels whichever path is asked.
+// run both in one process). run_cuda(ssd_chunk_scan_params) picks one from the op's
+// kernels.ssd_scan (exec_context::paths; see ssd_scan.cu); other shapes and f32 io take their own kernels whichever path is asked.
 // CUDA-free: reachable as "cuda/ssd_scan_paths.h" by whoever links the kernels.
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels {
 
 enum class ssd_scan_path {
-  automatic,   // HYSERVE_SSD_SCAN (see ssd_scan.cu); sequential for batches of more than 64 rows
+  automatic,   // kernels.ssd_scan (see ssd_scan.cu); sequential for batches of more than 64 rows
   sequential,  // one block per (row, head, state slice) walking the row's chunks in order
   parallel,         // one kernel over (chunk, head) items, persistent blocks staging the next
                     // item while finishing the current one; only the state hand-off is chained
@@ -24,7 +24,7 @@ enum class ssd_scan_path {
 
 void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream = nullptr);
 
-// The path run_cuda(p, stream) takes for bf16 io (environment read once).
+// The path run_cuda(p, stream) takes for bf16 io (kernels.ssd_scan of the current paths).
 ssd_scan_path ssd_scan_default_path();
 
 #ifdef HYSERVE_SSD_ABLATION

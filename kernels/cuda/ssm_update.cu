@@ -9,15 +9,14 @@
 // keeps its B and C columns in registers and issues kUnroll rows' loads before the first use,
 // so several 16-byte loads per thread are in flight: kUnroll = 4 (a block moves 8 KiB per step:
 // 16 rows of 512 bytes for f32 states, 32 rows of 256 bytes for bf16). For f32 states
-// HYSERVE_SSM_UPDATE_UNROLL=8 takes 8 rows per thread instead (16 KiB per step, more registers,
-// fewer resident blocks), read once; the default stays 4 until the device timings compare them.
+// kernels.ssm_update_unroll: 8 takes 8 rows per thread instead (16 KiB per step, more registers,
+// fewer resident blocks); the default stays 4 until the device timings compare them.
 // The first pass's state rows are loaded before the programmatic-launch wait (ssm.h), so the
 // state read overlaps the previous kernel.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "dispatch.h"
+#include "hyserve/kernels/paths.h"
 #include "launch.cuh"
 #include "ssm_common.cuh"
 
@@ -145,10 +144,7 @@ void launch_ssm_update(const selective_state_update_params& p, cudaStream_t stre
   const auto rows_per_slice = static_cast<int>(ceil_div(p.head_dim, slices));
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(ceil_div(p.head_dim, rows_per_slice)));
-  static const bool unroll8 = [] {
-    const char* e = std::getenv("HYSERVE_SSM_UPDATE_UNROLL");
-    return e != nullptr && std::strcmp(e, "8") == 0;
-  }();
+  const bool unroll8 = current_paths().ssm_update_unroll == 8;
   dispatch(ssm_state_dim_table{}, p.d_state, "selective_state_update", "d_state", [&](auto n) {
     constexpr int N = decltype(n)::value;
     if constexpr (sizeof(TS) == 4) {

@@ -183,7 +183,10 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
   void* const stream = stream_.get();
   layers::pack_step(layout, meta, step, ids, host_in, sampling);
 
-  const kernels::exec_context ex{device_kind::kCuda, stream};
+  kernels::exec_context ex;
+  ex.device = device_kind::kCuda;
+  ex.stream = stream;
+  ex.paths = cfg_.paths;
   layers::step_inputs in;
   layers::bind_step(in, layout, meta, inputs_.as<int32_t>(), attention ? step->page_size : 0);
   const size_t out_bytes = static_cast<size_t>(key.batch) * static_cast<size_t>(cfg_.vocab_local) * sizeof(float);

@@ -89,6 +89,7 @@ struct decode_graph_config {
   int32_t attention_layers = 0;    // caches whose addresses the graphs bake in
   int32_t state_layers = 0;
   bool step_clock = false;  // time replayed sampling steps (two events a step; the header below)
+  kernel_paths paths;       // the model's kernel paths (exec_context::paths), captured into the graphs
 };
 
 class decode_graphs {

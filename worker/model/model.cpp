@@ -13,8 +13,20 @@
 
 namespace hyserve::worker {
 
+namespace {
+
+// The model's context: the device and stream given, the kernel paths of the config.
+kernels::exec_context with_config_paths(const service_config& cfg, const kernels::exec_context& given) {
+  kernels::exec_context ctx = given;
+  ctx.paths = cfg.kernels;
+  return ctx;
+}
+
+}  // namespace
+
 std::unique_ptr<model> make_model(const service_config& cfg, const model_config& mc, tp_placement tp,
-                                  collective* comm, const kernels::exec_context& ctx) {
+                                  collective* comm, const kernels::exec_context& given) {
+  const kernels::exec_context ctx = with_config_paths(cfg, given);
   mc.validate();
   // model.dtype: the storage of linear-layer weights, embeddings and lm_head (norm and conv
   // weights, A_log, D and dt_bias stay float32). Checked before any weight is read.
@@ -45,8 +57,9 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
 }
 
 std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_config& mc, tp_placement tp,
-                                        collective* comm, const kernels::exec_context& ctx) {
+                                        collective* comm, const kernels::exec_context& given) {
   if (cfg.speculative.algorithm != speculative_algorithm::kDraftModel) return nullptr;
+  const kernels::exec_context ctx = with_config_paths(cfg, given);
   const draft_model_spec_section& d = cfg.speculative.draft_model;
   model_config dmc;
   std::unique_ptr<weight_source> weights;

@@ -194,6 +194,7 @@ step_driver::step_driver(const step_frame& frame, const decode_graph_options& gr
     c.attention_layers = attention_layers;
     c.state_layers = state_layers;
     c.step_clock = graphs.step_clock;
+    c.paths = frame.ctx.paths;
     graphs_ = std::make_unique<decode_graphs>(c);
     log_decode_path_once("decode (" + frame.label + "): " + graphs_->describe());
   } else if (frame.ctx.device == device_kind::kCuda) {

@@ -16,7 +16,7 @@ int32_t pages_needed(int32_t len, int32_t page_size) { return (len + page_size -
 
 // device: cuda runs on CUDA device 0 (config_error when there is none).
 std::unique_ptr<model> build_local_model(const service_config& cfg, collective* comm) {
-  const kernels::exec_context ctx = kernels::open_device(cfg.device, 0);
+  const kernels::exec_context ctx = kernels::open_device(cfg.device, 0, cfg.kernels);
   return make_model(cfg, resolve_model_config(cfg), tp_placement{}, comm, ctx);
 }
 

@@ -5,11 +5,13 @@
 // k of the production shapes, padded strides, alpha/beta accumulation; that row r of an m-row
 // call is bitwise the row computed by a 1-row call (a batch-1 verify of up to 7 drafts and a
 // decode step agree exactly); and the fused SwiGLU projection (swiglu_linear) on the same
-// kernel. Each for both skinny paths (CUDA-core FMA and tensor-core MMA). Skips without a device.
+// kernel. Each for both skinny paths (CUDA-core FMA and tensor-core MMA); and that the context's
+// kernels.skinny selects them through kernels::run. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "cuda_test_util.h"
 #include "hyserve/common/dtype.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/run.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -283,6 +286,55 @@ INSTANTIATE_TEST_SUITE_P(Grid, SwigluLinearCuda,
                            return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
                                   (c.bf16 ? "_bf16" : "_f32");
                          });
+
+// kernels.skinny reaches the kernel through kernels::run: the context's paths pick the same
+// kernel as set_skinny_path (bitwise the same C), and the default context the FMA path.
+TEST(SkinnyGemmPathsCuda, ContextPathsSelectTheKernel) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const path_reset reset;
+  gemm_params p;
+  p.m = 4;
+  p.n = 1025;
+  p.k = 4096;
+  p.trans_b = true;
+  p.lda = p.ldb = p.k;
+  p.ldc = p.n;
+  p.b_dtype = dtype::kBF16;
+  const std::vector<float> bf = random_floats(static_cast<size_t>(p.n * p.ldb), 22);
+  std::vector<uint16_t> b(bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) b[i] = f32_to_bf16(bf[i]);
+  device_array<float> da(random_floats(static_cast<size_t>(p.m * p.lda), 21));
+  device_array<uint16_t> db(b);
+  auto c_of = [&](const std::function<void(const gemm_params&)>& call) {
+    device_array<float> dc(std::vector<float>(static_cast<size_t>(p.m * p.ldc), 0.0f));
+    gemm_params pg = p;
+    pg.a = da.data();
+    pg.b = db.data();
+    pg.c = dc.data();
+    call(pg);
+    device_synchronize();
+    return dc.download();
+  };
+  auto with_setter = [&](skinny_path path) {
+    return c_of([&](const gemm_params& pg) {
+      set_skinny_path(path);
+      run_cuda(pg);
+      set_skinny_path(skinny_path::kDefault);
+    });
+  };
+  auto with_context = [&](kernel_paths::skinny_kind kind) {
+    exec_context ctx;
+    ctx.device = device_kind::kCuda;
+    ctx.paths.skinny = kind;
+    return c_of([&](const gemm_params& pg) { run(pg, ctx); });
+  };
+  const std::vector<float> fma = with_setter(skinny_path::kFma), mma = with_setter(skinny_path::kMma);
+  // The two paths sum in different orders: over k = 4096 some output differs in its last bits.
+  ASSERT_NE(fma, mma);
+  EXPECT_EQ(with_context(kernel_paths::skinny_kind::kMma), mma);
+  EXPECT_EQ(with_context(kernel_paths::skinny_kind::kFma), fma);
+  EXPECT_EQ(with_context(kernel_paths::skinny_kind::kDefault), fma);
+}
 
 }  // namespace
 }  // namespace hyserve::kernels

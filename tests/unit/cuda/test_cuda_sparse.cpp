@@ -7,14 +7,14 @@
 //  - selection + paged attention: |Δ| <= 2e-5 + 1e-4·|want| (as the paged attention tests).
 // Rows cover GQA 1/4/8, page sizes 1/16/64, partial last pages, dense rows (short, flagged, no
 // query), a verify row, and 8192-page rows (several scoring blocks per row, radix select).
-// Every selection case runs both CUDA selection kernels (HYSERVE_SPARSE_SELECT=v2, the default:
+// Every selection case runs both CUDA selection kernels, chosen through kernels::run by the
+// context's kernels.sparse_select (v2, the default:
 // scoring kernel + one 1024-thread selecting block per row, keys in registers up to 8192 middle
 // pages, re-read beyond; v1: the last scoring block selects).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <set>
@@ -28,6 +28,7 @@
 #include "cuda_test_util.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/graph.h"
+#include "hyserve/kernels/run.h"
 #include "hyserve/kernels/sparse_attention.h"
 
 namespace hyserve::kernels {
@@ -173,32 +174,16 @@ select_data make_data(const select_case& c, uint32_t seed) {
   return s;
 }
 
-// Sets HYSERVE_SPARSE_SELECT (the CUDA selection kernel) for a scope; restores it after.
-class select_variant {
- public:
-  explicit select_variant(const char* v) {
-    const char* old = std::getenv(kVar);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    ::setenv(kVar, v, 1);
-  }
-  ~select_variant() {
-    if (had_) {
-      ::setenv(kVar, old_.c_str(), 1);
-    } else {
-      ::unsetenv(kVar);
-    }
-  }
-  select_variant(const select_variant&) = delete;
-  select_variant& operator=(const select_variant&) = delete;
-
- private:
-  static constexpr const char* kVar = "HYSERVE_SPARSE_SELECT";
-  bool had_ = false;
-  std::string old_;
-};
-
 constexpr const char* kVariants[] = {"v2", "v1"};
+
+// A CUDA context on `stream` whose kernels.sparse_select is variant v ("v2" or "v1").
+exec_context select_ctx(const std::string& v, void* stream = nullptr) {
+  exec_context ctx;
+  ctx.device = device_kind::kCuda;
+  ctx.stream = stream;
+  ctx.paths.sparse_select = v == "v1" ? kernel_paths::sparse_select_kind::kV1 : kernel_paths::sparse_select_kind::kV2;
+  return ctx;
+}
 
 sparse_select_params host_params(const select_case& c, select_data& s, std::vector<int32_t>& out_table,
                                  std::vector<int32_t>& out_lens) {
@@ -275,11 +260,11 @@ std::pair<double, double> score_of(const select_case& c, const select_data& s, s
 
 void run_select_variant(const select_case& c, const select_data& s, const sparse_select_params& h,
                         const std::vector<int32_t>& out_table, const std::vector<int32_t>& out_lens,
-                        const std::string& what) {
+                        const std::string& what, const exec_context& ctx) {
   device_select d(h, c, s);
   d.out_table.fill_bytes(0xff);
   d.out_lens.fill_bytes(0xff);
-  run_cuda(d.p);
+  run(d.p, ctx);
   device_synchronize();
   const auto got_table = d.out_table.download();
   const auto got_lens = d.out_lens.download();
@@ -339,10 +324,7 @@ void run_select_case(const select_case& c, uint32_t seed, const std::string& wha
     const int64_t n_sel = (out_lens[b] + c.ps - 1) / c.ps;
     ASSERT_NE(std::find(row, row + n_sel, needle), row + n_sel) << what << ": needle not selected";
   }
-  for (const char* v : kVariants) {
-    select_variant variant(v);
-    run_select_variant(c, s, h, out_table, out_lens, what + " [" + v + "]");
-  }
+  for (const char* v : kVariants) run_select_variant(c, s, h, out_table, out_lens, what + " [" + v + "]", select_ctx(v));
 }
 
 TEST(SparseSelectCuda, MatchesCpu) {
@@ -519,10 +501,10 @@ TEST(SparseSelectCuda, StreamAndGraphMatchDefaultStream) {
   device_select d(h, c, s);
   void* stream = stream_create();
   for (const char* v : kVariants) {
-    select_variant variant(v);
+    const exec_context on_stream = select_ctx(v, stream);
     d.out_table.fill_bytes(0xff);
     d.out_lens.fill_bytes(0xff);
-    run_cuda(d.p);
+    run(d.p, select_ctx(v));
     device_synchronize();
     const auto want_table = d.out_table.download();
     const auto want_lens = d.out_lens.download();
@@ -534,7 +516,7 @@ TEST(SparseSelectCuda, StreamAndGraphMatchDefaultStream) {
       if (graph) {
         captured_graph::capture_begin(stream);
         try {
-          run_cuda(d.p, stream);
+          run(d.p, on_stream);
         } catch (...) {
           captured_graph::capture_abort(stream);
           throw;
@@ -543,7 +525,7 @@ TEST(SparseSelectCuda, StreamAndGraphMatchDefaultStream) {
         g.launch(stream);
         g.launch(stream);
       } else {
-        run_cuda(d.p, stream);
+        run(d.p, on_stream);
       }
       stream_synchronize(stream);
       expect_equal(d.out_table.download(), want_table, what + " table");

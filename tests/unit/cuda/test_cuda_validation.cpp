@@ -7,9 +7,6 @@
 
 #if defined(HYSERVE_HAVE_CUDA)
 
-#include <cstdlib>
-
-#include "cuda/env_choice.h"
 #include "cuda_test_util.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/causal_conv1d.h"
@@ -104,24 +101,6 @@ TEST(CudaValidation, Cuda_f32_CpuChecksApply) {
   n.sumsq_out = buf.data();
   n.sumsq_in = buf.data();
   expect_invalid([&] { run_cuda(n); }, "sumsq_in");
-}
-
-// Kernel paths chosen by environment variables (host-only: runs without a device): absent or
-// empty gives the default, a known name its path, anything else an error naming the variable
-// and the known names.
-TEST(CudaValidation, EnvironmentPathChoiceIsLoud) {
-  enum class path { kDefault, kA, kB };
-  const char* var = "HYSERVE_TEST_ENV_CHOICE";
-  auto choose = [&] { return cuda_detail::env_choice<path>(var, {{"a", path::kA}, {"b", path::kB}}, path::kDefault); };
-  ::unsetenv(var);
-  EXPECT_EQ(choose(), path::kDefault);
-  ::setenv(var, "", 1);
-  EXPECT_EQ(choose(), path::kDefault);
-  ::setenv(var, "b", 1);
-  EXPECT_EQ(choose(), path::kB);
-  ::setenv(var, "c", 1);
-  expect_invalid(choose, "HYSERVE_TEST_ENV_CHOICE: 'c' (known: a, b)");
-  ::unsetenv(var);
 }
 
 }  // namespace

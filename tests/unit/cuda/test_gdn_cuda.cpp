@@ -1,5 +1,5 @@
 // Backend ops: Gated DeltaNet chunked prefill and decode update, CUDA against CPU.
-// GdnChunkScanCuda runs the default prefill path (tc unless HYSERVE_GDN_PREFILL says otherwise);
+// GdnChunkScanCuda runs the default prefill path (tc; a context's kernels.gdn_prefill may name another);
 // GdnChunkScanCudaPaths each path explicitly. The recurrent CUDA prefill walks the tokens one by one (the per-token recurrence) where the CPU
 // op uses the chunked WY form, so the two differ by fp32 rounding in a different order: over
 // hundreds of tokens with states O(1) and outputs O(0.1)–O(1) we allow |Δ| <= 2e-5 + 2e-4·|want|

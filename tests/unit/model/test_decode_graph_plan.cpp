@@ -196,7 +196,8 @@ TEST(DecodeGraphPlan, BlockersOfAWholeModel) {
   decode_graph_options on;
   on.enabled = true;
   on.max_batch = 8;
-  const kernels::exec_context cuda{device_kind::kCuda, nullptr};
+  kernels::exec_context cuda;
+  cuda.device = device_kind::kCuda;
   EXPECT_EQ(decode_graph_blocker(cuda, on, 1), "");
   EXPECT_EQ(decode_graph_blocker(kernels::exec_context{}, on, 1), "device cpu");
   EXPECT_EQ(decode_graph_blocker(cuda, decode_graph_options{}, 1), "cuda_graphs: false");

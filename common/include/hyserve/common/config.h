@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hyserve/common/dtype.h"
+#include "hyserve/common/kernel_paths.h"
 #include "hyserve/common/model_config.h"
 #include "hyserve/common/tensor.h"
 
@@ -197,6 +198,9 @@ struct service_config {
   server_section server;
   worker_section worker;
   std::optional<chat_section> chat;  // absent: /v1/chat/completions is refused
+  // `kernels`: the CUDA kernel variants (kernel_paths.h); the models' execution context carries
+  // them (worker::make_model).
+  kernel_paths kernels;
   std::string source;  // file it was loaded from ("<string>" for load_config_string)
 };
 

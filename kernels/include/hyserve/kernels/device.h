@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "hyserve/common/device_kind.h"
+#include "hyserve/common/kernel_paths.h"
 
 namespace hyserve::kernels {
 
@@ -65,15 +66,18 @@ class allocation_stream_scope {
 void install_device_allocators();
 
 // Where an op runs: routed by kernels::run (dispatch.h). stream is a cudaStream_t for kCuda
-// (null = default stream) and ignored for kCpu.
+// (null = default stream) and ignored for kCpu. paths: the kernel variants the CUDA launchers
+// take (the config's `kernels:` section; kernels/paths.h says how they reach the launchers);
+// a context made from another keeps its paths (copy it and change the stream).
 struct exec_context {
   device_kind device = device_kind::kCpu;
   void* stream = nullptr;
+  kernel_paths paths;
 };
 
 // The context for `kind` on CUDA device `ordinal`: checks that the backend is built and the
 // device exists (config_error naming the problem otherwise), makes the device current and
-// installs the allocator. kCpu needs nothing and ignores ordinal.
-exec_context open_device(device_kind kind, int ordinal = 0);
+// installs the allocator. kCpu needs nothing and ignores ordinal. The context carries `paths`.
+exec_context open_device(device_kind kind, int ordinal = 0, const kernel_paths& paths = {});
 
 }  // namespace hyserve::kernels

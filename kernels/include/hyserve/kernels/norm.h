@@ -64,7 +64,7 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // the unfused CUDA ops' bit for bit; it launches with programmatic dependent launch and reads
 // its first weight rows before waiting for the kernel launched just before it (weights are
 // constants: that kernel must not write w or up_w). Otherwise it runs the unfused ops.
-// HYSERVE_NORM_LINEAR=0 disables the fused kernel.
+// kernels.norm_linear: false (exec_context::paths) disables the fused kernel.
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
   const float* __restrict__ norm_weight = nullptr;  // [k]; null: no norm

@@ -147,8 +147,9 @@ class model {
 };
 
 // Builds the configured model: weights from the checkpoint directory or synthetic, loaded on the
-// host and placed on ctx.device (kernels::open_device gives the context). comm may be null for
-// tp = 1.
+// host and placed on ctx.device (kernels::open_device gives the context). The model runs its ops
+// with ctx's device and stream and the config's kernel paths (`kernels`, replacing ctx.paths).
+// comm may be null for tp = 1.
 std::unique_ptr<model> make_model(const service_config& cfg, const model_config& mc, tp_placement tp,
                                   collective* comm, const kernels::exec_context& ctx = {});
 

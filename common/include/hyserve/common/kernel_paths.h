@@ -1,0 +1,59 @@
+#pragma once
+// Kernel path choices of the CUDA backend: the `kernels:` section of the service config
+// (README, Configuration), carried to the launchers in kernels::exec_context::paths. Every
+// field's default selects what the kernels pick on their own; another value forces one variant
+// (benchmarks, tests, bisecting a numerical difference). The CPU kernels ignore them.
+// Here rather than in kernels/ because the config loader (hyserve_common) fills it and the kernels
+// library depends on common, not the other way round. Plain C++17, no CUDA: .cu files include it.
+#include <cstdint>
+
+namespace hyserve {
+
+struct kernel_paths {
+  // `attn_decode`: the paged decode / verify attention over a bf16 cache: default (mma) | simt
+  // (CUDA-core FMAs) | mma (tensor cores).
+  enum class attn_decode_kind : uint8_t { kDefault, kSimt, kMma };
+  // `gdn_decode`: the Gated DeltaNet decode state update: default (tiles8) | grid | persistent
+  // | persistent8 | tiles8.
+  enum class gdn_decode_kind : uint8_t { kDefault, kGrid, kPersistent, kPersistent8, kTiles8 };
+  // `gdn_prefill`: the GDN chunked prefill path of ops that leave it to the default (model
+  // layers choose theirs by model.gdn_prefill): default (tc) | recurrent | tc | tf32 | bf16.
+  enum class gdn_prefill_kind : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
+  // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
+  enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
+  // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
+  // selects) | v2.
+  enum class sparse_select_kind : uint8_t { kDefault, kV1, kV2 };
+  // `ssd_scan`: the bf16-io SSD chunk scan (names of ssd_scan_path, kernels/cuda/ssd_scan_paths.h):
+  // default (parallel_quad_y; sequential for batches of more than 64 rows) or one of the list.
+  enum class ssd_scan_kind : uint8_t {
+    kDefault,
+    kSequential,
+    kParallel,
+    kParallelSingle,
+    kParallelFast,
+    kParallelPair,
+    kParallelQuad,
+    kParallelY,
+    kParallelQuadY,
+    kParallelOctY,
+    kPhased,
+  };
+
+  attn_decode_kind attn_decode = attn_decode_kind::kDefault;
+  int32_t attn_decode_waves = 0;  // 1..8 waves of decode blocks; 0 = default (1 mma, 3 simt)
+  int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
+  gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
+  int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
+  gdn_prefill_kind gdn_prefill = gdn_prefill_kind::kDefault;
+  bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
+  int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
+  bool pdl = true;                     // false: no programmatic dependent launch anywhere
+  skinny_kind skinny = skinny_kind::kDefault;
+  sparse_select_kind sparse_select = sparse_select_kind::kDefault;
+  int32_t ssd_max_tokens = 0;  // tokens the phased SSD scan workspace is sized for; 0 = 16384
+  ssd_scan_kind ssd_scan = ssd_scan_kind::kDefault;
+  int32_t ssm_update_unroll = 0;  // 4 | 8: rows unrolled by the f32-state SSM update; 0 = default (4)
+};
+
+}  // namespace hyserve

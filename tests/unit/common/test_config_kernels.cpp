@@ -1,0 +1,170 @@
+// The `kernels:` section (kernel path choices, hyserve/common/kernel_paths.h): every key parsed,
+// the defaults (what the kernels choose on their own), and each bad value's error naming the key
+// and the values it takes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "common_test_support.h"
+#include "hyserve/common/config.h"
+#include "hyserve/common/error.h"
+
+namespace hyserve {
+namespace {
+
+const std::string kModel = "model: {path: /ckpt}\n";
+
+service_config with_kernels(const std::string& section) { return load_config_string(kModel + "kernels: " + section); }
+
+using kp = kernel_paths;
+
+TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
+  for (const std::string& text : {kModel, kModel + "kernels:\n", kModel + "kernels: {}\n"}) {
+    const kernel_paths k = load_config_string(text).kernels;
+    EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kDefault);
+    EXPECT_EQ(k.attn_decode_waves, 0);
+    EXPECT_EQ(k.gdn_cluster, 0);
+    EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kDefault);
+    EXPECT_EQ(k.gdn_max_tokens, 0);
+    EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
+    EXPECT_TRUE(k.norm_linear);
+    EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
+    EXPECT_TRUE(k.pdl);
+    EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
+    EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
+    EXPECT_EQ(k.ssd_max_tokens, 0);
+    EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kDefault);
+    EXPECT_EQ(k.ssm_update_unroll, 0);
+  }
+}
+
+TEST(ConfigKernels, EveryKeyParses) {
+  const kernel_paths k = with_kernels(R"(
+  attn_decode: simt
+  attn_decode_waves: 2
+  gdn_cluster: 4
+  gdn_decode: persistent8
+  gdn_max_tokens: 32768
+  gdn_prefill: tf32
+  norm_linear: false
+  norm_linear_blocks_per_sm: 3
+  pdl: false
+  skinny: mma
+  sparse_select: v1
+  ssd_max_tokens: 65536
+  ssd_scan: phased
+  ssm_update_unroll: 8
+)").kernels;
+  EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
+  EXPECT_EQ(k.attn_decode_waves, 2);
+  EXPECT_EQ(k.gdn_cluster, 4);
+  EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
+  EXPECT_EQ(k.gdn_max_tokens, 32768);
+  EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
+  EXPECT_FALSE(k.norm_linear);
+  EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
+  EXPECT_FALSE(k.pdl);
+  EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
+  EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);
+  EXPECT_EQ(k.ssd_max_tokens, 65536);
+  EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kPhased);
+  EXPECT_EQ(k.ssm_update_unroll, 8);
+}
+
+// Each enumerated value maps to its own variant, and `default` to the automatic choice.
+TEST(ConfigKernels, EveryNamedValueParses) {
+  EXPECT_EQ(with_kernels("{attn_decode: mma}").kernels.attn_decode, kp::attn_decode_kind::kMma);
+  EXPECT_EQ(with_kernels("{attn_decode: default}").kernels.attn_decode, kp::attn_decode_kind::kDefault);
+  EXPECT_EQ(with_kernels("{attn_decode_waves: default}").kernels.attn_decode_waves, 0);
+  EXPECT_EQ(with_kernels("{attn_decode_waves: 8}").kernels.attn_decode_waves, 8);
+  EXPECT_EQ(with_kernels("{gdn_cluster: 1}").kernels.gdn_cluster, 1);
+  EXPECT_EQ(with_kernels("{gdn_cluster: 2}").kernels.gdn_cluster, 2);
+  EXPECT_EQ(with_kernels("{gdn_cluster: default}").kernels.gdn_cluster, 0);
+  EXPECT_EQ(with_kernels("{gdn_decode: grid}").kernels.gdn_decode, kp::gdn_decode_kind::kGrid);
+  EXPECT_EQ(with_kernels("{gdn_decode: persistent}").kernels.gdn_decode, kp::gdn_decode_kind::kPersistent);
+  EXPECT_EQ(with_kernels("{gdn_decode: tiles8}").kernels.gdn_decode, kp::gdn_decode_kind::kTiles8);
+  EXPECT_EQ(with_kernels("{gdn_max_tokens: default}").kernels.gdn_max_tokens, 0);
+  EXPECT_EQ(with_kernels("{gdn_prefill: recurrent}").kernels.gdn_prefill, kp::gdn_prefill_kind::kRecurrent);
+  EXPECT_EQ(with_kernels("{gdn_prefill: tc}").kernels.gdn_prefill, kp::gdn_prefill_kind::kTc);
+  EXPECT_EQ(with_kernels("{gdn_prefill: bf16}").kernels.gdn_prefill, kp::gdn_prefill_kind::kBf16);
+  EXPECT_TRUE(with_kernels("{norm_linear: true, pdl: true}").kernels.norm_linear);
+  EXPECT_EQ(with_kernels("{norm_linear_blocks_per_sm: 1}").kernels.norm_linear_blocks_per_sm, 1);
+  EXPECT_EQ(with_kernels("{skinny: fma}").kernels.skinny, kp::skinny_kind::kFma);
+  EXPECT_EQ(with_kernels("{sparse_select: v2}").kernels.sparse_select, kp::sparse_select_kind::kV2);
+  EXPECT_EQ(with_kernels("{ssd_max_tokens: 1}").kernels.ssd_max_tokens, 1);
+  const std::pair<const char*, kp::ssd_scan_kind> scans[] = {
+      {"sequential", kp::ssd_scan_kind::kSequential},
+      {"parallel", kp::ssd_scan_kind::kParallel},
+      {"parallel_single", kp::ssd_scan_kind::kParallelSingle},
+      {"parallel_fast", kp::ssd_scan_kind::kParallelFast},
+      {"parallel_pair", kp::ssd_scan_kind::kParallelPair},
+      {"parallel_quad", kp::ssd_scan_kind::kParallelQuad},
+      {"parallel_y", kp::ssd_scan_kind::kParallelY},
+      {"parallel_quad_y", kp::ssd_scan_kind::kParallelQuadY},
+      {"parallel_oct_y", kp::ssd_scan_kind::kParallelOctY},
+      {"phased", kp::ssd_scan_kind::kPhased},
+      {"default", kp::ssd_scan_kind::kDefault},
+  };
+  for (const auto& [name, kind] : scans)
+    EXPECT_EQ(with_kernels(std::string("{ssd_scan: ") + name + "}").kernels.ssd_scan, kind) << name;
+  EXPECT_EQ(with_kernels("{ssm_update_unroll: 4}").kernels.ssm_update_unroll, 4);
+  EXPECT_EQ(with_kernels("{ssm_update_unroll: default}").kernels.ssm_update_unroll, 0);
+}
+
+TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode: wmma}"), config_error,
+                    "kernels.attn_decode: unknown path 'wmma' (known: default, simt, mma)");
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode_waves: 9}"), config_error,
+                    "kernels.attn_decode_waves: must be default or an integer in [1, 8], got '9'");
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode_waves: 0}"), config_error,
+                    "kernels.attn_decode_waves: must be default or an integer in [1, 8], got '0'");
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode_waves: two}"), config_error,
+                    "kernels.attn_decode_waves: must be default or an integer in [1, 8], got 'two'");
+  EXPECT_ERROR_WITH(with_kernels("{gdn_cluster: 3}"), config_error,
+                    "kernels.gdn_cluster: unknown cluster size '3' (known: default, 1, 2, 4)");
+  EXPECT_ERROR_WITH(with_kernels("{gdn_decode: tiles4}"), config_error,
+                    "kernels.gdn_decode: unknown path 'tiles4' (known: default, grid, persistent, persistent8, tiles8)");
+  EXPECT_ERROR_WITH(with_kernels("{gdn_max_tokens: -1}"), config_error,
+                    "kernels.gdn_max_tokens: must be default or an integer in [1, 1073741824], got '-1'");
+  EXPECT_ERROR_WITH(with_kernels("{gdn_prefill: auto}"), config_error,
+                    "kernels.gdn_prefill: unknown path 'auto' (known: default, recurrent, tc, tf32, bf16)");
+  EXPECT_ERROR_WITH(with_kernels("{norm_linear: 0}"), config_error,
+                    "kernels.norm_linear: expected a boolean (true or false), got '0'");
+  EXPECT_ERROR_WITH(with_kernels("{norm_linear_blocks_per_sm: 16}"), config_error,
+                    "kernels.norm_linear_blocks_per_sm: must be default or an integer in [1, 8], got '16'");
+  EXPECT_ERROR_WITH(with_kernels("{pdl: sometimes}"), config_error,
+                    "kernels.pdl: expected a boolean (true or false), got 'sometimes'");
+  EXPECT_ERROR_WITH(with_kernels("{skinny: wgmma}"), config_error,
+                    "kernels.skinny: unknown path 'wgmma' (known: default, fma, mma)");
+  EXPECT_ERROR_WITH(with_kernels("{sparse_select: v3}"), config_error,
+                    "kernels.sparse_select: unknown path 'v3' (known: default, v1, v2)");
+  EXPECT_ERROR_WITH(with_kernels("{ssd_max_tokens: 0}"), config_error,
+                    "kernels.ssd_max_tokens: must be default or an integer in [1, 1073741824], got '0'");
+  EXPECT_ERROR_WITH(with_kernels("{ssd_scan: chained}"), config_error,
+                    "kernels.ssd_scan: unknown path 'chained' (known: default, sequential, parallel, parallel_single, "
+                    "parallel_fast, parallel_pair, parallel_quad, parallel_y, parallel_quad_y, parallel_oct_y, phased)");
+  EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
+                    "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
+  EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_waves, gdn_cluster,");
+  EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
+  EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
+}
+
+// A file's errors carry its name and the line of the bad value, like every config error.
+TEST(ConfigKernels, FileErrorsNameTheLine) {
+  const std::string path = testing::TempDir() + "/kernels_bad.yaml";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("model: {path: /tmp}\nkernels:\n  pdl: true\n  skinny: tensor\n", f);
+    std::fclose(f);
+  }
+  EXPECT_ERROR_WITH(load_config_file(path), config_error, path + ":4: kernels.skinny: unknown path 'tensor'");
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace hyserve
