@@ -253,6 +253,7 @@ void scheduler::admit() {
     }
     group_state& gs = groups_[static_cast<size_t>(best)];
     r.group = best;
+    r.admit_tick = ++tick_;
     r.req_slot = gs.free_req_slots.back();
     gs.free_req_slots.pop_back();
     r.mamba_slot = gs.free_mamba_slots.back();

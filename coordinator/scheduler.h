@@ -115,6 +115,7 @@ class scheduler final : public frontend {
     // decode step that fed the token ending that page (the newest one that came back); the tree
     // takes it with those pages when the request finishes (a later turn resends this answer).
     int32_t gen_ckpt_slot = -1, gen_ckpt_pages = 0;
+    uint64_t admit_tick = 0;  // the tree's clock when the request was admitted
     int32_t consumed = 0;  // tokens of prompt + output already in the cache
     bool pages_sent = false;
     int32_t in_steps = 0;  // steps in flight that carry a row of this request

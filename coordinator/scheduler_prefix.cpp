@@ -94,9 +94,12 @@ bool scheduler::decode_checkpoint_at(const request_state& r, int32_t end) const 
   const group_state& g = groups_[static_cast<size_t>(r.group)];
   const auto L = static_cast<int32_t>(r.req.input_ids.size());
   const int32_t ps = hellos_.front().page_size;
-  // Running requests hold at most half the slots (the one they hand over and the next one in
-  // flight each): the prompt checkpoints that later requests start from keep the rest.
-  return end > L && end % ps == 0 && g.decode_ckpts < cfg_.cache.prefix.state_slots / 2;
+  // A request that holds a decode checkpoint may always save the next one (it frees the older
+  // when that lands); others start holding one only while running requests' decode saves take
+  // less than a quarter of the slots. The prompt checkpoints later requests start from keep the
+  // rest: at least half.
+  const bool room = r.gen_ckpt_slot >= 0 || g.decode_ckpts < cfg_.cache.prefix.state_slots / 4;
+  return end > L && end % ps == 0 && room;
 }
 
 void scheduler::adopt(request_state& r, const prefix_tree::inserted& ins) {
@@ -146,7 +149,10 @@ void scheduler::insert_generated(request_state& r) {
   tokens.insert(tokens.end(), r.output.begin(), r.output.end());
   const prefix_tree::inserted ins = g.tree->insert(tokens, r.pages, r.gen_ckpt_pages, ++tick_);
   adopt(r, ins);
-  if (!g.tree->attach_checkpoint(ins.last, r.gen_ckpt_slot, ++tick_)) return;  // release() frees the slot
+  // The checkpoint ranks as made when the request was admitted: one no request restores (an
+  // answer never resent) goes before the prompt checkpoints made since, while the next turn of
+  // a chat restores it at once, which makes it the freshest.
+  if (!g.tree->attach_checkpoint(ins.last, r.gen_ckpt_slot, r.admit_tick)) return;  // release() frees the slot
   --g.decode_ckpts;
   r.gen_ckpt_slot = -1;
 }
