@@ -128,6 +128,10 @@ void scheduler::take_cancellations() {
 void scheduler::release(request_state& r) {
   if (r.group < 0) return;
   group_state& g = groups_[static_cast<size_t>(r.group)];
+  // A decode checkpoint the tree did not take (the request failed or was cancelled, or the node
+  // had one): no step writes it any more, so its slot is free at once.
+  if (r.gen_ckpt_slot >= 0) free_decode_slot(g, r.gen_ckpt_slot);
+  r.gen_ckpt_slot = -1;
   held_resources h{r.req_slot, r.mamba_slot, {}, std::move(r.held_nodes), r.pinned_node};
   r.pinned_node = -1;
   // Pages the prefix tree owns stay with it (the request lets go of their nodes).
@@ -164,6 +168,8 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
     --queued_;
   }
+  // Only a request that ended normally puts its answer on the tree (its fed tokens are final).
+  if (!err && reason != finish_reason::kAbort) insert_generated(r);
   release(r);
   {
     std::lock_guard<std::mutex> sinks_lock(sinks_mu_);
@@ -247,6 +253,7 @@ void scheduler::admit() {
     }
     group_state& gs = groups_[static_cast<size_t>(best)];
     r.group = best;
+    r.admit_tick = ++tick_;
     r.req_slot = gs.free_req_slots.back();
     gs.free_req_slots.pop_back();
     r.mamba_slot = gs.free_mamba_slots.back();
@@ -451,18 +458,7 @@ wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
     r.restore_from = -1;
     r.pages_sent = true;
   }
-  // Prefix caching: a chunk that ends at a checkpoint position the tree lacks saves the state
-  // after it into a checkpoint slot (the tree takes it and the pages when the result is in).
-  // When the slots are full, the stalest unpinned checkpoint makes room (prefix_tree.h).
-  const int32_t end = r.fed() + n;
-  const int32_t ps = hellos_.front().page_size;
-  if (gs.tree && checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / ps) &&
-      evict_for(gs, 0, 1)) {
-    const int32_t slot = gs.free_ckpt_slots.back();
-    gs.free_ckpt_slots.pop_back();
-    gs.saves.push_back(wire::state_copy_op{r.mamba_slot, slot});
-    gs.step_saves.push_back(pending_save{r.req.id, end / ps, slot});
-  }
+  plan_save(r, r.fed() + n);
   row.dense_attention = !r.req.sampling.sparse;
   // Logits processing (the worker applies it where it samples; README, Sampling parameters).
   const sampling_params& sp = r.req.sampling;

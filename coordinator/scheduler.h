@@ -111,6 +111,11 @@ class scheduler final : public frontend {
     int32_t pinned_node = -1;  // prefix-tree node whose checkpoint it started from (pinned)
     int32_t cached_tokens = 0;
     int32_t restore_from = -1;
+    // Decode checkpoint: the state after gen_ckpt_pages pages of prompt + output, saved by the
+    // decode step that fed the token ending that page (the newest one that came back); the tree
+    // takes it with those pages when the request finishes (a later turn resends this answer).
+    int32_t gen_ckpt_slot = -1, gen_ckpt_pages = 0;
+    uint64_t admit_tick = 0;  // the tree's clock when the request was admitted
     int32_t consumed = 0;  // tokens of prompt + output already in the cache
     bool pages_sent = false;
     int32_t in_steps = 0;  // steps in flight that carry a row of this request
@@ -152,11 +157,13 @@ class scheduler final : public frontend {
     std::vector<int32_t> nodes;  // prefix-tree nodes to let go of
     int32_t pinned_node = -1;    // the node whose checkpoint the request started from
   };
-  // A checkpoint a step in flight writes: the node after `pages` pages of request id's prompt.
+  // A checkpoint a step in flight writes: the node after `pages` pages of request id's prompt,
+  // or (decode) of its prompt + output, kept by the request until it finishes.
   struct pending_save {
     uint64_t id = 0;
     int32_t pages = 0;
     int32_t slot = -1;
+    bool decode = false;
   };
   struct group_state {
     std::vector<int32_t> free_pages, free_req_slots, free_mamba_slots;
@@ -213,6 +220,7 @@ class scheduler final : public frontend {
     std::vector<int32_t> free_ckpt_slots;
     std::vector<wire::state_copy_op> restores, saves;
     std::vector<pending_save> step_saves;
+    int32_t decode_ckpts = 0;  // checkpoint slots running requests hold (decode saves, landed or not)
   };
 
   void take_submissions();
@@ -266,6 +274,16 @@ class scheduler final : public frontend {
   bool evict_for(group_state& g, int32_t pages, int32_t ckpts);
   void take_flushes();
   void insert_saves(group_state& g, const std::vector<pending_save>& saves, bool ok);
+  // A row of r that feeds up to position end saves the state there when the tree lacks it (a
+  // prompt checkpoint position) or when end is a page boundary past the prompt (decode).
+  void plan_save(request_state& r, int32_t end);
+  bool decode_checkpoint_at(const request_state& r, int32_t end) const;
+  void land_decode_save(group_state& g, request_state& r, const pending_save& sv);
+  // A finished request's pages up to its decode checkpoint go on the tree, with the checkpoint.
+  void insert_generated(request_state& r);
+  void free_decode_slot(group_state& g, int32_t slot);
+  // r now holds the nodes the tree made of its pages, and those pages are the tree's.
+  void adopt(request_state& r, const prefix_tree::inserted& ins);
   uint64_t tick_ = 0;
   std::atomic<int64_t> cap_pages_{0}, cap_slots_{0}, cap_ckpts_{0}, cap_cached_pages_{0}, cap_ckpts_used_{0};
   struct flush_waiter {

@@ -1,6 +1,6 @@
 // The scheduler's prefix-cache bookkeeping (docs/ARCHITECTURE.md, Prefix caching): where a
-// prefill saves a checkpoint, eviction for pages and checkpoint slots, the tree taking a step's
-// saves, and POST /flush_cache.
+// prefill or a decode step saves a checkpoint, eviction for pages and checkpoint slots, the tree
+// taking a step's saves and a finished request's answer, and POST /flush_cache.
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
@@ -67,20 +67,99 @@ bool scheduler::evict_for(group_state& g, int32_t pages, int32_t ckpts) {
   return static_cast<int32_t>(g.free_pages.size()) >= pages && static_cast<int32_t>(g.free_ckpt_slots.size()) >= ckpts;
 }
 
+void scheduler::plan_save(request_state& r, int32_t end) {
+  group_state& gs = groups_[static_cast<size_t>(r.group)];
+  if (!gs.tree) return;
+  const int32_t ps = hellos_.front().page_size;
+  // A chunk that ends at a checkpoint position the tree lacks saves the state after it into a
+  // checkpoint slot (the tree takes it and the pages when the result is in); a decode row that
+  // ends a page saves it for the request to hand over when it finishes. When the slots are
+  // full, the stalest unpinned checkpoint makes room (prefix_tree.h); when none can, no save.
+  const bool decode = decode_checkpoint_at(r, end);
+  if (!decode && !(checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / ps))) return;
+  if (!evict_for(gs, 0, 1)) return;
+  const int32_t slot = gs.free_ckpt_slots.back();
+  gs.free_ckpt_slots.pop_back();
+  gs.saves.push_back(wire::state_copy_op{r.mamba_slot, slot});
+  gs.step_saves.push_back(pending_save{r.req.id, end / ps, slot, decode});
+  if (decode) ++gs.decode_ckpts;
+}
+
+bool scheduler::decode_checkpoint_at(const request_state& r, int32_t end) const {
+  // Speculative decoding: a verify row feeds several tokens and the state at a page boundary
+  // among them reaches the request's slot only through the next plan's commit, and a draft
+  // model's state may lag the target's; decode checkpoints are not saved for speculative
+  // services (their answers are re-prefilled by the next turn, as before).
+  if (spec_enabled()) return false;
+  const group_state& g = groups_[static_cast<size_t>(r.group)];
+  const auto L = static_cast<int32_t>(r.req.input_ids.size());
+  const int32_t ps = hellos_.front().page_size;
+  // A request that holds a decode checkpoint may always save the next one (it frees the older
+  // when that lands); others start holding one only while running requests' decode saves take
+  // less than a quarter of the slots. The prompt checkpoints later requests start from keep the
+  // rest: at least half.
+  const bool room = r.gen_ckpt_slot >= 0 || g.decode_ckpts < cfg_.cache.prefix.state_slots / 4;
+  return end > L && end % ps == 0 && room;
+}
+
+void scheduler::adopt(request_state& r, const prefix_tree::inserted& ins) {
+  r.page_shared.resize(r.pages.size(), 0);
+  for (int32_t d : ins.adopted_pages) r.page_shared[static_cast<size_t>(d)] = 1;
+  r.held_nodes.insert(r.held_nodes.end(), ins.adopted_nodes.begin(), ins.adopted_nodes.end());
+}
+
 void scheduler::insert_saves(group_state& g, const std::vector<pending_save>& saves, bool ok) {
   for (const pending_save& sv : saves) {
     auto it = requests_.find(sv.id);
     if (!ok || it == requests_.end() || it->second.cancelled || it->second.group < 0) {
-      g.free_ckpt_slots.push_back(sv.slot);
+      if (sv.decode) free_decode_slot(g, sv.slot);
+      else g.free_ckpt_slots.push_back(sv.slot);
       continue;
     }
     request_state& r = it->second;
+    if (sv.decode) {
+      land_decode_save(g, r, sv);
+      continue;
+    }
     const prefix_tree::inserted ins = g.tree->insert(r.req.input_ids, r.pages, sv.pages, ++tick_);
-    r.page_shared.resize(r.pages.size(), 0);
-    for (int32_t d : ins.adopted_pages) r.page_shared[static_cast<size_t>(d)] = 1;
-    r.held_nodes.insert(r.held_nodes.end(), ins.adopted_nodes.begin(), ins.adopted_nodes.end());
+    adopt(r, ins);
     if (!g.tree->attach_checkpoint(ins.last, sv.slot, ++tick_)) g.free_ckpt_slots.push_back(sv.slot);
   }
+}
+
+void scheduler::land_decode_save(group_state& g, request_state& r, const pending_save& sv) {
+  // One decode checkpoint per request: the deeper one stays, the other's slot is free (the
+  // step that wrote it has come back).
+  if (sv.pages <= r.gen_ckpt_pages) {
+    free_decode_slot(g, sv.slot);
+    return;
+  }
+  if (r.gen_ckpt_slot >= 0) free_decode_slot(g, r.gen_ckpt_slot);
+  r.gen_ckpt_slot = sv.slot;
+  r.gen_ckpt_pages = sv.pages;
+}
+
+void scheduler::insert_generated(request_state& r) {
+  if (r.group < 0 || r.gen_ckpt_slot < 0) return;
+  group_state& g = groups_[static_cast<size_t>(r.group)];
+  // The tree's key is the tokens whose KV the pages hold: the prompt, then the output tokens fed
+  // back (every one before the checkpoint's position was returned before its step was). Steps
+  // still in flight write only positions past the checkpoint, so the pages given away are final.
+  std::vector<int32_t> tokens = r.req.input_ids;
+  tokens.insert(tokens.end(), r.output.begin(), r.output.end());
+  const prefix_tree::inserted ins = g.tree->insert(tokens, r.pages, r.gen_ckpt_pages, ++tick_);
+  adopt(r, ins);
+  // The checkpoint ranks as made when the request was admitted: one no request restores (an
+  // answer never resent) goes before the prompt checkpoints made since, while the next turn of
+  // a chat restores it at once, which makes it the freshest.
+  if (!g.tree->attach_checkpoint(ins.last, r.gen_ckpt_slot, r.admit_tick)) return;  // release() frees the slot
+  --g.decode_ckpts;
+  r.gen_ckpt_slot = -1;
+}
+
+void scheduler::free_decode_slot(group_state& g, int32_t slot) {
+  g.free_ckpt_slots.push_back(slot);
+  --g.decode_ckpts;
 }
 
 flush_result scheduler::flush_cache() {
