@@ -154,7 +154,9 @@ for s in "${stages[@]}"; do
         "$bin/tp_parity_test" --gtest_filter='*Cuda*'
       # TP 2/4, DP 2 and DP 2 × TP 2 served over HTTP on the one GPU against one rank (plain,
       # n-gram drafting, sparse attention; bamba-tiny and qwen3next-tiny f32, bamba-tiny bf16).
-      stage gpu-layouts 540 "$bin/service_test" --gtest_filter='ParallelLayoutsOneGpu.*' ;;
+      stage gpu-layouts 540 "$bin/service_test" --gtest_filter='ParallelLayoutsOneGpu.*'
+      # Answers' checkpoints saved by decode steps queued behind the step in flight.
+      stage gpu-prefix-turns 180 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' ;;
     model-tp2)
       # The 9B synthetic Bamba at TP=2, both ranks on the one GPU (host-staged reductions): a
       # functional check of the sharded CUDA path, not a speed claim.

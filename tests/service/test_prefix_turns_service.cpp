@@ -6,6 +6,7 @@
 // its answer but the last token), i.e. into the previous answer. Then nothing leaks.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,10 +18,11 @@ namespace {
 
 constexpr int64_t kPage = 16;
 
-std::string config(bool prefix) {
-  std::string yaml = "model: {path: @MODEL@}\nparallel: {tp: 2, dp: 1}\n";
-  yaml += "cache: {page_size: 16, max_requests: 4, max_context: 512";
-  if (prefix) yaml += ", prefix: {enabled: true, state_slots: 8}";
+std::string config(bool prefix, bool cuda = false) {
+  std::string yaml = cuda ? "model: {path: @MODEL@}\ndevice: cuda\nparallel: {tp: 1, dp: 1}\n"
+                          : "model: {path: @MODEL@}\nparallel: {tp: 2, dp: 1}\n";
+  yaml += cuda ? "cache: {page_size: 16, max_requests: 8, max_context: 512" : "cache: {page_size: 16, max_requests: 4, max_context: 512";
+  if (prefix) yaml += cuda ? ", prefix: {enabled: true, state_slots: 64}" : ", prefix: {enabled: true, state_slots: 8}";
   yaml += "}\nscheduler: {chunked_prefill: 48, max_batch_tokens: 256}\n";
   yaml += "server: {host: 127.0.0.1, port: @PORT@}\n";
   return yaml;
@@ -33,8 +35,8 @@ struct turn {
 };
 
 // Turn t adds 20 + 7·t new tokens and asks for 23 + 5·t (answers end off and on page boundaries).
-std::vector<turn> converse(uint16_t port) {
-  std::mt19937 rng(5);
+std::vector<turn> converse(uint16_t port, uint32_t seed = 5) {
+  std::mt19937 rng(seed);
   std::vector<int32_t> history;
   std::vector<turn> out;
   for (int t = 0; t < 4; ++t) {
@@ -90,6 +92,43 @@ TEST(PrefixTurnsTp2Service, NextTurnIsServedFromThePreviousAnswer) {
       },
       std::chrono::seconds(10)))
       << metrics_text(port);
+}
+
+// On a GPU, eight conversations at once: decode steps run as graphs and overlap (scheduler.overlap
+// on), so most steps that save an answer's checkpoint are queued behind the step in flight
+// (runner::can_submit_behind). Every answer equals the cache-off service's (bamba-tiny f32) and
+// every later turn is served from the cache into the previous answer.
+TEST(PrefixTurnsCudaService, OverlappedDecodeCheckpointsServeTheNextTurn) {
+  if (!std::filesystem::exists("/dev/nvidiactl")) GTEST_SKIP() << "no CUDA device";
+  constexpr int kConversations = 8;
+  auto run_all = [&](uint16_t port) {
+    std::vector<std::vector<turn>> all(kConversations);
+    run_concurrently(kConversations, [&](size_t c) { all[c] = converse(port, 100 + static_cast<uint32_t>(c)); });
+    return all;
+  };
+  std::vector<std::vector<turn>> want;
+  {
+    service_process off("prefix-turns-cuda-off", config(false, true), 1);
+    off.launch();
+    ASSERT_NE(off.port(), 0) << off.report();
+    want = run_all(off.port());
+  }
+  service_process on("prefix-turns-cuda-on", config(true, true), 1);
+  on.launch();
+  ASSERT_NE(on.port(), 0) << on.report();
+  const auto got = run_all(on.port());
+  for (int c = 0; c < kConversations; ++c) {
+    ASSERT_EQ(got[c].size(), 4u) << "conversation " << c;
+    ASSERT_EQ(want[c].size(), 4u) << "conversation " << c;
+    for (size_t t = 0; t < 4; ++t) {
+      EXPECT_EQ(got[c][t].answer, want[c][t].answer) << "conversation " << c << " turn " << t;
+      if (t == 0) continue;
+      const int64_t fed = got[c][t - 1].prompt_len + static_cast<int64_t>(got[c][t - 1].answer.ids.size()) - 1;
+      EXPECT_EQ(got[c][t].cached, fed / kPage * kPage) << "conversation " << c << " turn " << t;
+    }
+  }
+  const std::string text = metrics_text(on.port());
+  EXPECT_GT(metric_value(text, "hyserve_overlapped_steps_total").value_or(0), 0.0) << "decode steps overlapped";
 }
 
 }  // namespace

@@ -397,9 +397,11 @@ bool runner::can_submit_behind(const wire::step_plan& next) const {
   if (draft_ || (comm_ && comm_->size() > 1)) return false;
   if (forward_mode_from_byte(next.mode) != forward_mode::kDecode) return false;
   // Its preparation may only touch the host (page tables): no device-side state changes that
-  // the step in flight could still be reading.
+  // the step in flight could still be reading. Prefix-cache saves may ride along: they are
+  // queued on the model's stream behind the plan's own forward pass (submit) and write free
+  // checkpoint slots, which only restores read, and a plan with restores is not queued behind.
   if (!next.commits.empty() || !next.draft_commits.empty() || !next.kv_moves.empty() ||
-      !next.state_restores.empty() || !next.state_saves.empty())
+      !next.state_restores.empty())
     return false;
   return std::none_of(next.rows.begin(), next.rows.end(), [](const wire::plan_row& r) { return r.reset_state; });
 }
