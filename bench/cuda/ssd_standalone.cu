@@ -6,8 +6,8 @@
 // Prints relative L2 errors (CUDA vs CPU, same bf16/f32 inputs) and medians of event-timed runs
 // with bytes moved, GB/s and the ratio to a 1 GiB device-to-device copy. bf16-io scans run both
 // paths (seq: one block per row walking its chunks; par / par1: one chunk-parallel kernel with
-// the state hand-off chained, persistent blocks staging ahead / a block per item; phs: chunk
-// states, state pass, outputs in three kernels; parf: par with the kOptFloatW and kOptOneFence
+// the state hand-off chained, persistent blocks staging ahead / a block per item; parf: par with
+// the kOptFloatW and kOptOneFence
 // variants of ssd_scan_chained.cuh; par2 / par4: claims of 2 / 4 heads; pary / par4y: parf / par4
 // with y stored through shared memory; par8y: par4y claiming 8 heads) in the same run.
 // Arguments: check | time | (none: both) | ablate (built with -DHYSERVE_SSD_ABLATION: timings of
@@ -174,7 +174,6 @@ const char* path_name(ssd_scan_path path) {
          : path == ssd_scan_path::parallel_y      ? " pary"
          : path == ssd_scan_path::parallel_quad_y ? " par4y"
          : path == ssd_scan_path::parallel_oct_y  ? " par8y"
-         : path == ssd_scan_path::phased   ? " phs"
                                            : "";
 }
 
@@ -421,7 +420,7 @@ int main(int argc, char** argv) {
   const bool timing = !ablate && (argc < 2 || std::strcmp(argv[1], "check") != 0);
   try {
     const dtype F = dtype::kF32, Bf = dtype::kBF16;
-    const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel, Phs = ssd_scan_path::phased,
+    const ssd_scan_path Seq = ssd_scan_path::sequential, Par = ssd_scan_path::parallel,
                         Par1 = ssd_scan_path::parallel_single, ParF = ssd_scan_path::parallel_fast,
                         Par2 = ssd_scan_path::parallel_pair, Par4 = ssd_scan_path::parallel_quad,
                         ParY = ssd_scan_path::parallel_y, Par4Y = ssd_scan_path::parallel_quad_y,
@@ -430,7 +429,7 @@ int main(int argc, char** argv) {
       for (dtype io : {F, Bf}) {
         for (dtype st : {F, Bf}) {
           // tensor-core path (P64 N128), lengths around the kernels' chunks (64, 256); bf16 io: both paths
-          for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
+          for (ssd_scan_path path : {Seq, Par, Par1, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
             if (io == F && path != Seq) continue;  // f32 io has one tensor-core path
             if (io == F) path = ssd_scan_path::automatic;
             check_scan(8, 64, 128, 2, {1, 63, 64, 65, -1, 200, 256, 257, 0, 700}, 2, io, st, false, 11, path);
@@ -449,16 +448,15 @@ int main(int argc, char** argv) {
           check_update(4, 8, 32, 4, 3, io, st, 17);
         }
       }
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, F, false, 18, path);  // production head shape
         check_scan(128, 64, 128, 8, {1000, 530}, 2, Bf, Bf, false, 19, path);
         check_scan(128, 64, 128, 8, {2048, 700, 0, 129, -1}, 1, Bf, F, false, 22, path);
       }
-      // More chunks than the phased and parallel_single paths reserve by default: the general kernel
+      // More chunks than the parallel_single path reserves by default: the general kernel
       // takes the batch there (the parallel path takes it itself).
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par1);
-      check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Phs);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParF);
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, Par4);  // 2 heads per group: pairs
       check_scan(2, 64, 128, 1, {17000}, 1, Bf, F, false, 23, ParY);
@@ -498,10 +496,10 @@ int main(int argc, char** argv) {
     if (timing) {
       time_copy();
       for (dtype st : {F, Bf}) {
-        for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) time_scan(1, 16384, Bf, st, path);
+        for (ssd_scan_path path : {Seq, Par, Par1, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) time_scan(1, 16384, Bf, st, path);
       }
       for (dtype st : {F, Bf}) time_scan(1, 16384, F, st);
-      for (ssd_scan_path path : {Seq, Par, Par1, Phs, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
+      for (ssd_scan_path path : {Seq, Par, Par1, ParF, Par2, Par4, ParY, Par4Y, Par8Y}) {
         time_scan(16, 1024, Bf, F, path);
         time_scan(64, 256, Bf, F, path);
         time_scan(256, 64, Bf, F, path);

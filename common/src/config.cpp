@@ -426,7 +426,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   integer("ssd_max_tokens", k.ssd_max_tokens, 1, 1 << 30);
   named("ssd_scan", k.ssd_scan,
         {"default", "sequential", "parallel", "parallel_single", "parallel_fast", "parallel_pair", "parallel_quad",
-         "parallel_y", "parallel_quad_y", "parallel_oct_y", "phased"});
+         "parallel_y", "parallel_quad_y", "parallel_oct_y"});
   if_present(node, "ssm_update_unroll", [&](const YAML::Node& n) {
     static constexpr int32_t kUnroll[] = {0, 4, 8};
     k.ssm_update_unroll = kUnroll[r.get_enum(n, path("ssm_update_unroll"), "unroll", {"default", "4", "8"})];

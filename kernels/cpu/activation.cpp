@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -10,14 +11,7 @@ using namespace cpu_detail;
 
 void run_cpu(const swiglu_params& p) {
   constexpr const char* op = "swiglu";
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.up, op, "up");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.up_stride, p.cols, op, "up_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  check_swiglu(p, op);
 
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -33,10 +27,7 @@ void run_cpu(const swiglu_params& p) {
 
 void run_cpu(const relu2_params& p) {
   constexpr const char* op = "relu2";
-  require_ptr(p.x, op, "x");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.stride, p.cols, op, "stride");
+  check_relu2(p, op);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtype_dispatch.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -16,18 +17,8 @@ using namespace cpu_detail;
 
 void run_cpu(const kv_write_params& p) {
   constexpr const char* op = "kv_write";
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
+  check_kv_write(p, op);
   const int64_t row = p.kv_heads * p.head_dim;  // one token of the cache
-  require_stride(p.k_stride, row, op, "k_stride");
-  require_stride(p.v_stride, row, op, "v_stride");
-  require_storage(p.kv_dtype, op, "kv_dtype");
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     if (p.locs[t] < -1) fail(op, "locs[" + std::to_string(t) + "]", p.locs[t], "must be a location >= 0 or -1");
   }
@@ -119,24 +110,7 @@ void attend(const paged_attention_params& p, const std::vector<int32_t>& token_r
 
 void run_cpu(const paged_attention_params& p) {
   constexpr const char* op = "paged_attention";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  if (p.q_heads % p.kv_heads != 0) {
-    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
-  }
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
-  require_storage(p.kv_dtype, op, "kv_dtype");
+  check_paged_attention(p, op);
   require_query_start_loc(p.query_start_loc, p.batch, op);
   int64_t max_len = 0;
   // Rows without queries (q_len 0, e.g. batch padding) read nothing; their pages are not checked.

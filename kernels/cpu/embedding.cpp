@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dtype_dispatch.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -13,14 +14,7 @@ using namespace cpu_detail;
 
 void run_cpu(const embedding_params& p) {
   constexpr const char* op = "embedding";
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.table, op, "table");
-  require_ptr(p.out, op, "out");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.hidden, op, "hidden");
-  require_non_negative(p.vocab_start, op, "vocab_start");
-  if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
-  require_storage(p.table_dtype, op, "table_dtype");
+  check_embedding(p, op);
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     if (p.ids[t] < 0) fail(op, "ids[" + std::to_string(t) + "]", p.ids[t], "token ids must be >= 0");
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtype_dispatch.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -54,25 +55,7 @@ void gemm_bf16_b(const gemm_params& p) {
 
 void run_cpu(const gemm_params& p) {
   constexpr const char* op = "gemm";
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.c, op, "c");
-  require_positive(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  // Row-major: the stored row of op(A) has k columns, of A^T (trans_a) m columns.
-  require_stride(p.lda, p.trans_a ? p.m : p.k, op, "lda");
-  require_stride(p.ldb, p.trans_b ? p.k : p.n, op, "ldb");
-  require_stride(p.ldc, p.n, op, "ldc");
-  require_storage(p.b_dtype, op, "b_dtype");
-  // cblas takes int sizes; larger problems would silently wrap.
-  constexpr int64_t kMaxBlas = 0x7fffffff;
-  if (p.m > kMaxBlas) fail(op, "m", p.m, "exceeds the BLAS int range");
-  if (p.n > kMaxBlas) fail(op, "n", p.n, "exceeds the BLAS int range");
-  if (p.k > kMaxBlas) fail(op, "k", p.k, "exceeds the BLAS int range");
-  if (p.lda > kMaxBlas) fail(op, "lda", p.lda, "exceeds the BLAS int range");
-  if (p.ldb > kMaxBlas) fail(op, "ldb", p.ldb, "exceeds the BLAS int range");
-  if (p.ldc > kMaxBlas) fail(op, "ldc", p.ldc, "exceeds the BLAS int range");
+  check_gemm(p, op);
 
   dispatch_storage(p.b_dtype, op, "b_dtype", [&](auto tag) {
     if constexpr (decltype(tag)::value == dtype::kF32) {
@@ -88,31 +71,10 @@ void run_cpu(const gemm_params& p) {
 
 void run_cpu(const swiglu_linear_params& p) {
   constexpr const char* op = "swiglu_linear";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate_w, op, "gate_w");
-  require_ptr(p.up_w, op, "up_w");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
-  require_stride(p.out_stride, p.n, op, "out_stride");
-  require_storage(p.w_dtype, op, "w_dtype");
+  check_swiglu_linear(p, op);
   if (p.m == 0) return;
   std::vector<float> up(static_cast<size_t>(p.m * p.n));
-  gemm_params g;
-  g.a = p.x;
-  g.b_dtype = p.w_dtype;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.lda = p.x_stride;
-  g.ldb = p.w_stride;
-  g.trans_b = true;
-  g.b = p.gate_w;
-  g.c = p.out;
-  g.ldc = p.out_stride;
+  gemm_params g = swiglu_linear_gate_gemm(p);
   run_cpu(g);
   g.b = p.up_w;
   g.c = up.data();

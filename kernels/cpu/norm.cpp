@@ -6,6 +6,7 @@
 
 #include "hyserve/kernels/gemm.h"
 #include "norm_linear_unfused.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -28,14 +29,7 @@ float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 void run_cpu(const rmsnorm_params& p) {
   constexpr const char* op = "rmsnorm";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
-  if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  check_rmsnorm(p, op);
 
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -48,26 +42,7 @@ void run_cpu(const rmsnorm_params& p) {
 
 void run_cpu(const gated_rmsnorm_params& p) {
   constexpr const char* op = "gated_rmsnorm";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_positive(p.group_size, op, "group_size");
-  if (p.cols % p.group_size != 0) {
-    fail(op, "group_size", p.group_size, ("must divide cols = " + std::to_string(p.cols)).c_str());
-  }
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  if (p.sumsq_out != nullptr && p.sumsq_in != nullptr) {
-    fail(op, "sumsq_in", "non-null", "phase 1 (sumsq_out) and phase 2 (sumsq_in) are exclusive");
-  }
-  if (p.sumsq_out == nullptr) {
-    require_ptr(p.weight, op, "weight");
-    require_ptr(p.out, op, "out");
-    require_stride(p.out_stride, p.cols, op, "out_stride");
-    if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
-  }
-  require_non_negative(p.group_count, op, "group_count");
+  check_gated_rmsnorm(p, op);
 
   const int64_t n_groups = p.cols / p.group_size;
   const int64_t gs = p.group_size;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -30,21 +31,7 @@ void rotate_heads(float* row, int64_t n_heads, int64_t head_dim, int64_t half, c
 
 void run_cpu(const rope_params& p) {
   constexpr const char* op = "rope";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.positions, op, "positions");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.n_q_heads, op, "n_q_heads");
-  require_non_negative(p.n_kv_heads, op, "n_kv_heads");
-  if (p.n_kv_heads > 0) require_ptr(p.k, op, "k");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.rotary_dim, op, "rotary_dim");
-  if (p.rotary_dim % 2 != 0) fail(op, "rotary_dim", p.rotary_dim, "must be even");
-  if (p.rotary_dim > p.head_dim) {
-    fail(op, "rotary_dim", p.rotary_dim, ("must be <= head_dim = " + std::to_string(p.head_dim)).c_str());
-  }
-  require_stride(p.q_stride, p.n_q_heads * p.head_dim, op, "q_stride");
-  if (p.n_kv_heads > 0) require_stride(p.k_stride, p.n_kv_heads * p.head_dim, op, "k_stride");
-  if (!(p.theta > 0.0f)) fail(op, "theta", p.theta, "must be > 0");
+  check_rope(p, op);
 
   const int64_t half = p.rotary_dim / 2;
   // Same float32 arithmetic as the Hugging Face reference:

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -19,13 +20,7 @@ float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
 void run_cpu(const row_add_params& p) {
   constexpr const char* op = "row_add";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
-  if (p.gate_logits) require_positive(p.gate_stride, op, "gate_stride");
+  check_row_add(p, op);
   if (p.out_rows)
     for (int64_t i = 0; i < p.rows; ++i) require_non_negative(p.out_rows[i], op, "out_rows[i]");
 
@@ -78,14 +73,7 @@ void run_cpu(const moe_route_params& p) {
 
 void run_cpu(const sigmoid_mul_params& p) {
   constexpr const char* op = "sigmoid_mul";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  check_sigmoid_mul(p, op);
 
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.rows; ++r) {

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "sampling_validate.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -11,12 +12,7 @@ using namespace cpu_detail;
 
 void run_cpu(const argmax_params& p) {
   constexpr const char* op = "argmax";
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.vocab, op, "vocab");
-  require_stride(p.stride, p.vocab, op, "stride");
-  if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
+  check_argmax(p, op);
 
     // Strict '>' keeps the first of equal maxima (ties → lowest index). NaN never compares
     // greater, so NaN logits are never chosen; a row of only NaN / -inf gives 0.

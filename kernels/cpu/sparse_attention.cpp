@@ -14,17 +14,8 @@ using namespace cpu_detail;
 
 void run_cpu(const page_summary_update_params& p) {
   constexpr const char* op = "page_summary_update";
-  require_ptr(p.k, op, "k");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.key_min, op, "key_min");
-  require_ptr(p.key_max, op, "key_max");
-  require_non_negative(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  require_positive(p.num_pages, op, "num_pages");
+  check_page_summary_update(p, op);
   const int64_t row = p.kv_heads * p.head_dim;
-  require_stride(p.k_stride, row, op, "k_stride");
   const int64_t n_locs = p.num_pages * p.page_size;
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     if (p.locs[t] < -1 || p.locs[t] >= n_locs) {

@@ -7,6 +7,21 @@
 
 namespace hyserve::kernels::cpu_detail {
 
+// The values of locs are checked by the CPU op only (on the CUDA backend they live on the
+// device, where -1 is skipped).
+inline void check_page_summary_update(const page_summary_update_params& p, const char* op) {
+  require_ptr(p.k, op, "k");
+  require_ptr(p.locs, op, "locs");
+  require_ptr(p.key_min, op, "key_min");
+  require_ptr(p.key_max, op, "key_max");
+  require_non_negative(p.n_tokens, op, "n_tokens");
+  require_positive(p.kv_heads, op, "kv_heads");
+  require_positive(p.head_dim, op, "head_dim");
+  require_positive(p.page_size, op, "page_size");
+  require_positive(p.num_pages, op, "num_pages");
+  require_stride(p.k_stride, p.kv_heads * p.head_dim, op, "k_stride");
+}
+
 inline void check_select(const sparse_select_params& p, const char* op) {
   require_ptr(p.q, op, "q");
   require_ptr(p.query_start_loc, op, "query_start_loc");

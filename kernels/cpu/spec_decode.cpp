@@ -19,6 +19,7 @@
 #include "dtype_dispatch.h"
 #include "gdn_validate.h"
 #include "ssm_validate.h"
+#include "dense_validate.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -341,25 +342,7 @@ void tree_attention(const paged_attention_tree_params& p, int64_t max_len) {
 
 void run_cpu(const paged_attention_tree_params& p) {
   constexpr const char* op = "paged_attention_tree";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_ptr(p.retrieve_parent, op, "retrieve_parent");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  require_positive(p.tree_nodes, op, "tree_nodes");
-  require_storage(p.kv_dtype, op, "kv_dtype");
-  if (p.q_heads % p.kv_heads != 0)
-    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  check_paged_attention_tree(p, op);
   const int64_t Dn = p.tree_nodes;
   int64_t max_len = 0;
   for (int64_t b = 0; b < p.batch; ++b) {

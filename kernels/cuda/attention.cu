@@ -30,6 +30,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "attention_decode.cuh"
 #include "attention_decode_mma.cuh"
@@ -480,23 +481,7 @@ bool attn_decode_uses_mma() {
 
 void run_cuda(const paged_attention_params& p, void* stream) {
   constexpr const char* op = "paged_attention";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  if (p.q_heads % p.kv_heads != 0) {
-    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
-  }
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  cpu_detail::check_paged_attention(p, op);
   // CUDA-specific: compiled head sizes, grid limits, 16-byte cache reads. query_start_loc,
   // seq_lens and the page table live on the device and are not inspected here.
   if (!attention_head_dim_table::supports(p.head_dim)) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
 #include "hyserve/kernels/activation.h"
@@ -233,37 +234,20 @@ using namespace cuda_detail;
 
 void run_cuda(const embedding_params& p, void* stream) {
   constexpr const char* op = "embedding";
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.table, op, "table");
-  require_ptr(p.out, op, "out");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.hidden, op, "hidden");
-  require_non_negative(p.vocab_start, op, "vocab_start");
-  if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
-  cpu_detail::require_storage(p.table_dtype, op, "table_dtype");
+  cpu_detail::check_embedding(p, op);
   require_grid_x(p.n_tokens, op, "n_tokens");
   launch_embedding<float>(p, as_stream(stream));
 }
 
 void run_cuda(const swiglu_params& p, void* stream) {
   constexpr const char* op = "swiglu";
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.up, op, "up");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.up_stride, p.cols, op, "up_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  cpu_detail::check_swiglu(p, op);
   launch_swiglu<float>(p, as_stream(stream));
 }
 
 void run_cuda(const relu2_params& p, void* stream) {
   constexpr const char* op = "relu2";
-  require_ptr(p.x, op, "x");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.stride, p.cols, op, "stride");
+  cpu_detail::check_relu2(p, op);
   const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, int64_t{kRowThreads})),
                   static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
   relu2_kernel<<<grid, kRowThreads, 0, as_stream(stream)>>>(p);
@@ -272,21 +256,7 @@ void run_cuda(const relu2_params& p, void* stream) {
 
 void run_cuda(const rope_params& p, void* stream) {
   constexpr const char* op = "rope";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.positions, op, "positions");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.n_q_heads, op, "n_q_heads");
-  require_non_negative(p.n_kv_heads, op, "n_kv_heads");
-  if (p.n_kv_heads > 0) require_ptr(p.k, op, "k");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.rotary_dim, op, "rotary_dim");
-  if (p.rotary_dim % 2 != 0) fail(op, "rotary_dim", p.rotary_dim, "must be even");
-  if (p.rotary_dim > p.head_dim) {
-    fail(op, "rotary_dim", p.rotary_dim, ("must be <= head_dim = " + std::to_string(p.head_dim)).c_str());
-  }
-  require_stride(p.q_stride, p.n_q_heads * p.head_dim, op, "q_stride");
-  if (p.n_kv_heads > 0) require_stride(p.k_stride, p.n_kv_heads * p.head_dim, op, "k_stride");
-  if (!(p.theta > 0.0f)) fail(op, "theta", p.theta, "must be > 0");
+  cpu_detail::check_rope(p, op);
   if (p.rotary_dim / 2 > kMaxRopeHalf) {
     fail(op, "rotary_dim", p.rotary_dim, ("unsupported by the CUDA kernel; at most " + std::to_string(2 * kMaxRopeHalf)).c_str());
   }
@@ -305,18 +275,7 @@ void run_cuda(const rope_params& p, void* stream) {
 
 void run_cuda(const kv_write_params& p, void* stream) {
   constexpr const char* op = "kv_write";
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  const int64_t row = p.kv_heads * p.head_dim;
-  require_stride(p.k_stride, row, op, "k_stride");
-  require_stride(p.v_stride, row, op, "v_stride");
-  cpu_detail::require_storage(p.kv_dtype, op, "kv_dtype");
+  cpu_detail::check_kv_write(p, op);
   require_grid_x(p.n_tokens, op, "n_tokens");
   launch_kv_write<float>(p, as_stream(stream));
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
 #include "hyserve/common/error.h"
@@ -524,23 +525,7 @@ using namespace cuda_detail;
 
 void run_cuda(const gemm_params& p, void* stream) {
   constexpr const char* op = "gemm";
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.c, op, "c");
-  require_positive(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.lda, p.trans_a ? p.m : p.k, op, "lda");
-  require_stride(p.ldb, p.trans_b ? p.k : p.n, op, "ldb");
-  require_stride(p.ldc, p.n, op, "ldc");
-  constexpr int64_t kMaxBlas = 0x7fffffff;
-  if (p.m > kMaxBlas) fail(op, "m", p.m, "exceeds the BLAS int range");
-  if (p.n > kMaxBlas) fail(op, "n", p.n, "exceeds the BLAS int range");
-  if (p.k > kMaxBlas) fail(op, "k", p.k, "exceeds the BLAS int range");
-  if (p.lda > kMaxBlas) fail(op, "lda", p.lda, "exceeds the BLAS int range");
-  if (p.ldb > kMaxBlas) fail(op, "ldb", p.ldb, "exceeds the BLAS int range");
-  if (p.ldc > kMaxBlas) fail(op, "ldc", p.ldc, "exceeds the BLAS int range");
-  cpu_detail::require_storage(p.b_dtype, op, "b_dtype");
+  cpu_detail::check_gemm(p, op);
   if (p.b_dtype == dtype::kBF16) {
     gemm_bf16_b(p, as_stream(stream));
     return;
@@ -555,30 +540,9 @@ void run_cuda(const gemm_params& p, void* stream) {
 
 void run_cuda(const swiglu_linear_params& p, void* stream) {
   constexpr const char* op = "swiglu_linear";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate_w, op, "gate_w");
-  require_ptr(p.up_w, op, "up_w");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
-  require_stride(p.out_stride, p.n, op, "out_stride");
-  cpu_detail::require_storage(p.w_dtype, op, "w_dtype");
+  cpu_detail::check_swiglu_linear(p, op);
   if (p.m == 0) return;
-  gemm_params g;
-  g.a = p.x;
-  g.b_dtype = p.w_dtype;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.lda = p.x_stride;
-  g.ldb = p.w_stride;
-  g.trans_b = true;
-  g.b = p.gate_w;
-  g.c = p.out;
-  g.ldc = p.out_stride;
+  gemm_params g = swiglu_linear_gate_gemm(p);
   const cudaStream_t s = as_stream(stream);
   if (p.w_dtype == dtype::kBF16 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
     skinny_args a;

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "../cpu/norm_linear_unfused.h"
 #include "common.cuh"
@@ -499,14 +500,7 @@ using namespace cuda_detail;
 
 void run_cuda(const rmsnorm_params& p, void* stream) {
   constexpr const char* op = "rmsnorm";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
-  if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  cpu_detail::check_rmsnorm(p, op);
   if (p.rows > 0x7fffffff) fail(op, "rows", p.rows, "exceeds the CUDA grid");
   launch_rmsnorm<float>(p, as_stream(stream));
 }
@@ -530,26 +524,7 @@ void run_cuda(const rmsnorm_linear_params& p, void* stream) {
 
 void run_cuda(const gated_rmsnorm_params& p, void* stream) {
   constexpr const char* op = "gated_rmsnorm";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_positive(p.group_size, op, "group_size");
-  if (p.cols % p.group_size != 0) {
-    fail(op, "group_size", p.group_size, ("must divide cols = " + std::to_string(p.cols)).c_str());
-  }
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  if (p.sumsq_out != nullptr && p.sumsq_in != nullptr) {
-    fail(op, "sumsq_in", "non-null", "phase 1 (sumsq_out) and phase 2 (sumsq_in) are exclusive");
-  }
-  if (p.sumsq_out == nullptr) {
-    require_ptr(p.weight, op, "weight");
-    require_ptr(p.out, op, "out");
-    require_stride(p.out_stride, p.cols, op, "out_stride");
-    if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
-  }
-  require_non_negative(p.group_count, op, "group_count");
+  cpu_detail::check_gated_rmsnorm(p, op);
   if (p.cols / p.group_size > 0x7fffffff) fail(op, "group_size", p.group_size, "gives more groups than the CUDA grid");
   launch_gated_rmsnorm<float>(p, as_stream(stream));
 }

@@ -1,6 +1,7 @@
 // Row-wise glue ops (row_ops.h): one thread per element, rows over grid.y.
 #include <algorithm>
 
+#include "../cpu/dense_validate.h"
 #include "common.cuh"
 #include "hyserve/kernels/row_ops.h"
 
@@ -102,13 +103,7 @@ dim3 grid_for(int64_t rows, int64_t cols) {
 void run_cuda(const row_add_params& p, void* stream) {
   using namespace cuda_detail;
   constexpr const char* op = "row_add";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
-  if (p.gate_logits) require_positive(p.gate_stride, op, "gate_stride");
+  cpu_detail::check_row_add(p, op);
   if (p.rows == 0 || p.cols == 0) return;
   row_add_kernel<<<grid_for(p.rows, p.cols), kThreads, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();
@@ -135,14 +130,7 @@ void run_cuda(const moe_route_params& p, void* stream) {
 void run_cuda(const sigmoid_mul_params& p, void* stream) {
   using namespace cuda_detail;
   constexpr const char* op = "sigmoid_mul";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  cpu_detail::check_sigmoid_mul(p, op);
   if (p.rows == 0 || p.cols == 0) return;
   sigmoid_mul_kernel<<<grid_for(p.rows, p.cols), kThreads, 0, as_stream(stream)>>>(p);
   HYSERVE_CUDA_CHECK_LAUNCH();

@@ -22,6 +22,7 @@
 
 #include "common.cuh"
 #include "hyserve/kernels/sampling.h"
+#include "../cpu/dense_validate.h"
 #include "../cpu/sampling_validate.h"
 
 namespace hyserve::kernels {
@@ -315,12 +316,7 @@ using namespace cuda_detail;
 
 void run_cuda(const argmax_params& p, void* stream) {
   constexpr const char* op = "argmax";
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.vocab, op, "vocab");
-  require_stride(p.stride, p.vocab, op, "stride");
-  if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
+  cpu_detail::check_argmax(p, op);
   if (p.rows > std::numeric_limits<int32_t>::max()) fail(op, "rows", p.rows, "exceeds the CUDA grid");
   launch_argmax<float>(p, as_stream(stream));
 }

@@ -624,17 +624,7 @@ using namespace cuda_detail;
 
 void run_cuda(const page_summary_update_params& p, void* stream) {
   constexpr const char* op = "page_summary_update";
-  require_ptr(p.k, op, "k");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.key_min, op, "key_min");
-  require_ptr(p.key_max, op, "key_max");
-  require_non_negative(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  require_positive(p.num_pages, op, "num_pages");
-  require_stride(p.k_stride, p.kv_heads * p.head_dim, op, "k_stride");
-  // locs live on the device and are not inspected here (-1 is skipped on the device).
+  cpu_detail::check_page_summary_update(p, op);
   if (p.n_tokens == 0) return;
   const int64_t total = p.n_tokens * p.kv_heads * p.head_dim;
   const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(total, 256), 1, 8 * sm_count()));

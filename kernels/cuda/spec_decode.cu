@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "../cpu/conv_validate.h"
+#include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "../cpu/gdn_validate.h"
 #include "ssm_common.cuh"
@@ -377,17 +378,8 @@ void run_cuda(const state_commit_params& p, void* stream) {
 
 void run_cuda(const paged_attention_tree_params& p, void* stream) {
   constexpr const char* op = "paged_attention_tree";
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.retrieve_parent, op, "retrieve_parent");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.tree_nodes, op, "tree_nodes");
+  cpu_detail::check_paged_attention_tree(p, op);
   if (p.tree_nodes > 128) fail(op, "tree_nodes", p.tree_nodes, "must be <= 128");
-  cpu_detail::require_storage(p.kv_dtype, op, "kv_dtype");
   if (p.head_dim < 1 || p.head_dim > kTreeMaxHeadDim) fail(op, "head_dim", p.head_dim, "must be in [1, 256]");
   const dim3 grid(static_cast<unsigned>(p.batch * p.tree_nodes), static_cast<unsigned>(p.q_heads));
   cpu_detail::dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {

@@ -17,24 +17,23 @@
 //       parallel_y, _quad_y  parallel_fast / parallel_quad storing y through shared memory as
 //                            16-byte vectors, whole 128-byte rows (kOptStoreY); parallel_oct_y:
 //                            parallel_quad_y claiming 8 heads (kOptOct);
-//       phased               ssd_scan_parallel.cuh: chunk states in parallel, a state pass over
-//                            the chunks of each row, outputs in parallel (three kernels, f32
-//                            chunk states in a stream-ordered workspace);
 //       sequential           ssd_scan_bf16.cuh: one block per (row, head, state slice) walking
 //                            the row's chunks in order, state kept in registers.
+//     (A three-kernel path — chunk states, a state pass over each row's chunks, outputs — lost
+//     every measurement to the chained kernel, bench/results runs 5 and 7, and was removed.)
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is the op's kernels.ssd_scan (exec_context::paths):
 // parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
-// parallel_quad_y|parallel_oct_y|phased|sequential
+// parallel_quad_y|parallel_oct_y|sequential
 // (default: parallel_quad_y, the fastest at every measured shape: 16384 tokens
 // 0.95 ms against 1.36 (parallel) and 1.86 (sequential), 256 rows x 256 tokens 4.30 against 5.74
 // and 7.90 ms, bench/results run 7);
 // ssd_scan_paths.h selects it per call (tests, benchmarks).
 // The default (not an explicit choice) takes the sequential path for batches of more than
 // kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
-// carries per row, 4 MiB each at the production shape; phased: a partial chunk, 4 MiB), while
+// carries per row, 4 MiB each at the production shape), while
 // the sequential kernel already has batch × heads × 2 blocks.
-// The phased and parallel_single paths reserve chunks for kernels.ssd_max_tokens tokens (default
+// The parallel_single path reserves chunks for kernels.ssd_max_tokens tokens (default
 // 16384; the token count is device data) plus one per row; a batch needing more chunks is
 // computed by the general kernel below instead (decided on the device: no host synchronisation,
 // graph-capturable). The parallel path's workspace is per row: it takes any token count.
@@ -64,7 +63,6 @@
 #include "ssd_scan_bf16.cuh"
 #include "ssd_scan_chained.cuh"
 #include "ssd_scan_chunked.cuh"
-#include "ssd_scan_parallel.cuh"
 #include "ssd_scan_paths.h"
 #include "ssm_common.cuh"
 
@@ -295,70 +293,12 @@ void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   });
 }
 
-// bf16 io, chunk-parallel: plan, chunk states, state pass, outputs; then the general kernel gated
-// on the overflow flag (exits at once unless the batch needed more chunks than reserved).
+// Batches above this many rows take the sequential path by default (ssd_scan.cu's header).
 constexpr int64_t kParallelMaxBatch = 64;
 
 int64_t parallel_max_tokens() {
   const int32_t n = current_paths().ssd_max_tokens;
   return n > 0 ? int64_t{n} : int64_t{16384};
-}
-
-template <class TS>
-void launch_ssd_bf16_parallel(const ssd_chunk_scan_params& p, cudaStream_t stream) {
-  namespace sp = ssd_par;
-  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
-    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
-      constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
-      const int64_t cap64 = (parallel_max_tokens() + sp::kQ - 1) / sp::kQ + p.batch;
-      const int64_t max_cap = std::min<int64_t>(65535 / (sp::kQ / sp::kTile), int64_t{1} << 30);
-      const int cap = static_cast<int>(std::min(cap64, max_cap));
-      // Workspace: info [4], chunk_off [batch + 1] (ints, rounded to 16 bytes), decay [cap, heads],
-      // states [cap, heads, P, N] (16-byte aligned).
-      const int64_t n_ints = (4 + p.batch + 1 + 3) / 4 * 4;
-      const int64_t n_decay = (static_cast<int64_t>(cap) * p.heads + 3) / 4 * 4;
-      const int64_t n_states = static_cast<int64_t>(cap) * p.heads * P * N;
-      void* raw = nullptr;
-      const size_t bytes = sizeof(int) * static_cast<size_t>(n_ints) + sizeof(float) * static_cast<size_t>(n_decay + n_states);
-      CUDA_CHECK(cudaMallocAsync(&raw, bytes, stream));
-      sp::workspace ws;
-      ws.info = static_cast<int*>(raw);
-      ws.chunk_off = ws.info + 4;
-      ws.decay = reinterpret_cast<float*>(ws.info + n_ints);
-      ws.states = ws.decay + n_decay;
-      ws.cap = cap;
-      const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
-
-      sp::plan_kernel<<<1, sp::kPlanThreads, 0, stream>>>(p, ws);
-      HYSERVE_CUDA_CHECK_LAUNCH();
-      {
-        const auto kernel = &sp::chunk_state_kernel<P, N>;
-        constexpr size_t smem = sp::state_tiles<P, N>::kBytes;
-        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-        const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(cap));
-        kernel<<<grid, sp::kStateThreads, smem, stream>>>(p, ws, vec);
-        HYSERVE_CUDA_CHECK_LAUNCH();
-      }
-      {
-        const int64_t threads = p.heads * P * N / 4;
-        const dim3 grid(static_cast<unsigned>((threads + sp::kPassThreads - 1) / sp::kPassThreads),
-                        static_cast<unsigned>(p.batch));
-        sp::state_pass_kernel<TS, P, N><<<grid, sp::kPassThreads, 0, stream>>>(p, ws);
-        HYSERVE_CUDA_CHECK_LAUNCH();
-      }
-      {
-        const auto kernel = &sp::chunk_out_kernel<P, N>;
-        constexpr size_t smem = sp::out_tiles<P, N>::kBytes;
-        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-        const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(cap * (sp::kQ / sp::kTile)));
-        kernel<<<grid, sp::kThreads, smem, stream>>>(p, ws, vec);
-        HYSERVE_CUDA_CHECK_LAUNCH();
-      }
-      const scan_layout l = pick_layout(P, N);
-      launch_ssd_scan<__nv_bfloat16, TS>(p, l, stream, ws.info);  // overflow fallback
-      CUDA_CHECK(cudaFreeAsync(raw, stream));
-    });
-  });
 }
 
 // bf16 io, one chained kernel: zeroed flags and ticket, plan, the kernel; then the general kernel
@@ -491,7 +431,6 @@ ssd_scan_path ssd_scan_default_path() {
     case k::kParallelY: return ssd_scan_path::parallel_y;
     case k::kParallelQuadY: return ssd_scan_path::parallel_quad_y;
     case k::kParallelOctY: return ssd_scan_path::parallel_oct_y;
-    case k::kPhased: return ssd_scan_path::phased;
   }
   return ssd_scan_path::parallel_quad_y;  // fastest at every measured shape (bench/results run 7)
 }
@@ -531,7 +470,6 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
         else if (path == ssd_scan_path::parallel_oct_y)
           launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptOct |
                                           ssd_chain::kOptStoreY>(p, true, as_stream(stream));
-        else if (path == ssd_scan_path::phased) launch_ssd_bf16_parallel<TS>(p, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
     });

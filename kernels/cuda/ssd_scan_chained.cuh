@@ -28,7 +28,7 @@
 // 16 × 16 blocks, C·S_in 512) ≈ 127 GFLOP in all; DRAM traffic x 256 MiB read, y 256 MiB
 // written (B and C are re-read from L2 by the 16 heads of a group; the carries, 8 MiB, stay in
 // L2) ≈ 0.13 ms at copy bandwidth. Two blocks of 8 warps per SM (128 registers, 106 KiB of
-// shared memory each). The three-kernel path (phased) moves ≈ 1.9 GiB instead.
+// shared memory each). The three-kernel path this replaced (chunk states, a state pass, outputs) moved ≈ 1.9 GiB.
 // Traffic between L2 and the SMs per item at that shape: x 16 KiB, B and C 64 KiB (16 with
 // kOptQuad, 8 with kOptOct), the carry 32 KiB read and 32 KiB written, y 16 KiB: ≈ 2.6 GB per call
 // (1.8 with kOptQuad), far above the DRAM traffic; the carry is the largest part left.

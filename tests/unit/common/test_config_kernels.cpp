@@ -54,7 +54,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   skinny: mma
   sparse_select: v1
   ssd_max_tokens: 65536
-  ssd_scan: phased
+  ssd_scan: parallel_oct_y
   ssm_update_unroll: 8
 )").kernels;
   EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
@@ -69,7 +69,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);
   EXPECT_EQ(k.ssd_max_tokens, 65536);
-  EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kPhased);
+  EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kParallelOctY);
   EXPECT_EQ(k.ssm_update_unroll, 8);
 }
 
@@ -104,7 +104,6 @@ TEST(ConfigKernels, EveryNamedValueParses) {
       {"parallel_y", kp::ssd_scan_kind::kParallelY},
       {"parallel_quad_y", kp::ssd_scan_kind::kParallelQuadY},
       {"parallel_oct_y", kp::ssd_scan_kind::kParallelOctY},
-      {"phased", kp::ssd_scan_kind::kPhased},
       {"default", kp::ssd_scan_kind::kDefault},
   };
   for (const auto& [name, kind] : scans)
@@ -142,9 +141,11 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "kernels.sparse_select: unknown path 'v3' (known: default, v1, v2)");
   EXPECT_ERROR_WITH(with_kernels("{ssd_max_tokens: 0}"), config_error,
                     "kernels.ssd_max_tokens: must be default or an integer in [1, 1073741824], got '0'");
+  // The three-kernel "phased" scan lost every measurement and left the product.
+  EXPECT_ERROR_WITH(with_kernels("{ssd_scan: phased}"), config_error, "kernels.ssd_scan: unknown path 'phased'");
   EXPECT_ERROR_WITH(with_kernels("{ssd_scan: chained}"), config_error,
                     "kernels.ssd_scan: unknown path 'chained' (known: default, sequential, parallel, parallel_single, "
-                    "parallel_fast, parallel_pair, parallel_quad, parallel_y, parallel_quad_y, parallel_oct_y, phased)");
+                    "parallel_fast, parallel_pair, parallel_quad, parallel_y, parallel_quad_y, parallel_oct_y)");
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,

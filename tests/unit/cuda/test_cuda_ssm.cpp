@@ -460,8 +460,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The bf16-io scan paths (sequential: one block per row walking its chunks; parallel and
 // parallel_single: one kernel over (chunk, head) items with the state hand-off chained,
-// persistent blocks staging ahead or a block per item; phased: chunk states, state pass,
-// outputs) in the same run, each against the CPU op from the same inputs.
+// persistent blocks staging ahead or a block per item) in the same run, each against the CPU op
+// from the same inputs.
 class SsdScanPathsCuda : public testing::TestWithParam<typed_case> {};
 
 std::string path_label(ssd_scan_path path) {
@@ -475,7 +475,6 @@ std::string path_label(ssd_scan_path path) {
     case ssd_scan_path::parallel_y: return "parallel_y";
     case ssd_scan_path::parallel_quad_y: return "parallel_quad_y";
     case ssd_scan_path::parallel_oct_y: return "parallel_oct_y";
-    case ssd_scan_path::phased: return "phased";
     case ssd_scan_path::automatic: return "automatic";
   }
   return "?";
@@ -510,7 +509,7 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   run_cpu(pc);
   for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
-                                    ssd_scan_path::phased, ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
+                                    ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
                                     ssd_scan_path::parallel_quad, ssd_scan_path::parallel_y,
                                     ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y}) {
     prob.dy.upload(y0);
@@ -539,7 +538,7 @@ std::vector<typed_case> path_cases() {
   // Production head shape: 128 heads, 8 groups, a varlen batch.
   v.push_back(typed_case{kB, kF, 8, 128, 64, 128, {2048, 700, 0, 129}, 2, true, true});
   v.push_back(typed_case{kB, kB, 8, 128, 64, 128, {2048, 700, 0, 129}, 1, true, true});
-  // More chunks than the phased and parallel_single paths reserve by default (16384 tokens + one
+  // More chunks than the parallel_single path reserves by default (16384 tokens + one
   // per row): the general kernel takes the batch on the device (the parallel path takes it itself).
   v.push_back(typed_case{kB, kF, 1, 2, 64, 128, {17000}, 1, false, true});
   return v;
@@ -565,7 +564,7 @@ TEST(SsdScanPathsCuda, Cuda_bf16_ProductionShapeParallelMatchesSequential) {
     pg.query_start_loc = dqsl.data();
     pg.has_initial_state = dinit.data();
     const ssd_scan_path paths[] = {ssd_scan_path::sequential, ssd_scan_path::parallel,
-                                   ssd_scan_path::parallel_single, ssd_scan_path::phased,
+                                   ssd_scan_path::parallel_single,
                                    ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
                                    ssd_scan_path::parallel_quad, ssd_scan_path::parallel_y,
                                    ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y};

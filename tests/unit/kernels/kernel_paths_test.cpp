@@ -53,11 +53,11 @@ TEST(KernelPaths, ScopeIsPerThread) {
 
 TEST(KernelPaths, OpenDeviceCarriesThePaths) {
   kernel_paths k;
-  k.ssd_scan = kernel_paths::ssd_scan_kind::kPhased;
+  k.ssd_scan = kernel_paths::ssd_scan_kind::kParallelOctY;
   k.gdn_cluster = 2;
   const exec_context ctx = open_device(device_kind::kCpu, 0, k);
   EXPECT_EQ(ctx.device, device_kind::kCpu);
-  EXPECT_EQ(ctx.paths.ssd_scan, kernel_paths::ssd_scan_kind::kPhased);
+  EXPECT_EQ(ctx.paths.ssd_scan, kernel_paths::ssd_scan_kind::kParallelOctY);
   EXPECT_EQ(ctx.paths.gdn_cluster, 2);
   EXPECT_EQ(open_device(device_kind::kCpu).paths.ssd_scan, kernel_paths::ssd_scan_kind::kDefault);
 }

@@ -37,7 +37,6 @@ struct kernel_paths {
     kParallelY,
     kParallelQuadY,
     kParallelOctY,
-    kPhased,
   };
 
   attn_decode_kind attn_decode = attn_decode_kind::kDefault;
@@ -51,7 +50,7 @@ struct kernel_paths {
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
-  int32_t ssd_max_tokens = 0;  // tokens the phased SSD scan workspace is sized for; 0 = 16384
+  int32_t ssd_max_tokens = 0;  // tokens the parallel_single SSD scan workspace is sized for; 0 = 16384
   ssd_scan_kind ssd_scan = ssd_scan_kind::kDefault;
   int32_t ssm_update_unroll = 0;  // 4 | 8: rows unrolled by the f32-state SSM update; 0 = default (4)
 };

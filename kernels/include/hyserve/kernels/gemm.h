@@ -49,6 +49,24 @@ struct swiglu_linear_params {
 void run_cpu(const swiglu_linear_params& p);
 void run_cuda(const swiglu_linear_params& p, void* stream = nullptr);
 
+// The gate projection of p as a gemm: out = x · gate_wᵀ (the backends' unfused path; the up
+// projection is the same with b = up_w and its own output).
+inline gemm_params swiglu_linear_gate_gemm(const swiglu_linear_params& p) {
+  gemm_params g;
+  g.a = p.x;
+  g.b = p.gate_w;
+  g.b_dtype = p.w_dtype;
+  g.c = p.out;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.x_stride;
+  g.ldb = p.w_stride;
+  g.ldc = p.out_stride;
+  g.trans_b = true;
+  return g;
+}
+
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when accumulate). All contiguous.
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate = false);
 
