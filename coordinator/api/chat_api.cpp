@@ -7,6 +7,7 @@
 
 #include "coordinator/api/json_fields.h"
 #include "coordinator/api/logprobs.h"
+#include "coordinator/api/openai_response.h"
 #include "coordinator/api/validation.h"
 #include "hyserve/common/error.h"
 #include "hyserve/common/json.h"
@@ -75,33 +76,8 @@ std::optional<api_error> read_messages(const boost::json::object& obj, std::vect
   return std::nullopt;
 }
 
-boost::json::object usage(const completion_state& state) {
-  boost::json::object u;
-  const auto completion = static_cast<int64_t>(state.output_ids.size());
-  u["prompt_tokens"] = state.prompt_tokens;
-  u["completion_tokens"] = completion;
-  u["total_tokens"] = state.prompt_tokens + completion;
-  boost::json::object details;
-  details["cached_tokens"] = state.cached_tokens;  // served from the prefix cache
-  u["prompt_tokens_details"] = std::move(details);
-  return u;
-}
-
-boost::json::value finish_value(const completion_state& state) {
-  if (!state.finished) return nullptr;
-  return boost::json::string(finish_reason_name(*state.finished));
-}
-
 boost::json::object envelope(const completion_state& state, const char* object, boost::json::object choice) {
-  boost::json::object out;
-  out["id"] = "chatcmpl-" + std::to_string(state.id);
-  out["object"] = object;
-  out["created"] = state.created;
-  out["model"] = state.model;
-  boost::json::array choices;
-  choices.emplace_back(std::move(choice));
-  out["choices"] = std::move(choices);
-  return out;
+  return openai_envelope(state, "chatcmpl-", object, std::move(choice));
 }
 
 boost::json::object chunk(const completion_state& state, boost::json::object delta, bool final, size_t lp_from = 0,
@@ -114,7 +90,7 @@ boost::json::object chunk(const completion_state& state, boost::json::object del
   } else {
     choice["logprobs"] = nullptr;
   }
-  choice["finish_reason"] = final ? finish_value(state) : nullptr;
+  choice["finish_reason"] = final ? finish_reason_value(state) : nullptr;
   return envelope(state, "chat.completion.chunk", std::move(choice));
 }
 
@@ -204,9 +180,9 @@ boost::json::object chat_response(const completion_state& state) {
   } else {
     choice["logprobs"] = nullptr;
   }
-  choice["finish_reason"] = finish_value(state);
+  choice["finish_reason"] = finish_reason_value(state);
   boost::json::object out = envelope(state, "chat.completion", std::move(choice));
-  out["usage"] = usage(state);
+  out["usage"] = openai_usage(state);
   return out;
 }
 
@@ -226,7 +202,7 @@ boost::json::object chat_content_chunk(const completion_state& state, std::strin
 
 boost::json::object chat_final_chunk(const completion_state& state, size_t lp_from, size_t lp_to) {
   boost::json::object out = chunk(state, boost::json::object(), true, lp_from, lp_to);
-  out["usage"] = usage(state);
+  out["usage"] = openai_usage(state);
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include "coordinator/api/json_fields.h"
 #include "coordinator/api/logprobs.h"
+#include "coordinator/api/openai_response.h"
 #include "coordinator/api/validation.h"
 #include "hyserve/common/json.h"
 
@@ -70,18 +71,6 @@ boost::json::array to_array(std::span<const int32_t> ids) {
   return arr;
 }
 
-boost::json::object usage(const completion_state& state) {
-  boost::json::object u;
-  const auto completion = static_cast<int64_t>(state.output_ids.size());
-  u["prompt_tokens"] = state.prompt_tokens;
-  u["completion_tokens"] = completion;
-  u["total_tokens"] = state.prompt_tokens + completion;
-  boost::json::object details;
-  details["cached_tokens"] = state.cached_tokens;  // served from the prefix cache
-  u["prompt_tokens_details"] = std::move(details);
-  return u;
-}
-
 // lp_from, lp_to: the output tokens whose logprobs the body carries (when asked).
 boost::json::object completion_body(const completion_state& state, std::span<const int32_t> ids,
                                     std::string_view text, size_t lp_from, size_t lp_to) {
@@ -94,20 +83,8 @@ boost::json::object completion_body(const completion_state& state, std::span<con
   } else {
     choice["logprobs"] = nullptr;
   }
-  if (state.finished) {
-    choice["finish_reason"] = finish_reason_name(*state.finished);
-  } else {
-    choice["finish_reason"] = nullptr;
-  }
-  boost::json::object out;
-  out["id"] = "cmpl-" + std::to_string(state.id);
-  out["object"] = "text_completion";
-  out["created"] = state.created;
-  out["model"] = state.model;
-  boost::json::array choices;
-  choices.emplace_back(std::move(choice));
-  out["choices"] = std::move(choices);
-  return out;
+  choice["finish_reason"] = finish_reason_value(state);
+  return openai_envelope(state, "cmpl-", "text_completion", std::move(choice));
 }
 
 }  // namespace
@@ -178,11 +155,11 @@ boost::json::object completion_response(const completion_state& state) {
     ids.insert(ids.end(), state.output_ids.begin(), state.output_ids.end());
     boost::json::object out =
         completion_body(state, ids, *state.echo_text + state.text, 0, state.output_ids.size());
-    out["usage"] = usage(state);
+    out["usage"] = openai_usage(state);
     return out;
   }
   boost::json::object out = completion_body(state, state.output_ids, state.text, 0, state.output_ids.size());
-  out["usage"] = usage(state);
+  out["usage"] = openai_usage(state);
   return out;
 }
 
@@ -191,7 +168,7 @@ boost::json::object completion_chunk(const completion_state& state, std::span<co
   const size_t to = state.output_ids.size();
   const size_t from = output && new_ids.size() <= to ? to - new_ids.size() : to;
   boost::json::object out = completion_body(state, new_ids, new_text, from, to);
-  if (state.finished) out["usage"] = usage(state);
+  if (state.finished) out["usage"] = openai_usage(state);
   return out;
 }
 

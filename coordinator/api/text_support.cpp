@@ -5,32 +5,40 @@
 
 namespace hyserve::coordinator::api {
 
-std::string render_chat(const chat_format& format, std::span<const chat_message> messages) {
-  std::string out = format.bos;
+namespace {
+
+// Walks the chat format over the messages: the format's own text (bos, the message template
+// around its placeholders, the generation prompt) goes to markup, each role and content to
+// text. Placeholders are substituted in one pass over the template, so a "{content}" written
+// by the user inside a role (or the other way round) is left as it is.
+template <class Markup, class Text>
+void walk_chat(const chat_format& format, std::span<const chat_message> messages, Markup&& markup, Text&& text) {
+  constexpr std::string_view kRole = "{role}", kContent = "{content}";
+  markup(std::string_view(format.bos));
+  const std::string_view t = format.message_template;
   for (const chat_message& m : messages) {
-    // Placeholders are substituted in one pass over the template, so a "{content}" written by
-    // the user inside a role (or the other way round) is left as it is.
-    const std::string& t = format.message_template;
     size_t pos = 0;
     while (pos < t.size()) {
-      const size_t role = t.find("{role}", pos);
-      const size_t content = t.find("{content}", pos);
+      const size_t role = t.find(kRole, pos);
+      const size_t content = t.find(kContent, pos);
       const size_t next = std::min(role, content);
-      if (next == std::string::npos) {
-        out.append(t, pos, std::string::npos);
+      if (next == std::string_view::npos) {
+        markup(t.substr(pos));
         break;
       }
-      out.append(t, pos, next - pos);
-      if (next == role) {
-        out += m.role;
-        pos = next + std::string_view("{role}").size();
-      } else {
-        out += m.content;
-        pos = next + std::string_view("{content}").size();
-      }
+      markup(t.substr(pos, next - pos));
+      text(next == role ? m.role : m.content);
+      pos = next + (next == role ? kRole.size() : kContent.size());
     }
   }
-  out += format.generation_prompt;
+  markup(std::string_view(format.generation_prompt));
+}
+
+}  // namespace
+
+std::string render_chat(const chat_format& format, std::span<const chat_message> messages) {
+  std::string out;
+  walk_chat(format, messages, [&](std::string_view s) { out += s; }, [&](const std::string& s) { out += s; });
   return out;
 }
 
@@ -41,30 +49,17 @@ std::vector<int32_t> encode_chat(const tokenizer::bpe_tokenizer& tok, const chat
   tokenizer::encode_options user = markup;  // roles and content: plain text
   user.match_special_tokens = false;
   std::vector<int32_t> out;
-  std::string pending = format.bos;  // format text not encoded yet
+  std::string pending;  // format text not encoded yet (encoded whole, up to the next role or content)
   auto flush = [&] {
     if (!pending.empty()) tok.encode_into(pending, out, markup);
     pending.clear();
   };
-  for (const chat_message& m : messages) {
-    const std::string& t = format.message_template;
-    size_t pos = 0;
-    while (pos < t.size()) {
-      const size_t role = t.find("{role}", pos);
-      const size_t content = t.find("{content}", pos);
-      const size_t next = std::min(role, content);
-      if (next == std::string::npos) {
-        pending.append(t, pos, std::string::npos);
-        break;
-      }
-      pending.append(t, pos, next - pos);
-      flush();
-      const std::string& text = next == role ? m.role : m.content;
-      if (!text.empty()) tok.encode_into(text, out, user);
-      pos = next + (next == role ? std::string_view("{role}").size() : std::string_view("{content}").size());
-    }
-  }
-  pending += format.generation_prompt;
+  walk_chat(
+      format, messages, [&](std::string_view s) { pending += s; },
+      [&](const std::string& text) {
+        flush();
+        if (!text.empty()) tok.encode_into(text, out, user);
+      });
   flush();
   return out;
 }
