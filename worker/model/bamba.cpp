@@ -14,13 +14,10 @@ std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i)
 
 // Each layer: input norm → Mamba2 or attention → residual; pre-FF norm → SwiGLU MLP → residual.
 struct bamba_layer {
-  layer_kind kind = layer_kind::kMamba2;
   tensor input_norm;
   tensor pre_ff_norm;
-  layers::mamba2_weights mamba;
-  layers::attention_weights attn;
+  hybrid_model::mixer mixer;  // Mamba2 or attention
   layers::mlp_weights mlp;
-  int32_t cache_index = 0;  // index among layers of the same kind (KV or SSM state)
 };
 
 class bamba_model final : public hybrid_model {
@@ -40,33 +37,20 @@ class bamba_model final : public hybrid_model {
     block_loader blocks(ld, mc_, tp, weight_type);
     load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
     set_final_norm(ld.load("model.final_layernorm.weight", {H}, dtype::kF32));
-    int32_t n_attn = 0, n_mamba = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
       bamba_layer& L = layers_[static_cast<size_t>(i)];
       const std::string p = layer_prefix(i);
-      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
       L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
       L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
       L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size);
-      switch (L.kind) {
-        case layer_kind::kMamba2:
-          L.mamba = blocks.mamba2(p + "mamba.");
-          L.cache_index = n_mamba++;
-          break;
-        case layer_kind::kAttention:
-          L.attn = blocks.attention(p + "self_attn.");
-          L.cache_index = n_attn++;
-          break;
-        case layer_kind::kGatedDeltaNet:
-        case layer_kind::kMlp:
-        case layer_kind::kParallelHybrid:
-          throw config_error("Bamba: layer " + std::to_string(i) +
-                             " is not a Mamba2 or attention layer; Bamba has only Mamba2 and attention layers");
-      }
+      mixer_source src;
+      src.mamba_prefix = p + "mamba.";
+      src.attention_prefix = p + "self_attn.";
+      L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer; Bamba has only Mamba2 and attention layers");
       progress.layer_done(i + 1, ld.bytes());
     }
-    start(graphs, n_attn, n_mamba);
+    start(graphs, attention_layers(), state_layers());
   }
 
  private:
@@ -77,18 +61,7 @@ class bamba_model final : public hybrid_model {
     bamba_layer& L = layers_[i];
     // Each block's output projection adds into h (block_output). The input norm of a Mamba2
     // block and the pre-FF norm are fused into the projection that reads them.
-    switch (L.kind) {
-      case layer_kind::kMamba2:
-        mamba2_block(L.mamba, h, &L.input_norm, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kAttention:
-        attention_on(L.attn, norm(h, L.input_norm, ex), h, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kGatedDeltaNet:
-      case layer_kind::kMlp:
-      case layer_kind::kParallelHybrid:
-        throw error("Bamba: unexpected layer kind");  // rejected at load
-    }
+    mixer_forward(L.mixer, h, L.input_norm, in, ctx, ex);
     mlp_block(L.mlp, h, L.pre_ff_norm, ex);
   }
 

@@ -19,15 +19,12 @@ namespace hyserve::worker {
 namespace {
 
 struct granite_layer {
-  layer_kind kind = layer_kind::kMamba2;
   tensor input_norm;
   tensor post_attention_norm;
-  layers::mamba2_weights mamba;
-  layers::attention_weights attn;
+  hybrid_model::mixer mixer;  // Mamba2 or attention
   bool moe = false;
   layers::moe_weights moe_block;  // experts + the shared MLP (moe)
   layers::mlp_weights shared;     // the shared MLP alone (no experts)
-  int32_t cache_index = 0;
 };
 
 // Rows [r0, r0 + n) and columns [c0, c0 + m) of a row-major [rows, cols] block at src, scaled.
@@ -52,31 +49,18 @@ class granite_moe_hybrid_model final : public hybrid_model {
     block_loader blocks(ld, mc_, tp, weight_type);
     load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
     set_final_norm(ld.load("model.norm.weight", {H}, dtype::kF32));
-    block_loader::attention_scales as;
-    as.o = rm;
-    int32_t n_attn = 0, n_mamba = 0;
+    mixer_source src;
+    src.mamba_out_scale = rm;
+    src.attention.o = rm;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
       granite_layer& L = layers_[static_cast<size_t>(i)];
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
       L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
       L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
-      switch (L.kind) {
-        case layer_kind::kMamba2:
-          L.mamba = blocks.mamba2(p + "mamba.", {}, 1.0f, rm);
-          L.cache_index = n_mamba++;
-          break;
-        case layer_kind::kAttention:
-          L.attn = blocks.attention(p + "self_attn.", as);
-          L.cache_index = n_attn++;
-          break;
-        case layer_kind::kGatedDeltaNet:
-        case layer_kind::kMlp:
-        case layer_kind::kParallelHybrid:
-          throw config_error("Granite-4.0-H: layer " + std::to_string(i) +
-                             " is not a Mamba2 or attention layer (supported: mamba, attention)");
-      }
+      src.mamba_prefix = p + "mamba.";
+      src.attention_prefix = p + "self_attn.";
+      L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer (supported: mamba, attention)");
       layers::mlp_weights shared;
       if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
       L.moe = mc.num_experts > 0;
@@ -89,7 +73,7 @@ class granite_moe_hybrid_model final : public hybrid_model {
       }
       progress.layer_done(i + 1, ld.bytes());
     }
-    start(graphs, n_attn, n_mamba);
+    start(graphs, attention_layers(), state_layers());
   }
 
  private:
@@ -143,18 +127,7 @@ class granite_moe_hybrid_model final : public hybrid_model {
   void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
     granite_layer& L = layers_[i];
-    switch (L.kind) {
-      case layer_kind::kMamba2:
-        mamba2_block(L.mamba, h, &L.input_norm, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kAttention:
-        attention_on(L.attn, norm(h, L.input_norm, ex), h, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kGatedDeltaNet:
-      case layer_kind::kMlp:
-      case layer_kind::kParallelHybrid:
-        throw error("Granite-4.0-H: unexpected layer kind");  // rejected at load
-    }
+    mixer_forward(L.mixer, h, L.input_norm, in, ctx, ex);
     if (L.moe)
       layers::add_inplace(h, layers::moe_forward(L.moe_block, norm(h, L.post_attention_norm, ex), comm_, ex), ex);
     else

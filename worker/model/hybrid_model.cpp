@@ -258,6 +258,44 @@ void hybrid_model::attention_on(layers::attention_weights& w, const tensor& x, t
   layers::attention_forward(w, x, in, ctx.kv->layer(cache_index), comm_, ex, &h);
 }
 
+hybrid_model::mixer hybrid_model::load_mixer(block_loader& blocks, int64_t layer, const mixer_source& src,
+                                             const std::string& otherwise) {
+  mixer m;
+  m.kind = mc_.layer_kinds[static_cast<size_t>(layer)];
+  switch (m.kind) {
+    case layer_kind::kMamba2:
+      m.mamba = blocks.mamba2(src.mamba_prefix, src.mamba_in_scale, src.mamba_in_multiplier, src.mamba_out_scale);
+      m.cache_index = n_state_++;
+      return m;
+    case layer_kind::kAttention:
+      m.attn = blocks.attention(src.attention_prefix, src.attention);
+      m.cache_index = n_attention_++;
+      return m;
+    case layer_kind::kGatedDeltaNet:
+    case layer_kind::kMlp:
+    case layer_kind::kParallelHybrid:
+      break;
+  }
+  throw config_error(label_ + ": layer " + std::to_string(layer) + " " + otherwise);
+}
+
+void hybrid_model::mixer_forward(mixer& m, tensor& h, const tensor& input_norm, const layers::step_inputs& in,
+                                 const model_context& ctx, const kernels::exec_context& ex) {
+  switch (m.kind) {
+    case layer_kind::kMamba2:
+      mamba2_block(m.mamba, h, &input_norm, m.cache_index, in, ctx, ex);
+      return;
+    case layer_kind::kAttention:
+      attention_on(m.attn, norm(h, input_norm, ex), h, m.cache_index, in, ctx, ex);
+      return;
+    case layer_kind::kGatedDeltaNet:
+    case layer_kind::kMlp:
+    case layer_kind::kParallelHybrid:
+      break;
+  }
+  throw error(label_ + ": not a Mamba2 or attention mixer");  // load_mixer refuses these
+}
+
 void hybrid_model::mlp_block(layers::mlp_weights& w, tensor& h, const tensor& norm_w, const kernels::exec_context& ex) {
   layers::mlp_forward(w, h, comm_, ex, &h, &norm_w, mc_.rms_norm_eps);
 }

@@ -56,6 +56,20 @@ class block_loader {
 
 class hybrid_model : public model {
  public:
+  // A layer's Mamba2 or attention mixer, with its cache index among the layers of its kind.
+  struct mixer {
+    layer_kind kind = layer_kind::kMamba2;
+    layers::mamba2_weights mamba;
+    layers::attention_weights attn;
+    int32_t cache_index = 0;
+  };
+  // Where a family keeps its mixers and the multipliers it folds into them.
+  struct mixer_source {
+    std::string mamba_prefix, attention_prefix;
+    std::vector<float> mamba_in_scale;  // block_loader::mamba2
+    float mamba_in_multiplier = 1.0f, mamba_out_scale = 1.0f;
+    block_loader::attention_scales attention;
+  };
   const model_config& config() const override { return mc_; }
   // The Mamba2 state of this rank (heads split, groups split or replicated).
   mamba_state_shape mamba_shape() const override;
@@ -79,6 +93,18 @@ class hybrid_model : public model {
   // why decode cannot use CUDA graphs (empty: none).
   void start(const decode_graph_options& graphs, int32_t attention_layers, int32_t state_layers,
              const std::string& blocker = "");
+
+  // Layer `layer`'s mixer (its kind from mc.layer_kinds); the layer claims the next KV or state
+  // cache layer (counted for start). Any other kind is a start-up error: "<label>: layer i "
+  // followed by `otherwise`.
+  mixer load_mixer(block_loader& blocks, int64_t layer, const mixer_source& src, const std::string& otherwise);
+  // h += the mixer: a Mamba2 mixer with input_norm fused into its in_proj, attention on
+  // rmsnorm(h; input_norm).
+  void mixer_forward(mixer& m, tensor& h, const tensor& input_norm, const layers::step_inputs& in,
+                     const model_context& ctx, const kernels::exec_context& ex);
+  // The cache layers claimed by load_mixer so far.
+  int32_t attention_layers() const { return n_attention_; }
+  int32_t state_layers() const { return n_state_; }
 
   // One layer's forward: updates the hidden state h [T, hidden] in place.
   virtual void layer_forward(size_t layer, tensor& h, const layers::step_inputs& in, const model_context& ctx,
@@ -114,6 +140,7 @@ class hybrid_model : public model {
               bool all_logits, std::vector<tensor>* hidden);
 
   std::string label_;
+  int32_t n_attention_ = 0, n_state_ = 0;  // cache layers claimed by load_mixer
   int64_t vocab_local_ = 0;
   tensor embed_;       // [vocab_local, hidden]
   tensor final_norm_;  // [hidden]

@@ -15,12 +15,10 @@ namespace hyserve::worker {
 namespace {
 
 struct nemotron_h_layer {
-  layer_kind kind = layer_kind::kMamba2;
+  bool is_mlp = false;
   tensor norm;
-  layers::mamba2_weights mamba;
-  layers::attention_weights attn;
-  layers::mlp_weights mlp;  // up / down only (relu²)
-  int32_t cache_index = 0;
+  hybrid_model::mixer mixer;  // Mamba2 or attention (not is_mlp)
+  layers::mlp_weights mlp;    // up / down only (relu²)
 };
 
 class nemotron_h_model final : public hybrid_model {
@@ -39,33 +37,22 @@ class nemotron_h_model final : public hybrid_model {
     block_loader blocks(ld, mc_, tp, weight_type);
     load_globals(ld, "backbone.embeddings.weight", "lm_head.weight");
     set_final_norm(ld.load("backbone.norm_f.weight", {H}, dtype::kF32));
-    int32_t n_attn = 0, n_mamba = 0;
     layers_.resize(static_cast<size_t>(mc.num_layers));
     for (int64_t i = 0; i < mc.num_layers; ++i) {
       nemotron_h_layer& L = layers_[static_cast<size_t>(i)];
       const std::string p = "backbone.layers." + std::to_string(i) + ".";
-      L.kind = mc.layer_kinds[static_cast<size_t>(i)];
       L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
-      switch (L.kind) {
-        case layer_kind::kMamba2:
-          L.mamba = blocks.mamba2(p + "mixer.");
-          L.cache_index = n_mamba++;
-          break;
-        case layer_kind::kAttention:
-          L.attn = blocks.attention(p + "mixer.");
-          L.cache_index = n_attn++;
-          break;
-        case layer_kind::kMlp:
-          L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
-          break;
-        case layer_kind::kGatedDeltaNet:
-        case layer_kind::kParallelHybrid:
-          throw config_error("Nemotron-H: layer " + std::to_string(i) +
-                             " is not a Mamba2, attention or MLP layer (supported: M, *, -)");
+      L.is_mlp = mc.layer_kinds[static_cast<size_t>(i)] == layer_kind::kMlp;
+      if (L.is_mlp) {
+        L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
+      } else {
+        mixer_source src;
+        src.mamba_prefix = src.attention_prefix = p + "mixer.";
+        L.mixer = load_mixer(blocks, i, src, "is not a Mamba2, attention or MLP layer (supported: M, *, -)");
       }
       progress.layer_done(i + 1, ld.bytes());
     }
-    start(graphs, n_attn, n_mamba);
+    start(graphs, attention_layers(), state_layers());
   }
 
  private:
@@ -74,19 +61,10 @@ class nemotron_h_model final : public hybrid_model {
   void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
     nemotron_h_layer& L = layers_[i];
-    switch (L.kind) {
-      case layer_kind::kMamba2:
-        mamba2_block(L.mamba, h, &L.norm, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kAttention:
-        attention_on(L.attn, norm(h, L.norm, ex), h, L.cache_index, in, ctx, ex);
-        break;
-      case layer_kind::kMlp:
-        mlp_block(L.mlp, h, L.norm, ex);
-        break;
-      case layer_kind::kGatedDeltaNet:
-      case layer_kind::kParallelHybrid:
-        throw error("Nemotron-H: unexpected layer kind");  // rejected at load
+    if (L.is_mlp) {
+      mlp_block(L.mlp, h, L.norm, ex);
+    } else {
+      mixer_forward(L.mixer, h, L.norm, in, ctx, ex);
     }
   }
 
