@@ -245,8 +245,9 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
       if (!event->finished) frontend_.cancel(state.id);
       state.finished = finish_reason::kStop;
     } else if (event->error) {
+      // Tokens that arrived with the error (events merged while the stream caught up) are
+      // still streamed before it.
       failure = *event->error;
-      break;
     } else if (event->finished) {
       state.finished = event->reason;
       state.spec_drafted = event->metrics.spec_drafted;
@@ -284,7 +285,7 @@ boost::asio::awaitable<void> generation_handler::handle(http::exchange& ex, api_
         break;
       }
     }
-    if (done) break;
+    if (done || failure) break;
   }
 
   if (gone) {
