@@ -177,25 +177,9 @@ inline void check_swiglu_linear(const swiglu_linear_params& p, const char* op) {
 // Tree-masked paged attention (TargetVerify with tree drafts): the paged attention's fields
 // and the tree's parents.
 inline void check_paged_attention_tree(const paged_attention_tree_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
+  check_paged_attention(p, op);
   require_ptr(p.retrieve_parent, op, "retrieve_parent");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
   require_positive(p.tree_nodes, op, "tree_nodes");
-  require_storage(p.kv_dtype, op, "kv_dtype");
-  if (p.q_heads % p.kv_heads != 0)
-    fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
 }
 
 // The values of out_rows are checked by the CPU op only.

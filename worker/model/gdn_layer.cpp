@@ -127,15 +127,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);
 
-  mixer_conv cv;
-  cv.x = proj.as<float>();
-  cv.x_stride = in_w;
-  cv.out = qkv.as<float>();
-  cv.out_stride = conv;
-  cv.dim = conv;
-  cv.width = w.conv_width;
-  cv.weight = &w.conv_w;
-  cv.bias = &w.conv_b;
+  const mixer_conv cv{proj.as<float>(), in_w, qkv.as<float>(), conv, w.conv_width, &w.conv_w, &w.conv_b};
   mixer_scan scan;
   scan.prefill = [&](const device_array& slots) {
     kernels::gdn_chunk_scan_params s;

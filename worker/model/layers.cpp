@@ -512,15 +512,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
 
   const mixer_path path = mixer_path_of(in, steps, "Mamba2 mixer");
   if (path == mixer_path::kIdle) return tensor::f32({0, hidden}, ctx.device);
-  mixer_conv cv;
-  cv.x = proj.as<float>() + di;
-  cv.x_stride = in_w;
-  cv.out = xbc.as<float>();
-  cv.out_stride = conv;
-  cv.dim = conv;
-  cv.width = w.conv_width;
-  cv.weight = &w.conv_w;
-  cv.bias = &w.conv_b;
+  const mixer_conv cv{proj.as<float>() + di, in_w, xbc.as<float>(), conv, w.conv_width, &w.conv_w, &w.conv_b};
   mixer_scan scan;
   scan.prefill = [&](const device_array& slots) {
     kernels::ssd_chunk_scan_params s;

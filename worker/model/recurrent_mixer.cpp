@@ -38,7 +38,7 @@ void set_conv(P& c, const mixer_conv& conv, mamba_layer_state& state) {
   c.dim = conv.dim;
   c.width = conv.width;
   c.x_stride = conv.x_stride;
-  c.out_stride = conv.out_stride;
+  c.out_stride = conv.dim;
   c.silu = true;
 }
 

@@ -21,13 +21,12 @@ enum class mixer_path { kIdle, kPrefill, kUpdate, kSteps };
 // The path of in.mode; invalid_argument_error naming `mixer` when a per-step mode has no steps.
 mixer_path mixer_path_of(const step_inputs& in, const mamba_layer_state* steps, const std::string& mixer);
 
-// The conv's input and output: channels [0, dim) of x (row stride x_stride) into out (row
-// stride out_stride), SiLU applied; weight [dim, width], bias [dim] or empty.
+// The conv's input and output: channels [0, dim) of x (row stride x_stride) into out (dim
+// channels per row), SiLU applied; weight [dim, width], bias [dim] or empty.
 struct mixer_conv {
   const float* x = nullptr;
   int64_t x_stride = 0;
-  float* out = nullptr;
-  int64_t out_stride = 0;
+  float* out = nullptr;  // contiguous rows of dim channels
   int64_t dim = 0, width = 0;
   const tensor* weight = nullptr;
   const tensor* bias = nullptr;
