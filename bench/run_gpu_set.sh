@@ -18,7 +18,8 @@
 # anchor), families (hyserve-bench-model on the Nemotron-H, Granite-4.0-H, Falcon-H1 and
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
-# model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU).
+# model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
+# gpu-check (gpu-tests and gpu-service concurrently, for correctness only).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -53,6 +54,7 @@ for s in "${stages[@]}"; do
     served | served-qwen) targets+=(coordinator worker hyserve-generate hyserve-bench hyserve-bench-model) ;;
     startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
     gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
+    gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
@@ -157,6 +159,24 @@ for s in "${stages[@]}"; do
       stage gpu-layouts 540 "$bin/service_test" --gtest_filter='ParallelLayoutsOneGpu.*'
       # Answers' checkpoints saved by decode steps queued behind the step in flight.
       stage gpu-prefix-turns 180 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' ;;
+    gpu-check)
+      # gpu-tests and gpu-service at once: every GPU correctness binary concurrently on the one
+      # device (tiny models; each process sizes its caches by its own max_requests), the three
+      # ParallelLayoutsOneGpu cases as gtest shards. Not for timing: the processes share the GPU.
+      mpi=(mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe})
+      stage gpu-ops 420 "$bin/cuda_ops_test" --gtest_filter="${GPU_TEST_FILTER:-*}" &
+      stage gpu-model 420 "$bin/gpu_model_test" &
+      stage gpu-spec 420 "$bin/spec_test" --gtest_filter='*Cuda*' &
+      stage gpu-service-overlap 300 "$bin/service_test" --gtest_filter='ServiceOverlap.Cuda*' &
+      stage gpu-host-collective 200 ctest --test-dir "$build" --output-on-failure -R 'MpiHostCollective' &
+      stage gpu-tp-parity 420 "${mpi[@]}" -np 2 "$bin/tp_parity_test" --gtest_filter='*Cuda*' &
+      stage gpu-tp4-parity 420 "${mpi[@]}" -np 4 "$bin/tp_parity_test" --gtest_filter='*Cuda*' &
+      for i in 0 1 2; do
+        stage "gpu-layouts-$i" 450 env GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i "$bin/service_test" \
+          --gtest_filter='ParallelLayoutsOneGpu.*' &
+      done
+      stage gpu-prefix-turns 300 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' &
+      wait ;;
     model-tp2)
       # The 9B synthetic Bamba at TP=2, both ranks on the one GPU (host-staged reductions): a
       # functional check of the sharded CUDA path, not a speed claim.
