@@ -117,8 +117,14 @@ class host_staged_collective final : public collective {
         throw error("host collective " + std::string(op) + " on " + where() + " (tp rank " + std::to_string(rank_) +
                     " of " + std::to_string(size_) + ") did not complete within " + std::to_string(timeout_s_) + " s");
       }
-      // Spin for the first 100 µs (a step's reductions are short), then back off up to 1 ms.
-      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
+      // A non-blocking collective advances only inside MPI_Test: a large message moves in many
+      // fragments, each needing a call (sleeping between calls made a 32 MB all-reduce take
+      // ~1 s). Poll continuously for the first 200 ms, yielding the core; past that the peer is
+      // late (or gone) and polls back off up to 1 ms.
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited < std::chrono::milliseconds(200)) {
+        std::this_thread::yield();
+      } else {
         pause = std::min(std::max(pause * 2, std::chrono::microseconds(10)), std::chrono::microseconds(1000));
         std::this_thread::sleep_for(pause);
       }

@@ -158,7 +158,8 @@ void decode_graphs::ensure_buffers(const model_context& ctx, bool attention, int
 tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_step* step,
                           const std::vector<int32_t>& ids, const model_context& ctx, const step_body& body,
                           step_report* report, const step_sampling* sampling,
-                          std::vector<kernels::sample_output>* sampled, deferred_step* defer) {
+                          std::vector<kernels::sample_output>* sampled, deferred_step* defer,
+                          const std::function<void(const kernels::exec_context&)>& after_forward) {
   const int32_t bs = meta.batch_size;
   const bool attention = step != nullptr;
   ensure_buffers(ctx, attention, attention ? step->page_size : 0);
@@ -298,6 +299,10 @@ tensor decode_graphs::run(const hybrid_metadata& meta, const layers::attention_s
     }
   }
   if (timer) timer->stop(stream);
+  if (after_forward) {
+    // Its allocations and copies are ordered on the graph stream too (state_pools.cpp).
+    after_forward(ex);
+  }
   auto fill_report = [&] {
     if (!report) return;
     report->graph = graph != nullptr;

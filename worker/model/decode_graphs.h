@@ -107,11 +107,13 @@ class decode_graphs {
   // sampling (one settings entry per row) the graph also samples, the tokens land in *sampled
   // and the returned tensor is empty (8 bytes per row leave the device).
   // With sampling, defer set and no report, a replayed step returns once queued and sets *defer
-  // (model.h, forward_options::defer); a step that captures its graph ends here.
+  // (model.h, forward_options::defer); a step that captures its graph ends here. after_forward
+  // (forward_options::after_forward) is queued on the graph stream right behind the step.
   tensor run(const hybrid_metadata& meta, const layers::attention_step* step, const std::vector<int32_t>& ids,
              const model_context& ctx, const step_body& body, step_report* report,
              const step_sampling* sampling = nullptr, std::vector<kernels::sample_output>* sampled = nullptr,
-             deferred_step* defer = nullptr);
+             deferred_step* defer = nullptr,
+             const std::function<void(const kernels::exec_context&)>& after_forward = {});
   // Waits for every step queued on the graph stream (eager work on another stream goes after).
   void wait_idle();
 

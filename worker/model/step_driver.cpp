@@ -244,7 +244,7 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
         return body(in, ex, /*all_logits=*/true, nullptr);  // decode: one logits row per token
       };
       return graphs_->run(meta, attention ? &step : nullptr, ids, ctx, graph_body, opts.report, sampling,
-                          opts.sampled, opts.defer);
+                          opts.sampled, opts.defer, opts.after_forward);
     }
     if (meta.mode == forward_mode::kDecode) log_decode_path_once("decode step eager: " + why);
   }
@@ -270,6 +270,7 @@ tensor step_driver::forward(const forward_batch& batch, const hybrid_metadata& m
   }
   tensor local = body(in, frame_.ctx, opts.all_logits, opts.hidden_states ? &hidden : nullptr);
   if (timer) timer->stop(frame_.ctx.stream);
+  if (opts.after_forward) opts.after_forward(frame_.ctx);
   if (opts.hidden_states) *opts.hidden_states = std::move(hidden);
   auto report = [&] {
     if (!opts.report) return;

@@ -289,12 +289,22 @@ void runner::launch(const forward_batch& batch, flight& f) {
     // Only a step nothing else follows on the host may end later (complete()).
     if (!mirror_draft && (!comm_ || comm_->size() == 1)) opts.defer = &f.defer;
   }
+  // Prefix caching: checkpoints of the state after this step, queued on the stream the forward
+  // pass ran on, right behind it (a replayed decode graph has its own stream).
+  const bool saves = !plan.state_saves.empty();
+  if (saves && !on_draft)
+    opts.after_forward = [&](const kernels::exec_context& ex) { pools_.copy_slots(plan.state_saves, ex); };
   f.d2h_before = kernels::device_to_host_bytes();
   f.logits = m.forward(batch, meta, pools.context(), opts);
   res.decode_rows = static_cast<int32_t>(attention.decode_rows);
   res.sparse_rows = static_cast<int32_t>(attention.sparse_rows);
   res.pages_read = attention.pages_read;
-  if (mirror_draft) (void)draft_->forward(batch, meta, draft_pools_.context(), forward_options{});
+  if (mirror_draft) {
+    forward_options mirror;
+    if (saves)
+      mirror.after_forward = [&](const kernels::exec_context& ex) { draft_pools_.copy_slots(plan.state_saves, ex); };
+    (void)draft_->forward(batch, meta, draft_pools_.context(), mirror);
+  }
   if (draft_ && batch.mode == forward_mode::kTargetVerify && batch.extend_rows > 0) {
     // The prefill chunks riding in the verify step run on the draft model as an Extend step,
     // so its cache covers the same tokens.
@@ -303,9 +313,13 @@ void runner::launch(const forward_batch& batch, flight& f) {
     ext.rows.assign(batch.rows.end() - batch.extend_rows, batch.rows.end());
     (void)draft_->forward(ext, build_hybrid_metadata(ext), draft_pools_.context(), forward_options{});
   }
-  // Prefix caching: checkpoints of the state after this step (queued behind the forward pass).
-  pools_.copy_slots(plan.state_saves, model_->exec());
-  if (draft_) draft_pools_.copy_slots(plan.state_saves, draft_->exec());
+  if (saves && on_draft) {
+    // A step of the draft model leaves the target's state as it was; both are saved as they are.
+    pools_.copy_slots(plan.state_saves, model_->exec());
+    draft_pools_.copy_slots(plan.state_saves, draft_->exec());
+  } else if (saves && draft_ && !mirror_draft) {
+    draft_pools_.copy_slots(plan.state_saves, draft_->exec());
+  }
   f.t_sample = std::chrono::steady_clock::now();
   if (f.want_logits) {
     kernels::sample_rows_params p;
@@ -398,7 +412,8 @@ bool runner::can_submit_behind(const wire::step_plan& next) const {
   if (forward_mode_from_byte(next.mode) != forward_mode::kDecode) return false;
   // Its preparation may only touch the host (page tables): no device-side state changes that
   // the step in flight could still be reading. Prefix-cache saves may ride along: they are
-  // queued on the model's stream behind the plan's own forward pass (submit) and write free
+  // queued on the step's own stream behind its forward pass (forward_options::after_forward),
+  // index arrays included, and write free
   // checkpoint slots, which only restores read, and a plan with restores is not queued behind.
   if (!next.commits.empty() || !next.draft_commits.empty() || !next.kv_moves.empty() ||
       !next.state_restores.empty())

@@ -1,6 +1,7 @@
 #include "hyserve/worker/state_pools.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "hyserve/kernels/run.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/graph.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::worker {
@@ -70,6 +72,19 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
 void state_pools::run_commit(mamba_state_cache& source, int32_t steps, const std::vector<int32_t>& slots,
                              const std::vector<int32_t>& rows, const std::vector<int32_t>& steps_taken,
                              const kernels::exec_context& ctx) {
+  // The index arrays are allocated, filled and freed in the order of ctx's stream: it may be a
+  // replayed decode graph's, which the legacy stream (synchronous copies, the default
+  // allocation order) does not wait for. Declared first: released after the tensors below.
+  const bool own_stream = ctx.device == device_kind::kCuda && ctx.stream != nullptr;
+  std::optional<kernels::allocation_stream_scope> order;
+  if (own_stream) order.emplace(ctx.stream, /*zero_fill=*/false);
+  auto upload = [&](const std::vector<int32_t>& v) {
+    const auto n = static_cast<int64_t>(v.size());
+    if (!own_stream) return tensor::from_host(v.data(), dtype::kI32, n, ctx.device);
+    tensor t = tensor::i32({n}, ctx.device);
+    kernels::copy_h2d_async(t.data(), v.data(), static_cast<size_t>(n) * sizeof(int32_t), ctx.stream);
+    return t;
+  };
   std::vector<void*> ssm;
   std::vector<const void*> ssm_src;
   std::vector<float*> conv;
@@ -82,9 +97,9 @@ void state_pools::run_commit(mamba_state_cache& source, int32_t steps, const std
   }
   const mamba_state_shape& s = recurrent->shape();
   const auto n = static_cast<int64_t>(slots.size());
-  const tensor d_slots = tensor::from_host(slots.data(), dtype::kI32, n, ctx.device);
-  const tensor d_rows = tensor::from_host(rows.data(), dtype::kI32, n, ctx.device);
-  const tensor d_taken = tensor::from_host(steps_taken.data(), dtype::kI32, n, ctx.device);
+  const tensor d_slots = upload(slots);
+  const tensor d_rows = upload(rows);
+  const tensor d_taken = upload(steps_taken);
   kernels::state_commit_params p;
   p.n_layers = recurrent_layers;
   p.ssm_states = ssm.data();

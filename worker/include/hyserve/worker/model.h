@@ -115,6 +115,11 @@ struct forward_options {
   // next step may be queued before: the device runs the two in order, and eager work waits for
   // it. Any other step ends in forward and leaves *defer empty.
   deferred_step* defer = nullptr;
+  // When set, called once with the execution context of the stream the step's forward pass ran
+  // on, right after that pass is queued (before its sampled tokens are copied out): work that
+  // must follow the step on the device, e.g. prefix-cache state saves. A replayed decode graph
+  // runs on its own stream, which work queued on the model's stream does not wait for.
+  std::function<void(const kernels::exec_context&)> after_forward;
 };
 
 // Tensor-parallel placement of this model instance.
