@@ -161,7 +161,7 @@ for s in "${stages[@]}"; do
       stage gpu-prefix-turns 180 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' ;;
     gpu-check)
       # gpu-tests and gpu-service at once: every GPU correctness binary concurrently on the one
-      # device (tiny models; each process sizes its caches by its own max_requests), the three
+      # device (tiny models; each process sizes its caches by its own max_requests), the
       # ParallelLayoutsOneGpu cases as gtest shards. Not for timing: the processes share the GPU.
       mpi=(mpirun ${OMPI_ALLOW_RUN_AS_ROOT:+--allow-run-as-root --oversubscribe})
       stage gpu-ops 420 "$bin/cuda_ops_test" --gtest_filter="${GPU_TEST_FILTER:-*}" &
@@ -171,8 +171,8 @@ for s in "${stages[@]}"; do
       stage gpu-host-collective 200 ctest --test-dir "$build" --output-on-failure -R 'MpiHostCollective' &
       stage gpu-tp-parity 420 "${mpi[@]}" -np 2 "$bin/tp_parity_test" --gtest_filter='*Cuda*' &
       stage gpu-tp4-parity 420 "${mpi[@]}" -np 4 "$bin/tp_parity_test" --gtest_filter='*Cuda*' &
-      for i in 0 1 2; do
-        stage "gpu-layouts-$i" 450 env GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i "$bin/service_test" \
+      for i in 0 1 2 3; do
+        stage "gpu-layouts-$i" 450 env GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i "$bin/service_test" \
           --gtest_filter='ParallelLayoutsOneGpu.*' &
       done
       stage gpu-prefix-turns 300 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' &

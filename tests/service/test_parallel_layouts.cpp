@@ -37,17 +37,22 @@ struct layout {
 constexpr layout kOneRank{"tp1", 1, 1};
 
 struct model_case {
-  std::string name;    // fixture
+  std::string name;    // fixture (its prompts; its checkpoint unless shape is set)
   std::string dtype;   // model.dtype
   double tol;          // logprobs vs one rank
   std::string device;  // cuda | cpu
+  // A Hugging Face config.json under tests/fixtures: the model is that shape with seeded random
+  // weights (model.synthetic), and the fixture's greedy continuations do not apply.
+  std::string shape = {};
 };
 
 enum class feature { kPlain, kNgram, kSparse };
 const char* feature_name(feature f) { return f == feature::kPlain ? "plain" : f == feature::kNgram ? "ngram" : "sparse"; }
 
 std::string config(const model_case& m, const layout& l, feature f) {
-  std::string y = "model: {path: " + test::fixture_dir(m.name) + ", dtype: " + m.dtype + "}\ndevice: " + m.device + "\n" +
+  const std::string source = m.shape.empty() ? "path: " + test::fixture_dir(m.name)
+                                             : "synthetic: {hf_config: " + test::fixture_dir(m.shape) + ", seed: 11}";
+  std::string y = "model: {" + source + ", dtype: " + m.dtype + "}\ndevice: " + m.device + "\n" +
                   "parallel: {tp: " + std::to_string(l.tp) + ", dp: " + std::to_string(l.dp) +
                   ", device_collective: host}\n"
                   "cache: {page_size: 16, max_requests: 8, max_context: 512, gpu_memory_fraction: 0.2}\n"
@@ -119,7 +124,8 @@ answer parse_answer(const http_reply& r, bool logprobs) {
 // its neighbours' timing. Logprobs are asked for except with n-gram drafting (a request with
 // logprobs does not speculate).
 served serve(const model_case& m, const layout& l, feature f, const std::vector<job>& jobs) {
-  const std::string label = m.device + "-" + m.name + "-" + m.dtype + "-" + l.name + "-" + feature_name(f);
+  const std::string label = m.device + "-" + (m.shape.empty() ? m.name : "shape") + "-" + m.dtype + "-" + l.name + "-" +
+                            feature_name(f);
   service_process svc(label, config(m, l, f), l.tp * l.dp);
   served out;
   const bool up = svc.launch();
@@ -206,7 +212,7 @@ void run_layouts(const model_case& m, const std::vector<layout>& layouts, const 
   const std::vector<job> jobs = workload(ref);
   for (feature f : features) {
     const served one = serve(m, kOneRank, f, jobs);
-    if (m.dtype == "float32" && f != feature::kSparse) expect_fixture_greedy_answers(one, ref, "one rank");
+    if (m.dtype == "float32" && f != feature::kSparse && m.shape.empty()) expect_fixture_greedy_answers(one, ref, "one rank");
     if (f == feature::kNgram) {
       EXPECT_GT(one.accepted, 0) << "n-gram drafts were accepted";
     }
@@ -215,7 +221,8 @@ void run_layouts(const model_case& m, const std::vector<layout>& layouts, const 
       EXPECT_GT(one.sparse_rows, 0) << "some decode rows ran sparse";
     }
     for (const layout& l : layouts) {
-      const std::string label = m.device + " " + m.name + " " + m.dtype + " " + l.name + " " + feature_name(f);
+      const std::string label = m.device + " " + (m.shape.empty() ? m.name : m.shape) + " " + m.dtype + " " + l.name + " " +
+                                feature_name(f);
       const served got = serve(m, l, f, jobs);
       expect_matches(got, one, m, label);
       if (f == feature::kNgram) {
@@ -243,10 +250,17 @@ TEST(ParallelLayoutsOneGpu, BambaF32TpAndDpEqualOneRank) {
   run_layouts(m, {{"tp2", 2, 1}, {"dp2", 1, 2}, {"dp2xtp2", 2, 2}}, {feature::kSparse});
 }
 
-// 2 linear-attention key heads: up to TP=2.
+// 2 linear-attention key heads and 2 KV heads: up to TP=2. TP=4 on the same layers with twice
+// the heads (shapes/qwen3next-tiny-4heads.json: 4 KV and 4 linear key heads, random weights).
 TEST(ParallelLayoutsOneGpu, Qwen3NextF32TpAndDpEqualOneRank) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   run_layouts({"qwen3next-tiny", "float32", kF32Tol, "cuda"}, {{"tp2", 2, 1}, {"dp2", 1, 2}}, kAllFeatures);
+}
+
+TEST(ParallelLayoutsOneGpu, Qwen3NextFourHeadsF32Tp4EqualsOneRank) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  run_layouts({"qwen3next-tiny", "float32", kF32Tol, "cuda", "shapes/qwen3next-tiny-4heads.json"},
+              {{"tp2", 2, 1}, {"tp4", 4, 1}}, kAllFeatures);
 }
 
 TEST(ParallelLayoutsOneGpu, BambaBf16TpWithinBf16Tolerance) {
