@@ -32,16 +32,7 @@ scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vec
   for (size_t g = 0; g < hellos_.size(); ++g) {
     const wire::hello& h = hellos_[g];
     info_.max_context = std::min(info_.max_context, h.max_context);
-    group_state& gs = groups_[g];
-    // Free lists are stacks popped from the back: push in reverse so low indices go first.
-    for (int32_t i = h.num_pages - 1; i >= 0; --i) gs.free_pages.push_back(i);
-    for (int32_t i = h.max_requests - 1; i >= 0; --i) gs.free_req_slots.push_back(i);
-    for (int32_t i = h.mamba_slots - 1; i >= 0; --i) gs.free_mamba_slots.push_back(i);
-    if (prefix_enabled()) {
-      // Checkpoint slots follow the request slots on every rank of the group.
-      gs.tree.emplace(h.page_size);
-      for (int32_t i = cfg.cache.prefix.state_slots - 1; i >= 0; --i) gs.free_ckpt_slots.push_back(h.mamba_slots + i);
-    }
+    groups_[g].mem = memory_book(h, prefix_enabled() ? cfg.cache.prefix.state_slots : 0);
   }
 }
 
@@ -149,13 +140,10 @@ void scheduler::release(request_state& r) {
 }
 
 void scheduler::free_resources(group_state& g, held_resources& h) {
-  g.free_pages.insert(g.free_pages.end(), h.pages.rbegin(), h.pages.rend());
-  g.free_req_slots.push_back(h.req_slot);
-  g.free_mamba_slots.push_back(h.mamba_slot);
-  g.released_req_slots.push_back(h.req_slot);
+  g.mem.release(h.req_slot, h.mamba_slot, h.pages);
   h.pages.clear();
-  if (g.tree && !h.nodes.empty()) g.tree->release(h.nodes, ++tick_);
-  if (g.tree && h.pinned_node >= 0) g.tree->unpin_checkpoint(h.pinned_node);
+  if (g.mem.tree && !h.nodes.empty()) g.mem.tree->release(h.nodes, ++tick_);
+  if (g.mem.tree && h.pinned_node >= 0) g.mem.tree->unpin_checkpoint(h.pinned_node);
   h.pinned_node = -1;
   h.nodes.clear();
 }
@@ -215,15 +203,15 @@ void scheduler::admit() {
     const auto prompt_len = static_cast<int32_t>(r.req.input_ids.size());
     for (size_t g = 0; g < groups_.size(); ++g) {
       const group_state& gs = groups_[g];
-      if (gs.free_req_slots.empty() || gs.free_mamba_slots.empty()) continue;
+      if (!gs.mem.has_request_slots()) continue;
       if (static_cast<int32_t>(gs.running.size()) >= cfg_.scheduler.max_running) continue;
       // Prefix caching: the deepest cached node with a checkpoint (the last prompt token is
       // always prefilled); its pages need no new ones, and unheld tree pages can be evicted.
       prefix_tree::match m;
-      int32_t avail = static_cast<int32_t>(gs.free_pages.size());
-      if (gs.tree) {
-        m = gs.tree->lookup(r.req.input_ids, prompt_len - 1);
-        avail += gs.tree->unheld() - m.tokens();
+      int32_t avail = gs.mem.pages.available();
+      if (gs.mem.tree) {
+        m = gs.mem.tree->lookup(r.req.input_ids, prompt_len - 1);
+        avail += gs.mem.tree->unheld() - m.tokens();
       }
       if (avail < need - m.tokens()) continue;
       if (best < 0 || m.tokens() > best_match.tokens() ||
@@ -232,12 +220,12 @@ void scheduler::admit() {
         best_match = std::move(m);
       }
     }
-    if (best >= 0 && groups_[static_cast<size_t>(best)].tree) {
+    if (best >= 0 && groups_[static_cast<size_t>(best)].mem.tree) {
       // Under memory pressure admission evicts before it waits (the match is held first).
       group_state& gs = groups_[static_cast<size_t>(best)];
-      gs.tree->hold(best_match.nodes);
+      gs.mem.tree->hold(best_match.nodes);
       if (!evict_for(gs, need - best_match.tokens(), 0)) {
-        gs.tree->release(best_match.nodes, ++tick_);
+        gs.mem.tree->release(best_match.nodes, ++tick_);
         return;
       }
     }
@@ -254,10 +242,9 @@ void scheduler::admit() {
     group_state& gs = groups_[static_cast<size_t>(best)];
     r.group = best;
     r.admit_tick = ++tick_;
-    r.req_slot = gs.free_req_slots.back();
-    gs.free_req_slots.pop_back();
-    r.mamba_slot = gs.free_mamba_slots.back();
-    gs.free_mamba_slots.pop_back();
+    const memory_book::request_slots slots = *gs.mem.take_request_slots();
+    r.req_slot = slots.req;
+    r.mamba_slot = slots.mamba;
     r.pages = best_match.pages;
     r.page_shared.assign(r.pages.size(), 1);
     r.held_nodes = best_match.nodes;
@@ -266,14 +253,13 @@ void scheduler::admit() {
       r.consumed = r.cached_tokens;
       r.restore_from = best_match.checkpoint;
       r.pinned_node = best_match.nodes.back();
-      gs.tree->pin_checkpoint(r.pinned_node, ++tick_);
+      gs.mem.tree->pin_checkpoint(r.pinned_node, ++tick_);
     }
-    if (gs.tree && observer_.on_prefix_lookup) observer_.on_prefix_lookup(prompt_len, r.cached_tokens);
-    for (int32_t i = best_match.tokens(); i < need; ++i) {
-      r.pages.push_back(gs.free_pages.back());
-      gs.free_pages.pop_back();
-      r.page_shared.push_back(0);
-    }
+    if (gs.mem.tree && observer_.on_prefix_lookup) observer_.on_prefix_lookup(prompt_len, r.cached_tokens);
+    const std::optional<std::vector<int32_t>> fresh = gs.mem.pages.alloc(need - best_match.tokens());
+    HYSERVE_CHECK(fresh, "scheduler: admission found pages that are not free");
+    r.pages.insert(r.pages.end(), fresh->begin(), fresh->end());
+    r.page_shared.resize(r.pages.size(), 0);
     gs.running.push_back(r.req.id);
     waiting_.pop_front();
     --queued_;
@@ -298,8 +284,7 @@ wire::plan_row scheduler::base_row(request_state& r) const {
 void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   plan.step_id = next_step_++;
-  plan.free_req_slots = std::move(gs.released_req_slots);
-  gs.released_req_slots.clear();
+  plan.free_req_slots = gs.mem.take_released_request_slots();
   plan.commits = std::move(gs.commits);
   gs.commits.clear();
   plan.draft_commits = std::move(gs.draft_commits);

@@ -22,6 +22,7 @@
 #include "hyserve/common/config.h"
 #include "hyserve/common/step_trace.h"
 #include "hyserve/common/wire.h"
+#include "coordinator/memory_book.h"
 #include "coordinator/prefix_tree.h"
 #include "coordinator/request.h"
 #include "coordinator/speculative.h"
@@ -166,8 +167,7 @@ class scheduler final : public frontend {
     bool decode = false;
   };
   struct group_state {
-    std::vector<int32_t> free_pages, free_req_slots, free_mamba_slots;
-    std::vector<int32_t> released_req_slots;  // shipped with the next plan
+    memory_book mem;  // pages, slots, checkpoints and the prefix tree
     std::vector<uint64_t> running;
     // The step being built: its rows, tokens fed per row, whether a row emits its sampled token
     // (plain steps), and what kind of step it is (speculative decoding: draft / verify steps).
@@ -214,13 +214,9 @@ class scheduler final : public frontend {
     int32_t cost_rows = 0, cost_width = 0;
     int64_t skipped_rounds = 0;  // consecutive rounds the cost check skipped
     spec::acceptance_prior accept;  // acceptance over the group's rounds (requests' prior)
-    // Prefix caching: the group's tree, its free checkpoint slots, and the state copies and
-    // checkpoints of the step being built.
-    std::optional<prefix_tree> tree;
-    std::vector<int32_t> free_ckpt_slots;
+    // Prefix caching: the state copies and checkpoints of the step being built.
     std::vector<wire::state_copy_op> restores, saves;
     std::vector<pending_save> step_saves;
-    int32_t decode_ckpts = 0;  // checkpoint slots running requests hold (decode saves, landed or not)
   };
 
   void take_submissions();
@@ -269,9 +265,9 @@ class scheduler final : public frontend {
   int32_t shared_boundary(const request_state& r) const;
   // A prefill chunk of n tokens from r.fed(), cut at the next checkpoint position the tree lacks.
   int32_t prefill_chunk(const request_state& r, int32_t n) const;
-  // Evicts least-recently-used tree leaves until the group has `pages` free pages and `ckpts`
-  // free checkpoint slots, or nothing more can go. Returns whether both are met.
+  // memory_book::evict_for, with the evictions reported to the observer.
   bool evict_for(group_state& g, int32_t pages, int32_t ckpts);
+  void report_evicted(const memory_book::evicted& freed);
   void take_flushes();
   void insert_saves(group_state& g, const std::vector<pending_save>& saves, bool ok);
   // A row of r that feeds up to position end saves the state there when the tree lacks it (a

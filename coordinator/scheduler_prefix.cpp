@@ -15,7 +15,7 @@ int32_t scheduler::shared_boundary(const request_state& r) const {
   const group_state& g = groups_[static_cast<size_t>(r.group)];
   const auto L = static_cast<int32_t>(r.req.input_ids.size());
   const int32_t ps = hellos_.front().page_size;
-  return g.tree->matched_pages(r.req.input_ids, (L - 1) / ps) * ps;
+  return g.mem.tree->matched_pages(r.req.input_ids, (L - 1) / ps) * ps;
 }
 
 bool scheduler::checkpoint_at(const request_state& r, int32_t pos) const {
@@ -43,46 +43,39 @@ int32_t scheduler::prefill_chunk(const request_state& r, int32_t n) const {
   // positions are saved only when a chunk ends on them anyway.
   const int32_t shared = shared_boundary(r);
   for (int32_t c : {shared, L % ps != 0 ? L / ps * ps : 0})
-    if (c > f && c < last && !g.tree->has_checkpoint(r.req.input_ids, c / ps)) n = std::min(n, c - f);
+    if (c > f && c < last && !g.mem.tree->has_checkpoint(r.req.input_ids, c / ps)) n = std::min(n, c - f);
   return n;
 }
 
 bool scheduler::evict_for(group_state& g, int32_t pages, int32_t ckpts) {
-  int64_t nodes = 0, ckpt_freed = 0;
-  while (static_cast<int32_t>(g.free_pages.size()) < pages || static_cast<int32_t>(g.free_ckpt_slots.size()) < ckpts) {
-    if (!g.tree) break;
-    // Short of checkpoint slots only: the stalest checkpoint goes, not necessarily a leaf.
-    const bool pages_short = static_cast<int32_t>(g.free_pages.size()) < pages;
-    auto e = pages_short ? g.tree->evict_one() : g.tree->evict_checkpoint();
-    if (!e && !pages_short) e = g.tree->evict_one();
-    if (!e) break;
-    if (e->page >= 0) g.free_pages.push_back(e->page);
-    if (e->checkpoint >= 0) {
-      g.free_ckpt_slots.push_back(e->checkpoint);
-      ++ckpt_freed;
-    }
-    ++nodes;
-  }
-  if (nodes > 0 && observer_.on_prefix_evict) observer_.on_prefix_evict(nodes, ckpt_freed);
-  return static_cast<int32_t>(g.free_pages.size()) >= pages && static_cast<int32_t>(g.free_ckpt_slots.size()) >= ckpts;
+  memory_book::evicted freed;
+  const bool ok = g.mem.evict_for(pages, ckpts, freed);
+  report_evicted(freed);
+  return ok;
+}
+
+void scheduler::report_evicted(const memory_book::evicted& freed) {
+  if (freed.nodes > 0 && observer_.on_prefix_evict) observer_.on_prefix_evict(freed.nodes, freed.checkpoints);
 }
 
 void scheduler::plan_save(request_state& r, int32_t end) {
   group_state& gs = groups_[static_cast<size_t>(r.group)];
-  if (!gs.tree) return;
+  if (!gs.mem.tree) return;
   const int32_t ps = hellos_.front().page_size;
   // A chunk that ends at a checkpoint position the tree lacks saves the state after it into a
   // checkpoint slot (the tree takes it and the pages when the result is in); a decode row that
   // ends a page saves it for the request to hand over when it finishes. When the slots are
   // full, the stalest unpinned checkpoint makes room (prefix_tree.h); when none can, no save.
   const bool decode = decode_checkpoint_at(r, end);
-  if (!decode && !(checkpoint_at(r, end) && !gs.tree->has_checkpoint(r.req.input_ids, end / ps))) return;
-  if (!evict_for(gs, 0, 1)) return;
-  const int32_t slot = gs.free_ckpt_slots.back();
-  gs.free_ckpt_slots.pop_back();
+  if (!decode && !(checkpoint_at(r, end) && !gs.mem.tree->has_checkpoint(r.req.input_ids, end / ps))) return;
+  memory_book::evicted freed;
+  const std::optional<int32_t> taken = gs.mem.take_checkpoint(freed);
+  report_evicted(freed);
+  if (!taken) return;
+  const int32_t slot = *taken;
   gs.saves.push_back(wire::state_copy_op{r.mamba_slot, slot});
   gs.step_saves.push_back(pending_save{r.req.id, end / ps, slot, decode});
-  if (decode) ++gs.decode_ckpts;
+  if (decode) ++gs.mem.decode_checkpoints;
 }
 
 bool scheduler::decode_checkpoint_at(const request_state& r, int32_t end) const {
@@ -98,7 +91,7 @@ bool scheduler::decode_checkpoint_at(const request_state& r, int32_t end) const 
   // when that lands); others start holding one only while running requests' decode saves take
   // less than a quarter of the slots. The prompt checkpoints later requests start from keep the
   // rest: at least half.
-  const bool room = r.gen_ckpt_slot >= 0 || g.decode_ckpts < cfg_.cache.prefix.state_slots / 4;
+  const bool room = r.gen_ckpt_slot >= 0 || g.mem.decode_checkpoints < cfg_.cache.prefix.state_slots / 4;
   return end > L && end % ps == 0 && room;
 }
 
@@ -113,7 +106,7 @@ void scheduler::insert_saves(group_state& g, const std::vector<pending_save>& sa
     auto it = requests_.find(sv.id);
     if (!ok || it == requests_.end() || it->second.cancelled || it->second.group < 0) {
       if (sv.decode) free_decode_slot(g, sv.slot);
-      else g.free_ckpt_slots.push_back(sv.slot);
+      else g.mem.checkpoints.free(sv.slot);
       continue;
     }
     request_state& r = it->second;
@@ -121,9 +114,9 @@ void scheduler::insert_saves(group_state& g, const std::vector<pending_save>& sa
       land_decode_save(g, r, sv);
       continue;
     }
-    const prefix_tree::inserted ins = g.tree->insert(r.req.input_ids, r.pages, sv.pages, ++tick_);
+    const prefix_tree::inserted ins = g.mem.tree->insert(r.req.input_ids, r.pages, sv.pages, ++tick_);
     adopt(r, ins);
-    if (!g.tree->attach_checkpoint(ins.last, sv.slot, ++tick_)) g.free_ckpt_slots.push_back(sv.slot);
+    if (!g.mem.tree->attach_checkpoint(ins.last, sv.slot, ++tick_)) g.mem.checkpoints.free(sv.slot);
   }
 }
 
@@ -147,19 +140,19 @@ void scheduler::insert_generated(request_state& r) {
   // still in flight write only positions past the checkpoint, so the pages given away are final.
   std::vector<int32_t> tokens = r.req.input_ids;
   tokens.insert(tokens.end(), r.output.begin(), r.output.end());
-  const prefix_tree::inserted ins = g.tree->insert(tokens, r.pages, r.gen_ckpt_pages, ++tick_);
+  const prefix_tree::inserted ins = g.mem.tree->insert(tokens, r.pages, r.gen_ckpt_pages, ++tick_);
   adopt(r, ins);
   // The checkpoint ranks as made when the request was admitted: one no request restores (an
   // answer never resent) goes before the prompt checkpoints made since, while the next turn of
   // a chat restores it at once, which makes it the freshest.
-  if (!g.tree->attach_checkpoint(ins.last, r.gen_ckpt_slot, r.admit_tick)) return;  // release() frees the slot
-  --g.decode_ckpts;
+  if (!g.mem.tree->attach_checkpoint(ins.last, r.gen_ckpt_slot, r.admit_tick)) return;  // release() frees the slot
+  --g.mem.decode_checkpoints;
   r.gen_ckpt_slot = -1;
 }
 
 void scheduler::free_decode_slot(group_state& g, int32_t slot) {
-  g.free_ckpt_slots.push_back(slot);
-  --g.decode_ckpts;
+  g.mem.checkpoints.free(slot);
+  --g.mem.decode_checkpoints;
 }
 
 flush_result scheduler::flush_cache() {
@@ -185,19 +178,11 @@ void scheduler::take_flushes() {
   flush_result res;
   res.ok = true;
   for (group_state& g : groups_) {
-    if (!g.tree) continue;
-    int64_t nodes = 0, ckpts = 0;
-    while (const auto e = g.tree->evict_one()) {
-      g.free_pages.push_back(e->page);
-      ++nodes;
-      if (e->checkpoint >= 0) {
-        g.free_ckpt_slots.push_back(e->checkpoint);
-        ++ckpts;
-      }
-    }
-    res.pages += nodes;
-    res.checkpoints += ckpts;
-    if (nodes > 0 && observer_.on_prefix_evict) observer_.on_prefix_evict(nodes, ckpts);
+    if (!g.mem.tree) continue;
+    const memory_book::evicted freed = g.mem.evict_all();
+    res.pages += freed.nodes;
+    res.checkpoints += freed.checkpoints;
+    report_evicted(freed);
   }
   for (auto& w : ws) {
     std::lock_guard<std::mutex> lock(w->mu);

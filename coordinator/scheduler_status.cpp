@@ -60,19 +60,19 @@ void scheduler::report_load() {
   if (observer_.on_capacity) {
     int64_t pages = 0, slots = 0;
     for (const auto& g : groups_) {
-      pages += static_cast<int64_t>(g.free_pages.size());
-      slots += static_cast<int64_t>(g.free_mamba_slots.size());
+      pages += g.mem.pages.available();
+      slots += g.mem.free_mamba_slots();
     }
     observer_.on_capacity(pages, slots);
   }
   int64_t pages = 0, slots = 0, ckpts = 0, cached = 0, used = 0;
   for (const auto& g : groups_) {
-    pages += static_cast<int64_t>(g.free_pages.size());
-    slots += static_cast<int64_t>(g.free_mamba_slots.size());
-    ckpts += static_cast<int64_t>(g.free_ckpt_slots.size());
-    if (g.tree) {
-      cached += g.tree->nodes();
-      used += g.tree->checkpoints();
+    pages += g.mem.pages.available();
+    slots += g.mem.free_mamba_slots();
+    ckpts += g.mem.checkpoints.available();
+    if (g.mem.tree) {
+      cached += g.mem.tree->nodes();
+      used += g.mem.tree->checkpoints();
     }
   }
   cap_pages_ = pages;

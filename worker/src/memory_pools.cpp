@@ -1,7 +1,6 @@
 #include "hyserve/worker/memory_pools.h"
 
 #include <algorithm>
-#include <functional>
 #include <string>
 
 #include "hyserve/common/error.h"
@@ -9,27 +8,6 @@
 
 namespace hyserve::worker {
 namespace {
-
-// Free lists are min-heaps so the lowest free index is always handed out first, whatever
-// order indices were freed in.
-void push_free(std::vector<int32_t>& heap, int32_t v) {
-  heap.push_back(v);
-  std::push_heap(heap.begin(), heap.end(), std::greater<>());
-}
-
-int32_t pop_free(std::vector<int32_t>& heap) {
-  std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-  const int32_t v = heap.back();
-  heap.pop_back();
-  return v;
-}
-
-// All indices 0..n-1 free; an ascending array is already a valid min-heap.
-std::vector<int32_t> all_free(int32_t n) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
 
 void require_non_negative(const char* what, int64_t v) {
   if (v < 0) throw invalid_argument_error(std::string(what) + " " + std::to_string(v) + " is negative");
@@ -39,43 +17,23 @@ void require_positive(const char* what, int64_t v) {
   if (v < 1) throw invalid_argument_error(std::string(what) + " " + std::to_string(v) + " must be >= 1");
 }
 
-// Throws unless `index` is in [0, n) and currently allocated.
-void check_release(const char* what, const std::vector<uint8_t>& in_use, int32_t index) {
-  const auto n = static_cast<int64_t>(in_use.size());
-  if (index < 0 || index >= n)
-    throw invalid_argument_error(std::string("cannot free ") + what + " " + std::to_string(index) + ": outside [0, " +
-                                 std::to_string(n) + ")");
-  if (!in_use[static_cast<size_t>(index)])
-    throw invalid_argument_error(std::string("cannot free ") + what + " " + std::to_string(index) +
-                                 ": it is not allocated (double free)");
-}
-
 }  // namespace
 
 // ---- req_to_token_pool ----
 
 req_to_token_pool::req_to_token_pool(int32_t max_requests, int32_t max_context)
-    : max_requests_(max_requests), max_context_(max_context) {
+    : max_requests_(max_requests), max_context_(max_context), slots_("request slot", std::max(max_requests, 0)) {
   require_non_negative("req_to_token_pool max_requests", max_requests);
   require_non_negative("req_to_token_pool max_context", max_context);
   table_.assign(static_cast<size_t>(max_requests) * static_cast<size_t>(max_context), -1);
-  free_ = all_free(max_requests);
-  in_use_.assign(static_cast<size_t>(max_requests), 0);
 }
 
-std::optional<int32_t> req_to_token_pool::alloc() {
-  if (free_.empty()) return std::nullopt;
-  const int32_t slot = pop_free(free_);
-  in_use_[static_cast<size_t>(slot)] = 1;
-  return slot;
-}
+std::optional<int32_t> req_to_token_pool::alloc() { return slots_.alloc(); }
 
 void req_to_token_pool::free(int32_t slot) {
-  check_release("request slot", in_use_, slot);
-  in_use_[static_cast<size_t>(slot)] = 0;
+  slots_.free(slot);
   int32_t* r = row(slot);
   std::fill(r, r + max_context_, -1);
-  push_free(free_, slot);
 }
 
 int32_t* req_to_token_pool::row(int32_t slot) {
@@ -87,42 +45,6 @@ const int32_t* req_to_token_pool::row(int32_t slot) const {
     throw invalid_argument_error("request slot " + std::to_string(slot) + " is outside [0, " +
                                  std::to_string(max_requests_) + ")");
   return table_.data() + static_cast<size_t>(slot) * static_cast<size_t>(max_context_);
-}
-
-// ---- kv_page_allocator ----
-
-kv_page_allocator::kv_page_allocator(int32_t num_pages) : num_pages_(num_pages) {
-  require_non_negative("kv_page_allocator num_pages", num_pages);
-  free_ = all_free(num_pages);
-  in_use_.assign(static_cast<size_t>(num_pages), 0);
-}
-
-std::optional<std::vector<int32_t>> kv_page_allocator::alloc(int32_t n) {
-  require_non_negative("kv page count", n);
-  if (n > available()) return std::nullopt;
-  std::vector<int32_t> pages;
-  pages.reserve(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t p = pop_free(free_);
-    in_use_[static_cast<size_t>(p)] = 1;
-    pages.push_back(p);
-  }
-  return pages;
-}
-
-void kv_page_allocator::free(const std::vector<int32_t>& pages) {
-  // Validate the whole list first so a bad list frees nothing.
-  std::vector<uint8_t> seen(in_use_.size(), 0);
-  for (int32_t p : pages) {
-    check_release("kv page", in_use_, p);
-    if (seen[static_cast<size_t>(p)])
-      throw invalid_argument_error("cannot free kv page " + std::to_string(p) + ": listed twice (double free)");
-    seen[static_cast<size_t>(p)] = 1;
-  }
-  for (int32_t p : pages) {
-    in_use_[static_cast<size_t>(p)] = 0;
-    push_free(free_, p);
-  }
 }
 
 // ---- kv_cache ----
@@ -145,27 +67,6 @@ kv_cache::kv_cache(int32_t num_layers, int32_t num_pages, int32_t page_size, int
   layers_.reserve(static_cast<size_t>(num_layers));
   const shape_t shape{num_pages, page_size, kv_heads, head_dim};
   for (int32_t l = 0; l < num_layers; ++l) layers_.push_back({tensor(type, shape, device), tensor(type, shape, device)});
-}
-
-// ---- mamba_slot_allocator ----
-
-mamba_slot_allocator::mamba_slot_allocator(int32_t n_slots) : n_slots_(n_slots) {
-  require_non_negative("mamba_slot_allocator n_slots", n_slots);
-  free_ = all_free(n_slots);
-  in_use_.assign(static_cast<size_t>(n_slots), 0);
-}
-
-std::optional<int32_t> mamba_slot_allocator::alloc() {
-  if (free_.empty()) return std::nullopt;
-  const int32_t slot = pop_free(free_);
-  in_use_[static_cast<size_t>(slot)] = 1;
-  return slot;
-}
-
-void mamba_slot_allocator::free(int32_t slot) {
-  check_release("mamba slot", in_use_, slot);
-  in_use_[static_cast<size_t>(slot)] = 0;
-  push_free(free_, slot);
 }
 
 // ---- mamba_state_cache ----

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hyserve/common/config.h"
+#include "hyserve/common/index_pool.h"
 #include "hyserve/common/tensor.h"
 
 namespace hyserve::worker {
@@ -21,28 +22,19 @@ class req_to_token_pool {
   const int32_t* row(int32_t slot) const;
   int32_t max_requests() const { return max_requests_; }
   int32_t max_context() const { return max_context_; }
-  int32_t available() const { return static_cast<int32_t>(free_.size()); }
+  int32_t available() const { return slots_.available(); }
 
  private:
   int32_t max_requests_, max_context_;
   std::vector<int32_t> table_;
-  std::vector<int32_t> free_;
-  std::vector<uint8_t> in_use_;
+  index_pool slots_;
 };
 
-// Free list of KV pages; pages are handed out lowest index first.
-class kv_page_allocator {
+// KV pages (alloc(n): all or nothing), lowest index first.
+class kv_page_allocator : public index_pool {
  public:
-  explicit kv_page_allocator(int32_t num_pages);
-  std::optional<std::vector<int32_t>> alloc(int32_t n);  // all-or-nothing
-  void free(const std::vector<int32_t>& pages);
-  int32_t available() const { return static_cast<int32_t>(free_.size()); }
-  int32_t num_pages() const { return num_pages_; }
-
- private:
-  int32_t num_pages_;
-  std::vector<int32_t> free_;
-  std::vector<uint8_t> in_use_;
+  explicit kv_page_allocator(int32_t num_pages) : index_pool("kv page", num_pages) {}
+  int32_t num_pages() const { return size(); }
 };
 
 // K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each, on
@@ -75,20 +67,12 @@ class kv_cache {
   std::vector<kv_layer_cache> layers_;
 };
 
-// Slot allocator for recurrent state. Slots are 0..n_slots-1; the state tensors have one extra
-// slot at index n_slots reserved for padding rows.
-class mamba_slot_allocator {
+// Slots of recurrent state: 0..n_slots-1; the state tensors have one extra slot at index n_slots
+// reserved for padding rows, never handed out.
+class mamba_slot_allocator : public index_pool {
  public:
-  explicit mamba_slot_allocator(int32_t n_slots);
-  std::optional<int32_t> alloc();
-  void free(int32_t slot);
-  int32_t available() const { return static_cast<int32_t>(free_.size()); }
-  int32_t n_slots() const { return n_slots_; }
-
- private:
-  int32_t n_slots_;
-  std::vector<int32_t> free_;
-  std::vector<uint8_t> in_use_;
+  explicit mamba_slot_allocator(int32_t n_slots) : index_pool("mamba slot", n_slots) {}
+  int32_t n_slots() const { return size(); }
 };
 
 // Conv window and SSM state of one SSM layer, on the cache's device. The conv window is f32;
