@@ -10,8 +10,6 @@
 namespace hyserve::worker {
 namespace {
 
-std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
-
 // Each layer: input norm → Mamba2 or attention → residual; pre-FF norm → SwiGLU MLP → residual.
 struct bamba_layer {
   tensor input_norm;
@@ -30,26 +28,17 @@ class bamba_model final : public hybrid_model {
     if (mc.mlp_bias) throw config_error("Bamba: mlp_bias = true is not supported");
     if (mc.mamba_proj_bias) throw config_error("Bamba: mamba_proj_bias = true is not supported");
     const int64_t H = mc.hidden_size;
-    // Every tensor goes straight to the model's device in its storage type (weight_loader.h): on
-    // CUDA generated or streamed there, else through the host one tensor at a time.
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
-    set_final_norm(ld.load("model.final_layernorm.weight", {H}, dtype::kF32));
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      bamba_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = layer_prefix(i);
-      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
-      L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
-      L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size);
-      mixer_source src;
-      src.mamba_prefix = p + "mamba.";
-      src.attention_prefix = p + "self_attn.";
-      L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer; Bamba has only Mamba2 and attention layers");
-      progress.layer_done(i + 1, ld.bytes());
-    }
+    load_layers(ws, {"model.embed_tokens.weight", "lm_head.weight", "model.final_layernorm.weight", "model.layers."},
+                layers_, [&](bamba_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+                  L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
+                  L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size);
+                  mixer_source src;
+                  src.mamba_prefix = p + "mamba.";
+                  src.attention_prefix = p + "self_attn.";
+                  L.mixer = load_mixer(blocks, i, src,
+                                       "is not a Mamba2 or attention layer; Bamba has only Mamba2 and attention layers");
+                });
     start(graphs, attention_layers(), state_layers());
   }
 

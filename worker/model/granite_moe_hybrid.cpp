@@ -44,35 +44,27 @@ class granite_moe_hybrid_model final : public hybrid_model {
     if (mc.attention_bias) throw config_error("Granite-4.0-H: attention_bias = true is not supported");
     const int64_t H = mc.hidden_size;
     const float rm = mc.residual_multiplier;
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
-    set_final_norm(ld.load("model.norm.weight", {H}, dtype::kF32));
     mixer_source src;
     src.mamba_out_scale = rm;
     src.attention.o = rm;
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      granite_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
-      L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
-      src.mamba_prefix = p + "mamba.";
-      src.attention_prefix = p + "self_attn.";
-      L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer (supported: mamba, attention)");
-      layers::mlp_weights shared;
-      if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
-      L.moe = mc.num_experts > 0;
-      if (L.moe) {
-        L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
-        L.moe_block.shared = std::move(shared);
-        layers::place(L.moe_block, ctx.device, weight_type);
-      } else {
-        L.shared = std::move(shared);
-      }
-      progress.layer_done(i + 1, ld.bytes());
-    }
+    load_layers(ws, {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers."}, layers_,
+                [&](granite_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+                  L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
+                  src.mamba_prefix = p + "mamba.";
+                  src.attention_prefix = p + "self_attn.";
+                  L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer (supported: mamba, attention)");
+                  layers::mlp_weights shared;
+                  if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
+                  L.moe = mc.num_experts > 0;
+                  if (L.moe) {
+                    L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
+                    L.moe_block.shared = std::move(shared);
+                    layers::place(L.moe_block, ctx.device, weight_type);
+                  } else {
+                    L.shared = std::move(shared);
+                  }
+                });
     start(graphs, attention_layers(), state_layers());
   }
 

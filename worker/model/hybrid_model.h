@@ -11,6 +11,7 @@
 
 #include "hyserve/worker/model.h"
 #include "layers.h"
+#include "load_util.h"
 #include "step_driver.h"
 #include "weight_loader.h"
 #include "weights.h"
@@ -93,6 +94,31 @@ class hybrid_model : public model {
   // why decode cannot use CUDA graphs (empty: none).
   void start(const decode_graph_options& graphs, int32_t attention_layers, int32_t state_layers,
              const std::string& blocker = "");
+
+  // Where a checkpoint keeps the embedding, lm_head and final norm, and the prefix of layer i
+  // ("model.layers." for "model.layers.<i>.").
+  struct checkpoint_names {
+    std::string embed, lm_head, final_norm, layers;
+  };
+  // The load of a stack of block_loader layers: the globals and the final norm [hidden] in f32,
+  // then load_layer(layers[i], i, prefix of layer i, ld, blocks) for each layer, with the load
+  // progress on stderr. Every tensor goes straight to the model's device in its storage type
+  // (weight_loader.h): on CUDA generated or streamed there, else through the host one tensor at
+  // a time.
+  template <class Layer, class LoadLayer>
+  void load_layers(const weight_source& ws, const checkpoint_names& names, std::vector<Layer>& layers,
+                   LoadLayer&& load_layer) {
+    load_progress progress(label(), mc_.num_layers);
+    weight_loader ld(ws, ctx_);
+    block_loader blocks(ld, mc_, tp_, weight_type_);
+    load_globals(ld, names.embed, names.lm_head);
+    set_final_norm(ld.load(names.final_norm, {mc_.hidden_size}, dtype::kF32));
+    layers.resize(static_cast<size_t>(mc_.num_layers));
+    for (int64_t i = 0; i < mc_.num_layers; ++i) {
+      load_layer(layers[static_cast<size_t>(i)], i, names.layers + std::to_string(i) + ".", ld, blocks);
+      progress.layer_done(i + 1, ld.bytes());
+    }
+  }
 
   // Layer `layer`'s mixer (its kind from mc.layer_kinds); the layer claims the next KV or state
   // cache layer (counted for start). Any other kind is a start-up error: "<label>: layer i "

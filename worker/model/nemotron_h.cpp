@@ -32,26 +32,19 @@ class nemotron_h_model final : public hybrid_model {
         !kernels::has_cuda<kernels::relu2_params>())
       throw config_error("Nemotron-H: the relu2 MLP activation has no CUDA kernel in this build (device: cpu only)");
     const int64_t H = mc.hidden_size;
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "backbone.embeddings.weight", "lm_head.weight");
-    set_final_norm(ld.load("backbone.norm_f.weight", {H}, dtype::kF32));
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      nemotron_h_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = "backbone.layers." + std::to_string(i) + ".";
-      L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
-      L.is_mlp = mc.layer_kinds[static_cast<size_t>(i)] == layer_kind::kMlp;
-      if (L.is_mlp) {
-        L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
-      } else {
-        mixer_source src;
-        src.mamba_prefix = src.attention_prefix = p + "mixer.";
-        L.mixer = load_mixer(blocks, i, src, "is not a Mamba2, attention or MLP layer (supported: M, *, -)");
-      }
-      progress.layer_done(i + 1, ld.bytes());
-    }
+    load_layers(ws, {"backbone.embeddings.weight", "lm_head.weight", "backbone.norm_f.weight", "backbone.layers."},
+                layers_,
+                [&](nemotron_h_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
+                  L.is_mlp = mc.layer_kinds[static_cast<size_t>(i)] == layer_kind::kMlp;
+                  if (L.is_mlp) {
+                    L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
+                  } else {
+                    mixer_source src;
+                    src.mamba_prefix = src.attention_prefix = p + "mixer.";
+                    L.mixer = load_mixer(blocks, i, src, "is not a Mamba2, attention or MLP layer (supported: M, *, -)");
+                  }
+                });
     start(graphs, attention_layers(), state_layers());
   }
 
