@@ -244,16 +244,7 @@ void run_cpu(const gdn_state_update_multi_params& p) {
 
 void run_cpu(const state_commit_params& p) {
   constexpr const char* op = "state_commit";
-  require_non_negative(p.n_layers, op, "n_layers");
-  require_non_negative(p.n_commits, op, "n_commits");
-  if (p.n_layers == 0 || p.n_commits == 0) return;
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.ssm_steps, op, "ssm_steps");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.rows, op, "rows");
-  require_ptr(p.steps_taken, op, "steps_taken");
-  require_positive(p.steps, op, "steps");
-  require_storage(p.state_dtype, op, "state_dtype");
+  if (!check_state_commit(p, op)) return;
   const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
   if (conv) require_ptr(p.conv_steps, op, "conv_steps");
   const auto state_bytes = static_cast<int64_t>(dtype_size(p.state_dtype)) * p.state_elems;
