@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gdn_validate.h"
+#include "recurrent_update.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -278,23 +279,7 @@ void run_cpu(const gdn_state_update_params& p) {
         const float* v = p.v + b * p.v_stride + h * V;
         float* o = p.out + b * p.out_stride + h * V;
         float* S = p.states + (slot * p.heads_v + h) * V * K;  // [V, K]
-        for (int64_t e = 0; e < V; ++e) {
-          float* row = S + e * K;
-          float pred = 0.0f;
-#pragma omp simd reduction(+ : pred)
-          for (int64_t x = 0; x < K; ++x) {
-            row[x] *= decay;
-            pred += row[x] * k[static_cast<size_t>(x)];
-          }
-          const float delta = beta * (v[e] - pred);
-          float out = 0.0f;
-#pragma omp simd reduction(+ : out)
-          for (int64_t x = 0; x < K; ++x) {
-            row[x] += delta * k[static_cast<size_t>(x)];
-            out += row[x] * q[static_cast<size_t>(x)];
-          }
-          o[e] = out;
-        }
+        delta_rule_head(S, V, K, decay, beta, v, q.data(), k.data(), o);
       }
     }
   }

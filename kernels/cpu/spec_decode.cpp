@@ -18,6 +18,7 @@
 #include "conv_validate.h"
 #include "dtype_dispatch.h"
 #include "gdn_validate.h"
+#include "recurrent_update.h"
 #include "ssm_validate.h"
 #include "dense_validate.h"
 #include "validate.h"
@@ -134,18 +135,9 @@ void run_cpu(const selective_state_update_multi_params& p) {
     dispatch_storage(p.state_dtype, op, "state_dtype", [&](auto st) {
       using TI = typename host_storage<decltype(io)::value>::type;
       using TS = typename host_storage<decltype(st)::value>::type;
-#pragma omp parallel
-      {
-        std::vector<float> xf(static_cast<size_t>(p.head_dim)), bf(static_cast<size_t>(p.d_state)),
-            cf(static_cast<size_t>(p.d_state));
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t b = 0; b < p.batch; ++b) {
-          for (int64_t h = 0; h < p.heads; ++h) {
-            if (p.state_indices[b] < 0) continue;
-            ssm_multi_head<TI, TS>(p, b, h, xf.data(), bf.data(), cf.data());
-          }
-        }
-      }
+      for_each_live_ssm_head(p, [&](int64_t b, int64_t h, float* xf, float* bf, float* cf) {
+        ssm_multi_head<TI, TS>(p, b, h, xf, bf, cf);
+      });
     });
   });
 }
@@ -219,23 +211,7 @@ void run_cpu(const gdn_state_update_multi_params& p) {
           const float beta = sigmoid(p.b[tok * p.b_stride + h]);
           const float* v = p.v + tok * p.v_stride + h * V;
           float* o = p.out + tok * p.out_stride + h * V;
-          for (int64_t e = 0; e < V; ++e) {
-            float* row = S + e * K;
-            float pred = 0.0f;
-#pragma omp simd reduction(+ : pred)
-            for (int64_t x = 0; x < K; ++x) {
-              row[x] *= decay;
-              pred += row[x] * k[static_cast<size_t>(x)];
-            }
-            const float delta = beta * (v[e] - pred);
-            float out = 0.0f;
-#pragma omp simd reduction(+ : out)
-            for (int64_t x = 0; x < K; ++x) {
-              row[x] += delta * k[static_cast<size_t>(x)];
-              out += row[x] * q[static_cast<size_t>(x)];
-            }
-            o[e] = out;
-          }
+          delta_rule_head(S, V, K, decay, beta, v, q.data(), k.data(), o);
         }
       }
     }
