@@ -22,12 +22,10 @@ struct falcon_h1_layer {
   layers::mlp_weights mlp;
 };
 
-class falcon_h1_model final : public hybrid_model {
+class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
  public:
-  falcon_h1_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                  const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                  const decode_graph_options& graphs)
-      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Falcon-H1") {
+  explicit falcon_h1_model(const family_args& a) : layer_stack(a, "Falcon-H1") {
+    const model_config& mc = a.mc;
     if (mc.attention_bias) throw config_error("Falcon-H1: attention_bias = true is not supported");
     const int64_t H = mc.hidden_size;
     block_loader::attention_scales as;
@@ -35,8 +33,8 @@ class falcon_h1_model final : public hybrid_model {
     as.k = mc.attention_in_multiplier * mc.key_multiplier;
     as.v = mc.attention_in_multiplier;
     as.o = mc.attention_out_multiplier;
-    load_layers(ws, {"model.embed_tokens.weight", "lm_head.weight", "model.final_layernorm.weight", "model.layers."},
-                layers_,
+    load_layers(a.weights,
+                {"model.embed_tokens.weight", "lm_head.weight", "model.final_layernorm.weight", "model.layers."},
                 [&](falcon_h1_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
                   if (mc.layer_kinds[static_cast<size_t>(i)] != layer_kind::kParallelHybrid)
                     throw config_error("Falcon-H1: layer " + std::to_string(i) +
@@ -51,31 +49,22 @@ class falcon_h1_model final : public hybrid_model {
                 });
     // Layer i holds KV cache layer i and recurrent state layer i.
     const auto n = static_cast<int32_t>(mc.num_layers);
-    start(graphs, n, n);
+    start(a.graphs, n, n);
   }
 
  private:
-  size_t layer_count() const override { return layers_.size(); }
-
-  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+  void forward_layer(falcon_h1_layer& L, size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    falcon_h1_layer& L = layers_[i];
     const tensor x = norm(h, L.input_norm, ex);
     const auto idx = static_cast<int32_t>(i);
     mamba2_on(L.mamba, x, h, idx, in, ctx, ex);
     attention_on(L.attn, x, h, idx, in, ctx, ex);
     mlp_block(L.mlp, h, L.pre_ff_norm, ex);
   }
-
-  std::vector<falcon_h1_layer> layers_;
 };
 
 }  // namespace
 
-std::unique_ptr<model> make_falcon_h1(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                      collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                      const sparsity_section& sparsity, const decode_graph_options& graphs) {
-  return std::make_unique<falcon_h1_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
-}
+std::unique_ptr<model> make_falcon_h1(const family_args& a) { return std::make_unique<falcon_h1_model>(a); }
 
 }  // namespace hyserve::worker
