@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels::cpu_detail {
@@ -24,6 +25,26 @@ void for_each_live_ssm_head(const ssm_common_params& p, Fn&& fn) {
       for (int64_t h = 0; h < p.heads; ++h) {
         if (p.state_indices[b] < 0) continue;
         fn(b, h, xf.data(), bf.data(), cf.data());
+      }
+    }
+  }
+}
+
+// fn(b, h, slot, hk, q, k) for every value head h (reading key head hk) of every row b with a
+// slot (padding rows untouched), in parallel, each thread with its own f32 scratch q and k
+// [k_dim] for the normalised query and key.
+template <class Fn>
+void for_each_live_gdn_head(const gdn_common_params& p, Fn&& fn) {
+  const int64_t group = p.heads_v / p.heads_k;
+#pragma omp parallel
+  {
+    std::vector<float> q(static_cast<size_t>(p.k_dim)), k(static_cast<size_t>(p.k_dim));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t h = 0; h < p.heads_v; ++h) {
+        const int64_t slot = p.state_indices[b];
+        if (slot < 0) continue;
+        fn(b, h, slot, h / group, q.data(), k.data());
       }
     }
   }

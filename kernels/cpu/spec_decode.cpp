@@ -183,39 +183,28 @@ void run_cpu(const gdn_state_update_multi_params& p) {
   require_state_indices(p.state_indices, p.batch, op);
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
   const int64_t K = p.k_dim, V = p.v_dim, T = p.tokens_per_row;
-  const int64_t group = p.heads_v / p.heads_k;
   const int64_t head_elems = V * K, state_elems = p.heads_v * head_elems;
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)));
 
-#pragma omp parallel
-  {
-    std::vector<float> q(static_cast<size_t>(K)), k(static_cast<size_t>(K));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.heads_v; ++h) {
-        const int64_t slot = p.state_indices[b];
-        if (slot < 0) continue;
-        const int64_t hk = h / group;
-        const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t tok = b * T + t;
-          const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
-          const float* src = src_col < 0 ? p.states + slot * state_elems + h * head_elems
-                                         : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
-          float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
-          std::memcpy(S, src, static_cast<size_t>(head_elems) * sizeof(float));
-          normalise(p.q + tok * p.q_stride + hk * K, q.data(), K, p.qk_l2norm, scale);
-          normalise(p.k + tok * p.k_stride + hk * K, k.data(), K, p.qk_l2norm, 1.0f);
-          const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
-          const float decay = std::exp(-std::exp(p.A_log[h]) * softplus(p.a[tok * p.a_stride + h] + bias));
-          const float beta = sigmoid(p.b[tok * p.b_stride + h]);
-          const float* v = p.v + tok * p.v_stride + h * V;
-          float* o = p.out + tok * p.out_stride + h * V;
-          delta_rule_head(S, V, K, decay, beta, v, q.data(), k.data(), o);
-        }
-      }
+  for_each_live_gdn_head(p, [&](int64_t b, int64_t h, int64_t slot, int64_t hk, float* q, float* k) {
+    const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t tok = b * T + t;
+      const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+      const float* src = src_col < 0 ? p.states + slot * state_elems + h * head_elems
+                                     : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
+      float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
+      std::memcpy(S, src, static_cast<size_t>(head_elems) * sizeof(float));
+      normalise(p.q + tok * p.q_stride + hk * K, q, K, p.qk_l2norm, scale);
+      normalise(p.k + tok * p.k_stride + hk * K, k, K, p.qk_l2norm, 1.0f);
+      const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+      const float decay = std::exp(-std::exp(p.A_log[h]) * softplus(p.a[tok * p.a_stride + h] + bias));
+      const float beta = sigmoid(p.b[tok * p.b_stride + h]);
+      const float* v = p.v + tok * p.v_stride + h * V;
+      float* o = p.out + tok * p.out_stride + h * V;
+      delta_rule_head(S, V, K, decay, beta, v, q, k, o);
     }
-  }
+  });
 }
 
 void run_cpu(const state_commit_params& p) {
