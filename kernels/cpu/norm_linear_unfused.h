@@ -42,34 +42,24 @@ void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&&
     a = xn;
     lda = p.k;
   }
+  swiglu_linear_params s;
+  s.x = a;
+  s.gate_w = p.w;
+  s.up_w = p.up_w;
+  s.w_dtype = p.w_dtype;
+  s.out = p.out;
+  s.m = p.m;
+  s.n = p.n;
+  s.k = p.k;
+  s.x_stride = lda;
+  s.w_stride = p.w_stride;
+  s.out_stride = p.out_stride;
   if (p.up_w != nullptr) {
-    swiglu_linear_params s;
-    s.x = a;
-    s.gate_w = p.w;
-    s.up_w = p.up_w;
-    s.w_dtype = p.w_dtype;
-    s.out = p.out;
-    s.m = p.m;
-    s.n = p.n;
-    s.k = p.k;
-    s.x_stride = lda;
-    s.w_stride = p.w_stride;
-    s.out_stride = p.out_stride;
     run(s);
     return;
   }
-  gemm_params g;
-  g.a = a;
-  g.b = p.w;
-  g.b_dtype = p.w_dtype;
-  g.c = p.out;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.lda = lda;
-  g.ldb = p.w_stride;
-  g.ldc = p.out_stride;
-  g.trans_b = true;
+  // Without up_w the op is the gate projection alone: out = xn · wᵀ (+ out when beta = 1).
+  gemm_params g = swiglu_linear_gate_gemm(s);
   g.beta = p.beta;
   run(g);
 }
