@@ -11,6 +11,7 @@
 
 namespace hyserve::worker {
 
+// What every family's model is built from (make_model and make_draft_model fill it).
 struct family_args {
   const model_config& mc;
   const weight_source& weights;
