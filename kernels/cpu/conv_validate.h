@@ -12,16 +12,11 @@ namespace hyserve::kernels::cpu_detail {
 // conv1d_update_multi_params.
 template <class Params>
 void check_conv1d_fields(const Params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.state_indices, op, "state_indices");
+  require_ptrs(op, {{p.x, "x"}, {p.weight, "weight"}, {p.out, "out"}, {p.state_indices, "state_indices"}});
   if (p.width > 1) require_ptr(p.conv_states, op, "conv_states");  // width 1 keeps no window
-  require_positive(p.batch, op, "batch");
-  require_positive(p.dim, op, "dim");
+  require_sizes(op, {{p.batch, "batch"}, {p.dim, "dim"}});
   if (p.width < 1) fail(op, "width", p.width, "must be >= 1");
-  require_stride(p.x_stride, p.dim, op, "x_stride");
-  require_stride(p.out_stride, p.dim, op, "out_stride");
+  require_strides(p.dim, op, {{p.x_stride, "x_stride"}, {p.out_stride, "out_stride"}});
 }
 
 // causal_conv1d_update_multi: the common fields, the per-step windows and the step columns.

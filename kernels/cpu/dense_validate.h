@@ -20,43 +20,32 @@
 namespace hyserve::kernels::cpu_detail {
 
 inline void check_embedding(const embedding_params& p, const char* op) {
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.table, op, "table");
-  require_ptr(p.out, op, "out");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.hidden, op, "hidden");
+  require_ptrs(op, {{p.ids, "ids"}, {p.table, "table"}, {p.out, "out"}});
+  require_sizes(op, {{p.n_tokens, "n_tokens"}, {p.hidden, "hidden"}});
   require_non_negative(p.vocab_start, op, "vocab_start");
   if (p.vocab_end <= p.vocab_start) fail(op, "vocab_end", p.vocab_end, "must be > vocab_start");
   require_storage(p.table_dtype, op, "table_dtype");
 }
 
 inline void check_swiglu(const swiglu_params& p, const char* op) {
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.up, op, "up");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.up_stride, p.cols, op, "up_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  require_ptrs(op, {{p.gate, "gate"}, {p.up, "up"}, {p.out, "out"}});
+  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}});
+  require_strides(p.cols, op, {{p.gate_stride, "gate_stride"}, {p.up_stride, "up_stride"},
+                               {p.out_stride, "out_stride"}});
 }
 
 inline void check_relu2(const relu2_params& p, const char* op) {
   require_ptr(p.x, op, "x");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
+  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}});
   require_stride(p.stride, p.cols, op, "stride");
 }
 
 inline void check_rope(const rope_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.positions, op, "positions");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.n_q_heads, op, "n_q_heads");
+  require_ptrs(op, {{p.q, "q"}, {p.positions, "positions"}});
+  require_sizes(op, {{p.n_tokens, "n_tokens"}, {p.n_q_heads, "n_q_heads"}});
   require_non_negative(p.n_kv_heads, op, "n_kv_heads");
   if (p.n_kv_heads > 0) require_ptr(p.k, op, "k");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.rotary_dim, op, "rotary_dim");
+  require_sizes(op, {{p.head_dim, "head_dim"}, {p.rotary_dim, "rotary_dim"}});
   if (p.rotary_dim % 2 != 0) fail(op, "rotary_dim", p.rotary_dim, "must be even");
   if (p.rotary_dim > p.head_dim) {
     fail(op, "rotary_dim", p.rotary_dim, ("must be <= head_dim = " + std::to_string(p.head_dim)).c_str());
@@ -67,71 +56,46 @@ inline void check_rope(const rope_params& p, const char* op) {
 }
 
 inline void check_kv_write(const kv_write_params& p, const char* op) {
-  require_ptr(p.k, op, "k");
-  require_ptr(p.v, op, "v");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_positive(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
+  require_ptrs(op, {{p.k, "k"}, {p.v, "v"}, {p.locs, "locs"}, {p.k_cache, "k_cache"}, {p.v_cache, "v_cache"}});
+  require_sizes(op, {{p.n_tokens, "n_tokens"}, {p.kv_heads, "kv_heads"}, {p.head_dim, "head_dim"}});
   const int64_t row = p.kv_heads * p.head_dim;
-  require_stride(p.k_stride, row, op, "k_stride");
-  require_stride(p.v_stride, row, op, "v_stride");
+  require_strides(row, op, {{p.k_stride, "k_stride"}, {p.v_stride, "v_stride"}});
   require_storage(p.kv_dtype, op, "kv_dtype");
 }
 
 // The values of query_start_loc, seq_lens and the page table are checked by the CPU op only
 // (on the CUDA backend they live on the device).
 inline void check_paged_attention(const paged_attention_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.k_cache, op, "k_cache");
-  require_ptr(p.v_cache, op, "v_cache");
-  require_ptr(p.out, op, "out");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
+  require_ptrs(op, {{p.q, "q"}, {p.k_cache, "k_cache"}, {p.v_cache, "v_cache"}, {p.out, "out"},
+                    {p.query_start_loc, "query_start_loc"}, {p.seq_lens, "seq_lens"}, {p.page_table, "page_table"}});
+  require_sizes(op, {{p.batch, "batch"}, {p.q_heads, "q_heads"}, {p.kv_heads, "kv_heads"}, {p.head_dim, "head_dim"},
+                     {p.page_size, "page_size"}});
   if (p.q_heads % p.kv_heads != 0) {
     fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
   }
-  require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
-  require_stride(p.out_stride, p.q_heads * p.head_dim, op, "out_stride");
+  require_strides(p.q_heads * p.head_dim, op, {{p.q_stride, "q_stride"}, {p.out_stride, "out_stride"}});
   require_storage(p.kv_dtype, op, "kv_dtype");
 }
 
 inline void check_rmsnorm(const rmsnorm_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.weight, op, "weight");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  require_ptrs(op, {{p.x, "x"}, {p.weight, "weight"}, {p.out, "out"}});
+  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}});
+  require_strides(p.cols, op, {{p.x_stride, "x_stride"}, {p.out_stride, "out_stride"}});
   if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
 }
 
 inline void check_gated_rmsnorm(const gated_rmsnorm_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.cols, op, "cols");
-  require_positive(p.group_size, op, "group_size");
+  require_ptrs(op, {{p.x, "x"}, {p.gate, "gate"}});
+  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}, {p.group_size, "group_size"}});
   if (p.cols % p.group_size != 0) {
     fail(op, "group_size", p.group_size, ("must divide cols = " + std::to_string(p.cols)).c_str());
   }
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
+  require_strides(p.cols, op, {{p.x_stride, "x_stride"}, {p.gate_stride, "gate_stride"}});
   if (p.sumsq_out != nullptr && p.sumsq_in != nullptr) {
     fail(op, "sumsq_in", "non-null", "phase 1 (sumsq_out) and phase 2 (sumsq_in) are exclusive");
   }
   if (p.sumsq_out == nullptr) {
-    require_ptr(p.weight, op, "weight");
-    require_ptr(p.out, op, "out");
+    require_ptrs(op, {{p.weight, "weight"}, {p.out, "out"}});
     require_stride(p.out_stride, p.cols, op, "out_stride");
     if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
   }
@@ -140,12 +104,8 @@ inline void check_gated_rmsnorm(const gated_rmsnorm_params& p, const char* op) {
 
 // Both backends hand the sizes to int-sized BLAS-style interfaces.
 inline void check_gemm(const gemm_params& p, const char* op) {
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.c, op, "c");
-  require_positive(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
+  require_ptrs(op, {{p.a, "a"}, {p.b, "b"}, {p.c, "c"}});
+  require_sizes(op, {{p.m, "m"}, {p.n, "n"}, {p.k, "k"}});
   // Row-major: the stored row of op(A) has k columns, of A^T (trans_a) m columns.
   require_stride(p.lda, p.trans_a ? p.m : p.k, op, "lda");
   require_stride(p.ldb, p.trans_b ? p.k : p.n, op, "ldb");
@@ -161,15 +121,10 @@ inline void check_gemm(const gemm_params& p, const char* op) {
 }
 
 inline void check_swiglu_linear(const swiglu_linear_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate_w, op, "gate_w");
-  require_ptr(p.up_w, op, "up_w");
-  require_ptr(p.out, op, "out");
+  require_ptrs(op, {{p.x, "x"}, {p.gate_w, "gate_w"}, {p.up_w, "up_w"}, {p.out, "out"}});
   require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
+  require_sizes(op, {{p.n, "n"}, {p.k, "k"}});
+  require_strides(p.k, op, {{p.x_stride, "x_stride"}, {p.w_stride, "w_stride"}});
   require_stride(p.out_stride, p.n, op, "out_stride");
   require_storage(p.w_dtype, op, "w_dtype");
 }
@@ -184,31 +139,30 @@ inline void check_paged_attention_tree(const paged_attention_tree_params& p, con
 
 // The values of out_rows are checked by the CPU op only.
 inline void check_row_add(const row_add_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  require_ptrs(op, {{p.x, "x"}, {p.out, "out"}});
+  require_counts(op, {{p.rows, "rows"}, {p.cols, "cols"}});
+  require_strides(p.cols, op, {{p.x_stride, "x_stride"}, {p.out_stride, "out_stride"}});
   if (p.gate_logits) require_positive(p.gate_stride, op, "gate_stride");
 }
 
+inline void check_moe_route(const moe_route_params& p, const char* op) {
+  require_ptrs(op, {{p.logits, "logits"}, {p.weights, "weights"}});
+  require_non_negative(p.tokens, op, "tokens");
+  require_sizes(op, {{p.experts, "experts"}, {p.top_k, "top_k"}});
+  if (p.top_k > p.experts) fail(op, "top_k", p.top_k, "exceeds experts");
+  require_stride(p.logits_stride, p.experts, op, "logits_stride");
+  require_stride(p.weights_stride, p.tokens, op, "weights_stride");
+}
+
 inline void check_sigmoid_mul(const sigmoid_mul_params& p, const char* op) {
-  require_ptr(p.x, op, "x");
-  require_ptr(p.gate, op, "gate");
-  require_ptr(p.out, op, "out");
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.cols, op, "cols");
-  require_stride(p.x_stride, p.cols, op, "x_stride");
-  require_stride(p.gate_stride, p.cols, op, "gate_stride");
-  require_stride(p.out_stride, p.cols, op, "out_stride");
+  require_ptrs(op, {{p.x, "x"}, {p.gate, "gate"}, {p.out, "out"}});
+  require_counts(op, {{p.rows, "rows"}, {p.cols, "cols"}});
+  require_strides(p.cols, op, {{p.x_stride, "x_stride"}, {p.gate_stride, "gate_stride"}, {p.out_stride, "out_stride"}});
 }
 
 inline void check_argmax(const argmax_params& p, const char* op) {
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.out, op, "out");
-  require_positive(p.rows, op, "rows");
-  require_positive(p.vocab, op, "vocab");
+  require_ptrs(op, {{p.logits, "logits"}, {p.out, "out"}});
+  require_sizes(op, {{p.rows, "rows"}, {p.vocab, "vocab"}});
   require_stride(p.stride, p.vocab, op, "stride");
   if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gdn_validate.h"
+#include "recurrent_update.h"
 #include "validate.h"
 
 namespace hyserve::kernels {
@@ -259,45 +260,18 @@ void run_cpu(const gdn_state_update_params& p) {
   check_common(p, op);
 
   const int64_t K = p.k_dim, V = p.v_dim;
-  const int64_t group = p.heads_v / p.heads_k;
   const float scale = query_scale(p);
 
-#pragma omp parallel
-  {
-    std::vector<float> q(static_cast<size_t>(K)), k(static_cast<size_t>(K));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.heads_v; ++h) {
-        const int64_t slot = p.state_indices[b];
-        if (slot < 0) continue;  // padding row: output row and state untouched
-        const int64_t hk = h / group;
-        normalise(p.q + b * p.q_stride + hk * K, q.data(), K, p.qk_l2norm, scale);
-        normalise(p.k + b * p.k_stride + hk * K, k.data(), K, p.qk_l2norm, 1.0f);
-        const float decay = std::exp(log_decay(p, p.a[b * p.a_stride + h], h));
-        const float beta = sigmoid(p.b[b * p.b_stride + h]);
-        const float* v = p.v + b * p.v_stride + h * V;
-        float* o = p.out + b * p.out_stride + h * V;
-        float* S = p.states + (slot * p.heads_v + h) * V * K;  // [V, K]
-        for (int64_t e = 0; e < V; ++e) {
-          float* row = S + e * K;
-          float pred = 0.0f;
-#pragma omp simd reduction(+ : pred)
-          for (int64_t x = 0; x < K; ++x) {
-            row[x] *= decay;
-            pred += row[x] * k[static_cast<size_t>(x)];
-          }
-          const float delta = beta * (v[e] - pred);
-          float out = 0.0f;
-#pragma omp simd reduction(+ : out)
-          for (int64_t x = 0; x < K; ++x) {
-            row[x] += delta * k[static_cast<size_t>(x)];
-            out += row[x] * q[static_cast<size_t>(x)];
-          }
-          o[e] = out;
-        }
-      }
-    }
-  }
+  for_each_live_gdn_head(p, [&](int64_t b, int64_t h, int64_t slot, int64_t hk, float* q, float* k) {
+    normalise(p.q + b * p.q_stride + hk * K, q, K, p.qk_l2norm, scale);
+    normalise(p.k + b * p.k_stride + hk * K, k, K, p.qk_l2norm, 1.0f);
+    const float decay = std::exp(log_decay(p, p.a[b * p.a_stride + h], h));
+    const float beta = sigmoid(p.b[b * p.b_stride + h]);
+    const float* v = p.v + b * p.v_stride + h * V;
+    float* o = p.out + b * p.out_stride + h * V;
+    float* S = p.states + (slot * p.heads_v + h) * V * K;  // [V, K]
+    delta_rule_head(S, V, K, decay, beta, v, q, k, o);
+  });
 }
 
 }  // namespace hyserve::kernels

@@ -16,28 +16,17 @@ namespace hyserve::kernels::cpu_detail {
 // check_gdn_chunk_scan_fields).
 inline void check_gdn_common_fields(const gdn_common_params& p, const char* op, bool f32_io = true) {
   if (f32_io) {
-    require_ptr(p.q, op, "q");
-    require_ptr(p.k, op, "k");
-    require_ptr(p.v, op, "v");
-    require_ptr(p.out, op, "out");
+    require_ptrs(op, {{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}});
   }
-  require_ptr(p.a, op, "a");
-  require_ptr(p.b, op, "b");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.states, op, "states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads_k, op, "heads_k");
-  require_positive(p.heads_v, op, "heads_v");
-  require_positive(p.k_dim, op, "k_dim");
-  require_positive(p.v_dim, op, "v_dim");
+  require_ptrs(op, {{p.a, "a"}, {p.b, "b"}, {p.A_log, "A_log"}, {p.states, "states"},
+                    {p.state_indices, "state_indices"}});
+  require_sizes(op, {{p.batch, "batch"}, {p.heads_k, "heads_k"}, {p.heads_v, "heads_v"}, {p.k_dim, "k_dim"},
+                     {p.v_dim, "v_dim"}});
   if (p.heads_v % p.heads_k != 0)
     fail(op, "heads_v", p.heads_v, ("must be a multiple of heads_k = " + std::to_string(p.heads_k)).c_str());
-  require_stride(p.q_stride, p.heads_k * p.k_dim, op, "q_stride");
-  require_stride(p.k_stride, p.heads_k * p.k_dim, op, "k_stride");
+  require_strides(p.heads_k * p.k_dim, op, {{p.q_stride, "q_stride"}, {p.k_stride, "k_stride"}});
   require_stride(p.v_stride, p.heads_v * p.v_dim, op, "v_stride");
-  require_stride(p.a_stride, p.heads_v, op, "a_stride");
-  require_stride(p.b_stride, p.heads_v, op, "b_stride");
+  require_strides(p.heads_v, op, {{p.a_stride, "a_stride"}, {p.b_stride, "b_stride"}});
   require_stride(p.out_stride, p.heads_v * p.v_dim, op, "out_stride");
   if (!std::isfinite(p.scale)) fail(op, "scale", p.scale, "must be finite");
 }
@@ -50,10 +39,7 @@ inline void check_gdn_chunk_scan_fields(const gdn_chunk_scan_params& p, const ch
   const bool bf16_io = p.io_dtype == dtype::kBF16;
   check_gdn_common_fields(p, op, !bf16_io);
   if (bf16_io) {
-    require_ptr(p.q_bf16, op, "q_bf16");
-    require_ptr(p.k_bf16, op, "k_bf16");
-    require_ptr(p.v_bf16, op, "v_bf16");
-    require_ptr(p.out_bf16, op, "out_bf16");
+    require_ptrs(op, {{p.q_bf16, "q_bf16"}, {p.k_bf16, "k_bf16"}, {p.v_bf16, "v_bf16"}, {p.out_bf16, "out_bf16"}});
   }
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");

@@ -92,9 +92,15 @@ void run_cpu(const swiglu_linear_params& p) {
 }
 
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  linear_cpu(x, w, dtype::kF32, y, m, n, k, accumulate);
+}
+
+void linear_cpu(const float* x, const void* w, dtype w_dtype, float* y, int64_t m, int64_t n, int64_t k,
+                bool accumulate) {
   gemm_params p;
   p.a = x;
   p.b = w;
+  p.b_dtype = w_dtype;
   p.c = y;
   p.m = m;
   p.n = n;

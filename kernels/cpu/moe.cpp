@@ -85,22 +85,8 @@ void run_cpu(const moe_experts_params& p) {
     act.resize(static_cast<size_t>(n * I));
     y.resize(static_cast<size_t>(n * H));
     const char* gu = static_cast<const char*>(p.gate_up) + static_cast<size_t>(e * 2 * I * H) * wsize;
-    gemm_params g;
-    g.a = xg.data();
-    g.m = n;
-    g.n = I;
-    g.k = H;
-    g.lda = H;
-    g.ldb = H;
-    g.ldc = I;
-    g.trans_b = true;
-    g.b_dtype = p.w_dtype;
-    g.b = gu;
-    g.c = gate.data();
-    run_cpu(g);
-    g.b = gu + static_cast<size_t>(I * H) * wsize;
-    g.c = up.data();
-    run_cpu(g);
+    linear_cpu(xg.data(), gu, p.w_dtype, gate.data(), n, I, H);
+    linear_cpu(xg.data(), gu + static_cast<size_t>(I * H) * wsize, p.w_dtype, up.data(), n, I, H);
     swiglu_params s;
     s.gate = gate.data();
     s.up = up.data();
@@ -109,19 +95,8 @@ void run_cpu(const moe_experts_params& p) {
     s.cols = I;
     s.gate_stride = s.up_stride = s.out_stride = I;
     run_cpu(s);
-    gemm_params d;
-    d.a = act.data();
-    d.b = static_cast<const char*>(p.down) + static_cast<size_t>(e * H * I) * wsize;
-    d.b_dtype = p.w_dtype;
-    d.c = y.data();
-    d.m = n;
-    d.n = H;
-    d.k = I;
-    d.lda = I;
-    d.ldb = I;
-    d.ldc = H;
-    d.trans_b = true;
-    run_cpu(d);
+    linear_cpu(act.data(), static_cast<const char*>(p.down) + static_cast<size_t>(e * H * I) * wsize, p.w_dtype,
+               y.data(), n, H, I);
     const std::vector<float>& w = weights[static_cast<size_t>(e)];
     for (int64_t i = 0; i < n; ++i) {
       float* o = p.out + rows[static_cast<size_t>(i)] * p.out_stride;

@@ -12,14 +12,10 @@ namespace hyserve::kernels::cpu_detail {
 
 inline void check_rmsnorm_linear(const rmsnorm_linear_params& p) {
   constexpr const char* op = "rmsnorm_linear";
-  require_ptr(p.x, op, "x");
-  require_ptr(p.w, op, "w");
-  require_ptr(p.out, op, "out");
+  require_ptrs(op, {{p.x, "x"}, {p.w, "w"}, {p.out, "out"}});
   require_non_negative(p.m, op, "m");
-  require_positive(p.n, op, "n");
-  require_positive(p.k, op, "k");
-  require_stride(p.x_stride, p.k, op, "x_stride");
-  require_stride(p.w_stride, p.k, op, "w_stride");
+  require_sizes(op, {{p.n, "n"}, {p.k, "k"}});
+  require_strides(p.k, op, {{p.x_stride, "x_stride"}, {p.w_stride, "w_stride"}});
   require_stride(p.out_stride, p.n, op, "out_stride");
   if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
   if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
@@ -46,34 +42,24 @@ void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&&
     a = xn;
     lda = p.k;
   }
+  swiglu_linear_params s;
+  s.x = a;
+  s.gate_w = p.w;
+  s.up_w = p.up_w;
+  s.w_dtype = p.w_dtype;
+  s.out = p.out;
+  s.m = p.m;
+  s.n = p.n;
+  s.k = p.k;
+  s.x_stride = lda;
+  s.w_stride = p.w_stride;
+  s.out_stride = p.out_stride;
   if (p.up_w != nullptr) {
-    swiglu_linear_params s;
-    s.x = a;
-    s.gate_w = p.w;
-    s.up_w = p.up_w;
-    s.w_dtype = p.w_dtype;
-    s.out = p.out;
-    s.m = p.m;
-    s.n = p.n;
-    s.k = p.k;
-    s.x_stride = lda;
-    s.w_stride = p.w_stride;
-    s.out_stride = p.out_stride;
     run(s);
     return;
   }
-  gemm_params g;
-  g.a = a;
-  g.b = p.w;
-  g.b_dtype = p.w_dtype;
-  g.c = p.out;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.lda = lda;
-  g.ldb = p.w_stride;
-  g.ldc = p.out_stride;
-  g.trans_b = true;
+  // Without up_w the op is the gate projection alone: out = xn · wᵀ (+ out when beta = 1).
+  gemm_params g = swiglu_linear_gate_gemm(s);
   g.beta = p.beta;
   run(g);
 }

@@ -35,15 +35,7 @@ void run_cpu(const row_add_params& p) {
 }
 
 void run_cpu(const moe_route_params& p) {
-  constexpr const char* op = "moe_route";
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.weights, op, "weights");
-  require_non_negative(p.tokens, op, "tokens");
-  require_positive(p.experts, op, "experts");
-  require_positive(p.top_k, op, "top_k");
-  if (p.top_k > p.experts) fail(op, "top_k", p.top_k, "exceeds experts");
-  require_stride(p.logits_stride, p.experts, op, "logits_stride");
-  require_stride(p.weights_stride, p.tokens, op, "weights_stride");
+  check_moe_route(p, "moe_route");
 
   std::vector<float> prob(static_cast<size_t>(p.experts));
   std::vector<uint8_t> taken(static_cast<size_t>(p.experts));

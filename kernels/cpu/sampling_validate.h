@@ -14,9 +14,7 @@ inline bool check_call(const sample_rows_params& p) {
   constexpr const char* op = "sample_rows";
   require_non_negative(p.rows, op, "rows");
   if (p.rows == 0) return false;
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.settings, op, "settings");
-  require_ptr(p.out, op, "out");
+  require_ptrs(op, {{p.logits, "logits"}, {p.settings, "settings"}, {p.out, "out"}});
   require_positive(p.vocab, op, "vocab");
   require_stride(p.stride, p.vocab, op, "stride");
   if (p.vocab > std::numeric_limits<int32_t>::max()) fail(op, "vocab", p.vocab, "exceeds the int32 id range");
@@ -26,22 +24,17 @@ inline bool check_call(const sample_rows_params& p) {
 
 inline bool check_call(const last_token_scatter_params& p) {
   constexpr const char* op = "last_token_scatter";
-  require_non_negative(p.rows, op, "rows");
-  require_non_negative(p.n_slots, op, "n_slots");
+  require_counts(op, {{p.rows, "rows"}, {p.n_slots, "n_slots"}});
   if (p.rows == 0) return false;
-  require_ptr(p.sampled, op, "sampled");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.last, op, "last");
+  require_ptrs(op, {{p.sampled, "sampled"}, {p.slots, "slots"}, {p.last, "last"}});
   return true;
 }
 
 inline bool check_call(const token_resolve_params& p) {
   constexpr const char* op = "token_resolve";
-  require_non_negative(p.n, op, "n");
-  require_non_negative(p.n_slots, op, "n_slots");
+  require_counts(op, {{p.n, "n"}, {p.n_slots, "n_slots"}});
   if (p.n == 0) return false;
-  require_ptr(p.ids, op, "ids");
-  require_ptr(p.last, op, "last");
+  require_ptrs(op, {{p.ids, "ids"}, {p.last, "last"}});
   return true;
 }
 

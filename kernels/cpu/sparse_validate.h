@@ -10,35 +10,23 @@ namespace hyserve::kernels::cpu_detail {
 // The values of locs are checked by the CPU op only (on the CUDA backend they live on the
 // device, where -1 is skipped).
 inline void check_page_summary_update(const page_summary_update_params& p, const char* op) {
-  require_ptr(p.k, op, "k");
-  require_ptr(p.locs, op, "locs");
-  require_ptr(p.key_min, op, "key_min");
-  require_ptr(p.key_max, op, "key_max");
+  require_ptrs(op, {{p.k, "k"}, {p.locs, "locs"}, {p.key_min, "key_min"}, {p.key_max, "key_max"}});
   require_non_negative(p.n_tokens, op, "n_tokens");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
-  require_positive(p.num_pages, op, "num_pages");
+  require_sizes(op, {{p.kv_heads, "kv_heads"}, {p.head_dim, "head_dim"}, {p.page_size, "page_size"},
+                     {p.num_pages, "num_pages"}});
   require_stride(p.k_stride, p.kv_heads * p.head_dim, op, "k_stride");
 }
 
 inline void check_select(const sparse_select_params& p, const char* op) {
-  require_ptr(p.q, op, "q");
-  require_ptr(p.query_start_loc, op, "query_start_loc");
-  require_ptr(p.seq_lens.data, op, "seq_lens");
-  require_ptr(p.page_table, op, "page_table");
-  require_ptr(p.key_min, op, "key_min");
-  require_ptr(p.key_max, op, "key_max");
-  require_ptr(p.out_page_table, op, "out_page_table");
-  require_ptr(p.out_seq_lens, op, "out_seq_lens");
+  require_ptrs(op, {{p.q, "q"}, {p.query_start_loc, "query_start_loc"}, {p.seq_lens.data, "seq_lens"},
+                    {p.page_table, "page_table"}, {p.key_min, "key_min"}, {p.key_max, "key_max"},
+                    {p.out_page_table, "out_page_table"}, {p.out_seq_lens, "out_seq_lens"}});
   require_positive(p.batch, op, "batch");
   if (p.seq_lens.size != p.batch) {
     fail(op, "seq_lens.size", p.seq_lens.size, ("must equal batch = " + std::to_string(p.batch)).c_str());
   }
-  require_positive(p.q_heads, op, "q_heads");
-  require_positive(p.kv_heads, op, "kv_heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.page_size, op, "page_size");
+  require_sizes(op, {{p.q_heads, "q_heads"}, {p.kv_heads, "kv_heads"}, {p.head_dim, "head_dim"},
+                     {p.page_size, "page_size"}});
   if (p.q_heads % p.kv_heads != 0) {
     fail(op, "kv_heads", p.kv_heads, ("must divide q_heads = " + std::to_string(p.q_heads)).c_str());
   }
@@ -49,9 +37,7 @@ inline void check_select(const sparse_select_params& p, const char* op) {
   }
   require_stride(p.q_stride, p.q_heads * p.head_dim, op, "q_stride");
   require_positive(p.page_budget, op, "page_budget");
-  require_non_negative(p.sink_pages, op, "sink_pages");
-  require_non_negative(p.recent_pages, op, "recent_pages");
-  require_non_negative(p.min_seq_len, op, "min_seq_len");
+  require_counts(op, {{p.sink_pages, "sink_pages"}, {p.recent_pages, "recent_pages"}, {p.min_seq_len, "min_seq_len"}});
   if (p.mode != sparse_select_params::phase::kFused) require_ptr(p.scores, op, "scores");
 }
 

@@ -18,6 +18,7 @@
 #include "conv_validate.h"
 #include "dtype_dispatch.h"
 #include "gdn_validate.h"
+#include "recurrent_update.h"
 #include "ssm_validate.h"
 #include "dense_validate.h"
 #include "validate.h"
@@ -134,18 +135,9 @@ void run_cpu(const selective_state_update_multi_params& p) {
     dispatch_storage(p.state_dtype, op, "state_dtype", [&](auto st) {
       using TI = typename host_storage<decltype(io)::value>::type;
       using TS = typename host_storage<decltype(st)::value>::type;
-#pragma omp parallel
-      {
-        std::vector<float> xf(static_cast<size_t>(p.head_dim)), bf(static_cast<size_t>(p.d_state)),
-            cf(static_cast<size_t>(p.d_state));
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t b = 0; b < p.batch; ++b) {
-          for (int64_t h = 0; h < p.heads; ++h) {
-            if (p.state_indices[b] < 0) continue;
-            ssm_multi_head<TI, TS>(p, b, h, xf.data(), bf.data(), cf.data());
-          }
-        }
-      }
+      for_each_live_ssm_head(p, [&](int64_t b, int64_t h, float* xf, float* bf, float* cf) {
+        ssm_multi_head<TI, TS>(p, b, h, xf, bf, cf);
+      });
     });
   });
 }
@@ -191,69 +183,33 @@ void run_cpu(const gdn_state_update_multi_params& p) {
   require_state_indices(p.state_indices, p.batch, op);
   check_steps(p.retrieve_parent, p.first_step, p.state_indices, p.batch, p.tokens_per_row, p.steps, op);
   const int64_t K = p.k_dim, V = p.v_dim, T = p.tokens_per_row;
-  const int64_t group = p.heads_v / p.heads_k;
   const int64_t head_elems = V * K, state_elems = p.heads_v * head_elems;
   const float scale = p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)));
 
-#pragma omp parallel
-  {
-    std::vector<float> q(static_cast<size_t>(K)), k(static_cast<size_t>(K));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.heads_v; ++h) {
-        const int64_t slot = p.state_indices[b];
-        if (slot < 0) continue;
-        const int64_t hk = h / group;
-        const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t tok = b * T + t;
-          const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
-          const float* src = src_col < 0 ? p.states + slot * state_elems + h * head_elems
-                                         : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
-          float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
-          std::memcpy(S, src, static_cast<size_t>(head_elems) * sizeof(float));
-          normalise(p.q + tok * p.q_stride + hk * K, q.data(), K, p.qk_l2norm, scale);
-          normalise(p.k + tok * p.k_stride + hk * K, k.data(), K, p.qk_l2norm, 1.0f);
-          const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
-          const float decay = std::exp(-std::exp(p.A_log[h]) * softplus(p.a[tok * p.a_stride + h] + bias));
-          const float beta = sigmoid(p.b[tok * p.b_stride + h]);
-          const float* v = p.v + tok * p.v_stride + h * V;
-          float* o = p.out + tok * p.out_stride + h * V;
-          for (int64_t e = 0; e < V; ++e) {
-            float* row = S + e * K;
-            float pred = 0.0f;
-#pragma omp simd reduction(+ : pred)
-            for (int64_t x = 0; x < K; ++x) {
-              row[x] *= decay;
-              pred += row[x] * k[static_cast<size_t>(x)];
-            }
-            const float delta = beta * (v[e] - pred);
-            float out = 0.0f;
-#pragma omp simd reduction(+ : out)
-            for (int64_t x = 0; x < K; ++x) {
-              row[x] += delta * k[static_cast<size_t>(x)];
-              out += row[x] * q[static_cast<size_t>(x)];
-            }
-            o[e] = out;
-          }
-        }
-      }
+  for_each_live_gdn_head(p, [&](int64_t b, int64_t h, int64_t slot, int64_t hk, float* q, float* k) {
+    const int64_t f = p.first_step != nullptr ? p.first_step[b] : 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t tok = b * T + t;
+      const int64_t src_col = start_column(p.retrieve_parent, p.first_step, b, t, T);
+      const float* src = src_col < 0 ? p.states + slot * state_elems + h * head_elems
+                                     : p.step_states + (b * p.steps + src_col) * state_elems + h * head_elems;
+      float* S = p.step_states + (b * p.steps + f + t) * state_elems + h * head_elems;
+      std::memcpy(S, src, static_cast<size_t>(head_elems) * sizeof(float));
+      normalise(p.q + tok * p.q_stride + hk * K, q, K, p.qk_l2norm, scale);
+      normalise(p.k + tok * p.k_stride + hk * K, k, K, p.qk_l2norm, 1.0f);
+      const float bias = p.dt_bias != nullptr ? p.dt_bias[h] : 0.0f;
+      const float decay = std::exp(-std::exp(p.A_log[h]) * softplus(p.a[tok * p.a_stride + h] + bias));
+      const float beta = sigmoid(p.b[tok * p.b_stride + h]);
+      const float* v = p.v + tok * p.v_stride + h * V;
+      float* o = p.out + tok * p.out_stride + h * V;
+      delta_rule_head(S, V, K, decay, beta, v, q, k, o);
     }
-  }
+  });
 }
 
 void run_cpu(const state_commit_params& p) {
   constexpr const char* op = "state_commit";
-  require_non_negative(p.n_layers, op, "n_layers");
-  require_non_negative(p.n_commits, op, "n_commits");
-  if (p.n_layers == 0 || p.n_commits == 0) return;
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.ssm_steps, op, "ssm_steps");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.rows, op, "rows");
-  require_ptr(p.steps_taken, op, "steps_taken");
-  require_positive(p.steps, op, "steps");
-  require_storage(p.state_dtype, op, "state_dtype");
+  if (!check_state_commit(p, op)) return;
   const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
   if (conv) require_ptr(p.conv_steps, op, "conv_steps");
   const auto state_bytes = static_cast<int64_t>(dtype_size(p.state_dtype)) * p.state_elems;

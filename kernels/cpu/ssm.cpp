@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "recurrent_update.h"
 #include "ssm_dtype.h"
 #include "ssm_validate.h"
 #include "validate.h"
@@ -289,18 +290,9 @@ void run_cpu(const selective_state_update_params& p) {
   dispatch_types(p, [&](auto io, auto st) {
     using TI = typename decltype(io)::type;
     using TS = typename decltype(st)::type;
-#pragma omp parallel
-    {
-      std::vector<float> xf(static_cast<size_t>(p.head_dim)), bf(static_cast<size_t>(p.d_state)),
-          cf(static_cast<size_t>(p.d_state));
-#pragma omp for collapse(2) schedule(static)
-      for (int64_t b = 0; b < p.batch; ++b) {
-        for (int64_t h = 0; h < p.heads; ++h) {
-          if (p.state_indices[b] < 0) continue;  // padding row: output row and state untouched
-          update_row<TI, TS>(p, b, h, xf.data(), bf.data(), cf.data());
-        }
-      }
-    }
+    for_each_live_ssm_head(p, [&](int64_t b, int64_t h, float* xf, float* bf, float* cf) {
+      update_row<TI, TS>(p, b, h, xf, bf, cf);
+    });
   });
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hyserve/kernels/ssm.h"
+#include "dtype_dispatch.h"
 #include "ssm_dtype.h"
 #include "validate.h"
 
@@ -14,19 +15,10 @@ namespace hyserve::kernels::cpu_detail {
 // Storage types, pointers, sizes, strides and the step-size limits of ssm_common_params.
 inline void check_ssm_common_fields(const ssm_common_params& p, const char* op) {
   require_ssm_dtypes(p, op);
-  require_ptr(p.x, op, "x");
-  require_ptr(p.dt, op, "dt");
-  require_ptr(p.A_log, op, "A_log");
-  require_ptr(p.B, op, "B");
-  require_ptr(p.C, op, "C");
-  require_ptr(p.y, op, "y");
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.state_indices, op, "state_indices");
-  require_positive(p.batch, op, "batch");
-  require_positive(p.heads, op, "heads");
-  require_positive(p.head_dim, op, "head_dim");
-  require_positive(p.d_state, op, "d_state");
-  require_positive(p.n_groups, op, "n_groups");
+  require_ptrs(op, {{p.x, "x"}, {p.dt, "dt"}, {p.A_log, "A_log"}, {p.B, "B"}, {p.C, "C"}, {p.y, "y"},
+                    {p.ssm_states, "ssm_states"}, {p.state_indices, "state_indices"}});
+  require_sizes(op, {{p.batch, "batch"}, {p.heads, "heads"}, {p.head_dim, "head_dim"}, {p.d_state, "d_state"},
+                     {p.n_groups, "n_groups"}});
   if (p.heads % p.n_groups != 0) {
     fail(op, "n_groups", p.n_groups, ("must divide heads = " + std::to_string(p.heads)).c_str());
   }
@@ -50,6 +42,18 @@ inline void check_ssm_update_multi_fields(const selective_state_update_multi_par
   check_ssm_common_fields(p, op);
   require_ptr(p.step_states, op, "step_states");
   require_step_columns(p.tokens_per_row, p.steps, op);
+}
+
+// state_commit: the counts, then (false: nothing to commit) the pointers, steps and storage
+// type. The CPU op adds its checks of conv_steps and of the host-side slots, rows and steps.
+inline bool check_state_commit(const state_commit_params& p, const char* op) {
+  require_counts(op, {{p.n_layers, "n_layers"}, {p.n_commits, "n_commits"}});
+  if (p.n_layers == 0 || p.n_commits == 0) return false;
+  require_ptrs(op, {{p.ssm_states, "ssm_states"}, {p.ssm_steps, "ssm_steps"}, {p.slots, "slots"}, {p.rows, "rows"},
+                    {p.steps_taken, "steps_taken"}});
+  require_positive(p.steps, op, "steps");
+  require_storage(p.state_dtype, op, "state_dtype");
+  return true;
 }
 
 }  // namespace hyserve::kernels::cpu_detail

@@ -11,11 +11,9 @@ inline void validate_synthetic_fill(const synthetic_fill_params& p) {
   require_ptr(p.out, op, "out");
   require_storage(p.out_dtype, op, "out_dtype");
   require_positive(p.outer, op, "outer");
-  require_non_negative(p.width, op, "width");
-  require_non_negative(p.offset, op, "offset");
+  require_counts(op, {{p.width, "width"}, {p.offset, "offset"}});
   if (p.outer > 1) {
-    require_stride(p.stride, p.width, op, "stride");
-    require_stride(p.out_stride, p.width, op, "out_stride");
+    require_strides(p.width, op, {{p.stride, "stride"}, {p.out_stride, "out_stride"}});
   }
 }
 

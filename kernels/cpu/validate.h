@@ -4,6 +4,7 @@
 //   "ssd_chunk_scan: chunk_size = 0 (must be > 0)".
 // Checks run before any OpenMP region: an exception must not cross a parallel region.
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -30,6 +31,29 @@ inline void require_non_negative(int64_t value, const char* op, const char* fiel
   if (value < 0) fail(op, field, value, "must be >= 0");
 }
 
+// A field and its value, for the checks of several fields of one kind at once: they run in the
+// order given, so the first failing field is the one reported.
+template <class T>
+struct named {
+  T value;
+  const char* field;
+};
+
+// Each pointer must be set.
+inline void require_ptrs(const char* op, std::initializer_list<named<const void*>> ptrs) {
+  for (const auto& p : ptrs) require_ptr(p.value, op, p.field);
+}
+
+// Each size must be > 0.
+inline void require_sizes(const char* op, std::initializer_list<named<int64_t>> sizes) {
+  for (const auto& s : sizes) require_positive(s.value, op, s.field);
+}
+
+// Each count must be >= 0.
+inline void require_counts(const char* op, std::initializer_list<named<int64_t>> counts) {
+  for (const auto& c : counts) require_non_negative(c.value, op, c.field);
+}
+
 // Multi-token ops: tokens_per_row >= 1 tokens per row, each writing one of `steps` step columns.
 inline void require_step_columns(int64_t tokens_per_row, int64_t steps, const char* op) {
   require_positive(tokens_per_row, op, "tokens_per_row");
@@ -42,6 +66,11 @@ inline void require_stride(int64_t stride, int64_t row_elems, const char* op, co
   if (stride < row_elems) {
     fail(op, field, stride, ("must be >= row length " + std::to_string(row_elems)).c_str());
   }
+}
+
+// Each row stride must cover a row of row_elems.
+inline void require_strides(int64_t row_elems, const char* op, std::initializer_list<named<int64_t>> strides) {
+  for (const auto& s : strides) require_stride(s.value, row_elems, op, s.field);
 }
 
 // query_start_loc[0..batch] must start at >= 0 and be non-decreasing.

@@ -58,6 +58,31 @@ int max_shared_per_block_optin();
 // captured in a graph, make no extra runtime calls.
 void reserve_dynamic_shared(const void* kernel, size_t bytes);
 
+// The exclusive prefix sum of each thread's `sum`, in thread order, over a block of 1024
+// threads: a shuffle scan in each warp, then one over the warp totals (warp_tot: the block's
+// __shared__ int[32]). Every thread of the block calls it (it synchronises the block).
+__device__ __forceinline__ int block_exclusive_prefix(int sum, int lane, int warp, int* warp_tot) {
+  int incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_tot[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += v;
+    }
+    warp_tot[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  return incl - sum + (warp > 0 ? warp_tot[warp - 1] : 0);
+}
+
 template <class T>
 __device__ __forceinline__ float to_float(T v);
 template <>

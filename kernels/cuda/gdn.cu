@@ -151,30 +151,7 @@ __global__ void __launch_bounds__(kGdnThreads)
     if (t + 1 < t_end) load(t + 1, next);  // in flight while this token is computed
 
     float sum[kSums];
-#pragma unroll
-    for (int i = 0; i < kSums; ++i) sum[i] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float qe = cur.q[c * 4 + e], ke = cur.k[c * 4 + e];
-        sum[0] += qe * qe;
-        sum[1] += ke * ke;
-        sum[2] += qe * ke;
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float4 v = s[r][c];
-        sum[3 + 2 * r] += v.x * cur.k[c * 4] + v.y * cur.k[c * 4 + 1] + v.z * cur.k[c * 4 + 2] + v.w * cur.k[c * 4 + 3];
-        sum[4 + 2 * r] += v.x * cur.q[c * 4] + v.y * cur.q[c * 4 + 1] + v.z * cur.q[c * 4 + 2] + v.w * cur.q[c * 4 + 3];
-      }
-    }
-    // Every lane joins; xor offsets below L stay inside the segment.
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) {
-#pragma unroll
-      for (int i = 0; i < kSums; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-    }
+    delta_rule_sums<L>(sum, cur.q, cur.k, s);
 
     const float qf = p.qk_l2norm ? scale / sqrtf(sum[0] + kL2Eps) : scale;
     const float kf = p.qk_l2norm ? 1.0f / sqrtf(sum[1] + kL2Eps) : 1.0f;

@@ -103,25 +103,7 @@ static __global__ void __launch_bounds__(1024) plan_kernel(const gdn_chunk_scan_
   const int64_t b0 = tid * per, b1 = min(p.batch, b0 + per);
   int sum = 0;
   for (int64_t b = b0; b < b1; ++b) sum += row_chunks(p, b);
-  int incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) warp_tot[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int w = warp_tot[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += v;
-    }
-    warp_tot[lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  int run = incl - sum + (warp > 0 ? warp_tot[warp - 1] : 0);  // exclusive prefix of this thread
+  int run = block_exclusive_prefix(sum, lane, warp, warp_tot);  // exclusive prefix of this thread
   for (int64_t b = b0; b < b1; ++b) {
     ws.chunk_off[b] = run;
     run += row_chunks(p, b);

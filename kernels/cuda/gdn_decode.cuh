@@ -15,6 +15,41 @@
 #include "hyserve/kernels/gdn.h"
 
 namespace hyserve::kernels::cuda_detail {
+
+// The sums of one token's delta-rule step on a lane segment of L lanes (shared by the GDN
+// recurrent kernel, gdn.cu, and the decode kernel below): |q|², |k|², q·k, then for each of the
+// lane's kR state rows s·k and s·q (sum[3 + 2r], sum[4 + 2r]). A lane holds kCols float4
+// columns of q, k and its rows; the segment's lanes add up by xor shuffles, which every lane of
+// the warp joins (offsets below L stay inside the segment).
+template <int L, int kCols, int kR>
+__device__ __forceinline__ void delta_rule_sums(float (&sum)[3 + 2 * kR], const float (&q)[kCols * 4],
+                                                const float (&k)[kCols * 4], const float4 (&s)[kR][kCols]) {
+  constexpr int kSums = 3 + 2 * kR;
+#pragma unroll
+  for (int i = 0; i < kSums; ++i) sum[i] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float qe = q[c * 4 + e], ke = k[c * 4 + e];
+      sum[0] += qe * qe;
+      sum[1] += ke * ke;
+      sum[2] += qe * ke;
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const float4 v = s[r][c];
+      sum[3 + 2 * r] += v.x * k[c * 4] + v.y * k[c * 4 + 1] + v.z * k[c * 4 + 2] + v.w * k[c * 4 + 3];
+      sum[4 + 2 * r] += v.x * q[c * 4] + v.y * q[c * 4 + 1] + v.z * q[c * 4 + 2] + v.w * q[c * 4 + 3];
+    }
+  }
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+  }
+}
+
 namespace gdn_dec {
 
 constexpr int kThreads = 128;
@@ -101,31 +136,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const gdn_state_update
     if constexpr (kPrefetch) load(tile + gridDim.x, nxt);  // in flight while this tile is computed and stored
     if (cur.slot >= 0) {
       float sum[kSums];
-#pragma unroll
-      for (int i = 0; i < kSums; ++i) sum[i] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float qe = cur.q[c * 4 + e], ke = cur.k[c * 4 + e];
-          sum[0] += qe * qe;
-          sum[1] += ke * ke;
-          sum[2] += qe * ke;
-        }
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const float4 v = cur.s[r][c];
-          sum[3 + 2 * r] +=
-              v.x * cur.k[c * 4] + v.y * cur.k[c * 4 + 1] + v.z * cur.k[c * 4 + 2] + v.w * cur.k[c * 4 + 3];
-          sum[4 + 2 * r] +=
-              v.x * cur.q[c * 4] + v.y * cur.q[c * 4 + 1] + v.z * cur.q[c * 4 + 2] + v.w * cur.q[c * 4 + 3];
-        }
-      }
-#pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < kSums; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-      }
+      delta_rule_sums<L>(sum, cur.q, cur.k, cur.s);
       const float qf = p.qk_l2norm ? scale / sqrtf(sum[0] + kL2Eps) : scale;
       const float kf = p.qk_l2norm ? 1.0f / sqrtf(sum[1] + kL2Eps) : 1.0f;
       const float bias = p.dt_bias != nullptr ? p.dt_bias[cur.h] : 0.0f;

@@ -112,15 +112,8 @@ void run_cuda(const row_add_params& p, void* stream) {
 void run_cuda(const moe_route_params& p, void* stream) {
   using namespace cuda_detail;
   constexpr const char* op = "moe_route";
-  require_ptr(p.logits, op, "logits");
-  require_ptr(p.weights, op, "weights");
-  require_non_negative(p.tokens, op, "tokens");
-  require_positive(p.experts, op, "experts");
-  require_positive(p.top_k, op, "top_k");
-  if (p.top_k > p.experts) fail(op, "top_k", p.top_k, "exceeds experts");
+  cpu_detail::check_moe_route(p, op);
   if (p.experts > 32 * kRouteMaxPerLane) fail(op, "experts", p.experts, "exceeds the CUDA kernel's 1024");
-  require_stride(p.logits_stride, p.experts, op, "logits_stride");
-  require_stride(p.weights_stride, p.tokens, op, "weights_stride");
   if (p.tokens == 0) return;
   const auto blocks = static_cast<unsigned>(ceil_div(p.tokens, int64_t{kThreads / 32}));
   moe_route_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(p);

@@ -10,6 +10,7 @@
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "../cpu/gdn_validate.h"
+#include "../cpu/ssm_validate.h"
 #include "ssm_common.cuh"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/causal_conv1d.h"
@@ -345,16 +346,7 @@ void run_cuda(const gdn_state_update_multi_params& p, void* stream) {
 
 void run_cuda(const state_commit_params& p, void* stream) {
   constexpr const char* op = "state_commit";
-  require_non_negative(p.n_layers, op, "n_layers");
-  require_non_negative(p.n_commits, op, "n_commits");
-  if (p.n_layers == 0 || p.n_commits == 0) return;
-  require_ptr(p.ssm_states, op, "ssm_states");
-  require_ptr(p.ssm_steps, op, "ssm_steps");
-  require_ptr(p.slots, op, "slots");
-  require_ptr(p.rows, op, "rows");
-  require_ptr(p.steps_taken, op, "steps_taken");
-  require_positive(p.steps, op, "steps");
-  cpu_detail::require_storage(p.state_dtype, op, "state_dtype");
+  if (!cpu_detail::check_state_commit(p, op)) return;  // shared with the CPU op (cpu/ssm_validate.h)
   const bool conv = p.conv_states != nullptr && p.conv_elems > 0;
   // One launch covers every layer unless there are more than kMaxCommitLayers of them.
   for (int64_t l0 = 0; l0 < p.n_layers; l0 += kMaxCommitLayers) {

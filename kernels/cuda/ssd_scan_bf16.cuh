@@ -178,25 +178,7 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
     if (tid < Q) dtv[tid] = tid < L ? step_size(p, dtr, h) : 0.0f;
     if (c0 + Q < len) prefetch(c0 + Q);  // in flight while this chunk is computed
     __syncthreads();
-    if (warp == 0) {  // inclusive scan of dt·A in double, two tokens per lane
-      const double a0 = static_cast<double>(dtv[2 * lane]) * A;
-      const double a1 = static_cast<double>(dtv[2 * lane + 1]) * A;
-      double run = a0 + a1;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double v = __shfl_up_sync(0xffffffffu, run, o);
-        if (lane >= o) run += v;
-      }
-      cum[2 * lane + 1] = run;
-      cum[2 * lane] = run - a1;
-    }
-    __syncthreads();
-    const double cum_end = cum[Q - 1];
-    if (tid < Q) {
-      ecum[tid] = static_cast<float>(exp(cum[tid]));
-      coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
-    }
-    __syncthreads();
+    const double cum_end = ssd_chunked::chunk_decay(dtv, A, tid, lane, warp, cum, ecum, coef);
 #pragma unroll
     for (int u = 0; u < kX; ++u) {
       const int e = u * kThreads + tid, j = e / (PS / 8), c = e % (PS / 8);

@@ -318,34 +318,23 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     }
   };
-  auto stage_b = [&](const item_geom& c) {
+  // The item's rows of B or C (global src, the group's N columns) into smem (B and C tile alike).
+  auto stage_bc = [&](const item_geom& c, bf16* sm, const bf16* src) {
     if constexpr (kNoLoad) return;
     else {
 #pragma unroll
     for (int u = 0; u < kBC; ++u) {
       const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
-      bf16* dst = Bs + j * kLdN + 8 * cc;
+      bf16* dst = sm + j * kLdN + 8 * cc;
       const bool in = j < c.L;
       const int64_t off = in ? (c.t0 + j) * p.bc_stride + c.grp * N + 8 * cc : 0;
-      if (vec) cp_async16(dst, Bg + off, in);
-      else *reinterpret_cast<uint4*>(dst) = in ? load8(Bg + off, false) : make_uint4(0, 0, 0, 0);
+      if (vec) cp_async16(dst, src + off, in);
+      else *reinterpret_cast<uint4*>(dst) = in ? load8(src + off, false) : make_uint4(0, 0, 0, 0);
     }
     }
   };
-  auto stage_c = [&](const item_geom& c) {
-    if constexpr (kNoLoad) return;
-    else {
-#pragma unroll
-    for (int u = 0; u < kBC; ++u) {
-      const int e = u * kThreads + tid, j = e / (N / 8), cc = e % (N / 8);
-      bf16* dst = Cs + j * kLdN + 8 * cc;
-      const bool in = j < c.L;
-      const int64_t off = in ? (c.t0 + j) * p.bc_stride + c.grp * N + 8 * cc : 0;
-      if (vec) cp_async16(dst, Cg + off, in);
-      else *reinterpret_cast<uint4*>(dst) = in ? load8(Cg + off, false) : make_uint4(0, 0, 0, 0);
-    }
-    }
-  };
+  auto stage_b = [&](const item_geom& c) { stage_bc(c, Bs, Bg); };
+  auto stage_c = [&](const item_geom& c) { stage_bc(c, Cs, Cg); };
   auto stage_xb = [&](const item_geom& c) {
     stage_x(c);
     if (!c.reuse) stage_b(c);

@@ -143,25 +143,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const ssd_chunk_scan_params 
     const int len = p.query_start_loc[b + 1] - p.query_start_loc[b];
     sum += max(1, (len + kChunk - 1) / kChunk);
   }
-  int incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) warp_tot[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int w = warp_tot[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += v;
-    }
-    warp_tot[lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  int run = incl - sum + (warp > 0 ? warp_tot[warp - 1] : 0);  // exclusive prefix of this thread
+  int run = block_exclusive_prefix(sum, lane, warp, warp_tot);  // exclusive prefix of this thread
   for (int64_t b = b0; b < b1; ++b) {
     ws.chunk_offsets[b] = run;
     if (p.state_indices[b] < 0) continue;
@@ -192,6 +174,37 @@ struct tiles {
   static constexpr int kFloats = Q * kLdB + Q * kLdC + Q * kLdX + Q * kLdW + 4 * Q;
   static constexpr size_t kBytes = sizeof(double) * Q + sizeof(float) * kFloats + 16 * sizeof(int);
 };
+
+// A chunk's decay terms from its step sizes dtv [Q] (rows >= L: 0), shared by the f32 and bf16
+// chunked scans: warp 0 scans dt·A in double, two tokens per lane, into cum (inclusive; run - a1
+// can differ from the serial sum by an ulp of double: far below fp32); then ecum[i] = exp(cum_i)
+// and coef[i] = exp(cum_end - cum_i)·dt_i. Returns cum_end = cum[Q - 1] (rows >= L add nothing).
+// Every thread of the block calls it (it synchronises the block).
+__device__ __forceinline__ double chunk_decay(const float* dtv, double A, int tid, int lane, int warp, double* cum,
+                                              float* ecum, float* coef) {
+  constexpr int Q = kChunk;
+  static_assert(Q == 64, "the cumsum scan takes two tokens per lane of one warp");
+  if (warp == 0) {  // inclusive scan of dt·A in double, two tokens per lane
+    const double a0 = static_cast<double>(dtv[2 * lane]) * A;
+    const double a1 = static_cast<double>(dtv[2 * lane + 1]) * A;
+    double run = a0 + a1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double v = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o) run += v;
+    }
+    cum[2 * lane + 1] = run;
+    cum[2 * lane] = run - a1;
+  }
+  __syncthreads();
+  const double cum_end = cum[Q - 1];
+  if (tid < Q) {
+    ecum[tid] = static_cast<float>(exp(cum[tid]));
+    coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
+  }
+  __syncthreads();
+  return cum_end;
+}
 
 template <class T, class TS, int P, int N>
 __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chunk_scan_params p, workspace ws) {
@@ -286,26 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) ssd_chunked_kernel(const ssd_chun
     }
     if (tid < Q) dtv[tid] = tid < L ? step_size(p, to_float(dtg[(t0 + tid) * p.dt_stride + h]), h) : 0.0f;
     __syncthreads();
-    if (warp == 0) {  // inclusive scan of dt·A in double, two tokens per lane
-      const double a0 = static_cast<double>(dtv[2 * lane]) * A;
-      const double a1 = static_cast<double>(dtv[2 * lane + 1]) * A;
-      double run = a0 + a1;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double v = __shfl_up_sync(0xffffffffu, run, o);
-        if (lane >= o) run += v;
-      }
-      cum[2 * lane + 1] = run;
-      cum[2 * lane] = run - a1;
-      // run - a1 can differ from the serial sum by an ulp of double: far below fp32.
-    }
-    __syncthreads();
-    const double cum_end = cum[Q - 1];  // = cum_{L-1}: rows >= L add nothing
-    if (tid < Q) {
-      ecum[tid] = static_cast<float>(exp(cum[tid]));
-      coef[tid] = static_cast<float>(exp(cum_end - cum[tid])) * dtv[tid];
-    }
-    __syncthreads();
+    const double cum_end = chunk_decay(dtv, A, tid, lane, warp, cum, ecum, coef);  // = cum_{L-1}
 
     const int r0 = 16 * warp;  // this warp's rows
 

@@ -165,25 +165,21 @@ class nccl_comm_owner {
   ncclComm_t* out() { return &c_; }
   // Tears the communicator down without waiting for peers: the only safe exit once a wait
   // has failed.
-  void abort() noexcept {
-    if (c_ == nullptr) return;
-    const ncclResult_t rc = ncclCommAbort(c_);
-    if (rc != ncclSuccess)
-      std::fprintf(stderr, "nccl_collective: ncclCommAbort failed: %s on %s\n", ncclGetErrorString(rc),
-                   nccl_detail::where().c_str());
-    c_ = nullptr;
-  }
+  void abort() noexcept { end(ncclCommAbort, "ncclCommAbort"); }
   // Orderly teardown, once the stream has drained.
-  void destroy() noexcept {
+  void destroy() noexcept { end(ncclCommDestroy, "ncclCommDestroy"); }
+
+ private:
+  // Ends the communicator (if any) through `how`, a failure logged under `name`.
+  void end(ncclResult_t (*how)(ncclComm_t), const char* name) noexcept {
     if (c_ == nullptr) return;
-    const ncclResult_t rc = ncclCommDestroy(c_);
+    const ncclResult_t rc = how(c_);
     if (rc != ncclSuccess)
-      std::fprintf(stderr, "nccl_collective: ncclCommDestroy failed: %s on %s\n", ncclGetErrorString(rc),
+      std::fprintf(stderr, "nccl_collective: %s failed: %s on %s\n", name, ncclGetErrorString(rc),
                    nccl_detail::where().c_str());
     c_ = nullptr;
   }
 
- private:
   ncclComm_t c_ = nullptr;
 };
 

@@ -22,65 +22,49 @@ struct falcon_h1_layer {
   layers::mlp_weights mlp;
 };
 
-class falcon_h1_model final : public hybrid_model {
+class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
  public:
-  falcon_h1_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                  const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                  const decode_graph_options& graphs)
-      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Falcon-H1") {
+  explicit falcon_h1_model(const family_args& a) : layer_stack(a, "Falcon-H1") {
+    const model_config& mc = a.mc;
     if (mc.attention_bias) throw config_error("Falcon-H1: attention_bias = true is not supported");
     const int64_t H = mc.hidden_size;
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
-    set_final_norm(ld.load("model.final_layernorm.weight", {H}, dtype::kF32));
     block_loader::attention_scales as;
     as.q = mc.attention_in_multiplier;
     as.k = mc.attention_in_multiplier * mc.key_multiplier;
     as.v = mc.attention_in_multiplier;
     as.o = mc.attention_out_multiplier;
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      if (mc.layer_kinds[static_cast<size_t>(i)] != layer_kind::kParallelHybrid)
-        throw config_error("Falcon-H1: layer " + std::to_string(i) + " is not a parallel attention + Mamba2 layer");
-      falcon_h1_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
-      L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
-      L.mamba = blocks.mamba2(p + "mamba.", mc.ssm_multipliers, mc.ssm_in_multiplier, mc.ssm_out_multiplier);
-      L.attn = blocks.attention(p + "self_attn.", as);
-      L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size, false, mc.mlp_gate_multiplier,
-                         mc.mlp_down_multiplier);
-      progress.layer_done(i + 1, ld.bytes());
-    }
+    load_layers(a.weights,
+                {"model.embed_tokens.weight", "lm_head.weight", "model.final_layernorm.weight", "model.layers."},
+                [&](falcon_h1_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  if (mc.layer_kinds[static_cast<size_t>(i)] != layer_kind::kParallelHybrid)
+                    throw config_error("Falcon-H1: layer " + std::to_string(i) +
+                                       " is not a parallel attention + Mamba2 layer");
+                  L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+                  L.pre_ff_norm = ld.load(p + "pre_ff_layernorm.weight", {H}, dtype::kF32);
+                  L.mamba = blocks.mamba2(p + "mamba.", mc.ssm_multipliers, mc.ssm_in_multiplier,
+                                          mc.ssm_out_multiplier);
+                  L.attn = blocks.attention(p + "self_attn.", as);
+                  L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size, false, mc.mlp_gate_multiplier,
+                                     mc.mlp_down_multiplier);
+                });
     // Layer i holds KV cache layer i and recurrent state layer i.
     const auto n = static_cast<int32_t>(mc.num_layers);
-    start(graphs, n, n);
+    start(a.graphs, n, n);
   }
 
  private:
-  size_t layer_count() const override { return layers_.size(); }
-
-  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+  void forward_layer(falcon_h1_layer& L, size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    falcon_h1_layer& L = layers_[i];
     const tensor x = norm(h, L.input_norm, ex);
     const auto idx = static_cast<int32_t>(i);
     mamba2_on(L.mamba, x, h, idx, in, ctx, ex);
     attention_on(L.attn, x, h, idx, in, ctx, ex);
     mlp_block(L.mlp, h, L.pre_ff_norm, ex);
   }
-
-  std::vector<falcon_h1_layer> layers_;
 };
 
 }  // namespace
 
-std::unique_ptr<model> make_falcon_h1(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                      collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                      const sparsity_section& sparsity, const decode_graph_options& graphs) {
-  return std::make_unique<falcon_h1_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
-}
+std::unique_ptr<model> make_falcon_h1(const family_args& a) { return std::make_unique<falcon_h1_model>(a); }
 
 }  // namespace hyserve::worker

@@ -6,7 +6,6 @@
 
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/norm.h"
-#include "hyserve/kernels/rope.h"
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/run.h"
 #include "load_util.h"
@@ -68,7 +67,7 @@ void place(gated_attention_weights& w, device_kind device, dtype weight_type) {
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
                                kv_layer_cache& cache, collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
-  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
+  const int64_t qw = w.q_heads * w.head_dim;
   tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
   tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
   tensor v = linear(x, w.v, ctx);
@@ -77,51 +76,10 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps, ctx);
     head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps, ctx);
 
-    kernels::rope_params r;
-    r.q = q.as<float>();
-    r.k = k.as<float>();
-    r.positions = in.positions.as<int32_t>();
-    r.n_tokens = T;
-    r.n_q_heads = w.q_heads;
-    r.n_kv_heads = w.kv_heads;
-    r.head_dim = w.head_dim;
-    r.rotary_dim = w.rotary_dim;
-    r.q_stride = qw;
-    r.k_stride = kw;
-    r.theta = w.rope_theta;
-    kernels::run(r, ctx);
-
-    kernels::kv_write_params kv;
-    kv.k = k.as<float>();
-    kv.v = v.as<float>();
-    kv.locs = in.locs.as<int32_t>();
-    kv.k_cache = cache.k.data();
-    kv.v_cache = cache.v.data();
-    kv.kv_dtype = cache.k.type();
-    kv.n_tokens = T;
-    kv.kv_heads = w.kv_heads;
-    kv.head_dim = w.head_dim;
-    kv.k_stride = kv.v_stride = kw;
-    kernels::run(kv, ctx);
-    update_page_summaries(cache, k, w.kv_heads, w.head_dim, in, ctx);
-
-    kernels::paged_attention_params a;
-    a.q = q.as<float>();
-    a.k_cache = cache.k.data();
-    a.v_cache = cache.v.data();
-    a.kv_dtype = cache.k.type();
-    a.out = attn.as<float>();
-    a.query_start_loc = in.query_start_loc.as<int32_t>();
-    const attention_pages pages = select_attention_pages(q, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
-    a.seq_lens = pages.seq_lens;
-    a.page_table = pages.page_table;
-    a.batch = in.batch_size;
-    a.q_heads = w.q_heads;
-    a.kv_heads = w.kv_heads;
-    a.head_dim = w.head_dim;
-    a.page_size = in.page_size;
-    a.page_table_stride = pages.page_table_stride;
-    a.q_stride = a.out_stride = qw;
+    apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
+    write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
+    kernels::paged_attention_params a =
+        paged_attention_of(q, attn, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     run_attention(a, in, ctx);
 

@@ -132,10 +132,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   scan.prefill = [&](const device_array& slots) {
     kernels::gdn_chunk_scan_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
-    s.state_indices = slots.as<int32_t>();
-    s.query_start_loc = in.query_start_loc.as<int32_t>();
-    s.has_initial_state = in.initial_state_flags();
-    s.chunk_size = w.chunk_size;
+    set_prefill_rows(s, slots, in, w.chunk_size);
     s.kernel = w.prefill_kernel;
     kernels::run(s, ctx);
   };
@@ -148,11 +145,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     kernels::gdn_state_update_multi_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     s.step_states = steps->ssm.as<float>();
-    s.batch = in.spec_rows;
-    s.retrieve_parent = retrieve_parent;
-    s.first_step = first_step;
-    s.tokens_per_row = in.spec_tokens_per_row;
-    s.steps = in.spec_steps;
+    set_step_rows(s, in, retrieve_parent, first_step);
     kernels::run(s, ctx);
   };
   run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps"}, ctx);

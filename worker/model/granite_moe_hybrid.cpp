@@ -35,50 +35,39 @@ host_tensor sub_block(const float* src, int64_t cols, int64_t r0, int64_t n, int
   return t;
 }
 
-class granite_moe_hybrid_model final : public hybrid_model {
+class granite_moe_hybrid_model final : public layer_stack<granite_layer> {
  public:
-  granite_moe_hybrid_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                           const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                           const decode_graph_options& graphs)
-      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Granite-4.0-H") {
+  explicit granite_moe_hybrid_model(const family_args& a) : layer_stack(a, "Granite-4.0-H") {
+    const model_config& mc = a.mc;
+    const weight_source& ws = a.weights;
     if (mc.attention_bias) throw config_error("Granite-4.0-H: attention_bias = true is not supported");
     const int64_t H = mc.hidden_size;
     const float rm = mc.residual_multiplier;
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
-    set_final_norm(ld.load("model.norm.weight", {H}, dtype::kF32));
     mixer_source src;
     src.mamba_out_scale = rm;
     src.attention.o = rm;
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      granite_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
-      L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
-      src.mamba_prefix = p + "mamba.";
-      src.attention_prefix = p + "self_attn.";
-      L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer (supported: mamba, attention)");
-      layers::mlp_weights shared;
-      if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
-      L.moe = mc.num_experts > 0;
-      if (L.moe) {
-        L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
-        L.moe_block.shared = std::move(shared);
-        layers::place(L.moe_block, ctx.device, weight_type);
-      } else {
-        L.shared = std::move(shared);
-      }
-      progress.layer_done(i + 1, ld.bytes());
-    }
-    start(graphs, attention_layers(), state_layers());
+    load_layers(ws, {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers."},
+                [&](granite_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  L.input_norm = ld.load(p + "input_layernorm.weight", {H}, dtype::kF32);
+                  L.post_attention_norm = ld.load(p + "post_attention_layernorm.weight", {H}, dtype::kF32);
+                  src.mamba_prefix = p + "mamba.";
+                  src.attention_prefix = p + "self_attn.";
+                  L.mixer = load_mixer(blocks, i, src, "is not a Mamba2 or attention layer (supported: mamba, attention)");
+                  layers::mlp_weights shared;
+                  if (mc.shared_expert_intermediate_size > 0) shared = load_shared(ld, p + "shared_mlp.");
+                  L.moe = mc.num_experts > 0;
+                  if (L.moe) {
+                    L.moe_block = load_experts(ld, ws, p + "block_sparse_moe.");
+                    L.moe_block.shared = std::move(shared);
+                    layers::place(L.moe_block, ctx_.device, weight_type_);
+                  } else {
+                    L.shared = std::move(shared);
+                  }
+                });
+    start(a.graphs, attention_layers(), state_layers());
   }
 
  private:
-  size_t layer_count() const override { return layers_.size(); }
-
   // shared_mlp.input_linear [2·Is, H] = gate | up; output_linear [H, Is] (· residual_multiplier).
   layers::mlp_weights load_shared(weight_loader& ld, const std::string& p) {
     const int64_t H = mc_.hidden_size, I = mc_.shared_expert_intermediate_size;
@@ -124,25 +113,20 @@ class granite_moe_hybrid_model final : public hybrid_model {
     return w;
   }
 
-  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+  void forward_layer(granite_layer& L, size_t, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    granite_layer& L = layers_[i];
     mixer_forward(L.mixer, h, L.input_norm, in, ctx, ex);
     if (L.moe)
       layers::add_inplace(h, layers::moe_forward(L.moe_block, norm(h, L.post_attention_norm, ex), comm_, ex), ex);
     else
       mlp_block(L.shared, h, L.post_attention_norm, ex);
   }
-
-  std::vector<granite_layer> layers_;
 };
 
 }  // namespace
 
-std::unique_ptr<model> make_granite_moe_hybrid(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                               collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                               const sparsity_section& sparsity, const decode_graph_options& graphs) {
-  return std::make_unique<granite_moe_hybrid_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
+std::unique_ptr<model> make_granite_moe_hybrid(const family_args& a) {
+  return std::make_unique<granite_moe_hybrid_model>(a);
 }
 
 }  // namespace hyserve::worker

@@ -136,19 +136,20 @@ layers::mlp_weights block_loader::mlp(const std::string& p, int64_t inter, bool 
   return w;
 }
 
-hybrid_model::hybrid_model(const model_config& mc, tp_placement tp, collective* comm, const kernels::exec_context& ctx,
-                           dtype weight_type, const sparsity_section& sparsity, const std::string& label)
-    : mc_(mc),
-      tp_(tp),
-      comm_(comm),
-      ctx_(ctx),
-      weight_type_(weight_type),
-      sparsity_(sparsity),
-      label_(label + ", " + std::to_string(mc.num_layers) + " layers") {
-  if (tp.size > 1 && !comm) throw config_error(label + ": tp > 1 needs a collective");
+hybrid_model::hybrid_model(const family_args& a, const std::string& label)
+    : mc_(a.mc),
+      tp_(a.tp),
+      comm_(a.comm),
+      ctx_(a.ctx),
+      weight_type_(a.weight_type),
+      sparsity_(a.sparsity),
+      label_(label + ", " + std::to_string(a.mc.num_layers) + " layers") {
+  const model_config& mc = a.mc;
+  const tp_placement tp = a.tp;
+  if (tp.size > 1 && !comm_) throw config_error(label + ": tp > 1 needs a collective");
   // A page's sparse score sums over every KV head (layers::select_attention_pages): the ranks'
   // partial scores add up to it only when each KV head, with all its query heads, is on one rank.
-  if (sparsity.algorithm != sparsity_algorithm::kNone && tp.size > 1 && mc.num_kv_heads % tp.size != 0)
+  if (sparsity_.algorithm != sparsity_algorithm::kNone && tp.size > 1 && mc.num_kv_heads % tp.size != 0)
     throw config_error("sparsity.algorithm with parallel.tp = " + std::to_string(tp.size) +
                        ": num_key_value_heads = " + std::to_string(mc.num_kv_heads) +
                        " must be a multiple of tp (a replicated KV head's query heads are split over ranks, and "

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "families.h"
 #include "hyserve/worker/model.h"
 #include "layers.h"
+#include "load_util.h"
 #include "step_driver.h"
 #include "weight_loader.h"
 #include "weights.h"
@@ -82,8 +84,7 @@ class hybrid_model : public model {
 
  protected:
   // label: the model in log lines ("Bamba"); the layer count is appended.
-  hybrid_model(const model_config& mc, tp_placement tp, collective* comm, const kernels::exec_context& ctx,
-               dtype weight_type, const sparsity_section& sparsity, const std::string& label);
+  hybrid_model(const family_args& a, const std::string& label);
 
   // The embedding table and lm_head (vocab-parallel, scaled by mc.embedding_multiplier and
   // mc.logits_multiplier; the lm_head is the embedding when tied) and the final norm.
@@ -94,6 +95,11 @@ class hybrid_model : public model {
   void start(const decode_graph_options& graphs, int32_t attention_layers, int32_t state_layers,
              const std::string& blocker = "");
 
+  // Where a checkpoint keeps the embedding, lm_head and final norm, and the prefix of layer i
+  // ("model.layers." for "model.layers.<i>.").
+  struct checkpoint_names {
+    std::string embed, lm_head, final_norm, layers;
+  };
   // Layer `layer`'s mixer (its kind from mc.layer_kinds); the layer claims the next KV or state
   // cache layer (counted for start). Any other kind is a start-up error: "<label>: layer i "
   // followed by `otherwise`.
@@ -146,6 +152,46 @@ class hybrid_model : public model {
   tensor final_norm_;  // [hidden]
   tensor lm_head_;     // [vocab_local, hidden]
   std::unique_ptr<step_driver> driver_;
+};
+
+// A family whose layers are all of one struct Layer: the stack, its load, and layer i's forward
+// through forward_layer.
+template <class Layer>
+class layer_stack : public hybrid_model {
+ protected:
+  using hybrid_model::hybrid_model;
+
+  // The load of a stack of block_loader layers: the globals and the final norm [hidden] in f32,
+  // then load_layer(layer i, i, its prefix, ld, blocks) for each layer, with the load progress
+  // on stderr. Every tensor goes straight to the model's device in its storage type
+  // (weight_loader.h): on CUDA generated or streamed there, else through the host one tensor at
+  // a time.
+  template <class LoadLayer>
+  void load_layers(const weight_source& ws, const checkpoint_names& names, LoadLayer&& load_layer) {
+    load_progress progress(label(), mc_.num_layers);
+    weight_loader ld(ws, ctx_);
+    block_loader blocks(ld, mc_, tp_, weight_type_);
+    load_globals(ld, names.embed, names.lm_head);
+    set_final_norm(ld.load(names.final_norm, {mc_.hidden_size}, dtype::kF32));
+    layers_.resize(static_cast<size_t>(mc_.num_layers));
+    for (int64_t i = 0; i < mc_.num_layers; ++i) {
+      load_layer(layers_[static_cast<size_t>(i)], i, names.layers + std::to_string(i) + ".", ld, blocks);
+      progress.layer_done(i + 1, ld.bytes());
+    }
+  }
+
+  // One layer's forward: updates the hidden state h [T, hidden] in place.
+  virtual void forward_layer(Layer& L, size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+                             const kernels::exec_context& ex) = 0;
+
+  std::vector<Layer> layers_;
+
+ private:
+  size_t layer_count() const final { return layers_.size(); }
+  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+                     const kernels::exec_context& ex) final {
+    forward_layer(layers_[i], i, h, in, ctx, ex);
+  }
 };
 
 }  // namespace hyserve::worker

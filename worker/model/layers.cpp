@@ -369,6 +369,63 @@ void place(attention_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
 }
 
+void apply_rope(tensor& q, tensor& k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
+                float theta, const step_inputs& in, const exec_context& ctx) {
+  kernels::rope_params r;
+  r.q = q.as<float>();
+  r.k = k.as<float>();
+  r.positions = in.positions.as<int32_t>();
+  r.n_tokens = q.shape()[0];
+  r.n_q_heads = q_heads;
+  r.n_kv_heads = kv_heads;
+  r.head_dim = head_dim;
+  r.rotary_dim = rotary_dim;
+  r.q_stride = q_heads * head_dim;
+  r.k_stride = kv_heads * head_dim;
+  r.theta = theta;
+  kernels::run(r, ctx);
+}
+
+void write_kv(const tensor& k, const tensor& v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
+              kv_layer_cache& cache, const exec_context& ctx) {
+  kernels::kv_write_params kw;
+  kw.k = k.as<float>();
+  kw.v = v.as<float>();
+  kw.locs = in.locs.as<int32_t>();
+  kw.k_cache = cache.k.data();
+  kw.v_cache = cache.v.data();
+  kw.kv_dtype = cache.k.type();
+  kw.n_tokens = k.shape()[0];
+  kw.kv_heads = kv_heads;
+  kw.head_dim = head_dim;
+  kw.k_stride = kw.v_stride = kv_heads * head_dim;
+  kernels::run(kw, ctx);
+  update_page_summaries(cache, k, kv_heads, head_dim, in, ctx);
+}
+
+kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out, int64_t q_heads, int64_t kv_heads,
+                                                   int64_t head_dim, const kv_layer_cache& cache,
+                                                   const step_inputs& in, collective* comm, const exec_context& ctx) {
+  kernels::paged_attention_params a;
+  a.q = q.as<float>();
+  a.k_cache = cache.k.data();
+  a.v_cache = cache.v.data();
+  a.kv_dtype = cache.k.type();
+  a.out = out.as<float>();
+  a.query_start_loc = in.query_start_loc.as<int32_t>();
+  const attention_pages pages = select_attention_pages(q, q_heads, kv_heads, head_dim, cache, in, comm, ctx);
+  a.seq_lens = pages.seq_lens;
+  a.page_table = pages.page_table;
+  a.batch = in.batch_size;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.page_size = in.page_size;
+  a.page_table_stride = pages.page_table_stride;
+  a.q_stride = a.out_stride = q_heads * head_dim;
+  return a;
+}
+
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
                          collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
@@ -379,57 +436,17 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
   tensor v = linear(x, w.v, ctx);
   profile(ctx, "attn.v_proj", nbytes(w.v) + nbytes(x) + nbytes(v));
   if (T > 0 && w.rotary_dim > 0) {
-    kernels::rope_params r;
-    r.q = q.as<float>();
-    r.k = k.as<float>();
-    r.positions = in.positions.as<int32_t>();
-    r.n_tokens = T;
-    r.n_q_heads = w.q_heads;
-    r.n_kv_heads = w.kv_heads;
-    r.head_dim = w.head_dim;
-    r.rotary_dim = w.rotary_dim;
-    r.q_stride = w.q_heads * w.head_dim;
-    r.k_stride = w.kv_heads * w.head_dim;
-    r.theta = w.rope_theta;
-    kernels::run(r, ctx);
+    apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
     profile(ctx, "attn.rope", 2 * (nbytes(q) + nbytes(k)));
   }
   if (T > 0) {
-
-    kernels::kv_write_params kw;
-    kw.k = k.as<float>();
-    kw.v = v.as<float>();
-    kw.locs = in.locs.as<int32_t>();
-    kw.k_cache = cache.k.data();
-    kw.v_cache = cache.v.data();
-    kw.kv_dtype = cache.k.type();
-    kw.n_tokens = T;
-    kw.kv_heads = w.kv_heads;
-    kw.head_dim = w.head_dim;
-    kw.k_stride = kw.v_stride = w.kv_heads * w.head_dim;
-    kernels::run(kw, ctx);
-    update_page_summaries(cache, k, w.kv_heads, w.head_dim, in, ctx);
+    write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
     profile(ctx, "attn.kv_write", 2 * (nbytes(k) + nbytes(v)));
   }
   tensor attn = tensor::f32({T, w.q_heads * w.head_dim}, ctx.device);
   if (T > 0) {
-    kernels::paged_attention_params a;
-    a.q = q.as<float>();
-    a.k_cache = cache.k.data();
-    a.v_cache = cache.v.data();
-    a.kv_dtype = cache.k.type();
-    a.out = attn.as<float>();
-    a.query_start_loc = in.query_start_loc.as<int32_t>();
-    const attention_pages pages = select_attention_pages(q, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
-    a.seq_lens = pages.seq_lens;
-    a.page_table = pages.page_table;
-    a.batch = in.batch_size;
-    a.q_heads = w.q_heads;
-    a.kv_heads = w.kv_heads;
-    a.head_dim = w.head_dim;
-    a.page_size = in.page_size;
-    a.page_table_stride = pages.page_table_stride;
-    a.q_stride = a.out_stride = w.q_heads * w.head_dim;
+    kernels::paged_attention_params a =
+        paged_attention_of(q, attn, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
       a.max_q_len = 1;  // one query per row
@@ -517,10 +534,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
   scan.prefill = [&](const device_array& slots) {
     kernels::ssd_chunk_scan_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
-    s.state_indices = slots.as<int32_t>();
-    s.query_start_loc = in.query_start_loc.as<int32_t>();
-    s.has_initial_state = in.initial_state_flags();
-    s.chunk_size = w.chunk_size;
+    set_prefill_rows(s, slots, in, w.chunk_size);
     kernels::run(s, ctx);
   };
   scan.update = [&] {
@@ -537,11 +551,7 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     HYSERVE_CHECK(steps->ssm.type() == state.ssm.type(), "Mamba2 mixer: per-step states must have the state's type");
     s.step_states = steps->ssm.data();
-    s.batch = in.spec_rows;
-    s.retrieve_parent = retrieve_parent;
-    s.first_step = first_step;
-    s.tokens_per_row = in.spec_tokens_per_row;
-    s.steps = in.spec_steps;
+    set_step_rows(s, in, retrieve_parent, first_step);
     kernels::run(s, ctx);
     // The slot's state read once per row, every token's step state written.
     const double row_tokens = static_cast<double>(in.spec_rows * in.spec_tokens_per_row);

@@ -5,10 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "bamba.h"
 #include "families.h"
 #include "hyserve/common/error.h"
-#include "qwen3_next.h"
 #include "weights.h"
 
 namespace hyserve::worker {
@@ -20,6 +18,18 @@ kernels::exec_context with_config_paths(const service_config& cfg, const kernels
   kernels::exec_context ctx = given;
   ctx.paths = cfg.kernels;
   return ctx;
+}
+
+// The model of the family a.mc.arch names; null for an architecture without one.
+std::unique_ptr<model> make_family(const family_args& a) {
+  switch (a.mc.arch) {
+    case model_arch::kBamba: return make_bamba(a);
+    case model_arch::kQwen3Next: return make_qwen3_next(a);
+    case model_arch::kNemotronH: return make_nemotron_h(a);
+    case model_arch::kGraniteMoeHybrid: return make_granite_moe_hybrid(a);
+    case model_arch::kFalconH1: return make_falcon_h1(a);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -41,18 +51,8 @@ std::unique_ptr<model> make_model(const service_config& cfg, const model_config&
   graphs.enabled = cuda_graphs_enabled(cfg);
   graphs.max_batch = std::min(cfg.scheduler.max_running, cfg.cache.max_requests);
   graphs.step_clock = !cfg.scheduler.step_trace.empty();
-  switch (mc.arch) {
-    case model_arch::kBamba:
-      return make_bamba(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
-    case model_arch::kQwen3Next:
-      return make_qwen3_next(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs, cfg.model.gdn_prefill);
-    case model_arch::kNemotronH:
-      return make_nemotron_h(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
-    case model_arch::kGraniteMoeHybrid:
-      return make_granite_moe_hybrid(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
-    case model_arch::kFalconH1:
-      return make_falcon_h1(mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs);
-  }
+  if (auto m = make_family({mc, *weights, tp, comm, ctx, weight_type, cfg.sparsity, graphs, cfg.model.gdn_prefill}))
+    return m;
   throw config_error("unknown model architecture");
 }
 
@@ -82,18 +82,8 @@ std::unique_ptr<model> make_draft_model(const service_config& cfg, const model_c
                        " differs from the target's " + std::to_string(mc.vocab_size));
   dmc.validate();
   const dtype weight_type = cfg.model.weight_dtype;  // checked by make_model
-  switch (dmc.arch) {
-    case model_arch::kBamba:
-      return make_bamba(dmc, *weights, tp, comm, ctx, weight_type);
-    case model_arch::kQwen3Next:
-      return make_qwen3_next(dmc, *weights, tp, comm, ctx, weight_type, {}, {}, cfg.model.gdn_prefill);
-    case model_arch::kNemotronH:
-      return make_nemotron_h(dmc, *weights, tp, comm, ctx, weight_type);
-    case model_arch::kGraniteMoeHybrid:
-      return make_granite_moe_hybrid(dmc, *weights, tp, comm, ctx, weight_type);
-    case model_arch::kFalconH1:
-      return make_falcon_h1(dmc, *weights, tp, comm, ctx, weight_type);
-  }
+  // The draft runs dense attention and eagerly (default sparsity and graph options).
+  if (auto m = make_family({dmc, *weights, tp, comm, ctx, weight_type, {}, {}, cfg.model.gdn_prefill})) return m;
   throw config_error("speculative.draft_model: unknown model architecture");
 }
 

@@ -21,62 +21,43 @@ struct nemotron_h_layer {
   layers::mlp_weights mlp;    // up / down only (relu²)
 };
 
-class nemotron_h_model final : public hybrid_model {
+class nemotron_h_model final : public layer_stack<nemotron_h_layer> {
  public:
-  nemotron_h_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                   const decode_graph_options& graphs)
-      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Nemotron-H") {
+  explicit nemotron_h_model(const family_args& a) : layer_stack(a, "Nemotron-H") {
+    const model_config& mc = a.mc;
     if (mc.mlp_act != mlp_activation::kRelu2) throw config_error("Nemotron-H: mlp_hidden_act must be relu2");
-    if (ctx.device == device_kind::kCuda && mc.num_layers_of(layer_kind::kMlp) > 0 &&
+    if (a.ctx.device == device_kind::kCuda && mc.num_layers_of(layer_kind::kMlp) > 0 &&
         !kernels::has_cuda<kernels::relu2_params>())
       throw config_error("Nemotron-H: the relu2 MLP activation has no CUDA kernel in this build (device: cpu only)");
     const int64_t H = mc.hidden_size;
-    load_progress progress(label(), mc.num_layers);
-    weight_loader ld(ws, ctx);
-    block_loader blocks(ld, mc_, tp, weight_type);
-    load_globals(ld, "backbone.embeddings.weight", "lm_head.weight");
-    set_final_norm(ld.load("backbone.norm_f.weight", {H}, dtype::kF32));
-    layers_.resize(static_cast<size_t>(mc.num_layers));
-    for (int64_t i = 0; i < mc.num_layers; ++i) {
-      nemotron_h_layer& L = layers_[static_cast<size_t>(i)];
-      const std::string p = "backbone.layers." + std::to_string(i) + ".";
-      L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
-      L.is_mlp = mc.layer_kinds[static_cast<size_t>(i)] == layer_kind::kMlp;
-      if (L.is_mlp) {
-        L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
-      } else {
-        mixer_source src;
-        src.mamba_prefix = src.attention_prefix = p + "mixer.";
-        L.mixer = load_mixer(blocks, i, src, "is not a Mamba2, attention or MLP layer (supported: M, *, -)");
-      }
-      progress.layer_done(i + 1, ld.bytes());
-    }
-    start(graphs, attention_layers(), state_layers());
+    load_layers(a.weights, {"backbone.embeddings.weight", "lm_head.weight", "backbone.norm_f.weight", "backbone.layers."},
+                [&](nemotron_h_layer& L, int64_t i, const std::string& p, weight_loader& ld, block_loader& blocks) {
+                  L.norm = ld.load(p + "norm.weight", {H}, dtype::kF32);
+                  L.is_mlp = mc.layer_kinds[static_cast<size_t>(i)] == layer_kind::kMlp;
+                  if (L.is_mlp) {
+                    L.mlp = blocks.mlp(p + "mixer.", mc.intermediate_size, /*relu2=*/true);
+                  } else {
+                    mixer_source src;
+                    src.mamba_prefix = src.attention_prefix = p + "mixer.";
+                    L.mixer = load_mixer(blocks, i, src, "is not a Mamba2, attention or MLP layer (supported: M, *, -)");
+                  }
+                });
+    start(a.graphs, attention_layers(), state_layers());
   }
 
  private:
-  size_t layer_count() const override { return layers_.size(); }
-
-  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+  void forward_layer(nemotron_h_layer& L, size_t, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    nemotron_h_layer& L = layers_[i];
     if (L.is_mlp) {
       mlp_block(L.mlp, h, L.norm, ex);
     } else {
       mixer_forward(L.mixer, h, L.norm, in, ctx, ex);
     }
   }
-
-  std::vector<nemotron_h_layer> layers_;
 };
 
 }  // namespace
 
-std::unique_ptr<model> make_nemotron_h(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                       const sparsity_section& sparsity, const decode_graph_options& graphs) {
-  return std::make_unique<nemotron_h_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs);
-}
+std::unique_ptr<model> make_nemotron_h(const family_args& a) { return std::make_unique<nemotron_h_model>(a); }
 
 }  // namespace hyserve::worker

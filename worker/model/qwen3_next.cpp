@@ -1,11 +1,12 @@
-#include "qwen3_next.h"
-
+// Qwen3-Next (Qwen3NextForCausalLM): Gated DeltaNet and gated attention decoder layers, each
+// followed by a sparse MoE block (or a dense SwiGLU MLP), with zero-centred RMSNorms.
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "families.h"
 #include "gated_attention.h"
 #include "gdn_layer.h"
 #include "hybrid_model.h"
@@ -34,18 +35,19 @@ struct qwen3_next_layer {
 
 // Every RMSNorm of the decoder (layer norms, q/k norms, the final norm) is zero-centred: it
 // scales by 1 + w, and is loaded as the plain weight 1 + w. The GDN output norm is not.
-class qwen3_next_model final : public hybrid_model {
+class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
  public:
-  qwen3_next_model(const model_config& mc, const weight_source& ws, tp_placement tp, collective* comm,
-                   const kernels::exec_context& ctx, dtype weight_type, const sparsity_section& sparsity,
-                   const decode_graph_options& graphs, gdn_prefill_choice gdn_prefill)
-      : hybrid_model(mc, tp, comm, ctx, weight_type, sparsity, "Qwen3-Next") {
-    const kernels::gdn_prefill_kernel prefill_kernel = layers::gdn_prefill_for(gdn_prefill, weight_type);
+  explicit qwen3_next_model(const family_args& a) : layer_stack(a, "Qwen3-Next") {
+    const model_config& mc = a.mc;
+    const weight_source& ws = a.weights;
+    const tp_placement tp = a.tp;
+    const dtype weight_type = a.weight_type;
+    const kernels::gdn_prefill_kernel prefill_kernel = layers::gdn_prefill_for(a.gdn_prefill, weight_type);
     if (mc.attention_bias) throw config_error("Qwen3-Next: attention_bias = true is not supported");
     const int r = tp.rank, n = tp.size;
     const int64_t H = mc.hidden_size;
     tp_kv_heads(mc.num_attention_heads, mc.num_kv_heads, r, n);  // a split that does not fit is a start-up error
-    weight_loader ld(ws, ctx);
+    weight_loader ld(ws, a.ctx);
     load_globals(ld, "model.embed_tokens.weight", "lm_head.weight");
     set_final_norm(load_zero_centered_norm(ws, "model.norm.weight", H));
 
@@ -89,7 +91,7 @@ class qwen3_next_model final : public hybrid_model {
       place_layer(L);
       progress.layer_done(i + 1);
     }
-    start(graphs, n_attn, n_recurrent);
+    start(a.graphs, n_attn, n_recurrent);
   }
 
   // The recurrent-state cache holds the GDN layers: conv window over q | k | v, state
@@ -107,11 +109,8 @@ class qwen3_next_model final : public hybrid_model {
   }
 
  private:
-  size_t layer_count() const override { return layers_.size(); }
-
-  void layer_forward(size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
+  void forward_layer(qwen3_next_layer& L, size_t, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    qwen3_next_layer& L = layers_[i];
     // The mixer's output projection adds into h (block_output).
     const tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
     switch (L.kind) {
@@ -145,17 +144,10 @@ class qwen3_next_model final : public hybrid_model {
     else
       layers::place(L.mlp, d, weight_type_);
   }
-
-  std::vector<qwen3_next_layer> layers_;
 };
 
 }  // namespace
 
-std::unique_ptr<model> make_qwen3_next(const model_config& mc, const weight_source& weights, tp_placement tp,
-                                       collective* comm, const kernels::exec_context& ctx, dtype weight_type,
-                                       const sparsity_section& sparsity, const decode_graph_options& graphs,
-                                       gdn_prefill_choice gdn_prefill) {
-  return std::make_unique<qwen3_next_model>(mc, weights, tp, comm, ctx, weight_type, sparsity, graphs, gdn_prefill);
-}
+std::unique_ptr<model> make_qwen3_next(const family_args& a) { return std::make_unique<qwen3_next_model>(a); }
 
 }  // namespace hyserve::worker

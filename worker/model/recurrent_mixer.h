@@ -41,6 +41,25 @@ struct mixer_scan {
   std::function<void(const int32_t* retrieve_parent, const int32_t* first_step)> steps;
 };
 
+// The row fields of a mixer's scan params that come from the step alike for both mixers:
+// the chunked scan's rows by slot (negative: skipped), their token spans and initial-state flags;
+template <class ScanParams>
+void set_prefill_rows(ScanParams& s, const device_array& slots, const step_inputs& in, int64_t chunk_size) {
+  s.state_indices = slots.as<int32_t>();
+  s.query_start_loc = in.query_start_loc.as<int32_t>();
+  s.has_initial_state = in.initial_state_flags();
+  s.chunk_size = chunk_size;
+}
+// the per-step update's verify or draft rows, tokens per row and step columns.
+template <class StepParams>
+void set_step_rows(StepParams& s, const step_inputs& in, const int32_t* retrieve_parent, const int32_t* first_step) {
+  s.batch = in.spec_rows;
+  s.retrieve_parent = retrieve_parent;
+  s.first_step = first_step;
+  s.tokens_per_row = in.spec_tokens_per_row;
+  s.steps = in.spec_steps;
+}
+
 // The profile entries of the conv: one-token update, per-step update (kernels::profile_mark).
 struct mixer_labels {
   const char* conv = nullptr;

@@ -69,5 +69,8 @@ inline gemm_params swiglu_linear_gate_gemm(const swiglu_linear_params& p) {
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ y when accumulate). All contiguous.
 void linear_cpu(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate = false);
+// The same with w in w_dtype (f32 or bf16).
+void linear_cpu(const float* x, const void* w, dtype w_dtype, float* y, int64_t m, int64_t n, int64_t k,
+                bool accumulate = false);
 
 }  // namespace hyserve::kernels
