@@ -636,7 +636,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
     scheduler& s;
     ~at_exit() {
       s.flush_events();
-      s.log_loop_stats();
+      if (!s.quiet_) s.log_loop_stats();
     }
   } at_exit{*this};
   std::optional<clock::time_point> drain_deadline;
@@ -656,7 +656,7 @@ int scheduler::run(const std::atomic<bool>& stop_requested) {
       draining_ = true;
       drain_deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
                                           std::chrono::duration<double>(cfg_.server.drain_timeout_s));
-      std::fprintf(stderr, "[coordinator] draining %zu requests\n", requests_.size());
+      if (!quiet_) std::fprintf(stderr, "[coordinator] draining %zu requests\n", requests_.size());
     }
     const auto t_top = clock::now();
     take_submissions();

@@ -84,6 +84,9 @@ class scheduler final : public frontend {
   int64_t last_tick_ns() const { return last_tick_ns_.load(); }
 
   void set_observer(scheduler_observer obs) { observer_ = std::move(obs); }
+  // No drain and loop-statistics lines on stderr (an in-process user such as a tool); errors
+  // are still written.
+  void set_quiet(bool quiet) { quiet_ = quiet; }
 
   // The scheduling loop. Returns when stop was requested and in-flight work drained (0), or on
   // a fatal worker fault (1, after failing every request).
@@ -281,6 +284,7 @@ class scheduler final : public frontend {
   // r now holds the nodes the tree made of its pages, and those pages are the tree's.
   void adopt(request_state& r, const prefix_tree::inserted& ins);
   uint64_t tick_ = 0;
+  bool quiet_ = false;
   std::atomic<int64_t> cap_pages_{0}, cap_slots_{0}, cap_ckpts_{0}, cap_cached_pages_{0}, cap_ckpts_used_{0};
   struct flush_waiter {
     std::mutex mu;

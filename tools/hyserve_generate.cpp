@@ -1,4 +1,6 @@
-// hyserve-generate: offline greedy generation in a single process.
+// hyserve-generate: offline greedy generation in a single process: the service's scheduler and
+// plan runner (coordinator/local_service.h) on the config's device, without MPI or HTTP; with
+// --logits the single-process engine on the CPU (it returns the logits of every position).
 //   hyserve-generate --model DIR | --config FILE (--input-ids 1,2,3 | --text "...")
 //                    --max-new-tokens N [--tokenizer PATH] [--prefill-chunk N] [--json] [--logits]
 // Prints the output ids, or with --text the generated text. With --json prints
@@ -18,6 +20,7 @@
 
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
+#include "coordinator/local_service.h"
 #include "hyserve/worker/engine.h"
 #include "hyserve/tokenizer/bpe_tokenizer.h"
 
@@ -133,10 +136,26 @@ int main(int argc, char** argv) {
     if (cfg.cache.max_context < needed) cfg.cache.max_context = static_cast<int32_t>(needed);
     cfg.cache.max_requests = 1;
     cfg.cache.num_pages = 0;
-    hyserve::worker::engine eng(cfg);
+    cfg.parallel.tp = 1;
+    cfg.parallel.dp = 1;
     std::vector<std::vector<float>> logits;
-    const std::vector<int32_t> out =
-        eng.generate_greedy(input_ids, o.max_new_tokens, o.prefill_chunk, o.logits ? &logits : nullptr);
+    std::vector<int32_t> out;
+    if (o.logits) {
+      hyserve::worker::engine eng(cfg);
+      out = eng.generate_greedy(input_ids, o.max_new_tokens, o.prefill_chunk, &logits);
+    } else {
+      if (o.prefill_chunk > 0) cfg.scheduler.chunked_prefill = o.prefill_chunk;
+      hyserve::coordinator::local_service svc(cfg);
+      hyserve::coordinator::local_request req;
+      req.prompt = input_ids;
+      req.sampling.max_new_tokens = o.max_new_tokens;
+      req.sampling.temperature = 0.0f;
+      req.sampling.ignore_eos = true;  // exactly max_new_tokens, as the reference continuations
+      req.sampling.seed = 0;
+      const hyserve::coordinator::local_generation g = svc.run({req}).front();
+      if (g.error) throw hyserve::error(*g.error);
+      out = g.output;
+    }
     std::optional<std::string> text;
     if (tok) text = tok->decode(out);
     if (o.json) {

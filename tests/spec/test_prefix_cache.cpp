@@ -26,6 +26,7 @@
 
 #include "coordinator/prefix_tree.h"
 #include "fixture.h"
+#include "hyserve/kernels/device.h"
 #include "prefix_harness.h"
 
 namespace hyserve::test {
