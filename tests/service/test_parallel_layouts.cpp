@@ -213,8 +213,10 @@ void run_layouts(const model_case& m, const std::vector<layout>& layouts, const 
   for (feature f : features) {
     const served one = serve(m, kOneRank, f, jobs);
     if (m.dtype == "float32" && f != feature::kSparse && m.shape.empty()) expect_fixture_greedy_answers(one, ref, "one rank");
+    // A shape's random weights rarely repeat what the prompt holds: its drafts are verified
+    // (and rejected) rather than accepted.
     if (f == feature::kNgram) {
-      EXPECT_GT(one.accepted, 0) << "n-gram drafts were accepted";
+      EXPECT_GT(m.shape.empty() ? one.accepted : one.drafted, 0) << "n-gram drafts were accepted (drafted, for a shape)";
     }
     if (testing::Test::HasFailure()) return;
     if (f == feature::kSparse) {
@@ -226,7 +228,7 @@ void run_layouts(const model_case& m, const std::vector<layout>& layouts, const 
       const served got = serve(m, l, f, jobs);
       expect_matches(got, one, m, label);
       if (f == feature::kNgram) {
-        EXPECT_GT(got.accepted, 0) << label;
+        EXPECT_GT(m.shape.empty() ? got.accepted : got.drafted, 0) << label;
       }
       if (f == feature::kSparse) {
         EXPECT_GT(got.sparse_rows, 0) << label;
