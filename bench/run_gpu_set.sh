@@ -12,7 +12,8 @@
 # kernels: {skinny: mma} added, under OUT_DIR), and serve-cuda
 # (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
 # /metrics, then stopped), served / served-qwen (bench/served_vs_engine.sh on the 9B synthetic
-# Bamba / the tiny Qwen3-Next: the engine bench and the served path side by side) and startup
+# Bamba / the tiny Qwen3-Next: the engine bench and the served path side by side; served-qwen80 on
+# the Qwen3-Next-80B-A3B-shaped config) and startup
 # (seconds to /health 200 for the 9B synthetic config and for a 9B checkpoint written by
 # hyserve-write-checkpoint); moe (hyserve-bench-cuda moe beside bench/moe_anchor.py's PyTorch
 # anchor), families (hyserve-bench-model on the Nemotron-H, Granite-4.0-H, Falcon-H1 and
@@ -51,7 +52,7 @@ for s in "${stages[@]}"; do
     model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
     serve-cuda) targets+=(coordinator worker hyserve-generate hyserve-bench) ;;
-    served | served-qwen) targets+=(coordinator worker hyserve-generate hyserve-bench hyserve-bench-model) ;;
+    served | served-qwen | served-qwen80) targets+=(coordinator worker hyserve-generate hyserve-bench hyserve-bench-model) ;;
     startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
     gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
@@ -208,6 +209,11 @@ EOF2
         python3 bench/step_trace_report.py "$out/diag-qwen-overlap$k/trace" > "$out/diag-qwen-overlap$k/trace-report.txt" 2>&1
         rm -f configs/.diag-overlap$k.yaml
       done ;;
+    served-qwen80)
+      # The Qwen3-Next-80B-A3B-shaped synthetic config (32 of 48 layers, 512 experts): the served
+      # path beside the engine at a step time of a real Qwen3-Next deployment.
+      stage served-qwen80 540 env VOCAB=151936 bench/served_vs_engine.sh configs/qwen3-next-80b-a3b-synthetic-cuda.yaml \
+        "$out" qwen3-next-80b-a3b ;;
     served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
     moe)
@@ -240,7 +246,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)
