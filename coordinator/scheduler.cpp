@@ -28,12 +28,47 @@ scheduler::scheduler(const service_config& cfg, const model_config& mc, std::vec
   info_.dp = cfg.parallel.dp;
   info_.tp = cfg.parallel.tp;
   info_.max_context = cfg.cache.max_context;
-  groups_.resize(hellos_.size());
-  for (size_t g = 0; g < hellos_.size(); ++g) {
-    const wire::hello& h = hellos_[g];
-    info_.max_context = std::min(info_.max_context, h.max_context);
-    groups_[g].mem = memory_book(h, prefix_enabled() ? cfg.cache.prefix.state_slots : 0);
+  for (const wire::hello& h : hellos_) info_.max_context = std::min(info_.max_context, h.max_context);
+  groups_.reserve(hellos_.size());
+  for (const wire::hello& h : hellos_)
+    groups_.emplace_back(memory_book(h, prefix_enabled() ? cfg.cache.prefix.state_slots : 0),
+                         speculative_round(cfg, h.page_size, info_.max_context));
+}
+
+// The scheduler as group g's speculative rounds see it.
+class scheduler::group_host final : public round_host {
+ public:
+  group_host(scheduler& s, int g) : s_(s), g_(g) {}
+  request_state* find(uint64_t id) override {
+    auto it = s_.requests_.find(id);
+    return it == s_.requests_.end() ? nullptr : &it->second;
   }
+  wire::plan_row base_row(request_state& r) override { return s_.base_row(r); }
+  wire::plan_row prefill_row(request_state& r, int32_t n) override { return s_.prefill_row(r, n); }
+  int32_t prefill_chunk(const request_state& r, int32_t n) override { return s_.prefill_chunk(r, n); }
+  bool emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row) override {
+    return s_.emit(r, tokens, row);
+  }
+  bool row_failed(uint64_t id, const wire::step_result& res, size_t row) override {
+    return s_.row_failed(g_, id, res, row);
+  }
+  void on_spec(int64_t drafted, int64_t accepted) override {
+    if (s_.observer_.on_spec) s_.observer_.on_spec(drafted, accepted);
+  }
+
+ private:
+  scheduler& s_;
+  int g_;
+};
+
+const spec::step_costs& scheduler::step_times(int g) const {
+  HYSERVE_CHECK(g >= 0 && g < static_cast<int>(groups_.size()), "step_times: no group " + std::to_string(g));
+  return groups_[static_cast<size_t>(g)].round.costs();
+}
+
+void scheduler::seed_step_times(int g, const spec::step_costs& costs) {
+  HYSERVE_CHECK(g >= 0 && g < static_cast<int>(groups_.size()), "seed_step_times: no group " + std::to_string(g));
+  groups_[static_cast<size_t>(g)].round.seed_costs(costs);
 }
 
 int32_t scheduler::pages_for(const request_state& r) const {
@@ -92,7 +127,7 @@ void scheduler::take_submissions() {
     request_state r;
     if (!req.sampling.seed) req.sampling.seed = id * 0x9e3779b97f4a7c15ull;
     r.req = std::move(req);
-    if (spec_enabled()) r.budget.emplace(cfg_.speculative.num_draft_tokens, cfg_.speculative.min_accept_rate);
+    if (spec_enabled()) r.spec.budget.emplace(cfg_.speculative.num_draft_tokens, cfg_.speculative.min_accept_rate);
     requests_.emplace(id, std::move(r));
     waiting_.push_back(id);
   }
@@ -170,8 +205,8 @@ void scheduler::finish(uint64_t id, finish_reason reason, std::optional<std::str
   ev.metrics.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
   ev.metrics.completion_tokens = static_cast<int32_t>(r.output.size());
   ev.metrics.latency_ms = ms_since(r.req.arrival);
-  ev.metrics.spec_drafted = r.drafted;
-  ev.metrics.spec_accepted = r.accepted;
+  ev.metrics.spec_drafted = r.spec.drafted;
+  ev.metrics.spec_accepted = r.spec.accepted;
   ev.metrics.cached_tokens = r.cached_tokens;
   if (!r.output.empty())
     ev.metrics.ttft_ms = std::chrono::duration<double, std::milli>(r.first_token - r.req.arrival).count();
@@ -281,28 +316,21 @@ wire::plan_row scheduler::base_row(request_state& r) const {
   return row;
 }
 
-void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
+void scheduler::send_plan(int g, built_step step) {
   group_state& gs = groups_[static_cast<size_t>(g)];
+  wire::step_plan& plan = step.plan;
   plan.step_id = next_step_++;
   plan.free_req_slots = gs.mem.take_released_request_slots();
-  plan.commits = std::move(gs.commits);
-  gs.commits.clear();
-  plan.draft_commits = std::move(gs.draft_commits);
-  gs.draft_commits.clear();
-  plan.kv_moves = std::move(gs.kv_moves);
-  gs.kv_moves.clear();
+  gs.round.move_ops_into(plan);
   plan.state_restores = std::move(gs.restores);
   gs.restores.clear();
   plan.state_saves = std::move(gs.saves);
   gs.saves.clear();
   group_state::flight f;
   f.step_id = plan.step_id;
-  f.mode = mode;
-  f.rows = gs.step_rows;
-  f.tokens = gs.step_tokens;
-  f.emits = gs.step_emits;
-  f.emits.resize(f.rows.size(), 0);
-  f.kind = gs.kind;
+  f.mode = step.mode;
+  f.rows = std::move(step.rows);
+  f.rows.emits.resize(f.rows.ids.size(), 0);
   f.sent_at = clock::now();
   ++loop_stats_.plans;
   if (gs.last_result_at > gs.last_plan_at) {
@@ -311,15 +339,10 @@ void scheduler::send_plan(int g, wire::step_plan& plan, const char* mode) {
     loop_stats_.gap_s += std::chrono::duration<double>(f.sent_at - gs.last_result_at).count();
   }
   gs.last_plan_at = f.sent_at;
-  f.cost_kind = gs.cost_kind;
-  f.cost_rows = gs.cost_rows;
-  f.cost_width = gs.cost_width;
   f.saves = std::move(gs.step_saves);
   gs.step_saves.clear();
-  if (!gs.flights.empty() && observer_.on_overlap) observer_.on_overlap(static_cast<int64_t>(f.rows.size()));
+  if (!gs.flights.empty() && observer_.on_overlap) observer_.on_overlap(static_cast<int64_t>(f.rows.ids.size()));
   gs.flights.push_back(std::move(f));
-  gs.step_emits.clear();
-  gs.cost_kind = -1;
   link_.send_plan(g, wire::encode(plan));
   trace_.add("plan", plan.step_id, g, static_cast<int64_t>(plan.rows.size()));
 }
@@ -330,19 +353,25 @@ bool scheduler::may_send(int g) const {
   // Overlap: up to scheduler.overlap_steps plain steps in flight (speculative rounds run strictly:
   // each of their steps depends on the previous result).
   return cfg_.scheduler.overlap && !spec_enabled() &&
-         gs.flights.size() < static_cast<size_t>(cfg_.scheduler.overlap_steps) && !gs.round_active &&
-         gs.flights.back().kind == group_state::step_kind::kPlain;
+         gs.flights.size() < static_cast<size_t>(cfg_.scheduler.overlap_steps) && !gs.round.active() &&
+         gs.flights.back().rows.kind == step_kind::kPlain;
 }
 
 void scheduler::schedule_group(int g) {
   group_state& gs = groups_[static_cast<size_t>(g)];
   if (!may_send(g)) return;
-  if (gs.round_active) {
-    send_round_step(g);
+  group_host host(*this, g);
+  if (gs.round.active()) {
+    send_plan(g, gs.round.next_step(host));
     return;
   }
   if (gs.running.empty()) return;
-  if (send_draft_catch_up(g)) return;
+  if (spec_enabled()) {
+    if (std::optional<built_step> step = gs.round.catch_up(host, gs.running)) {
+      send_plan(g, std::move(*step));
+      return;
+    }
+  }
   std::vector<uint64_t> decode_ids, prefill_ids;
   for (uint64_t id : gs.running) {
     const request_state& r = requests_.at(id);
@@ -367,23 +396,22 @@ void scheduler::schedule_group(int g) {
   const bool processing = std::any_of(decode_ids.begin(), decode_ids.end(), [&](uint64_t id) {
     return requests_.at(id).req.sampling.needs_processing();
   });
-  if (spec_enabled() && !processing && !decode_ids.empty() && !(gs.prefill_starved && !prefill_ids.empty())) {
-    if (start_round(g, decode_ids, prefill_ids)) return;
+  if (spec_enabled() && !processing && !decode_ids.empty() && gs.round.may_start(!prefill_ids.empty())) {
+    if (std::optional<built_step> step = gs.round.start(host, decode_ids, prefill_ids)) {
+      send_plan(g, std::move(*step));
+      return;
+    }
     schedule_plain(g, decode_ids, prefill_ids);
     return;
   }
-  gs.prefill_starved = false;
+  gs.round.prefill_served();
   schedule_plain(g, decode_ids, prefill_ids);
 }
 
 void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids) {
-  group_state& gs = groups_[static_cast<size_t>(g)];
-  wire::step_plan plan;
+  built_step step;
+  wire::step_plan& plan = step.plan;
   int32_t budget = cfg_.scheduler.max_batch_tokens;
-  gs.step_rows.clear();
-  gs.step_tokens.clear();
-  gs.step_emits.clear();
-  gs.kind = group_state::step_kind::kPlain;
   auto add_row = [&](request_state& r, int32_t n, bool is_decode) {
     wire::plan_row row = prefill_row(r, n);
     row.is_decode = is_decode;
@@ -391,9 +419,7 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
     // The row emits its sampled token when it reaches the end of what is known (a decode row,
     // or the prompt's last chunk).
     const bool emits = r.fed() + n == r.known_len();
-    gs.step_rows.push_back(r.req.id);
-    gs.step_tokens.push_back(n);
-    gs.step_emits.push_back(emits ? 1 : 0);
+    step.rows.add(r.req.id, n, emits);
     r.flight_consumed += n;
     if (emits) ++r.flight_outputs;
     budget -= n;
@@ -412,22 +438,22 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   if (plan.rows.empty()) return;
   const bool has_prefill = plan.rows.size() > n_decode;
   const bool has_decode = n_decode > 0;
-  const char* mode = "decode";
+  step.mode = "decode";
   if (has_prefill && has_decode) {
     plan.mode = mode_byte(forward_mode::kMixed);
-    mode = "mixed";
+    step.mode = "mixed";
   } else if (has_prefill) {
     plan.mode = mode_byte(forward_mode::kExtend);
-    mode = "extend";
+    step.mode = "extend";
     for (auto& row : plan.rows) row.is_decode = false;
   } else {
     plan.mode = mode_byte(forward_mode::kDecode);
     for (auto& row : plan.rows) row.is_decode = false;
   }
-  gs.cost_kind = plan.mode == mode_byte(forward_mode::kDecode) ? kCostDecode : -1;
-  gs.cost_rows = static_cast<int32_t>(plan.rows.size());
-  gs.cost_width = 1;
-  send_plan(g, plan, mode);
+  step.rows.cost_kind = plan.mode == mode_byte(forward_mode::kDecode) ? speculative_round::kCostDecode : -1;
+  step.rows.cost_rows = static_cast<int32_t>(plan.rows.size());
+  step.rows.cost_width = 1;
+  send_plan(g, std::move(step));
 }
 
 wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {
@@ -525,7 +551,7 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   // Results come back in the order the steps were sent.
   group_state::flight st = std::move(gs.flights.front());
   gs.flights.pop_front();
-  trace_.add("result", st.step_id, g, static_cast<int64_t>(st.rows.size()));
+  trace_.add("result", st.step_id, g, static_cast<int64_t>(st.rows.ids.size()));
   // The step's own time: from its sending, or from the previous result when it queued behind it.
   const auto started = std::max(st.sent_at, gs.last_result_at);
   gs.last_result_at = clock::now();
@@ -536,25 +562,24 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
   try {
     res = wire::decode_step_result(bytes);
     if (!res->ok) failure = res->error;
-    else if (res->rows.size() != st.rows.size()) failure = "result has the wrong number of rows";
+    else if (res->rows.size() != st.rows.ids.size()) failure = "result has the wrong number of rows";
   } catch (const error& e) {
     failure = std::string("corrupt step result: ") + e.what();
   }
-  if (failure.empty() && st.cost_kind >= 0)
-    gs.costs.add(st.cost_kind, st.cost_rows, st.cost_width, res->step_ms > 0 ? res->step_ms / 1000.0 : seconds);
+  if (failure.empty()) gs.round.record_time(st.rows, res->step_ms > 0 ? res->step_ms / 1000.0 : seconds);
   if (failure.empty() && res->decode_rows > 0 && observer_.on_decode_attention)
     observer_.on_decode_attention(res->decode_rows, res->sparse_rows, res->pages_read);
-  const std::vector<uint64_t>& ids = st.rows;
-  if (!failure.empty()) gs.round_active = false;
+  const std::vector<uint64_t>& ids = st.rows.ids;
+  if (!failure.empty()) gs.round.abort();
   // The step is no longer in flight for its requests.
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);
     if (it == requests_.end() || ids[i] == 0) continue;
     request_state& r = it->second;
     --r.in_steps;
-    if (st.kind == group_state::step_kind::kPlain) {
-      r.flight_consumed -= st.tokens[i];
-      if (st.emits[i]) --r.flight_outputs;
+    if (st.rows.kind == step_kind::kPlain) {
+      r.flight_consumed -= st.rows.tokens[i];
+      if (st.rows.emits[i]) --r.flight_outputs;
     }
   }
   if (!st.saves.empty()) insert_saves(gs, st.saves, failure.empty());
@@ -566,7 +591,7 @@ void scheduler::handle_result(int g, const std::vector<uint8_t>& bytes) {
 void scheduler::process_result(int g, const group_state::flight& st, const std::optional<wire::step_result>& res,
                                const std::string& failure) {
   group_state& gs = groups_[static_cast<size_t>(g)];
-  const std::vector<uint64_t>& ids = st.rows;
+  const std::vector<uint64_t>& ids = st.rows.ids;
   // Failures and cancellations first; they end the request whatever the step was.
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = requests_.find(ids[i]);
@@ -581,39 +606,10 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
     }
   }
   if (!failure.empty()) return;
-  switch (st.kind) {
-    case group_state::step_kind::kDraft:
-      for (size_t i = 0; i < ids.size(); ++i) {
-        auto it = requests_.find(ids[i]);
-        // Step k's proposal is not verified (the step only advances the draft's state).
-        if (it == requests_.end() || static_cast<int32_t>(it->second.drafts.tokens.size()) >= gs.round_k) continue;
-        if (row_failed(g, ids[i], *res, i)) continue;
-        const std::vector<int32_t>& toks = res->rows[i].tokens;
-        it->second.drafts.tokens.push_back(toks.at(0));
-        it->second.drafts.parent.push_back(static_cast<int32_t>(it->second.drafts.parent.size()));
-        if (gs.round_step == 0) it->second.siblings.assign(toks.begin() + 1, toks.end());
-      }
-      ++gs.round_step;
-      return;
-    case group_state::step_kind::kVerify:
-      handle_verify(g, *res);
-      // Extend rows after the verify rows: prefill chunks, as in a plain step.
-      for (size_t i = gs.round_ids.size(); i < ids.size(); ++i) {
-        auto it = requests_.find(ids[i]);
-        if (it == requests_.end()) continue;
-        request_state& r = it->second;
-        r.consumed += st.tokens[i];
-        if (r.consumed < r.total_len()) continue;
-        if (row_failed(g, ids[i], *res, i)) continue;
-        emit(r, {res->rows[i].tokens.at(0)}, &res->rows[i]);
-      }
-      return;
-    case group_state::step_kind::kDraftCatchUp:
-      for (uint64_t id : ids)
-        if (auto it = requests_.find(id); it != requests_.end()) it->second.draft_lag.clear();
-      return;
-    case group_state::step_kind::kPlain:
-      break;
+  if (st.rows.kind != step_kind::kPlain) {
+    group_host host(*this, g);
+    gs.round.take_result(host, st.rows, *res);
+    return;
   }
   int64_t wasted = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -623,8 +619,8 @@ void scheduler::process_result(int g, const group_state::flight& st, const std::
       continue;
     }
     request_state& r = it->second;
-    r.consumed += st.tokens[i];
-    if (!st.emits[i]) continue;  // a prefill chunk that does not end the prompt
+    r.consumed += st.rows.tokens[i];
+    if (!st.rows.emits[i]) continue;  // a prefill chunk that does not end the prompt
     if (row_failed(g, ids[i], *res, i)) continue;
     emit(r, {res->rows[i].tokens.at(0)}, &res->rows[i]);
   }

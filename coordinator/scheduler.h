@@ -25,7 +25,9 @@
 #include "coordinator/memory_book.h"
 #include "coordinator/prefix_tree.h"
 #include "coordinator/request.h"
+#include "coordinator/request_state.h"
 #include "coordinator/speculative.h"
+#include "coordinator/speculative_round.h"
 #include "coordinator/transport.h"
 
 namespace hyserve::coordinator {
@@ -99,60 +101,7 @@ class scheduler final : public frontend {
   void seed_step_times(int g, const spec::step_costs& costs);
 
  private:
-  // Step kinds of the measured step times (group_state::costs; spec::step_costs::entry::kind).
-  static constexpr int kCostDecode = 0, kCostVerify = 1, kCostDraft = 2;
   using clock = std::chrono::steady_clock;
-  struct request_state {
-    generate_request req;
-    std::vector<int32_t> output;
-    int group = -1;
-    int32_t req_slot = -1, mamba_slot = -1;
-    std::vector<int32_t> pages;
-    // Prefix caching: which of pages the group's tree owns (shared), the tree nodes this request
-    // holds, the prompt tokens it found cached, and the checkpoint its first step restores.
-    std::vector<uint8_t> page_shared;
-    std::vector<int32_t> held_nodes;
-    int32_t pinned_node = -1;  // prefix-tree node whose checkpoint it started from (pinned)
-    int32_t cached_tokens = 0;
-    int32_t restore_from = -1;
-    // Decode checkpoint: the state after gen_ckpt_pages pages of prompt + output, saved by the
-    // decode step that fed the token ending that page (the newest one that came back); the tree
-    // takes it with those pages when the request finishes (a later turn resends this answer).
-    int32_t gen_ckpt_slot = -1, gen_ckpt_pages = 0;
-    uint64_t admit_tick = 0;  // the tree's clock when the request was admitted
-    int32_t consumed = 0;  // tokens of prompt + output already in the cache
-    bool pages_sent = false;
-    int32_t in_steps = 0;  // steps in flight that carry a row of this request
-    bool cancelled = false;
-    // Overlapped loop: tokens fed by plain steps in flight, and the tokens those steps will
-    // emit (their values reach the worker's next step as placeholders).
-    int32_t flight_consumed = 0, flight_outputs = 0;
-    clock::time_point first_token;
-    // Speculative decoding.
-    std::optional<spec::draft_budget> budget;
-    spec::draft_tree drafts;  // the round in flight (draft_model: grows one token per Draft step)
-    int32_t round_drafts = 0;  // drafts that count this round
-    // Draft-model trees: the draft's runner-up tokens at the first position (siblings of the
-    // greedy chain), and accepted tokens the draft model has not consumed yet (an accepted
-    // sibling), fed to it by a DraftExtend step before anything else runs on it.
-    std::vector<int32_t> siblings;
-    std::vector<int32_t> draft_lag;
-    int32_t round_cap = 0;    // draft nodes allowed this round (chain + siblings)
-    int32_t chain_nodes = 0;  // nodes 1..chain_nodes of the verified tree are the greedy chain
-    int64_t drafted = 0, accepted = 0;
-    std::vector<int32_t> lookup_tokens;  // n-gram lookup: prompt + output, contiguous
-    int32_t total_len() const { return static_cast<int32_t>(req.input_ids.size() + output.size()); }
-    int32_t token_at(int32_t i) const {
-      const auto n = static_cast<int32_t>(req.input_ids.size());
-      return i < n ? req.input_ids[static_cast<size_t>(i)] : output[static_cast<size_t>(i - n)];
-    }
-    // What the cache and the output will hold once the steps in flight are done.
-    int32_t fed() const { return consumed + flight_consumed; }
-    int32_t known_len() const { return total_len() + flight_outputs; }
-    // The token at position i of known_len(): a placeholder (the worker's last sampled token
-    // of the request's state slot) where the step in flight has not returned it yet.
-    int32_t token_or_placeholder(int32_t i) const { return i < total_len() ? token_at(i) : -(mamba_slot + 1); }
-  };
   // A request's slots and pages, returned to the free lists (deferred until the last step in
   // flight that carries the request has come back).
   struct held_resources {
@@ -170,80 +119,43 @@ class scheduler final : public frontend {
     bool decode = false;
   };
   struct group_state {
+    group_state(memory_book m, speculative_round r) : mem(std::move(m)), round(std::move(r)) {}
     memory_book mem;  // pages, slots, checkpoints and the prefix tree
+    speculative_round round;  // speculative decoding: the round in progress, measured step times
     std::vector<uint64_t> running;
-    // The step being built: its rows, tokens fed per row, whether a row emits its sampled token
-    // (plain steps), and what kind of step it is (speculative decoding: draft / verify steps).
-    std::vector<uint64_t> step_rows;
-    std::vector<int32_t> step_tokens;
-    std::vector<uint8_t> step_emits;
-    enum class step_kind : uint8_t { kPlain, kDraft, kVerify, kDraftCatchUp };
-    step_kind kind = step_kind::kPlain;
     // Steps sent whose results have not come back, oldest first: one, or two with
     // scheduler.overlap (the next plain step is sent while the previous one runs).
     struct flight {
       uint64_t step_id = 0;
       std::string mode;
-      std::vector<uint64_t> rows;
-      std::vector<int32_t> tokens;
-      std::vector<uint8_t> emits;
-      step_kind kind = step_kind::kPlain;
+      step_rows rows;
       clock::time_point sent_at;
-      int cost_kind = -1;
-      int32_t cost_rows = 0, cost_width = 0;
       std::vector<held_resources> deferred;  // released once this step's result is in
       std::vector<pending_save> saves;       // checkpoints the step writes
     };
     std::deque<flight> flights;
     bool in_flight() const { return !flights.empty(); }
     clock::time_point last_result_at, last_plan_at;
-    // Speculative decoding: commits for the next plan, and the draft-model round in progress
-    // (its rows keep their order across its Draft steps).
-    std::vector<wire::commit_op> commits, draft_commits;
-    std::vector<wire::kv_move_op> kv_moves;
-    bool round_active = false;
-    std::vector<uint64_t> round_ids;
-    int32_t round_k = 0, round_step = 0;
-    // Requests in prefill when the round started: their next chunks ride in the round's
-    // TargetVerify step as extend rows (docs/ARCHITECTURE.md, Speculative decoding: prefill chunks ride along), within max_batch_tokens.
-    std::vector<uint64_t> round_prefill;
-    // The last verify step had prefill waiting but no token budget left for it: the next step
-    // is a plain one that carries the prefill, so it cannot starve.
-    bool prefill_starved = false;
-    // Measured step times (pure decode, pure verify and draft steps by rows and tokens per row)
-    // for the round's cost/benefit check, and the key of the step in flight (kind -1: none).
-    spec::step_costs costs;
-    int cost_kind = -1;
-    int32_t cost_rows = 0, cost_width = 0;
-    int64_t skipped_rounds = 0;  // consecutive rounds the cost check skipped
-    spec::acceptance_prior accept;  // acceptance over the group's rounds (requests' prior)
     // Prefix caching: the state copies and checkpoints of the step being built.
     std::vector<wire::state_copy_op> restores, saves;
     std::vector<pending_save> step_saves;
   };
+  // The scheduler as group g's speculative rounds see it.
+  class group_host;
+  friend class group_host;
 
   void take_submissions();
   void take_cancellations();
   void admit();
   void schedule_group(int g);
   void schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
-  bool start_round(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
-  // The next prefill chunk of r (at most max_tokens tokens) as a plan row; marks r in the step.
+  // The next prefill chunk of r (n tokens) as a plan row.
   wire::plan_row prefill_row(request_state& r, int32_t n);
-  void send_round_step(int g);
-  // The round's predicted gain over a plain step (spec::round_gain) from the group's measured
-  // step times and the requests' acceptance estimates (infinite while the round's time is not
-  // measured yet).
-  double round_gain(int g, const std::vector<uint64_t>& decode_ids, int32_t most, int32_t cap_all) const;
-  // Draft-model trees: a DraftExtend step feeding the draft model the accepted tokens it missed.
-  bool send_draft_catch_up(int g);
-  int32_t draft_tree_width() const;
-  void send_plan(int g, wire::step_plan& plan, const char* mode);
+  void send_plan(int g, built_step step);
   wire::plan_row base_row(request_state& r) const;
   // Appends tokens to a request's output, finishing it on a stop token, max_new_tokens or the
   // context limit (later tokens are dropped). Returns true when it finished.
   bool emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row = nullptr);
-  void handle_verify(int g, const wire::step_result& res);
   // A row the worker returned without tokens (it refused that row only): fails its request
   // with the worker's message and returns true.
   bool row_failed(int g, uint64_t id, const wire::step_result& res, size_t row);
