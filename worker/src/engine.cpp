@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/sampling.h"
-#include "hyserve/worker/hybrid_metadata.h"
+#include "hyserve/common/forward_mode.h"
+#include "hyserve/common/wire.h"
 
 namespace hyserve::worker {
 
@@ -23,33 +25,34 @@ std::unique_ptr<model> build_local_model(const service_config& cfg, collective* 
 }  // namespace
 
 engine::engine(const service_config& cfg) : comm_(make_local_collective()) {
-  model_ = build_local_model(cfg, comm_.get());
-  init_pools(cfg.cache);
+  init(build_local_model(cfg, comm_.get()), cfg.cache);
 }
 
-engine::engine(std::unique_ptr<model> m, const cache_section& cache) : model_(std::move(m)) { init_pools(cache); }
+engine::engine(std::unique_ptr<model> m, const cache_section& cache) { init(std::move(m), cache); }
 
-void engine::init_pools(const cache_section& cache) {
+void engine::init(std::unique_ptr<model> m, const cache_section& cache) {
   page_size_ = cache.page_size;
-  pools_ = make_state_pools(*model_, cache, nullptr);
-  pages_ = std::make_unique<kv_page_allocator>(pools_.num_pages);
-  slots_ = std::make_unique<mamba_slot_allocator>(cache.max_requests);
+  runner_ = std::make_unique<runner>(std::move(m), cache, comm_.get());
+  const wire::hello h = runner_->capacity(0);
+  max_context_ = h.max_context;
+  pages_ = std::make_unique<index_pool>("kv page", h.num_pages);
+  req_slots_ = std::make_unique<index_pool>("request slot", h.max_requests);
+  state_slots_ = std::make_unique<index_pool>("mamba slot", h.mamba_slots);
 }
 
 engine::~engine() = default;
 
 int32_t engine::open_request() {
-  auto req_slot = pools_.req_to_token->alloc();
+  auto req_slot = req_slots_->alloc();
   if (!req_slot) throw capacity_error("no free request slot (cache.max_requests = " +
-                                      std::to_string(pools_.req_to_token->max_requests()) + ")");
-  auto mamba_slot = slots_->alloc();
+                                      std::to_string(req_slots_->size()) + ")");
+  auto mamba_slot = state_slots_->alloc();
   if (!mamba_slot) {
-    pools_.req_to_token->free(*req_slot);
+    req_slots_->free(*req_slot);
     throw capacity_error("no free mamba state slot");
   }
-  pools_.recurrent->reset_slot(*mamba_slot);
   const int32_t handle = next_handle_++;
-  requests_[handle] = request_state{*req_slot, *mamba_slot, 0, {}};
+  requests_[handle] = request_state{*req_slot, *mamba_slot, 0, {}, true};
   return handle;
 }
 
@@ -57,57 +60,70 @@ void engine::close_request(int32_t request) {
   auto it = requests_.find(request);
   if (it == requests_.end()) throw invalid_argument_error("unknown request " + std::to_string(request));
   pages_->free(it->second.pages);
-  pools_.req_to_token->free(it->second.req_slot);
-  slots_->free(it->second.mamba_slot);
+  req_slots_->free(it->second.req_slot);
+  released_req_slots_.push_back(it->second.req_slot);
+  state_slots_->free(it->second.mamba_slot);
   requests_.erase(it);
 }
 
 int32_t engine::cached_len(int32_t request) const { return requests_.at(request).cached; }
 
-void engine::reserve_kv(request_state& r, int32_t new_len) {
-  if (new_len > pools_.req_to_token->max_context())
+std::vector<int32_t> engine::reserve_kv(request_state& r, int32_t new_len) {
+  if (new_len > max_context_)
     throw capacity_error("sequence length " + std::to_string(new_len) + " exceeds cache.max_context = " +
-                         std::to_string(pools_.req_to_token->max_context()));
+                         std::to_string(max_context_));
   const int32_t need = pages_needed(new_len, page_size_) - static_cast<int32_t>(r.pages.size());
-  if (need <= 0) return;
+  if (need <= 0) return {};
   auto got = pages_->alloc(need);
   if (!got) throw capacity_error("out of KV pages (" + std::to_string(pages_->available()) + " free, " +
                                  std::to_string(need) + " needed)");
-  int32_t* table = pools_.req_to_token->row(r.req_slot);
-  for (int32_t page : *got) {
-    const int32_t first = static_cast<int32_t>(r.pages.size()) * page_size_;
-    for (int32_t o = 0; o < page_size_ && first + o < pools_.req_to_token->max_context(); ++o)
-      table[first + o] = page * page_size_ + o;
-    r.pages.push_back(page);
-  }
+  r.pages.insert(r.pages.end(), got->begin(), got->end());
+  return *got;
 }
 
 host_tensor engine::step(forward_mode mode, const std::vector<step_row>& rows, const forward_options& opts) {
-  forward_batch batch;
-  batch.mode = mode;
+  wire::step_plan plan;
+  plan.step_id = next_step_++;
+  plan.mode = mode_byte(mode);
   const bool scratch_step = writes_step_scratch(mode);  // TargetVerify, Draft: per-step states in scratch
   if (scratch_step) {
     for (const step_row& in : rows)
-      batch.draft_len = std::max(batch.draft_len, static_cast<int32_t>(in.tokens.size()));
+      plan.draft_len = std::max(plan.draft_len, static_cast<int32_t>(in.tokens.size()));
   }
-  for (const step_row& in : rows) {
-    auto it = requests_.find(in.request);
-    if (it == requests_.end()) throw invalid_argument_error("unknown request " + std::to_string(in.request));
-    request_state& r = it->second;
-    reserve_kv(r, r.cached + static_cast<int32_t>(in.tokens.size()));
-    batch_row row;
-    row.request_id = in.request;
-    row.req_slot = r.req_slot;
-    row.mamba_slot = r.mamba_slot;
-    row.prefix_len = r.cached;
-    row.tokens = in.tokens;
-    row.is_decode = mode == forward_mode::kMixed && in.tokens.size() == 1 && r.cached > 0;
-    batch.rows.push_back(std::move(row));
+  // Pages added for this step: given back if it fails, so the next step sends them again.
+  std::vector<std::pair<request_state*, size_t>> added;
+  host_tensor logits;
+  try {
+    for (const step_row& in : rows) {
+      auto it = requests_.find(in.request);
+      if (it == requests_.end()) throw invalid_argument_error("unknown request " + std::to_string(in.request));
+      request_state& r = it->second;
+      wire::plan_row row;
+      row.first_page_pos = static_cast<int32_t>(r.pages.size()) * page_size_;
+      row.new_pages = reserve_kv(r, r.cached + static_cast<int32_t>(in.tokens.size()));
+      added.emplace_back(&r, row.new_pages.size());
+      row.request_id = in.request;
+      row.req_slot = r.req_slot;
+      row.mamba_slot = r.mamba_slot;
+      row.prefix_len = r.cached;
+      row.tokens = in.tokens;
+      row.is_decode = mode == forward_mode::kMixed && in.tokens.size() == 1 && r.cached > 0;
+      row.reset_state = r.fresh;
+      plan.rows.push_back(std::move(row));
+    }
+    plan.free_req_slots = released_req_slots_;
+    logits = runner_->forward_logits(plan, opts);
+  } catch (...) {
+    for (auto it = added.rbegin(); it != added.rend(); ++it) {
+      std::vector<int32_t>& pages = it->first->pages;
+      const std::vector<int32_t> back(pages.end() - static_cast<std::ptrdiff_t>(it->second), pages.end());
+      pages_->free(back);
+      pages.resize(pages.size() - it->second);
+    }
+    throw;
   }
-  const hybrid_metadata meta = build_hybrid_metadata(batch);
-  if (scratch_step) pools_.ensure_steps(static_cast<int32_t>(batch.rows.size()), batch.draft_len, model_->exec().device);
-  const model_context ctx = pools_.context();
-  host_tensor logits = model_->forward(batch, meta, ctx, opts);
+  released_req_slots_.clear();
+  for (const step_row& in : rows) requests_[in.request].fresh = false;
   if (scratch_step) return logits;  // nothing committed: the request's cache and state stay as they were
   for (const step_row& in : rows) requests_[in.request].cached += static_cast<int32_t>(in.tokens.size());
   return logits;

@@ -102,6 +102,16 @@ wire::hello runner::capacity(int32_t dp_rank) const {
   return h;
 }
 
+host_tensor runner::forward_logits(const wire::step_plan& plan, const forward_options& opts) {
+  forward_batch batch;
+  prepare(plan, batch);
+  ++executed_;
+  const hybrid_metadata meta = build_hybrid_metadata(batch);
+  if (writes_step_scratch(batch.mode))
+    pools_.ensure_steps(static_cast<int32_t>(batch.rows.size()), batch.draft_len, model_->exec().device);
+  return model_->forward(batch, meta, pools_.context(), opts);
+}
+
 void runner::prepare(const wire::step_plan& plan, forward_batch& batch) {
   if (fault_.step == executed_ && (comm_ ? comm_->rank() : 0) == fault_.rank)
     throw error("injected worker failure in step " + std::to_string(executed_));

@@ -1,14 +1,19 @@
 #pragma once
-// Single-process engine: one model (tp = 1) with its own memory pools, driven step by step.
-// Used by the offline generator and the model tests; the distributed worker executes plans
-// with the same model and pools, with the coordinator doing the bookkeeping done here.
+// Single-process engine: one model (tp = 1) driven step by step with every logit back, for the
+// model tests and tools that compare logits or hidden states (hyserve-generate --logits). It is
+// the service's plan runner (worker::runner, forward_logits) under a minimal bookkeeping of its
+// own (request and state slots, KV pages): each step is a wire::step_plan, prepared as the
+// service prepares it. Generation as the service runs it (scheduler + runner, sampling on the
+// device) is coordinator::local_service.
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "hyserve/common/config.h"
+#include "hyserve/common/index_pool.h"
 #include "hyserve/worker/model.h"
+#include "hyserve/worker/runner.h"
 #include "hyserve/worker/state_pools.h"
 
 namespace hyserve::worker {
@@ -25,9 +30,9 @@ class engine {
   engine(std::unique_ptr<model> m, const cache_section& cache);
   ~engine();
 
-  const model_config& config() const { return model_->config(); }
+  const model_config& config() const { return runner_->get_model().config(); }
   // The request state (KV pages, recurrent state) in their configured element types.
-  const state_pools& pools() const { return pools_; }
+  const state_pools& pools() const { return runner_->pools(); }
 
   // A request slot with zeroed SSM/conv state; throws capacity_error when none is free.
   int32_t open_request();
@@ -54,18 +59,21 @@ class engine {
     int32_t mamba_slot = -1;
     int32_t cached = 0;
     std::vector<int32_t> pages;
+    bool fresh = true;  // its first step resets the recurrent state slot
   };
-  void init_pools(const cache_section& cache);
-  void reserve_kv(request_state& r, int32_t new_len);
+  void init(std::unique_ptr<model> m, const cache_section& cache);
+  // Pages for new_len tokens: the ones added (capacity_error when there are not enough).
+  std::vector<int32_t> reserve_kv(request_state& r, int32_t new_len);
 
   std::unique_ptr<collective> comm_;
-  std::unique_ptr<model> model_;
+  std::unique_ptr<runner> runner_;
   int32_t page_size_ = 16;
-  std::unique_ptr<kv_page_allocator> pages_;
-  std::unique_ptr<mamba_slot_allocator> slots_;
-  state_pools pools_;
+  int32_t max_context_ = 0;
+  std::unique_ptr<index_pool> pages_, req_slots_, state_slots_;
+  std::vector<int32_t> released_req_slots_;  // their page tables are cleared by the next step
   std::unordered_map<int32_t, request_state> requests_;
   int32_t next_handle_ = 0;
+  uint64_t next_step_ = 1;
 };
 
 }  // namespace hyserve::worker

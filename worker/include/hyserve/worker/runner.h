@@ -54,6 +54,14 @@ class runner {
   bool oldest_ready() const;
   wire::step_result finish();
   const model& get_model() const { return *model_; }
+  // The request state the plans run on (KV pages, recurrent state), in their element types.
+  const state_pools& pools() const { return pools_; }
+
+  // A plan's forward pass on the target model with the caller's options, returning the model's
+  // logits (nothing is sampled): the plan is prepared as for execute (page tables, released
+  // slots, state resets, commits, restores). Throws on a bad plan. For what needs the logits or
+  // hidden states of the service's steps: worker::engine (model tests, hyserve-generate --logits).
+  host_tensor forward_logits(const wire::step_plan& plan, const forward_options& opts);
 
   // Host wall time of the executed plans by forward-mode byte, split into phases: prepare (page
   // tables, state resets, the previous round's commits), forward (metadata, the model's forward
