@@ -33,6 +33,7 @@ local_batch::local_batch(scheduler& sched, const std::vector<local_request>& req
       std::lock_guard lock(mu_);
       local_generation& o = out_[i];
       o.output.insert(o.output.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+      o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
       if (ev.finished) {
         o.reason = ev.reason;
         o.error = ev.error;

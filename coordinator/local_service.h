@@ -57,6 +57,7 @@ struct local_request {
 
 struct local_generation {
   std::vector<int32_t> output;
+  std::vector<float> logprobs;  // with sampling.logprobs: one per output token
   finish_reason reason = finish_reason::kAbort;
   std::optional<std::string> error;
   int64_t drafted = 0, accepted = 0;

@@ -45,7 +45,7 @@ class scheduler::group_host final : public round_host {
   }
   wire::plan_row base_row(request_state& r) override { return s_.base_row(r); }
   wire::plan_row prefill_row(request_state& r, int32_t n) override { return s_.prefill_row(r, n); }
-  int32_t prefill_chunk(const request_state& r, int32_t n) override { return s_.prefill_chunk(r, n); }
+  int32_t next_chunk(const request_state& r, int32_t budget) override { return s_.next_chunk(r, budget); }
   bool emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row) override {
     return s_.emit(r, tokens, row);
   }
@@ -432,7 +432,8 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   for (uint64_t id : prefill_ids) {
     if (budget <= 0) break;
     request_state& r = requests_.at(id);
-    const int32_t n = prefill_chunk(r, std::min({r.known_len() - r.fed(), cfg_.scheduler.chunked_prefill, budget}));
+    const int32_t n = next_chunk(r, budget);
+    if (n <= 0) continue;  // its next chunk does not fit this step (a later one may)
     add_row(r, n, false);
   }
   if (plan.rows.empty()) return;
@@ -454,6 +455,13 @@ void scheduler::schedule_plain(int g, const std::vector<uint64_t>& decode_ids, c
   step.rows.cost_rows = static_cast<int32_t>(plan.rows.size());
   step.rows.cost_width = 1;
   send_plan(g, std::move(step));
+}
+
+int32_t scheduler::next_chunk(const request_state& r, int32_t budget) const {
+  const int32_t c = std::min(cfg_.scheduler.chunked_prefill, cfg_.scheduler.max_batch_tokens);
+  const int32_t f = r.fed();
+  const int32_t n = std::min(r.known_len() - f, c - f % c);
+  return n > budget ? 0 : prefill_chunk(r, n);
 }
 
 wire::plan_row scheduler::prefill_row(request_state& r, int32_t n) {

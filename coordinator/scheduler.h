@@ -151,6 +151,12 @@ class scheduler final : public frontend {
   void schedule_plain(int g, const std::vector<uint64_t>& decode_ids, const std::vector<uint64_t>& prefill_ids);
   // The next prefill chunk of r (n tokens) as a plan row.
   wire::plan_row prefill_row(request_state& r, int32_t n);
+  // The length of r's next prefill chunk within budget tokens: up to the next multiple of
+  // min(chunked_prefill, max_batch_tokens) counted from the prompt's first token, so where a
+  // prompt is split depends on that request alone (batch invariance: docs/ARCHITECTURE.md),
+  // then cut where the prefix cache wants a checkpoint (prefill_chunk); 0 when it does not fit:
+  // the request waits for a step with room rather than being cut at the budget.
+  int32_t next_chunk(const request_state& r, int32_t budget) const;
   void send_plan(int g, built_step step);
   wire::plan_row base_row(request_state& r) const;
   // Appends tokens to a request's output, finishing it on a stop token, max_new_tokens or the

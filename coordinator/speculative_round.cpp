@@ -23,7 +23,6 @@ constexpr double kRemeasureGain = 0.8;
 speculative_round::speculative_round(const service_config& cfg, int32_t page_size, int32_t max_context)
     : cfg_(cfg.speculative),
       max_batch_tokens_(cfg.scheduler.max_batch_tokens),
-      chunked_prefill_(cfg.scheduler.chunked_prefill),
       page_size_(page_size),
       max_context_(max_context) {}
 
@@ -201,7 +200,7 @@ built_step speculative_round::next_step(round_host& h) {
       request_state* found = h.find(id);
       if (found == nullptr) continue;
       request_state& r = *found;
-      const int32_t n = h.prefill_chunk(r, std::min({r.total_len() - r.consumed, chunked_prefill_, budget}));
+      const int32_t n = h.next_chunk(r, budget);
       if (n <= 0) continue;
       plan.rows.push_back(h.prefill_row(r, n));
       out.rows.add(id, n);

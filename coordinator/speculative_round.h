@@ -52,8 +52,8 @@ class round_host {
   virtual wire::plan_row base_row(request_state& r) = 0;
   // The next prefill chunk of r (n tokens) as a plan row.
   virtual wire::plan_row prefill_row(request_state& r, int32_t n) = 0;
-  // A prefill chunk of at most n tokens (cut where the prefix cache wants a checkpoint).
-  virtual int32_t prefill_chunk(const request_state& r, int32_t n) = 0;
+  // The length of r's next prefill chunk within budget tokens (0: it does not fit).
+  virtual int32_t next_chunk(const request_state& r, int32_t budget) = 0;
   // Appends tokens to r's output; true when that finished the request.
   virtual bool emit(request_state& r, const std::vector<int32_t>& tokens, const wire::row_result* row) = 0;
   // A row the worker refused: fails its request and returns true.
@@ -108,7 +108,7 @@ class speculative_round {
   int32_t tree_width() const;
 
   speculative_section cfg_;
-  int32_t max_batch_tokens_, chunked_prefill_, page_size_, max_context_;
+  int32_t max_batch_tokens_, page_size_, max_context_;
   bool active_ = false;
   std::vector<uint64_t> ids_;  // the round's requests; their rows keep this order across steps
   int32_t k_ = 0, step_ = 0;

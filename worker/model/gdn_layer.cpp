@@ -136,9 +136,10 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     s.kernel = w.prefill_kernel;
     kernels::run(s, ctx);
   };
-  scan.update = [&] {
+  scan.update = [&](int64_t rows) {
     kernels::gdn_state_update_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
+    s.batch = rows;
     kernels::run(s, ctx);
   };
   scan.steps = [&](const int32_t* retrieve_parent, const int32_t* first_step) {

@@ -320,9 +320,14 @@ void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& met
       in.first_step = at(l.first_step_at, l.batch);
       in.spec_first_step = true;
       break;
+    case forward_mode::kMixed:
+      if (l.extend_slots) {
+        in.extend_slots = at(l.extend_slots_at, l.batch);
+        in.mixed_decode_rows = meta.mixed_decode_rows;
+      }
+      break;
     case forward_mode::kExtend:
     case forward_mode::kDecode:
-    case forward_mode::kMixed:
     case forward_mode::kIdle:
     case forward_mode::kDraftExtend:
       break;
@@ -537,12 +542,13 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
     set_prefill_rows(s, slots, in, w.chunk_size);
     kernels::run(s, ctx);
   };
-  scan.update = [&] {
+  scan.update = [&](int64_t rows) {
     kernels::selective_state_update_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
+    s.batch = rows;
     kernels::run(s, ctx);
     profile(ctx, "mamba.ssm",
-            2.0 * static_cast<double>(in.batch_size * w.heads * w.head_dim * w.d_state) *
+            2.0 * static_cast<double>(rows * w.heads * w.head_dim * w.d_state) *
                     static_cast<double>(dtype_size(state.ssm.type())) +
                 nbytes(xbc) + nbytes(y));
   };

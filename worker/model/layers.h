@@ -142,6 +142,9 @@ struct step_inputs {
   int64_t spec_rows = 0;
   bool spec_extend = false;
   device_array extend_slots;     // i32 [bs]
+  // Mixed: the leading decode rows (hybrid_metadata::mixed_decode_rows). The recurrent mixers run
+  // their one-token update over them and prefill the rest with extend_slots (decode rows -1).
+  int64_t mixed_decode_rows = 0;
   // Sampling on the device (worker::step_sampling): settings and feed slot per logits row.
   bool sampling = false;
   device_array sample_settings;  // kernels::sample_settings [n_logit_rows]

@@ -58,25 +58,34 @@ void run_recurrent_mixer(mixer_path path, const mixer_conv& conv, const step_inp
     scan.prefill(slots);
   };
   const double window_bytes = 4.0 * static_cast<double>(conv.dim * (conv.width - 1));
+  // One token per row over the first `rows` rows (tokens 0 .. rows - 1), from and to its slot.
+  auto update = [&](int64_t rows) {
+    kernels::conv1d_update_params c;
+    set_conv(c, conv, state);
+    c.state_indices = in.mamba_slots.as<int32_t>();
+    c.batch = rows;
+    kernels::run(c, ctx);
+    // Each token's channels read and written, the weights, each row's window read and written.
+    profile(ctx, labels.conv,
+            static_cast<double>(rows * conv.dim) * 8.0 + nbytes(*conv.weight) +
+                2.0 * static_cast<double>(rows) * window_bytes);
+    scan.update(rows);
+  };
   switch (path) {
     case mixer_path::kIdle:
       return;
     case mixer_path::kPrefill:
+      if (in.mixed_decode_rows > 0) {
+        // Mixed: the leading decode rows (tokens 0 .. n - 1) as in a Decode step, then the rest.
+        update(in.mixed_decode_rows);
+        if (in.mixed_decode_rows < in.batch_size) prefill(in.extend_slots);
+        return;
+      }
       prefill(in.mamba_slots);
       return;
-    case mixer_path::kUpdate: {
-      kernels::conv1d_update_params c;
-      set_conv(c, conv, state);
-      c.state_indices = in.mamba_slots.as<int32_t>();
-      c.batch = in.batch_size;
-      kernels::run(c, ctx);
-      // Each token's channels read and written, the weights, each row's window read and written.
-      profile(ctx, labels.conv,
-              static_cast<double>(in.num_tokens * conv.dim) * 8.0 + nbytes(*conv.weight) +
-                  2.0 * static_cast<double>(in.batch_size) * window_bytes);
-      scan.update();
+    case mixer_path::kUpdate:
+      update(in.batch_size);
       return;
-    }
     case mixer_path::kSteps: {
       kernels::conv1d_update_multi_params c;
       set_conv(c, conv, state);

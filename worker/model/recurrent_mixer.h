@@ -3,7 +3,9 @@
 // picks one of three paths, the causal conv over the mixer's conv channels runs that path, and
 // the mixer's scan follows it.
 //   prefill  (Extend, Mixed, DraftExtend): varlen conv from each row's slot, then the chunked
-//            scan from the slot's state; final conv window and state back to the slot;
+//            scan from the slot's state; final conv window and state back to the slot. A Mixed
+//            step's leading decode rows take the update path instead (then the other rows
+//            prefill), so a decode row's result does not depend on what shares its step;
 //   update   (Decode): one token per row, window and state updated in place;
 //   steps    (TargetVerify, Draft): every token's window and state written to the per-step
 //            storage, the slot's untouched (the commit copies the accepted step later); a
@@ -35,8 +37,8 @@ struct mixer_conv {
 struct mixer_scan {
   // The chunked scan over the rows whose slot in `slots` is >= 0 (after their varlen conv).
   std::function<void(const device_array& slots)> prefill;
-  // One token per row from and to its slot.
-  std::function<void()> update;
+  // One token per row from and to its slot, over the first `rows` rows.
+  std::function<void(int64_t rows)> update;
   // Every token to its step column (tree parents and start columns as the conv used them).
   std::function<void(const int32_t* retrieve_parent, const int32_t* first_step)> steps;
 };

@@ -55,7 +55,9 @@ step_layout layout_of(const hybrid_metadata& meta, const attention_step* step, b
                           step != nullptr, step ? step->page_table_stride : 0,
                           parents ? static_cast<int64_t>(meta.retrieve_parent.size()) : 0,
                           meta.mode == forward_mode::kDraft,
-                          meta.mode == forward_mode::kTargetVerify && meta.verify_rows < meta.batch_size, sampling);
+                          (meta.mode == forward_mode::kTargetVerify && meta.verify_rows < meta.batch_size) ||
+                              (meta.mode == forward_mode::kMixed && meta.mixed_decode_rows > 0),
+                          sampling);
 }
 
 void pack_step(const step_layout& l, const hybrid_metadata& meta, const attention_step* step,
@@ -110,9 +112,11 @@ void pack_step(const step_layout& l, const hybrid_metadata& meta, const attentio
     std::copy(meta.draft_steps.begin(), meta.draft_steps.end(), out + l.first_step_at);
   }
   if (l.extend_slots) {
-    need(meta.verify_rows <= bs, "verify_rows exceed the batch");
+    // The leading rows that do not prefill: TargetVerify's verify rows, Mixed's decode rows.
+    const int64_t lead = meta.mode == forward_mode::kMixed ? meta.mixed_decode_rows : meta.verify_rows;
+    need(lead <= bs, "verify / decode rows exceed the batch");
     int32_t* ext = out + l.extend_slots_at;
-    for (int64_t b = 0; b < bs; ++b) ext[b] = b < meta.verify_rows ? -1 : meta.mamba_slots[static_cast<size_t>(b)];
+    for (int64_t b = 0; b < bs; ++b) ext[b] = b < lead ? -1 : meta.mamba_slots[static_cast<size_t>(b)];
   }
   if (l.sampling) {
     need(sampling != nullptr, "the layout samples but the step has no sampling settings");

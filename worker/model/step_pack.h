@@ -31,7 +31,8 @@ struct step_layout {
   int64_t page_table_stride = 0;  // entries per row of the page table (attention only)
   int64_t parent_entries = 0;     // retrieve_parent elements (batch · tree nodes), 0 = none
   bool first_step = false;        // Draft: one start column per row
-  bool extend_slots = false;      // TargetVerify with extend rows: the slots the prefill ops run over
+  // TargetVerify with extend rows, Mixed with decode rows: the slots the prefill ops run over
+  bool extend_slots = false;
   bool sampling = false;          // sampling settings and feed slots per logits row
 
   int64_t query_start_loc = 0;    // [batch + 1]
@@ -45,7 +46,7 @@ struct step_layout {
   int64_t seq_lens = 0;           // [batch] (attention)
   int64_t retrieve_parent = 0;    // [parent_entries]
   int64_t first_step_at = 0;      // [batch] (first_step)
-  int64_t extend_slots_at = 0;    // [batch] (extend_slots): mamba slots with the verify rows' set to -1
+  int64_t extend_slots_at = 0;    // [batch] (extend_slots): mamba slots, the verify / decode rows' set to -1
   int64_t sample_settings_at = 0; // [logit_rows · 8] (sampling): kernels::sample_settings, 8-byte aligned
   int64_t feed_slots_at = 0;      // [logit_rows] (sampling)
   int64_t total = 0;              // elements of the whole buffer

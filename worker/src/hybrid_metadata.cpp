@@ -122,6 +122,8 @@ hybrid_metadata build_extend_like(const forward_batch& b) {
     push_chain_positions(md, r);
     md.logit_token_indices.push_back(md.query_start_loc.back() - 1);
     close_logit_row(md);
+    if (b.mode == forward_mode::kMixed && r.is_decode && md.mixed_decode_rows == static_cast<int32_t>(i))
+      ++md.mixed_decode_rows;
   }
   finish(md);
   return md;

@@ -24,6 +24,11 @@ struct hybrid_metadata {
   // [verify_rows, bs) are extend rows (prefill chunks: varlen prefill from the slot, final state
   // written to the slot, chain positions, one logit row). verify_rows = bs without extend rows.
   int32_t verify_rows = 0;
+  // Mixed: rows [0, mixed_decode_rows) are decode rows (one token on a cached prefix, is_decode)
+  // and run the recurrent mixers' one-token update, as in a Decode step, so a decode row gets
+  // the same result beside a prefill chunk as in a Decode step (batch invariance); the other
+  // rows prefill. A decode row after an extend row prefills its one token.
+  int32_t mixed_decode_rows = 0;
   std::vector<int32_t> draft_steps;       // [bs] Draft mode: scratch column per row
   // Tree TargetVerify only, [bs, D] row-major; -1 = none. retrieve_parent[b, 0] = -1 (root).
   std::vector<int32_t> retrieve_next_token;
