@@ -2,6 +2,7 @@
 // (SetBytesProcessed counts the bytes each call must move at least once), compute-bound ops
 // report FLOP/s, and the scans also tokens/s.
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 
 #include <cstdint>
 #include <random>
@@ -227,6 +228,24 @@ void BM_Gemm(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(sizeof(float)) * (m * k + n * k + m * n));
 }
 BENCHMARK(BM_Gemm)->Args({1, 4096, 4096})->Args({32, 4096, 4096})->Args({512, 4096, 4096})->UseRealTime();
+
+// The anchor of BM_Gemm: OpenBLAS's sgemm on the same shapes. Its result for a row depends on m
+// (it switches kernels with the row count), which is why the CPU op does not call it: the
+// difference between the two is what batch invariance costs on the CPU.
+void BM_GemmOpenBlas(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const auto x = random_floats(static_cast<size_t>(m * k), 1);
+  const auto w = random_floats(static_cast<size_t>(n * k), 2);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                1.0f, x.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
+    benchmark::DoNotOptimize(y.data());
+  }
+  flops_counter(state, 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(sizeof(float)) * (m * k + n * k + m * n));
+}
+BENCHMARK(BM_GemmOpenBlas)->Args({1, 4096, 4096})->Args({32, 4096, 4096})->Args({512, 4096, 4096})->UseRealTime();
 
 // args: rows, cols
 void BM_RmsNorm(benchmark::State& state) {
