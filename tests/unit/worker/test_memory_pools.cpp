@@ -8,7 +8,6 @@
 namespace hyserve::worker {
 namespace {
 
-using pages = std::vector<int32_t>;
 
 TEST(ReqToTokenPool, TableStartsAtMinusOne) {
   req_to_token_pool pool(3, 5);
@@ -65,43 +64,6 @@ TEST(ReqToTokenPool, DoubleFreeAndOutOfRangeThrow) {
   EXPECT_EQ(pool.available(), 2);
 }
 
-TEST(KvPageAllocator, LowestIndexFirstAcrossFrees) {
-  kv_page_allocator alloc(6);
-  EXPECT_EQ(alloc.num_pages(), 6);
-  EXPECT_EQ(alloc.alloc(3), pages({0, 1, 2}));
-  EXPECT_EQ(alloc.alloc(0), pages{});
-  alloc.free({1});
-  EXPECT_EQ(alloc.alloc(2), pages({1, 3}));
-  alloc.free({2, 0});
-  EXPECT_EQ(alloc.available(), 4);
-  EXPECT_EQ(alloc.alloc(4), pages({0, 2, 4, 5}));
-  EXPECT_EQ(alloc.available(), 0);
-}
-
-TEST(KvPageAllocator, ExhaustionIsAllOrNothing) {
-  kv_page_allocator alloc(4);
-  EXPECT_EQ(alloc.alloc(3), pages({0, 1, 2}));
-  EXPECT_EQ(alloc.alloc(2), std::nullopt);
-  EXPECT_EQ(alloc.available(), 1);
-  EXPECT_EQ(alloc.alloc(1), pages({3}));
-  EXPECT_EQ(alloc.alloc(1), std::nullopt);
-  EXPECT_THROW((void)alloc.alloc(-1), invalid_argument_error);
-}
-
-TEST(KvPageAllocator, DoubleFreeThrowsAndFreesNothing) {
-  kv_page_allocator alloc(4);
-  (void)alloc.alloc(3);
-  alloc.free({1});
-  EXPECT_THROW(alloc.free({1}), invalid_argument_error);
-  EXPECT_THROW(alloc.free({0, 1}), invalid_argument_error);  // page 0 must stay allocated
-  EXPECT_THROW(alloc.free({2, 2}), invalid_argument_error);  // listed twice
-  EXPECT_THROW(alloc.free({4}), invalid_argument_error);
-  EXPECT_THROW(alloc.free({-1}), invalid_argument_error);
-  EXPECT_EQ(alloc.available(), 2);
-  alloc.free({0, 2});
-  EXPECT_EQ(alloc.available(), 4);
-}
-
 TEST(KvCache, ShapesLayers3Pages5PageSize4Heads2HeadDim8) {
   kv_cache cache(3, 5, 4, 2, 8);
   EXPECT_EQ(cache.page_size(), 4);
@@ -114,24 +76,6 @@ TEST(KvCache, ShapesLayers3Pages5PageSize4Heads2HeadDim8) {
   }
   EXPECT_THROW((void)cache.layer(3), std::out_of_range);
   EXPECT_THROW(kv_cache(1, 5, 0, 2, 8), invalid_argument_error);
-}
-
-TEST(MambaSlotAllocator, LowestFirstExhaustionAndDoubleFree) {
-  mamba_slot_allocator alloc(3);
-  EXPECT_EQ(alloc.n_slots(), 3);
-  EXPECT_EQ(alloc.alloc(), 0);
-  EXPECT_EQ(alloc.alloc(), 1);
-  EXPECT_EQ(alloc.alloc(), 2);
-  EXPECT_EQ(alloc.alloc(), std::nullopt);
-  alloc.free(2);
-  alloc.free(0);
-  EXPECT_EQ(alloc.available(), 2);
-  EXPECT_EQ(alloc.alloc(), 0);
-  EXPECT_EQ(alloc.alloc(), 2);
-  alloc.free(1);
-  EXPECT_THROW(alloc.free(1), invalid_argument_error);
-  EXPECT_THROW(alloc.free(3), invalid_argument_error);  // the padding slot is never handed out
-  EXPECT_THROW(alloc.free(-1), invalid_argument_error);
 }
 
 mamba_state_shape small_shape() {

@@ -30,13 +30,6 @@ class req_to_token_pool {
   index_pool slots_;
 };
 
-// KV pages (alloc(n): all or nothing), lowest index first.
-class kv_page_allocator : public index_pool {
- public:
-  explicit kv_page_allocator(int32_t num_pages) : index_pool("kv page", num_pages) {}
-  int32_t num_pages() const { return size(); }
-};
-
 // K and V pages of one attention layer: [num_pages, page_size, kv_heads, head_dim] each, on
 // the cache's device, in the cache's element type (f32 or bf16: cache.kv_dtype).
 struct kv_layer_cache {
@@ -65,14 +58,6 @@ class kv_cache {
   int32_t page_size_, num_pages_;
   dtype type_ = dtype::kF32;
   std::vector<kv_layer_cache> layers_;
-};
-
-// Slots of recurrent state: 0..n_slots-1; the state tensors have one extra slot at index n_slots
-// reserved for padding rows, never handed out.
-class mamba_slot_allocator : public index_pool {
- public:
-  explicit mamba_slot_allocator(int32_t n_slots) : index_pool("mamba slot", n_slots) {}
-  int32_t n_slots() const { return size(); }
 };
 
 // Conv window and SSM state of one SSM layer, on the cache's device. The conv window is f32;
