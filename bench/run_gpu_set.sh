@@ -20,7 +20,8 @@
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
-# gpu-check (gpu-tests and gpu-service concurrently, for correctness only).
+# gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance (the
+# Device/BatchInvariance cases: a request alone against it among 63 random arrivals on the GPU).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -58,6 +59,7 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
+    invariance) targets+=(spec_test) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -216,6 +218,10 @@ EOF2
         "$out" qwen3-next-80b-a3b ;;
     served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
+    invariance)
+      # A request alone against the same request among 63 random arrivals, on the GPU: the
+      # diverging trials per case (the CUDA kernels' batch invariance, issue #26).
+      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*' ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
@@ -246,7 +252,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)

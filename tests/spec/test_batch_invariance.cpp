@@ -20,6 +20,7 @@
 
 #include "fixture.h"
 #include "hyserve/common/forward_mode.h"
+#include "hyserve/kernels/device.h"
 #include "spec_harness.h"
 
 namespace hyserve::test {
@@ -30,6 +31,7 @@ struct invariance_case {
   bool bf16 = false;
   bool ngram = false;  // tokens compared (a request with logprobs does not speculate)
   int trials = 50;
+  std::string device = "cpu";
 };
 
 std::string case_name(const testing::TestParamInfo<invariance_case>& info) {
@@ -40,7 +42,8 @@ std::string case_name(const testing::TestParamInfo<invariance_case>& info) {
 }
 
 service_config make_config(const invariance_case& c) {
-  std::string yaml = "model: {path: " + fixture_dir(c.fixture) + (c.bf16 ? ", dtype: bfloat16" : "") + "}\ndevice: cpu\n";
+  std::string yaml =
+      "model: {path: " + fixture_dir(c.fixture) + (c.bf16 ? ", dtype: bfloat16" : "") + "}\ndevice: " + c.device + "\n";
   yaml += "cache: {page_size: 16, max_requests: 64, max_context: 512";
   if (c.bf16) yaml += ", kv_dtype: bfloat16, ssm_state_dtype: bfloat16";
   yaml += "}\n";
@@ -101,6 +104,7 @@ class BatchInvariance : public testing::TestWithParam<invariance_case> {};
 
 TEST_P(BatchInvariance, RequestAloneEqualsRequestAmongRandomArrivals) {
   const invariance_case c = GetParam();
+  if (c.device == "cuda" && kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const service_config cfg = make_config(c);
   coordinator::local_service svc(cfg);
   const int64_t vocab = svc.config().vocab_size;
@@ -169,6 +173,16 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BatchInvariance,
                                          invariance_case{"qwen3next-tiny", false, false, 50},
                                          invariance_case{"bamba-tiny", true, false, 50},
                                          invariance_case{"bamba-tiny", false, true, 50}),
+                         case_name);
+
+// The same on the GPU (skipped without one). Not yet expected to hold: the CUDA kernels are not
+// all row-invariant (issue "Batch-invariant decoding"); bench/run_gpu_set.sh's `invariance`
+// stage runs these and reports the diverging trials.
+INSTANTIATE_TEST_SUITE_P(Device, BatchInvariance,
+                         testing::Values(invariance_case{"bamba-tiny", false, false, 200, "cuda"},
+                                         invariance_case{"qwen3next-tiny", false, false, 50, "cuda"},
+                                         invariance_case{"bamba-tiny", true, false, 50, "cuda"},
+                                         invariance_case{"bamba-tiny", true, true, 50, "cuda"}),
                          case_name);
 
 }  // namespace
