@@ -214,18 +214,25 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
 }
 BENCHMARK(BM_PagedDecodeAttention)->Args({1, 1024})->Args({16, 1024})->Args({4, 8192})->UseRealTime();
 
-// args: m, n, k (y = x · wᵀ)
-void BM_Gemm(benchmark::State& state) {
+// args: m, n, k (y = x · wᵀ); `multiply(x, w, y, m, n, k)` is the GEMM timed.
+template <class F>
+void gemm_bench(benchmark::State& state, F multiply) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const auto x = random_floats(static_cast<size_t>(m * k), 1);
   const auto w = random_floats(static_cast<size_t>(n * k), 2);
   std::vector<float> y(static_cast<size_t>(m * n));
   for (auto _ : state) {
-    linear_cpu(x.data(), w.data(), y.data(), m, n, k);
+    multiply(x.data(), w.data(), y.data(), m, n, k);
     benchmark::DoNotOptimize(y.data());
   }
   flops_counter(state, 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(sizeof(float)) * (m * k + n * k + m * n));
+}
+
+void BM_Gemm(benchmark::State& state) {
+  gemm_bench(state, [](const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
+    linear_cpu(x, w, y, m, n, k);
+  });
 }
 BENCHMARK(BM_Gemm)->Args({1, 4096, 4096})->Args({32, 4096, 4096})->Args({512, 4096, 4096})->UseRealTime();
 
@@ -233,17 +240,10 @@ BENCHMARK(BM_Gemm)->Args({1, 4096, 4096})->Args({32, 4096, 4096})->Args({512, 40
 // (it switches kernels with the row count), which is why the CPU op does not call it: the
 // difference between the two is what batch invariance costs on the CPU.
 void BM_GemmOpenBlas(benchmark::State& state) {
-  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const auto x = random_floats(static_cast<size_t>(m * k), 1);
-  const auto w = random_floats(static_cast<size_t>(n * k), 2);
-  std::vector<float> y(static_cast<size_t>(m * n));
-  for (auto _ : state) {
+  gemm_bench(state, [](const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                1.0f, x.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
-    benchmark::DoNotOptimize(y.data());
-  }
-  flops_counter(state, 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(sizeof(float)) * (m * k + n * k + m * n));
+                1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y, static_cast<int>(n));
+  });
 }
 BENCHMARK(BM_GemmOpenBlas)->Args({1, 4096, 4096})->Args({32, 4096, 4096})->Args({512, 4096, 4096})->UseRealTime();
 
