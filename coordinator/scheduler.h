@@ -140,9 +140,8 @@ class scheduler final : public frontend {
     std::vector<wire::state_copy_op> restores, saves;
     std::vector<pending_save> step_saves;
   };
-  // The scheduler as group g's speculative rounds see it.
+  // The scheduler as group g's speculative rounds see it (scheduler.cpp).
   class group_host;
-  friend class group_host;
 
   void take_submissions();
   void take_cancellations();

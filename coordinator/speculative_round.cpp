@@ -29,7 +29,8 @@ speculative_round::speculative_round(const service_config& cfg, int32_t page_siz
 // Starts a speculative round over the decode-ready requests. n-gram: one TargetVerify step with
 // the drafts found by prompt lookup. draft_model: Draft steps 0..k (step j consumes the last
 // accepted token, then draft j, and proposes draft j+1; the extra step k lets the draft's state
-// reach every accepted length), then TargetVerify. Returns false when no request drafts.
+// reach every accepted length), then TargetVerify. Nothing when no request drafts or the round
+// would not pay.
 std::optional<built_step> speculative_round::start(round_host& h, const std::vector<uint64_t>& decode_ids,
                                                    const std::vector<uint64_t>& prefill_ids) {
   const speculative_section& sc = cfg_;
