@@ -29,6 +29,8 @@ constexpr int kTileRows = 2, kTileCols = 4;
 // Columns of C per block: their rows of B (widened / transposed to f32 [cols, k]) stay in cache
 // while every row of A passes over them (about 256 KiB).
 constexpr int64_t kBlockBytes = int64_t{1} << 18;
+// Multiply-adds from which a product is split over the OpenMP threads (about a millisecond).
+constexpr double kThreadedMacs = 1 << 24;
 
 [[gnu::always_inline]] inline v8 load8(const float* p) {
   v8 v;
@@ -117,7 +119,10 @@ void gemm_rows(const gemm_params& p, const float* a, int64_t lda) {
   const int64_t blocks = (p.n + nb - 1) / nb;
   // A contiguous f32 weight in [n, k] layout is used in place; anything else is staged per block.
   const bool in_place = std::is_same_v<T, float> && p.trans_b && p.ldb == p.k;
-#pragma omp parallel
+  // Threads only for products worth a fork (a tiny model's GEMMs run faster on one thread, and
+  // idle OpenMP threads spinning beside other processes cost more than they save).
+  const bool threaded = blocks > 1 && static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) >= kThreadedMacs;
+#pragma omp parallel if (threaded)
   {
     std::vector<float> staged(in_place ? 0 : static_cast<size_t>(nb * p.k));
 #pragma omp for schedule(static)
