@@ -194,5 +194,19 @@ TEST(GemmRowInvariance, RowOfAnyBatchEqualsTheRowAloneBitForBit) {
   }
 }
 
+// A product large enough to be split over the OpenMP threads (m = 64: 2^25 multiply-adds) gives
+// each row the bits of the same row computed alone, on one thread.
+TEST(GemmRowInvariance, ThreadedProductRowEqualsTheRowAlone) {
+  const int64_t n = 1024, k = 512, m = 64;
+  const auto w = random_floats(static_cast<size_t>(n * k), 51u);
+  const auto x = random_floats(static_cast<size_t>(m * k), 52u);
+  std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+  linear_cpu(x.data(), w.data(), all.data(), m, n, k);
+  for (int64_t i = 0; i < m; i += 9) {
+    linear_cpu(x.data() + i * k, w.data(), one.data(), 1, n, k);
+    ASSERT_EQ(std::memcmp(one.data(), all.data() + i * n, one.size() * sizeof(float)), 0) << "row " << i;
+  }
+}
+
 }  // namespace
 }  // namespace hyserve::kernels
