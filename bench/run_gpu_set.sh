@@ -20,8 +20,10 @@
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
-# gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance (the
-# Device/BatchInvariance cases: a request alone against it among 63 random arrivals on the GPU).
+# gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
+# (determinism: batch_invariant: the kernels' row-invariance tests, the Device/BatchInvariance
+# cases — a request alone against it among 63 random arrivals on the GPU —, the linear layers per
+# row count and the 9B decode step in both modes, speculative identity at batches 1, 8, 32).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -59,7 +61,7 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
-    invariance) targets+=(spec_test) ;;
+    invariance) targets+=(spec_test cuda_ops_test hyserve-bench-cuda hyserve-bench-model hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -219,9 +221,20 @@ EOF2
     served-qwen) stage served-qwen 240 env VOCAB=512 OUTPUT_LEN=${QWEN_OUTPUT_LEN:-512} bench/served_vs_engine.sh \
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
     invariance)
-      # A request alone against the same request among 63 random arrivals, on the GPU: the
-      # diverging trials per case (the CUDA kernels' batch invariance, issue #26).
-      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*' ;;
+      # determinism: batch_invariant on the GPU: the kernels' row invariance (a row alone == the
+      # row among others: GEMM, swiglu_linear, attention), a request alone against the same
+      # request among 63 random arrivals (the diverging trials per case), the linear layers'
+      # speed per row count in both modes, the 9B decode step in both modes, and speculative
+      # identity at batches 1, 8, 32 (hyserve-bench-spec exits 2 on a differing row).
+      stage invariance-kernels 240 "$bin/cuda_ops_test" --gtest_filter='Invariant*'
+      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*'
+      stage invariance-linear 240 "$bin/hyserve-bench-cuda" linear_rows
+      { cat configs/bamba-9b-synthetic-cuda.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-invariant.yaml"
+      { cat configs/bamba-9b-synthetic-cuda-spec.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-spec-invariant.yaml"
+      stage invariance-model-fast 240 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
+      stage invariance-model 240 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64
+      stage invariance-spec 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
+        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;

@@ -16,7 +16,9 @@
 //                                 and the tensor-core path), moe (the Qwen3-Next MoE layer: hidden
 //                                 2048, 512 experts top 10 of width 512, shared expert 512, bf16
 //                                 weights, at 1, 64 and 8192 tokens; the routed-experts op alone
-//                                 and the whole layer with router and shared expert)
+//                                 and the whole layer with router and shared expert),
+//                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
+//                                 determinism fast and batch_invariant)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -43,6 +45,7 @@
 #include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/paths.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels {
@@ -377,6 +380,75 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
   set_skinny_path(skinny_path::kDefault);
 }
 
+// The 9B-shaped model's bf16-weight linear layers at m = 1 .. 256 activation rows (decode
+// batches, verify steps) and 2048 (a prefill chunk), in both determinism modes: "fast" (the
+// default kernels: the skinny kernel up to 8 rows, cuBLAS above) and "batch_invariant" (the
+// row-invariant tensor-core kernel for every m). Bytes: the weights once, A and C; at 2048 rows
+// the time is what matters (compute-bound).
+void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
+  struct shape {
+    const char* name;
+    int64_t n, k;
+    bool swiglu;
+  };
+  const shape shapes[] = {{"in_proj", 16768, 4096, false}, {"out_proj", 4096, 8192, false},
+                          {"gate_up", 14336, 4096, true},   {"down", 4096, 14336, false}};
+  constexpr int64_t kRows[] = {1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 2048};
+  constexpr int64_t kMaxRows = 2048;
+  for (const shape& sh : shapes) {
+    const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
+    const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
+    std::vector<device_array<uint8_t>> w;
+    for (int s = 0; s < n_sets; ++s)
+      w.push_back(random_typed(static_cast<size_t>(weights), 90 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
+    auto a = random_device(static_cast<size_t>(kMaxRows * sh.k), 91);
+    device_array<float> c(static_cast<size_t>(kMaxRows * sh.n));
+    for (const bool invariant : {false, true}) {
+      kernel_paths paths;
+      paths.batch_invariant = invariant;
+      const paths_scope scope(paths);
+      for (const int64_t m : kRows) {
+        const double us = time_call_us(stream, n_sets, [&](int s) {
+          const uint8_t* wb = w[static_cast<size_t>(s)].data();
+          if (sh.swiglu) {
+            swiglu_linear_params p;
+            p.x = a.data();
+            p.gate_w = wb;
+            p.up_w = wb + sh.n * sh.k * 2;
+            p.out = c.data();
+            p.m = m;
+            p.n = sh.n;
+            p.k = sh.k;
+            p.x_stride = sh.k;
+            p.w_stride = sh.k;
+            p.out_stride = sh.n;
+            p.w_dtype = hyserve::dtype::kBF16;
+            run_cuda(p, stream);
+          } else {
+            gemm_params p;
+            p.a = a.data();
+            p.b = wb;
+            p.c = c.data();
+            p.m = m;
+            p.n = sh.n;
+            p.k = sh.k;
+            p.lda = sh.k;
+            p.ldb = sh.k;
+            p.ldc = sh.n;
+            p.trans_b = true;
+            p.b_dtype = hyserve::dtype::kBF16;
+            run_cuda(p, stream);
+          }
+        });
+        const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * static_cast<double>(m) * (sh.k + sh.n);
+        rows.push_back({"linear_rows", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
+                                           (invariant ? " batch_invariant" : " fast"),
+                        static_cast<int>(m), us, bytes});
+      }
+    }
+  }
+}
+
 
 // bf16 values uniform in [lo, hi) from a per-element hash, on the device (gigabytes of weights).
 __global__ void fill_hash_bf16_kernel(uint16_t* out, size_t n, uint32_t seed, float lo, float hi) {
@@ -585,6 +657,7 @@ int main(int argc, char** argv) {
     }
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
     if (want("skinny_gemm")) bench_skinny_gemm(stream, rows);
+    if (want("linear_rows")) bench_linear_rows(stream, rows);
     std::vector<std::string> notes;
     if (want("moe")) bench_moe(stream, rows, notes);
 

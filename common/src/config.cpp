@@ -457,7 +457,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
     }
     r.check_keys(root, "",
                  {"model", "device", "cuda_graphs", "parallel", "cache", "scheduler", "sparsity", "speculative", "server",
-                  "worker", "chat", "kernels"});
+                  "worker", "chat", "kernels", "determinism"});
 
     if (!root["model"]) r.fail(root, "model", "exactly one of path or synthetic must be given");
     read_model(r, root["model"], cfg.model);
@@ -658,6 +658,26 @@ service_config parse_config(const std::string& text, const std::string& file) {
                [&](const YAML::Node& n) { cfg.server.strict_fields = r.get_bool(n, "server.strict_fields"); });
 
     read_kernels(r, root["kernels"], cfg.kernels);
+    if_present(root, "determinism", [&](const YAML::Node& n) {
+      cfg.kernels.batch_invariant = r.get_enum(n, "determinism", "mode", {"fast", "batch_invariant"}) == 1;
+      if (!cfg.kernels.batch_invariant) return;
+      // The choices a batch-invariant run cannot honour: the FMA skinny kernel sums in another
+      // order than the row-invariant GEMM of more rows, and a GDN prefill of more tokens than its
+      // tensor-core workspace holds falls back to the recurrent kernel (another order) for the
+      // whole call; raise the workspace to the step's token budget instead.
+      if (cfg.kernels.skinny == kernel_paths::skinny_kind::kFma)
+        r.fail(root["kernels"]["skinny"], "kernels.skinny",
+               "fma is not row-invariant across row counts; determinism: batch_invariant runs mma (leave it default)");
+      const int32_t gdn_default = 16384;
+      if (cfg.kernels.gdn_max_tokens == 0) {
+        cfg.kernels.gdn_max_tokens = std::max(gdn_default, cfg.scheduler.max_batch_tokens);
+      } else if (cfg.kernels.gdn_max_tokens < cfg.scheduler.max_batch_tokens) {
+        r.fail(root["kernels"]["gdn_max_tokens"], "kernels.gdn_max_tokens",
+               "must be >= scheduler.max_batch_tokens = " + std::to_string(cfg.scheduler.max_batch_tokens) +
+                   " with determinism: batch_invariant (a larger step would change the GDN prefill's kernel), got " +
+                   std::to_string(cfg.kernels.gdn_max_tokens));
+      }
+    });
 
     if (root["chat"]) {
       chat_section chat;

@@ -380,16 +380,21 @@ int decode_waves(bool mma) {
 template <class KV>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
   const bool decode_kernel = decode_group_table::supports(p.q_heads / p.kv_heads);
+  // determinism: batch_invariant: the slice counts below (a decode row's split of its keys, so
+  // the order its partial sums are merged in) are sized as for a batch of one row whatever the
+  // batch, so a row's result does not depend on how many rows share the call. fast: sized for
+  // the batch (fewer, longer slices when many rows fill the device).
+  const int64_t split_rows = current_paths().batch_invariant ? 1 : p.batch;
   // Extend slices: about 8 blocks per SM (2-3 waves of resident blocks), so that a small batch
   // fills the device and a partial last wave costs little. Decode rows of short contexts leave
   // slices empty; those exit after writing an empty partial.
   const auto n_slices =
-      static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), p.batch * p.kv_heads), 1, kMaxSlices));
+      static_cast<int>(std::clamp<int64_t>(ceil_div(8 * sm_count(), split_rows * p.kv_heads), 1, kMaxSlices));
   // Decode slices: at least decode_waves() waves of resident four-warp blocks (register-bound,
   // per kernel), and a slice count whose block total fills its last wave best (slices are equal
   // work: a wave one-tenth full costs nearly a whole wave).
   const bool on_mma = decode_kernel && decode_on_mma<KV>(p.head_dim);
-  const int64_t pairs = p.batch * p.kv_heads;
+  const int64_t pairs = split_rows * p.kv_heads;
   const int64_t resident = static_cast<int64_t>(sm_count()) *
                            (on_mma ? mma_blocks_per_sm(p.head_dim, p.q_heads / p.kv_heads) : kSimtBlocksPerSm);
   const int64_t waves = decode_waves(on_mma);

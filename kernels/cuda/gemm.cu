@@ -6,6 +6,11 @@
 // drafts) go through a bandwidth-bound skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
 // f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
+//
+// determinism: batch_invariant (kernel_paths::batch_invariant) takes cuBLAS out: its algorithm,
+// tiling and split-K follow m, so a row's bits would depend on the rows beside it. bf16 weights
+// then run the tensor-core skinny kernel for every m (groups of 8 rows, each with the arithmetic
+// of a decode row), and f32 weights and other layouts a fixed-order CUDA-core kernel.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -279,8 +284,14 @@ __device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[
   }
 }
 
-template <int WARPS, int TILES, bool kSwiglu>
-__global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) : 0)
+//
+// More than 8 rows of activations (determinism: batch_invariant, any m): groups of 8 rows are
+// the MMA's columns, CG groups per block (they share the block's weight loads: each weight
+// fragment is multiplied by every group's activations), blockIdx.y the block's first group. A
+// group's arithmetic is the one above, so row r of an m-row call has the bits of row r of a
+// 1-row call for every m.
+template <int WARPS, int TILES, int CG, bool kSwiglu>
+__global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32 * WARPS) : 0)
     skinny_mma_kernel(const skinny_args p, int64_t m) {
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
   __shared__ float part[WARPS][TILES][S][32][4];
@@ -298,13 +309,22 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) :
         const int64_t row = out < p.n ? out : p.n - 1;  // a duplicate row past the end, not stored
         wrow[ti][s][h] = reinterpret_cast<const uint4*>((s == 1 ? p.b1 : p.b0) + row * p.ldb);
       }
-  const bool x_live = g < m;
-  const float4* xrow = reinterpret_cast<const float4*>(p.a + (x_live ? g : 0) * p.lda);
-  float acc[TILES][S][4] = {};
+  // The block's activation rows: group cg holds rows col0 + 8·cg .. + 7; lane (g, t) reads row
+  // col0 + 8·cg + g (rows past m read zeros).
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * 8 * CG;
+  bool x_live[CG];
+  const float4* xrow[CG];
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg) {
+    const int64_t r = col0 + 8 * cg + g;
+    x_live[cg] = r < m;
+    xrow[cg] = reinterpret_cast<const float4*>(p.a + (x_live[cg] ? r : 0) * p.lda);
+  }
+  float acc[CG][TILES][S][4] = {};
   const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
   for (int64_t kb0 = warp; kb0 < kblocks; kb0 += WARPS * kMmaUnroll) {
     uint4 w[kMmaUnroll][TILES][S][2];
-    float4 x[kMmaUnroll][2];
+    float4 x[kMmaUnroll][2];  // group 0's activations (the others' are loaded where used)
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int64_t c = (kb0 + u * WARPS) * 4 + t;
@@ -315,71 +335,102 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 ? 1024 / (32 * WARPS) :
         for (int s = 0; s < S; ++s)
 #pragma unroll
           for (int h = 0; h < 2; ++h) w[u][ti][s][h] = live ? __ldcs(wrow[ti][s][h] + c) : make_uint4(0, 0, 0, 0);
-      x[u][0] = live && x_live ? __ldg(xrow + 2 * c) : make_float4(0, 0, 0, 0);
-      x[u][1] = live && x_live ? __ldg(xrow + 2 * c + 1) : make_float4(0, 0, 0, 0);
+      x[u][0] = live && x_live[0] ? __ldg(xrow[0] + 2 * c) : make_float4(0, 0, 0, 0);
+      x[u][1] = live && x_live[0] ? __ldg(xrow[0] + 2 * c + 1) : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
+      const int64_t c = (kb0 + u * WARPS) * 4 + t;
+      const bool live = c < chunks;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        uint32_t b0[3], b1[3];
-        split3_bf16x2(x[u][j].x, x[u][j].y, b0);
-        split3_bf16x2(x[u][j].z, x[u][j].w, b1);
+      for (int cg = 0; cg < CG; ++cg) {
+        float4 xc[2];
+        if (cg == 0) {
+          xc[0] = x[u][0];
+          xc[1] = x[u][1];
+        } else {
+          xc[0] = live && x_live[cg] ? __ldg(xrow[cg] + 2 * c) : make_float4(0, 0, 0, 0);
+          xc[1] = live && x_live[cg] ? __ldg(xrow[cg] + 2 * c + 1) : make_float4(0, 0, 0, 0);
+        }
 #pragma unroll
-        for (int ti = 0; ti < TILES; ++ti)
+        for (int j = 0; j < 2; ++j) {
+          uint32_t b0[3], b1[3];
+          split3_bf16x2(xc[j].x, xc[j].y, b0);
+          split3_bf16x2(xc[j].z, xc[j].w, b1);
 #pragma unroll
-          for (int s = 0; s < S; ++s) {
-            const uint4& r0 = w[u][ti][s][0];
-            const uint4& r1 = w[u][ti][s][1];
-            const uint32_t a[4] = {j == 0 ? r0.x : r0.z, j == 0 ? r1.x : r1.z, j == 0 ? r0.y : r0.w,
-                                   j == 0 ? r1.y : r1.w};
+          for (int ti = 0; ti < TILES; ++ti)
 #pragma unroll
-            for (int i = 2; i >= 0; --i) mma_bf16_16816(acc[ti][s], a, b0[i], b1[i]);  // smallest term first
-          }
+            for (int s = 0; s < S; ++s) {
+              const uint4& r0 = w[u][ti][s][0];
+              const uint4& r1 = w[u][ti][s][1];
+              const uint32_t a[4] = {j == 0 ? r0.x : r0.z, j == 0 ? r1.x : r1.z, j == 0 ? r0.y : r0.w,
+                                     j == 0 ? r1.y : r1.w};
+#pragma unroll
+              for (int i = 2; i >= 0; --i) mma_bf16_16816(acc[cg][ti][s], a, b0[i], b1[i]);  // smallest term first
+            }
+        }
       }
     }
   }
 #pragma unroll
-  for (int ti = 0; ti < TILES; ++ti)
+  for (int cg = 0; cg < CG; ++cg) {
+    if (cg > 0) __syncthreads();  // the previous group's sums are read
 #pragma unroll
-    for (int s = 0; s < S; ++s)
+    for (int ti = 0; ti < TILES; ++ti)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) part[warp][ti][s][lane][r] = acc[ti][s][r];
-  __syncthreads();
-  // One output (tile, row, column) per thread: the warps' partial sums in warp order.
-  for (int o = static_cast<int>(threadIdx.x); o < TILES * 16 * 8; o += 32 * WARPS) {
-    const int ti = o / 128, row = (o / 8) % 16, col = o % 8;
-    const int src_lane = (row % 8) * 4 + col / 2, src_reg = (row / 8) * 2 + col % 2;
-    const int64_t out_row = row_base + 16 * ti + row;
-    if (col >= m || out_row >= p.n) continue;
-    float v[S];
+      for (int s = 0; s < S; ++s)
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      v[s] = part[0][ti][s][src_lane][src_reg];
+        for (int r = 0; r < 4; ++r) part[warp][ti][s][lane][r] = acc[cg][ti][s][r];
+    __syncthreads();
+    // One output (tile, row, column) per thread: the warps' partial sums in warp order.
+    for (int o = static_cast<int>(threadIdx.x); o < TILES * 16 * 8; o += 32 * WARPS) {
+      const int ti = o / 128, row = (o / 8) % 16, col = o % 8;
+      const int src_lane = (row % 8) * 4 + col / 2, src_reg = (row / 8) * 2 + col % 2;
+      const int64_t out_row = row_base + 16 * ti + row;
+      const int64_t out_col = col0 + 8 * cg + col;
+      if (out_col >= m || out_row >= p.n) continue;
+      float v[S];
 #pragma unroll
-      for (int w2 = 1; w2 < WARPS; ++w2) v[s] += part[w2][ti][s][src_lane][src_reg];
-    }
-    float* out = p.c + col * p.ldc + out_row;
-    if constexpr (kSwiglu) {
-      *out = v[0] / (1.0f + expf(-v[0])) * v[1];  // the swiglu op's formula
-    } else {
-      *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, v[0], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, v[0]);
+      for (int s = 0; s < S; ++s) {
+        v[s] = part[0][ti][s][src_lane][src_reg];
+#pragma unroll
+        for (int w2 = 1; w2 < WARPS; ++w2) v[s] += part[w2][ti][s][src_lane][src_reg];
+      }
+      float* out = p.c + out_col * p.ldc + out_row;
+      if constexpr (kSwiglu) {
+        *out = v[0] / (1.0f + expf(-v[0])) * v[1];  // the swiglu op's formula
+      } else {
+        *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, v[0], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, v[0]);
+      }
     }
   }
 }
 
+// Groups of 8 activation rows per block: 1 up to 8 rows (the decode kernel, bounded to 64
+// registers per thread), 2 up to 16, else 4 (more groups per weight load, fewer re-reads of
+// the weight by the blocks of other groups). Speed only: every choice gives the same bits.
+constexpr int kMaxRowGroups = 4;
+int skinny_row_groups(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : kMaxRowGroups; }
+
 template <int WARPS, int TILES, bool kSwiglu>
 void launch_skinny_mma_w(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const auto tiles = static_cast<unsigned>(ceil_div(a.n, int64_t{16} * TILES));
-  skinny_mma_kernel<WARPS, TILES, kSwiglu><<<tiles, 32 * WARPS, 0, stream>>>(a, m);
+  const int cg = skinny_row_groups(m);
+  const int64_t ygrid = ceil_div(m, int64_t{8} * cg);
+  if (ygrid > 65535) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid (65535 blocks of 32 rows)");
+  const dim3 grid(tiles, static_cast<unsigned>(ygrid));
+  if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
 }
 
-// Blocks of the kernel resident on the whole device at once (read once per instantiation).
+// Blocks of the one-group kernel resident on the whole device at once (read once per
+// instantiation). It alone sizes the k split (warps per block) for every m.
 template <int WARPS, int TILES, bool kSwiglu>
 int64_t skinny_mma_slots() {
   static const int64_t slots = [] {
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_kernel<WARPS, TILES, kSwiglu>,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_kernel<WARPS, TILES, 1, kSwiglu>,
                                                              32 * WARPS, 0));
     return int64_t{per_sm} * sm_count();
   }();
@@ -411,9 +462,88 @@ void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   launch_skinny_mma_t<1, kSwiglu>(a, m, stream);
 }
 
-bool skinny_bf16_applies(const gemm_params& p) {
-  return p.m <= kSkinnyMaxM && !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 &&
-         aligned16(p.a) && aligned16(p.b);
+// The layouts the skinny kernels read (B [n, k] row-major, 16-byte rows of A and B).
+bool skinny_layout_applies(const gemm_params& p) {
+  return !p.trans_a && p.trans_b && p.k % 8 == 0 && p.ldb % 8 == 0 && p.lda % 4 == 0 && aligned16(p.a) &&
+         aligned16(p.b);
+}
+
+bool skinny_bf16_applies(const gemm_params& p) { return p.m <= kSkinnyMaxM && skinny_layout_applies(p); }
+
+// determinism: batch_invariant (kernel_paths::batch_invariant): every GEMM row-invariant.
+bool batch_invariant() { return current_paths().batch_invariant; }
+
+// ---- The row-invariant CUDA-core GEMM (determinism: batch_invariant) ----
+//
+// f32 weights, and bf16 weights in layouts the tensor-core skinny kernel does not read (trans_a,
+// unaligned rows): C = α·op(A)·op(B) + β·C on 64 × 64 output tiles, 256 threads with 4 × 4
+// outputs each, op(A) and op(B) staged through shared memory 16 k at a time (zeros past m, n
+// and k). Every output is one fmaf chain over k = 0, 1, … in order (the zeros past k leave it
+// unchanged), then scaled with explicit roundings: its bits depend on its row of op(A) and
+// column of op(B) alone, whatever m and wherever the row sits in the call. Not the fast path
+// for f32 (cuBLAS is, with determinism: fast); it exists so that an f32 model's tokens do not
+// depend on its batch either.
+constexpr int kInvTile = 64, kInvK = 16, kInvThreads = 256;
+
+__device__ __forceinline__ float load_f(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_f(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+template <class TB>
+__global__ void __launch_bounds__(kInvThreads) invariant_gemm_kernel(const gemm_params p) {
+  __shared__ float as[kInvK][kInvTile + 1];
+  __shared__ float bs[kInvK][kInvTile + 1];
+  const TB* b = static_cast<const TB*>(p.b);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kInvTile, n0 = static_cast<int64_t>(blockIdx.x) * kInvTile;
+  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < p.k; k0 += kInvK) {
+    for (int e = static_cast<int>(threadIdx.x); e < kInvTile * kInvK; e += kInvThreads) {
+      // Consecutive threads along the stored rows (coalesced): k for A [m, k], m for A [k, m].
+      const int r = p.trans_a ? e % kInvTile : e / kInvK, kk = p.trans_a ? e / kInvTile : e % kInvK;
+      const int64_t gi = m0 + r, gk = k0 + kk;
+      as[kk][r] = gi < p.m && gk < p.k ? (p.trans_a ? p.a[gk * p.lda + gi] : p.a[gi * p.lda + gk]) : 0.0f;
+      // op(B)[k, n]: B [n, k] when trans_b (consecutive threads along k), else B [k, n].
+      const int c = p.trans_b ? e / kInvK : e % kInvTile, kb = p.trans_b ? e % kInvK : e / kInvTile;
+      const int64_t gn = n0 + c, gkb = k0 + kb;
+      bs[kb][c] = gn < p.n && gkb < p.k ? load_f(b, p.trans_b ? gn * p.ldb + gkb : gkb * p.ldb + gn) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kInvK; ++kk) {
+      float av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = as[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv[j] = bs[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = m0 + ty + 16 * i;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = n0 + tx + 16 * j;
+      if (col >= p.n) continue;
+      float* out = p.c + row * p.ldc + col;
+      *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, acc[i][j], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, acc[i][j]);
+    }
+  }
+}
+
+template <class TB>
+void invariant_gemm(const gemm_params& p, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return;
+  const int64_t gy = ceil_div(p.m, int64_t{kInvTile}), gx = ceil_div(p.n, int64_t{kInvTile});
+  if (gy > 65535) fail("gemm", "m", p.m, "exceeds the row-invariant CUDA-core kernel's grid (65535 tiles of 64 rows)");
+  if (gx > 0x7fffffff) fail("gemm", "n", p.n, "exceeds the row-invariant CUDA-core kernel's grid");
+  invariant_gemm_kernel<TB><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kInvThreads, 0, stream>>>(p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 int g_skinny_rows = 0;  // set_skinny_rows (benchmarks): 0 = skinny_rows_for
@@ -480,6 +610,14 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
     skinny_bf16(p, stream);
     return;
   }
+  if (batch_invariant()) {
+    // Any m on the tensor-core skinny kernel's arithmetic (skinny_uses_mma() is true), other
+    // layouts on the CUDA-core one.
+    if (p.m == 0) return;
+    if (skinny_layout_applies(p)) skinny_bf16(p, stream);
+    else invariant_gemm<__nv_bfloat16>(p, stream);
+    return;
+  }
   // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
   const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
   __nv_bfloat16* a16 = nullptr;
@@ -510,6 +648,8 @@ void set_skinny_rows(int rows) {
 void set_skinny_path(skinny_path path) { cuda_detail::g_skinny_path = path; }
 
 bool skinny_uses_mma() {
+  // Row-invariant GEMMs of every m run the tensor-core arithmetic (the FMA kernel stops at 8 rows).
+  if (cuda_detail::batch_invariant()) return true;
   skinny_path p = cuda_detail::g_skinny_path;
   if (p == skinny_path::kDefault) {
     switch (current_paths().skinny) {
@@ -530,6 +670,10 @@ void run_cuda(const gemm_params& p, void* stream) {
     gemm_bf16_b(p, as_stream(stream));
     return;
   }
+  if (batch_invariant()) {
+    invariant_gemm<float>(p, as_stream(stream));
+    return;
+  }
 
   const blas_call blas(as_stream(stream));
   CUBLAS_CHECK(cublasSgemm(blas.handle(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -544,7 +688,8 @@ void run_cuda(const swiglu_linear_params& p, void* stream) {
   if (p.m == 0) return;
   gemm_params g = swiglu_linear_gate_gemm(p);
   const cudaStream_t s = as_stream(stream);
-  if (p.w_dtype == dtype::kBF16 && skinny_bf16_applies(g) && aligned16(p.up_w)) {
+  if (p.w_dtype == dtype::kBF16 && aligned16(p.up_w) &&
+      (skinny_bf16_applies(g) || (batch_invariant() && skinny_layout_applies(g)))) {
     skinny_args a;
     a.a = p.x;
     a.b0 = static_cast<const __nv_bfloat16*>(p.gate_w);

@@ -20,6 +20,8 @@ void set_skinny_rows(int rows);
 enum class skinny_path { kDefault = 0, kFma = 1, kMma = 2 };
 inline constexpr skinny_path kSkinnyDefaultPath = skinny_path::kFma;
 void set_skinny_path(skinny_path path);
-bool skinny_uses_mma();  // the path in effect
+// The path in effect: always the tensor-core one under determinism: batch_invariant
+// (kernel_paths::batch_invariant), where it computes GEMMs of every row count.
+bool skinny_uses_mma();
 
 }  // namespace hyserve::kernels

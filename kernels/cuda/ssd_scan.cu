@@ -32,7 +32,8 @@
 // The default (not an explicit choice) takes the sequential path for batches of more than
 // kParallelMaxBatch rows: the chunk-parallel paths reserve workspace per row (parallel: two f32
 // carries per row, 4 MiB each at the production shape), while
-// the sequential kernel already has batch × heads × 2 blocks.
+// the sequential kernel already has batch × heads × 2 blocks. Under determinism:
+// batch_invariant the default path is kept for every batch (its per-row workspace grows with it).
 // The parallel_single path reserves chunks for kernels.ssd_max_tokens tokens (default
 // 16384; the token count is device data) plus one per row; a batch needing more chunks is
 // computed by the general kernel below instead (decided on the device: no host synchronisation,
@@ -441,7 +442,9 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
   constexpr const char* op = "ssd_chunk_scan";
   if (path == ssd_scan_path::automatic) {
     path = ssd_scan_default_path();
-    if (p.batch > kParallelMaxBatch) path = ssd_scan_path::sequential;
+    // Not under determinism: batch_invariant: the sequential kernel sums in another order, and
+    // a row's bits must not depend on how many rows share the call.
+    if (p.batch > kParallelMaxBatch && !current_paths().batch_invariant) path = ssd_scan_path::sequential;
   }
   check_ssm_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");

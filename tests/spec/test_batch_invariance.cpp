@@ -49,6 +49,8 @@ service_config make_config(const invariance_case& c) {
   yaml += "}\n";
   // A small token budget: prefill chunks meet decode rows and each other's leftovers.
   yaml += "scheduler: {max_batch_tokens: 160, max_running: 64, chunked_prefill: 48, max_queue: 1024}\n";
+  // The CUDA kernels' row-invariant variants (the CPU kernels are row-invariant either way).
+  if (c.device == "cuda") yaml += "determinism: batch_invariant\n";
   if (c.ngram)
     yaml += "speculative: {algorithm: ngram, num_draft_tokens: 4, cost_check: false, ngram: {min_match: 1, max_match: 3}}\n";
   return load_config_string(yaml);
@@ -175,8 +177,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BatchInvariance,
                                          invariance_case{"bamba-tiny", false, true, 50}),
                          case_name);
 
-// The same on the GPU (skipped without one). Not yet expected to hold: the CUDA kernels are not
-// all row-invariant (issue "Batch-invariant decoding"); bench/run_gpu_set.sh's `invariance`
+// The same on the GPU (skipped without one) with determinism: batch_invariant (row-invariant
+// GEMMs, batch-independent attention splits and SSD path); bench/run_gpu_set.sh's `invariance`
 // stage runs these and reports the diverging trials.
 INSTANTIATE_TEST_SUITE_P(Device, BatchInvariance,
                          testing::Values(invariance_case{"bamba-tiny", false, false, 200, "cuda"},

@@ -37,6 +37,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.ssd_max_tokens, 0);
     EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kDefault);
     EXPECT_EQ(k.ssm_update_unroll, 0);
+    EXPECT_FALSE(k.batch_invariant);
   }
 }
 
@@ -152,6 +153,28 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_waves, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
   EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
+}
+
+// `determinism` (top level): fast (the default) or batch_invariant, which the kernels read from
+// kernel_paths; batch_invariant raises the GDN prefill workspace to the step's token budget and
+// refuses the choices it cannot honour, naming them.
+TEST(ConfigKernels, DeterminismSelectsBatchInvariantKernels) {
+  EXPECT_FALSE(load_config_string(kModel + "determinism: fast\n").kernels.batch_invariant);
+  const kernel_paths inv = load_config_string(kModel + "determinism: batch_invariant\n").kernels;
+  EXPECT_TRUE(inv.batch_invariant);
+  EXPECT_EQ(inv.gdn_max_tokens, 16384);  // the default workspace, now explicit: >= max_batch_tokens (4096)
+  EXPECT_EQ(load_config_string(kModel + "determinism: batch_invariant\nscheduler: {max_batch_tokens: 40000}\n")
+                .kernels.gdn_max_tokens,
+            40000);
+  EXPECT_EQ(load_config_string(kModel + "determinism: batch_invariant\nkernels: {gdn_max_tokens: 8192, skinny: mma}\n")
+                .kernels.gdn_max_tokens,
+            8192);
+  EXPECT_ERROR_WITH(load_config_string(kModel + "determinism: exact\n"), config_error,
+                    "determinism: unknown mode 'exact' (known: fast, batch_invariant)");
+  EXPECT_ERROR_WITH(load_config_string(kModel + "determinism: batch_invariant\nkernels: {skinny: fma}\n"), config_error,
+                    "kernels.skinny: fma is not row-invariant across row counts");
+  EXPECT_ERROR_WITH(load_config_string(kModel + "determinism: batch_invariant\nkernels: {gdn_max_tokens: 1000}\n"),
+                    config_error, "kernels.gdn_max_tokens: must be >= scheduler.max_batch_tokens = 4096");
 }
 
 // A file's errors carry its name and the line of the bad value, like every config error.

@@ -39,6 +39,13 @@ struct kernel_paths {
     kParallelOctY,
   };
 
+  // The top-level `determinism` key (not in `kernels:`): batch_invariant makes every CUDA op's
+  // result for a row independent of the other rows of its call (README, "Batch invariance"):
+  // GEMMs of any row count on the row-invariant tensor-core kernel (bf16 weights) or a fixed-order
+  // CUDA-core kernel (f32 weights, other layouts) instead of cuBLAS, the split-KV decode slices
+  // and the SSD scan path chosen without looking at the batch. fast (false): the kernels' own
+  // choices. The CPU kernels are row-invariant either way.
+  bool batch_invariant = false;
   attn_decode_kind attn_decode = attn_decode_kind::kDefault;
   int32_t attn_decode_waves = 0;  // 1..8 waves of decode blocks; 0 = default (1 mma, 3 simt)
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic

@@ -35,7 +35,8 @@ void run_cuda(const gemm_params& p, void* stream = nullptr);
 // and u = x[i, :] · up_w[j, :] (silu(g) = g / (1 + e^-g), as the swiglu op). x, out f32; the two
 // weights [n, k] row-major in w_dtype (f32 or bf16). The CPU op is two gemm ops and the swiglu
 // op. The CUDA op fuses everything into the skinny bf16 kernel when the gemm op would take it
-// for each weight (m ≤ 8, bf16, aligned); otherwise it runs the two gemm ops and the swiglu op.
+// for each weight (m ≤ 8, or any m under determinism: batch_invariant; bf16, aligned); otherwise
+// it runs the two gemm ops and the swiglu op.
 struct swiglu_linear_params {
   const float* __restrict__ x = nullptr;       // [m, k], row stride x_stride
   const void* __restrict__ gate_w = nullptr;   // w_dtype [n, k], row stride w_stride

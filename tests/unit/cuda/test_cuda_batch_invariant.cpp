@@ -1,0 +1,340 @@
+// determinism: batch_invariant on the CUDA kernels (kernel_paths::batch_invariant): a row's
+// result is the same bits whatever the number and content of the other rows of its call.
+//   - gemm: row r of an m-row call == the row computed alone, m = 2..70, 300 and 1100, for bf16
+//     weights on the tensor-core kernel (groups of 8 rows), and for f32 weights, trans_a, a
+//     non-transposed B and unaligned bf16 rows on the CUDA-core kernel; the values within the
+//     usual tolerance of the CPU op; at m <= 8 the bits of the fast mode's tensor-core path
+//     (the same kernel).
+//   - swiglu_linear: the same for the fused projection, m up to 70.
+//   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
+//     lengths, bf16 cache (tensor-core decode kernel) and f32 cache (CUDA-core one), GQA 4, and
+//     GQA 3 (the extend kernel's decode branch); and a chain-verify row alone == among others.
+// Skips without a device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hyserve/kernels/device.h"
+
+#if defined(HYSERVE_HAVE_CUDA)
+
+#include "cuda/gemm_paths.h"
+#include "cuda_test_util.h"
+#include "hyserve/common/dtype.h"
+#include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/paths.h"
+
+namespace hyserve::kernels {
+namespace {
+
+using cuda_test::expect_match;
+using cuda_test::random_floats;
+
+kernel_paths invariant_paths() {
+  kernel_paths k;
+  k.batch_invariant = true;
+  return k;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+struct gemm_layout {
+  std::string label;
+  dtype b_dtype;
+  bool trans_a, trans_b;
+  int64_t n, k;
+};
+
+class InvariantGemmCuda : public testing::TestWithParam<gemm_layout> {};
+
+// C's row `at` of an m-row product whose other rows are random; `row` is that row of A.
+TEST_P(InvariantGemmCuda, RowOfAnyCallEqualsTheRowAlone) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const gemm_layout& c = GetParam();
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const int64_t n = c.n, k = c.k;
+  const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 61, -0.1f, 0.1f);
+  std::vector<uint16_t> wh(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wh[i] = f32_to_bf16(wf[i]);
+  // B as stored: [n, k] (trans_b) or its transpose [k, n].
+  std::vector<float> bf(wf.size());
+  std::vector<uint16_t> bh(wh.size());
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t l = 0; l < k; ++l) {
+      const size_t src = static_cast<size_t>(j * k + l), dst = c.trans_b ? src : static_cast<size_t>(l * n + j);
+      bf[dst] = wf[src];
+      bh[dst] = wh[src];
+    }
+  const bool bf16 = c.b_dtype == dtype::kBF16;
+  device_array<float> dbf(bf);
+  device_array<uint16_t> dbh(bh);
+  const std::vector<float> row = random_floats(static_cast<size_t>(k), 62);
+  const std::vector<float> c_init = random_floats(static_cast<size_t>(n), 63);  // beta accumulates onto it
+
+  // Runs an m-row product (alpha 1.5, beta 0.5) with `row` at index at; returns all of C and,
+  // through want, the CPU op's C.
+  auto product = [&](int64_t m, int64_t at, uint32_t seed, std::vector<float>* want) {
+    std::vector<float> a = random_floats(static_cast<size_t>(m * k), seed);
+    std::copy(row.begin(), row.end(), a.begin() + at * k);
+    std::vector<float> stored = a;
+    if (c.trans_a)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t l = 0; l < k; ++l) stored[static_cast<size_t>(l * m + i)] = a[static_cast<size_t>(i * k + l)];
+    std::vector<float> c0(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i) std::copy(c_init.begin(), c_init.end(), c0.begin() + i * n);
+    gemm_params p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.trans_a = c.trans_a;
+    p.trans_b = c.trans_b;
+    p.lda = c.trans_a ? m : k;
+    p.ldb = c.trans_b ? k : n;
+    p.ldc = n;
+    p.alpha = 1.5f;
+    p.beta = 0.5f;
+    p.b_dtype = c.b_dtype;
+    if (want != nullptr) {
+      *want = c0;
+      gemm_params pc = p;
+      pc.a = stored.data();
+      pc.b = bf16 ? static_cast<const void*>(bh.data()) : static_cast<const void*>(bf.data());
+      pc.c = want->data();
+      run_cpu(pc);
+    }
+    device_array<float> da(stored), dc(c0);
+    p.a = da.data();
+    p.b = bf16 ? static_cast<const void*>(dbh.data()) : static_cast<const void*>(dbf.data());
+    p.c = dc.data();
+    run_cuda(p);
+    device_synchronize();
+    return dc.download();
+  };
+
+  const std::vector<float> alone = product(1, 0, 70u, nullptr);
+  std::vector<int64_t> ms;
+  for (int64_t m = 2; m <= 70; ++m) ms.push_back(m);
+  ms.push_back(300);
+  ms.push_back(1100);
+  for (const int64_t m : ms) {
+    const int64_t at = (m * 7 + 3) % m;
+    std::vector<float> want;
+    const bool check_values = m == 9 || m == 70 || m == 1100;
+    const std::vector<float> got = product(m, at, 71u + static_cast<uint32_t>(m), check_values ? &want : nullptr);
+    ASSERT_TRUE(same_bits(got.data() + at * n, alone.data(), static_cast<size_t>(n)))
+        << c.label << ": m " << m << " row " << at << " differs from the row alone";
+    // The values: the CPU op over the same bf16 weights and f32 activations (the tensor-core
+    // kernel does not round them; only the summation order differs).
+    if (check_values) expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, c.label + " m " + std::to_string(m));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, InvariantGemmCuda,
+    testing::Values(gemm_layout{"bf16_tensor_core", dtype::kBF16, false, true, 1025, 4096},
+                    gemm_layout{"bf16_tensor_core_wide", dtype::kBF16, false, true, 16768, 512},
+                    gemm_layout{"bf16_unaligned_k", dtype::kBF16, false, true, 37, 203},
+                    gemm_layout{"bf16_trans_a", dtype::kBF16, true, true, 64, 256},
+                    gemm_layout{"bf16_b_kn", dtype::kBF16, false, false, 48, 96},
+                    gemm_layout{"f32", dtype::kF32, false, true, 333, 512},
+                    gemm_layout{"f32_trans_a_b_kn", dtype::kF32, true, false, 37, 203}),
+    [](const testing::TestParamInfo<gemm_layout>& info) { return info.param.label; });
+
+// Up to 8 rows the invariant mode runs the fast mode's tensor-core skinny kernel unchanged.
+TEST(InvariantGemmCuda, UpToEightRowsEqualsTheTensorCoreSkinnyPath) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 1025, k = 4096;
+  const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 81, -0.1f, 0.1f);
+  std::vector<uint16_t> wh(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wh[i] = f32_to_bf16(wf[i]);
+  device_array<uint16_t> dw(wh);
+  device_array<float> da(random_floats(static_cast<size_t>(8 * k), 82));
+  for (int64_t m = 1; m <= 8; ++m) {
+    auto run_with = [&](bool invariant) {
+      device_array<float> dc(std::vector<float>(static_cast<size_t>(m * n), 0.0f));
+      gemm_params p;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.trans_b = true;
+      p.lda = p.ldb = k;
+      p.ldc = n;
+      p.b_dtype = dtype::kBF16;
+      p.a = da.data();
+      p.b = dw.data();
+      p.c = dc.data();
+      kernel_paths paths;
+      paths.batch_invariant = invariant;
+      paths.skinny = kernel_paths::skinny_kind::kMma;
+      const paths_scope scope(paths);
+      run_cuda(p);
+      device_synchronize();
+      return dc.download();
+    };
+    EXPECT_EQ(run_with(true), run_with(false)) << "m " << m;
+  }
+}
+
+TEST(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const int64_t n = 1000, k = 1024, max_m = 70;
+  std::vector<uint16_t> g(static_cast<size_t>(n * k)), u(g.size());
+  const std::vector<float> gf = random_floats(g.size(), 91, -0.1f, 0.1f), uf = random_floats(u.size(), 92, -0.1f, 0.1f);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = f32_to_bf16(gf[i]);
+    u[i] = f32_to_bf16(uf[i]);
+  }
+  device_array<uint16_t> dg(g), du(u);
+  const std::vector<float> x = random_floats(static_cast<size_t>(max_m * k), 93);
+  device_array<float> dx(x);
+  auto call = [&](int64_t first, int64_t m) {
+    device_array<float> dout(static_cast<size_t>(m * n));
+    swiglu_linear_params p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.x_stride = p.w_stride = k;
+    p.out_stride = n;
+    p.w_dtype = dtype::kBF16;
+    p.x = dx.data() + first * k;
+    p.gate_w = dg.data();
+    p.up_w = du.data();
+    p.out = dout.data();
+    run_cuda(p);
+    device_synchronize();
+    return dout.download();
+  };
+  const std::vector<float> all = call(0, max_m);
+  std::vector<float> want(all.size());
+  swiglu_linear_params pc;
+  pc.m = max_m;
+  pc.n = n;
+  pc.k = k;
+  pc.x_stride = pc.w_stride = k;
+  pc.out_stride = n;
+  pc.w_dtype = dtype::kBF16;
+  pc.x = x.data();
+  pc.gate_w = g.data();
+  pc.up_w = u.data();
+  pc.out = want.data();
+  run_cpu(pc);
+  expect_match(all, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-4, "swiglu_linear m 70");
+  for (const int64_t m : {1, 7, 9, 16, 17, 33, 70}) {
+    const std::vector<float> part = call(0, m);
+    for (int64_t r = 0; r < m; r += 3)
+      ASSERT_TRUE(same_bits(part.data() + r * n, all.data() + r * n, static_cast<size_t>(n)))
+          << "m " << m << " row " << r << " differs from the same row of the 70-row call";
+  }
+  for (int64_t r = 0; r < max_m; r += 5) {
+    const std::vector<float> one = call(r, 1);
+    ASSERT_TRUE(same_bits(one.data(), all.data() + r * n, static_cast<size_t>(n))) << "row " << r << " alone";
+  }
+}
+
+// ---- paged attention ----
+
+struct attn_inv_case {
+  std::string label;
+  dtype kv_dtype;
+  int kv_heads, gqa, q_len;  // q_len > 1: chain-verify rows (the host's max_q_len promise)
+};
+
+class InvariantAttentionCuda : public testing::TestWithParam<attn_inv_case> {};
+
+// The target row (length len) alone, then at index `at` of a batch of other rows with random
+// lengths; its output must be the same bits. The target reads pages 0.. of the pool; the other
+// rows pages of the pool's second half, in scrambled order.
+TEST_P(InvariantAttentionCuda, RowAloneEqualsRowInAnyBatch) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const attn_inv_case& c = GetParam();
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const int64_t kvh = c.kv_heads, qh = c.kv_heads * c.gqa, D = 128, ps = 16, max_len = 6000;
+  const int64_t pt_stride = (max_len + ps - 1) / ps;
+  const int64_t n_pages = 2 * pt_stride;
+  const bool bf16 = c.kv_dtype == dtype::kBF16;
+  const std::vector<float> kf = random_floats(static_cast<size_t>(n_pages * ps * kvh * D), 101);
+  const std::vector<float> vf = random_floats(kf.size(), 102);
+  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kh[i] = f32_to_bf16(kf[i]);
+    vh[i] = f32_to_bf16(vf[i]);
+  }
+  device_array<float> dkf(kf), dvf(vf);
+  device_array<uint16_t> dkh(kh), dvh(vh);
+  const int64_t qs = qh * D;
+  const std::vector<float> q_target = random_floats(static_cast<size_t>(c.q_len * qs), 103);
+
+  auto run_rows = [&](const std::vector<int32_t>& lens, int64_t at, uint32_t seed) {
+    const int64_t batch = static_cast<int64_t>(lens.size());
+    std::vector<int32_t> qsl{0}, pt(static_cast<size_t>(batch * pt_stride));
+    for (int64_t b = 0; b < batch; ++b) {
+      qsl.push_back(qsl.back() + c.q_len);
+      for (int64_t i = 0; i < pt_stride; ++i)
+        pt[static_cast<size_t>(b * pt_stride + i)] =
+            static_cast<int32_t>(b == at ? i : pt_stride + (b * 7 + i * 13) % pt_stride);
+    }
+    std::vector<float> q = random_floats(static_cast<size_t>(qsl.back() * qs), seed);
+    std::copy(q_target.begin(), q_target.end(), q.begin() + at * c.q_len * qs);
+    device_array<float> dq(q), dout(q.size());
+    device_array<int32_t> dqsl(qsl), dlens(lens), dpt(pt);
+    paged_attention_params p;
+    p.batch = batch;
+    p.q_heads = qh;
+    p.kv_heads = kvh;
+    p.head_dim = D;
+    p.page_size = ps;
+    p.page_table_stride = pt_stride;
+    p.q_stride = p.out_stride = qs;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.kv_dtype = c.kv_dtype;
+    p.k_cache = bf16 ? static_cast<const void*>(dkh.data()) : static_cast<const void*>(dkf.data());
+    p.v_cache = bf16 ? static_cast<const void*>(dvh.data()) : static_cast<const void*>(dvf.data());
+    p.q = dq.data();
+    p.out = dout.data();
+    p.query_start_loc = dqsl.data();
+    p.seq_lens = dlens.data();
+    p.page_table = dpt.data();
+    p.max_q_len = c.q_len;
+    run_cuda(p);
+    device_synchronize();
+    const std::vector<float> out = dout.download();
+    return std::vector<float>(out.begin() + at * c.q_len * qs, out.begin() + (at + 1) * c.q_len * qs);
+  };
+
+  std::mt19937 rng(7);
+  for (const int32_t len : {c.q_len, 100, 1000, 5999}) {
+    const std::vector<float> alone = run_rows({len}, 0, 110u);
+    for (const int64_t batch : {2, 8, 33, 64, 200}) {
+      std::vector<int32_t> lens(static_cast<size_t>(batch));
+      const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(batch));
+      for (int64_t b = 0; b < batch; ++b)
+        lens[static_cast<size_t>(b)] = c.q_len + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_len - c.q_len));
+      lens[static_cast<size_t>(at)] = len;
+      const std::vector<float> got = run_rows(lens, at, 111u + static_cast<uint32_t>(batch));
+      ASSERT_TRUE(same_bits(got.data(), alone.data(), alone.size()))
+          << c.label << ": len " << len << ", batch " << batch << ", row " << at << " differs from the row alone";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvariantAttentionCuda,
+                         testing::Values(attn_inv_case{"bf16_decode", dtype::kBF16, 8, 4, 1},
+                                         attn_inv_case{"f32_decode", dtype::kF32, 8, 4, 1},
+                                         attn_inv_case{"bf16_verify5", dtype::kBF16, 8, 4, 5},
+                                         attn_inv_case{"bf16_decode_gqa3", dtype::kBF16, 4, 3, 1}),
+                         [](const testing::TestParamInfo<attn_inv_case>& info) { return info.param.label; });
+
+}  // namespace
+}  // namespace hyserve::kernels
+
+#endif  // HYSERVE_HAVE_CUDA
