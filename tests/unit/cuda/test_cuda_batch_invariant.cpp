@@ -145,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(
                     gemm_layout{"bf16_b_kn", dtype::kBF16, false, false, 48, 96},
                     gemm_layout{"f32", dtype::kF32, false, true, 333, 512},
                     gemm_layout{"f32_trans_a_b_kn", dtype::kF32, true, false, 37, 203}),
-    [](const testing::TestParamInfo<gemm_layout>& info) { return info.param.label; });
+    [](const testing::TestParamInfo<gemm_layout>& param_info) { return param_info.param.label; });
 
 // Up to 8 rows the invariant mode runs the fast mode's tensor-core skinny kernel unchanged.
 TEST(InvariantGemmCuda, UpToEightRowsEqualsTheTensorCoreSkinnyPath) {
@@ -332,7 +332,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvariantAttentionCuda,
                                          attn_inv_case{"f32_decode", dtype::kF32, 8, 4, 1},
                                          attn_inv_case{"bf16_verify5", dtype::kBF16, 8, 4, 5},
                                          attn_inv_case{"bf16_decode_gqa3", dtype::kBF16, 4, 3, 1}),
-                         [](const testing::TestParamInfo<attn_inv_case>& info) { return info.param.label; });
+                         [](const testing::TestParamInfo<attn_inv_case>& param_info) { return param_info.param.label; });
 
 }  // namespace
 }  // namespace hyserve::kernels
