@@ -9,8 +9,10 @@
 //
 // determinism: batch_invariant (kernel_paths::batch_invariant) takes cuBLAS out: its algorithm,
 // tiling and split-K follow m, so a row's bits would depend on the rows beside it. bf16 weights
-// then run the tensor-core skinny kernel for every m (groups of 8 rows, each with the arithmetic
-// of a decode row), and f32 weights and other layouts a fixed-order CUDA-core kernel.
+// then run the tensor-core skinny kernel for every m: groups of 8 rows, the activations rounded
+// to bf16 (as cuBLAS takes them above 8 rows; one MMA per 16 k instead of the exact path's
+// three), each row with the same arithmetic whatever m. f32 weights and other layouts run a
+// fixed-order CUDA-core kernel.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -113,6 +115,9 @@ class blas_call {
   void* workspace_ = nullptr;
   cublasHandle_t handle_ = nullptr;
 };
+
+// determinism: batch_invariant (kernel_paths::batch_invariant): every GEMM row-invariant.
+bool batch_invariant() { return current_paths().batch_invariant; }
 
 // dst[r, c] = bf16(src[r · ld + c]) for r < rows, c < cols; dst compact.
 __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t rows,
@@ -284,15 +289,24 @@ __device__ __forceinline__ void split3_bf16x2(float e0, float e1, uint32_t (&t)[
   }
 }
 
+// Two f32 as one bf16x2 (round to nearest even), element e0 in the low half.
+__device__ __forceinline__ uint32_t round_bf16x2(float e0, float e1) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(e0, e1);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 //
-// More than 8 rows of activations (determinism: batch_invariant, any m): groups of 8 rows are
-// the MMA's columns, CG groups per block (they share the block's weight loads: each weight
-// fragment is multiplied by every group's activations), blockIdx.y the block's first group. A
-// group's arithmetic is the one above, so row r of an m-row call has the bits of row r of a
-// 1-row call for every m.
-template <int WARPS, int TILES, int CG, bool kSwiglu>
+// TERMS: 3 multiplies the weights by f32 activations split exactly as above (kernels.skinny:
+// mma, m <= 8); 1 rounds the activations to bf16 and makes one MMA per 16 k (determinism:
+// batch_invariant, every m: the activations as cuBLAS takes them, a third of the MMAs).
+// Any m (batch_invariant): groups of 8 activation rows are the MMA's columns, CG groups per
+// block (they share the block's weight loads: each weight fragment is multiplied by every
+// group's activations), blockIdx.y the block's first group. A group's arithmetic is the one
+// above, so row r of an m-row call has the bits of the same row in a 1-row call for every m.
+template <int WARPS, int TILES, int CG, int TERMS, bool kSwiglu>
 __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32 * WARPS) : 0)
     skinny_mma_kernel(const skinny_args p, int64_t m) {
+  static_assert(TERMS == 1 || TERMS == 3, "activation terms");
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
   __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -355,8 +369,13 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           uint32_t b0[3], b1[3];
-          split3_bf16x2(xc[j].x, xc[j].y, b0);
-          split3_bf16x2(xc[j].z, xc[j].w, b1);
+          if constexpr (TERMS == 3) {
+            split3_bf16x2(xc[j].x, xc[j].y, b0);
+            split3_bf16x2(xc[j].z, xc[j].w, b1);
+          } else {
+            b0[0] = round_bf16x2(xc[j].x, xc[j].y);
+            b1[0] = round_bf16x2(xc[j].z, xc[j].w);
+          }
 #pragma unroll
           for (int ti = 0; ti < TILES; ++ti)
 #pragma unroll
@@ -366,7 +385,7 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
               const uint32_t a[4] = {j == 0 ? r0.x : r0.z, j == 0 ? r1.x : r1.z, j == 0 ? r0.y : r0.w,
                                      j == 0 ? r1.y : r1.w};
 #pragma unroll
-              for (int i = 2; i >= 0; --i) mma_bf16_16816(acc[cg][ti][s], a, b0[i], b1[i]);  // smallest term first
+              for (int i = TERMS - 1; i >= 0; --i) mma_bf16_16816(acc[cg][ti][s], a, b0[i], b1[i]);  // smallest term first
             }
         }
       }
@@ -412,16 +431,22 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
 constexpr int kMaxRowGroups = 4;
 int skinny_row_groups(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : kMaxRowGroups; }
 
+// exact (kernels.skinny: mma, m <= 8): f32 activations in three terms; else (batch_invariant)
+// bf16-rounded activations, any m.
 template <int WARPS, int TILES, bool kSwiglu>
-void launch_skinny_mma_w(const skinny_args& a, int64_t m, cudaStream_t stream) {
+void launch_skinny_mma_w(const skinny_args& a, int64_t m, bool exact, cudaStream_t stream) {
   const auto tiles = static_cast<unsigned>(ceil_div(a.n, int64_t{16} * TILES));
+  if (exact) {
+    skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu><<<tiles, 32 * WARPS, 0, stream>>>(a, m);
+    return;
+  }
   const int cg = skinny_row_groups(m);
   const int64_t ygrid = ceil_div(m, int64_t{8} * cg);
   if (ygrid > 65535) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid (65535 blocks of 32 rows)");
   const dim3 grid(tiles, static_cast<unsigned>(ygrid));
-  if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
-  else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
-  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
 }
 
 // Blocks of the one-group kernel resident on the whole device at once (read once per
@@ -430,7 +455,7 @@ template <int WARPS, int TILES, bool kSwiglu>
 int64_t skinny_mma_slots() {
   static const int64_t slots = [] {
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_kernel<WARPS, TILES, 1, kSwiglu>,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu>,
                                                              32 * WARPS, 0));
     return int64_t{per_sm} * sm_count();
   }();
@@ -443,12 +468,13 @@ int64_t skinny_mma_slots() {
 // that, 8. By n (and the device) only: the k split fixes the summation order, which must not
 // depend on m.
 template <int TILES, bool kSwiglu>
-void launch_skinny_mma_t(const skinny_args& a, int64_t m, cudaStream_t stream) {
+void launch_skinny_mma_t(const skinny_args& a, int64_t m, bool exact, cudaStream_t stream) {
   const int64_t tiles = ceil_div(a.n, int64_t{16} * TILES);
-  if (tiles <= skinny_mma_slots<16, TILES, kSwiglu>()) return launch_skinny_mma_w<16, TILES, kSwiglu>(a, m, stream);
-  if (tiles <= skinny_mma_slots<8, TILES, kSwiglu>()) return launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, stream);
-  if (tiles <= skinny_mma_slots<4, TILES, kSwiglu>()) return launch_skinny_mma_w<4, TILES, kSwiglu>(a, m, stream);
-  launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, stream);
+  if (tiles <= skinny_mma_slots<16, TILES, kSwiglu>())
+    return launch_skinny_mma_w<16, TILES, kSwiglu>(a, m, exact, stream);
+  if (tiles <= skinny_mma_slots<8, TILES, kSwiglu>()) return launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, exact, stream);
+  if (tiles <= skinny_mma_slots<4, TILES, kSwiglu>()) return launch_skinny_mma_w<4, TILES, kSwiglu>(a, m, exact, stream);
+  launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, exact, stream);
 }
 
 // Row tiles per block: 2 for wide plain weights (half the activation reads per weight byte),
@@ -456,10 +482,11 @@ void launch_skinny_mma_t(const skinny_args& a, int64_t m, cudaStream_t stream) {
 // that small blocks can all be resident.
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const bool exact = !batch_invariant();
   if constexpr (!kSwiglu) {
-    if (a.n >= 16384) return launch_skinny_mma_t<2, kSwiglu>(a, m, stream);
+    if (a.n >= 16384) return launch_skinny_mma_t<2, kSwiglu>(a, m, exact, stream);
   }
-  launch_skinny_mma_t<1, kSwiglu>(a, m, stream);
+  launch_skinny_mma_t<1, kSwiglu>(a, m, exact, stream);
 }
 
 // The layouts the skinny kernels read (B [n, k] row-major, 16-byte rows of A and B).
@@ -470,8 +497,6 @@ bool skinny_layout_applies(const gemm_params& p) {
 
 bool skinny_bf16_applies(const gemm_params& p) { return p.m <= kSkinnyMaxM && skinny_layout_applies(p); }
 
-// determinism: batch_invariant (kernel_paths::batch_invariant): every GEMM row-invariant.
-bool batch_invariant() { return current_paths().batch_invariant; }
 
 // ---- The row-invariant CUDA-core GEMM (determinism: batch_invariant) ----
 //
