@@ -382,9 +382,10 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
 
 // The 9B-shaped model's bf16-weight linear layers at m = 1 .. 256 activation rows (decode
 // batches, verify steps) and 2048 (a prefill chunk), in both determinism modes: "fast" (the
-// default kernels: the skinny kernel up to 8 rows, cuBLAS above) and "batch_invariant" (the
-// row-invariant tensor-core kernel for every m). Bytes: the weights once, A and C; at 2048 rows
-// the time is what matters (compute-bound).
+// default kernels: the skinny kernel up to 8 rows, cuBLAS above), "batch_invariant" (the
+// row-invariant tensor-core kernels: the skinny one below 256 rows, the tiled one from 256) and
+// "batch_invariant tiled" (the tiled one from 9 rows: the same bits, another speed). Bytes: the
+// weights once, A and C; at 2048 rows the time is what matters (compute-bound).
 void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
   struct shape {
     const char* name;
@@ -403,11 +404,15 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
       w.push_back(random_typed(static_cast<size_t>(weights), 90 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
     auto a = random_device(static_cast<size_t>(kMaxRows * sh.k), 91);
     device_array<float> c(static_cast<size_t>(kMaxRows * sh.n));
-    for (const bool invariant : {false, true}) {
+    // fast; batch_invariant (the skinny kernel below 256 rows, the tiled one from 256);
+    // batch_invariant with the tiled kernel from 9 rows (the same bits, another speed).
+    for (const int mode : {0, 1, 2}) {
       kernel_paths paths;
-      paths.batch_invariant = invariant;
+      paths.batch_invariant = mode > 0;
       const paths_scope scope(paths);
+      set_invariant_tiled_rows(mode == 2 ? 9 : 0);
       for (const int64_t m : kRows) {
+        if (mode == 2 && m <= 8) continue;  // the skinny kernel either way
         const double us = time_call_us(stream, n_sets, [&](int s) {
           const uint8_t* wb = w[static_cast<size_t>(s)].data();
           if (sh.swiglu) {
@@ -442,10 +447,11 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
         });
         const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * static_cast<double>(m) * (sh.k + sh.n);
         rows.push_back({"linear_rows", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
-                                           (invariant ? " batch_invariant" : " fast"),
+                                           (mode == 0 ? " fast" : mode == 1 ? " batch_invariant" : " batch_invariant tiled"),
                         static_cast<int>(m), us, bytes});
       }
     }
+    set_invariant_tiled_rows(0);
   }
 }
 

@@ -26,6 +26,7 @@
 
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
@@ -295,6 +296,11 @@ __device__ __forceinline__ uint32_t round_bf16x2(float e0, float e1) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// silu(g)·u, the swiglu op's formula, compiled once for every tensor-core kernel: inlined, its
+// addition could contract into an FMA with expf's last product differently per instantiation,
+// and a row's bits would follow the kernel (and so the call's m).
+__device__ __noinline__ float swiglu_out(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 //
 // TERMS: 3 multiplies the weights by f32 activations split exactly as above (kernels.skinny:
 // mma, m <= 8); 1 rounds the activations to bf16 and makes one MMA per 16 k (determinism:
@@ -417,7 +423,7 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
       }
       float* out = p.c + out_col * p.ldc + out_row;
       if constexpr (kSwiglu) {
-        *out = v[0] / (1.0f + expf(-v[0])) * v[1];  // the swiglu op's formula
+        *out = swiglu_out(v[0], v[1]);
       } else {
         *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, v[0], __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, v[0]);
       }
@@ -468,23 +474,185 @@ int64_t skinny_mma_slots() {
 // that, 8. By n (and the device) only: the k split fixes the summation order, which must not
 // depend on m.
 template <int TILES, bool kSwiglu>
+int skinny_mma_warps(int64_t n) {
+  const int64_t tiles = ceil_div(n, int64_t{16} * TILES);
+  if (tiles <= skinny_mma_slots<16, TILES, kSwiglu>()) return 16;
+  if (tiles <= skinny_mma_slots<8, TILES, kSwiglu>()) return 8;
+  if (tiles <= skinny_mma_slots<4, TILES, kSwiglu>()) return 4;
+  return 8;
+}
+
+template <int TILES, bool kSwiglu>
 void launch_skinny_mma_t(const skinny_args& a, int64_t m, bool exact, cudaStream_t stream) {
-  const int64_t tiles = ceil_div(a.n, int64_t{16} * TILES);
-  if (tiles <= skinny_mma_slots<16, TILES, kSwiglu>())
-    return launch_skinny_mma_w<16, TILES, kSwiglu>(a, m, exact, stream);
-  if (tiles <= skinny_mma_slots<8, TILES, kSwiglu>()) return launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, exact, stream);
-  if (tiles <= skinny_mma_slots<4, TILES, kSwiglu>()) return launch_skinny_mma_w<4, TILES, kSwiglu>(a, m, exact, stream);
-  launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, exact, stream);
+  switch (skinny_mma_warps<TILES, kSwiglu>(a.n)) {
+    case 16: return launch_skinny_mma_w<16, TILES, kSwiglu>(a, m, exact, stream);
+    case 4: return launch_skinny_mma_w<4, TILES, kSwiglu>(a, m, exact, stream);
+    default: return launch_skinny_mma_w<8, TILES, kSwiglu>(a, m, exact, stream);
+  }
 }
 
 // Row tiles per block: 2 for wide plain weights (half the activation reads per weight byte),
 // else 1. One-tile blocks are bounded to 64 registers per thread (1024 threads per SM), so
 // that small blocks can all be resident.
+// ---- The tiled row-invariant kernel (determinism: batch_invariant, many activation rows) ----
+//
+// The batch-invariant skinny kernel's arithmetic (TERMS = 1) for a prefill's many rows, where
+// the skinny kernel would re-read the activations for every 16 weight rows: a block owns 128
+// weight rows × BM activation rows (BM = 64, 32 for the fused SwiGLU's two weights), 8 warps as
+// 4 (weight rows) × 2 (activation rows), each warp 2 MMA row tiles × BM / 16 column tiles; the
+// 32-element k blocks go through shared memory by cp.async, double-buffered. The order of the
+// arithmetic is the skinny kernel's, output by output: the k blocks in the order of the
+// skinny kernel's W warps (w = 0, 1, …; each w's blocks w, w + W, … ascending), each block's two
+// MMAs with the same permutation of k and the same bf16 rounding of the activations, one
+// partial sum per w, and the partial sums added in w order (W: the skinny kernel's choice for
+// n). So a row's bits are the same whichever kernel ran its call (kTiledMinRows: speed only).
+constexpr int kTiledThreads = 256;
+constexpr int kTiledBn = 128;  // weight rows per block: 4 warps × 2 row tiles of 16
+int64_t g_tiled_min_rows = 0;  // set_invariant_tiled_rows (benchmarks): 0 = kTiledMinRows
+constexpr int64_t kTiledMinRows = 256;
+
+template <int BM, bool kSwiglu>
+__global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const skinny_args p, int64_t m, int warps_w) {
+  constexpr int S = kSwiglu ? 2 : 1;
+  constexpr int CT = BM / 16;         // column tiles (8 activation rows) per warp
+  constexpr int kXld = 32 + 4;        // floats per staged activation row (+16 bytes: no bank conflicts)
+  __shared__ __align__(16) __nv_bfloat16 ws[2][S][kTiledBn][32];
+  __shared__ __align__(16) float xs[2][BM][kXld];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wn = warp & 3, wm = warp >> 2;
+  const int64_t row_base = static_cast<int64_t>(blockIdx.x) * kTiledBn;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * BM;
+  const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
+
+  auto load = [&](int stage, int64_t kb) {
+    for (int i = tid; i < S * kTiledBn * 4; i += kTiledThreads) {
+      const int s = i / (kTiledBn * 4), r = (i / 4) % kTiledBn, q = i % 4;
+      const int64_t row = row_base + r, c = kb * 4 + q;
+      const bool live = row < p.n && c < chunks;
+      const __nv_bfloat16* src = (s == 1 ? p.b1 : p.b0) + (live ? row * p.ldb + c * 8 : 0);
+      cp_async16_zfill(&ws[stage][s][r][q * 8], src, live ? 16u : 0u);
+    }
+    for (int i = tid; i < BM * 8; i += kTiledThreads) {
+      const int r = i / 8, q = i % 8;  // q: 4 floats
+      const int64_t row = col0 + r, c = kb * 4 + q / 2;
+      const bool live = row < m && c < chunks;
+      const float* src = p.a + (live ? row * p.lda + kb * 32 + q * 4 : 0);
+      cp_async16_zfill(&xs[stage][r][q * 4], src, live ? 16u : 0u);
+    }
+  };
+  // The k blocks in the skinny kernel's warp order.
+  const auto advance = [&](int64_t& kb, int& w) {
+    kb += warps_w;
+    if (kb >= kblocks) kb = ++w;
+  };
+
+  float cur[2][CT][S][4] = {}, tot[2][CT][S][4] = {};
+  int64_t ld_kb = 0, c_kb = 0;
+  int ld_w = 0, c_w = 0;
+  if (kblocks > 0) {
+    load(0, ld_kb);
+    advance(ld_kb, ld_w);
+  }
+  cp_async_commit_group();
+  for (int64_t step = 0; step < kblocks; ++step) {
+    if (step + 1 < kblocks) {
+      load(static_cast<int>((step + 1) & 1), ld_kb);
+      advance(ld_kb, ld_w);
+    }
+    cp_async_commit_group();
+    cp_async_wait_group<1>();
+    __syncthreads();
+    const int st = static_cast<int>(step & 1);
+    uint4 r0[2][S], r1[2][S];
+#pragma unroll
+    for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        r0[rt][s] = *reinterpret_cast<const uint4*>(&ws[st][s][wn * 32 + rt * 16 + g][t * 8]);
+        r1[rt][s] = *reinterpret_cast<const uint4*>(&ws[st][s][wn * 32 + rt * 16 + g + 8][t * 8]);
+      }
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct) {
+      const float* xr = &xs[st][wm * (BM / 2) + ct * 8 + g][t * 8];
+      const float4 xv[2] = {*reinterpret_cast<const float4*>(xr), *reinterpret_cast<const float4*>(xr + 4)};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t b0 = round_bf16x2(xv[j].x, xv[j].y), b1 = round_bf16x2(xv[j].z, xv[j].w);
+#pragma unroll
+        for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const uint4& a0 = r0[rt][s];
+            const uint4& a1 = r1[rt][s];
+            const uint32_t a[4] = {j == 0 ? a0.x : a0.z, j == 0 ? a1.x : a1.z, j == 0 ? a0.y : a0.w,
+                                   j == 0 ? a1.y : a1.w};
+            mma_bf16_16816(cur[rt][ct][s], a, b0, b1);
+          }
+      }
+    }
+    // The last k block of partial sum w: add it to the total in w order (the skinny kernel's
+    // shared-memory reduction), start the next one.
+    int64_t next_kb = c_kb;
+    int next_w = c_w;
+    advance(next_kb, next_w);
+    if (next_w != c_w) {
+#pragma unroll
+      for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+        for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+          for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              tot[rt][ct][s][e] = c_w == 0 ? cur[rt][ct][s][e] : __fadd_rn(tot[rt][ct][s][e], cur[rt][ct][s][e]);
+              cur[rt][ct][s][e] = 0.0f;
+            }
+    }
+    c_kb = next_kb;
+    c_w = next_w;
+    __syncthreads();  // the stage is refilled by the next step's load
+  }
+  // Element e of an MMA tile: weight row g (+8 for e >= 2), activation row 2t (+1 for odd e).
+#pragma unroll
+  for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t n_out = row_base + wn * 32 + rt * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t m_out = col0 + wm * (BM / 2) + ct * 8 + 2 * t + (e & 1);
+        if (n_out >= p.n || m_out >= m) continue;
+        float* out = p.c + m_out * p.ldc + n_out;
+        if constexpr (kSwiglu) {
+          *out = swiglu_out(tot[rt][ct][0][e], tot[rt][ct][1][e]);
+        } else {
+          const float v = tot[rt][ct][0][e];
+          *out = p.beta != 0.0f ? __fmaf_rn(p.alpha, v, __fmul_rn(p.beta, *out)) : __fmul_rn(p.alpha, v);
+        }
+      }
+}
+
+template <bool kSwiglu>
+void launch_invariant_tiled(const skinny_args& a, int64_t m, int warps_w, cudaStream_t stream) {
+  constexpr int BM = kSwiglu ? 32 : 64;
+  const int64_t gy = ceil_div(m, int64_t{BM});
+  if (gy > 65535) fail("gemm", "m", m, "exceeds the row-invariant tiled kernel's grid (65535 tiles of rows)");
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, int64_t{kTiledBn})), static_cast<unsigned>(gy));
+  invariant_tiled_kernel<BM, kSwiglu><<<grid, kTiledThreads, 0, stream>>>(a, m, warps_w);
+}
+
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
+  // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
+  const bool two_tiles = !kSwiglu && a.n >= 16384;
+  if (!exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows)) {
+    const int w = two_tiles ? skinny_mma_warps<2, kSwiglu>(a.n) : skinny_mma_warps<1, kSwiglu>(a.n);
+    return launch_invariant_tiled<kSwiglu>(a, m, w, stream);
+  }
   if constexpr (!kSwiglu) {
-    if (a.n >= 16384) return launch_skinny_mma_t<2, kSwiglu>(a, m, exact, stream);
+    if (two_tiles) return launch_skinny_mma_t<2, kSwiglu>(a, m, exact, stream);
   }
   launch_skinny_mma_t<1, kSwiglu>(a, m, exact, stream);
 }
@@ -671,6 +839,11 @@ void set_skinny_rows(int rows) {
 }
 
 void set_skinny_path(skinny_path path) { cuda_detail::g_skinny_path = path; }
+
+void set_invariant_tiled_rows(int64_t min_rows) {
+  if (min_rows < 0) throw invalid_argument_error("set_invariant_tiled_rows: must be >= 0, got " + std::to_string(min_rows));
+  cuda_detail::g_tiled_min_rows = min_rows;
+}
 
 bool skinny_uses_mma() {
   // Row-invariant GEMMs of every m run the tensor-core arithmetic (the FMA kernel stops at 8 rows).

@@ -7,6 +7,8 @@
 // bitwise the same whatever the choice (each output's chunk order and reduction do not depend
 // on it); only the speed changes.
 // CUDA-free: reachable as "cuda/gemm_paths.h" by whoever links the kernels.
+#include <cstdint>
+
 namespace hyserve::kernels {
 
 void set_skinny_rows(int rows);
@@ -23,5 +25,10 @@ void set_skinny_path(skinny_path path);
 // The path in effect: always the tensor-core one under determinism: batch_invariant
 // (kernel_paths::batch_invariant), where it computes GEMMs of every row count.
 bool skinny_uses_mma();
+
+// Benchmark aid for determinism: batch_invariant: calls of at least min_rows activation rows run
+// the tiled kernel, fewer the skinny kernel in groups of 8 rows (0: the default, 256). Both sum
+// in the same order: the bits do not depend on the choice, only the speed.
+void set_invariant_tiled_rows(int64_t min_rows);
 
 }  // namespace hyserve::kernels
