@@ -234,7 +234,11 @@ EOF2
       stage invariance-model-fast 240 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
       stage invariance-model 240 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64
       stage invariance-spec 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
-        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 ;;
+        --prompt-len 1024 --new-tokens 128 --draft-tokens 4
+      stage invariance-spec-draft 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
+        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 --draft-layers 4
+      stage invariance-spec-tree 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
+        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 --draft-layers 4 --draft-tree-width 2 ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
