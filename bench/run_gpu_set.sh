@@ -21,9 +21,10 @@
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
-# (determinism: batch_invariant: the kernels' row-invariance tests, the Device/BatchInvariance
-# cases — a request alone against it among 63 random arrivals on the GPU —, the linear layers per
-# row count and the 9B decode step in both modes, speculative identity at batches 1, 8, 32).
+# (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
+# cases, a request alone against it among 63 random arrivals on the GPU), invariance-speed (the
+# linear layers per row count and the 9B decode step in both modes) and invariance-spec
+# (speculative identity at batches 1, 8, 32: n-gram, draft model, tree).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -61,7 +62,9 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
-    invariance) targets+=(spec_test cuda_ops_test hyserve-bench-cuda hyserve-bench-model hyserve-bench-spec) ;;
+    invariance) targets+=(spec_test cuda_ops_test) ;;
+    invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
+    invariance-spec) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -222,23 +225,27 @@ EOF2
                    configs/qwen3next-tiny-cuda.yaml "$out" qwen3next-tiny ;;
     invariance)
       # determinism: batch_invariant on the GPU: the kernels' row invariance (a row alone == the
-      # row among others: GEMM, swiglu_linear, attention), a request alone against the same
-      # request among 63 random arrivals (the diverging trials per case), the linear layers'
-      # speed per row count in both modes, the 9B decode step in both modes, and speculative
-      # identity at batches 1, 8, 32 (hyserve-bench-spec exits 2 on a differing row).
+      # row among others: GEMM, swiglu_linear, attention), then a request alone against the same
+      # request among 63 random arrivals (the diverging trials per case).
       stage invariance-kernels 240 "$bin/cuda_ops_test" --gtest_filter='Invariant*'
-      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*'
-      stage invariance-linear 240 "$bin/hyserve-bench-cuda" linear_rows
+      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*' ;;
+    invariance-speed)
+      # The linear layers per row count and the 9B decode step, determinism fast and batch_invariant.
       { cat configs/bamba-9b-synthetic-cuda.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-invariant.yaml"
+      stage invariance-linear 240 "$bin/hyserve-bench-cuda" linear_rows
+      stage invariance-model-fast 180 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
+      stage invariance-model 180 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64 ;;
+    invariance-spec)
+      # Speculative identity at batches 1, 8, 32 under batch_invariant (hyserve-bench-spec exits 2
+      # on a row that differs from plain decoding): n-gram, draft model chain, draft model tree.
       { cat configs/bamba-9b-synthetic-cuda-spec.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-spec-invariant.yaml"
-      stage invariance-model-fast 240 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
-      stage invariance-model 240 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64
-      stage invariance-spec 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
-        --prompt-len 1024 --new-tokens 128 --draft-tokens 4
-      stage invariance-spec-draft 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
-        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 --draft-layers 4
-      stage invariance-spec-tree 420 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
-        --prompt-len 1024 --new-tokens 128 --draft-tokens 4 --draft-layers 4 --draft-tree-width 2 ;;
+      for v in ngram draft tree; do
+        extra=()
+        [ "$v" != ngram ] && extra+=(--draft-layers 4)
+        [ "$v" = tree ] && extra+=(--draft-tree-width 2)
+        stage "invariance-spec-$v" 200 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
+          --prompt-len 1024 --new-tokens 128 --draft-tokens 4 "${extra[@]}"
+      done ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
@@ -269,7 +276,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)
