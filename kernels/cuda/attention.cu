@@ -53,7 +53,6 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
 constexpr int kMaxSlices = 64;
 constexpr int kMaxDecodeSlices = 256;
-constexpr int64_t kMaxDecodeQueries = 16;  // queries per row the decode kernel takes (max_q_len promise)
 // GQA group sizes of the decode kernel (attention_decode.cuh); other sizes take the decode
 // branch of paged_attention_kernel.
 using decode_group_table = int_table<1, 2, 4, 8>;
@@ -257,9 +256,9 @@ struct attn_block {
 
 template <class KV, int D>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
-                                                                       const attn_partials part, bool skip_decode) {
-  // skip_decode: rows of one query are the decode kernel's (it runs with qmax 1 whenever this
-  // kernel runs).
+                                                                       const attn_partials part, int skip_upto) {
+  // skip_upto: rows of at most that many queries are the decode kernel's (it runs with qmax =
+  // skip_upto whenever this kernel runs beside it; 0: none).
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<attn_smem<KV, D>*>(smem_raw);
   const int slice = blockIdx.x;
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   const int64_t q_start = p.query_start_loc[b];
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
   if (q_len <= 0) return;  // row without queries
-  if (q_len == 1 && skip_decode) return;  // served by the decode kernel
+  if (q_len <= skip_upto) return;  // served by the decode kernel
   const int64_t len = p.seq_lens[b];
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   attn_block<KV, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
@@ -415,7 +414,11 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
   const bool decode_only = decode_kernel && p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&
                            p.batch * p.max_q_len <= kMaxGrid;
-  const int qmax = decode_only ? static_cast<int>(p.max_q_len) : 1;
+  // Under batch_invariant with the host's short_q_max, every row of up to 16 queries goes to the
+  // decode kernel in any step (else a verify row's kernel would follow its neighbours' promise).
+  const bool short_rows = current_paths().batch_invariant && decode_kernel && !decode_only && p.short_q_max > 1 &&
+                          p.short_q_max <= kMaxDecodeQueries && p.batch * p.short_q_max <= kMaxGrid;
+  const int qmax = decode_only ? static_cast<int>(p.max_q_len) : short_rows ? static_cast<int>(p.short_q_max) : 1;
   attn_partials part;
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
@@ -448,7 +451,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       const size_t smem = sizeof(attn_smem<KV, D>);
       reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
       const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-      paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel);
+      paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel ? qmax : 0);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
     if (n_part > 1) {

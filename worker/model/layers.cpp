@@ -1,5 +1,6 @@
 #include "layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -295,6 +296,10 @@ void bind_step(step_inputs& in, const step_layout& l, const hybrid_metadata& met
     in.seq_lens = at(l.seq_lens, l.batch);
     in.page_table_stride = l.page_table_stride;
     in.page_size = page_size;
+    for (size_t b = 0; b + 1 < meta.query_start_loc.size(); ++b) {
+      const int64_t q = meta.query_start_loc[b + 1] - meta.query_start_loc[b];
+      if (q <= kernels::kMaxDecodeQueries) in.short_q_max = std::max(in.short_q_max, q);
+    }
   }
   if (l.sampling) {
     in.sampling = true;
@@ -428,6 +433,7 @@ kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out,
   a.page_size = in.page_size;
   a.page_table_stride = pages.page_table_stride;
   a.q_stride = a.out_stride = q_heads * head_dim;
+  a.short_q_max = in.short_q_max;
   return a;
 }
 

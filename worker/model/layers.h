@@ -126,6 +126,7 @@ struct step_inputs {
   device_array seq_lens;           // i32 [bs]
   int64_t page_table_stride = 0;
   int32_t page_size = 0;
+  int64_t short_q_max = 0;  // the most queries of a row with at most kernels::kMaxDecodeQueries (attention.h)
   sparse_step sparse;        // sparse Top-K attention of this step (sparse_select.h)
   // TargetVerify / Draft (per-step states): tokens per row, step columns per row, the tree
   // parents (TargetVerify with tree drafts; empty = chain) and the start column of each row

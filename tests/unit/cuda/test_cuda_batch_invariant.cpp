@@ -9,10 +9,12 @@
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
 //     lengths, bf16 cache (tensor-core decode kernel) and f32 cache (CUDA-core one), GQA 4, and
-//     GQA 3 (the extend kernel's decode branch); and a chain-verify row alone == among others.
+//     GQA 3 (the extend kernel's decode branch); a chain-verify row alone == among others; and a
+//     verify row in a step of its own == the row beside prefill chunks (short_q_max).
 // Skips without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -308,6 +310,89 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvariantAttentionCuda,
                                          attn_inv_case{"bf16_verify5", dtype::kBF16, 8, 4, 5},
                                          attn_inv_case{"bf16_decode_gqa3", dtype::kBF16, 4, 3, 1}),
                          [](const testing::TestParamInfo<attn_inv_case>& param_info) { return param_info.param.label; });
+
+// A verify row (5 queries) alone, in a step of its own with the host's promise (max_q_len 5),
+// equals the same row inside a step that also carries prefill chunks of up to 40 queries (no
+// promise; the host's short_q_max routes the rows of up to 16 queries to the decode kernel): a
+// TargetVerify step carrying prefill chunks, or a short prefill chunk beside a long one.
+TEST(InvariantAttentionCuda, ShortRowBesidePrefillChunksEqualsTheRowInAStepOfItsOwn) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const int64_t kvh = 8, qh = 32, D = 128, ps = 16, max_len = 3000;
+  const int64_t pt_stride = (max_len + ps - 1) / ps;
+  const int64_t n_pages = 2 * pt_stride;
+  const std::vector<float> kf = random_floats(static_cast<size_t>(n_pages * ps * kvh * D), 121);
+  const std::vector<float> vf = random_floats(kf.size(), 122);
+  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kh[i] = f32_to_bf16(kf[i]);
+    vh[i] = f32_to_bf16(vf[i]);
+  }
+  device_array<uint16_t> dkh(kh), dvh(vh);
+  const int64_t qs = qh * D;
+  const int target_q = 5;
+  const std::vector<float> q_target = random_floats(static_cast<size_t>(target_q * qs), 123);
+  // Rows (q_len, seq_len); the target at index at reads pages 0.., the others the second half.
+  auto run_rows = [&](const std::vector<int32_t>& q_lens, const std::vector<int32_t>& lens, int64_t at,
+                      int64_t promise, int64_t short_max) {
+    const int64_t batch = static_cast<int64_t>(lens.size());
+    std::vector<int32_t> qsl{0}, pt(static_cast<size_t>(batch * pt_stride));
+    for (int64_t b = 0; b < batch; ++b) {
+      qsl.push_back(qsl.back() + q_lens[static_cast<size_t>(b)]);
+      for (int64_t i = 0; i < pt_stride; ++i)
+        pt[static_cast<size_t>(b * pt_stride + i)] =
+            static_cast<int32_t>(b == at ? i : pt_stride + (b * 5 + i * 11) % pt_stride);
+    }
+    std::vector<float> q = random_floats(static_cast<size_t>(qsl.back() * qs), 124u + static_cast<uint32_t>(batch));
+    std::copy(q_target.begin(), q_target.end(), q.begin() + qsl[static_cast<size_t>(at)] * qs);
+    device_array<float> dq(q), dout(q.size());
+    device_array<int32_t> dqsl(qsl), dlens(lens), dpt(pt);
+    paged_attention_params p;
+    p.batch = batch;
+    p.q_heads = qh;
+    p.kv_heads = kvh;
+    p.head_dim = D;
+    p.page_size = ps;
+    p.page_table_stride = pt_stride;
+    p.q_stride = p.out_stride = qs;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.kv_dtype = dtype::kBF16;
+    p.k_cache = dkh.data();
+    p.v_cache = dvh.data();
+    p.q = dq.data();
+    p.out = dout.data();
+    p.query_start_loc = dqsl.data();
+    p.seq_lens = dlens.data();
+    p.page_table = dpt.data();
+    p.max_q_len = promise;
+    p.short_q_max = short_max;
+    run_cuda(p);
+    device_synchronize();
+    const std::vector<float> out = dout.download();
+    const auto first = out.begin() + qsl[static_cast<size_t>(at)] * qs;
+    return std::vector<float>(first, first + target_q * qs);
+  };
+  std::mt19937 rng(11);
+  for (const int32_t len : {target_q, 700, 2999}) {
+    const std::vector<float> alone = run_rows({target_q}, {len}, 0, target_q, target_q);
+    for (const int64_t batch : {2, 9, 40}) {
+      std::vector<int32_t> q_lens(static_cast<size_t>(batch)), lens(static_cast<size_t>(batch));
+      const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(batch));
+      int64_t short_max = 0;
+      for (int64_t b = 0; b < batch; ++b) {
+        // Row at + 1: a prefill chunk beyond the decode kernel's 16 queries, in every batch.
+        const int32_t ql = b == at ? target_q : b == (at + 1) % batch ? 40 : 1 + static_cast<int32_t>(rng() % 40);
+        q_lens[static_cast<size_t>(b)] = ql;
+        lens[static_cast<size_t>(b)] = b == at ? len : ql + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_len - ql));
+        if (ql <= kMaxDecodeQueries) short_max = std::max<int64_t>(short_max, ql);
+      }
+      const std::vector<float> got = run_rows(q_lens, lens, at, 0, short_max);
+      ASSERT_TRUE(same_bits(got.data(), alone.data(), alone.size()))
+          << "len " << len << ", batch " << batch << ", row " << at << " differs from the row in a step of its own";
+    }
+  }
+}
 
 }  // namespace
 }  // namespace hyserve::kernels

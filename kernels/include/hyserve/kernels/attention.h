@@ -54,7 +54,16 @@ struct paged_attention_params {
   // seq_len − q_len + 1 + j keys, and launches no extend kernel (whose one block per kv head
   // would walk a short row's whole context). Ignored by the CPU op and the tree op.
   int64_t max_q_len = 0;
+  // Optional (read by the CUDA op under determinism: batch_invariant): the most queries of any
+  // row that has at most kMaxDecodeQueries of them (0 = not given). Every such row is then served
+  // by the decode kernel as with the promise above, whatever the other rows hold, so a verify
+  // row or a short prefill chunk takes the same kernel in a step of its own and beside longer
+  // rows. Ignored by the CPU op.
+  int64_t short_q_max = 0;
 };
+
+// The most queries per row the CUDA decode kernel serves (max_q_len, short_q_max).
+inline constexpr int64_t kMaxDecodeQueries = 16;
 
 void run_cpu(const paged_attention_params& p);
 void run_cuda(const paged_attention_params& p, void* stream = nullptr);
