@@ -219,6 +219,71 @@ TEST(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
 
 // ---- paged attention ----
 
+// A paged KV cache (bf16 and f32 copies of the same random values) of 2 × pages_per_row pages, and
+// calls of rows (q_len, seq_len) over it. The target row at index `at` reads pages 0.. and takes
+// q_target as its queries; the other rows read the second half of the pool in a scrambled order
+// and random queries. Returns the target's output rows.
+struct attention_pool {
+  int64_t kv_heads, q_heads, head_dim = 128, page_size = 16, pages_per_row;
+  device_array<float> kf, vf;
+  device_array<uint16_t> kh, vh;
+
+  attention_pool(int64_t kvh, int64_t qh, int64_t max_len, uint32_t seed)
+      : kv_heads(kvh), q_heads(qh), pages_per_row((max_len + 15) / 16), kf(values(seed)), vf(values(seed + 1)),
+        kh(to_bf16(values(seed))), vh(to_bf16(values(seed + 1))) {}
+
+  std::vector<float> values(uint32_t seed) const {
+    return random_floats(static_cast<size_t>(2 * pages_per_row * page_size * kv_heads * head_dim), seed);
+  }
+  static std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+    return h;
+  }
+
+  std::vector<float> run(dtype kv_dtype, const std::vector<int32_t>& q_lens, const std::vector<int32_t>& lens,
+                         int64_t at, const std::vector<float>& q_target, int64_t promise, int64_t short_max,
+                         uint32_t seed) const {
+    const int64_t batch = static_cast<int64_t>(lens.size()), qs = q_heads * head_dim;
+    std::vector<int32_t> qsl{0}, pt(static_cast<size_t>(batch * pages_per_row));
+    for (int64_t b = 0; b < batch; ++b) {
+      qsl.push_back(qsl.back() + q_lens[static_cast<size_t>(b)]);
+      for (int64_t i = 0; i < pages_per_row; ++i)
+        pt[static_cast<size_t>(b * pages_per_row + i)] =
+            static_cast<int32_t>(b == at ? i : pages_per_row + (b * 7 + i * 13) % pages_per_row);
+    }
+    std::vector<float> q = random_floats(static_cast<size_t>(qsl.back() * qs), seed);
+    std::copy(q_target.begin(), q_target.end(), q.begin() + qsl[static_cast<size_t>(at)] * qs);
+    device_array<float> dq(q), dout(q.size());
+    device_array<int32_t> dqsl(qsl), dlens(lens), dpt(pt);
+    const bool bf16 = kv_dtype == dtype::kBF16;
+    paged_attention_params p;
+    p.batch = batch;
+    p.q_heads = q_heads;
+    p.kv_heads = kv_heads;
+    p.head_dim = head_dim;
+    p.page_size = page_size;
+    p.page_table_stride = pages_per_row;
+    p.q_stride = p.out_stride = qs;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    p.kv_dtype = kv_dtype;
+    p.k_cache = bf16 ? static_cast<const void*>(kh.data()) : static_cast<const void*>(kf.data());
+    p.v_cache = bf16 ? static_cast<const void*>(vh.data()) : static_cast<const void*>(vf.data());
+    p.q = dq.data();
+    p.out = dout.data();
+    p.query_start_loc = dqsl.data();
+    p.seq_lens = dlens.data();
+    p.page_table = dpt.data();
+    p.max_q_len = promise;
+    p.short_q_max = short_max;
+    run_cuda(p);
+    device_synchronize();
+    const std::vector<float> out = dout.download();
+    const auto first = out.begin() + qsl[static_cast<size_t>(at)] * qs;
+    return std::vector<float>(first, first + static_cast<int64_t>(q_target.size()));
+  }
+};
+
 struct attn_inv_case {
   std::string label;
   dtype kv_dtype;
@@ -227,77 +292,28 @@ struct attn_inv_case {
 
 class InvariantAttentionCuda : public testing::TestWithParam<attn_inv_case> {};
 
-// The target row (length len) alone, then at index `at` of a batch of other rows with random
-// lengths; its output must be the same bits. The target reads pages 0.. of the pool; the other
-// rows pages of the pool's second half, in scrambled order.
+// The target row (length len) alone, then at index `at` of a batch of other rows of as many
+// queries and random lengths: its output must be the same bits.
 TEST_P(InvariantAttentionCuda, RowAloneEqualsRowInAnyBatch) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const attn_inv_case& c = GetParam();
   const kernel_paths paths = invariant_paths();
   const paths_scope scope(paths);
-  const int64_t kvh = c.kv_heads, qh = c.kv_heads * c.gqa, D = 128, ps = 16, max_len = 6000;
-  const int64_t pt_stride = (max_len + ps - 1) / ps;
-  const int64_t n_pages = 2 * pt_stride;
-  const bool bf16 = c.kv_dtype == dtype::kBF16;
-  const std::vector<float> kf = random_floats(static_cast<size_t>(n_pages * ps * kvh * D), 101);
-  const std::vector<float> vf = random_floats(kf.size(), 102);
-  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-  for (size_t i = 0; i < kf.size(); ++i) {
-    kh[i] = f32_to_bf16(kf[i]);
-    vh[i] = f32_to_bf16(vf[i]);
-  }
-  device_array<float> dkf(kf), dvf(vf);
-  device_array<uint16_t> dkh(kh), dvh(vh);
-  const int64_t qs = qh * D;
-  const std::vector<float> q_target = random_floats(static_cast<size_t>(c.q_len * qs), 103);
-
-  auto run_rows = [&](const std::vector<int32_t>& lens, int64_t at, uint32_t seed) {
-    const int64_t batch = static_cast<int64_t>(lens.size());
-    std::vector<int32_t> qsl{0}, pt(static_cast<size_t>(batch * pt_stride));
-    for (int64_t b = 0; b < batch; ++b) {
-      qsl.push_back(qsl.back() + c.q_len);
-      for (int64_t i = 0; i < pt_stride; ++i)
-        pt[static_cast<size_t>(b * pt_stride + i)] =
-            static_cast<int32_t>(b == at ? i : pt_stride + (b * 7 + i * 13) % pt_stride);
-    }
-    std::vector<float> q = random_floats(static_cast<size_t>(qsl.back() * qs), seed);
-    std::copy(q_target.begin(), q_target.end(), q.begin() + at * c.q_len * qs);
-    device_array<float> dq(q), dout(q.size());
-    device_array<int32_t> dqsl(qsl), dlens(lens), dpt(pt);
-    paged_attention_params p;
-    p.batch = batch;
-    p.q_heads = qh;
-    p.kv_heads = kvh;
-    p.head_dim = D;
-    p.page_size = ps;
-    p.page_table_stride = pt_stride;
-    p.q_stride = p.out_stride = qs;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-    p.kv_dtype = c.kv_dtype;
-    p.k_cache = bf16 ? static_cast<const void*>(dkh.data()) : static_cast<const void*>(dkf.data());
-    p.v_cache = bf16 ? static_cast<const void*>(dvh.data()) : static_cast<const void*>(dvf.data());
-    p.q = dq.data();
-    p.out = dout.data();
-    p.query_start_loc = dqsl.data();
-    p.seq_lens = dlens.data();
-    p.page_table = dpt.data();
-    p.max_q_len = c.q_len;
-    run_cuda(p);
-    device_synchronize();
-    const std::vector<float> out = dout.download();
-    return std::vector<float>(out.begin() + at * c.q_len * qs, out.begin() + (at + 1) * c.q_len * qs);
-  };
-
+  const int32_t max_len = 6000;
+  const attention_pool pool(c.kv_heads, int64_t{c.kv_heads} * c.gqa, max_len, 101);
+  const std::vector<float> q_target = random_floats(static_cast<size_t>(c.q_len * pool.q_heads * pool.head_dim), 103);
   std::mt19937 rng(7);
   for (const int32_t len : {c.q_len, 100, 1000, 5999}) {
-    const std::vector<float> alone = run_rows({len}, 0, 110u);
+    const std::vector<float> alone = pool.run(c.kv_dtype, {c.q_len}, {len}, 0, q_target, c.q_len, c.q_len, 110u);
     for (const int64_t batch : {2, 8, 33, 64, 200}) {
       std::vector<int32_t> lens(static_cast<size_t>(batch));
       const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(batch));
       for (int64_t b = 0; b < batch; ++b)
         lens[static_cast<size_t>(b)] = c.q_len + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_len - c.q_len));
       lens[static_cast<size_t>(at)] = len;
-      const std::vector<float> got = run_rows(lens, at, 111u + static_cast<uint32_t>(batch));
+      const std::vector<int32_t> q_lens(static_cast<size_t>(batch), c.q_len);
+      const std::vector<float> got =
+          pool.run(c.kv_dtype, q_lens, lens, at, q_target, c.q_len, c.q_len, 111u + static_cast<uint32_t>(batch));
       ASSERT_TRUE(same_bits(got.data(), alone.data(), alone.size()))
           << c.label << ": len " << len << ", batch " << batch << ", row " << at << " differs from the row alone";
     }
@@ -311,71 +327,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvariantAttentionCuda,
                                          attn_inv_case{"bf16_decode_gqa3", dtype::kBF16, 4, 3, 1}),
                          [](const testing::TestParamInfo<attn_inv_case>& param_info) { return param_info.param.label; });
 
-// A verify row (5 queries) alone, in a step of its own with the host's promise (max_q_len 5),
-// equals the same row inside a step that also carries prefill chunks of up to 40 queries (no
-// promise; the host's short_q_max routes the rows of up to 16 queries to the decode kernel): a
-// TargetVerify step carrying prefill chunks, or a short prefill chunk beside a long one.
+// A verify row (5 queries) in a step of its own with the host's promise (max_q_len 5) equals the
+// same row inside a step that also carries prefill chunks of up to 40 queries (no promise; the
+// host's short_q_max routes the rows of up to 16 queries to the decode kernel): a TargetVerify
+// step carrying prefill chunks, or a short prefill chunk beside a long one.
 TEST(InvariantAttentionCuda, ShortRowBesidePrefillChunksEqualsTheRowInAStepOfItsOwn) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const kernel_paths paths = invariant_paths();
   const paths_scope scope(paths);
-  const int64_t kvh = 8, qh = 32, D = 128, ps = 16, max_len = 3000;
-  const int64_t pt_stride = (max_len + ps - 1) / ps;
-  const int64_t n_pages = 2 * pt_stride;
-  const std::vector<float> kf = random_floats(static_cast<size_t>(n_pages * ps * kvh * D), 121);
-  const std::vector<float> vf = random_floats(kf.size(), 122);
-  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-  for (size_t i = 0; i < kf.size(); ++i) {
-    kh[i] = f32_to_bf16(kf[i]);
-    vh[i] = f32_to_bf16(vf[i]);
-  }
-  device_array<uint16_t> dkh(kh), dvh(vh);
-  const int64_t qs = qh * D;
-  const int target_q = 5;
-  const std::vector<float> q_target = random_floats(static_cast<size_t>(target_q * qs), 123);
-  // Rows (q_len, seq_len); the target at index at reads pages 0.., the others the second half.
-  auto run_rows = [&](const std::vector<int32_t>& q_lens, const std::vector<int32_t>& lens, int64_t at,
-                      int64_t promise, int64_t short_max) {
-    const int64_t batch = static_cast<int64_t>(lens.size());
-    std::vector<int32_t> qsl{0}, pt(static_cast<size_t>(batch * pt_stride));
-    for (int64_t b = 0; b < batch; ++b) {
-      qsl.push_back(qsl.back() + q_lens[static_cast<size_t>(b)]);
-      for (int64_t i = 0; i < pt_stride; ++i)
-        pt[static_cast<size_t>(b * pt_stride + i)] =
-            static_cast<int32_t>(b == at ? i : pt_stride + (b * 5 + i * 11) % pt_stride);
-    }
-    std::vector<float> q = random_floats(static_cast<size_t>(qsl.back() * qs), 124u + static_cast<uint32_t>(batch));
-    std::copy(q_target.begin(), q_target.end(), q.begin() + qsl[static_cast<size_t>(at)] * qs);
-    device_array<float> dq(q), dout(q.size());
-    device_array<int32_t> dqsl(qsl), dlens(lens), dpt(pt);
-    paged_attention_params p;
-    p.batch = batch;
-    p.q_heads = qh;
-    p.kv_heads = kvh;
-    p.head_dim = D;
-    p.page_size = ps;
-    p.page_table_stride = pt_stride;
-    p.q_stride = p.out_stride = qs;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-    p.kv_dtype = dtype::kBF16;
-    p.k_cache = dkh.data();
-    p.v_cache = dvh.data();
-    p.q = dq.data();
-    p.out = dout.data();
-    p.query_start_loc = dqsl.data();
-    p.seq_lens = dlens.data();
-    p.page_table = dpt.data();
-    p.max_q_len = promise;
-    p.short_q_max = short_max;
-    run_cuda(p);
-    device_synchronize();
-    const std::vector<float> out = dout.download();
-    const auto first = out.begin() + qsl[static_cast<size_t>(at)] * qs;
-    return std::vector<float>(first, first + target_q * qs);
-  };
+  const int32_t max_len = 3000, target_q = 5;
+  const attention_pool pool(8, 32, max_len, 121);
+  const std::vector<float> q_target = random_floats(static_cast<size_t>(target_q * pool.q_heads * pool.head_dim), 123);
   std::mt19937 rng(11);
   for (const int32_t len : {target_q, 700, 2999}) {
-    const std::vector<float> alone = run_rows({target_q}, {len}, 0, target_q, target_q);
+    const std::vector<float> alone = pool.run(dtype::kBF16, {target_q}, {len}, 0, q_target, target_q, target_q, 124u);
     for (const int64_t batch : {2, 9, 40}) {
       std::vector<int32_t> q_lens(static_cast<size_t>(batch)), lens(static_cast<size_t>(batch));
       const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(batch));
@@ -387,7 +352,8 @@ TEST(InvariantAttentionCuda, ShortRowBesidePrefillChunksEqualsTheRowInAStepOfIts
         lens[static_cast<size_t>(b)] = b == at ? len : ql + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_len - ql));
         if (ql <= kMaxDecodeQueries) short_max = std::max<int64_t>(short_max, ql);
       }
-      const std::vector<float> got = run_rows(q_lens, lens, at, 0, short_max);
+      const std::vector<float> got =
+          pool.run(dtype::kBF16, q_lens, lens, at, q_target, 0, short_max, 125u + static_cast<uint32_t>(batch));
       ASSERT_TRUE(same_bits(got.data(), alone.data(), alone.size()))
           << "len " << len << ", batch " << batch << ", row " << at << " differs from the row in a step of its own";
     }
