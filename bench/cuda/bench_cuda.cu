@@ -309,70 +309,92 @@ void bench_rmsnorm(cudaStream_t stream, std::vector<row>& rows) {
   }
 }
 
+// A bf16-weight linear layer of the 9B-shaped model (SwiGLU: the MLP's fused gate/up, two
+// weights), its weight sets (rotated so that the working set exceeds L2), activations and output
+// for up to max_rows rows, and one call at m rows.
+struct linear_layer {
+  const char* name;
+  int64_t n, k;
+  bool swiglu;
+};
+const linear_layer kLinearLayers[] = {{"in_proj", 16768, 4096, false},
+                                      {"out_proj", 4096, 8192, false},
+                                      {"gate_up", 14336, 4096, true},
+                                      {"down", 4096, 14336, false},
+                                      {"lm_head", 128256, 4096, false}};
+
+struct linear_bench {
+  linear_layer sh;
+  int64_t weights;  // elements over both weights
+  int n_sets;
+  std::vector<device_array<uint8_t>> w;
+  device_array<float> a, c;
+
+  linear_bench(const linear_layer& layer, int64_t max_rows, int seed)
+      : sh(layer), weights((layer.swiglu ? 2 : 1) * layer.n * layer.k), n_sets(sets_for(static_cast<size_t>(weights) * 2)),
+        a(random_device(static_cast<size_t>(max_rows * layer.k), seed + 10)),
+        c(static_cast<size_t>(max_rows * layer.n)) {
+    for (int s = 0; s < n_sets; ++s)
+      w.push_back(random_typed(static_cast<size_t>(weights), seed + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
+  }
+  // The bytes a call must move: the weights once, A and C.
+  double bytes(int64_t m) const {
+    return 2.0 * static_cast<double>(weights) + 4.0 * static_cast<double>(m) * static_cast<double>(sh.k + sh.n);
+  }
+  std::string label() const { return std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k); }
+  double time_us(cudaStream_t stream, int64_t m) const {
+    return time_call_us(stream, n_sets, [&](int s) {
+      const uint8_t* wb = w[static_cast<size_t>(s)].data();
+      if (sh.swiglu) {
+        swiglu_linear_params p;
+        p.x = a.data();
+        p.gate_w = wb;
+        p.up_w = wb + sh.n * sh.k * 2;
+        p.out = c.data();
+        p.m = m;
+        p.n = sh.n;
+        p.k = sh.k;
+        p.x_stride = sh.k;
+        p.w_stride = sh.k;
+        p.out_stride = sh.n;
+        p.w_dtype = hyserve::dtype::kBF16;
+        run_cuda(p, stream);
+      } else {
+        gemm_params p;
+        p.a = a.data();
+        p.b = wb;
+        p.c = c.data();
+        p.m = m;
+        p.n = sh.n;
+        p.k = sh.k;
+        p.lda = sh.k;
+        p.ldb = sh.k;
+        p.ldc = sh.n;
+        p.trans_b = true;
+        p.b_dtype = hyserve::dtype::kBF16;
+        run_cuda(p, stream);
+      }
+    });
+  }
+};
+
 // bf16-weight GEMMs of the 9B-shaped model at m = 1..8 activation rows (decode batches up to 8,
 // a batch-1 verify of up to 7 drafts): the MLP's fused gate/up (SwiGLU, 2 × 14336 × 4096), its
 // down projection (4096 × 14336) and the lm_head (128256 × 4096), for each choice of the skinny
 // FMA kernel's rows of B per warp (2, 4, 8, and "auto": the kernel's own; results identical)
-// and the tensor-core path ("mma"), with the Mamba in/out projections beside them. Bytes:
-// the weights once, A and C.
+// and the tensor-core path ("mma"), with the Mamba in/out projections beside them.
 void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
-  struct shape {
-    const char* name;
-    int64_t n, k;
-    bool swiglu;
-  };
-  const shape shapes[] = {{"in_proj", 16768, 4096, false}, {"out_proj", 4096, 8192, false},
-                          {"gate_up", 14336, 4096, true},   {"down", 4096, 14336, false},
-                          {"lm_head", 128256, 4096, false}};
-  for (const shape& sh : shapes) {
-    const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
-    const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
-    std::vector<device_array<uint8_t>> w;
-    for (int s = 0; s < n_sets; ++s)
-      w.push_back(random_typed(static_cast<size_t>(weights), 70 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
-    auto a = random_device(static_cast<size_t>(8 * sh.k), 80);
-    device_array<float> c(static_cast<size_t>(8 * sh.n));
+  for (const linear_layer& layer : kLinearLayers) {
+    const linear_bench lb(layer, 8, 70);
     for (int m = 1; m <= 8; ++m) {
       for (const int cap : {0, 2, 4, 8, -1}) {  // -1: the tensor-core path
         if ((m <= 2 && cap > 2) || (m <= 4 && cap > 4)) continue;  // not instantiated (the same as a smaller one)
         set_skinny_path(cap < 0 ? skinny_path::kMma : skinny_path::kFma);
         set_skinny_rows(std::max(cap, 0));
-        const double us = time_call_us(stream, n_sets, [&](int s) {
-          const uint8_t* wb = w[static_cast<size_t>(s)].data();
-          if (sh.swiglu) {
-            swiglu_linear_params p;
-            p.x = a.data();
-            p.gate_w = wb;
-            p.up_w = wb + sh.n * sh.k * 2;
-            p.out = c.data();
-            p.m = m;
-            p.n = sh.n;
-            p.k = sh.k;
-            p.x_stride = sh.k;
-            p.w_stride = sh.k;
-            p.out_stride = sh.n;
-            p.w_dtype = hyserve::dtype::kBF16;
-            run_cuda(p, stream);
-          } else {
-            gemm_params p;
-            p.a = a.data();
-            p.b = wb;
-            p.c = c.data();
-            p.m = m;
-            p.n = sh.n;
-            p.k = sh.k;
-            p.lda = sh.k;
-            p.ldb = sh.k;
-            p.ldc = sh.n;
-            p.trans_b = true;
-            p.b_dtype = hyserve::dtype::kBF16;
-            run_cuda(p, stream);
-          }
-        });
-        const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * m * (sh.k + sh.n);
-        rows.push_back({"skinny_gemm", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
-                                           (cap < 0 ? " mma" : cap == 0 ? " R=auto" : " R=" + std::to_string(cap)),
-                        m, us, bytes});
+        const double us = lb.time_us(stream, m);
+        rows.push_back({"skinny_gemm",
+                        lb.label() + (cap < 0 ? " mma" : cap == 0 ? " R=auto" : " R=" + std::to_string(cap)), m, us,
+                        lb.bytes(m)});
       }
     }
   }
@@ -380,32 +402,17 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
   set_skinny_path(skinny_path::kDefault);
 }
 
-// The 9B-shaped model's bf16-weight linear layers at m = 1 .. 256 activation rows (decode
-// batches, verify steps) and 2048 (a prefill chunk), in both determinism modes: "fast" (the
-// default kernels: the skinny kernel up to 8 rows, cuBLAS above), "batch_invariant" (the
-// row-invariant tensor-core kernels: the skinny one below 256 rows, the tiled one from 256) and
-// "batch_invariant tiled" (the tiled one from 9 rows: the same bits, another speed). Bytes: the
-// weights once, A and C; at 2048 rows the time is what matters (compute-bound).
+// The 9B-shaped model's bf16-weight linear layers (not the lm_head) at m = 1 .. 256 activation
+// rows (decode batches, verify steps) and 2048 (a prefill chunk), in both determinism modes:
+// "fast" (the default kernels: the skinny kernel up to 8 rows, cuBLAS above), "batch_invariant"
+// (the row-invariant tensor-core kernels: the skinny one below 256 rows, the tiled one from 256)
+// and "batch_invariant tiled" (the tiled one from 9 rows: the same bits, another speed). At 2048
+// rows the time is what matters (compute-bound).
 void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
-  struct shape {
-    const char* name;
-    int64_t n, k;
-    bool swiglu;
-  };
-  const shape shapes[] = {{"in_proj", 16768, 4096, false}, {"out_proj", 4096, 8192, false},
-                          {"gate_up", 14336, 4096, true},   {"down", 4096, 14336, false}};
   constexpr int64_t kRows[] = {1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 2048};
-  constexpr int64_t kMaxRows = 2048;
-  for (const shape& sh : shapes) {
-    const int64_t weights = (sh.swiglu ? 2 : 1) * sh.n * sh.k;
-    const int n_sets = sets_for(static_cast<size_t>(weights) * 2);
-    std::vector<device_array<uint8_t>> w;
-    for (int s = 0; s < n_sets; ++s)
-      w.push_back(random_typed(static_cast<size_t>(weights), 90 + s, hyserve::dtype::kBF16, -0.05f, 0.05f));
-    auto a = random_device(static_cast<size_t>(kMaxRows * sh.k), 91);
-    device_array<float> c(static_cast<size_t>(kMaxRows * sh.n));
-    // fast; batch_invariant (the skinny kernel below 256 rows, the tiled one from 256);
-    // batch_invariant with the tiled kernel from 9 rows (the same bits, another speed).
+  for (const linear_layer& layer : kLinearLayers) {
+    if (std::string(layer.name) == "lm_head") continue;
+    const linear_bench lb(layer, 2048, 90);
     for (const int mode : {0, 1, 2}) {
       kernel_paths paths;
       paths.batch_invariant = mode > 0;
@@ -413,42 +420,10 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
       set_invariant_tiled_rows(mode == 2 ? 9 : 0);
       for (const int64_t m : kRows) {
         if (mode == 2 && m <= 8) continue;  // the skinny kernel either way
-        const double us = time_call_us(stream, n_sets, [&](int s) {
-          const uint8_t* wb = w[static_cast<size_t>(s)].data();
-          if (sh.swiglu) {
-            swiglu_linear_params p;
-            p.x = a.data();
-            p.gate_w = wb;
-            p.up_w = wb + sh.n * sh.k * 2;
-            p.out = c.data();
-            p.m = m;
-            p.n = sh.n;
-            p.k = sh.k;
-            p.x_stride = sh.k;
-            p.w_stride = sh.k;
-            p.out_stride = sh.n;
-            p.w_dtype = hyserve::dtype::kBF16;
-            run_cuda(p, stream);
-          } else {
-            gemm_params p;
-            p.a = a.data();
-            p.b = wb;
-            p.c = c.data();
-            p.m = m;
-            p.n = sh.n;
-            p.k = sh.k;
-            p.lda = sh.k;
-            p.ldb = sh.k;
-            p.ldc = sh.n;
-            p.trans_b = true;
-            p.b_dtype = hyserve::dtype::kBF16;
-            run_cuda(p, stream);
-          }
-        });
-        const double bytes = 2.0 * static_cast<double>(weights) + 4.0 * static_cast<double>(m) * (sh.k + sh.n);
-        rows.push_back({"linear_rows", std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k) +
-                                           (mode == 0 ? " fast" : mode == 1 ? " batch_invariant" : " batch_invariant tiled"),
-                        static_cast<int>(m), us, bytes});
+        const double us = lb.time_us(stream, m);
+        rows.push_back({"linear_rows",
+                        lb.label() + (mode == 0 ? " fast" : mode == 1 ? " batch_invariant" : " batch_invariant tiled"),
+                        static_cast<int>(m), us, lb.bytes(m)});
       }
     }
     set_invariant_tiled_rows(0);
