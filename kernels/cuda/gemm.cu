@@ -26,7 +26,6 @@
 
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
-#include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/activation.h"
