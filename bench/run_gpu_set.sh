@@ -23,8 +23,9 @@
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU), invariance-speed (the
-# linear layers per row count and the 9B decode step in both modes) and invariance-spec
-# (speculative identity at batches 1, 8, 32: n-gram, draft model, tree).
+# linear layers per row count and the 9B decode step in both modes), invariance-spec
+# (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
+# invariance-spec-tree (the same with a draft tree).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -64,7 +65,7 @@ for s in "${stages[@]}"; do
     moe) targets+=(hyserve-bench-cuda) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
-    invariance-spec) targets+=(hyserve-bench-spec) ;;
+    invariance-spec | invariance-spec-tree) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -235,15 +236,20 @@ EOF2
       stage invariance-linear 240 "$bin/hyserve-bench-cuda" linear_rows
       stage invariance-model-fast 180 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
       stage invariance-model 180 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64 ;;
-    invariance-spec)
+    invariance-spec | invariance-spec-tree)
       # Speculative identity at batches 1, 8, 32 under batch_invariant (hyserve-bench-spec exits 2
-      # on a row that differs from plain decoding): n-gram, draft model chain, draft model tree.
+      # on a row that differs from plain decoding; each cell's progress line says "identical" or
+      # "DIFFERS"): invariance-spec runs n-gram and the draft model chain (about 140 s and 300 s
+      # on an H100), invariance-spec-tree the draft model tree. The draft model at batch 32 needs
+      # more than 80 GB (target, draft and 32 caches of 1152 tokens).
       { cat configs/bamba-9b-synthetic-cuda-spec.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-spec-invariant.yaml"
-      for v in ngram draft tree; do
+      variants=(ngram draft)
+      [ "$s" = invariance-spec-tree ] && variants=(tree)
+      for v in "${variants[@]}"; do
         extra=()
         [ "$v" != ngram ] && extra+=(--draft-layers 4)
         [ "$v" = tree ] && extra+=(--draft-tree-width 2)
-        stage "invariance-spec-$v" 200 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
+        stage "invariance-spec-$v" 400 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
           --prompt-len 1024 --new-tokens 128 --draft-tokens 4 "${extra[@]}"
       done ;;
     moe)
@@ -276,7 +282,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)

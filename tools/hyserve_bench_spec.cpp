@@ -356,10 +356,16 @@ int run(const options& o) {
         if (p.alg == speculative_algorithm::kNone && p.workload == c.workload && p.batch == b && p.tp.tokens_per_s > 0)
           c.speedup = c.tp.tokens_per_s / p.tp.tokens_per_s;
     }
-    std::fprintf(stderr, "  %-10s batch %3d %-11s %10.1f tokens/s  %5.2fx  drafted %lld accepted %lld  plans %lld/%lld/%lld\n",
+    // The cell's identity on its progress line too: a run cut short still tells what it checked.
+    const std::string same = alg == speculative_algorithm::kNone ? ""
+                             : c.mismatched_rows == 0
+                                 ? "  identical"
+                                 : "  DIFFERS (" + std::to_string(c.mismatched_rows) + " rows, from output token " +
+                                       std::to_string(c.first_divergence) + ")";
+    std::fprintf(stderr, "  %-10s batch %3d %-11s %10.1f tokens/s  %5.2fx  drafted %lld accepted %lld  plans %lld/%lld/%lld%s\n",
                  w.name.c_str(), b, algorithm_name(alg), c.tp.tokens_per_s, c.speedup, static_cast<long long>(c.drafted),
                  static_cast<long long>(c.accepted), static_cast<long long>(c.modes[1]), static_cast<long long>(c.modes[4]),
-                 static_cast<long long>(c.modes[6]));
+                 static_cast<long long>(c.modes[6]), same.c_str());
     cells.push_back(std::move(c));
   };
   // Plain and n-gram cells side by side (the same device state for both).
