@@ -35,6 +35,7 @@
 #include "attention_decode.cuh"
 #include "attention_decode_mma.cuh"
 #include "attention_paths.h"
+#include "attention_tree.h"
 #include "common.cuh"
 #include "dispatch.h"
 #include "hyserve/common/error.h"
@@ -292,7 +293,8 @@ constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlic
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
                                                                          int qmax, const attn_partials part,
-                                                                         bool decode_rule) {
+                                                                         bool decode_rule,
+                                                                         const attn_decode::tree_keys tree) {
   __shared__ float s_w[kMaxCombineSlices];
   __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   const int64_t q_len = p.query_start_loc[b + 1] - p.query_start_loc[b];
   if (q_len < 1 || q_len > qmax || j >= q_len) return;  // not a decode query
   const int64_t q_start = p.query_start_loc[b] + j;
-  const int64_t len = p.seq_lens[b] - q_len + 1 + j;
+  const int64_t len = attn_decode::query_keys(p, tree, b, q_len, j);
   if (len < 1) return;
   const int64_t per_slice = decode_rule ? attn_decode::keys_per_slice(len, n_slices)
                                         : ceil_div(ceil_div(len, n_slices), kKeysPerTile) * kKeysPerTile;
@@ -357,7 +359,7 @@ int mma_blocks_per_sm(int64_t head_dim, int64_t group) {
     constexpr int D = decltype(hd)::value;
     dispatch(decode_group_table{}, group, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
       constexpr int G = decltype(gq)::value;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, &attn_decode_mma::decode_kernel_mma<D, G>,
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, &attn_decode_mma::decode_kernel_mma<D, G, false>,
                                                                attn_decode::kThreads, 0));
     });
   });
@@ -376,8 +378,10 @@ int decode_waves(bool mma) {
   return asked > 0 ? asked : mma ? 1 : 3;
 }
 
+// tree: a tree verify call (tree_keys): every row's tree.nodes queries on the decode kernel.
 template <class KV>
-void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream) {
+void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream,
+                            const attn_decode::tree_keys& tree = {}) {
   const bool decode_kernel = decode_group_table::supports(p.q_heads / p.kv_heads);
   // determinism: batch_invariant: the slice counts below (a decode row's split of its keys, so
   // the order its partial sums are merged in) are sized as for a batch of one row whatever the
@@ -412,13 +416,16 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   }
   const int n_part = decode_kernel ? n_dec : n_slices;
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
-  const bool decode_only = decode_kernel && p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&
-                           p.batch * p.max_q_len <= kMaxGrid;
+  const bool decode_only = decode_kernel && (tree.nodes > 0 || (p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&
+                                                                  p.batch * p.max_q_len <= kMaxGrid));
   // Under batch_invariant with the host's short_q_max, every row of up to 16 queries goes to the
   // decode kernel in any step (else a verify row's kernel would follow its neighbours' promise).
   const bool short_rows = current_paths().batch_invariant && decode_kernel && !decode_only && p.short_q_max > 1 &&
                           p.short_q_max <= kMaxDecodeQueries && p.batch * p.short_q_max <= kMaxGrid;
-  const int qmax = decode_only ? static_cast<int>(p.max_q_len) : short_rows ? static_cast<int>(p.short_q_max) : 1;
+  const int qmax = tree.nodes > 0 ? tree.nodes
+                   : decode_only  ? static_cast<int>(p.max_q_len)
+                   : short_rows   ? static_cast<int>(p.short_q_max)
+                                  : 1;
   attn_partials part;
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
@@ -435,14 +442,21 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
         const attn_decode::partials dpart{part.acc, part.ml};
-        if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
-          if (on_mma) {
-            attn_decode_mma::decode_kernel_mma<D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart);
-            HYSERVE_CUDA_CHECK_LAUNCH();
-            return;
+        const auto launch = [&](auto tree_tag) {
+          constexpr bool kTree = decltype(tree_tag)::value;
+          if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
+            if (on_mma) {
+              attn_decode_mma::decode_kernel_mma<D, G, kTree>
+                  <<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart, tree);
+              return;
+            }
           }
-        }
-        attn_decode::decode_kernel<KV, D, G><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart);
+          attn_decode::decode_kernel<KV, D, G, kTree><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart, tree);
+        };
+        if (tree.nodes > 0)
+          launch(std::true_type{});
+        else
+          launch(std::false_type{});
         HYSERVE_CUDA_CHECK_LAUNCH();
       });
     }
@@ -456,15 +470,58 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     }
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
-      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, qmax, part, decode_kernel);
+      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, qmax, part, decode_kernel, tree);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });
   if (n_part > 1) CUDA_CHECK(scratch_free(part.ml, stream));
 }
 
+// Thread per (row, node): the node's depth and its path root .. itself into path[node][0..depth].
+// Parents come before their children; a parent chain longer than the tree is cut at its size.
+__global__ void tree_paths_kernel(const int32_t* __restrict__ parent, int64_t n, int nodes, int32_t* __restrict__ path,
+                                  int32_t* __restrict__ depth) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t* par = parent + (i / nodes) * nodes;
+  int d = 0;
+  for (int a = par[i % nodes]; a >= 0 && a < nodes && d < nodes - 1; a = par[a]) ++d;
+  depth[i] = d;
+  int a = static_cast<int>(i % nodes);
+  for (int k = d; k >= 0; --k, a = par[a]) path[i * nodes + k] = a;
+}
 
 }  // namespace
+
+bool tree_on_decode_kernels(const paged_attention_tree_params& p) {
+  return decode_group_table::supports(p.q_heads / p.kv_heads) && attention_head_dim_table::supports(p.head_dim) &&
+         p.batch * p.tree_nodes <= kMaxGrid && p.kv_heads <= kMaxGrid;
+}
+
+void launch_tree_on_decode_kernels(const paged_attention_tree_params& p, cudaStream_t stream) {
+  const int64_t n = p.batch * p.tree_nodes;
+  if (n == 0) return;
+  void* ws = nullptr;
+  CUDA_CHECK(scratch_alloc(&ws, sizeof(int32_t) * static_cast<size_t>(n * (p.tree_nodes + 1)), stream));
+  auto* depth = static_cast<int32_t*>(ws);
+  int32_t* path = depth + n;
+  const int nodes = static_cast<int>(p.tree_nodes);
+  tree_paths_kernel<<<static_cast<unsigned>(ceil_div(n, int64_t{128})), 128, 0, stream>>>(p.retrieve_parent, n, nodes,
+                                                                                          path, depth);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  paged_attention_params base = p;
+  base.max_q_len = 0;
+  base.short_q_max = 0;
+  const attn_decode::tree_keys tree{path, depth, nodes};
+  cpu_detail::dispatch_storage(p.kv_dtype, "paged_attention_tree", "kv_dtype", [&](auto tag) {
+    if constexpr (decltype(tag)::value == dtype::kBF16)
+      launch_paged_attention<__nv_bfloat16>(base, stream, tree);
+    else
+      launch_paged_attention<float>(base, stream, tree);
+  });
+  CUDA_CHECK(scratch_free(ws, stream));
+}
+
 }  // namespace cuda_detail
 
 using namespace cuda_detail;

@@ -98,17 +98,49 @@ struct partials {
   float2* ml = nullptr;  // [batch · qmax, q_heads, n_slices] (running max, Σ p)
 };
 
+// Tree verify on the decode kernels (paged_attention_tree): every row has `nodes` queries, the
+// draft nodes, whose keys sit at positions prefix .. prefix + nodes − 1 in node order (prefix =
+// seq_len − nodes). Query j is a decode query over prefix + depth[j] + 1 keys: the row's first
+// prefix keys, then its ancestors root .. itself, key prefix + i at position prefix + path[j][i].
+// A decode step at that position reads the same keys in the same order, so the node's result is
+// the decode step's bits whenever the slicing is (determinism: batch_invariant).
+struct tree_keys {
+  const int32_t* path = nullptr;   // [batch · nodes, nodes]: node at depth i on node j's path
+  const int32_t* depth = nullptr;  // [batch · nodes]
+  int nodes = 0;                   // 0: not a tree call (causal rows)
+};
+
 // What block (slice, kv head, row · qmax + j) of a decode kernel serves: query j of row b (at
-// token q_start) over keys [kb, ke) of its causal prefix.
+// token q_start) over keys [kb, ke) of its causal prefix (tree calls: of its path, see tree_keys).
 struct block_keys {
   int slice;
   int64_t kvh, bq, b, q_start, kb, ke;
+  const int32_t* path;  // tree calls: the query's path (key prefix + i at prefix + path[i]); else null
+  int64_t prefix;
 };
+
+// Keys a decode query attends: causal, query j of a row of q_len over seq_len keys; tree calls:
+// prefix + 1 + depth.
+__device__ __forceinline__ int64_t query_keys(const paged_attention_params& p, const tree_keys& tree, int64_t b,
+                                              int64_t q_len, int j) {
+  if (tree.nodes > 0) return p.seq_lens[b] - q_len + 1 + tree.depth[b * tree.nodes + j];
+  return p.seq_lens[b] - q_len + 1 + j;
+}
+
+// Cache position of the query's key s (kTree: a tree call, whose keys past the prefix map onto
+// the path; the decode kernels are instantiated apart for it, so causal calls pay nothing).
+template <bool kTree>
+__device__ __forceinline__ int64_t key_position(const block_keys& r, int64_t s) {
+  if constexpr (kTree) return s >= r.prefix ? r.prefix + r.path[s - r.prefix] : s;
+  return s;
+}
 
 // False when the block has nothing to do: its row is not a decode kernel's (the extend
 // kernel's), has no query j, or the slice lies past the query's keys (the combine kernel reads
 // only the first ceil(len / keys_per_slice) slices).
-__device__ __forceinline__ bool locate_block(const paged_attention_params& p, int n_slices, int qmax, block_keys& r) {
+template <bool kTree>
+__device__ __forceinline__ bool locate_block(const paged_attention_params& p, int n_slices, int qmax,
+                                             const tree_keys& tree, block_keys& r) {
   r.slice = static_cast<int>(blockIdx.x);
   r.kvh = blockIdx.y;
   r.bq = blockIdx.z;
@@ -118,7 +150,12 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
   const int64_t q_len = p.query_start_loc[r.b + 1] - row_start;
   if (q_len < 1 || q_len > qmax || j >= q_len) return false;
   r.q_start = row_start + j;
-  const int64_t len = p.seq_lens[r.b] - q_len + 1 + j;  // keys of query j (causal)
+  int64_t len = p.seq_lens[r.b] - q_len + 1 + j;  // keys of query j (causal)
+  if constexpr (kTree) {
+    r.path = tree.path + (r.b * tree.nodes + j) * tree.nodes;
+    r.prefix = p.seq_lens[r.b] - q_len;
+    len = r.prefix + 1 + tree.depth[r.b * tree.nodes + j];
+  }
   if (len < 1) return false;
   const int64_t per_slice = keys_per_slice(len, n_slices);
   r.kb = r.slice * per_slice;
@@ -162,15 +199,15 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
   }
 }
 
-template <class KV, int D, int G>
+template <class KV, int D, int G, bool kTree>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices, int qmax,
-                                                          const partials part) {
+                                                          const partials part, const tree_keys tree) {
   constexpr int E = kChunkElems<KV, G>;
   using sh = shape<D, G, E>;
   using chunk = kv_chunk<KV, E>;
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
   block_keys r;
-  if (!locate_block(p, n_slices, qmax, r)) return;
+  if (!locate_block<kTree>(p, n_slices, qmax, tree, r)) return;
   const int slice = r.slice;
   const int64_t kvh = r.kvh, bq = r.bq, b = r.b, q_start = r.q_start, kb = r.kb, ke = r.ke;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -213,7 +250,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
       const int64_t s = s0 + (2 * warp + u) * NG + grp;  // this group's key u
       valid[u] = s < ke;
       if (valid[u]) {
-        const int64_t loc = static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
+        const int64_t sp = key_position<kTree>(r, s);
+        const int64_t loc = static_cast<int64_t>(pages[sp / ps]) * ps + sp % ps;
         const int64_t base = (loc * p.kv_heads + kvh) * D + E * li;  // elements
 #pragma unroll
         for (int c = 0; c < NC; ++c) kv[u][c].load(k_cache + base + E * LPK * c);

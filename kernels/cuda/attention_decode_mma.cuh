@@ -66,9 +66,10 @@ __device__ __forceinline__ uint32_t pair_dim(const uint4& a, const uint4& b, int
   return __byte_perm(word(a, x >> 1), word(b, x >> 1), (x & 1) != 0 ? 0x7632 : 0x5410);
 }
 
-template <int D, int G>
+template <int D, int G, bool kTree>
 __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attention_params p, int n_slices, int qmax,
-                                                              const attn_decode::partials part) {
+                                                              const attn_decode::partials part,
+                                                              const attn_decode::tree_keys tree) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "at most 8 heads per kv head (one n-tile)");
   constexpr int KS = D / 16;  // k-steps of the scores
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   attn_decode::block_keys r;
-  if (!attn_decode::locate_block(p, n_slices, qmax, r)) return;
+  if (!attn_decode::locate_block<kTree>(p, n_slices, qmax, tree, r)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
   // q of head g at dims D/4·t + 4ks + {0,1} (a0) and {2,3} (a2); rows g + 8 (a1, a3) and heads
@@ -111,12 +112,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   const int vkey[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
 
   for (int64_t s0 = r.kb + kTile * warp; s0 < r.ke; s0 += kTile * kWarps) {
-    const int64_t tile_loc = page_tiles ? static_cast<int64_t>(pages[s0 / ps]) * ps + s0 % ps : 0;
+    // A tile of consecutive positions inside one page (a tree call's path keys are not).
+    const bool tile_in_page = page_tiles && (!kTree || s0 + kTile <= r.prefix);
+    const int64_t tile_loc = tile_in_page ? static_cast<int64_t>(pages[s0 / ps]) * ps + s0 % ps : 0;
     // Cache row (token location × kv heads + kv head) of tile key jj (valid keys only: the page
     // table past the row's length may hold -1).
     auto row_of = [&](int jj) {
-      const int64_t s = s0 + jj;
-      const int64_t loc = page_tiles ? tile_loc + jj : static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
+      const int64_t s = attn_decode::key_position<kTree>(r, s0 + jj);
+      const int64_t loc = tile_in_page ? tile_loc + jj : static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
       return (loc * p.kv_heads + r.kvh) * D;
     };
     uint4 kr[2][KU], vr[4][VC];

@@ -11,6 +11,7 @@
 #include "../cpu/dtype_dispatch.h"
 #include "../cpu/gdn_validate.h"
 #include "../cpu/ssm_validate.h"
+#include "attention_tree.h"
 #include "ssm_common.cuh"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/causal_conv1d.h"
@@ -222,6 +223,7 @@ __global__ void gdn_update_multi_kernel(const gdn_state_update_multi_params p, f
 constexpr int kTreeMaxHeadDim = 256;
 
 // One warp per (query node, head): keys in order with an online softmax; lanes split head_dim.
+// The calls the decode kernels do not serve (attention_tree.h: other GQA groups or head sizes).
 // KV: element type of the cache (float or bf16), widened to f32.
 template <class KV>
 __global__ void tree_attention_kernel(const paged_attention_tree_params p) {
@@ -373,6 +375,14 @@ void run_cuda(const paged_attention_tree_params& p, void* stream) {
   cpu_detail::check_paged_attention_tree(p, op);
   if (p.tree_nodes > 128) fail(op, "tree_nodes", p.tree_nodes, "must be <= 128");
   if (p.head_dim < 1 || p.head_dim > kTreeMaxHeadDim) fail(op, "head_dim", p.head_dim, "must be in [1, 256]");
+  // The split-KV decode kernels where they apply: each node computed as the decode step at its
+  // position computes it (attention_tree.h).
+  if (tree_on_decode_kernels(p)) {
+    require_aligned16(p.k_cache, op, "k_cache");
+    require_aligned16(p.v_cache, op, "v_cache");
+    launch_tree_on_decode_kernels(p, as_stream(stream));
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(p.batch * p.tree_nodes), static_cast<unsigned>(p.q_heads));
   cpu_detail::dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {
     using KV = std::conditional_t<decltype(tag)::value == dtype::kBF16, __nv_bfloat16, float>;

@@ -11,6 +11,8 @@
 //     lengths, bf16 cache (tensor-core decode kernel) and f32 cache (CUDA-core one), GQA 4, and
 //     GQA 3 (the extend kernel's decode branch); a chain-verify row alone == among others; and a
 //     verify row in a step of its own == the row beside prefill chunks (short_q_max).
+//   - tree verify attention: every draft node == the decode query at its position (its prefix and
+//     ancestors as a row of its own), bf16 (tensor-core and CUDA-core kernels) and f32 caches.
 // Skips without a device.
 #include <gtest/gtest.h>
 
@@ -32,6 +34,7 @@
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/paths.h"
+#include "tree_decode_rows.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -359,6 +362,112 @@ TEST(InvariantAttentionCuda, ShortRowBesidePrefillChunksEqualsTheRowInAStepOfIts
     }
   }
 }
+
+// ---- tree verify attention ----
+
+struct tree_inv_case {
+  std::string label;
+  dtype kv_dtype;
+  int kv_heads, gqa, head_dim;
+  bool simt;  // the CUDA-core decode kernel for a bf16 cache (kernels.attn_decode: simt)
+};
+
+class InvariantTreeAttentionCuda : public testing::TestWithParam<tree_inv_case> {};
+
+// Each draft node of a tree verify call (3 rows, random trees of 6, 16 and 24 nodes, prefixes of
+// 0 to 5000 keys that do and do not end on a page) equals the decode query at its position, in a
+// decode call of one query per node (its keys copied in order into pages of its own,
+// tests/support/tree_decode_rows.h): the same bits. So a speculative tree accepts exactly the
+// tokens plain decoding produces.
+TEST_P(InvariantTreeAttentionCuda, NodeEqualsTheDecodeQueryAtItsPosition) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const tree_inv_case& c = GetParam();
+  kernel_paths paths = invariant_paths();
+  if (c.simt) paths.attn_decode = kernel_paths::attn_decode_kind::kSimt;
+  const paths_scope scope(paths);
+  const bool bf16 = c.kv_dtype == dtype::kBF16;
+  const int64_t qh = int64_t{c.kv_heads} * c.gqa, hd = c.head_dim, ps = 16, kv_row = c.kv_heads * hd;
+  std::mt19937 rng(31);
+  for (const int64_t Dn : {6, 16, 24}) {
+    const std::vector<int32_t> seq = {static_cast<int32_t>(1000 + Dn), static_cast<int32_t>(Dn),
+                                      static_cast<int32_t>(4999 + Dn)};
+    const int64_t batch = static_cast<int64_t>(seq.size()), stride = (5000 + Dn + ps - 1) / ps;
+    std::vector<int32_t> table(static_cast<size_t>(batch * stride)), qsl{0}, parent;
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), rng);
+    for (int64_t b = 0; b < batch; ++b) {
+      qsl.push_back(static_cast<int32_t>((b + 1) * Dn));
+      parent.push_back(-1);
+      for (int64_t j = 1; j < Dn; ++j) parent.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(j)));
+    }
+    const size_t cache = table.size() * static_cast<size_t>(ps * kv_row);
+    const std::vector<float> q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 141);
+    const std::vector<float> kf = random_floats(cache, 142), vf = random_floats(cache, 143);
+    const std::vector<uint16_t> kh = attention_pool::to_bf16(kf), vh = attention_pool::to_bf16(vf);
+    const device_array<float> dq(q), dkf(kf), dvf(vf);
+    const device_array<uint16_t> dkh(kh), dvh(vh);
+    const device_array<int32_t> dqsl(qsl), dseq(seq), dtable(table), dparent(parent);
+    device_array<float> tree_out(q.size()), decode_out(q.size());
+    paged_attention_tree_params t;
+    t.q = dq.data();
+    t.query_start_loc = dqsl.data();
+    t.seq_lens = dseq.data();
+    t.page_table = dtable.data();
+    t.batch = batch;
+    t.q_heads = qh;
+    t.kv_heads = c.kv_heads;
+    t.head_dim = hd;
+    t.page_size = ps;
+    t.page_table_stride = stride;
+    t.q_stride = t.out_stride = qh * hd;
+    t.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    t.kv_dtype = c.kv_dtype;
+    t.retrieve_parent = dparent.data();
+    t.tree_nodes = Dn;
+    t.k_cache = bf16 ? static_cast<const void*>(dkh.data()) : static_cast<const void*>(dkf.data());
+    t.v_cache = bf16 ? static_cast<const void*>(dvh.data()) : static_cast<const void*>(dvf.data());
+    t.out = tree_out.data();
+    run_cuda(t);
+    auto decode = [&](const auto& rows) {
+      using T = typename std::decay_t<decltype(rows.k)>::value_type;
+      const device_array<T> dk(rows.k), dv(rows.v);
+      const device_array<int32_t> dpt(rows.page_table), dlens(rows.seq_lens), dq1(rows.query_start_loc);
+      paged_attention_params d = t;
+      d.batch = batch * Dn;
+      d.k_cache = dk.data();
+      d.v_cache = dv.data();
+      d.page_table = dpt.data();
+      d.page_table_stride = rows.stride;
+      d.seq_lens = dlens.data();
+      d.query_start_loc = dq1.data();
+      d.out = decode_out.data();
+      d.max_q_len = 1;
+      run_cuda(d);
+      device_synchronize();
+    };
+    if (bf16)
+      decode(test_support::tree_as_decode_rows(kh, vh, table, stride, seq, parent, Dn, ps, kv_row));
+    else
+      decode(test_support::tree_as_decode_rows(kf, vf, table, stride, seq, parent, Dn, ps, kv_row));
+    const std::vector<float> got = tree_out.download(), want = decode_out.download();
+    for (int64_t n = 0; n < batch * Dn; ++n) {
+      const size_t at = static_cast<size_t>(n * qh * hd);
+      ASSERT_TRUE(same_bits(got.data() + at, want.data() + at, static_cast<size_t>(qh * hd)))
+          << c.label << ": " << Dn << " nodes, row " << n / Dn << " node " << n % Dn
+          << " differs from the decode query at its position";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvariantTreeAttentionCuda,
+                         testing::Values(tree_inv_case{"bf16_mma_hd128", dtype::kBF16, 8, 4, 128, false},
+                                         tree_inv_case{"bf16_mma_hd64_gqa8", dtype::kBF16, 2, 8, 64, false},
+                                         tree_inv_case{"bf16_simt_hd128", dtype::kBF16, 8, 4, 128, true},
+                                         tree_inv_case{"f32_hd128", dtype::kF32, 8, 4, 128, false},
+                                         tree_inv_case{"f32_hd256_gqa1", dtype::kF32, 4, 1, 256, false}),
+                         [](const testing::TestParamInfo<tree_inv_case>& param_info) {
+                           return param_info.param.label;
+                         });
 
 }  // namespace
 }  // namespace hyserve::kernels

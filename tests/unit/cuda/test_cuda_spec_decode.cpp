@@ -1,7 +1,8 @@
 // Speculative-decoding ops, CUDA against CPU: the multi-token selective state update (chain,
 // tree and Draft-mode layouts, a padding row; io and state each f32 or bf16), the multi-token
 // conv update (the same layouts, widths 2-4), the fused commit (f32 and bf16 states) and
-// tree-masked attention (f32 and bf16 KV cache).
+// tree-masked attention (f32 and bf16 KV cache; on the decode kernels and, for GQA 3, the
+// warp-per-node kernel).
 // Tolerances: f32 storage |Δ| <= 1e-5 + 1e-4·|want| (fused multiply-adds on the device); bf16
 // storage 1e-2 + 1e-2·|want| (a value may round to the neighbouring bf16, ~0.4% relative, and a
 // later token starts from it); the commit copies bits and must match exactly.
@@ -304,6 +305,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, StateCommitCuda, testing::Values(dtype::kF32, dty
 struct tree_case {
   dtype kv;
   int head_dim;
+  int q_heads = 8;  // over 2 kv heads: 8 on the decode kernels, 6 (GQA 3) on the warp-per-node kernel
 };
 
 class TreeAttentionCuda : public testing::TestWithParam<tree_case> {};
@@ -311,7 +313,7 @@ class TreeAttentionCuda : public testing::TestWithParam<tree_case> {};
 TEST_P(TreeAttentionCuda, MatchesCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const tree_case& c = GetParam();
-  const int64_t batch = 3, Dn = 6, qh = 8, kvh = 2, hd = c.head_dim, ps = 16, n_pages_total = 12;
+  const int64_t batch = 3, Dn = 6, qh = c.q_heads, kvh = 2, hd = c.head_dim, ps = 16, n_pages_total = 12;
   const int64_t kv_row = kvh * hd, stride = 4;
   const std::vector<int32_t> seq = {37, 6, 64};
   const std::vector<int32_t> table = {7, 2, 9, 0,  //
@@ -359,9 +361,11 @@ TEST_P(TreeAttentionCuda, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, TreeAttentionCuda,
                          testing::Values(tree_case{dtype::kF32, 64}, tree_case{dtype::kBF16, 64},
-                                         tree_case{dtype::kBF16, 128}, tree_case{dtype::kF32, 256}),
+                                         tree_case{dtype::kBF16, 128}, tree_case{dtype::kF32, 256},
+                                         tree_case{dtype::kF32, 64, 6}, tree_case{dtype::kBF16, 128, 6}),
                          [](const testing::TestParamInfo<tree_case>& i) {
-                           return std::string(dtype_name(i.param.kv)) + "_hd" + std::to_string(i.param.head_dim);
+                           return std::string(dtype_name(i.param.kv)) + "_hd" + std::to_string(i.param.head_dim) +
+                                  (i.param.q_heads != 8 ? "_gqa" + std::to_string(i.param.q_heads / 2) : "");
                          });
 
 }  // namespace

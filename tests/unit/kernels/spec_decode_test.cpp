@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/ssm.h"
 #include "kernel_test_util.h"
+#include "tree_decode_rows.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -787,6 +789,74 @@ TEST(SpecDecode, TreeAttentionOverBf16CacheEqualsWidenedF32Cache) {
   expect_close(out_h, out_f, 1e-6, 1e-6, "bf16 cache vs widened f32 cache");
   t.kv_dtype = dtype::kF16;
   EXPECT_THROW(run_cpu(t), invalid_argument_error);
+}
+
+// A draft node's tree-masked attention is the decode query at its position, bit for bit: the
+// same keys (the prefix, then its ancestors root .. itself) in the same order. Trees of 6 and 20
+// nodes over prefixes that do and do not end on a page, f32 and bf16 caches. What makes
+// speculative trees return exactly the tokens of plain decoding (the CUDA op's equivalent runs
+// under determinism: batch_invariant, test_cuda_batch_invariant.cpp).
+TEST(SpecDecode, TreeNodeEqualsTheDecodeQueryAtItsPositionBitForBit) {
+  const int64_t qh = 8, kvh = 2, hd = 16, ps = 16, kv_row = kvh * hd;
+  for (const int64_t Dn : {6, 20}) {
+    const std::vector<int32_t> seq = {static_cast<int32_t>(37 + Dn), static_cast<int32_t>(Dn),
+                                      static_cast<int32_t>(64 + Dn)};
+    const int64_t batch = static_cast<int64_t>(seq.size()), stride = (64 + Dn + ps - 1) / ps;
+    std::vector<int32_t> table(static_cast<size_t>(batch * stride)), qsl{0}, parent;
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7 + 3) % table.size());
+    std::mt19937 rng(static_cast<uint32_t>(Dn));
+    for (int64_t b = 0; b < batch; ++b) {
+      qsl.push_back(static_cast<int32_t>((b + 1) * Dn));
+      parent.push_back(-1);
+      for (int64_t j = 1; j < Dn; ++j) parent.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(j)));
+    }
+    const size_t cache = table.size() * static_cast<size_t>(ps * kv_row);
+    const auto q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 95);
+    const auto kf = random_floats(cache, 96), vf = random_floats(cache, 97);
+    const auto kh = to_bf16(kf), vh = to_bf16(vf);
+    for (const dtype kv : {dtype::kF32, dtype::kBF16}) {
+      const bool bf16 = kv == dtype::kBF16;
+      std::vector<float> tree_out(q.size(), 0.0f), decode_out(q.size(), 1.0f);
+      paged_attention_tree_params t;
+      t.q = q.data();
+      t.query_start_loc = qsl.data();
+      t.seq_lens = seq.data();
+      t.page_table = table.data();
+      t.batch = batch;
+      t.q_heads = qh;
+      t.kv_heads = kvh;
+      t.head_dim = hd;
+      t.page_size = ps;
+      t.page_table_stride = stride;
+      t.q_stride = t.out_stride = qh * hd;
+      t.scale = 0.25f;
+      t.kv_dtype = kv;
+      t.retrieve_parent = parent.data();
+      t.tree_nodes = Dn;
+      t.k_cache = bf16 ? static_cast<const void*>(kh.data()) : kf.data();
+      t.v_cache = bf16 ? static_cast<const void*>(vh.data()) : vf.data();
+      t.out = tree_out.data();
+      run_cpu(t);
+      auto check = [&](const auto& rows) {
+        paged_attention_params d = t;
+        d.batch = batch * Dn;
+        d.k_cache = rows.k.data();
+        d.v_cache = rows.v.data();
+        d.page_table = rows.page_table.data();
+        d.page_table_stride = rows.stride;
+        d.seq_lens = rows.seq_lens.data();
+        d.query_start_loc = rows.query_start_loc.data();
+        d.out = decode_out.data();
+        run_cpu(d);
+      };
+      if (bf16)
+        check(test_support::tree_as_decode_rows(kh, vh, table, stride, seq, parent, Dn, ps, kv_row));
+      else
+        check(test_support::tree_as_decode_rows(kf, vf, table, stride, seq, parent, Dn, ps, kv_row));
+      EXPECT_EQ(std::memcmp(tree_out.data(), decode_out.data(), q.size() * sizeof(float)), 0)
+          << Dn << " nodes, " << dtype_name(kv) << " cache: a node differs from its decode query";
+    }
+  }
 }
 
 }  // namespace
