@@ -141,10 +141,25 @@ void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
     const int w = two_tiles ? skinny_mma_warps<2, kSwiglu>(a.n) : skinny_mma_warps<1, kSwiglu>(a.n);
     return launch_invariant_tiled<kSwiglu>(a, m, w, stream);
   }
-  if constexpr (!kSwiglu) {
-    if (two_tiles) return launch_skinny_mma_t<2, kSwiglu>(a, m, exact, stream);
+  // Above 16 rows the row groups read bf16 activations rounded here once (skinny_args::a16).
+  skinny_args r = a;
+  if (!exact && skinny_row_groups(m) == kMaxRowGroups) {
+    __nv_bfloat16* a16 = nullptr;
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
+    round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    r.a16 = a16;
   }
-  launch_skinny_mma_t<1, kSwiglu>(a, m, exact, stream);
+  bool done = false;
+  if constexpr (!kSwiglu) {
+    if (two_tiles) {
+      launch_skinny_mma_t<2, kSwiglu>(r, m, exact, stream);
+      done = true;
+    }
+  }
+  if (!done) launch_skinny_mma_t<1, kSwiglu>(r, m, exact, stream);
+  if (r.a16 != nullptr) CUDA_CHECK(scratch_free(const_cast<__nv_bfloat16*>(r.a16), stream));  // after the kernel, in stream order
 }
 
 // The layouts the skinny kernels read (B [n, k] row-major, 16-byte rows of A and B).
