@@ -137,14 +137,32 @@ void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
-  if (!exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows)) {
+  const bool tiled = !exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows);
+  // The tiled kernel, and the skinny one above 16 rows, read bf16 activations rounded here once
+  // (skinny_args::a16).
+  skinny_args r = a;
+  if (tiled || (!exact && skinny_row_groups(m) == kMaxRowGroups)) {
+    __nv_bfloat16* a16 = nullptr;
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
+    round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    r.a16 = a16;
+  }
+  bool done = false;
+  if (tiled) {
     const int w = two_tiles ? skinny_mma_warps<2, kSwiglu>(a.n) : skinny_mma_warps<1, kSwiglu>(a.n);
-    return launch_invariant_tiled<kSwiglu>(a, m, w, stream);
+    launch_invariant_tiled<kSwiglu>(r, m, w, stream);
+    done = true;
   }
   if constexpr (!kSwiglu) {
-    if (two_tiles) return launch_skinny_mma_t<2, kSwiglu>(a, m, exact, stream);
+    if (!done && two_tiles) {
+      launch_skinny_mma_t<2, kSwiglu>(r, m, exact, stream);
+      done = true;
+    }
   }
-  launch_skinny_mma_t<1, kSwiglu>(a, m, exact, stream);
+  if (!done) launch_skinny_mma_t<1, kSwiglu>(r, m, exact, stream);
+  if (r.a16 != nullptr) CUDA_CHECK(scratch_free(const_cast<__nv_bfloat16*>(r.a16), stream));  // after the kernel, in stream order
 }
 
 // The layouts the skinny kernels read (B [n, k] row-major, 16-byte rows of A and B).

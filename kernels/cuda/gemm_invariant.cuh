@@ -22,8 +22,10 @@ namespace {
 // the skinny kernel would re-read the activations for every 16 weight rows: a block owns 128
 // weight rows × BM activation rows (BM = 64, 32 for the fused SwiGLU's two weights), 8 warps as
 // 4 (weight rows) × 2 (activation rows), each warp 2 MMA row tiles × BM / 16 column tiles; the
-// 32-element k blocks go through shared memory by cp.async, double-buffered. The order of the
-// arithmetic is the skinny kernel's, output by output: the k blocks in the order of the
+// 32-element k blocks of the weights and of the activations (rounded to bf16 once by the
+// caller: skinny_args::a16) go through dynamic shared memory by cp.async, kTiledStages in flight
+// (one stage in flight left the kernel waiting on memory latency: about 70 TFLOPS on an H100).
+// The order of the arithmetic is the skinny kernel's, output by output: the k blocks in the order of the
 // skinny kernel's W warps (w = 0, 1, …; each w's blocks w, w + W, … ascending), each block's two
 // MMAs with the same permutation of k and the same bf16 rounding of the activations, one
 // partial sum per w, and the partial sums added in w order (W: the skinny kernel's choice for
@@ -32,14 +34,25 @@ constexpr int kTiledThreads = 256;
 constexpr int kTiledBn = 128;  // weight rows per block: 4 warps × 2 row tiles of 16
 int64_t g_tiled_min_rows = 0;  // set_invariant_tiled_rows (benchmarks): 0 = kTiledMinRows
 constexpr int64_t kTiledMinRows = 256;
+constexpr int kTiledStages = 4;
+constexpr int kTiledXld = 32 + 8;  // bf16 per staged activation row (+16 bytes: fewer bank conflicts)
+
+// Dynamic shared memory of one block: kTiledStages × (S weight tiles of 128 × 32 bf16, BM
+// activation rows of kTiledXld bf16).
+template <int BM, bool kSwiglu>
+constexpr size_t tiled_smem_bytes() {
+  return size_t{kTiledStages} * sizeof(__nv_bfloat16) * ((kSwiglu ? 2 : 1) * kTiledBn * 32 + BM * kTiledXld);
+}
 
 template <int BM, bool kSwiglu>
 __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const skinny_args p, int64_t m, int warps_w) {
   constexpr int S = kSwiglu ? 2 : 1;
   constexpr int CT = BM / 16;         // column tiles (8 activation rows) per warp
-  constexpr int kXld = 32 + 4;        // floats per staged activation row (+16 bytes: no bank conflicts)
-  __shared__ __align__(16) __nv_bfloat16 ws[2][S][kTiledBn][32];
-  __shared__ __align__(16) float xs[2][BM][kXld];
+  constexpr int kXld = kTiledXld;
+  extern __shared__ __align__(16) unsigned char tiled_smem[];
+  auto* ws = reinterpret_cast<__nv_bfloat16 (*)[S][kTiledBn][32]>(tiled_smem);
+  auto* xs = reinterpret_cast<__nv_bfloat16 (*)[BM][kXld]>(tiled_smem + size_t{kTiledStages} * S * kTiledBn * 32 *
+                                                                             sizeof(__nv_bfloat16));
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int wn = warp & 3, wm = warp >> 2;
@@ -55,12 +68,12 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
       const __nv_bfloat16* src = (s == 1 ? p.b1 : p.b0) + (live ? row * p.ldb + c * 8 : 0);
       cp_async16_zfill(&ws[stage][s][r][q * 8], src, live ? 16u : 0u);
     }
-    for (int i = tid; i < BM * 8; i += kTiledThreads) {
-      const int r = i / 8, q = i % 8;  // q: 4 floats
-      const int64_t row = col0 + r, c = kb * 4 + q / 2;
+    for (int i = tid; i < BM * 4; i += kTiledThreads) {
+      const int r = i / 4, q = i % 4;  // q: a chunk of 8 k
+      const int64_t row = col0 + r, c = kb * 4 + q;
       const bool live = row < m && c < chunks;
-      const float* src = p.a + (live ? row * p.lda + kb * 32 + q * 4 : 0);
-      cp_async16_zfill(&xs[stage][r][q * 4], src, live ? 16u : 0u);
+      const __nv_bfloat16* src = p.a16 + (live ? row * p.k + c * 8 : 0);
+      cp_async16_zfill(&xs[stage][r][q * 8], src, live ? 16u : 0u);
     }
   };
   // The k blocks in the skinny kernel's warp order.
@@ -72,20 +85,26 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
   float cur[2][CT][S][4] = {}, tot[2][CT][S][4] = {};
   int64_t ld_kb = 0, c_kb = 0;
   int ld_w = 0, c_w = 0;
-  if (kblocks > 0) {
-    load(0, ld_kb);
-    advance(ld_kb, ld_w);
-  }
-  cp_async_commit_group();
-  for (int64_t step = 0; step < kblocks; ++step) {
-    if (step + 1 < kblocks) {
-      load(static_cast<int>((step + 1) & 1), ld_kb);
+  // k blocks 0 .. kTiledStages - 2 in flight, then one more per step: step's stage has landed
+  // once at most kTiledStages - 2 groups are pending, and the stage the step refills is the one
+  // every warp finished reading in the step before (the barrier between).
+#pragma unroll
+  for (int s = 0; s < kTiledStages - 1; ++s) {
+    if (s < kblocks) {
+      load(s, ld_kb);
       advance(ld_kb, ld_w);
     }
     cp_async_commit_group();
-    cp_async_wait_group<1>();
+  }
+  for (int64_t step = 0; step < kblocks; ++step) {
+    cp_async_wait_group<kTiledStages - 2>();
     __syncthreads();
-    const int st = static_cast<int>(step & 1);
+    if (step + kTiledStages - 1 < kblocks) {
+      load(static_cast<int>((step + kTiledStages - 1) % kTiledStages), ld_kb);
+      advance(ld_kb, ld_w);
+    }
+    cp_async_commit_group();
+    const int st = static_cast<int>(step % kTiledStages);
     uint4 r0[2][S], r1[2][S];
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt)
@@ -96,11 +115,11 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
       }
 #pragma unroll
     for (int ct = 0; ct < CT; ++ct) {
-      const float* xr = &xs[st][wm * (BM / 2) + ct * 8 + g][t * 8];
-      const float4 xv[2] = {*reinterpret_cast<const float4*>(xr), *reinterpret_cast<const float4*>(xr + 4)};
+      // k t·8 .. t·8 + 7 of the row as bf16 pairs: the MMA operands the skinny kernel packs.
+      const uint4 xv = *reinterpret_cast<const uint4*>(&xs[st][wm * (BM / 2) + ct * 8 + g][t * 8]);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint32_t b0 = mma16::pack_bf16x2(xv[j].x, xv[j].y), b1 = mma16::pack_bf16x2(xv[j].z, xv[j].w);
+        const uint32_t b0 = j == 0 ? xv.x : xv.z, b1 = j == 0 ? xv.y : xv.w;
 #pragma unroll
         for (int rt = 0; rt < 2; ++rt)
 #pragma unroll
@@ -133,8 +152,8 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
     }
     c_kb = next_kb;
     c_w = next_w;
-    __syncthreads();  // the stage is refilled by the next step's load
   }
+  cp_async_wait_group<0>();  // no copy outlives the block (the last groups are empty)
   // Element e of an MMA tile: weight row g (+8 for e >= 2), activation row 2t (+1 for odd e).
 #pragma unroll
   for (int rt = 0; rt < 2; ++rt)
@@ -161,7 +180,9 @@ void launch_invariant_tiled(const skinny_args& a, int64_t m, int warps_w, cudaSt
   const int64_t gy = ceil_div(m, int64_t{BM});
   if (gy > 65535) fail("gemm", "m", m, "exceeds the row-invariant tiled kernel's grid (65535 tiles of rows)");
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, int64_t{kTiledBn})), static_cast<unsigned>(gy));
-  invariant_tiled_kernel<BM, kSwiglu><<<grid, kTiledThreads, 0, stream>>>(a, m, warps_w);
+  constexpr size_t smem = tiled_smem_bytes<BM, kSwiglu>();
+  reserve_dynamic_shared(reinterpret_cast<const void*>(&invariant_tiled_kernel<BM, kSwiglu>), smem);
+  invariant_tiled_kernel<BM, kSwiglu><<<grid, kTiledThreads, smem, stream>>>(a, m, warps_w);
 }
 
 // ---- The row-invariant CUDA-core GEMM (determinism: batch_invariant) ----

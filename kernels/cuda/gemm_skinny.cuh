@@ -61,6 +61,10 @@ struct skinny_args {
   float* c = nullptr;
   int64_t n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
+  // The activations rounded to bf16 once ([m, k], ld k; the tensor-core kernel's many-row
+  // batch_invariant calls): half the bytes every block of weight rows re-reads, the same bits
+  // as rounding a's f32 values in the kernel.
+  const __nv_bfloat16* a16 = nullptr;
 };
 
 template <int M, int R, bool kSwiglu>
@@ -180,10 +184,13 @@ __device__ __noinline__ float swiglu_out(float g, float u) { return g / (1.0f + 
 // block (they share the block's weight loads: each weight fragment is multiplied by every
 // group's activations), blockIdx.y the block's first group. A group's arithmetic is the one
 // above, so row r of an m-row call has the bits of the same row in a 1-row call for every m.
-template <int WARPS, int TILES, int CG, int TERMS, bool kSwiglu>
+// kX16: the activations come pre-rounded (skinny_args::a16): each lane's 8 k values are one
+// 16-byte load whose bf16 pairs are the packed MMA operands, bit for bit those of TERMS = 1.
+template <int WARPS, int TILES, int CG, int TERMS, bool kSwiglu, bool kX16 = false>
 __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32 * WARPS) : 0)
     skinny_mma_kernel(const skinny_args p, int64_t m) {
   static_assert(TERMS == 1 || TERMS == 3, "activation terms");
+  static_assert(!kX16 || TERMS == 1, "pre-rounded activations are one term");
   constexpr int S = kSwiglu ? 2 : 1;  // weight streams per output row (gate, up)
   __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -205,17 +212,20 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * 8 * CG;
   bool x_live[CG];
   const float4* xrow[CG];
+  const uint4* xrow16[CG];
 #pragma unroll
   for (int cg = 0; cg < CG; ++cg) {
     const int64_t r = col0 + 8 * cg + g;
     x_live[cg] = r < m;
-    xrow[cg] = reinterpret_cast<const float4*>(p.a + (x_live[cg] ? r : 0) * p.lda);
+    if constexpr (kX16) xrow16[cg] = reinterpret_cast<const uint4*>(p.a16 + (x_live[cg] ? r : 0) * p.k);
+    else xrow[cg] = reinterpret_cast<const float4*>(p.a + (x_live[cg] ? r : 0) * p.lda);
   }
   float acc[CG][TILES][S][4] = {};
   const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
   for (int64_t kb0 = warp; kb0 < kblocks; kb0 += WARPS * kMmaUnroll) {
     uint4 w[kMmaUnroll][TILES][S][2];
     float4 x[kMmaUnroll][2];  // group 0's activations (the others' are loaded where used)
+    uint4 x16[kMmaUnroll];    // the same, pre-rounded (kX16)
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int64_t c = (kb0 + u * WARPS) * 4 + t;
@@ -226,8 +236,12 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
         for (int s = 0; s < S; ++s)
 #pragma unroll
           for (int h = 0; h < 2; ++h) w[u][ti][s][h] = live ? __ldcs(wrow[ti][s][h] + c) : make_uint4(0, 0, 0, 0);
-      x[u][0] = live && x_live[0] ? __ldg(xrow[0] + 2 * c) : make_float4(0, 0, 0, 0);
-      x[u][1] = live && x_live[0] ? __ldg(xrow[0] + 2 * c + 1) : make_float4(0, 0, 0, 0);
+      if constexpr (kX16) {
+        x16[u] = live && x_live[0] ? __ldg(xrow16[0] + c) : make_uint4(0, 0, 0, 0);
+      } else {
+        x[u][0] = live && x_live[0] ? __ldg(xrow[0] + 2 * c) : make_float4(0, 0, 0, 0);
+        x[u][1] = live && x_live[0] ? __ldg(xrow[0] + 2 * c + 1) : make_float4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
@@ -236,7 +250,10 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
 #pragma unroll
       for (int cg = 0; cg < CG; ++cg) {
         float4 xc[2];
-        if (cg == 0) {
+        uint4 xc16;
+        if constexpr (kX16) {
+          xc16 = cg == 0 ? x16[u] : live && x_live[cg] ? __ldg(xrow16[cg] + c) : make_uint4(0, 0, 0, 0);
+        } else if (cg == 0) {
           xc[0] = x[u][0];
           xc[1] = x[u][1];
         } else {
@@ -246,7 +263,10 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           uint32_t b0[3], b1[3];
-          if constexpr (TERMS == 3) {
+          if constexpr (kX16) {
+            b0[0] = j == 0 ? xc16.x : xc16.z;
+            b1[0] = j == 0 ? xc16.y : xc16.w;
+          } else if constexpr (TERMS == 3) {
             split3_bf16x2(xc[j].x, xc[j].y, b0);
             split3_bf16x2(xc[j].z, xc[j].w, b1);
           } else {
@@ -304,7 +324,8 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
 
 // Groups of 8 activation rows per block: 1 up to 8 rows (the decode kernel, bounded to 64
 // registers per thread), 2 up to 16, else 4 (more groups per weight load, fewer re-reads of
-// the weight by the blocks of other groups). Speed only: every choice gives the same bits.
+// the weight by the blocks of other groups), with the activations pre-rounded (a16, set by the
+// caller above 16 rows). Speed only: every choice gives the same bits.
 constexpr int kMaxRowGroups = 4;
 int skinny_row_groups(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : kMaxRowGroups; }
 
@@ -321,9 +342,10 @@ void launch_skinny_mma_w(const skinny_args& a, int64_t m, bool exact, cudaStream
   const int64_t ygrid = ceil_div(m, int64_t{8} * cg);
   if (ygrid > 65535) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid (65535 blocks of 32 rows)");
   const dim3 grid(tiles, static_cast<unsigned>(ygrid));
+  if (a.a16 == nullptr && cg == kMaxRowGroups) fail("gemm", "m", m, "needs the pre-rounded activations (internal)");
   if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
   else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
-  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, 1, kSwiglu, true><<<grid, 32 * WARPS, 0, stream>>>(a, m);
 }
 
 // Blocks of the one-group kernel resident on the whole device at once (read once per
