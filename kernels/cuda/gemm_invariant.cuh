@@ -56,8 +56,11 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int wn = warp & 3, wm = warp >> 2;
-  const int64_t row_base = static_cast<int64_t>(blockIdx.x) * kTiledBn;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * BM;
+  // blockIdx.y: the weight tile, blockIdx.x: the activation rows. The blocks of one weight tile
+  // run together and share its loads through L2; with the rows in y, every BM rows re-read the
+  // whole weight from memory (32 times at 2048 rows).
+  const int64_t row_base = static_cast<int64_t>(blockIdx.y) * kTiledBn;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * BM;
   const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
 
   auto load = [&](int stage, int64_t kb) {
@@ -177,9 +180,10 @@ __global__ void __launch_bounds__(kTiledThreads) invariant_tiled_kernel(const sk
 template <bool kSwiglu>
 void launch_invariant_tiled(const skinny_args& a, int64_t m, int warps_w, cudaStream_t stream) {
   constexpr int BM = kSwiglu ? 32 : 64;
-  const int64_t gy = ceil_div(m, int64_t{BM});
-  if (gy > 65535) fail("gemm", "m", m, "exceeds the row-invariant tiled kernel's grid (65535 tiles of rows)");
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, int64_t{kTiledBn})), static_cast<unsigned>(gy));
+  const int64_t tiles = ceil_div(a.n, int64_t{kTiledBn}), row_tiles = ceil_div(m, int64_t{BM});
+  if (tiles > 65535) fail("gemm", "n", a.n, "exceeds the row-invariant tiled kernel's grid (65535 weight tiles)");
+  if (row_tiles > 0x7fffffff) fail("gemm", "m", m, "exceeds the row-invariant tiled kernel's grid");
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(tiles));
   constexpr size_t smem = tiled_smem_bytes<BM, kSwiglu>();
   reserve_dynamic_shared(reinterpret_cast<const void*>(&invariant_tiled_kernel<BM, kSwiglu>), smem);
   invariant_tiled_kernel<BM, kSwiglu><<<grid, kTiledThreads, smem, stream>>>(a, m, warps_w);

@@ -182,7 +182,7 @@ __device__ __noinline__ float swiglu_out(float g, float u) { return g / (1.0f + 
 // batch_invariant, every m: the activations as cuBLAS takes them, a third of the MMAs).
 // Any m (batch_invariant): groups of 8 activation rows are the MMA's columns, CG groups per
 // block (they share the block's weight loads: each weight fragment is multiplied by every
-// group's activations), blockIdx.y the block's first group. A group's arithmetic is the one
+// group's activations), blockIdx.x the block's first group. A group's arithmetic is the one
 // above, so row r of an m-row call has the bits of the same row in a 1-row call for every m.
 // kX16: the activations come pre-rounded (skinny_args::a16): each lane's 8 k values are one
 // 16-byte load whose bf16 pairs are the packed MMA operands, bit for bit those of TERMS = 1.
@@ -195,7 +195,11 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
   __shared__ float part[WARPS][TILES][S][32][4];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row_base = static_cast<int64_t>(blockIdx.x) * 16 * TILES;
+  // blockIdx.y: the weight tile; blockIdx.x: the groups of activation rows. The blocks of one
+  // weight tile are launched one after another, so they stream it at the same time and every
+  // block after the first reads it from L2 (with the tile in x, each further 32 rows re-read the
+  // whole weight from memory once the earlier rows' blocks had pushed it out of L2).
+  const int64_t row_base = static_cast<int64_t>(blockIdx.y) * 16 * TILES;
   const uint4* wrow[TILES][S][2];
 #pragma unroll
   for (int ti = 0; ti < TILES; ++ti)
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
       }
   // The block's activation rows: group cg holds rows col0 + 8·cg .. + 7; lane (g, t) reads row
   // col0 + 8·cg + g (rows past m read zeros).
-  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * 8 * CG;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * 8 * CG;
   bool x_live[CG];
   const float4* xrow[CG];
   const uint4* xrow16[CG];
@@ -333,15 +337,16 @@ int skinny_row_groups(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : kMaxRowGrou
 // bf16-rounded activations, any m.
 template <int WARPS, int TILES, bool kSwiglu>
 void launch_skinny_mma_w(const skinny_args& a, int64_t m, bool exact, cudaStream_t stream) {
-  const auto tiles = static_cast<unsigned>(ceil_div(a.n, int64_t{16} * TILES));
+  const int64_t tiles = ceil_div(a.n, int64_t{16} * TILES);
+  if (tiles > 65535) fail("gemm", "n", a.n, "exceeds the tensor-core skinny kernel's grid (65535 weight tiles)");
   if (exact) {
-    skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu><<<tiles, 32 * WARPS, 0, stream>>>(a, m);
+    skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu><<<dim3(1, static_cast<unsigned>(tiles)), 32 * WARPS, 0, stream>>>(a, m);
     return;
   }
   const int cg = skinny_row_groups(m);
-  const int64_t ygrid = ceil_div(m, int64_t{8} * cg);
-  if (ygrid > 65535) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid (65535 blocks of 32 rows)");
-  const dim3 grid(tiles, static_cast<unsigned>(ygrid));
+  const int64_t groups = ceil_div(m, int64_t{8} * cg);
+  if (groups > 0x7fffffff) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid");
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(tiles));
   if (a.a16 == nullptr && cg == kMaxRowGroups) fail("gemm", "m", m, "needs the pre-rounded activations (internal)");
   if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
   else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
