@@ -60,6 +60,7 @@ std::vector<local_generation> local_batch::wait(std::chrono::milliseconds limit)
 }
 
 local_service::local_service(const service_config& cfg) : mc_(resolve_model_config(cfg)) {
+  check_invariant_prefix(cfg, mc_);
   const kernels::exec_context ctx = kernels::open_device(cfg.device, 0);
   runner_ = std::make_unique<worker::runner>(worker::make_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx),
                                              cfg.cache, nullptr);

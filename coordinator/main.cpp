@@ -196,6 +196,7 @@ int run(int argc, char** argv) {
   try {
     cfg = load_config_file(argv[1]);
     mc = resolve_model_config(cfg);
+    check_invariant_prefix(cfg, mc);
   } catch (const error& e) {
     std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
     return 1;

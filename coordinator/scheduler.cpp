@@ -245,7 +245,7 @@ void scheduler::admit() {
       prefix_tree::match m;
       int32_t avail = gs.mem.pages.available();
       if (gs.mem.tree) {
-        m = gs.mem.tree->lookup(r.req.input_ids, prompt_len - 1);
+        m = gs.mem.tree->lookup(r.req.input_ids, prompt_len - 1 - invariant_tail());
         avail += gs.mem.tree->unheld() - m.tokens();
       }
       if (avail < need - m.tokens()) continue;

@@ -180,6 +180,18 @@ class scheduler final : public frontend {
   int32_t pages_for(const request_state& r) const;
   // Prefix caching.
   bool prefix_enabled() const { return cfg_.cache.prefix.enabled; }
+  // determinism: batch_invariant: a prompt is cut, saved and resumed only at multiples of
+  // cache.prefix.state_interval (a multiple of the recurrent scans' chunk, and chunked_prefill a
+  // multiple of it: check_invariant_prefix), and answers are not cached, so the cache changes no
+  // bit of any output (docs/ARCHITECTURE.md, Prefix caching).
+  bool aligned_prefix() const { return cfg_.kernels.batch_invariant; }
+  // p rounded down to the positions aligned_prefix() allows (p itself otherwise).
+  int32_t aligned_down(int32_t p) const;
+  // aligned_prefix(): the fewest prompt tokens a cut or a resumed prompt leaves on either side,
+  // plus one. The CUDA attention serves a row of at most 16 queries (kernels::kMaxDecodeQueries)
+  // on its decode kernel and a longer one on the extend kernel, so a piece of 16 tokens or fewer
+  // would take another kernel than the same tokens inside the uncut prompt's chunk. 0 otherwise.
+  int32_t invariant_tail() const { return aligned_prefix() ? 16 : 0; }
   bool checkpoint_at(const request_state& r, int32_t pos) const;
   // The page boundary up to which the prefix tree holds r's prompt (before its last token).
   int32_t shared_boundary(const request_state& r) const;

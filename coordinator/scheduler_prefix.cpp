@@ -18,10 +18,17 @@ int32_t scheduler::shared_boundary(const request_state& r) const {
   return g.mem.tree->matched_pages(r.req.input_ids, (L - 1) / ps) * ps;
 }
 
+int32_t scheduler::aligned_down(int32_t p) const {
+  if (!aligned_prefix()) return p;
+  const int32_t g = cfg_.cache.state_interval();
+  return p / g * g;
+}
+
 bool scheduler::checkpoint_at(const request_state& r, int32_t pos) const {
   const auto L = static_cast<int32_t>(r.req.input_ids.size());
   const int32_t ps = hellos_.front().page_size;
   if (pos <= 0 || pos > L || pos % ps != 0) return false;
+  if (aligned_prefix()) return pos % cfg_.cache.state_interval() == 0;
   // A chunk that ends on a multiple of state_interval; the prompt's last page boundaries: the
   // one at or before its end (a longer prompt that continues it, e.g. the next turn of a chat)
   // and the one before its last token (the same prompt again: a request always prefills at
@@ -41,9 +48,12 @@ int32_t scheduler::prefill_chunk(const request_state& r, int32_t n) const {
   // requests that share it start there), and at the prompt's last page boundary when the prompt
   // does not end on one (the next turn of a conversation starts there). Other checkpoint
   // positions are saved only when a chunk ends on them anyway.
-  const int32_t shared = shared_boundary(r);
-  for (int32_t c : {shared, L % ps != 0 ? L / ps * ps : 0})
-    if (c > f && c < last && !g.mem.tree->has_checkpoint(r.req.input_ids, c / ps)) n = std::min(n, c - f);
+  // determinism: batch_invariant: both rounded down to the state interval.
+  const int32_t shared = aligned_down(shared_boundary(r));
+  for (int32_t c : {shared, aligned_down(L % ps != 0 ? L / ps * ps : 0)})
+    if (c > f + invariant_tail() && c < last && c < L - invariant_tail() &&
+        !g.mem.tree->has_checkpoint(r.req.input_ids, c / ps))
+      n = std::min(n, c - f);
   return n;
 }
 
@@ -84,6 +94,9 @@ bool scheduler::decode_checkpoint_at(const request_state& r, int32_t end) const 
   // model's state may lag the target's; decode checkpoints are not saved for speculative
   // services (their answers are re-prefilled by the next turn, as before).
   if (spec_enabled()) return false;
+  // determinism: batch_invariant: the next turn prefills the answer in chunks, whose state at a
+  // page boundary is not the decode step's bits.
+  if (aligned_prefix()) return false;
   const group_state& g = groups_[static_cast<size_t>(r.group)];
   const auto L = static_cast<int32_t>(r.req.input_ids.size());
   const int32_t ps = hellos_.front().page_size;

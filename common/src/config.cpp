@@ -644,6 +644,25 @@ service_config load_config_file(const std::string& path) {
   return cfg;
 }
 
+void check_invariant_prefix(const service_config& cfg, const model_config& mc) {
+  if (!cfg.kernels.batch_invariant || !cfg.cache.prefix.enabled) return;
+  const int64_t interval = cfg.cache.state_interval();
+  const auto need = [&](int64_t chunk, const char* what) {
+    if (chunk > 0 && interval % chunk != 0)
+      throw config_error(cfg.source + ": cache.prefix.state_interval: " + std::to_string(interval) +
+                         " (page-rounded) must be a multiple of the " + what + " " + std::to_string(chunk) +
+                         " with determinism: batch_invariant (a cached prompt resumes only at multiples of it)");
+  };
+  if (mc.num_layers_of(layer_kind::kMamba2) + mc.num_layers_of(layer_kind::kParallelHybrid) > 0)
+    need(mc.mamba_chunk_size, "model's mamba_chunk_size");
+  if (mc.num_layers_of(layer_kind::kGatedDeltaNet) > 0) need(model_config::kGdnChunkSize, "Gated DeltaNet chunk");
+  const int64_t chunk = std::min(cfg.scheduler.chunked_prefill, cfg.scheduler.max_batch_tokens);
+  if (chunk % interval != 0)
+    throw config_error(cfg.source + ": scheduler.chunked_prefill: min(chunked_prefill, max_batch_tokens) = " +
+                       std::to_string(chunk) + " must be a multiple of cache.prefix.state_interval " +
+                       std::to_string(interval) + " with determinism: batch_invariant and the prefix cache");
+}
+
 model_config resolve_model_config(const service_config& cfg) {
   if (cfg.model.synthetic) return cfg.model.synthetic->arch;
   if (cfg.model.path.empty())

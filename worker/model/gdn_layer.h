@@ -34,7 +34,7 @@ struct gdn_weights {
   int64_t heads_k = 0, heads_v = 0;  // local counts
   int64_t head_k_dim = 0, head_v_dim = 0;
   int64_t conv_width = 0;
-  int64_t chunk_size = 64;
+  int64_t chunk_size = model_config::kGdnChunkSize;
   float eps = 1e-6f;
   // The chunked prefill's CUDA kernel (kernels/gdn.h), chosen by the model from model.dtype or
   // model.gdn_prefill (gdn_prefill_for).

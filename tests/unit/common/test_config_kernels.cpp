@@ -10,6 +10,7 @@
 #include "common_test_support.h"
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
+#include "hyserve/common/model_config.h"
 
 namespace hyserve {
 namespace {
@@ -175,6 +176,36 @@ TEST(ConfigKernels, DeterminismSelectsBatchInvariantKernels) {
                     "kernels.skinny: fma is not row-invariant across row counts");
   EXPECT_ERROR_WITH(load_config_string(kModel + "determinism: batch_invariant\nkernels: {gdn_max_tokens: 1000}\n"),
                     config_error, "kernels.gdn_max_tokens: must be >= scheduler.max_batch_tokens = 4096");
+}
+
+// determinism: batch_invariant with the prefix cache: the cache cuts and resumes prompts only at
+// multiples of cache.prefix.state_interval, so that must be a multiple of the recurrent scans'
+// chunk, and the prefill chunk a multiple of it (check_invariant_prefix, with the model).
+TEST(ConfigKernels, BatchInvariantPrefixCacheNeedsScanAlignedIntervals) {
+  model_config mamba;
+  mamba.layer_kinds = {layer_kind::kMamba2, layer_kind::kAttention};
+  mamba.mamba_chunk_size = 256;
+  model_config gdn;
+  gdn.layer_kinds = {layer_kind::kGatedDeltaNet, layer_kind::kAttention};
+  const std::string inv = kModel + "determinism: batch_invariant\nscheduler: {chunked_prefill: 2048}\n";
+  // The defaults (interval 256, chunks of 2048) hold for both.
+  EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), mamba));
+  EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), gdn));
+  // Not checked without the cache or in fast mode.
+  EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {state_interval: 48}}\n"), mamba));
+  EXPECT_NO_THROW(check_invariant_prefix(
+      load_config_string(kModel + "cache: {prefix: {enabled: true, state_interval: 48}}\n"), mamba));
+  EXPECT_ERROR_WITH(
+      check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true, state_interval: 128}}\n"), mamba),
+      config_error, "cache.prefix.state_interval: 128", "multiple of the model's mamba_chunk_size 256");
+  EXPECT_ERROR_WITH(
+      check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true, state_interval: 48}}\n"), gdn),
+      config_error, "cache.prefix.state_interval: 48", "multiple of the Gated DeltaNet chunk 64");
+  EXPECT_ERROR_WITH(check_invariant_prefix(load_config_string(kModel +
+                                                              "determinism: batch_invariant\nscheduler: {chunked_prefill: "
+                                                              "1000}\ncache: {prefix: {enabled: true}}\n"),
+                                           mamba),
+                    config_error, "scheduler.chunked_prefill", "1000 must be a multiple of cache.prefix.state_interval 256");
 }
 
 // A file's errors carry its name and the line of the bad value, like every config error.

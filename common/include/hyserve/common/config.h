@@ -218,4 +218,12 @@ inline bool cuda_graphs_enabled(const service_config& cfg) {
 // section's sizes.
 model_config resolve_model_config(const service_config& cfg);
 
+// determinism: batch_invariant with cache.prefix.enabled: the prefix cache cuts and resumes
+// prompts only at multiples of cache.prefix.state_interval, which keeps every output's bits only
+// if those positions are chunk boundaries of the recurrent scans in an uncut prompt too. Throws
+// config_error (naming the key and the value it needs) unless state_interval is a multiple of
+// the model's scan chunk (mamba_chunk_size; model_config::kGdnChunkSize for Gated DeltaNet) and
+// min(scheduler.chunked_prefill, scheduler.max_batch_tokens) is a multiple of state_interval.
+void check_invariant_prefix(const service_config& cfg, const model_config& mc);
+
 }  // namespace hyserve

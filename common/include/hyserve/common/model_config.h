@@ -61,6 +61,8 @@ struct model_config {
   int64_t mamba_d_conv = 4;
   int64_t mamba_expand = 2;
   int64_t mamba_chunk_size = 256;
+  // The chunk of the Gated DeltaNet prefill scans (not a checkpoint field).
+  static constexpr int64_t kGdnChunkSize = 64;
   bool mamba_conv_bias = true;
   bool mamba_proj_bias = false;
   // Mamba2 output norm: gated RMSNorm (norm(y · silu(z)), the default), norm before the gate

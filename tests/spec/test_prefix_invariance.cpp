@@ -1,0 +1,149 @@
+// Prefix caching under determinism: batch_invariant (the scheduler driving a real plan runner in
+// one process, every plan and result through the wire encoding): with cache.prefix on, every
+// request's tokens and logprobs are the same bits as with it off. A recurrent layer's chunked scan
+// (SSD, Gated DeltaNet) starts its chunks at each call's first token, so a prompt cut where
+// another prompt's pages end, or resumed from a checkpoint there, sums in another order than the
+// same prompt run whole. In this mode the scheduler cuts, saves and resumes only at multiples of
+// cache.prefix.state_interval (a multiple of the scans' chunk, and chunked_prefill a multiple of
+// it), and answers are not cached (a decode step's state is not a prefill's): a resumed prompt
+// then meets the chunk boundaries the uncut prompt has. Random waves of requests that share
+// prefixes of random lengths (most not multiples of a page or of the interval), greedy and
+// seeded, on the CPU with bamba-tiny (SSD chunk 16) and qwen3next-tiny (GDN chunk 64); the same on
+// a device when there is one (bf16 weights, KV and SSM state for bamba-tiny).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fixture.h"
+#include "hyserve/kernels/device.h"
+#include "prefix_harness.h"
+
+namespace hyserve::test {
+namespace {
+
+struct invariant_prefix_case {
+  std::string fixture;
+  std::string device = "cpu";
+  bool bf16 = false;
+  int waves = 3;
+};
+
+std::string case_name(const testing::TestParamInfo<invariant_prefix_case>& info) {
+  std::string n = info.param.fixture + "_" + info.param.device + (info.param.bf16 ? "_bf16" : "_f32");
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+service_config make_config(const invariant_prefix_case& c, bool prefix) {
+  std::string yaml = "model: {path: " + fixture_dir(c.fixture) + (c.bf16 ? ", dtype: bfloat16" : "") +
+                     "}\ndevice: " + c.device + "\ndeterminism: batch_invariant\n";
+  yaml += "cache: {page_size: 16, max_requests: 16, max_context: 512";
+  if (c.bf16) yaml += ", kv_dtype: bfloat16, ssm_state_dtype: bfloat16";
+  if (prefix) yaml += ", prefix: {enabled: true, state_interval: 64, state_slots: 32}";
+  yaml += "}\n";
+  yaml += "scheduler: {max_batch_tokens: 256, max_running: 16, chunked_prefill: 128, max_queue: 1024}\n";
+  return load_config_string(yaml);
+}
+
+// Waves of 16 requests: a random-length prefix (0-320 tokens) of one of three shared prompts, or
+// an earlier request's prompt (a conversation resent), then 1-40 tokens of its own; 1-16 new
+// tokens with logprobs, greedy or seeded at temperature 0.9.
+std::vector<std::vector<gen_request>> waves(int64_t vocab, int n_waves) {
+  std::mt19937 rng(2027);
+  auto tok = [&] { return static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3)); };
+  std::vector<std::vector<int32_t>> bases(3), earlier;
+  for (auto& b : bases)
+    for (int i = 0; i < 320; ++i) b.push_back(tok());
+  std::vector<std::vector<gen_request>> out;
+  for (int w = 0; w < n_waves; ++w) {
+    std::vector<gen_request> wave;
+    for (int i = 0; i < 16; ++i) {
+      gen_request g;
+      if (!earlier.empty() && rng() % 4 == 0) {
+        g.prompt = earlier[rng() % earlier.size()];
+      } else {
+        const auto& b = bases[rng() % bases.size()];
+        g.prompt.assign(b.begin(), b.begin() + static_cast<long>(rng() % 321));
+      }
+      const int own = 1 + static_cast<int>(rng() % 40);
+      for (int j = 0; j < own; ++j) g.prompt.push_back(tok());
+      if (g.prompt.size() > 440) g.prompt.resize(440);
+      g.sampling.max_new_tokens = 1 + static_cast<int32_t>(rng() % 16);
+      g.sampling.ignore_eos = true;
+      g.sampling.logprobs = true;
+      if (rng() % 2 == 0) {
+        g.sampling.temperature = 0.9f;
+        g.sampling.seed = rng();
+      }
+      wave.push_back(g);
+    }
+    for (const auto& g : wave) earlier.push_back(g.prompt);
+    out.push_back(std::move(wave));
+  }
+  return out;
+}
+
+std::vector<generation> run_all(prefix_service& svc, const std::vector<std::vector<gen_request>>& ws) {
+  std::vector<generation> all;
+  for (const auto& w : ws) {
+    auto got = svc.run(w);
+    all.insert(all.end(), got.begin(), got.end());
+  }
+  return all;
+}
+
+class PrefixInvariance : public testing::TestWithParam<invariant_prefix_case> {};
+
+TEST_P(PrefixInvariance, CacheOnEqualsCacheOffBitForBit) {
+  const invariant_prefix_case& c = GetParam();
+  if (c.device == "cuda" && kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const service_config off_cfg = make_config(c, false);
+  const auto ws = waves(resolve_model_config(off_cfg).vocab_size, c.waves);
+  std::vector<generation> want, got;
+  {
+    prefix_service off(off_cfg);
+    want = run_all(off, ws);
+  }
+  prefix_service on(make_config(c, true));
+  got = run_all(on, ws);
+  ASSERT_EQ(want.size(), got.size());
+  int64_t cached = 0;
+  int hits = 0;
+  size_t i = 0;
+  for (const auto& w : ws)
+    for (const auto& g : w) {
+      ASSERT_FALSE(want[i].error) << "request " << i << ": " << *want[i].error;
+      ASSERT_FALSE(got[i].error) << "request " << i << ": " << *got[i].error;
+      EXPECT_EQ(got[i].output, want[i].output) << "request " << i << " (prompt " << g.prompt.size() << " tokens, "
+                                               << got[i].cached_tokens << " cached)";
+      ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
+      EXPECT_EQ(std::memcmp(got[i].logprobs.data(), want[i].logprobs.data(), got[i].logprobs.size() * sizeof(float)), 0)
+          << "request " << i << " (prompt " << g.prompt.size() << " tokens, " << got[i].cached_tokens
+          << " cached): logprobs differ from the cache-off run";
+      EXPECT_EQ(got[i].cached_tokens % 64, 0) << "request " << i << " resumed off the state interval";
+      cached += got[i].cached_tokens;
+      hits += got[i].cached_tokens > 0 ? 1 : 0;
+      ++i;
+    }
+  std::printf("[prefix-invariance] %s: %d of %zu requests hit, %lld prompt tokens from the cache\n",
+              case_name(testing::TestParamInfo<invariant_prefix_case>(c, 0)).c_str(), hits, got.size(),
+              static_cast<long long>(cached));
+  EXPECT_GT(hits, static_cast<int>(got.size()) / 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, PrefixInvariance,
+                         testing::Values(invariant_prefix_case{"bamba-tiny"}, invariant_prefix_case{"qwen3next-tiny", "cpu",
+                                                                                                    false, 2}),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Device, PrefixInvariance,
+                         testing::Values(invariant_prefix_case{"bamba-tiny", "cuda"},
+                                         invariant_prefix_case{"bamba-tiny", "cuda", true},
+                                         invariant_prefix_case{"qwen3next-tiny", "cuda"}),
+                         case_name);
+
+}  // namespace
+}  // namespace hyserve::test
