@@ -22,7 +22,8 @@
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
-# cases, a request alone against it among 63 random arrivals on the GPU), invariance-speed (the
+# cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
+# the prefix cache on against off), invariance-speed (the
 # linear layers per row count and the 9B decode step in both modes), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree).
@@ -227,9 +228,10 @@ EOF2
     invariance)
       # determinism: batch_invariant on the GPU: the kernels' row invariance (a row alone == the
       # row among others: GEMM, swiglu_linear, attention), then a request alone against the same
-      # request among 63 random arrivals (the diverging trials per case).
+      # request among 63 random arrivals (the diverging trials per case), and the prefix cache on
+      # against off (tokens and logprob bits).
       stage invariance-kernels 240 "$bin/cuda_ops_test" --gtest_filter='*Invariant*:*TreeAttention*'
-      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*' ;;
+      stage invariance 420 "$bin/spec_test" --gtest_filter='Device/BatchInvariance*:Device/PrefixInvariance*' ;;
     invariance-speed)
       # The linear layers per row count and the 9B decode step, determinism fast and batch_invariant.
       { cat configs/bamba-9b-synthetic-cuda.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-invariant.yaml"
