@@ -62,9 +62,10 @@ std::vector<local_generation> local_batch::wait(std::chrono::milliseconds limit)
 local_service::local_service(const service_config& cfg) : mc_(resolve_model_config(cfg)) {
   check_invariant_prefix(cfg, mc_);
   const kernels::exec_context ctx = kernels::open_device(cfg.device, 0);
-  runner_ = std::make_unique<worker::runner>(worker::make_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx),
-                                             cfg.cache, nullptr);
-  runner_->set_draft_model(worker::make_draft_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx), cfg.cache);
+  // The target, then the draft model (if any), then the pools planned for both.
+  auto target = worker::make_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx);
+  runner_ = std::make_unique<worker::runner>(
+      std::move(target), worker::make_draft_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx), cfg.cache, nullptr);
   link_ = std::make_unique<local_transport>(*runner_);
   sched_ = std::make_unique<scheduler>(cfg, mc_, std::vector<wire::hello>{runner_->capacity(0)}, *link_);
   sched_->set_quiet(true);

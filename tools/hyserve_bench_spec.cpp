@@ -203,11 +203,10 @@ void print_verify_profile(const std::vector<hyserve::kernels::profile_segment>& 
 
 std::unique_ptr<hyserve::worker::runner> make_runner(const service_config& cfg, const hyserve::model_config& mc,
                                                      const hyserve::kernels::exec_context& ctx) {
-  auto r = std::make_unique<hyserve::worker::runner>(
-      hyserve::worker::make_model(cfg, mc, hyserve::worker::tp_placement{}, nullptr, ctx), cfg.cache, nullptr);
-  r->set_draft_model(hyserve::worker::make_draft_model(cfg, mc, hyserve::worker::tp_placement{}, nullptr, ctx),
-                     cfg.cache);
-  return r;
+  auto target = hyserve::worker::make_model(cfg, mc, hyserve::worker::tp_placement{}, nullptr, ctx);
+  return std::make_unique<hyserve::worker::runner>(
+      std::move(target), hyserve::worker::make_draft_model(cfg, mc, hyserve::worker::tp_placement{}, nullptr, ctx),
+      cfg.cache, nullptr);
 }
 
 service_config with_algorithm(service_config cfg, speculative_algorithm a, const options& o) {

@@ -130,12 +130,11 @@ int run(int argc, char** argv) {
     const kernels::exec_context ctx = kernels::open_device(cfg.device, place.ordinal);
     device_comm = worker::make_model_collective(cfg, tp_comm, t.tp, place.ordinal);
     worker::collective* model_comm = device_comm ? device_comm.get() : comm.get();
-    r = std::make_unique<worker::runner>(
-        worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx), cfg.cache, comm.get(),
-        fault);
-    // The draft model's reductions run where the target's do (device memory on CUDA).
-    r->set_draft_model(worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx),
-                       cfg.cache);
+    // The target, then the draft model (if any; its reductions run where the target's do), then
+    // the pools planned for both.
+    auto target = worker::make_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx);
+    auto draft = worker::make_draft_model(cfg, mc, worker::tp_placement{t.tp_rank(), t.tp}, model_comm, ctx);
+    r = std::make_unique<worker::runner>(std::move(target), std::move(draft), cfg.cache, comm.get(), fault);
   } catch (const error& e) {
     say(t, std::string("start-up failed: ") + e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

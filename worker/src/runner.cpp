@@ -67,24 +67,25 @@ void add_processing(const wire::plan_row& pr, uint64_t counter, bool feeds, step
 }  // namespace
 
 runner::runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault)
+    : runner(std::move(m), nullptr, cache, comm, fault) {}
+
+runner::runner(std::unique_ptr<model> m, std::unique_ptr<model> draft, const cache_section& cache, collective* comm,
+               fault_injection fault)
     : model_(std::move(m)), comm_(comm), fault_(fault) {
   page_size_ = cache.page_size;
   max_requests_ = cache.max_requests;
-  pools_ = make_state_pools(*model_, cache, comm_);
-}
-
-runner::~runner() = default;
-
-void runner::set_draft_model(std::unique_ptr<model> draft, const cache_section& cache) {
-  if (!draft) return;
-  if (draft->config().vocab_size != model_->config().vocab_size)
+  if (draft && draft->config().vocab_size != model_->config().vocab_size)
     throw config_error("speculative.draft_model: vocab_size " + std::to_string(draft->config().vocab_size) +
                        " differs from the target's " + std::to_string(model_->config().vocab_size));
+  pools_ = make_state_pools(*model_, cache, comm_, draft.get());
+  if (!draft) return;
   cache_section c = cache;
   c.num_pages = pools_.num_pages;  // the coordinator's page numbers index both KV pools
   draft_pools_ = make_state_pools(*draft, c, comm_);
   draft_ = std::move(draft);
 }
+
+runner::~runner() = default;
 
 wire::hello runner::capacity(int32_t dp_rank) const {
   wire::hello h;

@@ -34,21 +34,46 @@ void check_state_dtype(const model_config& mc, dtype state_type) {
 
 }  // namespace
 
-state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm) {
+namespace {
+
+// Device bytes of m's pools: per KV page, and for all its recurrent-state slots (requests,
+// prefix checkpoints and the padding slot).
+struct pool_bytes {
+  int64_t page = 0, state = 0;
+};
+
+pool_bytes bytes_of(const model& m, const cache_section& cache) {
+  const model_config& mc = m.config();
+  const auto attn_layers = static_cast<int32_t>(mc.num_attention_layers());
+  pool_bytes b;
+  b.page = kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(), static_cast<int32_t>(mc.head_dim),
+                                    cache.kv_dtype);
+  // Sparse Top-K keeps f32 key_min/key_max [kv_heads, head_dim] per page and attention layer.
+  if (m.sparsity().algorithm == sparsity_algorithm::kQuest)
+    b.page += int64_t{attn_layers} * 2 * m.kv_heads_local() * mc.head_dim * static_cast<int64_t>(sizeof(float));
+  b.state = mamba_state_cache::bytes_per_slot(static_cast<int32_t>(mc.num_recurrent_layers()), m.mamba_shape(),
+                                              cache.ssm_state_dtype) *
+            (int64_t{cache.max_requests} + cache.checkpoint_slots() + 1);
+  return b;
+}
+
+}  // namespace
+
+state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm, const model* draft) {
   const model_config& mc = m.config();
   const device_kind device = m.exec().device;
   check_state_dtype(mc, cache.ssm_state_dtype);
   const auto attn_layers = static_cast<int32_t>(mc.num_attention_layers());
   const auto recurrent_layers = static_cast<int32_t>(mc.num_recurrent_layers());
   state_pools p;
-  int64_t page_bytes = kv_cache::bytes_per_page(attn_layers, cache.page_size, m.kv_heads_local(),
-                                                static_cast<int32_t>(mc.head_dim), cache.kv_dtype);
-  // Sparse Top-K keeps f32 key_min/key_max [kv_heads, head_dim] per page and attention layer.
-  if (m.sparsity().algorithm == sparsity_algorithm::kQuest)
-    page_bytes += int64_t{attn_layers} * 2 * m.kv_heads_local() * mc.head_dim * static_cast<int64_t>(sizeof(float));
-  p.num_pages = plan_kv_pages(cache, device, page_bytes,
-                              mamba_state_cache::bytes_per_slot(recurrent_layers, m.mamba_shape(), cache.ssm_state_dtype) *
-                                  (int64_t{cache.max_requests} + cache.checkpoint_slots() + 1));
+  // A draft model's pools mirror these (same pages and slots): the budget holds both.
+  pool_bytes need = bytes_of(m, cache);
+  if (draft != nullptr) {
+    const pool_bytes d = bytes_of(*draft, cache);
+    need.page += d.page;
+    need.state += d.state;
+  }
+  p.num_pages = plan_kv_pages(cache, device, need.page, need.state);
   // Ranks measuring free device memory may disagree.
   if (device != device_kind::kCpu && comm && comm->size() > 1) {
     std::vector<float> all(static_cast<size_t>(comm->size()));

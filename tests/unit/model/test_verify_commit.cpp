@@ -35,9 +35,9 @@ class plan_driver {
       yaml += "speculative: {algorithm: draft_model, num_draft_tokens: 3, draft_model: {synthetic: {num_layers: 2}}}\n";
     cfg_ = load_config_string(yaml);
     const model_config mc = resolve_model_config(cfg_);
-    r_ = std::make_unique<worker::runner>(worker::make_model(cfg_, mc, worker::tp_placement{}, nullptr), cfg_.cache,
-                                          nullptr);
-    r_->set_draft_model(worker::make_draft_model(cfg_, mc, worker::tp_placement{}, nullptr), cfg_.cache);
+    auto target = worker::make_model(cfg_, mc, worker::tp_placement{}, nullptr);
+    r_ = std::make_unique<worker::runner>(std::move(target), worker::make_draft_model(cfg_, mc, worker::tp_placement{}, nullptr),
+                                          cfg_.cache, nullptr);
   }
 
   // One request in slot 0 with pages 0..31 (positions 0..127).

@@ -29,12 +29,13 @@ struct fault_injection {
 class runner {
  public:
   runner(std::unique_ptr<model> m, const cache_section& cache, collective* comm, fault_injection fault = {});
+  // Speculative decoding with a draft model (null: none): Draft and DraftExtend plans run on it,
+  // and it follows every Extend / Mixed / Decode plan of the target so its cache covers the same
+  // tokens. Its pools mirror the target's (same slots and page numbers), and the page count is
+  // planned for both (make_state_pools).
+  runner(std::unique_ptr<model> m, std::unique_ptr<model> draft, const cache_section& cache, collective* comm,
+         fault_injection fault = {});
   ~runner();
-
-  // Speculative decoding with a draft model: Draft and DraftExtend plans run on it, and it
-  // follows every Extend / Mixed / Decode plan of the target so its cache covers the same tokens.
-  // Its pools mirror the target's (same slots and page numbers).
-  void set_draft_model(std::unique_ptr<model> draft, const cache_section& cache);
 
   wire::hello capacity(int32_t dp_rank) const;
   // Runs one plan to its end (submit, then finish). Never throws for a bad plan or a failed

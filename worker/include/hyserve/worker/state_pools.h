@@ -55,6 +55,10 @@ struct state_pools {
 
 // Allocates the pools on the model's device. With comm set (a tensor-parallel group), the ranks
 // agree on the smallest page count, so the coordinator's page numbers are valid on every rank.
-state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm);
+// draft: a draft model whose pools will mirror these (same pages and slots; resident already):
+// the page count is planned for both, so its caches do not come out of the memory left for the
+// steps' activations.
+state_pools make_state_pools(const model& m, const cache_section& cache, collective* comm,
+                             const model* draft = nullptr);
 
 }  // namespace hyserve::worker
