@@ -19,7 +19,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,42 +59,11 @@ service_config make_config(const setup& s) {
   return load_config_string(yaml);
 }
 
-// 200 requests in waves of 20: each takes a random-length prefix (0-300 tokens) of one of four
-// shared "system prompts" (or of an earlier request's prompt: a resent conversation), then 1-40
-// tokens of its own; 1-24 new tokens, greedy or seeded at temperature 0.9.
+// 200 requests in waves of 20 (prefix_harness.h): each takes a random-length prefix (0-300
+// tokens) of one of four shared "system prompts" (or of an earlier request's prompt: a resent
+// conversation), then 1-40 tokens of its own; 1-24 new tokens, greedy or seeded at temperature 0.9.
 std::vector<std::vector<gen_request>> random_waves(int64_t vocab, uint32_t seed, int n_waves = 10) {
-  std::mt19937 rng(seed);
-  auto tok = [&] { return static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3)); };
-  std::vector<std::vector<int32_t>> bases(4);
-  for (auto& b : bases)
-    for (int i = 0; i < 300; ++i) b.push_back(tok());
-  std::vector<std::vector<gen_request>> waves;
-  std::vector<std::vector<int32_t>> earlier;
-  for (int w = 0; w < n_waves; ++w) {
-    std::vector<gen_request> wave;
-    for (int i = 0; i < 20; ++i) {
-      gen_request g;
-      if (!earlier.empty() && rng() % 4 == 0) {
-        g.prompt = earlier[rng() % earlier.size()];  // a conversation resent, then continued
-      } else {
-        const auto& b = bases[rng() % bases.size()];
-        g.prompt.assign(b.begin(), b.begin() + static_cast<long>(rng() % 301));
-      }
-      const int own = 1 + static_cast<int>(rng() % 40);
-      for (int j = 0; j < own; ++j) g.prompt.push_back(tok());
-      if (g.prompt.size() > 400) g.prompt.resize(400);
-      g.sampling.max_new_tokens = 1 + static_cast<int32_t>(rng() % 24);
-      g.sampling.ignore_eos = true;
-      if (rng() % 2 == 0) {
-        g.sampling.temperature = 0.9f;
-        g.sampling.seed = rng();
-      }
-      wave.push_back(g);
-    }
-    for (const auto& g : wave) earlier.push_back(g.prompt);
-    waves.push_back(std::move(wave));
-  }
-  return waves;
+  return shared_prefix_waves(vocab, seed, n_waves);
 }
 
 // The random waves' seed (PREFIX_TEST_SEED overrides it). Seeded sampling at temperature 0.9

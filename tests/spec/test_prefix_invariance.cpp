@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -49,42 +48,13 @@ service_config make_config(const invariant_prefix_case& c, bool prefix) {
   return load_config_string(yaml);
 }
 
-// Waves of 16 requests: a random-length prefix (0-320 tokens) of one of three shared prompts, or
-// an earlier request's prompt (a conversation resent), then 1-40 tokens of its own; 1-16 new
-// tokens with logprobs, greedy or seeded at temperature 0.9.
+// Waves of 16 requests (prefix_harness.h): a random-length prefix (0-320 tokens) of one of three
+// shared prompts, or an earlier request's prompt, then 1-40 tokens of its own; 1-16 new tokens
+// with logprobs, greedy or seeded at temperature 0.9.
 std::vector<std::vector<gen_request>> waves(int64_t vocab, int n_waves) {
-  std::mt19937 rng(2027);
-  auto tok = [&] { return static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3)); };
-  std::vector<std::vector<int32_t>> bases(3), earlier;
-  for (auto& b : bases)
-    for (int i = 0; i < 320; ++i) b.push_back(tok());
-  std::vector<std::vector<gen_request>> out;
-  for (int w = 0; w < n_waves; ++w) {
-    std::vector<gen_request> wave;
-    for (int i = 0; i < 16; ++i) {
-      gen_request g;
-      if (!earlier.empty() && rng() % 4 == 0) {
-        g.prompt = earlier[rng() % earlier.size()];
-      } else {
-        const auto& b = bases[rng() % bases.size()];
-        g.prompt.assign(b.begin(), b.begin() + static_cast<long>(rng() % 321));
-      }
-      const int own = 1 + static_cast<int>(rng() % 40);
-      for (int j = 0; j < own; ++j) g.prompt.push_back(tok());
-      if (g.prompt.size() > 440) g.prompt.resize(440);
-      g.sampling.max_new_tokens = 1 + static_cast<int32_t>(rng() % 16);
-      g.sampling.ignore_eos = true;
-      g.sampling.logprobs = true;
-      if (rng() % 2 == 0) {
-        g.sampling.temperature = 0.9f;
-        g.sampling.seed = rng();
-      }
-      wave.push_back(g);
-    }
-    for (const auto& g : wave) earlier.push_back(g.prompt);
-    out.push_back(std::move(wave));
-  }
-  return out;
+  return shared_prefix_waves(
+      vocab, 2027, n_waves,
+      {.bases = 3, .base_len = 320, .per_wave = 16, .max_prompt = 440, .max_new = 16, .logprobs = true});
 }
 
 std::vector<generation> run_all(prefix_service& svc, const std::vector<std::vector<gen_request>>& ws) {

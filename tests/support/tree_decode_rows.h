@@ -8,9 +8,27 @@
 // or bf16 bits as uint16_t), kv_row elements per token.
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace hyserve::test_support {
+
+// A tree verify call's layout: `batch` rows of `nodes` queries each (query_start_loc) and a
+// random tree per row (parent: -1 for node 0, then a random earlier node).
+struct random_tree_layout {
+  std::vector<int32_t> query_start_loc, parent;
+};
+
+inline random_tree_layout random_trees(int64_t batch, int64_t nodes, std::mt19937& rng) {
+  random_tree_layout t;
+  t.query_start_loc.push_back(0);
+  for (int64_t b = 0; b < batch; ++b) {
+    t.query_start_loc.push_back(static_cast<int32_t>((b + 1) * nodes));
+    t.parent.push_back(-1);
+    for (int64_t j = 1; j < nodes; ++j) t.parent.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(j)));
+  }
+  return t;
+}
 
 template <class T>
 struct tree_decode_rows {

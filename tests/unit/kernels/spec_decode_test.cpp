@@ -802,14 +802,12 @@ TEST(SpecDecode, TreeNodeEqualsTheDecodeQueryAtItsPositionBitForBit) {
     const std::vector<int32_t> seq = {static_cast<int32_t>(37 + Dn), static_cast<int32_t>(Dn),
                                       static_cast<int32_t>(64 + Dn)};
     const int64_t batch = static_cast<int64_t>(seq.size()), stride = (64 + Dn + ps - 1) / ps;
-    std::vector<int32_t> table(static_cast<size_t>(batch * stride)), qsl{0}, parent;
+    std::vector<int32_t> table(static_cast<size_t>(batch * stride));
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7 + 3) % table.size());
     std::mt19937 rng(static_cast<uint32_t>(Dn));
-    for (int64_t b = 0; b < batch; ++b) {
-      qsl.push_back(static_cast<int32_t>((b + 1) * Dn));
-      parent.push_back(-1);
-      for (int64_t j = 1; j < Dn; ++j) parent.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(j)));
-    }
+    const test_support::random_tree_layout trees = test_support::random_trees(batch, Dn, rng);
+    const std::vector<int32_t>& qsl = trees.query_start_loc;
+    const std::vector<int32_t>& parent = trees.parent;
     const size_t cache = table.size() * static_cast<size_t>(ps * kv_row);
     const auto q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 95);
     const auto kf = random_floats(cache, 96), vf = random_floats(cache, 97);
