@@ -519,6 +519,11 @@ service_config parse_config(const std::string& text, const std::string& file) {
                    " with determinism: batch_invariant (a larger step would change the GDN prefill's kernel), got " +
                    std::to_string(cfg.kernels.gdn_max_tokens));
       }
+      // A bfloat16 SSM state is rounded wherever a prompt is cut, so a cached prompt may resume
+      // only where an uncached one is cut: state_interval defaults to the prefill chunk
+      // (check_invariant_prefix refuses another explicit value).
+      if (cfg.cache.ssm_state_dtype != dtype::kF32 && cfg.cache.prefix.state_interval == 0)
+        cfg.cache.prefix.state_interval = std::min(cfg.scheduler.chunked_prefill, cfg.scheduler.max_batch_tokens);
     });
 
     if (root["chat"]) {
@@ -657,6 +662,16 @@ void check_invariant_prefix(const service_config& cfg, const model_config& mc) {
     need(mc.mamba_chunk_size, "model's mamba_chunk_size");
   if (mc.num_layers_of(layer_kind::kGatedDeltaNet) > 0) need(model_config::kGdnChunkSize, "Gated DeltaNet chunk");
   const int64_t chunk = std::min(cfg.scheduler.chunked_prefill, cfg.scheduler.max_batch_tokens);
+  // A Mamba2 state kept in bfloat16 is rounded where each prefill call ends. An uncached prompt
+  // is cut only at multiples of the prefill chunk, so a cached one may be cut, saved and resumed
+  // only there too: elsewhere its state would be rounded where the uncached prompt's is not.
+  if (cfg.cache.ssm_state_dtype != dtype::kF32 && interval != chunk &&
+      mc.num_layers_of(layer_kind::kMamba2) + mc.num_layers_of(layer_kind::kParallelHybrid) > 0)
+    throw config_error(cfg.source + ": cache.prefix.state_interval: " + std::to_string(interval) +
+                       " (page-rounded) must equal min(scheduler.chunked_prefill, scheduler.max_batch_tokens) = " +
+                       std::to_string(chunk) +
+                       " with determinism: batch_invariant and cache.ssm_state_dtype: bfloat16 (the state is rounded "
+                       "where a prefill is cut); leave it unset, or keep the state in float32");
   if (chunk % interval != 0)
     throw config_error(cfg.source + ": scheduler.chunked_prefill: min(chunked_prefill, max_batch_tokens) = " +
                        std::to_string(chunk) + " must be a multiple of cache.prefix.state_interval " +

@@ -208,6 +208,33 @@ TEST(ConfigKernels, BatchInvariantPrefixCacheNeedsScanAlignedIntervals) {
                     config_error, "scheduler.chunked_prefill", "1000 must be a multiple of cache.prefix.state_interval 256");
 }
 
+// A bfloat16 Mamba2 state is rounded where each prefill call ends; an uncached prompt ends calls
+// only at multiples of the prefill chunk, so with the cache under batch_invariant the interval
+// is that chunk: the default, and any other value is refused.
+TEST(ConfigKernels, BatchInvariantPrefixCacheWithBf16StateCutsOnlyAtThePrefillChunk) {
+  model_config mamba;
+  mamba.layer_kinds = {layer_kind::kMamba2, layer_kind::kAttention};
+  mamba.mamba_chunk_size = 64;
+  const std::string inv = kModel + "determinism: batch_invariant\nscheduler: {chunked_prefill: 1024, max_batch_tokens: 512}\n";
+  const service_config dflt =
+      load_config_string(inv + "cache: {ssm_state_dtype: bfloat16, prefix: {enabled: true}}\n");
+  EXPECT_EQ(dflt.cache.state_interval(), 512);
+  EXPECT_NO_THROW(check_invariant_prefix(dflt, mamba));
+  EXPECT_ERROR_WITH(check_invariant_prefix(
+                        load_config_string(inv + "cache: {ssm_state_dtype: bfloat16, prefix: {enabled: true, "
+                                                 "state_interval: 128}}\n"),
+                        mamba),
+                    config_error, "cache.prefix.state_interval: 128",
+                    "must equal min(scheduler.chunked_prefill, scheduler.max_batch_tokens) = 512",
+                    "ssm_state_dtype: bfloat16");
+  // A float32 state keeps the finer interval; fast mode keeps the 256-token default.
+  EXPECT_NO_THROW(check_invariant_prefix(
+      load_config_string(inv + "cache: {prefix: {enabled: true, state_interval: 128}}\n"), mamba));
+  EXPECT_EQ(load_config_string(kModel + "cache: {ssm_state_dtype: bfloat16, prefix: {enabled: true}}\n")
+                .cache.state_interval(),
+            256);
+}
+
 // A file's errors carry its name and the line of the bad value, like every config error.
 TEST(ConfigKernels, FileErrorsNameTheLine) {
   const std::string path = testing::TempDir() + "/kernels_bad.yaml";

@@ -60,7 +60,8 @@ struct parallel_section {
 struct prefix_cache_section {
   bool enabled = false;
   // Checkpoint every state_interval tokens (a multiple of cache.page_size; 0 = the SSM kernels'
-  // chunk, 256 tokens, rounded up to a page), plus at the last page boundaries of each prompt.
+  // chunk, 256 tokens, rounded up to a page, or with determinism: batch_invariant and a bfloat16
+  // SSM state the prefill chunk), plus at the last page boundaries of each prompt.
   int32_t state_interval = 0;
   int32_t state_slots = 64;  // checkpoint slots per worker (each one slot of recurrent state)
 };
@@ -223,7 +224,9 @@ model_config resolve_model_config(const service_config& cfg);
 // if those positions are chunk boundaries of the recurrent scans in an uncut prompt too. Throws
 // config_error (naming the key and the value it needs) unless state_interval is a multiple of
 // the model's scan chunk (mamba_chunk_size; model_config::kGdnChunkSize for Gated DeltaNet) and
-// min(scheduler.chunked_prefill, scheduler.max_batch_tokens) is a multiple of state_interval.
+// min(scheduler.chunked_prefill, scheduler.max_batch_tokens) is a multiple of state_interval; with
+// cache.ssm_state_dtype: bfloat16 and Mamba2 layers, unless state_interval equals that chunk (a
+// bf16 state is rounded where a prefill call ends, and an uncached prompt ends calls only there).
 void check_invariant_prefix(const service_config& cfg, const model_config& mc);
 
 }  // namespace hyserve
