@@ -245,6 +245,9 @@ int run(const options& o) {
   base.scheduler.max_running = max_batch;
   base.scheduler.max_queue = std::max(base.scheduler.max_queue, max_batch);
   base.speculative.algorithm = speculative_algorithm::kNone;
+  // The target runner serves the plain and the n-gram cells: its verify steps' states are
+  // allocated up front like a speculative service's (cache.spec_step_cols).
+  base.cache.spec_step_cols = o.draft_tokens + 1;
   if (o.cost_check >= 0) base.speculative.cost_check = o.cost_check == 1;
   if (!o.dtype.empty()) {
     const hyserve::dtype t = o.dtype == "float32" ? hyserve::dtype::kF32 : hyserve::dtype::kBF16;

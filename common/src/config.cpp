@@ -473,6 +473,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
         cfg.speculative.draft_model.synthetic_num_layers == 0)
       r.fail(is_map(spec) ? spec : root, "speculative.draft_model",
              "is required when speculative.algorithm is draft_model (path or synthetic)");
+    cfg.cache.spec_step_cols = speculative_step_cols(cfg.speculative);
 
     const YAML::Node srv = root["server"];
     r.check_keys(srv, "server",

@@ -42,6 +42,12 @@ struct pool_bytes {
   int64_t page = 0, state = 0;
 };
 
+// Slots of state_pools::steps planned up front: every request row of a speculative step, each
+// with its cache.spec_step_cols states (and the cache's padding slot).
+int64_t step_slots(const cache_section& cache) {
+  return cache.spec_step_cols > 0 ? int64_t{cache.max_requests} * cache.spec_step_cols + 1 : 0;
+}
+
 pool_bytes bytes_of(const model& m, const cache_section& cache) {
   const model_config& mc = m.config();
   const auto attn_layers = static_cast<int32_t>(mc.num_attention_layers());
@@ -51,9 +57,12 @@ pool_bytes bytes_of(const model& m, const cache_section& cache) {
   // Sparse Top-K keeps f32 key_min/key_max [kv_heads, head_dim] per page and attention layer.
   if (m.sparsity().algorithm == sparsity_algorithm::kQuest)
     b.page += int64_t{attn_layers} * 2 * m.kv_heads_local() * mc.head_dim * static_cast<int64_t>(sizeof(float));
+  // Request and checkpoint slots, the padding slot, and the speculative steps' states
+  // (state_pools::steps, allocated up front: grown mid-service it would come out of the memory
+  // left for activations).
   b.state = mamba_state_cache::bytes_per_slot(static_cast<int32_t>(mc.num_recurrent_layers()), m.mamba_shape(),
                                               cache.ssm_state_dtype) *
-            (int64_t{cache.max_requests} + cache.checkpoint_slots() + 1);
+            (int64_t{cache.max_requests} + cache.checkpoint_slots() + 1 + step_slots(cache));
   return b;
 }
 
@@ -90,6 +99,9 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
                                                     m.mamba_shape(), device, cache.ssm_state_dtype);
   p.recurrent_layers = recurrent_layers;
   p.attn_layers = attn_layers;
+  if (cache.spec_step_cols > 0 && recurrent_layers > 0)
+    p.steps = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests * cache.spec_step_cols,
+                                                  m.mamba_shape(), device, cache.ssm_state_dtype);
   p.last_tokens = tensor::i32({cache.max_requests}, device);
   return p;
 }
@@ -145,11 +157,17 @@ void state_pools::run_commit(mamba_state_cache& source, int32_t steps, const std
 void state_pools::ensure_steps(int32_t rows, int32_t cols, device_kind device) {
   const int64_t need = int64_t{rows} * cols;
   if (!steps || steps->n_slots() < need) {
-    // Grows only; a commit of the previous layout always runs before a step that grows it.
-    const auto n = static_cast<int32_t>(std::max<int64_t>(need, steps ? 2 * int64_t{steps->n_slots()} : need));
+    // Only without cache.spec_step_cols (planned up front) or beyond it. Grows only, to the rows
+    // rounded up to 8 (at most the request slots), never doubling: each slot holds a whole
+    // recurrent state per layer (116 MiB a row-step for the 9B in f32), so slack costs
+    // gigabytes. The old steps go first: a commit of the previous layout always runs before a
+    // step that grows it.
+    const int64_t padded_rows = std::max<int64_t>(rows, std::min<int64_t>((int64_t{rows} + 7) / 8 * 8, request_slots));
+    steps.reset();
     // Per-step SSM states have the slots' element type, so a step stores exactly what a decode
     // step would store in the slot (bf16 states are rounded after every token either way).
-    steps = std::make_unique<mamba_state_cache>(recurrent_layers, n, recurrent->shape(), device, recurrent->state_type());
+    steps = std::make_unique<mamba_state_cache>(recurrent_layers, static_cast<int32_t>(padded_rows * cols),
+                                                recurrent->shape(), device, recurrent->state_type());
   }
   step_rows = rows;
   step_cols = cols;

@@ -78,6 +78,11 @@ struct cache_section {
   dtype kv_dtype = dtype::kF32;         // `kv_dtype`: float32 | bfloat16 (KV cache pages)
   dtype ssm_state_dtype = dtype::kF32;  // `ssm_state_dtype`: float32 | bfloat16 (Mamba2 SSM state)
   prefix_cache_section prefix;
+  // Speculative verify and draft steps keep every token's recurrent state (SSM / GDN state and
+  // conv window) until the next plan commits the accepted one: up to max_requests rows of
+  // spec_step_cols states per layer, planned beside the slots. Derived from speculative at load
+  // (speculative_step_cols; 0 without speculation), not read from the YAML.
+  int32_t spec_step_cols = 0;
   // Checkpoint slots the workers keep beside the request slots (0 when prefix caching is off).
   int32_t checkpoint_slots() const { return prefix.enabled ? prefix.state_slots : 0; }
   // The effective checkpoint interval in tokens (a multiple of page_size).
@@ -143,6 +148,12 @@ struct speculative_section {
   // plans do not depend on timing).
   bool cost_check = true;
 };
+
+// Per-step states a speculative step keeps per row: a verify row's drafts (at most
+// num_draft_tokens nodes, chain or tree) and its last accepted token; 0 without speculation.
+inline int32_t speculative_step_cols(const speculative_section& s) {
+  return s.algorithm == speculative_algorithm::kNone ? 0 : s.num_draft_tokens + 1;
+}
 
 struct server_section {
   std::string host = "127.0.0.1";
