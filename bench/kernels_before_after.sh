@@ -7,7 +7,8 @@
 # (an untracked folder travels with the working tree). Benchmarks: the SSD chunk scan (bf16 io,
 # f32 state), the SSM state update and paged decode attention (every dtype), the Gated DeltaNet
 # ops, the skinny GEMM and the sparse page selection, each with no kernels: section (the
-# defaults). Environment: JOBS (default nproc/2 per tree), LIMIT_S per benchmark run (120).
+# defaults); then the table of bench/before_after_report.py (OUT_DIR/report.md). Environment: JOBS
+# (default nproc/2 per tree), LIMIT_S per benchmark run (120).
 set -uo pipefail
 before=${1:?usage: bench/kernels_before_after.sh BEFORE_TREE OUT_DIR}
 out=${2:?usage}
@@ -47,3 +48,4 @@ for round in 1 2; do
     done
   done
 done
+python3 "$(dirname "$0")/before_after_report.py" "$out" | tee "$out/report.md"
