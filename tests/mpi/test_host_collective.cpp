@@ -3,6 +3,7 @@
 // fp32 sum is exact) on host buffers (the CPU path) and, with a CUDA device, on device buffers of
 // ranks that all share device 0 (what NCCL refuses); and the deadline: a rank that never joins
 // makes the others' wait time out naming the operation, and the collective refuses later calls.
+// Also the rank-ordered all-reduce of determinism: batch_invariant (collective.h) over it.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -14,6 +15,7 @@
 #include "hyserve/common/error.h"
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/worker/collective.h"
 #include "hyserve/worker/host_collective.h"
 
 namespace hyserve {
@@ -78,6 +80,44 @@ TEST(HostCollective, DeviceBuffersOfRanksSharingOneGpu) {
   if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   (void)kernels::open_device(device_kind::kCuda, 0);  // every rank on device 0
   for (int64_t n : {1, 4096 + 3, 1 << 22}) check_operations(device_kind::kCuda, n);
+}
+
+// A rank's value at element i whose sums depend on their order (not exact in fp32).
+float rough_value(int r, int64_t i) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(r + 1) * 40503u;
+  h ^= h >> 13;
+  h *= 0x5bd1e995u;
+  h ^= h >> 15;
+  return (static_cast<float>(h % 2000001u) - 1000000.0f) * 1.37e-3f * static_cast<float>(1 + (h % 7));
+}
+
+// determinism: batch_invariant above 2 ranks (collective.h): every element is ((x0 + x1) + x2)
+// + ..., in rank order, whatever the message's size and the element's place in it.
+void check_rank_ordered(device_kind device) {
+  const int size = world_size(), rank = world_rank();
+  auto comm = worker::make_rank_ordered_collective(worker::make_host_staged_collective(MPI_COMM_WORLD, device, 30.0),
+                                                   device);
+  for (int64_t n : {int64_t{1}, int64_t{4096} + 3, int64_t{1} << 20}) {
+    std::vector<float> mine(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mine[static_cast<size_t>(i)] = rough_value(rank, i);
+    tensor buf = tensor::from_host(mine.data(), dtype::kF32, n, device);
+    comm->all_reduce_sum(buf.as<float>(), n);
+    std::vector<float> got(static_cast<size_t>(n));
+    buf.copy_to_host(got.data(), got.size() * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+      float want = rough_value(0, i);
+      for (int r = 1; r < size; ++r) want += rough_value(r, i);
+      ASSERT_EQ(got[static_cast<size_t>(i)], want) << "n " << n << " element " << i;
+    }
+  }
+}
+
+TEST(RankOrderedCollective, EveryElementSumsInRankOrderOnHostBuffers) { check_rank_ordered(device_kind::kCpu); }
+
+TEST(RankOrderedCollective, EveryElementSumsInRankOrderOnDeviceBuffers) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  (void)kernels::open_device(device_kind::kCuda, 0);  // every rank on device 0
+  check_rank_ordered(device_kind::kCuda);
 }
 
 TEST(HostCollective, AMissingRankTimesOutNamingTheOperation) {

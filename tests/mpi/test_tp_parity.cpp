@@ -1,10 +1,12 @@
 // Tensor parallelism under real mpirun: every rank runs the model sharded over the world and,
 // locally, the unsharded model; the logits of Extend, Decode and Mixed steps must agree within
 // 1e-5 on the CPU (MPI all-reduce/all-gather), and within 1e-4 on a CUDA device that every rank
-// shares (parallel.device_collective: host; skipped without a device).
+// shares (parallel.device_collective: host; skipped without a device). Under determinism:
+// batch_invariant a row's sharded logits do not depend on the rows beside it (TpInvariance).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -15,6 +17,7 @@
 #include "hyserve/worker/engine.h"
 #include "hyserve/worker/host_collective.h"
 #include "hyserve/worker/mpi_collective.h"
+#include "hyserve/worker/tp_device.h"
 
 namespace hyserve {
 namespace {
@@ -129,6 +132,50 @@ INSTANTIATE_TEST_SUITE_P(
                       // TP=4 each norm group spans two ranks, which all-reduce its Σy².
                       config_case{"falconh1_tiny", "model: {path: " + test::fixture_dir("falconh1-tiny") + "}\n"}),
     [](const auto& param_info) { return param_info.param.name; });
+
+// determinism: batch_invariant at TP = the world (the service's collective, make_model_collective:
+// above 2 ranks the all-reduce sums in rank order, collective.h): a row's logits are the same
+// bits alone as beside two long prompts in an Extend step, and beside two rows in Decode steps.
+TEST(TpInvariance, ARowAloneEqualsTheRowAmongOthersBitForBit) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  service_config cfg = load_config_string(synthetic_yaml(2, 2) + "determinism: batch_invariant\n");
+  cfg.cache.max_requests = 4;
+  cfg.cache.max_context = 512;
+  cfg.cache.page_size = 16;
+  cfg.parallel.tp = world;
+  const model_config mc = resolve_model_config(cfg);
+  const kernels::exec_context ctx = kernels::open_device(device_kind::kCpu, 0, cfg.kernels);
+  auto comm = worker::make_model_collective(cfg, MPI_COMM_WORLD, world, 0);
+  engine alone(worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get(), ctx), cfg.cache);
+  engine among(worker::make_model(cfg, mc, worker::tp_placement{rank, world}, comm.get(), ctx), cfg.cache);
+  const int32_t a0 = alone.open_request();
+  const int32_t b0 = among.open_request(), b1 = among.open_request(), b2 = among.open_request();
+  auto prompt = [](int len, int seed) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int i = 0; i < len; ++i) p[static_cast<size_t>(i)] = (i * 37 + seed * 101 + 5) % 256;
+    return p;
+  };
+  const std::vector<int32_t> mine = prompt(21, 1);
+  // The row goes last among the others: its elements sit at the end of each reduced message.
+  auto same_row = [&](const host_tensor& la, const host_tensor& lb, const std::string& what) {
+    ASSERT_EQ(la.shape()[1], lb.shape()[1]) << what;
+    const int64_t v = la.shape()[1];
+    EXPECT_EQ(std::memcmp(la.as<float>(), lb.as<float>() + (lb.shape()[0] - 1) * v, static_cast<size_t>(v) * sizeof(float)),
+              0)
+        << what << ": the row's logits differ on rank " << rank;
+  };
+  same_row(alone.step(forward_mode::kExtend, {{a0, mine}}, {}),
+           among.step(forward_mode::kExtend, {{b1, prompt(300, 2)}, {b2, prompt(150, 3)}, {b0, mine}}, {}), "extend");
+  for (int s = 0; s < 4; ++s) {
+    const auto t = static_cast<int32_t>(40 + s);
+    same_row(alone.step(forward_mode::kDecode, {{a0, {t}}}, {}),
+             among.step(forward_mode::kDecode, {{b1, {static_cast<int32_t>(90 + s)}}, {b2, {7}}, {b0, {t}}}, {}),
+             "decode " + std::to_string(s));
+  }
+}
 
 // Loading yaml's model over this job's ranks fails at start-up, before any collective, with a
 // config_error whose text contains `names`.

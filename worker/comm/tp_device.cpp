@@ -26,8 +26,9 @@ device_placement place_worker(const service_config& cfg, int self, int workers, 
   return p;
 }
 
-std::unique_ptr<collective> make_model_collective(const service_config& cfg, MPI_Comm tp_comm, int tp, int ordinal) {
-  if (tp <= 1) return nullptr;
+namespace {
+
+std::unique_ptr<collective> transport(const service_config& cfg, MPI_Comm tp_comm, int ordinal) {
   if (cfg.device != device_kind::kCuda) return make_mpi_collective(tp_comm);
   if (cfg.parallel.device_collective == device_collective_kind::kHost)
     return make_host_staged_collective(tp_comm, cfg.device, cfg.worker.step_timeout_s);
@@ -38,6 +39,16 @@ std::unique_ptr<collective> make_model_collective(const service_config& cfg, MPI
   throw config_error("device: cuda with parallel.tp > 1 needs NCCL, which this build does not have "
                      "(or parallel.device_collective: host)");
 #endif
+}
+
+}  // namespace
+
+std::unique_ptr<collective> make_model_collective(const service_config& cfg, MPI_Comm tp_comm, int tp, int ordinal) {
+  if (tp <= 1) return nullptr;
+  std::unique_ptr<collective> c = transport(cfg, tp_comm, ordinal);
+  // Above 2 ranks the transport's all-reduce order depends on the message size (collective.h).
+  if (cfg.kernels.batch_invariant && tp > 2) return make_rank_ordered_collective(std::move(c), cfg.device);
+  return c;
 }
 
 }  // namespace hyserve::worker

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "hyserve/common/device_kind.h"
+
 namespace hyserve::worker {
 
 class collective {
@@ -22,5 +24,14 @@ class collective {
 
 // The single-rank group: every operation is the identity.
 std::unique_ptr<collective> make_local_collective();
+
+// determinism: batch_invariant at more than 2 ranks: all_reduce_sum gathers every rank's n
+// floats (inner's all_gather, [size · n] scratch on `device`) and sums each element in rank
+// order, ((x0 + x1) + x2) + ..., with the row_add op on that device. NCCL and MPI cut an
+// all-reduce by the message's size (ring chunks, algorithm thresholds), so there an element's
+// order of addition follows where it falls in the message, i.e. the batch; at 2 ranks it is
+// one commutative add either way. Costs size / 2(size - 1) times the bytes of a ring
+// all-reduce per rank. all_gather and broadcast are inner's.
+std::unique_ptr<collective> make_rank_ordered_collective(std::unique_ptr<collective> inner, device_kind device);
 
 }  // namespace hyserve::worker

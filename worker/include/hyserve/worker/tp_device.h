@@ -30,7 +30,8 @@ device_placement place_worker(const service_config& cfg, int self, int workers, 
 // The collective the model's reductions use for a group of tp ranks over tp_comm (borrowed:
 // the caller keeps it alive): nullptr when tp == 1 (the model needs none); MPI on the CPU; NCCL
 // or the host-staged collective on CUDA (parallel.device_collective), every wait bounded by
-// worker.step_timeout_s. config_error when the build lacks what the config asks for.
+// worker.step_timeout_s; under determinism: batch_invariant with tp > 2 wrapped in the
+// rank-ordered all-reduce (collective.h). config_error when the build lacks what the config asks for.
 std::unique_ptr<collective> make_model_collective(const service_config& cfg, MPI_Comm tp_comm, int tp, int ordinal);
 
 }  // namespace hyserve::worker
