@@ -26,7 +26,8 @@
 # the prefix cache on against off), invariance-speed (the
 # linear layers per row count and the 9B decode step in both modes), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
-# invariance-spec-tree (the same with a draft tree).
+# invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
+# batches 8 and 32, fast and batch_invariant).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -66,7 +67,7 @@ for s in "${stages[@]}"; do
     moe) targets+=(hyserve-bench-cuda) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
-    invariance-spec | invariance-spec-tree) targets+=(hyserve-bench-spec) ;;
+    invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -254,6 +255,17 @@ EOF2
         stage "invariance-spec-$v" 400 "$bin/hyserve-bench-spec" "$out/bamba-9b-spec-invariant.yaml" --batches 1,8,32 \
           --prompt-len 1024 --new-tokens 128 --draft-tokens 4 "${extra[@]}"
       done ;;
+    spec-profile)
+      # Where a batch-32 verify step goes (run 23: 279 ms of forward against a decode step's
+      # 13 ms under batch_invariant; run 10: 67 ms against 10 ms in fast mode): the op profile of
+      # the third verify step of the n-gram cells, fast and batch_invariant.
+      { cat configs/bamba-9b-synthetic-cuda-spec.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-spec-invariant.yaml"
+      for m in fast invariant; do
+        conf=configs/bamba-9b-synthetic-cuda-spec.yaml
+        [ "$m" = invariant ] && conf="$out/bamba-9b-spec-invariant.yaml"
+        stage "spec-profile-$m" 240 "$bin/hyserve-bench-spec" "$conf" --batches 8,32 --prompt-len 1024 --new-tokens 64 \
+          --draft-tokens 4 --cost-check 0 --profile-verify 3
+      done ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
@@ -284,7 +296,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)
