@@ -126,7 +126,9 @@ int32_t plan_kv_pages(const cache_section& cache, device_kind device, int64_t pa
     throw capacity_error("cache.gpu_memory_fraction = " + std::to_string(cache.gpu_memory_fraction) + " of " +
                          std::to_string(mem.free_bytes) + " free device bytes leaves no room for a KV page of " +
                          std::to_string(page_bytes) + " bytes after " + std::to_string(state_bytes) +
-                         " bytes of recurrent state");
+                         " bytes of recurrent state (request and checkpoint slots, and with speculation every "
+                         "request's per-token states of a verify step: lower cache.max_requests or "
+                         "speculative.num_draft_tokens)");
   return static_cast<int32_t>(std::min(fit, addressable));
 }
 
