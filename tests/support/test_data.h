@@ -33,6 +33,13 @@ inline std::vector<float> round_bf16(const std::vector<float>& v) {
   return out;
 }
 
+// The bf16 bit patterns of v (round to nearest even): what a bf16 buffer holds.
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
 // Runs fn and expects an invalid_argument_error whose message contains field.
 template <class Fn>
 void expect_invalid(Fn&& fn, const std::string& field) {

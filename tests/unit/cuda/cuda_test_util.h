@@ -27,6 +27,7 @@ using test_support::expect_invalid;
 using test_support::join;
 using test_support::random_floats;
 using test_support::round_bf16;
+using test_support::to_bf16;
 
 constexpr uint32_t kPoisonBits = 0xffffffffu;  // what device_buffer::fill_bytes(0xff) writes
 

@@ -41,6 +41,7 @@ namespace {
 
 using cuda_test::expect_match;
 using cuda_test::random_floats;
+using cuda_test::to_bf16;
 
 kernel_paths invariant_paths() {
   kernel_paths k;
@@ -238,11 +239,6 @@ struct attention_pool {
   std::vector<float> values(uint32_t seed) const {
     return random_floats(static_cast<size_t>(2 * pages_per_row * page_size * kv_heads * head_dim), seed);
   }
-  static std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-    return h;
-  }
 
   std::vector<float> run(dtype kv_dtype, const std::vector<int32_t>& q_lens, const std::vector<int32_t>& lens,
                          int64_t at, const std::vector<float>& q_target, int64_t promise, int64_t short_max,
@@ -401,7 +397,7 @@ TEST_P(InvariantTreeAttentionCuda, NodeEqualsTheDecodeQueryAtItsPosition) {
     const size_t cache = table.size() * static_cast<size_t>(ps * kv_row);
     const std::vector<float> q = random_floats(static_cast<size_t>(batch * Dn * qh * hd), 141);
     const std::vector<float> kf = random_floats(cache, 142), vf = random_floats(cache, 143);
-    const std::vector<uint16_t> kh = attention_pool::to_bf16(kf), vh = attention_pool::to_bf16(vf);
+    const std::vector<uint16_t> kh = to_bf16(kf), vh = to_bf16(vf);
     const device_array<float> dq(q), dkf(kf), dvf(vf);
     const device_array<uint16_t> dkh(kh), dvh(vh);
     const device_array<int32_t> dqsl(qsl), dseq(seq), dtable(table), dparent(parent);

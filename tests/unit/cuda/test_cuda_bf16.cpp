@@ -33,17 +33,12 @@ using cuda_test::expect_equal;
 using cuda_test::expect_match;
 using cuda_test::poison;
 using cuda_test::random_floats;
+using cuda_test::to_bf16;
 using cuda_test::round_bf16;
 using cuda_test::to_device;
 
 #define HYSERVE_REQUIRE_CUDA() \
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------------
 // gemm, bf16 b

@@ -24,12 +24,7 @@ namespace {
 using test::expect_close;
 using test::expect_invalid;
 using test::random_floats;
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
+using test::to_bf16;
 
 std::vector<float> widen(const std::vector<uint16_t>& v) {
   std::vector<float> out(v.size());

@@ -20,6 +20,7 @@ using test_support::expect_invalid;
 using test_support::join;
 using test_support::random_floats;
 using test_support::round_bf16;
+using test_support::to_bf16;
 
 // Fails (once, with the worst element) unless |got[i] - want[i]| <= atol + rtol·|want[i]| for all i.
 template <class Want>
