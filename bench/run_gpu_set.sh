@@ -256,9 +256,10 @@ EOF2
           --prompt-len 1024 --new-tokens 128 --draft-tokens 4 "${extra[@]}"
       done ;;
     spec-profile)
-      # Where a batch-32 verify step goes (run 23: 279 ms of forward against a decode step's
-      # 13 ms under batch_invariant; run 10: 67 ms against 10 ms in fast mode): the op profile of
-      # the third verify step of the n-gram cells, fast and batch_invariant.
+      # Where a batch-32 verify step goes (run 23: the phase table's 279 ms of forward per verify
+      # step, at most about 47 ms of it inside the cell's throughput window; run 10: 67 ms against
+      # 10 ms for decode in fast mode): the op profile of the third verify step of the n-gram
+      # cells, fast and batch_invariant.
       { cat configs/bamba-9b-synthetic-cuda-spec.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-spec-invariant.yaml"
       for m in fast invariant; do
         conf=configs/bamba-9b-synthetic-cuda-spec.yaml
