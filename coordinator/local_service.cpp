@@ -1,5 +1,7 @@
 #include "coordinator/local_service.h"
 
+#include <algorithm>
+
 #include "hyserve/common/error.h"
 #include "hyserve/common/forward_mode.h"
 #include "hyserve/kernels/device.h"
@@ -14,6 +16,8 @@ void local_transport::send_plan(int group, const std::vector<uint8_t>& bytes) {
   if (!plan.commits.empty()) ++plans_with_commits;
   if (plan.is_tree) ++tree_plans;
   if (plan.mode == mode_byte(forward_mode::kTargetVerify) && plan.extend_rows > 0) ++mixed_verify_plans;
+  if (plan.mode == mode_byte(forward_mode::kTargetVerify) || plan.mode == mode_byte(forward_mode::kDraft))
+    max_spec_rows = std::max(max_spec_rows, plan.rows.size());
   results_.emplace_back(group, wire::encode(runner_.execute(plan)));
 }
 

@@ -44,6 +44,7 @@ class local_transport final : public transport {
   int plans_with_commits = 0;
   int tree_plans = 0;
   int mixed_verify_plans = 0;  // TargetVerify plans that also carry prefill chunks (extend rows)
+  size_t max_spec_rows = 0;    // the most rows of a TargetVerify or Draft plan
 
  private:
   worker::runner& runner_;

@@ -34,6 +34,9 @@ speculative_round::speculative_round(const service_config& cfg, int32_t page_siz
 std::optional<built_step> speculative_round::start(round_host& h, const std::vector<uint64_t>& decode_ids,
                                                    const std::vector<uint64_t>& prefill_ids) {
   const speculative_section& sc = cfg_;
+  // Above speculative.max_batch rows the group decodes plainly (the verify step's per-token
+  // states are planned for that many rows).
+  if (sc.max_batch > 0 && decode_ids.size() + prefill_ids.size() > static_cast<size_t>(sc.max_batch)) return std::nullopt;
   const int32_t ps = page_size_;
   int32_t most = 0;
   int32_t cap_all = sc.num_draft_tokens;

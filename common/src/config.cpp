@@ -417,7 +417,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
 
     const YAML::Node spec = root["speculative"];
     r.check_keys(spec, "speculative",
-                 {"algorithm", "num_draft_tokens", "ngram", "draft_model", "min_accept_rate", "cost_check"});
+                 {"algorithm", "num_draft_tokens", "ngram", "draft_model", "min_accept_rate", "cost_check", "max_batch"});
     if_present(spec, "cost_check",
                [&](const YAML::Node& n) { cfg.speculative.cost_check = r.get_bool(n, "speculative.cost_check"); });
     if_present(spec, "algorithm", [&](const YAML::Node& n) {
@@ -431,6 +431,9 @@ service_config parse_config(const std::string& text, const std::string& file) {
       if (cfg.speculative.num_draft_tokens > 64)
         r.fail(n, "speculative.num_draft_tokens",
                "must be <= 64, got " + std::to_string(cfg.speculative.num_draft_tokens));
+    });
+    if_present(spec, "max_batch", [&](const YAML::Node& n) {
+      cfg.speculative.max_batch = r.get_int32_min(n, "speculative.max_batch", 1);
     });
     if_present(spec, "min_accept_rate", [&](const YAML::Node& n) {
       const double v = r.get_double(n, "speculative.min_accept_rate");
@@ -474,6 +477,7 @@ service_config parse_config(const std::string& text, const std::string& file) {
       r.fail(is_map(spec) ? spec : root, "speculative.draft_model",
              "is required when speculative.algorithm is draft_model (path or synthetic)");
     cfg.cache.spec_step_cols = speculative_step_cols(cfg.speculative);
+    cfg.cache.spec_step_rows = cfg.speculative.max_batch;
 
     const YAML::Node srv = root["server"];
     r.check_keys(srv, "server",

@@ -327,5 +327,28 @@ TEST(SpecGreedy, ZeroDraftRoundsAreOrdinaryDecodes) {
   EXPECT_EQ(std::count(modes.begin(), modes.end(), uint8_t{4}), 0);
 }
 
+// speculative.max_batch: 50 random requests at once, speculation only in steps of at most 6 rows
+// (the verify steps' per-token states are planned for 6 rows): no verify or draft plan has more,
+// rounds still run and draft once few requests are left, and the outputs equal plain decoding.
+TEST(SpecGreedy, MaxBatchBoundsTheRowsOfEverySpeculativeStep) {
+  for (const variant v : {variant::kNgram, variant::kDraftModel}) {
+    service_config cfg = fixture_config("bamba-tiny", v);
+    cfg.speculative.max_batch = 6;
+    cfg.cache.spec_step_rows = 6;
+    spec_service plain_svc(fixture_config("bamba-tiny", variant::kPlain));
+    const service_config self = fixture_config("bamba-tiny", variant::kPlain);
+    const std::vector<gen_request> reqs = random_requests(plain_svc.config().vocab_size, 99, &self);
+    spec_service spec_svc(cfg);
+    const auto got = spec_svc.run(reqs);
+    expect_same(plain_svc.run(reqs), got, "max_batch 6");
+    EXPECT_GT(spec_svc.link().max_spec_rows, 0u) << "no speculative step";
+    EXPECT_LE(spec_svc.link().max_spec_rows, 6u);
+    EXPECT_GT(total(got, &generation::drafted), 0) << "no round drafted";
+    std::printf("max_batch 6: %zu rows at most, drafted %lld, accepted %lld\n", spec_svc.link().max_spec_rows,
+                static_cast<long long>(total(got, &generation::drafted)),
+                static_cast<long long>(total(got, &generation::accepted)));
+  }
+}
+
 }  // namespace
 }  // namespace hyserve::test

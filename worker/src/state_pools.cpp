@@ -42,10 +42,10 @@ struct pool_bytes {
   int64_t page = 0, state = 0;
 };
 
-// Slots of state_pools::steps planned up front: every request row of a speculative step, each
+// Slots of state_pools::steps planned up front: every row a speculative step may have, each
 // with its cache.spec_step_cols states (and the cache's padding slot).
 int64_t step_slots(const cache_section& cache) {
-  return cache.spec_step_cols > 0 ? int64_t{cache.max_requests} * cache.spec_step_cols + 1 : 0;
+  return cache.spec_step_slots() > 0 ? cache.spec_step_slots() + 1 : 0;
 }
 
 pool_bytes bytes_of(const model& m, const cache_section& cache) {
@@ -99,8 +99,8 @@ state_pools make_state_pools(const model& m, const cache_section& cache, collect
                                                     m.mamba_shape(), device, cache.ssm_state_dtype);
   p.recurrent_layers = recurrent_layers;
   p.attn_layers = attn_layers;
-  if (cache.spec_step_cols > 0 && recurrent_layers > 0)
-    p.steps = std::make_unique<mamba_state_cache>(recurrent_layers, cache.max_requests * cache.spec_step_cols,
+  if (cache.spec_step_slots() > 0 && recurrent_layers > 0)
+    p.steps = std::make_unique<mamba_state_cache>(recurrent_layers, static_cast<int32_t>(cache.spec_step_slots()),
                                                   m.mamba_shape(), device, cache.ssm_state_dtype);
   p.last_tokens = tensor::i32({cache.max_requests}, device);
   return p;

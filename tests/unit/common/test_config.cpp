@@ -161,7 +161,7 @@ TEST(Config, UnknownKeyInEverySectionNamesItsPath) {
                     "min_seq_len)");
   EXPECT_ERROR_WITH(load_config_string(model + "speculative: {draft_tokens: 1}"), config_error,
                     "speculative.draft_tokens: unknown key (known: algorithm, num_draft_tokens, ngram, draft_model, "
-                    "min_accept_rate, cost_check)");
+                    "min_accept_rate, cost_check, max_batch)");
   EXPECT_ERROR_WITH(load_config_string(model + "server: {address: x}"), config_error,
                     "server.address: unknown key (known: host, port, api_key, max_body_bytes, threads, "
                     "drain_timeout_s, strict_fields)");
@@ -208,6 +208,9 @@ TEST(Config, BadValuesNameThePathAndValue) {
                     "speculative.algorithm: unknown algorithm 'eagle' (known: none, ngram, draft_model)");
   EXPECT_ERROR_WITH(load_config_string(model + "speculative: {num_draft_tokens: 0}"), config_error,
                     "speculative.num_draft_tokens: must be >= 1, got 0");
+  EXPECT_ERROR_WITH(load_config_string(model + "speculative: {max_batch: 0}"), config_error,
+                    "speculative.max_batch: must be >= 1, got 0");
+  EXPECT_EQ(load_config_string(model + "speculative: {algorithm: ngram, max_batch: 8}").cache.spec_step_rows, 8);
   EXPECT_ERROR_WITH(load_config_string(model + "device: tpu"), config_error,
                     "device: unknown device 'tpu' (known: cpu, cuda)");
   EXPECT_ERROR_WITH(load_config_string("model: {path: /ckpt, dtype: int8}"), config_error,

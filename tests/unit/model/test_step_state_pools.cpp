@@ -33,6 +33,17 @@ TEST(StepStatePools, SpeculationAllocatesEveryRowsStepStatesWithThePools) {
   EXPECT_EQ(p.step_cols, 2);
 }
 
+TEST(StepStatePools, MaxBatchBoundsThePlannedRows) {
+  const service_config cfg = config("speculative: {algorithm: ngram, num_draft_tokens: 3, max_batch: 5}\n");
+  EXPECT_EQ(cfg.cache.spec_step_slots(), 5 * 4);
+  const auto m = worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{}, nullptr);
+  const worker::state_pools p = worker::make_state_pools(*m, cfg.cache, nullptr);
+  ASSERT_NE(p.steps, nullptr);
+  EXPECT_EQ(p.steps->n_slots(), 5 * 4);
+  // Above the request slots it is the request slots.
+  EXPECT_EQ(config("speculative: {algorithm: ngram, num_draft_tokens: 3, max_batch: 64}\n").cache.spec_step_slots(), 20 * 4);
+}
+
 TEST(StepStatePools, WithoutSpeculationStepsGrowToTheirRowsNotByDoubling) {
   const service_config cfg = config("");
   EXPECT_EQ(cfg.cache.spec_step_cols, 0);

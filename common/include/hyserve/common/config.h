@@ -2,6 +2,7 @@
 // The service configuration (docs/ARCHITECTURE.md, Configuration): YAML parsed once into typed structs and validated
 // at load. Unknown keys and bad values are config_error naming the path, e.g.
 //   "cache.page_size: must be a power of two, got 12".
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -83,6 +84,12 @@ struct cache_section {
   // spec_step_cols states per layer, planned beside the slots. Derived from speculative at load
   // (speculative_step_cols; 0 without speculation), not read from the YAML.
   int32_t spec_step_cols = 0;
+  int32_t spec_step_rows = 0;  // rows of them: speculative.max_batch (0 = max_requests)
+  // Per-token states planned for the speculative steps (0 without speculation).
+  int64_t spec_step_slots() const {
+    const int32_t rows = spec_step_rows > 0 ? std::min(spec_step_rows, max_requests) : max_requests;
+    return spec_step_cols > 0 ? int64_t{rows} * spec_step_cols : 0;
+  }
   // Checkpoint slots the workers keep beside the request slots (0 when prefix caching is off).
   int32_t checkpoint_slots() const { return prefix.enabled ? prefix.state_slots : 0; }
   // The effective checkpoint interval in tokens (a multiple of page_size).
@@ -147,6 +154,10 @@ struct speculative_section {
   // requests' acceptance) fall below a plain step's. Off: rounds depend on the drafts alone (the
   // plans do not depend on timing).
   bool cost_check = true;
+  // Speculate only while a step has at most this many rows (decode rows and the prefill rows
+  // that would ride in the verify step); above it the group decodes plainly. Bounds the
+  // per-token states a verify step keeps (cache.spec_step_rows). 0 = cache.max_requests.
+  int32_t max_batch = 0;
 };
 
 // Per-step states a speculative step keeps per row: a verify row's drafts (at most

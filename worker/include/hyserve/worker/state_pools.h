@@ -21,8 +21,9 @@ struct state_pools {
   int32_t num_pages = 0;
   int32_t request_slots = 0;  // recurrent slots of requests; checkpoint slots (prefix cache) follow
   // Per-step SSM/conv states of TargetVerify and Draft steps: [rows · steps] entries per layer,
-  // read by the commit of the next plan. Allocated up front for cache.max_requests rows of
-  // cache.spec_step_cols (and counted in the page plan); grown by ensure_steps only beyond that.
+  // read by the commit of the next plan. Allocated up front for cache.spec_step_slots() (the
+  // rows speculative.max_batch allows, num_draft_tokens + 1 states each; counted in the page
+  // plan); grown by ensure_steps only beyond that.
   std::unique_ptr<mamba_state_cache> steps;
   int32_t step_rows = 0, step_cols = 0;
   int32_t recurrent_layers = 0;
