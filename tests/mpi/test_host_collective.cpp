@@ -36,6 +36,16 @@ int world_size() {
 // Rank r's value at element i: (r + 1) · 0.25 + (i % 7) · 0.5 (exact in fp32, and so are sums).
 float value(int r, int64_t i) { return static_cast<float>(r + 1) * 0.25f + static_cast<float>(i % 7) * 0.5f; }
 
+// comm's all_reduce_sum of `mine` in a buffer on `device`, read back.
+std::vector<float> all_reduced(worker::collective& comm, const std::vector<float>& mine, device_kind device) {
+  const auto n = static_cast<int64_t>(mine.size());
+  tensor buf = tensor::from_host(mine.data(), dtype::kF32, n, device);
+  comm.all_reduce_sum(buf.as<float>(), n);
+  std::vector<float> got(mine.size());
+  buf.copy_to_host(got.data(), got.size() * sizeof(float));
+  return got;
+}
+
 // Runs the three operations on n floats, in buffers on `device`, and checks every element.
 void check_operations(device_kind device, int64_t n) {
   const int rank = world_rank(), size = world_size();
@@ -45,10 +55,7 @@ void check_operations(device_kind device, int64_t n) {
   std::vector<float> mine(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) mine[static_cast<size_t>(i)] = value(rank, i);
 
-  tensor buf = tensor::from_host(mine.data(), dtype::kF32, n, device);
-  comm->all_reduce_sum(buf.as<float>(), n);
-  std::vector<float> got(static_cast<size_t>(n));
-  buf.copy_to_host(got.data(), got.size() * sizeof(float));
+  const std::vector<float> got = all_reduced(*comm, mine, device);
   for (int64_t i = 0; i < n; ++i) {
     float want = 0;
     for (int r = 0; r < size; ++r) want += value(r, i);
@@ -100,10 +107,7 @@ void check_rank_ordered(device_kind device) {
   for (int64_t n : {int64_t{1}, int64_t{4096} + 3, int64_t{1} << 20}) {
     std::vector<float> mine(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) mine[static_cast<size_t>(i)] = rough_value(rank, i);
-    tensor buf = tensor::from_host(mine.data(), dtype::kF32, n, device);
-    comm->all_reduce_sum(buf.as<float>(), n);
-    std::vector<float> got(static_cast<size_t>(n));
-    buf.copy_to_host(got.data(), got.size() * sizeof(float));
+    const std::vector<float> got = all_reduced(*comm, mine, device);
     for (int64_t i = 0; i < n; ++i) {
       float want = rough_value(0, i);
       for (int r = 1; r < size; ++r) want += rough_value(r, i);

@@ -17,11 +17,16 @@ service_config config(const std::string& spec) {
                             "}\ncache: {page_size: 4, max_requests: 20, max_context: 64}\n" + spec);
 }
 
+// bamba-tiny's pools for cfg on the CPU.
+worker::state_pools pools_of(const service_config& cfg) {
+  const auto m = worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{}, nullptr);
+  return worker::make_state_pools(*m, cfg.cache, nullptr);
+}
+
 TEST(StepStatePools, SpeculationAllocatesEveryRowsStepStatesWithThePools) {
   const service_config cfg = config("speculative: {algorithm: ngram, num_draft_tokens: 3}\n");
   EXPECT_EQ(cfg.cache.spec_step_cols, 4);
-  const auto m = worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{}, nullptr);
-  worker::state_pools p = worker::make_state_pools(*m, cfg.cache, nullptr);
+  worker::state_pools p = pools_of(cfg);
   ASSERT_NE(p.steps, nullptr);
   EXPECT_EQ(p.steps->n_slots(), 20 * 4);
   const worker::mamba_state_cache* before = p.steps.get();
@@ -36,8 +41,7 @@ TEST(StepStatePools, SpeculationAllocatesEveryRowsStepStatesWithThePools) {
 TEST(StepStatePools, MaxBatchBoundsThePlannedRows) {
   const service_config cfg = config("speculative: {algorithm: ngram, num_draft_tokens: 3, max_batch: 5}\n");
   EXPECT_EQ(cfg.cache.spec_step_slots(), 5 * 4);
-  const auto m = worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{}, nullptr);
-  const worker::state_pools p = worker::make_state_pools(*m, cfg.cache, nullptr);
+  const worker::state_pools p = pools_of(cfg);
   ASSERT_NE(p.steps, nullptr);
   EXPECT_EQ(p.steps->n_slots(), 5 * 4);
   // Above the request slots it is the request slots.
@@ -47,8 +51,7 @@ TEST(StepStatePools, MaxBatchBoundsThePlannedRows) {
 TEST(StepStatePools, WithoutSpeculationStepsGrowToTheirRowsNotByDoubling) {
   const service_config cfg = config("");
   EXPECT_EQ(cfg.cache.spec_step_cols, 0);
-  const auto m = worker::make_model(cfg, resolve_model_config(cfg), worker::tp_placement{}, nullptr);
-  worker::state_pools p = worker::make_state_pools(*m, cfg.cache, nullptr);
+  worker::state_pools p = pools_of(cfg);
   EXPECT_EQ(p.steps, nullptr);
   p.ensure_steps(3, 5, device_kind::kCpu);
   EXPECT_EQ(p.steps->n_slots(), 8 * 5);  // 3 rows rounded up to 8
