@@ -94,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, GemmBf16Cuda,
                                          gemm_case{33, 65, 17, true, false, 1.0f, 0.0f, 1},
                                          gemm_case{7, 13, 5, true, true, 2.0f, 0.5f, 0},
                                          gemm_case{1, 1, 1, false, true, 1.0f, 0.0f, 0}),
-                         [](const testing::TestParamInfo<gemm_case>& info) {
-                           const auto& c = info.param;
+                         [](const testing::TestParamInfo<gemm_case>& param_info) {
+                           const auto& c = param_info.param;
                            return "Cuda_bf16_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" +
                                   std::to_string(c.k) + (c.ta ? "_ta" : "") + (c.tb ? "_tb" : "") +
                                   (c.beta != 0.0f ? "_accumulate" : "") + (c.pad ? "_padded" : "");
@@ -140,8 +140,8 @@ TEST_P(EmbeddingBf16Cuda, MatchesCpuExactly) {
 INSTANTIATE_TEST_SUITE_P(Grid, EmbeddingBf16Cuda,
                          testing::Values(std::vector<int>{1, 4096, 0, 1000}, std::vector<int>{37, 4096 + 32, 500, 1500},
                                          std::vector<int>{64, 4099, 0, 777}, std::vector<int>{5, 64, 100, 200}),
-                         [](const testing::TestParamInfo<std::vector<int>>& info) {
-                           return "Cuda_bf16_" + cuda_test::join(info.param);
+                         [](const testing::TestParamInfo<std::vector<int>>& param_info) {
+                           return "Cuda_bf16_" + cuda_test::join(param_info.param);
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -192,8 +192,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, KvWriteBf16Cuda,
                          testing::Values(std::vector<int>{8, 128, 0}, std::vector<int>{2, 64, 0},
                                          std::vector<int>{1, 16, 4}, std::vector<int>{3, 20, 3},  // scalar path
                                          std::vector<int>{2, 16, 8}),
-                         [](const testing::TestParamInfo<std::vector<int>>& info) {
-                           return "Cuda_bf16_" + cuda_test::join(info.param);
+                         [](const testing::TestParamInfo<std::vector<int>>& param_info) {
+                           return "Cuda_bf16_" + cuda_test::join(param_info.param);
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -308,8 +308,8 @@ INSTANTIATE_TEST_SUITE_P(
         attn_case{"extend", 2, 2, 16, 3, {7, 1, 4}, {7, 19, 30}},
         decode_case("decode", 2, 1, 4, 16, 1, 1, 77),
         decode_case("decode_32k", 1, 8, 4, 128, 16, 32768, 32768)),
-    [](const testing::TestParamInfo<attn_case>& info) {
-      const auto& c = info.param;
+    [](const testing::TestParamInfo<attn_case>& param_info) {
+      const auto& c = param_info.param;
       return "Cuda_bf16_" + c.label + "_kvheads" + std::to_string(c.kv_heads) + "_gqa" + std::to_string(c.gqa) +
              "_hd" + std::to_string(c.head_dim) + "_page" + std::to_string(c.page_size) + "_rows" +
              std::to_string(c.q_lens.size());
