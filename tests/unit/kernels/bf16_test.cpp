@@ -96,8 +96,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmBf16,
                                          gemm_case{2, 300, 4096, false, true, 0.0f},  // several widen blocks
                                          gemm_case{7, 170, 3000, false, false, 1.0f},
                                          gemm_case{64, 96, 64, false, true, 0.0f}),
-                         [](const testing::TestParamInfo<gemm_case>& info) {
-                           const gemm_case& c = info.param;
+                         [](const testing::TestParamInfo<gemm_case>& param_info) {
+                           const gemm_case& c = param_info.param;
                            return "m" + std::to_string(c.m) + "n" + std::to_string(c.n) + "k" + std::to_string(c.k) +
                                   (c.trans_a ? "_ta" : "") + (c.trans_b ? "_tb" : "") + (c.beta != 0.0f ? "_acc" : "");
                          });
@@ -252,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(attn_bf16_case{16, 2, 4, 16, {{0, 5}, {7, 3}, {20, 1}, {33, 17}}, "extend_prefix"},
                     attn_bf16_case{16, 8, 4, 128, {{40, 1}, {0, 1}, {100, 1}}, "decode_gqa4_d128"},
                     attn_bf16_case{3, 1, 2, 24, {{5, 4}, {11, 1}}, "odd_page_mixed"}),
-    [](const testing::TestParamInfo<attn_bf16_case>& info) { return info.param.name; });
+    [](const testing::TestParamInfo<attn_bf16_case>& param_info) { return param_info.param.name; });
 
 // kv_write into a bf16 cache, then attention: against f32 attention over the rounded K/V.
 TEST(PagedAttentionBf16Write, WriteThenAttendMatchesRoundedReference) {
