@@ -19,13 +19,17 @@
 //   q_len == 1 (decode), other G: slice s takes keys [s·K, (s+1)·K) of the row (split-KV); with more
 //     than one slice the block writes an unnormalised partial (m, l, acc) and a combine kernel
 //     merges the slices (flash-decoding).
-//   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys.
+//   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys. Over a
+//     bf16 cache with head_dim 64 or 128 these rows run on the tensor cores instead, any G
+//     (attention_extend_mma.cuh: 64-row query tiles, 64-key tiles), and this kernel serves only
+//     the decode rows the decode kernel does not.
 //   With the host's promise max_q_len <= kMaxDecodeQueries (a decode or verify step: every row
 //     has at most that many queries) and G in decode_group_table, every row is served by the
 //     decode kernel, each query as a decode query over its causal prefix (split-KV over the
 //     whole device instead of one block per kv head walking the row's keys), and the extend
 //     kernel is not launched.
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -34,6 +38,7 @@
 #include "../cpu/dtype_dispatch.h"
 #include "attention_decode.cuh"
 #include "attention_decode_mma.cuh"
+#include "attention_extend_mma.cuh"
 #include "attention_paths.h"
 #include "attention_tree.h"
 #include "common.cuh"
@@ -257,9 +262,11 @@ struct attn_block {
 
 template <class KV, int D>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const paged_attention_params p, int n_slices,
-                                                                       const attn_partials part, int skip_upto) {
+                                                                       const attn_partials part, int skip_upto,
+                                                                       int take_upto) {
   // skip_upto: rows of at most that many queries are the decode kernel's (it runs with qmax =
-  // skip_upto whenever this kernel runs beside it; 0: none).
+  // skip_upto whenever this kernel runs beside it; 0: none). take_upto: rows of more queries are
+  // the tensor-core extend kernel's (INT_MAX: none).
   extern __shared__ uint4 smem_raw[];
   auto& sm = *reinterpret_cast<attn_smem<KV, D>*>(smem_raw);
   const int slice = blockIdx.x;
@@ -268,6 +275,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
   if (q_len <= 0) return;  // row without queries
   if (q_len <= skip_upto) return;  // served by the decode kernel
+  if (q_len > take_upto) return;   // served by attention_extend_mma.cuh
   const int64_t len = p.seq_lens[b];
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   attn_block<KV, D> blk{p, sm, b, static_cast<int64_t>(blockIdx.y), q_start, len, q_len,
@@ -462,11 +470,26 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     }
     // A decode or verify step served by the decode kernel has no extend work.
     if (!decode_only) {
-      const size_t smem = sizeof(attn_smem<KV, D>);
-      reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
       const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-      paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, decode_kernel ? qmax : 0);
-      HYSERVE_CUDA_CHECK_LAUNCH();
+      // Rows of more than one query over a bf16 cache (head_dim 64 or 128) run on the tensor
+      // cores (attention_extend_mma.cuh, any group size); the CUDA-core kernel keeps the others:
+      // all rows of an f32 cache, and the decode rows of a group size the decode kernel lacks.
+      const int skip = decode_kernel ? qmax : 0;
+      int take = INT_MAX;
+      if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
+        const size_t smem = sizeof(attn_extend_mma::smem_t<D>);
+        reserve_dynamic_shared(reinterpret_cast<const void*>(&attn_extend_mma::extend_kernel<D>), smem);
+        attn_extend_mma::extend_kernel<D>
+            <<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+        HYSERVE_CUDA_CHECK_LAUNCH();
+        take = 1;
+      }
+      if (take > skip) {
+        const size_t smem = sizeof(attn_smem<KV, D>);
+        reserve_dynamic_shared(reinterpret_cast<const void*>(&paged_attention_kernel<KV, D>), smem);
+        paged_attention_kernel<KV, D><<<grid, kAttnThreads, smem, stream>>>(p, n_slices, part, skip, take);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      }
     }
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));

@@ -32,6 +32,7 @@
 
 #include "attention_decode.cuh"
 #include "common.cuh"
+#include "mma_bf16.cuh"
 
 namespace hyserve::kernels::cuda_detail {
 namespace attn_decode_mma {
@@ -48,13 +49,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// (x0, x1) as two bf16x2 words, x0 in the low halves: hi = round(x), lo = round(x − hi).
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
+using mma16::split_bf16x2;
 
 // Word i of a 16-byte load.
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {

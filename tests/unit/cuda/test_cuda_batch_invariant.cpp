@@ -9,8 +9,10 @@
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
 //     lengths, bf16 cache (tensor-core decode kernel) and f32 cache (CUDA-core one), GQA 4, and
-//     GQA 3 (the extend kernel's decode branch); a chain-verify row alone == among others; and a
-//     verify row in a step of its own == the row beside prefill chunks (short_q_max).
+//     GQA 3 (the extend kernel's decode branch); a chain-verify row alone == among others; a
+//     verify row in a step of its own == the row beside prefill chunks (short_q_max); and a
+//     prefill chunk's tokens (the tensor-core extend kernel) == the same tokens in two chunks and
+//     among other rows.
 //   - tree verify attention: every draft node == the decode query at its position (its prefix and
 //     ancestors as a row of its own), bf16 (tensor-core and CUDA-core kernels) and f32 caches.
 // Skips without a device.
@@ -325,6 +327,40 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvariantAttentionCuda,
                                          attn_inv_case{"bf16_verify5", dtype::kBF16, 8, 4, 5},
                                          attn_inv_case{"bf16_decode_gqa3", dtype::kBF16, 4, 3, 1}),
                          [](const testing::TestParamInfo<attn_inv_case>& param_info) { return param_info.param.label; });
+
+// A prefill chunk's tokens (extend kernel: more than 16 queries) are the same bits whatever the
+// chunking and the batch: 200 queries at positions 700..899 in one chunk alone, in two chunks
+// (120 then 80 queries, the first call's row ending at 820), and among other rows.
+TEST(InvariantAttentionCuda, PrefillTokensEqualTheSameTokensInAnyChunkingOrBatch) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const int32_t len = 900, q_len = 200, first = 120;
+  const attention_pool pool(8, 32, 1200, 131);
+  const int64_t row = pool.q_heads * pool.head_dim;
+  const std::vector<float> q_all = random_floats(static_cast<size_t>(q_len * row), 133);
+  const std::vector<float> whole = pool.run(dtype::kBF16, {q_len}, {len}, 0, q_all, 0, 0, 134u);
+  const std::vector<float> q_a(q_all.begin(), q_all.begin() + first * row), q_b(q_all.begin() + first * row, q_all.end());
+  std::vector<float> chunked = pool.run(dtype::kBF16, {first}, {len - q_len + first}, 0, q_a, 0, 0, 135u);
+  const std::vector<float> second = pool.run(dtype::kBF16, {q_len - first}, {len}, 0, q_b, 0, 0, 136u);
+  chunked.insert(chunked.end(), second.begin(), second.end());
+  ASSERT_EQ(chunked.size(), whole.size());
+  for (int32_t tk = 0; tk < q_len; ++tk)
+    ASSERT_TRUE(same_bits(chunked.data() + tk * row, whole.data() + tk * row, static_cast<size_t>(row)))
+        << "token " << tk << " (position " << len - q_len + tk << ") differs between one chunk and two";
+  std::mt19937 rng(13);
+  for (const int64_t batch : {3, 17}) {
+    std::vector<int32_t> q_lens(static_cast<size_t>(batch)), lens(static_cast<size_t>(batch));
+    const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      q_lens[static_cast<size_t>(b)] = b == at ? q_len : 1 + static_cast<int32_t>(rng() % 300);
+      lens[static_cast<size_t>(b)] = b == at ? len : q_lens[static_cast<size_t>(b)] + static_cast<int32_t>(rng() % 800);
+    }
+    const std::vector<float> got = pool.run(dtype::kBF16, q_lens, lens, at, q_all, 0, 0, 137u + static_cast<uint32_t>(batch));
+    ASSERT_TRUE(same_bits(got.data(), whole.data(), whole.size()))
+        << "batch " << batch << ", row " << at << ": the chunk differs from the chunk alone";
+  }
+}
 
 // A verify row (5 queries) in a step of its own with the host's promise (max_q_len 5) equals the
 // same row inside a step that also carries prefill chunks of up to 40 queries (no promise; the

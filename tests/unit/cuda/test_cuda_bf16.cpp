@@ -300,6 +300,15 @@ INSTANTIATE_TEST_SUITE_P(
         decode_case("decode", 96, 8, 4, 128, 16, 1, 700),    // many rows
         attn_case{"extend_prefix", 8, 4, 128, 16, {5, 37, 1, 0}, {21, 100, 300, 9}},
         attn_case{"mixed", 8, 4, 128, 16, {1, 17, 1}, {257, 17, 33}},
+        // The tensor-core extend kernel (head_dim 64 and 128, any GQA): several 64-row query
+        // tiles and 64-key tiles, a prefix, partial last tiles, page size 1, beside decode rows.
+        attn_case{"prefill_long", 8, 4, 128, 16, {300}, {300}},
+        attn_case{"extend_prefix_long", 2, 8, 64, 1, {150, 1, 40}, {1150, 600, 40}},
+        attn_case{"extend_gqa1", 4, 1, 128, 16, {70, 0, 33}, {200, 5, 33}},
+        attn_case{"extend_gqa2", 4, 2, 64, 16, {65, 18, 1}, {65, 100, 9}},
+        // GQA 6 (Falcon-H1-7B's 12 / 2 heads): extend rows on the tensor cores, its decode rows on
+        // the CUDA-core kernel's decode branch, in the same call.
+        attn_case{"extend_gqa6", 2, 6, 128, 16, {40, 1, 7, 1}, {300, 90, 7, 1000}},
         // Other GQA ratios of the decode kernel (8: 8-byte bf16 loads) and the generic branch (3).
         decode_case("decode", 3, 2, 1, 64, 16, 1, 513), decode_case("decode", 3, 2, 2, 32, 16, 1, 333),
         decode_case("decode", 5, 1, 8, 128, 16, 1, 1000), decode_case("decode", 5, 2, 8, 256, 16, 1, 300),
