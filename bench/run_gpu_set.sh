@@ -27,7 +27,9 @@
 # linear layers per row count and the 9B decode step in both modes), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
-# batches 8 and 32, fast and batch_invariant).
+# batches 8 and 32, fast and batch_invariant); wgmma-probe (bench/probes/wgmma_probe.cu: the
+# tensor cores' bits, wgmma against mma.sync and across N); compare (this tree against
+# BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's prefill).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -65,6 +67,8 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
+    wgmma-probe) targets+=(cuda_ops_test) ;;
+    compare) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
@@ -267,6 +271,34 @@ EOF2
         stage "spec-profile-$m" 240 "$bin/hyserve-bench-spec" "$conf" --batches 8,32 --prompt-len 1024 --new-tokens 64 \
           --draft-tokens 4 --cost-check 0 --profile-verify 3
       done ;;
+    compare)
+      # This tree against BASELINE_DIR (an untracked copy of another revision, e.g. made with
+      # `git archive main --prefix=baseline/ | tar -x` before the call), each built in its own
+      # build/: the linear layers per row count, the MoE layer, the 9B step and 8K prefill in both
+      # determinism modes, and Falcon-H1's 8K prefill (attention in every layer), one after the
+      # other on the same GPU. Logs OUT/compare-{this,base}-*.log.
+      base=${BASELINE_DIR:?compare needs BASELINE_DIR}
+      stage compare-base-build 300 bash -c "cd '$base' && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
+        -DHYSERVE_CUDA_ARCHS=90a > /dev/null && cmake --build build -j $jobs --target hyserve-bench-cuda hyserve-bench-model"
+      { cat configs/bamba-9b-synthetic-cuda.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-invariant.yaml"
+      for tree in this base; do
+        b=$bin
+        [ "$tree" = base ] && b=$base/build/bin
+        stage "compare-$tree-linear" 150 "$b/hyserve-bench-cuda" linear_rows
+        stage "compare-$tree-moe" 90 "$b/hyserve-bench-cuda" moe
+        stage "compare-$tree-model-fast" 150 "$b/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml \
+          --batches 1,64 --decode-steps 16 --prefill-len 8192
+        stage "compare-$tree-model-inv" 150 "$b/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" \
+          --batches 1,64 --decode-steps 16 --prefill-len 8192
+        stage "compare-$tree-falcon" 150 "$b/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
+          --batches 1 --decode-steps 8 --prefill-len 8192
+      done ;;
+    wgmma-probe)
+      # The tensor cores' arithmetic behind the row-invariant GEMM (bench/probes/wgmma_probe.cu).
+      stage wgmma-probe-build 120 /usr/local/cuda/bin/nvcc -O2 \
+        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 bench/probes/wgmma_probe.cu \
+        -o "$build/wgmma_probe"
+      stage wgmma-probe 30 "$build/wgmma_probe" ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;

@@ -474,15 +474,19 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       // Rows of more than one query over a bf16 cache (head_dim 64 or 128) run on the tensor
       // cores (attention_extend_mma.cuh, any group size); the CUDA-core kernel keeps the others:
       // all rows of an f32 cache, and the decode rows of a group size the decode kernel lacks.
+      // A step whose rows all have at most max(skip, 1) queries (max_q_len known: decode rows of
+      // such a group size) has none for the tensor-core kernel: it is not launched.
       const int skip = decode_kernel ? qmax : 0;
       int take = INT_MAX;
       if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
-        const size_t smem = sizeof(attn_extend_mma::smem_t<D>);
-        reserve_dynamic_shared(reinterpret_cast<const void*>(&attn_extend_mma::extend_kernel<D>), smem);
-        attn_extend_mma::extend_kernel<D>
-            <<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
-        HYSERVE_CUDA_CHECK_LAUNCH();
-        take = 1;
+        if (!(p.max_q_len >= 1 && p.max_q_len <= std::max(skip, 1))) {
+          const size_t smem = sizeof(attn_extend_mma::smem_t<D>);
+          reserve_dynamic_shared(reinterpret_cast<const void*>(&attn_extend_mma::extend_kernel<D>), smem);
+          attn_extend_mma::extend_kernel<D>
+              <<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+          HYSERVE_CUDA_CHECK_LAUNCH();
+          take = 1;
+        }
       }
       if (take > skip) {
         const size_t smem = sizeof(attn_smem<KV, D>);

@@ -1,4 +1,5 @@
-// The routed-experts op on the GPU (moe.h), with no host synchronisation:
+// The routed-experts op on the GPU (moe.h), with no host synchronisation (steps 1-4 in one
+// block, moe_prepare_kernel, for up to 8 tokens and 1024 experts):
 //   1. memset of the per-expert counts;
 //   2. router: one warp per token: scores (softmax or sigmoid), top-k by repeated warp arg-max
 //      (ties to the lower index), renormalisation, the selection sorted by expert index, and the
@@ -7,21 +8,12 @@
 //      permuted order) and of the counts' tiles of BM rows (the grouped GEMMs' tile list);
 //   4. scatter: each (token, slot) pair takes a row of its expert's segment (slot_pos, and the
 //      row's token in row_token); x is copied in the GEMM operand type (xa);
-//   5. grouped GEMM 1: act[r] = silu(xa[token(r)] · gate_eᵀ) ⊙ (xa[token(r)] · up_eᵀ);
-//   6. grouped GEMM 2: y[r] = act[r] · down_eᵀ (f32);
+//   5. GEMM 1: act[r] = silu(xa[token(r)] · gate_eᵀ) ⊙ (xa[token(r)] · up_eᵀ);
+//   6. GEMM 2: y[r] = act[r] · down_eᵀ (f32);
 //   7. combine: out[t] (= or +=) Σ_j w[t, j] · y[slot_pos[t, j]], j in ascending expert order.
 // The order of rows inside an expert's segment depends on the atomics, but no result does: a
 // GEMM row's value depends only on its own operands, and the combine sums in a fixed order.
-//
-// The grouped GEMM: a block takes one BM × BN output tile of one expert. The grid's x
-// dimension is an upper bound of the tiles over all experts, Σ_e ceil(c_e / BM) ≤ R / BM +
-// min(E, R) (R = tokens · top_k rows), known on the host; a block past the device-computed
-// total exits, others find their expert by binary search over the tile prefix sums. Operands
-// go from global to shared memory by cp.async (16 bytes, zero-filled past the ends) in a
-// STAGES-deep pipeline; 4 warps compute with mma.sync m16n8k16 (bf16 in, f32 accumulate).
-// W (the weight type) is also the type of the A operand in memory: bf16 operands go straight
-// to the tensor cores; f32 operands are split into hi + lo bf16 terms at fragment load
-// (hi·hi + hi·lo + lo·hi).
+// The GEMM kernels and the choice between them: moe_gemm.cuh.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -32,18 +24,16 @@
 #include "../cpu/moe_validate.h"
 #include "common.cuh"
 #include "hyserve/kernels/moe.h"
+#include "moe_gemm.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
 namespace {
 
-using bf16 = __nv_bfloat16;
-
 constexpr int kMaxTopK = 32;
 constexpr int kRouteWarps = 4;
 constexpr int kScanThreads = 1024;
-constexpr int kGemmThreads = 128;  // 4 warps
 
 // ---- 2. router ----------------------------------------------------------------------------
 
@@ -60,15 +50,12 @@ struct route_args {
   float* user_wts = nullptr;
 };
 
-__global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const route_args a) {
-  extern __shared__ float route_scores[];  // [kRouteWarps][experts]
-  __shared__ int sel_id[kRouteWarps][kMaxTopK];
-  __shared__ float sel_s[kRouteWarps][kMaxTopK];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= a.tokens) return;  // whole warps only; the kernel has no block-wide barrier
+// Token t by one warp: s, its scores (experts floats of shared memory), sel_id / sel_s its
+// selection (kMaxTopK of shared memory); counts gets one atomic increment per selected expert
+// (global or shared memory).
+__device__ void route_token(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s, int32_t* counts) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
   const int E = a.experts;
-  float* s = route_scores + static_cast<int64_t>(warp) * E;
   const float* l = a.logits + t * a.logits_stride;
   if (a.softmax) {
     float mx = -INFINITY;
@@ -113,8 +100,8 @@ __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const route
       }
     }
     if (lane == 0) {
-      sel_id[warp][j] = best_e;
-      sel_s[warp][j] = best_s;
+      sel_id[j] = best_e;
+      sel_s[j] = best_s;
     }
     if (best_e < E && (best_e & 31) == lane) s[best_e] = -2.0f;
   }
@@ -122,44 +109,52 @@ __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const route
   if (lane != 0) return;
   const int k = a.top_k;
   float top_sum = 0.0f;
-  for (int j = 0; j < k; ++j) top_sum += fmaxf(sel_s[warp][j], 0.0f);  // selection order (the CPU op's)
+  for (int j = 0; j < k; ++j) top_sum += fmaxf(sel_s[j], 0.0f);  // selection order (the CPU op's)
   for (int j = 1; j < k; ++j) {  // by expert index
-    const int id = sel_id[warp][j];
-    const float sc = sel_s[warp][j];
+    const int id = sel_id[j];
+    const float sc = sel_s[j];
     int i = j - 1;
-    while (i >= 0 && sel_id[warp][i] > id) {
-      sel_id[warp][i + 1] = sel_id[warp][i];
-      sel_s[warp][i + 1] = sel_s[warp][i];
+    while (i >= 0 && sel_id[i] > id) {
+      sel_id[i + 1] = sel_id[i];
+      sel_s[i + 1] = sel_s[i];
       --i;
     }
-    sel_id[warp][i + 1] = id;
-    sel_s[warp][i + 1] = sc;
+    sel_id[i + 1] = id;
+    sel_s[i + 1] = sc;
   }
   for (int j = 0; j < k; ++j) {
-    const int e = sel_id[warp][j];
-    const float sc = fmaxf(sel_s[warp][j], 0.0f);
+    const int e = sel_id[j];
+    const float sc = fmaxf(sel_s[j], 0.0f);
     const float w = a.norm ? sc / top_sum : sc;
     const int64_t i = t * k + j;
     a.ids[i] = e;
     a.wts[i] = w;
     if (a.user_ids) a.user_ids[i] = e;
     if (a.user_wts) a.user_wts[i] = w;
-    atomicAdd(a.counts + e, 1);
+    atomicAdd(counts + e, 1);
   }
+}
+
+__global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const route_args a) {
+  extern __shared__ float route_scores[];  // [kRouteWarps][experts]
+  __shared__ int sel_id[kRouteWarps][kMaxTopK];
+  __shared__ float sel_s[kRouteWarps][kMaxTopK];
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= a.tokens) return;  // whole warps only; the kernel has no block-wide barrier
+  route_token(a, t, route_scores + static_cast<int64_t>(warp) * a.experts, sel_id[warp], sel_s[warp], a.counts);
 }
 
 // ---- 3. scan ------------------------------------------------------------------------------
 
 // offsets[e] = Σ_{e' < e} counts[e'], tile_offsets[e] = Σ_{e' < e} ceil(counts[e'] / bm), both
-// with the total at [experts]; cursor zeroed.
-__global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(const int32_t* __restrict__ counts,
-                                                                 int32_t* __restrict__ offsets,
-                                                                 int32_t* __restrict__ tile_offsets,
-                                                                 int32_t* __restrict__ cursor, int experts, int bm) {
-  __shared__ int s_rows[kScanThreads];
-  __shared__ int s_tiles[kScanThreads];
+// with the total at [experts]; cursor zeroed. By the THREADS threads of one block (s_rows,
+// s_tiles: THREADS ints of shared memory each).
+template <int THREADS>
+__device__ void scan_counts(const int32_t* counts, int32_t* offsets, int32_t* tile_offsets, int32_t* cursor,
+                            int experts, int bm, int* s_rows, int* s_tiles) {
   const int tid = static_cast<int>(threadIdx.x);
-  const int per = (experts + kScanThreads - 1) / kScanThreads;
+  const int per = (experts + THREADS - 1) / THREADS;
   const int begin = min(tid * per, experts), end = min(begin + per, experts);
   int rows = 0, tiles = 0;
   for (int e = begin; e < end; ++e) {
@@ -170,7 +165,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(const int32_t* _
   s_rows[tid] = rows;
   s_tiles[tid] = tiles;
   __syncthreads();
-  for (int o = 1; o < kScanThreads; o <<= 1) {  // inclusive Hillis-Steele scan
+  for (int o = 1; o < THREADS; o <<= 1) {  // inclusive Hillis-Steele scan
     const int r = tid >= o ? s_rows[tid - o] : 0;
     const int ti = tid >= o ? s_tiles[tid - o] : 0;
     __syncthreads();
@@ -187,13 +182,43 @@ __global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(const int32_t* _
     row_off += c;
     tile_off += (c + bm - 1) / bm;
   }
-  if (tid == kScanThreads - 1) {
+  if (tid == THREADS - 1) {
     offsets[experts] = s_rows[tid];
     tile_offsets[experts] = s_tiles[tid];
   }
 }
 
+__global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(const int32_t* __restrict__ counts,
+                                                                 int32_t* __restrict__ offsets,
+                                                                 int32_t* __restrict__ tile_offsets,
+                                                                 int32_t* __restrict__ cursor, int experts, int bm) {
+  __shared__ int s_rows[kScanThreads];
+  __shared__ int s_tiles[kScanThreads];
+  scan_counts<kScanThreads>(counts, offsets, tile_offsets, cursor, experts, bm, s_rows, s_tiles);
+}
+
 // ---- 4. scatter (and x in the operand type) ---------------------------------------------------
+
+// Pairs i0, i0 + stride, … take their rows (cursor: atomics, global or shared memory); x's
+// elements i0, i0 + stride, … in the operand type.
+__device__ void scatter_pairs(const int32_t* ids, int64_t pairs, int top_k, const int32_t* offsets, int32_t* cursor,
+                              int32_t* slot_pos, int32_t* row_token, int64_t i0, int64_t stride) {
+  for (int64_t i = i0; i < pairs; i += stride) {
+    const int e = ids[i];
+    const int pos = offsets[e] + atomicAdd(cursor + e, 1);
+    slot_pos[i] = pos;
+    row_token[pos] = static_cast<int32_t>(i / top_k);
+  }
+}
+template <class W>
+__device__ void convert_x(const float* x, int64_t x_stride, W* xa, int64_t tokens, int64_t hidden, int64_t i0,
+                          int64_t stride) {
+  const int64_t n = tokens * hidden;
+  for (int64_t i = i0; i < n; i += stride) {
+    const int64_t t = i / hidden, h = i - t * hidden;
+    xa[i] = from_float<W>(x[t * x_stride + h]);
+  }
+}
 
 template <class W>
 __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int64_t pairs, int top_k,
@@ -203,246 +228,43 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int64_t pair
                                    int64_t hidden) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t i = i0; i < pairs; i += stride) {
-    const int e = ids[i];
-    const int pos = offsets[e] + atomicAdd(cursor + e, 1);
-    slot_pos[i] = pos;
-    row_token[pos] = static_cast<int32_t>(i / top_k);
-  }
-  const int64_t n = tokens * hidden;
-  for (int64_t i = i0; i < n; i += stride) {
-    const int64_t t = i / hidden, h = i - t * hidden;
-    xa[i] = from_float<W>(x[t * x_stride + h]);
-  }
+  scatter_pairs(ids, pairs, top_k, offsets, cursor, slot_pos, row_token, i0, stride);
+  convert_x<W>(x, x_stride, xa, tokens, hidden, i0, stride);
 }
 
-// ---- 5, 6. grouped GEMM -------------------------------------------------------------------------
+// ---- 2-4 in one block (a few tokens: decode) ---------------------------------------------------
+//
+// Up to kPrepWarps tokens and kPrepMaxExperts experts: one block routes (a warp a token), scans
+// and scatters, with the counts and cursors in shared memory: one launch instead of a memset
+// and three kernels. The same arithmetic as the separate kernels (route_token, scan_counts,
+// scatter_pairs, convert_x).
+constexpr int kPrepWarps = 8, kPrepThreads = 32 * kPrepWarps;
+constexpr int64_t kPrepMaxExperts = 1024;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int bytes = valid ? 16 : 0;  // 0: zero-fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two adjacent operand elements (k, k + 1) from shared memory as bf16x2 words, k in the low
-// half: bf16 as stored (lo = 0, unused); f32 split into hi (the top 16 bits) + lo (the rest,
-// rounded to bf16).
 template <class W>
-struct frag_word {
-  uint32_t hi, lo;
-};
-template <class W>
-__device__ __forceinline__ frag_word<W> load_pair(const W* p) {
-  if constexpr (std::is_same_v<W, bf16>) {
-    return {*reinterpret_cast<const uint32_t*>(p), 0u};
-  } else {
-    const float2 v = *reinterpret_cast<const float2*>(p);
-    const uint32_t u0 = __float_as_uint(v.x), u1 = __float_as_uint(v.y);
-    const uint32_t hi = __byte_perm(u0, u1, 0x7632);
-    const float r0 = v.x - __uint_as_float(u0 & 0xffff0000u), r1 = v.y - __uint_as_float(u1 & 0xffff0000u);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(r0, r1);
-    return {hi, *reinterpret_cast<const uint32_t*>(&lo)};
-  }
-}
-
-struct gg_args {
-  const void* a = nullptr;        // W [*, lda]: row a_rows[r] (or r) is permuted row r's operand
-  int64_t lda = 0;
-  const int32_t* a_rows = nullptr;
-  const void* b = nullptr;        // W: expert e's [n, k] block at b + e · b_expert (+ b_up for up)
-  int64_t b_expert = 0, b_up = 0, ldb = 0;
-  void* c = nullptr;              // swiglu: W [rows, ldc]; else f32 [rows, ldc]
-  int64_t ldc = 0;
-  int64_t n = 0, k = 0;
-  const int32_t* offsets = nullptr;       // [experts + 1]
-  const int32_t* tile_offsets = nullptr;  // [experts + 1]
-  int experts = 0;
-};
-
-template <class W, int BM, int BN, int BK, int WM, int WN, int STAGES, bool kSwiglu>
-struct gg_config {
-  static constexpr int S = kSwiglu ? 2 : 1;                  // weight blocks (gate, up)
-  static constexpr int CH = 16 / static_cast<int>(sizeof(W));  // elements per 16-byte chunk
-  static constexpr int LDS = BK + CH;                        // row pitch: 16 bytes of padding
-  static constexpr int A_ELEMS = BM * LDS, B_ELEMS = BN * LDS;
-  static constexpr int STAGE_ELEMS = A_ELEMS + S * B_ELEMS;
-  static constexpr size_t kSmemBytes = static_cast<size_t>(STAGES) * STAGE_ELEMS * sizeof(W);
-  static constexpr int WTM = BM / WM, WTN = BN / WN;  // warp tile
-  static constexpr int MT = WTM / 16, NT = WTN / 8;   // mma tiles per warp
-  static_assert(WM * WN == kGemmThreads / 32, "4 warps");
-  static_assert(WTM % 16 == 0 && WTN % 8 == 0 && BK % 16 == 0 && BK % CH == 0, "tile shapes");
-  static_assert(BM <= kGemmThreads, "one thread per A row for the row table");
-};
-
-template <class W, int BM, int BN, int BK, int WM, int WN, int STAGES, bool kSwiglu>
-__global__ void __launch_bounds__(kGemmThreads) moe_grouped_gemm_kernel(const gg_args g) {
-  using C = gg_config<W, BM, BN, BK, WM, WN, STAGES, kSwiglu>;
-  constexpr int S = C::S, CH = C::CH, LDS = C::LDS, MT = C::MT, NT = C::NT;
-  extern __shared__ __align__(16) unsigned char gg_smem[];
-  W* smem = reinterpret_cast<W*>(gg_smem);
-  __shared__ int64_t s_arow[BM];  // element offset of each tile row's A operand; -1 = none
-
-  const int mt = static_cast<int>(blockIdx.x);
-  if (mt >= g.tile_offsets[g.experts]) return;  // uniform over the block
-  int lo = 0, hi = g.experts - 1;  // the largest e with tile_offsets[e] <= mt
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (g.tile_offsets[mid] <= mt)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
-  const int row_begin = g.offsets[e] + (mt - g.tile_offsets[e]) * BM;
-  const int row_end = min(row_begin + BM, g.offsets[e + 1]);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * BN;
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid < BM) {
-    const int r = row_begin + tid;
-    s_arow[tid] = r < row_end ? static_cast<int64_t>(g.a_rows ? g.a_rows[r] : r) * g.lda : int64_t{-1};
-  }
+__global__ void __launch_bounds__(kPrepThreads)
+    moe_prepare_kernel(const route_args a, int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets, int bm,
+                       int32_t* __restrict__ slot_pos, int32_t* __restrict__ row_token, const float* __restrict__ x,
+                       int64_t x_stride, W* __restrict__ xa, int64_t hidden) {
+  extern __shared__ float prep_smem[];  // scores [kPrepWarps][E], counts [E], cursor [E]
+  __shared__ int sel_id[kPrepWarps][kMaxTopK];
+  __shared__ float sel_s[kPrepWarps][kMaxTopK];
+  __shared__ int s_rows[kPrepThreads], s_tiles[kPrepThreads];
+  const int E = a.experts, tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
+  auto* counts = reinterpret_cast<int32_t*>(prep_smem + static_cast<int64_t>(kPrepWarps) * E);
+  int32_t* cursor = counts + E;
+  for (int e = tid; e < E; e += kPrepThreads) counts[e] = 0;
   __syncthreads();
-
-  const W* A = static_cast<const W*>(g.a);
-  const W* B = static_cast<const W*>(g.b) + static_cast<int64_t>(e) * g.b_expert;
-  const int64_t KT = (g.k + BK - 1) / BK;
-  constexpr int KC = BK / CH;  // chunks per tile row
-
-  auto load_stage = [&](int stage, int64_t kt) {
-    W* sa = smem + stage * C::STAGE_ELEMS;
-    W* sb = sa + C::A_ELEMS;
-    const int64_t k0 = kt * BK;
-    for (int c = tid; c < BM * KC; c += kGemmThreads) {
-      const int row = c / KC, kc = c % KC;
-      const int64_t kk = k0 + kc * CH;
-      const int64_t src = s_arow[row];
-      const bool valid = src >= 0 && kk < g.k;
-      cp_async16(sa + row * LDS + kc * CH, valid ? A + src + kk : A, valid);
-    }
-    for (int c = tid; c < S * BN * KC; c += kGemmThreads) {
-      const int s = c / (BN * KC), rem = c % (BN * KC);
-      const int row = rem / KC, kc = rem % KC;
-      const int64_t kk = k0 + kc * CH, n = n0 + row;
-      const bool valid = n < g.n && kk < g.k;
-      cp_async16(sb + s * C::B_ELEMS + row * LDS + kc * CH, valid ? B + (s ? g.b_up : 0) + n * g.ldb + kk : B, valid);
-    }
-  };
-
-  const int lane = tid & 31, warp = tid >> 5;
-  const int wm = warp / WN, wn = warp % WN;
-  const int gq = lane >> 2, tq = lane & 3;
-  float acc[S][MT][NT][4] = {};
-
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < KT) load_stage(st, st);
-    cp_async_commit();
-  }
-  for (int64_t kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    const int64_t nk = kt + STAGES - 1;
-    if (nk < KT) load_stage(static_cast<int>(nk % STAGES), nk);
-    cp_async_commit();
-    const W* sa = smem + static_cast<int>(kt % STAGES) * C::STAGE_ELEMS;
-    const W* sb = sa + C::A_ELEMS;
-#pragma unroll
-    for (int kb = 0; kb < BK; kb += 16) {
-      frag_word<W> af[MT][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        const W* p = sa + (wm * C::WTM + mi * 16 + gq) * LDS + kb + 2 * tq;
-        af[mi][0] = load_pair<W>(p);
-        af[mi][1] = load_pair<W>(p + 8 * LDS);
-        af[mi][2] = load_pair<W>(p + 8);
-        af[mi][3] = load_pair<W>(p + 8 * LDS + 8);
-      }
-#pragma unroll
-      for (int s = 0; s < S; ++s)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const W* p = sb + s * C::B_ELEMS + (wn * C::WTN + ni * 8 + gq) * LDS + kb + 2 * tq;
-          const frag_word<W> b0 = load_pair<W>(p), b1 = load_pair<W>(p + 8);
-#pragma unroll
-          for (int mi = 0; mi < MT; ++mi) {
-            const uint32_t ah[4] = {af[mi][0].hi, af[mi][1].hi, af[mi][2].hi, af[mi][3].hi};
-            if constexpr (!std::is_same_v<W, bf16>) {
-              const uint32_t al[4] = {af[mi][0].lo, af[mi][1].lo, af[mi][2].lo, af[mi][3].lo};
-              mma16816(acc[s][mi][ni], al, b0.hi, b1.hi);  // small terms first
-              mma16816(acc[s][mi][ni], ah, b0.lo, b1.lo);
-            }
-            mma16816(acc[s][mi][ni], ah, b0.hi, b1.hi);
-          }
-        }
-    }
-  }
-
-  // Epilogue: C fragment c0, c1 at (row g, cols 2t, 2t + 1), c2, c3 at row g + 8.
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_begin + wm * C::WTM + mi * 16 + gq + 8 * h;
-      if (r >= row_end) continue;
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
-        const int64_t col = n0 + wn * C::WTN + ni * 8 + 2 * tq;
-        if (col >= g.n) continue;  // n is even: col + 1 < n too
-        if constexpr (kSwiglu) {
-          const float g0 = acc[0][mi][ni][2 * h], g1 = acc[0][mi][ni][2 * h + 1];
-          const float v0 = g0 / (1.0f + expf(-g0)) * acc[1][mi][ni][2 * h];  // the swiglu op's formula
-          const float v1 = g1 / (1.0f + expf(-g1)) * acc[1][mi][ni][2 * h + 1];
-          W* out = static_cast<W*>(g.c) + static_cast<int64_t>(r) * g.ldc + col;
-          if constexpr (std::is_same_v<W, bf16>) {
-            *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-          } else {
-            *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
-          }
-        } else {
-          float* out = static_cast<float*>(g.c) + static_cast<int64_t>(r) * g.ldc + col;
-          *reinterpret_cast<float2*>(out) = make_float2(acc[0][mi][ni][2 * h], acc[0][mi][ni][2 * h + 1]);
-        }
-      }
-    }
+  if (warp < a.tokens)
+    route_token(a, warp, prep_smem + static_cast<int64_t>(warp) * E, sel_id[warp], sel_s[warp], counts);
+  __syncthreads();
+  scan_counts<kPrepThreads>(counts, offsets, tile_offsets, cursor, E, bm, s_rows, s_tiles);
+  __syncthreads();  // offsets (global) and cursor visible to the block
+  scatter_pairs(a.ids, a.tokens * a.top_k, a.top_k, offsets, cursor, slot_pos, row_token, tid, kPrepThreads);
+  convert_x<W>(x, x_stride, xa, a.tokens, hidden, tid, kPrepThreads);
 }
 
-// Upper bound of Σ_e ceil(c_e / bm) over any routing of `rows` rows to `experts` experts.
-int64_t max_tiles(int64_t rows, int64_t experts, int bm) { return rows / bm + std::min(experts, rows); }
-
-template <class W, int BM, int BN, int BK, int WM, int WN, int STAGES, bool kSwiglu>
-void launch_grouped(const gg_args& g, int64_t rows, cudaStream_t stream) {
-  using C = gg_config<W, BM, BN, BK, WM, WN, STAGES, kSwiglu>;
-  auto kernel = moe_grouped_gemm_kernel<W, BM, BN, BK, WM, WN, STAGES, kSwiglu>;
-  if (C::kSmemBytes > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), C::kSmemBytes);
-  const dim3 grid(static_cast<unsigned>(max_tiles(rows, g.experts, BM)), static_cast<unsigned>(ceil_div(g.n, BN)));
-  kernel<<<grid, kGemmThreads, C::kSmemBytes, stream>>>(g);
-  HYSERVE_CUDA_CHECK_LAUNCH();
-}
-
-// Tile shapes: few rows per expert (decode, small batches): 16-row tiles, narrow (more blocks
-// streaming the weights) and deep in k; many rows: 64 × 64 tiles.
-constexpr int kSmallBM = 16, kLargeBM = 64;
-bool small_tiles(int64_t rows, int64_t experts) { return rows < 16 * experts; }
-
-template <class W, bool kSwiglu>
-void launch_gemm(const gg_args& g, int64_t rows, bool small, cudaStream_t stream) {
-  if (small)
-    launch_grouped<W, kSmallBM, 32, 64, 1, 4, 4, kSwiglu>(g, rows, stream);
-  else
-    launch_grouped<W, kLargeBM, 64, 32, 2, 2, 4, kSwiglu>(g, rows, stream);
-}
+size_t prepare_smem_bytes(int64_t experts) { return static_cast<size_t>((kPrepWarps + 2) * experts) * 4; }
 
 // ---- 7. combine ---------------------------------------------------------------------------
 
@@ -472,8 +294,8 @@ size_t round_up(size_t b) { return (b + 255) & ~size_t{255}; }
 template <class W>
 void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   const int64_t T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, k = p.top_k, R = T * k;
-  const bool small = small_tiles(R, E);
-  const int bm = small ? kSmallBM : kLargeBM;
+  const moe_gemm_path path = choose_moe_gemm<W>(R, E);
+  const int bm = moe_tile_rows(path);
   // Scratch, one allocation.
   size_t off = 0;
   auto carve = [&](size_t bytes) {
@@ -499,8 +321,6 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   auto* act = reinterpret_cast<W*>(base + o_act);
   auto* y = reinterpret_cast<float*>(base + o_y);
 
-  CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream));
-
   route_args ra;
   ra.logits = p.router_logits;
   ra.logits_stride = p.logits_stride;
@@ -514,19 +334,28 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   ra.counts = counts;
   ra.user_ids = p.topk_ids;
   ra.user_wts = p.topk_weights;
-  const size_t route_smem = static_cast<size_t>(kRouteWarps) * E * sizeof(float);
-  if (route_smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(moe_route_kernel), route_smem);
-  moe_route_kernel<<<static_cast<unsigned>(ceil_div(T, kRouteWarps)), 32 * kRouteWarps, route_smem, stream>>>(ra);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  if (T <= kPrepWarps && E <= kPrepMaxExperts) {
+    const size_t smem = prepare_smem_bytes(E);
+    if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(moe_prepare_kernel<W>), smem);
+    moe_prepare_kernel<W><<<1, kPrepThreads, smem, stream>>>(ra, offsets, tiles, bm, slot_pos, row_token, p.x,
+                                                             p.x_stride, xa, H);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream));
+    const size_t route_smem = static_cast<size_t>(kRouteWarps) * E * sizeof(float);
+    if (route_smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(moe_route_kernel), route_smem);
+    moe_route_kernel<<<static_cast<unsigned>(ceil_div(T, kRouteWarps)), 32 * kRouteWarps, route_smem, stream>>>(ra);
+    HYSERVE_CUDA_CHECK_LAUNCH();
 
-  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, offsets, tiles, cursor, static_cast<int>(E), bm);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+    moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, offsets, tiles, cursor, static_cast<int>(E), bm);
+    HYSERVE_CUDA_CHECK_LAUNCH();
 
-  const int64_t scatter_work = std::max(R, T * H);
-  const auto scatter_blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(scatter_work, 256), 8 * sm_count()));
-  moe_scatter_kernel<W><<<scatter_blocks, 256, 0, stream>>>(ids, R, static_cast<int>(k), offsets, cursor, slot_pos,
-                                                            row_token, p.x, p.x_stride, xa, T, H);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+    const int64_t scatter_work = std::max(R, T * H);
+    const auto scatter_blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(scatter_work, 256), 8 * sm_count()));
+    moe_scatter_kernel<W><<<scatter_blocks, 256, 0, stream>>>(ids, R, static_cast<int>(k), offsets, cursor, slot_pos,
+                                                              row_token, p.x, p.x_stride, xa, T, H);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  }
 
   gg_args g1;
   g1.a = xa;
@@ -543,7 +372,7 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   g1.offsets = offsets;
   g1.tile_offsets = tiles;
   g1.experts = static_cast<int>(E);
-  launch_gemm<W, true>(g1, R, small, stream);
+  launch_gemm<W, true>(g1, R, path, stream);
 
   gg_args g2 = g1;
   g2.a = act;
@@ -557,7 +386,7 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   g2.ldc = H;
   g2.n = H;
   g2.k = I;
-  launch_gemm<W, false>(g2, R, small, stream);
+  launch_gemm<W, false>(g2, R, path, stream);
 
   const int combine_threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(H / 4, 32) * 32)));
   moe_combine_kernel<<<static_cast<unsigned>(T), combine_threads, 0, stream>>>(y, H, slot_pos, wts, static_cast<int>(k),

@@ -304,14 +304,6 @@ constexpr int kLinRows = 2;
 constexpr int64_t kLinMaxM = 4;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
 
-__device__ __forceinline__ void lin_bf16x8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
 
 template <int M, bool kSwiglu, bool kNorm>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
@@ -398,7 +390,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         if (c >= chunks) break;
         float wf[kLinRows][8];
 #pragma unroll
-        for (int r = 0; r < kLinRows; ++r) lin_bf16x8(wv[u][r], wf[r]);
+        for (int r = 0; r < kLinRows; ++r) bf16x8_to_float(wv[u][r], wf[r]);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const float4* ap = reinterpret_cast<const float4*>(a + m * lda + c * 8);

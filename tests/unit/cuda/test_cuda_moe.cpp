@@ -2,7 +2,10 @@
 // tokens {1, 7, 64, 2048} (hidden 128, inter 64), f32 and bf16 weights, with router ties
 // (logits on an integer grid) and experts that get no token (the upper half of the experts
 // never wins); plus the Qwen3-Next shape (hidden 2048, inter 512, 512 experts, top 10) at 1,
-// 64 and 512 tokens, sigmoid scoring, accumulate, and bitwise repeatability.
+// 64 and 512 tokens, sigmoid scoring, accumulate, and bitwise repeatability. The grid reaches
+// every GEMM path of bf16 weights: the GEMV (tokens · top_k <= 64), the mma.sync small tiles
+// (fewer than 16 rows an expert) and the warpgroup kernel (more); calls of up to 8 tokens and
+// 1024 experts route, scan and scatter in one block (moe_prepare_kernel), others in three kernels.
 // Routing: ids identical, weights within 1e-6 + 1e-5·|cpu|. Outputs: with S = max |cpu out|,
 //   f32 weights: |gpu − cpu| <= 2e-4·S + 1e-3·|cpu| (operands split into two bf16 terms);
 //   bf16 weights: |gpu − cpu| <= 1e-2·S + 1e-2·|cpu| (x is bf16-exact; the SwiGLU activations
