@@ -1,8 +1,7 @@
 #pragma once
 // The routed experts' GEMM kernels (moe.cu, the only includer; internal linkage): the grouped
-// GEMM on mma.sync tiles (any weight type), the same tiles on warpgroup MMAs (bf16, many rows an
-// expert, fast mode), and the GEMV for a few rows an expert (bf16, fast mode); launch_gemm
-// picks one. Each computes, for the permuted rows of each expert e,
+// GEMM on mma.sync tiles (any weight type) and the GEMV for a few rows an expert (bf16, fast
+// mode); launch_gemm picks one. Each computes, for the permuted rows of each expert e,
 //   swiglu: act[r] = silu(a[r] · gate_eᵀ) ⊙ (a[r] · up_eᵀ)   (W)
 //   else:   y[r]   = a[r] · down_eᵀ                          (f32)
 // where a[r] is row a_rows[r] (or r) of the operand, over the experts' segments (offsets) and
@@ -16,7 +15,6 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/kernels/paths.h"
-#include "wgmma_bf16.cuh"
 
 namespace hyserve::kernels::cuda_detail {
 namespace {
@@ -265,129 +263,6 @@ void launch_grouped(const gg_args& g, int64_t rows, cudaStream_t stream) {
 // streaming the weights) and deep in k; many rows: 64 × 64 tiles.
 constexpr int kSmallBM = 16, kLargeBM = 64;
 
-// ---- 5, 6. grouped GEMM on warpgroup MMAs (bf16 weights, many rows an expert) ----------------
-//
-// The same tiles as moe_grouped_gemm_kernel, computed with wgmma (wgmma_bf16.cuh): a block of 2
-// warpgroups takes 128 rows of the expert's weight (n; 64 a warpgroup, the MMA's M) and kMoeWgBn
-// rows of the permuted tokens (the MMA's N), k in tiles of 64 through a kMoeWgStages-deep
-// cp.async ring, one MMA chain over k per output. Only in fast mode: under determinism:
-// batch_invariant a row's bits must not depend on which kernel its call's size picks, and the
-// mma.sync kernel takes every call there.
-constexpr int kMoeWgBn = kLargeBM;  // token rows a block: the scan's tiles of the large path
-constexpr int kMoeWgRows = 128;
-constexpr int kMoeWgThreads = 256;
-constexpr int kMoeWgStages = 4;
-
-template <bool kSwiglu>
-__host__ __device__ constexpr uint32_t moe_wg_stage_bytes() {
-  return (kSwiglu ? 2 : 1) * wgmma::tile_bytes(kMoeWgRows) + wgmma::tile_bytes(kMoeWgBn);
-}
-
-template <bool kSwiglu>
-__global__ void __launch_bounds__(kMoeWgThreads, 1) moe_wgmma_kernel(const gg_args g) {
-  constexpr int S = kSwiglu ? 2 : 1, BN = kMoeWgBn, kAcc = BN / 2, K = wgmma::kTileK;
-  extern __shared__ __align__(128) unsigned char mw_smem[];
-  __shared__ int64_t s_arow[BN];  // element offset of each tile row's operand; -1 = none
-  const expert_tile tile = find_expert_tile(g, BN);
-  if (!tile.valid) return;  // uniform over the block
-  const int e = tile.e, row_begin = tile.row_begin, row_end = tile.row_end;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kMoeWgRows;
-  const int tid = static_cast<int>(threadIdx.x), q = tid >> 7;
-  if (tid < BN) {
-    const int r = row_begin + tid;
-    s_arow[tid] = r < row_end ? static_cast<int64_t>(g.a_rows ? g.a_rows[r] : r) * g.lda : int64_t{-1};
-  }
-  __syncthreads();
-  const bf16* A = static_cast<const bf16*>(g.a);
-  const bf16* B = static_cast<const bf16*>(g.b) + static_cast<int64_t>(e) * g.b_expert;
-  const int64_t KT = (g.k + K - 1) / K;
-
-  auto stage_base = [&](int st) { return mw_smem + st * moe_wg_stage_bytes<kSwiglu>(); };
-  auto load = [&](int st, int64_t kt) {
-    unsigned char* base = stage_base(st);
-    const int64_t k0 = kt * K;
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      unsigned char* dst = base + s * wgmma::tile_bytes(kMoeWgRows);
-#pragma unroll
-      for (int i = tid; i < kMoeWgRows * 8; i += kMoeWgThreads) {
-        const wgmma::chunk_pos c = wgmma::tile_chunk(i);
-        const int64_t n = n0 + c.row, kk = k0 + c.k;
-        const bool live = n < g.n && kk < g.k;
-        cp_async16_zfill(dst + 16 * i, live ? B + (s ? g.b_up : 0) + n * g.ldb + kk : B, live ? 16u : 0u);
-      }
-    }
-    unsigned char* dst = base + S * wgmma::tile_bytes(kMoeWgRows);
-    for (int i = tid; i < BN * 8; i += kMoeWgThreads) {
-      const wgmma::chunk_pos c = wgmma::tile_chunk(i);
-      const int64_t src = s_arow[c.row], kk = k0 + c.k;
-      const bool live = src >= 0 && kk < g.k;
-      cp_async16_zfill(dst + 16 * i, live ? A + src + kk : A, live ? 16u : 0u);
-    }
-  };
-
-#pragma unroll
-  for (int st = 0; st < kMoeWgStages - 1; ++st) {
-    if (st < KT) load(st, st);
-    cp_async_commit_group();
-  }
-  float acc[S][kAcc];
-#pragma unroll
-  for (int s = 0; s < S; ++s)
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.0f;
-  for (int64_t kt = 0; kt < KT; ++kt) {
-    // Tile kt has landed; every warpgroup finished reading the stage refilled below.
-    cp_async_wait_group<kMoeWgStages - 2>();
-    wgmma::fence_proxy_async();
-    __syncthreads();
-    if (kt + kMoeWgStages - 1 < KT)
-      load(static_cast<int>((kt + kMoeWgStages - 1) % kMoeWgStages), kt + kMoeWgStages - 1);
-    cp_async_commit_group();
-    const uint32_t base = smem_addr(stage_base(static_cast<int>(kt % kMoeWgStages)));
-    const uint32_t a_base = base + wgmma::tile_row_offset(64 * q), x_base = base + S * wgmma::tile_bytes(kMoeWgRows);
-#pragma unroll
-    for (int s = 0; s < S; ++s) wgmma::fence_operand(acc[s]);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-      const uint64_t xd = wgmma::tile_desc(x_base, kk);
-#pragma unroll
-      for (int s = 0; s < S; ++s)
-        wgmma::mma<BN>(acc[s], wgmma::tile_desc(a_base + s * wgmma::tile_bytes(kMoeWgRows), kk), xd, kt > 0 || kk > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-#pragma unroll
-    for (int s = 0; s < S; ++s) wgmma::fence_operand(acc[s]);
-  }
-  cp_async_wait_group<0>();  // no copy outlives the block (the last groups are empty)
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    const wgmma::acc_pos at = wgmma::acc_at(i);
-    const int64_t n = n0 + 64 * q + at.row;
-    const int r = row_begin + at.col;
-    if (r >= row_end || n >= g.n) continue;
-    if constexpr (kSwiglu) {
-      const float gate = acc[0][i];
-      static_cast<bf16*>(g.c)[static_cast<int64_t>(r) * g.ldc + n] =
-          __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][i]);  // the swiglu op's formula
-    } else {
-      static_cast<float*>(g.c)[static_cast<int64_t>(r) * g.ldc + n] = acc[0][i];
-    }
-  }
-}
-
-template <bool kSwiglu>
-void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
-  constexpr size_t smem = kMoeWgStages * moe_wg_stage_bytes<kSwiglu>();
-  reserve_dynamic_shared(reinterpret_cast<const void*>(&moe_wgmma_kernel<kSwiglu>), smem);
-  const dim3 grid(static_cast<unsigned>(max_tiles(rows, g.experts, kMoeWgBn)),
-                  static_cast<unsigned>(ceil_div(g.n, kMoeWgRows)));
-  moe_wgmma_kernel<kSwiglu><<<grid, kMoeWgThreads, smem, stream>>>(g);
-  HYSERVE_CUDA_CHECK_LAUNCH();
-}
-
 // ---- 5, 6. the experts' GEMV (bf16 weights, a few rows an expert: decode) ---------------------
 //
 // A few rows an expert (R = tokens · top_k ≤ kGemvMaxRows, one scan tile of kLargeBM rows an
@@ -500,9 +375,9 @@ void launch_moe_gemv(const gg_args& g, int64_t rows, cudaStream_t stream) {
 }
 
 // The GEMM path of a call (moe_gemm_path): the GEMV for bf16 weights and a few rows (fast
-// mode), else small or large mma.sync tiles, and the warpgroup kernel for the large tiles of bf16
-// weights in fast mode. Under determinism: batch_invariant only the mma.sync kernels run: one
-// chain of k16 MMAs per output whatever the tile, so a row's bits do not depend on the call.
+// mode), else small or large mma.sync tiles. Under determinism: batch_invariant only the
+// mma.sync kernels run: one chain of k16 MMAs per output whatever the tile, so a row's bits do
+// not depend on the call.
 enum class moe_gemm_path { kGemv, kSmall, kLarge };
 
 template <class W>
@@ -518,8 +393,6 @@ template <class W, bool kSwiglu>
 void launch_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_t stream) {
   if constexpr (std::is_same_v<W, bf16>) {
     if (path == moe_gemm_path::kGemv) return launch_moe_gemv<kSwiglu>(g, rows, stream);
-    if (path == moe_gemm_path::kLarge && !current_paths().batch_invariant)
-      return launch_moe_wgmma<kSwiglu>(g, rows, stream);
   }
   if (path == moe_gemm_path::kSmall)
     launch_grouped<W, kSmallBM, 32, 64, 1, 4, 4, kSwiglu>(g, rows, stream);

@@ -4,7 +4,7 @@
 // never wins); plus the Qwen3-Next shape (hidden 2048, inter 512, 512 experts, top 10) at 1,
 // 64 and 512 tokens, sigmoid scoring, accumulate, and bitwise repeatability. The grid reaches
 // every GEMM path of bf16 weights: the GEMV (tokens · top_k <= 64), the mma.sync small tiles
-// (fewer than 16 rows an expert) and the warpgroup kernel (more); calls of up to 8 tokens and
+// (fewer than 16 rows an expert) and the large mma.sync tiles (more); calls of up to 8 tokens and
 // 1024 experts route, scan and scatter in one block (moe_prepare_kernel), others in three kernels.
 // Routing: ids identical, weights within 1e-6 + 1e-5·|cpu|. Outputs: with S = max |cpu out|,
 //   f32 weights: |gpu − cpu| <= 2e-4·S + 1e-3·|cpu| (operands split into two bf16 terms);
