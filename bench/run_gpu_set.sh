@@ -27,8 +27,7 @@
 # linear layers per row count and the 9B decode step in both modes), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
-# batches 8 and 32, fast and batch_invariant); wgmma-probe (bench/probes/wgmma_probe.cu: the
-# tensor cores' bits, wgmma against mma.sync and across N); compare (this tree against
+# batches 8 and 32, fast and batch_invariant); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's prefill).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
@@ -67,7 +66,6 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
-    wgmma-probe) targets+=(cuda_ops_test) ;;
     compare) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
@@ -293,12 +291,6 @@ EOF2
         stage "compare-$tree-falcon" 150 "$b/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
           --batches 1 --decode-steps 8 --prefill-len 8192
       done ;;
-    wgmma-probe)
-      # The tensor cores' arithmetic behind the row-invariant GEMM (bench/probes/wgmma_probe.cu).
-      stage wgmma-probe-build 120 /usr/local/cuda/bin/nvcc -O2 \
-        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 bench/probes/wgmma_probe.cu \
-        -o "$build/wgmma_probe"
-      stage wgmma-probe 30 "$build/wgmma_probe" ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
