@@ -27,7 +27,8 @@
 # linear layers per row count and the 9B decode step in both modes), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
-# batches 8 and 32, fast and batch_invariant); compare (this tree against
+# batches 8 and 32, fast and batch_invariant); floors (one batch-1 decode step op by op for
+# Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's prefill).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
@@ -71,6 +72,7 @@ for s in "${stages[@]}"; do
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
+    floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
 done
@@ -299,6 +301,20 @@ EOF2
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
           --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
       done ;;
+    floors)
+      # Where a batch-1 decode step goes beyond its bytes floor: one eager step op by op for each
+      # FLOOR_CONFIGS family (default Falcon-H1, Nemotron-H, Granite-4.0-H small), and the MoE op's
+      # kernels one by one (nsys, where installed).
+      for f in ${FLOOR_CONFIGS:-falcon-h1-7b nemotron-h-8b granite-4.0-h-small}; do
+        stage "floor-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 8 \
+          --profile-step --json "$out/floor-$f.json"
+      done
+      if command -v nsys > /dev/null; then
+        stage floor-moe-nsys 150 nsys profile -o "$out/moe" --stats=true --force-overwrite true \
+          "$bin/hyserve-bench-cuda" moe
+      else
+        echo "floor-moe-nsys: skipped (no nsys)" | tee -a "$out/summary.txt"
+      fi ;;
     prefix) stage prefix 400 bench/prefix_served.sh configs/bamba-9b-synthetic-cuda.yaml "$out/prefix" ;;
     startup) stage startup 480 bash -c '
         export HYSERVE_BUILD_DIR='"$build"' HYSERVE_BUILD_TYPE=Release HYSERVE_CMAKE_ARGS=-DHYSERVE_CUDA_ARCHS=90a
