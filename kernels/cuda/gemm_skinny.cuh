@@ -42,15 +42,6 @@ int skinny_rows_for(int64_t m, int64_t n, bool swiglu) {
   return 4;
 }
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 // What one skinny launch computes: c[m, row] for rows of b0 (R rows of b0 per warp), or with
 // swiglu c[m, row] = silu(x·b0[row]) · (x·b1[row]) (R / 2 outputs per warp, each streaming its
 // gate row of b0 and its up row of b1).
