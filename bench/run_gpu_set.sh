@@ -28,7 +28,9 @@
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
 # batches 8 and 32, fast and batch_invariant); floors (one batch-1 decode step op by op for
-# Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); compare (this tree against
+# Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); cublaslt-probe
+# (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
+# one mma.sync chain over k); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's prefill).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
@@ -73,6 +75,7 @@ for s in "${stages[@]}"; do
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
+    cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
 done
@@ -301,6 +304,13 @@ EOF2
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
           --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
       done ;;
+    cublaslt-probe)
+      # Is a cuBLASLt GEMM with its algorithm pinned row-invariant, with the bits of one mma.sync
+      # chain over k (bench/probes/cublaslt_invariance_probe.cu)?
+      stage cublaslt-probe-build 120 /usr/local/cuda/bin/nvcc -O2 \
+        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 \
+        bench/probes/cublaslt_invariance_probe.cu -lcublasLt -lcublas -o "$build/cublaslt_probe"
+      stage cublaslt-probe 180 "$build/cublaslt_probe" ;;
     floors)
       # Where a batch-1 decode step goes beyond its bytes floor: one eager step op by op for each
       # FLOOR_CONFIGS family (default Falcon-H1, Nemotron-H, Granite-4.0-H small), and the MoE op's
