@@ -9,6 +9,8 @@
 //      the MMA's A operand and with the weight as A?
 //   3. Unpinned (cublasGemmEx per m, as fast mode calls it): how many rows differ from m = 2048?
 //   4. How fast is each pinned algorithm at each m (median of 10 runs)?
+//   5. Per m, each of the heuristic's algorithms for that m with split-K forced to 1: the chain's
+//      bits? (If so, an invariant GEMM may pick its algorithm by m.) And its time.
 // Prints, per shape: each pinned algorithm's configuration and, per m, its time, the rows that
 // differ from its own m = 2048 result, and the outputs that differ from each chain.
 //   nvcc -O2 --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 \
@@ -245,6 +247,54 @@ int main() {
                     (long long)count_diff(per_m[i], chain[0], int64_t{m} * N),
                     (long long)count_diff(per_m[i], chain[1], int64_t{m} * N), (long long)int64_t{m} * N);
       }
+    }
+
+    // Per m, each of the heuristic's algorithms for that m with split-K forced to 1: if every
+    // one gives the chain's bits, an invariant GEMM may pick its algorithm by m.
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const int m = ms[i];
+      cublasLtMatrixLayout_t ad = act_layout(m), cd = out_layout(m);
+      cublasLtMatmulHeuristicResult_t mres[4];
+      int mn = 0;
+      CB(cublasLtMatmulAlgoGetHeuristic(lt, op, wd, ad, cd, cd, pref, 4, mres, &mn));
+      for (int h = 0; h < mn; ++h) {
+        cublasLtMatmulAlgo_t algo = mres[h].algo;
+        const int32_t split = cfg<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+        const int32_t one = 1;
+        const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none));
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(lt, op, wd, ad, cd, cd, &algo, &check) != CUBLAS_STATUS_SUCCESS) {
+          std::printf("per-m m %5d algorithm %d (id %d tile %u, split-k %d): refuses split-k 1\n", m, h,
+                      cfg<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID), cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                      split);
+          continue;
+        }
+        auto run = [&] {
+          CB(cublasLtMatmul(lt, op, &alpha, dw, wd, da, ad, &beta, dy, cd, dy, cd, &algo, ws, ws_bytes, nullptr));
+        };
+        CK(cudaMemset(dy, 0xff, size_t(m) * N * 4));
+        run();
+        const std::vector<float> got = fetch(m);
+        std::vector<float> t(10);
+        for (float& v : t) {
+          CK(cudaEventRecord(e0));
+          run();
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          CK(cudaEventElapsedTime(&v, e0, e1));
+        }
+        std::sort(t.begin(), t.end());
+        std::printf("per-m m %5d algorithm %d (id %d tile %u stages %u, heuristic split-k %d, run at 1): %9.2f us; "
+                    "outputs differing from the chain (act as A / weight as A): %lld / %lld of %lld\n",
+                    m, h, cfg<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID), cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                    cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), split, t[5] * 1000.f,
+                    (long long)count_diff(got, chain[0], int64_t{m} * N),
+                    (long long)count_diff(got, chain[1], int64_t{m} * N), (long long)int64_t{m} * N);
+      }
+      CB(cublasLtMatrixLayoutDestroy(ad));
+      CB(cublasLtMatrixLayoutDestroy(cd));
     }
 
     // Unpinned: cublasGemmEx per m, the fast mode's call.
