@@ -127,6 +127,19 @@ int main() {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  // Median of 10 timed runs of a call, in microseconds.
+  auto median_us = [&](const auto& run) {
+    std::vector<float> t(10);
+    for (float& v : t) {
+      CK(cudaEventRecord(e0));
+      run();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&v, e0, e1));
+    }
+    std::sort(t.begin(), t.end());
+    return t[5] * 1000.f;
+  };
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
 
@@ -222,16 +235,7 @@ int main() {
         CK(cudaMemset(dy, 0xff, size_t(m) * N * 4));
         run();
         per_m[i] = fetch(m);
-        std::vector<float> t(10);
-        for (float& v : t) {
-          CK(cudaEventRecord(e0));
-          run();
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          CK(cudaEventElapsedTime(&v, e0, e1));
-        }
-        std::sort(t.begin(), t.end());
-        us[i] = t[5] * 1000.f;
+        us[i] = median_us(run);
         CB(cublasLtMatrixLayoutDestroy(ad));
         CB(cublasLtMatrixLayoutDestroy(cd));
       }
@@ -277,19 +281,11 @@ int main() {
         CK(cudaMemset(dy, 0xff, size_t(m) * N * 4));
         run();
         const std::vector<float> got = fetch(m);
-        std::vector<float> t(10);
-        for (float& v : t) {
-          CK(cudaEventRecord(e0));
-          run();
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          CK(cudaEventElapsedTime(&v, e0, e1));
-        }
-        std::sort(t.begin(), t.end());
+        const float t_us = median_us(run);
         std::printf("per-m m %5d algorithm %d (id %d tile %u stages %u, heuristic split-k %d, run at 1): %9.2f us; "
                     "outputs differing from the chain (act as A / weight as A): %lld / %lld of %lld\n",
                     m, h, cfg<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID), cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                    cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), split, t[5] * 1000.f,
+                    cfg<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), split, t_us,
                     (long long)count_diff(got, chain[0], int64_t{m} * N),
                     (long long)count_diff(got, chain[1], int64_t{m} * N), (long long)int64_t{m} * N);
       }
