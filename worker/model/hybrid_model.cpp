@@ -105,11 +105,13 @@ layers::attention_weights block_loader::attention(const std::string& p, const at
   const kv_head_range kv = tp_kv_heads(nh, kvh, r, n);
   const int64_t kv_first = kv.first, kvl = kv.count;
   auto rows = [](int64_t b, int64_t e) { return weight_selection{0, {{b, e}}}; };
-  w.q = ld_.load_selection(p + "q_proj.weight", {nh * hd, H}, rows(r * qh * hd, (r + 1) * qh * hd), wt_, scalar(s.q));
-  w.k = ld_.load_selection(p + "k_proj.weight", {kvh * hd, H}, rows(kv_first * hd, (kv_first + kvl) * hd), wt_,
-                           scalar(s.k));
-  w.v = ld_.load_selection(p + "v_proj.weight", {kvh * hd, H}, rows(kv_first * hd, (kv_first + kvl) * hd), wt_,
-                           scalar(s.v));
+  std::vector<tensor> qkv;
+  qkv.push_back(
+      ld_.load_selection(p + "q_proj.weight", {nh * hd, H}, rows(r * qh * hd, (r + 1) * qh * hd), wt_, scalar(s.q)));
+  for (const auto& [name, scale] : {std::pair{"k_proj.weight", s.k}, std::pair{"v_proj.weight", s.v}})
+    qkv.push_back(ld_.load_selection(p + name, {kvh * hd, H}, rows(kv_first * hd, (kv_first + kvl) * hd), wt_,
+                                     scalar(scale)));
+  w.qkv = ld_.stack_rows(std::move(qkv));
   w.o = ld_.load_selection(p + "o_proj.weight", {H, nh * hd}, weight_selection{1, {{r * qh * hd, (r + 1) * qh * hd}}},
                            wt_, scalar(s.o));
   w.q_heads = qh;

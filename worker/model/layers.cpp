@@ -376,48 +376,49 @@ double attention_context(const step_inputs& in) {
 }  // namespace
 
 void place(attention_weights& w, device_kind device, dtype weight_type) {
-  for (tensor* t : {&w.q, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
+  for (tensor* t : {&w.qkv, &w.o}) place_weight(*t, device, weight_type);
 }
 
-void apply_rope(tensor& q, tensor& k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
+void apply_rope(f32_rows q, f32_rows k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
                 float theta, const step_inputs& in, const exec_context& ctx) {
   kernels::rope_params r;
-  r.q = q.as<float>();
-  r.k = k.as<float>();
+  r.q = q.data;
+  r.k = k.data;
   r.positions = in.positions.as<int32_t>();
-  r.n_tokens = q.shape()[0];
+  r.n_tokens = q.rows;
   r.n_q_heads = q_heads;
   r.n_kv_heads = kv_heads;
   r.head_dim = head_dim;
   r.rotary_dim = rotary_dim;
-  r.q_stride = q_heads * head_dim;
-  r.k_stride = kv_heads * head_dim;
+  r.q_stride = q.stride;
+  r.k_stride = k.stride;
   r.theta = theta;
   kernels::run(r, ctx);
 }
 
-void write_kv(const tensor& k, const tensor& v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
+void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
               kv_layer_cache& cache, const exec_context& ctx) {
   kernels::kv_write_params kw;
-  kw.k = k.as<float>();
-  kw.v = v.as<float>();
+  kw.k = k.data;
+  kw.v = v.data;
   kw.locs = in.locs.as<int32_t>();
   kw.k_cache = cache.k.data();
   kw.v_cache = cache.v.data();
   kw.kv_dtype = cache.k.type();
-  kw.n_tokens = k.shape()[0];
+  kw.n_tokens = k.rows;
   kw.kv_heads = kv_heads;
   kw.head_dim = head_dim;
-  kw.k_stride = kw.v_stride = kv_heads * head_dim;
+  kw.k_stride = k.stride;
+  kw.v_stride = v.stride;
   kernels::run(kw, ctx);
   update_page_summaries(cache, k, kv_heads, head_dim, in, ctx);
 }
 
-kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out, int64_t q_heads, int64_t kv_heads,
+kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx) {
   kernels::paged_attention_params a;
-  a.q = q.as<float>();
+  a.q = q.data;
   a.k_cache = cache.k.data();
   a.v_cache = cache.v.data();
   a.kv_dtype = cache.k.type();
@@ -432,7 +433,8 @@ kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out,
   a.head_dim = head_dim;
   a.page_size = in.page_size;
   a.page_table_stride = pages.page_table_stride;
-  a.q_stride = a.out_stride = q_heads * head_dim;
+  a.q_stride = q.stride;
+  a.out_stride = q_heads * head_dim;
   a.short_q_max = in.short_q_max;
   return a;
 }
@@ -440,21 +442,19 @@ kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out,
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
                          collective* comm, const exec_context& ctx, tensor* residual) {
   const int64_t T = x.shape()[0];
-  tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
-  profile(ctx, "attn.q_proj", nbytes(w.q) + nbytes(x) + nbytes(q));
-  tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
-  profile(ctx, "attn.k_proj", nbytes(w.k) + nbytes(x) + nbytes(k));
-  tensor v = linear(x, w.v, ctx);
-  profile(ctx, "attn.v_proj", nbytes(w.v) + nbytes(x) + nbytes(v));
+  tensor qkv = linear(x, w.qkv, ctx);  // [T, (qh + 2·kvh)·hd]: q | k | v
+  profile(ctx, "attn.qkv_proj", nbytes(w.qkv) + nbytes(x) + nbytes(qkv));
+  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim, ld = qw + 2 * kw;
+  const f32_rows q{qkv.as<float>(), T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
   if (T > 0 && w.rotary_dim > 0) {
     apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
-    profile(ctx, "attn.rope", 2 * (nbytes(q) + nbytes(k)));
+    profile(ctx, "attn.rope", 2.0 * sizeof(float) * static_cast<double>(T * (qw + kw)));
   }
   if (T > 0) {
     write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
-    profile(ctx, "attn.kv_write", 2 * (nbytes(k) + nbytes(v)));
+    profile(ctx, "attn.kv_write", 4.0 * sizeof(float) * static_cast<double>(T * kw));
   }
-  tensor attn = tensor::f32({T, w.q_heads * w.head_dim}, ctx.device);
+  tensor attn = tensor::f32({T, qw}, ctx.device);
   if (T > 0) {
     kernels::paged_attention_params a =
         paged_attention_of(q, attn, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
@@ -467,8 +467,8 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
     run_attention(a, in, ctx);
     // The KV of every row's context once (the host's lengths: the profile runs eagerly).
     profile(ctx, "attn.decode",
-            nbytes(q) + nbytes(attn) + 2.0 * static_cast<double>(w.kv_heads * w.head_dim) *
-                                           static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
+            sizeof(float) * static_cast<double>(T * qw) + nbytes(attn) +
+                2.0 * static_cast<double>(kw) * static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
   }
   tensor out = block_output(attn, w.o, comm, ctx, residual);
   profile(ctx, "attn.o_proj", nbytes(w.o) + nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));

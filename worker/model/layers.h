@@ -167,9 +167,9 @@ step_inputs upload_step(const hybrid_metadata& meta, const attention_step* step,
                         const exec_context& ctx, const worker::step_sampling* sampling = nullptr);
 
 struct attention_weights {
-  tensor q;  // [q_heads_local·head_dim, hidden]
-  tensor k;  // [kv_heads_local·head_dim, hidden]
-  tensor v;  // [kv_heads_local·head_dim, hidden]
+  // q, k and v stacked: [(q_heads_local + 2·kv_heads_local)·head_dim, hidden], one projection
+  // (one launch, one weight stream) whose output row is q | k | v.
+  tensor qkv;
   tensor o;  // [hidden, q_heads_local·head_dim]
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;  // local head counts
   int64_t rotary_dim = 0;                            // 0: no rotary embedding
@@ -179,16 +179,17 @@ struct attention_weights {
 void place(attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
-// The steps every attention variant takes on its projected q, k, v ([T, heads·head_dim], T > 0):
+// The steps every attention variant takes on its projected q, k, v ([T, heads·head_dim] rows,
+// each a whole tensor or a part of the fused projection's output: f32_rows), T > 0:
 // RoPE in place on q and k over the step's positions;
-void apply_rope(tensor& q, tensor& k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
+void apply_rope(f32_rows q, f32_rows k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
                 float theta, const step_inputs& in, const exec_context& ctx);
 // k and v into the paged cache at the step's locations, then the pages' summaries (sparse);
-void write_kv(const tensor& k, const tensor& v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
+void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
               kv_layer_cache& cache, const exec_context& ctx);
 // the paged attention of q over the cache into out [T, q_heads·head_dim], on the step's pages or
 // those the sparse selection keeps; the caller sets the softmax scale and any max_q_len hint.
-kernels::paged_attention_params paged_attention_of(const tensor& q, tensor& out, int64_t q_heads, int64_t kv_heads,
+kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,

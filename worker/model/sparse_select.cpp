@@ -87,7 +87,7 @@ sparse_step plan_sparse_step(const sparsity_section& cfg, const forward_batch& b
   return s;
 }
 
-void update_page_summaries(kv_layer_cache& cache, const tensor& k, int64_t kv_heads, int64_t head_dim,
+void update_page_summaries(kv_layer_cache& cache, f32_rows k, int64_t kv_heads, int64_t head_dim,
                            const step_inputs& in, const kernels::exec_context& ctx) {
   if (!in.sparse.summaries || in.num_tokens == 0) return;
   const int64_t num_pages = cache.k.shape()[0];
@@ -100,20 +100,20 @@ void update_page_summaries(kv_layer_cache& cache, const tensor& k, int64_t kv_he
                     std::to_string(num_pages) + " pages of " + std::to_string(kv_heads) + " kv heads × " +
                     std::to_string(head_dim));
   kernels::page_summary_update_params p;
-  p.k = k.as<float>();
+  p.k = k.data;
   p.locs = in.locs.as<int32_t>();
   p.key_min = cache.key_min.as<float>();
   p.key_max = cache.key_max.as<float>();
   p.n_tokens = in.num_tokens;
   p.kv_heads = kv_heads;
   p.head_dim = head_dim;
-  p.k_stride = kv_heads * head_dim;
+  p.k_stride = k.stride;
   p.page_size = in.page_size;
   p.num_pages = num_pages;
   kernels::run(p, ctx);
 }
 
-attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+attention_pages select_attention_pages(f32_rows q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                        const kv_layer_cache& cache, const step_inputs& in, collective* comm,
                                        const kernels::exec_context& ctx) {
   attention_pages dense{in.page_table.as<int32_t>(), in.seq_lens.as<int32_t>(), in.page_table_stride};
@@ -121,7 +121,7 @@ attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t
   if (!s.select) return dense;
   HYSERVE_CHECK(cache.key_min.data() != nullptr, "sparse attention: the layer has no page summaries");
   kernels::sparse_select_params p = base_params(s.cfg, in.page_size, s.multi_query_rows);
-  p.q = q.as<float>();
+  p.q = q.data;
   p.query_start_loc = in.query_start_loc.as<int32_t>();
   p.seq_lens = kernels::seq_lens_arg{in.seq_lens.as<int32_t>(), in.batch_size, s.seq_lens.data()};
   p.page_table = in.page_table.as<int32_t>();
@@ -135,7 +135,7 @@ attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t
   p.kv_heads = kv_heads;
   p.head_dim = head_dim;
   p.page_table_stride = p.out_page_table_stride = in.page_table_stride;
-  p.q_stride = q_heads * head_dim;
+  p.q_stride = q.stride;
   if (comm && comm->size() > 1) {
     tensor scores = tensor::f32({in.batch_size, in.page_table_stride}, ctx.device);
     p.scores = scores.as<float>();

@@ -34,6 +34,16 @@
 
 namespace hyserve::worker::layers {
 
+// rows × width f32 values at data, row r at data + r · stride (elements): a whole [rows, width]
+// activation (stride = width), or a column range of a wider one, such as q, k or v inside the
+// fused attention projection's output.
+struct f32_rows {
+  float* data = nullptr;
+  int64_t rows = 0, stride = 0;
+};
+// The whole of a contiguous [rows, width] f32 tensor.
+inline f32_rows rows_of(const tensor& t) { return {t.as<float>(), t.shape()[0], t.shape()[1]}; }
+
 struct step_inputs;
 
 // Per-step sparse attention state, built once per step and read by every attention layer.
@@ -54,15 +64,16 @@ struct sparse_step {
 sparse_step plan_sparse_step(const sparsity_section& cfg, const forward_batch& batch, const hybrid_metadata& meta,
                              int64_t page_table_stride, int32_t page_size, const kernels::exec_context& ctx);
 
-// After the KV write of a layer: folds the step's keys k (f32 [T, kv_heads·head_dim], post
+// After the KV write of a layer: folds the step's keys k (f32 rows [T, kv_heads·head_dim], post
 // RoPE) into the page summaries of their pages. No-op unless in.sparse.summaries. Summaries are
 // running min/max: keys of rejected draft tokens stay folded in until their page is rewritten
 // from its first slot, which only loosens the bound (a page is never under-scored).
-void update_page_summaries(kv_layer_cache& cache, const tensor& k, int64_t kv_heads, int64_t head_dim,
+void update_page_summaries(kv_layer_cache& cache, f32_rows k, int64_t kv_heads, int64_t head_dim,
                            const step_inputs& in, const kernels::exec_context& ctx);
 
 // The page table and lengths the layer's paged attention reads: the dense ones, or (when the
-// step selects) this layer's selection from its queries q (f32 [T, q_heads·head_dim], post RoPE).
+// step selects) this layer's selection from its queries q (f32 rows [T, q_heads·head_dim], post
+// RoPE).
 // Under tensor parallelism (comm of more than one rank) a page's score sums over the heads of
 // every rank: each rank scores with its own heads, the scores are all-reduced, and every rank
 // then selects the same pages from the sums. That holds when the ranks' KV heads are distinct
@@ -72,7 +83,7 @@ struct attention_pages {
   const int32_t* seq_lens = nullptr;
   int64_t page_table_stride = 0;
 };
-attention_pages select_attention_pages(const tensor& q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+attention_pages select_attention_pages(f32_rows q, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                        const kv_layer_cache& cache, const step_inputs& in, collective* comm,
                                        const kernels::exec_context& ctx);
 

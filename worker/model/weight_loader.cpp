@@ -58,4 +58,26 @@ tensor weight_loader::load_selection(const std::string& name, const shape_t& ful
   return t;
 }
 
+tensor weight_loader::stack_rows(std::vector<tensor> parts) const {
+  HYSERVE_CHECK(!parts.empty(), "weight_loader: nothing to stack");
+  const tensor& first = parts.front();
+  const int64_t cols = first.shape()[1];
+  int64_t rows = 0;
+  for (const tensor& t : parts) {
+    HYSERVE_CHECK(t.shape().ndim == 2 && t.shape()[1] == cols && t.type() == first.type() &&
+                      t.device() == first.device(),
+                  "weight_loader: stacking " + t.shape().str() + " under " + first.shape().str());
+    rows += t.shape()[0];
+  }
+  tensor out(first.type(), {rows, cols}, first.device());
+  size_t at = 0;
+  for (tensor& t : parts) {
+    if (t.nbytes() > 0)
+      allocator_of(out.device()).copy_within(static_cast<char*>(out.data()) + at, t.data(), t.nbytes());
+    at += t.nbytes();
+    t = tensor();
+  }
+  return out;
+}
+
 }  // namespace hyserve::worker

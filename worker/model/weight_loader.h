@@ -33,6 +33,10 @@ class weight_loader {
   tensor load_selection(const std::string& name, const shape_t& full, const weight_selection& sel, dtype type,
                         const std::vector<float>& scale = {});
 
+  // Loaded tensors of one type and width stacked along dimension 0, in order, on the model's
+  // device (the parts are freed): one weight for projections of the same input (q | k | v).
+  tensor stack_rows(std::vector<tensor> parts) const;
+
   uint64_t bytes() const { return bytes_; }  // placed so far
   device_kind device() const { return ctx_.device; }
 

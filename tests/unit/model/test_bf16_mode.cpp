@@ -85,9 +85,11 @@ int64_t check_fixture(engine& eng, const std::string& fixture, int allowed = 0) 
     }
     // The stored greedy margins agree with full_logits (the positions predicting greedy_ids).
     const size_t p0 = prompts[i].input_ids.size() - 1;
-    for (size_t j = 0; j < prompts[i].greedy_ids.size(); ++j)
-      if (prompts[i].greedy_top2_margin[j] > kMargin)
+    for (size_t j = 0; j < prompts[i].greedy_ids.size(); ++j) {
+      if (prompts[i].greedy_top2_margin[j] > kMargin) {
         EXPECT_EQ(top2(want + static_cast<int64_t>(p0 + j) * vocab, vocab).index, prompts[i].greedy_ids[j]);
+      }
+    }
   }
   EXPECT_LE(mismatches, allowed) << fixture << ": argmax mismatches at positions with reference margin > " << kMargin
                                  << " (of " << checked << " checked)";

@@ -312,7 +312,7 @@ TEST_P(Parity, TokenOutsideVocabularyIsAClearError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(kFixtures),
-                         [](const auto& info) { return fixture_name(info.param); });
+                         [](const auto& test_info) { return fixture_name(test_info.param); });
 
 TEST_P(Parity, IdleStepHasNoRows) {
   auto eng = make_engine();
