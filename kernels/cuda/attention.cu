@@ -59,9 +59,10 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
 constexpr int kMaxSlices = 64;
 constexpr int kMaxDecodeSlices = 256;
-// GQA group sizes of the decode kernel (attention_decode.cuh); other sizes take the decode
-// branch of paged_attention_kernel.
-using decode_group_table = int_table<1, 2, 4, 8>;
+// GQA group sizes of the decode kernels (attention_decode.cuh, attention_decode_mma.cuh: up to
+// 8 heads per kv head, one MMA n-tile; e.g. 6 for Falcon-H1-7B's 12 / 2 heads, 7 for 28 / 4);
+// larger groups take the decode branch of paged_attention_kernel.
+using decode_group_table = int_table<1, 2, 3, 4, 5, 6, 7, 8>;
 constexpr int64_t kMaxGrid = 65535;
 
 template <class KV, int D>

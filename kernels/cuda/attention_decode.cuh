@@ -51,8 +51,10 @@ inline constexpr int kChunkElems = (sizeof(KV) == 2 && G <= 4) ? 8 : 4;
 
 template <int D, int G, int E>
 struct shape {
-  static constexpr int kMaxAcc = 32;  // acc floats per lane: G·kDims (q takes as many)
-  static constexpr int kDimsWanted = kMaxAcc / G < E ? E : kMaxAcc / G;
+  static constexpr int kMaxAcc = 32;  // acc floats per lane: at most G·kDims (q takes as many)
+  // G rounded up to a power of two: kDims then divides D (a power of two).
+  static constexpr int kG2 = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+  static constexpr int kDimsWanted = kMaxAcc / kG2 < E ? E : kMaxAcc / kG2;
   static constexpr int kDimsMin = D / 32 < E ? E : D / 32;  // at most 32 lanes per key
   static constexpr int kDims = kDimsWanted < kDimsMin ? kDimsMin : (kDimsWanted > D ? D : kDimsWanted);
   static constexpr int kLanesPerKey = D / kDims;

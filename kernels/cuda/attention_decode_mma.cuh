@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
                                                               const attn_decode::partials part,
                                                               const attn_decode::tree_keys tree) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "at most 8 heads per kv head (one n-tile)");
+  static_assert(G >= 1 && G <= 8, "at most 8 heads per kv head (one n-tile)");
   constexpr int KS = D / 16;  // k-steps of the scores
   constexpr int KU = D / 32;  // 16-byte loads per key of K per lane (D/4 dims)
   constexpr int VC = D / 64;  // 8-dim chunks per key of V per lane

@@ -11,7 +11,7 @@
 
 namespace hyserve::kernels::cuda_detail {
 
-// Whether the decode kernels serve this call: query heads per kv head in {1, 2, 4, 8}, a
+// Whether the decode kernels serve this call: query heads per kv head from 1 to 8, a
 // compiled head_dim, rows × nodes within the grid.
 bool tree_on_decode_kernels(const paged_attention_tree_params& p);
 // The call on the decode kernels (its checks done by the caller; `stream`-ordered scratch).

@@ -1,5 +1,6 @@
 #include "moe_layer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -119,6 +120,7 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
   tensor out = tensor::f32({T, H}, ctx.device);
   if (T > 0) {
     const tensor logits = linear(x, w.router, ctx);  // [T, E]
+    profile(ctx, "moe.router", nbytes(w.router) + nbytes(x) + nbytes(logits));
     kernels::moe_experts_params p;
     p.x = x.as<float>();
     p.router_logits = logits.as<float>();
@@ -136,7 +138,15 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
     p.norm_topk_prob = w.norm_topk_prob;
     p.w_dtype = w.gate_up.type();
     kernels::run(p, ctx);
+    // The bytes of the experts the step can touch at most (the routing is on the device).
+    const int64_t touched = std::min(w.num_experts, T * w.top_k);
+    profile(ctx, "moe.experts",
+            (nbytes(w.gate_up) + nbytes(w.down)) * static_cast<double>(touched) / static_cast<double>(w.num_experts) +
+                2 * nbytes(out));
     shared_expert(w, x, out, ctx);
+    if (!w.shared.gate.empty())
+      profile(ctx, "moe.shared",
+              nbytes(w.shared.gate) + nbytes(w.shared.up) + nbytes(w.shared.down) + 3 * nbytes(out));
   }
   reduce_partial(out, comm);
   return out;

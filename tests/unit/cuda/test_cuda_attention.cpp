@@ -1,8 +1,8 @@
 // Backend ops: paged attention (causal extend with prefix, decode, mixed batches), CUDA
 // against CPU. Covers GQA ratios 1/4/8, page sizes 1 and 16, head_dim 32/64/128/256, rows
 // without queries, and both decode paths: split-KV with a combine (small batch × kv_heads) and
-// one slice per row (batch × kv_heads above ~8 blocks per SM); decode rows of GQA 1/2/4/8 take
-// the register-streaming decode kernel, up to 256 slices (the 32K-context row). Batches whose
+// one slice per row (batch × kv_heads above ~8 blocks per SM); decode rows of GQA 1 to 8 take
+// the register-streaming decode kernel (GQA 12 the extend kernel's decode branch), up to 256 slices (the 32K-context row). Batches whose
 // rows have at most 16 queries run again with the host's max_q_len promise (a verify step: each
 // query a decode query over its causal prefix on the decode kernel), also with a promise above
 // the rows' counts.
@@ -153,7 +153,9 @@ INSTANTIATE_TEST_SUITE_P(
         decode_case("decode_bs1_ctx1024", 1, 8, 4, 128, 16, 1, 1024),
         decode_case("decode_bs1_ctx1", 1, 8, 4, 128, 16, 1, 1),
         decode_case("decode_bs2_ctx77", 2, 8, 4, 128, 16, 1, 77),
-        decode_case("decode_bs1_gqa3_ctx300", 1, 4, 3, 64, 16, 1, 300),  // extend kernel's decode branch
+        decode_case("decode_bs1_gqa3_ctx300", 1, 4, 3, 64, 16, 1, 300),  // decode kernel, G not a power of 2
+        decode_case("decode_bs2_gqa6_ctx900", 2, 2, 6, 128, 16, 1, 900),
+        decode_case("decode_bs1_gqa12_ctx300", 1, 2, 12, 64, 16, 1, 300),  // extend kernel's decode branch
         decode_case("decode_bs4", 4, 8, 8, 128, 16, 1, 3000),
         decode_case("decode_bs16", 16, 4, 1, 64, 1, 1, 700),
         decode_case("decode_bs3", 3, 2, 8, 256, 16, 1, 2000),

@@ -9,7 +9,7 @@
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
 //     lengths, bf16 cache (tensor-core decode kernel) and f32 cache (CUDA-core one), GQA 4, and
-//     GQA 3 (the extend kernel's decode branch); a chain-verify row alone == among others; a
+//     GQA 3 (a group size padded to the decode kernel's 8 heads); a chain-verify row alone == among others; a
 //     verify row in a step of its own == the row beside prefill chunks (short_q_max); and a
 //     prefill chunk's tokens (the tensor-core extend kernel) == the same tokens in two chunks and
 //     among other rows.

@@ -1,7 +1,7 @@
 // Backend ops with bf16 storage, CUDA against the CPU op on the same bf16 data: gemm with a bf16
 // weight, embedding with a bf16 table, kv_write into a bf16 cache, paged attention over a bf16
-// cache (extend with prefix, decode through the register-streaming kernel for GQA 1/2/4/8 and the
-// generic split-KV branch for GQA 3, production shape 32 q / 8 kv heads, head_dim 128, page 16).
+// cache (extend with prefix, decode through the decode kernel for GQA 1 to 8 and the generic
+// split-KV branch for GQA 12, production shape 32 q / 8 kv heads, head_dim 128, page 16).
 // Tolerances: gemm |Δ| <= 1e-5 + 1e-6·k + 1e-4·|want| (a is bf16-exact, so the CUDA op's
 // rounding of a is the identity and only the summation order differs); attention 2e-5 +
 // 1e-4·|want| (both widen the same bf16 values; online softmax order differs); embedding and
@@ -306,13 +306,16 @@ INSTANTIATE_TEST_SUITE_P(
         attn_case{"extend_prefix_long", 2, 8, 64, 1, {150, 1, 40}, {1150, 600, 40}},
         attn_case{"extend_gqa1", 4, 1, 128, 16, {70, 0, 33}, {200, 5, 33}},
         attn_case{"extend_gqa2", 4, 2, 64, 16, {65, 18, 1}, {65, 100, 9}},
-        // GQA 6 (Falcon-H1-7B's 12 / 2 heads): extend rows on the tensor cores, its decode rows on
-        // the CUDA-core kernel's decode branch, in the same call.
+        // GQA 6 (Falcon-H1-7B's 12 / 2 heads): extend rows on the tensor cores beside decode rows
+        // (the decode kernel), in the same call.
         attn_case{"extend_gqa6", 2, 6, 128, 16, {40, 1, 7, 1}, {300, 90, 7, 1000}},
-        // Other GQA ratios of the decode kernel (8: 8-byte bf16 loads) and the generic branch (3).
+        // Other GQA ratios of the decode kernel (8: 8-byte bf16 loads; 3, 5, 6, 7: heads padded to
+        // the MMA's 8) and the generic branch (12).
         decode_case("decode", 3, 2, 1, 64, 16, 1, 513), decode_case("decode", 3, 2, 2, 32, 16, 1, 333),
         decode_case("decode", 5, 1, 8, 128, 16, 1, 1000), decode_case("decode", 5, 2, 8, 256, 16, 1, 300),
-        decode_case("decode", 4, 2, 3, 64, 16, 1, 900),
+        decode_case("decode", 4, 2, 3, 64, 16, 1, 900), decode_case("decode", 3, 2, 6, 128, 16, 1, 1500),
+        decode_case("decode", 2, 4, 7, 128, 16, 1, 600), decode_case("decode", 2, 1, 5, 64, 16, 1, 400),
+        decode_case("decode", 2, 1, 12, 128, 16, 1, 300),
         // Odd sizes: head_dim 16 (the fixtures), page sizes 1 and 3, 32K context.
         attn_case{"extend", 2, 2, 16, 3, {7, 1, 4}, {7, 19, 30}},
         decode_case("decode", 2, 1, 4, 16, 1, 1, 77),
