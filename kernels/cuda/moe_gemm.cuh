@@ -15,6 +15,7 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/kernels/paths.h"
+#include "mma_bf16.cuh"
 
 namespace hyserve::kernels::cuda_detail {
 namespace {
@@ -188,32 +189,60 @@ __global__ void __launch_bounds__(kGemmThreads) moe_grouped_gemm_kernel(const gg
     const W* sb = sa + C::A_ELEMS;
 #pragma unroll
     for (int kb = 0; kb < BK; kb += 16) {
-      frag_word<W> af[MT][4];
+      if constexpr (std::is_same_v<W, bf16>) {
+        // bf16: fragments by ldmatrix (mma_bf16.cuh's lane addresses; the 16-byte row padding
+        // puts the 8 rows of each 8×8 matrix on distinct banks), B two n-tiles a load when the
+        // warp has an even number. The same MMAs in the same order as before: a result's bits do
+        // not depend on how its fragments are loaded.
+        uint32_t af[MT][4];
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        const W* p = sa + (wm * C::WTM + mi * 16 + gq) * LDS + kb + 2 * tq;
-        af[mi][0] = load_pair<W>(p);
-        af[mi][1] = load_pair<W>(p + 8 * LDS);
-        af[mi][2] = load_pair<W>(p + 8);
-        af[mi][3] = load_pair<W>(p + 8 * LDS + 8);
-      }
+        for (int mi = 0; mi < MT; ++mi)
+          mma16::ldsm_x4(af[mi], sa + (wm * C::WTM + mi * 16 + (lane & 15)) * LDS + kb + 8 * (lane >> 4));
 #pragma unroll
-      for (int s = 0; s < S; ++s)
+        for (int s = 0; s < S; ++s)
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const W* p = sb + s * C::B_ELEMS + (wn * C::WTN + ni * 8 + gq) * LDS + kb + 2 * tq;
-          const frag_word<W> b0 = load_pair<W>(p), b1 = load_pair<W>(p + 8);
+          for (int ni = 0; ni < NT; ni += 2) {
+            uint32_t b[4];
+            if constexpr (NT % 2 == 0) {
+              mma16::ldsm_x4(b, sb + s * C::B_ELEMS + (wn * C::WTN + ni * 8 + (lane & 7) + 8 * (lane >> 4)) * LDS +
+                                    kb + 8 * ((lane >> 3) & 1));
+            } else {
+              const bf16* p = sb + s * C::B_ELEMS + (wn * C::WTN + ni * 8 + gq) * LDS + kb + 2 * tq;
+              b[0] = load_pair<W>(p).hi;
+              b[1] = load_pair<W>(p + 8).hi;
+            }
 #pragma unroll
-          for (int mi = 0; mi < MT; ++mi) {
-            const uint32_t ah[4] = {af[mi][0].hi, af[mi][1].hi, af[mi][2].hi, af[mi][3].hi};
-            if constexpr (!std::is_same_v<W, bf16>) {
+            for (int mi = 0; mi < MT; ++mi) {
+              mma16816(acc[s][mi][ni], af[mi], b[0], b[1]);
+              if constexpr (NT % 2 == 0) mma16816(acc[s][mi][ni + 1], af[mi], b[2], b[3]);
+            }
+          }
+      } else {
+        frag_word<W> af[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          const W* p = sa + (wm * C::WTM + mi * 16 + gq) * LDS + kb + 2 * tq;
+          af[mi][0] = load_pair<W>(p);
+          af[mi][1] = load_pair<W>(p + 8 * LDS);
+          af[mi][2] = load_pair<W>(p + 8);
+          af[mi][3] = load_pair<W>(p + 8 * LDS + 8);
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) {
+            const W* p = sb + s * C::B_ELEMS + (wn * C::WTN + ni * 8 + gq) * LDS + kb + 2 * tq;
+            const frag_word<W> b0 = load_pair<W>(p), b1 = load_pair<W>(p + 8);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+              const uint32_t ah[4] = {af[mi][0].hi, af[mi][1].hi, af[mi][2].hi, af[mi][3].hi};
               const uint32_t al[4] = {af[mi][0].lo, af[mi][1].lo, af[mi][2].lo, af[mi][3].lo};
               mma16816(acc[s][mi][ni], al, b0.hi, b1.hi);  // small terms first
               mma16816(acc[s][mi][ni], ah, b0.lo, b1.lo);
+              mma16816(acc[s][mi][ni], ah, b0.hi, b1.hi);
             }
-            mma16816(acc[s][mi][ni], ah, b0.hi, b1.hi);
           }
-        }
+      }
     }
   }
 
@@ -260,7 +289,8 @@ void launch_grouped(const gg_args& g, int64_t rows, cudaStream_t stream) {
 }
 
 // Tile shapes: few rows per expert (decode, small batches): 16-row tiles, narrow (more blocks
-// streaming the weights) and deep in k; many rows: 64 × 64 tiles.
+// streaming the weights) and deep in k; many rows: 64-row tiles (64 × 256 for bf16 weights,
+// 64 × 64 for f32).
 constexpr int kSmallBM = 16, kLargeBM = 64;
 
 // ---- 5, 6. the experts' GEMV (bf16 weights, a few rows an expert: decode) ---------------------
@@ -394,10 +424,15 @@ void launch_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_
   if constexpr (std::is_same_v<W, bf16>) {
     if (path == moe_gemm_path::kGemv) return launch_moe_gemv<kSwiglu>(g, rows, stream);
   }
-  if (path == moe_gemm_path::kSmall)
+  if (path == moe_gemm_path::kSmall) {
     launch_grouped<W, kSmallBM, 32, 64, 1, 4, 4, kSwiglu>(g, rows, stream);
-  else
+  } else if constexpr (std::is_same_v<W, bf16>) {
+    // bf16, many rows: 64-row tiles as wide as 256 weight rows (gate and up 128 each), a warp
+    // 64 × 64 of them: 128 bytes of shared memory read per MMA (ldmatrix), 3 stages.
+    launch_grouped<W, kLargeBM, kSwiglu ? 128 : 256, 32, 1, 4, 3, kSwiglu>(g, rows, stream);
+  } else {
     launch_grouped<W, kLargeBM, 64, 32, 2, 2, 4, kSwiglu>(g, rows, stream);
+  }
 }
 
 }  // namespace
