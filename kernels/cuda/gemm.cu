@@ -170,8 +170,9 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
-  if (!exact && g_invariant_backend == invariant_gemm_backend::kCublasLt && launch_invariant_lt<kSwiglu>(a, m, stream))
-    return;
+  const bool lt = g_invariant_backend == invariant_gemm_backend::kCublasLt ||
+                  current_paths().invariant_gemm == kernel_paths::invariant_gemm_kind::kCublasLt;
+  if (!exact && lt && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
   const bool tiled = !exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows);
