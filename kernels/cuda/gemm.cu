@@ -141,7 +141,10 @@ invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kKernels;
 // call scales its output (alpha, beta).
 template <bool kSwiglu>
 bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
-  if (!kSwiglu && (a.alpha != 1.0f || a.beta != 0.0f)) return false;
+  // alpha 1 and beta 0 or 1 (the residual added in the epilogue): round(acc + c) whatever
+  // formula the epilogue uses.
+  if (!kSwiglu && (a.alpha != 1.0f || (a.beta != 0.0f && a.beta != 1.0f))) return false;
+  if (!lt_shape_applies(a.n, a.k, a.ldb, kSwiglu ? a.n : a.ldc)) return false;  // by layout, never by m
   __nv_bfloat16* a16 = nullptr;
   CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
@@ -152,8 +155,8 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
     float* gu = nullptr;
     CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&gu), static_cast<size_t>(2 * m * a.n) * sizeof(float), stream));
     float* up = gu + m * a.n;
-    done = lt_invariant_gemm(a16, a.b0, a.ldb, gu, a.n, m, a.n, a.k, stream) &&
-           lt_invariant_gemm(a16, a.b1, a.ldb, up, a.n, m, a.n, a.k, stream);
+    done = lt_invariant_gemm(a16, a.b0, a.ldb, gu, a.n, m, a.n, a.k, 0.0f, stream) &&
+           lt_invariant_gemm(a16, a.b1, a.ldb, up, a.n, m, a.n, a.k, 0.0f, stream);
     if (done) {
       const auto eb = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.n, 256), 4 * int64_t{sm_count()} * 8));
       lt_swiglu_kernel<<<eb, 256, 0, stream>>>(gu, up, a.c, m, a.n, a.ldc);
@@ -161,7 +164,7 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
     }
     CUDA_CHECK(scratch_free(gu, stream));
   } else {
-    done = lt_invariant_gemm(a16, a.b0, a.ldb, a.c, a.ldc, m, a.n, a.k, stream);
+    done = lt_invariant_gemm(a16, a.b0, a.ldb, a.c, a.ldc, m, a.n, a.k, a.beta, stream);
   }
   CUDA_CHECK(scratch_free(a16, stream));  // stream-ordered: after the GEMMs
   return done;

@@ -3,10 +3,14 @@
 // includer; selected by set_invariant_gemm_backend): c[r, :] = a16[r, :] · bᵀ for r < m, a16
 // the activations rounded to bf16 (compact [m, k]), b the weight [n, k] (ld ldb), c f32 (ld ldc),
 // f32 accumulation. The algorithm is cuBLASLt's heuristic choice for the call's shape with its
-// split-K forced to 1 and no reduction, and no workspace: each output is then one MMA chain over
-// k in ascending order whatever the tile, so its bits would not depend on m or on the algorithm
-// (bench/probes/cublaslt_invariance_probe.cu asks the device exactly that; until it answers,
-// this is an experiment, not a default). Plans are cached per (device, m, n, k, ldb, ldc).
+// split-K forced to 1 and no reduction: each output is then one MMA chain over k in ascending
+// order whatever the tile. bench/probes/cublaslt_invariance_probe.cu measured this on an H100
+// (2026-12-06, bench/results): every such algorithm the heuristic offered, at every m from 1 to
+// 2048, gave the bits of one mma.sync k16 chain in ascending k, for the 9B model's in_proj and
+// out_proj. The heuristic is given a workspace (kLtWorkspaceBytes, one per device and thread):
+// without one it offers only slow kernels (2.1 ms instead of 0.37 ms at m = 2048). Plans are
+// cached per (device, m, n, k, ldb, ldc). Whether a shape takes this path depends on its layout
+// only (lt_shape_applies), never on m: a row's bits must come from one arithmetic for every m.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +25,14 @@
 
 namespace hyserve::kernels::cuda_detail {
 namespace {
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+// The layouts this path takes, whatever m: 16-byte rows of the weight and of the activations,
+// and of the output.
+bool lt_shape_applies(int64_t n, int64_t k, int64_t ldb, int64_t ldc) {
+  return n % 8 == 0 && k % 8 == 0 && ldb % 8 == 0 && ldc % 4 == 0;
+}
 
 // One planned shape: the descriptors and the algorithm (valid false: no split-K-1 algorithm).
 struct lt_plan {
@@ -42,14 +54,19 @@ struct lt_plan {
 // The handle and the plans of one device; per thread, like gemm.cu's cuBLAS handles.
 class lt_context {
  public:
-  lt_context() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  lt_context() {
+    CUBLAS_CHECK(cublasLtCreate(&handle_));
+    CUDA_CHECK(cudaMalloc(&workspace_, kLtWorkspaceBytes));
+  }
   ~lt_context() {
     plans_.clear();
+    cudaFree(workspace_);
     cublasLtDestroy(handle_);
   }
   lt_context(const lt_context&) = delete;
   lt_context& operator=(const lt_context&) = delete;
   cublasLtHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
 
   const lt_plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldb, int64_t ldc) {
     std::unique_ptr<lt_plan>& p = plans_[std::make_tuple(m, n, k, ldb, ldc)];
@@ -71,9 +88,9 @@ class lt_context {
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(m), ldc));
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t no_workspace = 0;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace,
-                                         sizeof(no_workspace));
+    const size_t workspace = kLtWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                         sizeof(workspace));
     constexpr int kCandidates = 8;
     cublasLtMatmulHeuristicResult_t res[kCandidates];
     int found = 0;
@@ -93,7 +110,7 @@ class lt_context {
         continue;
       cublasLtMatmulHeuristicResult_t check{};
       if (cublasLtMatmulAlgoCheck(handle_, p->op, p->b, p->a, p->c, p->c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize != 0)
+          check.workspaceSize > kLtWorkspaceBytes)
         continue;
       p->algo = algo;
       p->valid = true;
@@ -102,6 +119,7 @@ class lt_context {
   }
 
   cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;  // the stream's GEMMs run one after the other: one workspace is enough
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<lt_plan>> plans_;
 };
 
@@ -114,16 +132,19 @@ lt_context& lt_for_device() {
   return *c;
 }
 
-// c = a16 · bᵀ (alpha 1, beta 0). False (nothing launched) when no algorithm of the shape
-// takes split-K 1 without a workspace.
+// c = a16 · bᵀ + beta · c (beta 0 or 1). False (nothing launched) when the shape's layout is not one
+// this path takes; a shape it takes with no split-K-1 algorithm at this m is an error (the
+// shape's other rows counts would have another arithmetic).
 bool lt_invariant_gemm(const __nv_bfloat16* a16, const __nv_bfloat16* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
-                       int64_t n, int64_t k, cudaStream_t stream) {
+                       int64_t n, int64_t k, float beta, cudaStream_t stream) {
+  if (!lt_shape_applies(n, k, ldb, ldc)) return false;
   lt_context& lt = lt_for_device();
   const lt_plan& p = lt.plan(m, n, k, ldb, ldc);
-  if (!p.valid) return false;
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, b, p.b, a16, p.a, &beta, c, p.c, c, p.c, &p.algo, nullptr,
-                                  0, stream));
+  HYSERVE_CHECK(p.valid, "batch_invariant GEMM on cuBLASLt: no split-K-1 algorithm for m " + std::to_string(m) +
+                             ", n " + std::to_string(n) + ", k " + std::to_string(k));
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, b, p.b, a16, p.a, &beta, c, p.c, c, p.c, &p.algo,
+                              lt.workspace(), kLtWorkspaceBytes, stream));
   return true;
 }
 
