@@ -34,6 +34,7 @@
 #include "gemm_invariant.cuh"
 #include "gemm_paths.h"
 #include "gemm_skinny.cuh"
+#include "gemm_lt.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -132,9 +133,49 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
+invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kKernels;
+
+// determinism: batch_invariant on cuBLASLt (set_invariant_gemm_backend): the activations rounded
+// to bf16 as for the tiled kernel, then one split-K-1 GEMM (two and the SwiGLU formula for the
+// fused projection). False, with nothing launched, when a shape has no such algorithm or the
+// call scales its output (alpha, beta).
+template <bool kSwiglu>
+bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  // alpha 1 and beta 0 or 1 (the residual added in the epilogue): round(acc + c) whatever
+  // formula the epilogue uses.
+  if (!kSwiglu && (a.alpha != 1.0f || (a.beta != 0.0f && a.beta != 1.0f))) return false;
+  if (!lt_shape_applies(a.n, a.k, a.ldb, kSwiglu ? a.n : a.ldc)) return false;  // by layout, never by m
+  __nv_bfloat16* a16 = nullptr;
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
+  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  bool done = false;
+  if constexpr (kSwiglu) {
+    float* gu = nullptr;
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&gu), static_cast<size_t>(2 * m * a.n) * sizeof(float), stream));
+    float* up = gu + m * a.n;
+    done = lt_invariant_gemm(a16, a.b0, a.ldb, gu, a.n, m, a.n, a.k, 0.0f, stream) &&
+           lt_invariant_gemm(a16, a.b1, a.ldb, up, a.n, m, a.n, a.k, 0.0f, stream);
+    if (done) {
+      const auto eb = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.n, 256), 4 * int64_t{sm_count()} * 8));
+      lt_swiglu_kernel<<<eb, 256, 0, stream>>>(gu, up, a.c, m, a.n, a.ldc);
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    }
+    CUDA_CHECK(scratch_free(gu, stream));
+  } else {
+    done = lt_invariant_gemm(a16, a.b0, a.ldb, a.c, a.ldc, m, a.n, a.k, a.beta, stream);
+  }
+  CUDA_CHECK(scratch_free(a16, stream));  // stream-ordered: after the GEMMs
+  return done;
+}
+
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
+  const bool lt = g_invariant_backend == invariant_gemm_backend::kCublasLt ||
+                  current_paths().invariant_gemm == kernel_paths::invariant_gemm_kind::kCublasLt;
+  if (!exact && lt && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
   const bool tiled = !exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows);
@@ -255,6 +296,8 @@ void set_invariant_tiled_rows(int64_t min_rows) {
   if (min_rows < 0) throw invalid_argument_error("set_invariant_tiled_rows: must be >= 0, got " + std::to_string(min_rows));
   cuda_detail::g_tiled_min_rows = min_rows;
 }
+
+void set_invariant_gemm_backend(invariant_gemm_backend backend) { cuda_detail::g_invariant_backend = backend; }
 
 bool skinny_uses_mma() {
   // Row-invariant GEMMs of every m run the tensor-core arithmetic (the FMA kernel stops at 8 rows).

@@ -50,6 +50,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_decode: persistent8
   gdn_max_tokens: 32768
   gdn_prefill: tf32
+  invariant_gemm: cublaslt
   norm_linear: false
   norm_linear_blocks_per_sm: 3
   pdl: false
@@ -65,6 +66,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
   EXPECT_EQ(k.gdn_max_tokens, 32768);
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
+  EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_FALSE(k.pdl);
@@ -77,6 +79,7 @@ TEST(ConfigKernels, EveryKeyParses) {
 
 // Each enumerated value maps to its own variant, and `default` to the automatic choice.
 TEST(ConfigKernels, EveryNamedValueParses) {
+  EXPECT_EQ(with_kernels("{invariant_gemm: kernels}").kernels.invariant_gemm, kp::invariant_gemm_kind::kKernels);
   EXPECT_EQ(with_kernels("{attn_decode: mma}").kernels.attn_decode, kp::attn_decode_kind::kMma);
   EXPECT_EQ(with_kernels("{attn_decode: default}").kernels.attn_decode, kp::attn_decode_kind::kDefault);
   EXPECT_EQ(with_kernels("{attn_decode_waves: default}").kernels.attn_decode_waves, 0);

@@ -165,10 +165,79 @@ INSTANTIATE_TEST_SUITE_P(
                     gemm_layout{"f32_trans_a_b_kn", dtype::kF32, true, false, 37, 203}),
     [](const testing::TestParamInfo<gemm_layout>& param_info) { return param_info.param.label; });
 
-TEST(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
+// While it lives, the row-invariant bf16 GEMMs run on `backend` (set_invariant_gemm_backend).
+class invariant_backend_scope {
+ public:
+  explicit invariant_backend_scope(invariant_gemm_backend backend) { set_invariant_gemm_backend(backend); }
+  ~invariant_backend_scope() { set_invariant_gemm_backend(invariant_gemm_backend::kKernels); }
+  invariant_backend_scope(const invariant_backend_scope&) = delete;
+  invariant_backend_scope& operator=(const invariant_backend_scope&) = delete;
+};
+
+// The experiment of cuBLASLt with split-K 1 (gemm_lt.cuh): a row's bits the same in a call of
+// any m, at alpha 1 and beta 0 (other scalings stay on the kernels), bf16 weights [n, k]; the
+// values against the CPU op as in InvariantGemmCuda.
+TEST(InvariantGemmLtCuda, RowOfAnyCallEqualsTheRowAlone) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const kernel_paths paths = invariant_paths();
   const paths_scope scope(paths);
+  const invariant_backend_scope lt(invariant_gemm_backend::kCublasLt);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1025, 4096}, std::pair<int64_t, int64_t>{4096, 2048}}) {
+    const std::string label = "n " + std::to_string(n) + " k " + std::to_string(k);
+    std::vector<uint16_t> wh(static_cast<size_t>(n * k));
+    const std::vector<float> wf = random_floats(wh.size(), 161, -0.1f, 0.1f);
+    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(wf[i]);
+    device_array<uint16_t> dw(wh);
+    const std::vector<float> row = bf16_exact(random_floats(static_cast<size_t>(k), 162));
+    auto product = [&](int64_t m, int64_t at, uint32_t seed, std::vector<float>* want) {
+      std::vector<float> a = bf16_exact(random_floats(static_cast<size_t>(m * k), seed));
+      std::copy(row.begin(), row.end(), a.begin() + at * k);
+      gemm_params p;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.trans_b = true;
+      p.lda = p.ldb = k;
+      p.ldc = n;
+      p.b_dtype = dtype::kBF16;
+      if (want != nullptr) {
+        want->assign(static_cast<size_t>(m * n), 0.0f);
+        gemm_params pc = p;
+        pc.a = a.data();
+        pc.b = wh.data();
+        pc.c = want->data();
+        run_cpu(pc);
+      }
+      device_array<float> da(a), dc(static_cast<size_t>(m * n));
+      p.a = da.data();
+      p.b = dw.data();
+      p.c = dc.data();
+      run_cuda(p);
+      device_synchronize();
+      return dc.download();
+    };
+    std::vector<float> want;
+    const std::vector<float> alone = product(1, 0, 170u, &want);
+    expect_match(alone, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, label + " m 1");
+    for (const int64_t m : {2, 3, 7, 8, 9, 16, 17, 33, 64, 65, 128, 256, 300, 1100}) {
+      const int64_t at = (m * 7 + 3) % m;
+      const bool check_values = m == 9 || m == 300 || m == 1100;
+      const std::vector<float> got = product(m, at, 171u + static_cast<uint32_t>(m), check_values ? &want : nullptr);
+      ASSERT_TRUE(same_bits(got.data() + at * n, alone.data(), static_cast<size_t>(n)))
+          << label << ": m " << m << " row " << at << " differs from the row alone";
+      if (check_values) expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, label + " m " + std::to_string(m));
+    }
+  }
+}
+
+// The fused SwiGLU projection on both backends (kernels, cuBLASLt with split-K 1).
+class InvariantSwigluLinearCuda : public testing::TestWithParam<invariant_gemm_backend> {};
+
+TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const kernel_paths paths = invariant_paths();
+  const paths_scope scope(paths);
+  const invariant_backend_scope backend(GetParam());
   const int64_t n = 1000, k = 1024, max_m = 300;  // 300: the tiled kernel (>= 256 rows)
   std::vector<uint16_t> g(static_cast<size_t>(n * k)), u(g.size());
   const std::vector<float> gf = random_floats(g.size(), 91, -0.1f, 0.1f), uf = random_floats(u.size(), 92, -0.1f, 0.1f);
@@ -222,6 +291,12 @@ TEST(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
     ASSERT_TRUE(same_bits(one.data(), all.data() + r * n, static_cast<size_t>(n))) << "row " << r << " alone";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, InvariantSwigluLinearCuda,
+                         testing::Values(invariant_gemm_backend::kKernels, invariant_gemm_backend::kCublasLt),
+                         [](const testing::TestParamInfo<invariant_gemm_backend>& param_info) {
+                           return param_info.param == invariant_gemm_backend::kKernels ? "kernels" : "cublaslt";
+                         });
 
 // ---- paged attention ----
 

@@ -19,6 +19,10 @@ struct kernel_paths {
   // `gdn_prefill`: the GDN chunked prefill path of ops that leave it to the default (model
   // layers choose theirs by model.gdn_prefill): default (tc) | recurrent | tc | tf32 | bf16.
   enum class gdn_prefill_kind : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
+  // `invariant_gemm`: the row-invariant bf16 GEMMs of determinism: batch_invariant: default
+  // (kernels) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, no
+  // workspace; shapes it does not take stay on the kernels).
+  enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -52,6 +56,7 @@ struct kernel_paths {
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
   gdn_prefill_kind gdn_prefill = gdn_prefill_kind::kDefault;
+  invariant_gemm_kind invariant_gemm = invariant_gemm_kind::kDefault;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
