@@ -1,6 +1,6 @@
 #pragma once
 // Row-invariant bf16 GEMM through cuBLASLt (determinism: batch_invariant; gemm.cu, the only
-// includer; selected by set_invariant_gemm_backend): c[r, :] = a16[r, :] · bᵀ for r < m, a16
+// includer; selected by kernels.invariant_gemm: cublaslt or set_invariant_gemm_backend): c[r, :] = a16[r, :] · bᵀ for r < m, a16
 // the activations rounded to bf16 (compact [m, k]), b the weight [n, k] (ld ldb), c f32 (ld ldc),
 // f32 accumulation. The algorithm is cuBLASLt's heuristic choice for the call's shape with its
 // split-K forced to 1 and no reduction: each output is then one MMA chain over k in ascending

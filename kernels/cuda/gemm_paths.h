@@ -31,10 +31,10 @@ bool skinny_uses_mma();
 // in the same order: the bits do not depend on the choice, only the speed.
 void set_invariant_tiled_rows(int64_t min_rows);
 
-// Experiment (determinism: batch_invariant, bf16 weights): the row-invariant GEMMs on hyserve's
-// kernels (the default) or on cuBLASLt with split-K 1 (gemm_lt.cuh; each output one MMA chain
-// over k, which bench/probes/cublaslt_invariance_probe.cu checks on the device). A shape no
-// split-K-1 algorithm takes falls back to the kernels.
+// determinism: batch_invariant, bf16 weights: the row-invariant GEMMs on hyserve's kernels (the
+// default) or on cuBLASLt with split-K 1 (gemm_lt.cuh; each output one MMA chain over k, which
+// bench/probes/cublaslt_invariance_probe.cu checked on the device). kernels.invariant_gemm
+// (exec_context::paths) selects it too. Layouts without 16-byte rows stay on the kernels.
 enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1 };
 void set_invariant_gemm_backend(invariant_gemm_backend backend);
 
