@@ -4,6 +4,7 @@
 // multipliers of in_proj's output z | x | B | C | dt, MLP gate/down) are folded into the
 // weights they follow at load.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "families.h"
@@ -17,6 +18,10 @@ namespace {
 struct falcon_h1_layer {
   tensor input_norm;
   tensor pre_ff_norm;
+  // The two mixers' input projections stacked (both read the normed input): Mamba2's in_proj
+  // rows z | xBC | dt, then attention's q | k | v: one launch and one weight stream. mamba.in_proj
+  // and attn.qkv are empty.
+  tensor in_proj;
   layers::mamba2_weights mamba;
   layers::attention_weights attn;
   layers::mlp_weights mlp;
@@ -44,6 +49,10 @@ class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
                   L.mamba = blocks.mamba2(p + "mamba.", mc.ssm_multipliers, mc.ssm_in_multiplier,
                                           mc.ssm_out_multiplier);
                   L.attn = blocks.attention(p + "self_attn.", as);
+                  std::vector<tensor> parts;
+                  parts.push_back(std::move(L.mamba.in_proj));
+                  parts.push_back(std::move(L.attn.qkv));
+                  L.in_proj = ld.stack_rows(std::move(parts));
                   L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size, false, mc.mlp_gate_multiplier,
                                      mc.mlp_down_multiplier);
                 });
@@ -57,8 +66,12 @@ class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
                      const kernels::exec_context& ex) override {
     const tensor x = norm(h, L.input_norm, ex);
     const auto idx = static_cast<int32_t>(i);
-    mamba2_on(L.mamba, x, h, idx, in, ctx, ex);
-    attention_on(L.attn, x, h, idx, in, ctx, ex);
+    const tensor proj = layers::linear(x, L.in_proj, ex);  // [T, mamba in_width + q | k | v]
+    layers::profile(ex, "in_proj+qkv", layers::nbytes(L.in_proj) + layers::nbytes(x) + layers::nbytes(proj));
+    mamba2_mix_on(L.mamba, proj, h, idx, in, ctx, ex);
+    const int64_t mw = L.mamba.in_width();
+    attention_mix_on(L.attn, layers::f32_rows{proj.as<float>() + mw, proj.shape()[0], proj.shape()[1]}, h, idx, in,
+                     ctx, ex);
     mlp_block(L.mlp, h, L.pre_ff_norm, ex);
   }
 };

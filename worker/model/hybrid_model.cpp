@@ -255,6 +255,19 @@ void hybrid_model::mamba2_on(layers::mamba2_weights& w, const tensor& x, tensor&
                          ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, &h);
 }
 
+void hybrid_model::mamba2_mix_on(layers::mamba2_weights& w, const tensor& proj, tensor& h, int32_t cache_index,
+                                 const layers::step_inputs& in, const model_context& ctx,
+                                 const kernels::exec_context& ex) {
+  layers::mamba2_mix(w, proj, in, ctx.mamba->layer(cache_index), comm_, ex,
+                     ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, &h);
+}
+
+void hybrid_model::attention_mix_on(layers::attention_weights& w, layers::f32_rows qkv, tensor& h,
+                                    int32_t cache_index, const layers::step_inputs& in, const model_context& ctx,
+                                    const kernels::exec_context& ex) {
+  layers::attention_mix(w, qkv, in, ctx.kv->layer(cache_index), comm_, ex, &h);
+}
+
 void hybrid_model::attention_on(layers::attention_weights& w, const tensor& x, tensor& h, int32_t cache_index,
                                 const layers::step_inputs& in, const model_context& ctx,
                                 const kernels::exec_context& ex) {

@@ -127,6 +127,12 @@ class hybrid_model : public model {
   // h += attention(x) (x the normed input).
   void attention_on(layers::attention_weights& w, const tensor& x, tensor& h, int32_t cache_index,
                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
+  // The same two after their projections (layers::mamba2_mix, layers::attention_mix): proj holds
+  // z | xBC | dt in its first columns, qkv the attention's q | k | v.
+  void mamba2_mix_on(layers::mamba2_weights& w, const tensor& proj, tensor& h, int32_t cache_index,
+                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
+  void attention_mix_on(layers::attention_weights& w, layers::f32_rows qkv, tensor& h, int32_t cache_index,
+                        const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
   // h += mlp(rmsnorm(h; norm)) (norm fused into the first projection).
   void mlp_block(layers::mlp_weights& w, tensor& h, const tensor& norm, const kernels::exec_context& ex);
   tensor norm(const tensor& h, const tensor& weight, const kernels::exec_context& ex) const;

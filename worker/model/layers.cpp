@@ -441,11 +441,18 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int6
 
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
                          collective* comm, const exec_context& ctx, tensor* residual) {
-  const int64_t T = x.shape()[0];
-  tensor qkv = linear(x, w.qkv, ctx);  // [T, (qh + 2·kvh)·hd]: q | k | v
+  const tensor qkv = linear(x, w.qkv, ctx);  // [T, (qh + 2·kvh)·hd]: q | k | v
   profile(ctx, "attn.qkv_proj", nbytes(w.qkv) + nbytes(x) + nbytes(qkv));
-  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim, ld = qw + 2 * kw;
-  const f32_rows q{qkv.as<float>(), T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
+  return attention_mix(w, rows_of(qkv), in, cache, comm, ctx, residual);
+}
+
+tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
+                     collective* comm, const exec_context& ctx, tensor* residual) {
+  const int64_t T = qkv.rows, ld = qkv.stride;
+  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
+  HYSERVE_CHECK(ld >= qw + 2 * kw, "attention: q | k | v rows of stride " + std::to_string(ld) + " for " +
+                                       std::to_string(qw + 2 * kw) + " columns");
+  const f32_rows q{qkv.data, T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
   if (T > 0 && w.rotary_dim > 0) {
     apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
     profile(ctx, "attn.rope", 2.0 * sizeof(float) * static_cast<double>(T * (qw + kw)));
@@ -531,10 +538,19 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
                       const tensor* norm, float eps) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
-  const int64_t di = w.d_inner(), conv = w.conv_dim();
-  tensor proj = norm_linear(x, norm, eps, w.in_proj, ctx);  // [T, di + conv + heads]: z | xBC | dt
+  const tensor proj = norm_linear(x, norm, eps, w.in_proj, ctx);  // [T, di + conv + heads]: z | xBC | dt
   profile(ctx, "mamba.in_proj", nbytes(w.in_proj) + nbytes(x) + nbytes(proj));
-  const int64_t in_w = proj.shape()[1];
+  return mamba2_mix(w, proj, in, state, comm, ctx, steps, residual);
+}
+
+tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
+                  collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
+  const int64_t T = proj.shape()[0], hidden = w.out_proj.shape()[0];
+  if (T == 0) return tensor::f32({0, hidden}, ctx.device);
+  const int64_t di = w.d_inner(), conv = w.conv_dim();
+  const int64_t in_w = proj.shape()[1];  // the row stride of z | xBC | dt
+  HYSERVE_CHECK(in_w >= w.in_width(), "Mamba2 mixer: in_proj output of " + std::to_string(in_w) + " columns for " +
+                                          std::to_string(w.in_width()));
   tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor y = tensor::f32({T, di}, ctx.device);
 

@@ -194,6 +194,10 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int6
                                                    const step_inputs& in, collective* comm, const exec_context& ctx);
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
                          collective* comm, const exec_context& ctx, tensor* residual = nullptr);
+// The same after the projection: qkv holds the rows' q | k | v (w.qkv's output columns, row
+// stride qkv.stride: a part of a wider projection, such as Falcon-H1's in_proj | q | k | v).
+tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
+                     collective* comm, const exec_context& ctx, tensor* residual = nullptr);
 
 struct mamba2_weights {
   tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
@@ -221,6 +225,7 @@ struct mamba2_weights {
 
   int64_t d_inner() const { return heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }
+  int64_t in_width() const { return d_inner() + conv_dim() + heads; }  // in_proj's rows: z | xBC | dt
 };
 // in_proj and out_proj in weight_type; conv, norm, dt_bias, A_log and D stay f32.
 void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF32);
@@ -230,5 +235,11 @@ void place(mamba2_weights& w, device_kind device, dtype weight_type = dtype::kF3
 tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
                       collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
                       tensor* residual = nullptr, const tensor* norm = nullptr, float eps = 0.0f);
+// The same after in_proj: proj [T, W] holds z | xBC | dt in its first w.in_width() columns (W
+// may be larger: in_proj stacked with another projection of the same input; every read of proj
+// takes its row stride W).
+tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
+                  collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
+                  tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers

@@ -94,17 +94,22 @@ void place(moe_weights& w, device_kind device, dtype weight_type) {
 
 namespace {
 
-// Shared expert, gated per token. The gate is a scalar per token, so it scales this rank's
-// partial sum before the reduction.
+// out += the shared expert, gated per token. The gate is a scalar per token, so it scales this
+// rank's partial sum before the reduction; an ungated one adds in its down projection's epilogue.
 void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
   if (!w.shared.gate.empty() && T > 0) {
-    const tensor ys = linear(swiglu_linear(w.shared, x, ctx), w.shared.down, ctx);
-    const tensor gl = w.shared_gate.empty() ? tensor() : linear(x, w.shared_gate, ctx);  // [T, 1]
+    const tensor act = swiglu_linear(w.shared, x, ctx);
+    if (w.shared_gate.empty()) {
+      block_output(act, w.shared.down, nullptr, ctx, &out);
+      return;
+    }
+    const tensor ys = linear(act, w.shared.down, ctx);
+    const tensor gl = linear(x, w.shared_gate, ctx);  // [T, 1]
     kernels::row_add_params p;
     p.x = ys.as<float>();
     p.out = out.as<float>();
-    p.gate_logits = gl.empty() ? nullptr : gl.as<float>();
+    p.gate_logits = gl.as<float>();
     p.gate_stride = 1;
     p.rows = T;
     p.cols = H;
@@ -115,9 +120,12 @@ void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exe
 
 }  // namespace
 
-tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx) {
+tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
+                   tensor* residual) {
   const int64_t T = x.shape()[0], H = x.shape()[1];
-  tensor out = tensor::f32({T, H}, ctx.device);
+  const bool into = residual != nullptr && (comm == nullptr || comm->size() == 1);
+  tensor out = into ? tensor() : tensor::f32({T, H}, ctx.device);
+  tensor& dst = into ? *residual : out;
   if (T > 0) {
     const tensor logits = linear(x, w.router, ctx);  // [T, E]
     profile(ctx, "moe.router", nbytes(w.router) + nbytes(x) + nbytes(logits));
@@ -126,7 +134,8 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
     p.router_logits = logits.as<float>();
     p.gate_up = w.gate_up.data();
     p.down = w.down.data();
-    p.out = out.as<float>();  // written whole (accumulate = false)
+    p.out = dst.as<float>();  // written whole, or added to (into the residual)
+    p.accumulate = into;
     p.tokens = T;
     p.hidden = H;
     p.inter = w.inter_local;
@@ -142,14 +151,16 @@ tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, cons
     const int64_t touched = std::min(w.num_experts, T * w.top_k);
     profile(ctx, "moe.experts",
             (nbytes(w.gate_up) + nbytes(w.down)) * static_cast<double>(touched) / static_cast<double>(w.num_experts) +
-                2 * nbytes(out));
-    shared_expert(w, x, out, ctx);
+                2 * nbytes(x));
+    shared_expert(w, x, dst, ctx);
     if (!w.shared.gate.empty())
-      profile(ctx, "moe.shared",
-              nbytes(w.shared.gate) + nbytes(w.shared.up) + nbytes(w.shared.down) + 3 * nbytes(out));
+      profile(ctx, "moe.shared", nbytes(w.shared.gate) + nbytes(w.shared.up) + nbytes(w.shared.down) + 3 * nbytes(x));
   }
+  if (into) return tensor();
   reduce_partial(out, comm);
-  return out;
+  if (residual == nullptr) return out;
+  add_inplace(*residual, out, ctx);
+  return tensor();
 }
 
 }  // namespace hyserve::worker::layers

@@ -128,7 +128,7 @@ class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
     }
     const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
     if (L.moe)
-      layers::add_inplace(h, layers::moe_forward(L.moe_block, y_in, comm_, ex), ex);
+      layers::moe_forward(L.moe_block, y_in, comm_, ex, &h);
     else
       layers::mlp_forward(L.mlp, y_in, comm_, ex, &h);
   }

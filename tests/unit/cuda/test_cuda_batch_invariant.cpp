@@ -2,9 +2,10 @@
 // result is the same bits whatever the number and content of the other rows of its call.
 //   - gemm: row r of an m-row call == the row computed alone, m = 2..70, 300 and 1100, for bf16
 //     weights on the tensor-core kernel (groups of 8 rows, activations rounded to bf16), and for
-//     f32 weights, trans_a, a non-transposed B and unaligned bf16 rows on the CUDA-core kernel;
+//     f32 weights, trans_a, a non-transposed B and unaligned bf16 rows on the CUDA-core kernel,
+//     and for bf16 weights on cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt);
 //     the values within 1e-5 + 1e-6·k abs, 1e-5 rel of the CPU op on bf16-exact activations.
-//   - swiglu_linear: the same for the fused projection, m up to 300.
+//   - swiglu_linear: the same for the fused projection, m up to 300, on both backends.
 //   Calls of 256 rows and more run the tiled kernel, fewer the skinny one: the rows alone (m = 1)
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
@@ -60,11 +61,24 @@ std::vector<float> bf16_exact(std::vector<float> v) {
   return v;
 }
 
+// While it lives, the row-invariant bf16 GEMMs run on `backend` (set_invariant_gemm_backend).
+class invariant_backend_scope {
+ public:
+  explicit invariant_backend_scope(invariant_gemm_backend backend) { set_invariant_gemm_backend(backend); }
+  ~invariant_backend_scope() { set_invariant_gemm_backend(invariant_gemm_backend::kKernels); }
+  invariant_backend_scope(const invariant_backend_scope&) = delete;
+  invariant_backend_scope& operator=(const invariant_backend_scope&) = delete;
+};
+
+// alpha 1.5, beta 0.5 unless unit_scale (alpha 1, beta 1: the residual added in the epilogue,
+// which the cuBLASLt path takes).
 struct gemm_layout {
   std::string label;
   dtype b_dtype;
   bool trans_a, trans_b;
   int64_t n, k;
+  invariant_gemm_backend backend = invariant_gemm_backend::kKernels;
+  bool unit_scale = false;
 };
 
 class InvariantGemmCuda : public testing::TestWithParam<gemm_layout> {};
@@ -75,6 +89,7 @@ TEST_P(InvariantGemmCuda, RowOfAnyCallEqualsTheRowAlone) {
   const gemm_layout& c = GetParam();
   const kernel_paths paths = invariant_paths();
   const paths_scope scope(paths);
+  const invariant_backend_scope backend(c.backend);
   const int64_t n = c.n, k = c.k;
   const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 61, -0.1f, 0.1f);
   std::vector<uint16_t> wh(wf.size());
@@ -94,7 +109,7 @@ TEST_P(InvariantGemmCuda, RowOfAnyCallEqualsTheRowAlone) {
   const std::vector<float> row = bf16_exact(random_floats(static_cast<size_t>(k), 62));
   const std::vector<float> c_init = random_floats(static_cast<size_t>(n), 63);  // beta accumulates onto it
 
-  // Runs an m-row product (alpha 1.5, beta 0.5) with `row` at index at; returns all of C and,
+  // Runs an m-row product with `row` at index at; returns all of C and,
   // through want, the CPU op's C.
   auto product = [&](int64_t m, int64_t at, uint32_t seed, std::vector<float>* want) {
     std::vector<float> a = bf16_exact(random_floats(static_cast<size_t>(m * k), seed));
@@ -114,8 +129,8 @@ TEST_P(InvariantGemmCuda, RowOfAnyCallEqualsTheRowAlone) {
     p.lda = c.trans_a ? m : k;
     p.ldb = c.trans_b ? k : n;
     p.ldc = n;
-    p.alpha = 1.5f;
-    p.beta = 0.5f;
+    p.alpha = c.unit_scale ? 1.0f : 1.5f;
+    p.beta = c.unit_scale ? 1.0f : 0.5f;
     p.b_dtype = c.b_dtype;
     if (want != nullptr) {
       *want = c0;
@@ -162,73 +177,19 @@ INSTANTIATE_TEST_SUITE_P(
                     gemm_layout{"bf16_trans_a", dtype::kBF16, true, true, 64, 256},
                     gemm_layout{"bf16_b_kn", dtype::kBF16, false, false, 48, 96},
                     gemm_layout{"f32", dtype::kF32, false, true, 333, 512},
-                    gemm_layout{"f32_trans_a_b_kn", dtype::kF32, true, false, 37, 203}),
+                    gemm_layout{"f32_trans_a_b_kn", dtype::kF32, true, false, 37, 203},
+                    // cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt): 16-byte rows take
+                    // it for every m; n 1025 and other scalings stay on the kernels for every m.
+                    gemm_layout{"bf16_cublaslt", dtype::kBF16, false, true, 4096, 2048,
+                                invariant_gemm_backend::kCublasLt, true},
+                    gemm_layout{"bf16_cublaslt_wide", dtype::kBF16, false, true, 16768, 512,
+                                invariant_gemm_backend::kCublasLt, true},
+                    gemm_layout{"bf16_cublaslt_n1025", dtype::kBF16, false, true, 1025, 4096,
+                                invariant_gemm_backend::kCublasLt, true},
+                    gemm_layout{"bf16_cublaslt_scaled", dtype::kBF16, false, true, 4096, 2048,
+                                invariant_gemm_backend::kCublasLt, false}),
     [](const testing::TestParamInfo<gemm_layout>& param_info) { return param_info.param.label; });
 
-// While it lives, the row-invariant bf16 GEMMs run on `backend` (set_invariant_gemm_backend).
-class invariant_backend_scope {
- public:
-  explicit invariant_backend_scope(invariant_gemm_backend backend) { set_invariant_gemm_backend(backend); }
-  ~invariant_backend_scope() { set_invariant_gemm_backend(invariant_gemm_backend::kKernels); }
-  invariant_backend_scope(const invariant_backend_scope&) = delete;
-  invariant_backend_scope& operator=(const invariant_backend_scope&) = delete;
-};
-
-// The experiment of cuBLASLt with split-K 1 (gemm_lt.cuh): a row's bits the same in a call of
-// any m, at alpha 1 and beta 0 (other scalings stay on the kernels), bf16 weights [n, k]; the
-// values against the CPU op as in InvariantGemmCuda.
-TEST(InvariantGemmLtCuda, RowOfAnyCallEqualsTheRowAlone) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const kernel_paths paths = invariant_paths();
-  const paths_scope scope(paths);
-  const invariant_backend_scope lt(invariant_gemm_backend::kCublasLt);
-  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1025, 4096}, std::pair<int64_t, int64_t>{4096, 2048}}) {
-    const std::string label = "n " + std::to_string(n) + " k " + std::to_string(k);
-    std::vector<uint16_t> wh(static_cast<size_t>(n * k));
-    const std::vector<float> wf = random_floats(wh.size(), 161, -0.1f, 0.1f);
-    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(wf[i]);
-    device_array<uint16_t> dw(wh);
-    const std::vector<float> row = bf16_exact(random_floats(static_cast<size_t>(k), 162));
-    auto product = [&](int64_t m, int64_t at, uint32_t seed, std::vector<float>* want) {
-      std::vector<float> a = bf16_exact(random_floats(static_cast<size_t>(m * k), seed));
-      std::copy(row.begin(), row.end(), a.begin() + at * k);
-      gemm_params p;
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      p.trans_b = true;
-      p.lda = p.ldb = k;
-      p.ldc = n;
-      p.b_dtype = dtype::kBF16;
-      if (want != nullptr) {
-        want->assign(static_cast<size_t>(m * n), 0.0f);
-        gemm_params pc = p;
-        pc.a = a.data();
-        pc.b = wh.data();
-        pc.c = want->data();
-        run_cpu(pc);
-      }
-      device_array<float> da(a), dc(static_cast<size_t>(m * n));
-      p.a = da.data();
-      p.b = dw.data();
-      p.c = dc.data();
-      run_cuda(p);
-      device_synchronize();
-      return dc.download();
-    };
-    std::vector<float> want;
-    const std::vector<float> alone = product(1, 0, 170u, &want);
-    expect_match(alone, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, label + " m 1");
-    for (const int64_t m : {2, 3, 7, 8, 9, 16, 17, 33, 64, 65, 128, 256, 300, 1100}) {
-      const int64_t at = (m * 7 + 3) % m;
-      const bool check_values = m == 9 || m == 300 || m == 1100;
-      const std::vector<float> got = product(m, at, 171u + static_cast<uint32_t>(m), check_values ? &want : nullptr);
-      ASSERT_TRUE(same_bits(got.data() + at * n, alone.data(), static_cast<size_t>(n)))
-          << label << ": m " << m << " row " << at << " differs from the row alone";
-      if (check_values) expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, label + " m " + std::to_string(m));
-    }
-  }
-}
 
 // The fused SwiGLU projection on both backends (kernels, cuBLASLt with split-K 1).
 class InvariantSwigluLinearCuda : public testing::TestWithParam<invariant_gemm_backend> {};
