@@ -135,10 +135,11 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
 
 invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kKernels;
 
-// determinism: batch_invariant on cuBLASLt (set_invariant_gemm_backend): the activations rounded
-// to bf16 as for the tiled kernel, then one split-K-1 GEMM (two and the SwiGLU formula for the
-// fused projection). False, with nothing launched, when a shape has no such algorithm or the
-// call scales its output (alpha, beta).
+// determinism: batch_invariant on cuBLASLt (kernels.invariant_gemm: cublaslt or
+// set_invariant_gemm_backend): the activations rounded to bf16 as for the tiled kernel, then one
+// split-K-1 GEMM (two and the SwiGLU formula for the fused projection). False, with nothing
+// launched, when the layout is not one lt_shape_applies takes or the call scales its output
+// other than alpha 1, beta 0 or 1; both depend on the call's shape, never on m.
 template <bool kSwiglu>
 bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
   // alpha 1 and beta 0 or 1 (the residual added in the epilogue): round(acc + c) whatever
