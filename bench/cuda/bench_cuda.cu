@@ -414,6 +414,7 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
   for (const linear_layer& layer : kLinearLayers) {
     if (std::string(layer.name) == "lm_head") continue;
     const linear_bench lb(layer, 2048, 90);
+    const invariant_gemm_backend saved = current_invariant_gemm_backend();
     static const char* const kModes[] = {" fast", " batch_invariant", " batch_invariant tiled", " batch_invariant lt"};
     for (const int mode : {0, 1, 2, 3}) {
       kernel_paths paths;
@@ -428,7 +429,7 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
       }
     }
     set_invariant_tiled_rows(0);
-    set_invariant_gemm_backend(invariant_gemm_backend::kKernels);
+    set_invariant_gemm_backend(saved);
   }
 }
 

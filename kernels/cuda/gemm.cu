@@ -133,7 +133,7 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
-invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kKernels;
+invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kCublasLt;
 
 // determinism: batch_invariant on cuBLASLt (kernels.invariant_gemm: cublaslt or
 // set_invariant_gemm_backend): the activations rounded to bf16 as for the tiled kernel, then one
@@ -174,8 +174,12 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
-  const bool lt = g_invariant_backend == invariant_gemm_backend::kCublasLt ||
-                  current_paths().invariant_gemm == kernel_paths::invariant_gemm_kind::kCublasLt;
+  // kernels.invariant_gemm when the config names one, else the process default (cuBLASLt;
+  // set_invariant_gemm_backend).
+  const auto chosen = current_paths().invariant_gemm;
+  const bool lt = chosen == kernel_paths::invariant_gemm_kind::kCublasLt ||
+                  (chosen == kernel_paths::invariant_gemm_kind::kDefault &&
+                   g_invariant_backend == invariant_gemm_backend::kCublasLt);
   if (!exact && lt && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
@@ -299,6 +303,7 @@ void set_invariant_tiled_rows(int64_t min_rows) {
 }
 
 void set_invariant_gemm_backend(invariant_gemm_backend backend) { cuda_detail::g_invariant_backend = backend; }
+invariant_gemm_backend current_invariant_gemm_backend() { return cuda_detail::g_invariant_backend; }
 
 bool skinny_uses_mma() {
   // Row-invariant GEMMs of every m run the tensor-core arithmetic (the FMA kernel stops at 8 rows).

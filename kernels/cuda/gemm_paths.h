@@ -31,11 +31,13 @@ bool skinny_uses_mma();
 // in the same order: the bits do not depend on the choice, only the speed.
 void set_invariant_tiled_rows(int64_t min_rows);
 
-// determinism: batch_invariant, bf16 weights: the row-invariant GEMMs on hyserve's kernels (the
-// default) or on cuBLASLt with split-K 1 (gemm_lt.cuh; each output one MMA chain over k, which
-// bench/probes/cublaslt_invariance_probe.cu checked on the device). kernels.invariant_gemm
-// (exec_context::paths) selects it too. Layouts without 16-byte rows stay on the kernels.
+// determinism: batch_invariant, bf16 weights: the row-invariant GEMMs on cuBLASLt with split-K 1
+// (the default; gemm_lt.cuh; each output one MMA chain over k, which
+// bench/probes/cublaslt_invariance_probe.cu checked on the device) or on hyserve's kernels. A
+// config's kernels.invariant_gemm (exec_context::paths) wins over this process default. Layouts
+// without 16-byte rows stay on the kernels.
 enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1 };
 void set_invariant_gemm_backend(invariant_gemm_backend backend);
+invariant_gemm_backend current_invariant_gemm_backend();
 
 }  // namespace hyserve::kernels

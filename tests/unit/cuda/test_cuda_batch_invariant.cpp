@@ -64,10 +64,15 @@ std::vector<float> bf16_exact(std::vector<float> v) {
 // While it lives, the row-invariant bf16 GEMMs run on `backend` (set_invariant_gemm_backend).
 class invariant_backend_scope {
  public:
-  explicit invariant_backend_scope(invariant_gemm_backend backend) { set_invariant_gemm_backend(backend); }
-  ~invariant_backend_scope() { set_invariant_gemm_backend(invariant_gemm_backend::kKernels); }
+  explicit invariant_backend_scope(invariant_gemm_backend backend) : saved_(current_invariant_gemm_backend()) {
+    set_invariant_gemm_backend(backend);
+  }
+  ~invariant_backend_scope() { set_invariant_gemm_backend(saved_); }
   invariant_backend_scope(const invariant_backend_scope&) = delete;
   invariant_backend_scope& operator=(const invariant_backend_scope&) = delete;
+
+ private:
+  invariant_gemm_backend saved_;
 };
 
 // alpha 1.5, beta 0.5 unless unit_scale (alpha 1, beta 1: the residual added in the epilogue,

@@ -20,8 +20,8 @@ struct kernel_paths {
   // layers choose theirs by model.gdn_prefill): default (tc) | recurrent | tc | tf32 | bf16.
   enum class gdn_prefill_kind : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
   // `invariant_gemm`: the row-invariant bf16 GEMMs of determinism: batch_invariant: default
-  // (kernels) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, no
-  // workspace; shapes it does not take stay on the kernels).
+  // (cublaslt) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, a
+  // 32 MB workspace; layouts it does not take stay on the kernels).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
