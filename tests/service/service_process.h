@@ -138,6 +138,11 @@ class service_process {
   // this build) instead of mpirun directly. mpirun_pid() is then serve.sh's pid.
   void use_serve_script() { via_serve_script_ = true; }
 
+  // The job starts with `signal` blocked (mpirun and its ranks inherit the mask), as under a
+  // launcher that blocks it; without this call it starts with no signal blocked, whatever the
+  // test runner's mask.
+  void start_with_blocked(int signal) { blocked_signals_.push_back(signal); }
+
   // Forks mpirun. Must be called from a thread that outlives the child (the main thread):
   // the child gets SIGTERM when that thread ends, so a crashed test run leaves nothing behind.
   bool start() {
@@ -207,6 +212,12 @@ class service_process {
       ::dup2(null_fd, STDIN_FILENO);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
+      // The job's signal mask is the test's choice, not the runner's (a runner that blocks
+      // SIGUSR1 would keep mpirun from forwarding it).
+      sigset_t mask;
+      ::sigemptyset(&mask);
+      for (const int s : blocked_signals_) ::sigaddset(&mask, s);
+      ::sigprocmask(SIG_SETMASK, &mask, nullptr);
       ::execve(argv[0], argv.data(), envp.data());
       static const char msg[] = "service_process: execve of mpirun failed\n";
       [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -370,6 +381,7 @@ class service_process {
   std::string name_;
   int workers_ = 0;
   bool via_serve_script_ = false;
+  std::vector<int> blocked_signals_;
   std::string dir_, config_path_, log_path_, yaml_, command_;
   std::string failure_;
   pid_t pid_ = -1;

@@ -6,6 +6,7 @@
 // tensor-parallel degree raised.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <ostream>
 #include <string>
 
@@ -35,9 +36,28 @@ std::string family_case_name(const ::testing::TestParamInfo<family_case>& info) 
 
 class FamilyConfigService : public ::testing::TestWithParam<family_case> {};
 
+// The configs name the 512-token test tokenizer, whose pre-tokenizer is a Regex: a build without
+// PCRE2 cannot load it (a start-up error naming the package). There the service runs the config
+// on token ids: its tokenizer and chat section are left out, and so is the text prompt below.
+constexpr bool kTextPrompts = HYSERVE_TOKENIZER_HAS_REGEX != 0;
+
+std::string family_config(const family_case& c) {
+  std::string yaml = shipped_config(c.config, c.tp);
+  if (kTextPrompts) return yaml;
+  const size_t tok = yaml.find(", tokenizer: ");
+  const size_t chat = yaml.find("# /v1/chat/completions");
+  if (tok == std::string::npos || chat == std::string::npos) {
+    ADD_FAILURE() << "configs/" << c.config << " has no tokenizer or chat section to leave out";
+    return yaml;
+  }
+  yaml.erase(chat);
+  yaml.erase(tok, yaml.find('}', tok) - tok);
+  return yaml;
+}
+
 TEST_P(FamilyConfigService, ReproducesFixtureGreedy) {
   const family_case c = GetParam();
-  service_process svc(std::string(c.fixture) + "-tp" + std::to_string(c.tp), shipped_config(c.config, c.tp), c.tp);
+  service_process svc(std::string(c.fixture) + "-tp" + std::to_string(c.tp), family_config(c), c.tp);
   if (c.serve_sh) svc.use_serve_script();
   ASSERT_TRUE(svc.launch()) << svc.report();
   const double ready_s = svc.seconds_since_start();
@@ -59,9 +79,14 @@ TEST_P(FamilyConfigService, ReproducesFixtureGreedy) {
   EXPECT_TRUE(s.saw_done) << s.error;
   EXPECT_EQ(s.ids, prompts[2].greedy_ids) << s.error;
   // Text through the config's tokenizer.
-  const http_reply text = http_post(svc.port(), "/v1/completions", R"({"prompt": "hello world", "max_tokens": 4})");
-  ASSERT_EQ(text.status, 200u) << text.describe();
-  EXPECT_EQ(text.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4) << text.body;
+  if (kTextPrompts) {
+    const http_reply text = http_post(svc.port(), "/v1/completions", R"({"prompt": "hello world", "max_tokens": 4})");
+    ASSERT_EQ(text.status, 200u) << text.describe();
+    EXPECT_EQ(text.json().at("usage").at("completion_tokens").to_number<int64_t>(), 4) << text.body;
+  } else {
+    std::printf("%s: this build has no regex support (PCRE2): served without the tokenizer, no text prompt\n",
+                c.config);
+  }
   if (HasFailure()) std::printf("---- %s log tail ----\n%s\n", c.config, svc.log_tail(3000).c_str());
   std::printf("%s (tp=%d%s): serving after %.1f s; 3 prompts alone, 6 at once and one stream reproduce the fixture\n",
               c.config, c.tp, c.serve_sh ? ", launch/serve.sh" : "", ready_s);

@@ -308,7 +308,8 @@ worker: {step_timeout_s: 30, fault_grace_s: 5}
 // [DONE] and full length, /health answers 503 from the signal on, and every rank exits 0.
 void expect_signal_drains_three_long_streams(const std::string& name, bool via_serve_script,
                                              const std::function<void(service_process&)>& send_signal,
-                                             const std::string& how) {
+                                             const std::string& how,
+                                             const std::function<void(service_process&)>& before_launch = {}) {
   constexpr int32_t kTokens = 1500;
   service_process svc(name, R"(model: {path: @MODEL@}
 parallel: {tp: 1, dp: 1}
@@ -317,6 +318,7 @@ server: {host: 127.0.0.1, port: @PORT@, drain_timeout_s: 120}
 )",
                       1);
   if (via_serve_script) svc.use_serve_script();
+  if (before_launch) before_launch(svc);
   ASSERT_TRUE(svc.launch()) << svc.report();
   const std::vector<pid_t> coordinators = svc.coordinator_pids();
   ASSERT_EQ(coordinators.size(), 1u);
@@ -382,6 +384,21 @@ TEST(ServiceShutdown, Sigusr1ToMpirunDrainsThreeLongStreams) {
   expect_signal_drains_three_long_streams(
       "sigusr1", false, [](service_process& svc) { ASSERT_EQ(::kill(svc.mpirun_pid(), SIGUSR1), 0); },
       "SIGUSR1 to mpirun");
+}
+
+// A launcher that blocks SIGUSR1: mpirun inherits the mask and forwards nothing, but it starts
+// its ranks with no signal blocked, so SIGUSR1 sent to the coordinator itself (as launch/serve.sh
+// also does) still drains.
+TEST(ServiceShutdown, Sigusr1ToTheCoordinatorDrainsWhenItsLauncherBlocksIt) {
+  expect_signal_drains_three_long_streams(
+      "sigusr1-blocked", false,
+      [](service_process& svc) {
+        const std::vector<pid_t> coordinators = svc.coordinator_pids();
+        ASSERT_EQ(coordinators.size(), 1u);
+        ASSERT_EQ(::kill(coordinators[0], SIGUSR1), 0);
+      },
+      "SIGUSR1 to the coordinator, started with SIGUSR1 blocked",
+      [](service_process& svc) { svc.start_with_blocked(SIGUSR1); });
 }
 
 // server.strict_fields: an unknown field on an OpenAI route is a 400 naming it.

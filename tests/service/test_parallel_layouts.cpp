@@ -25,7 +25,11 @@ namespace {
 
 namespace json = boost::json;
 
-constexpr double kF32Tol = 1e-4;   // logprobs of a sharded layout vs one rank, float32
+// Logprobs of a sharded layout vs one rank, float32. Measured on the GPU (qwen3next-tiny): data
+// parallelism alone (the same ops on other batch compositions) moves them by up to 5.8e-5, TP=2
+// by up to 1.05e-4 (one rank adds the MoE's experts and shared expert straight into the residual;
+// sharded, they are summed first and reduced).
+constexpr double kF32Tol = 2e-4;
 constexpr double kBf16Tol = 5e-2;  // the same with bfloat16 weights (other reduction orders)
 
 bool have_gpu() { return std::filesystem::exists("/dev/nvidiactl"); }
