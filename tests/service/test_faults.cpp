@@ -19,9 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -381,6 +383,11 @@ TEST(ServiceShutdown, SigtermToServeShDrainsThreeLongStreams) {
 // A job started with mpirun itself: SIGUSR1 to mpirun (forwarded to every rank) drains, as the
 // README says (SIGTERM to mpirun is mpirun's own job kill).
 TEST(ServiceShutdown, Sigusr1ToMpirunDrainsThreeLongStreams) {
+  // Open MPI's isolated launcher (OMPI_MCA_plm=isolated, for hosts without ssh or rsh) forwards
+  // no signal to the ranks: with Open MPI 4.1.6, a rank trapping SIGUSR1 never saw it. There
+  // the drain goes to the coordinator directly (as serve.sh also sends it; the case below).
+  if (const char* plm = std::getenv("OMPI_MCA_plm"); plm != nullptr && std::string_view(plm) == "isolated")
+    GTEST_SKIP() << "mpirun's isolated launcher (OMPI_MCA_plm=isolated) does not forward SIGUSR1";
   expect_signal_drains_three_long_streams(
       "sigusr1", false, [](service_process& svc) { ASSERT_EQ(::kill(svc.mpirun_pid(), SIGUSR1), 0); },
       "SIGUSR1 to mpirun");
