@@ -141,7 +141,9 @@ void expect_reference_logprobs(size_t p, const gen_logprobs& g, size_t top_k, co
       EXPECT_NEAR(top[k].first, ls[static_cast<size_t>(top[k].second)], kLogprobTol) << label << " token " << t << " rank " << k;
       worst = std::max(worst, std::fabs(top[k].first - ls[static_cast<size_t>(top[k].second)]));
       EXPECT_NEAR(top[k].first, sorted[k], kLogprobTol) << label << " token " << t << " rank " << k;
-      if (k > 0) EXPECT_LE(top[k].first, top[k - 1].first) << label << " token " << t;
+      if (k > 0) {
+        EXPECT_LE(top[k].first, top[k - 1].first) << label << " token " << t;
+      }
     }
   }
 }
@@ -327,9 +329,10 @@ TEST_F(SamplingService, LogprobsMatchTheReference) {
     EXPECT_NEAR(got, ls[static_cast<size_t>(rp.greedy_ids[t])], kLogprobTol) << t;
     EXPECT_EQ(std::string(lp.at("tokens").as_array()[t].as_string()), "token_id:" + std::to_string(rp.greedy_ids[t]));
     EXPECT_GE(lp.at("top_logprobs").as_array()[t].as_object().size(), 3u);
-    if (t > 0)
+    if (t > 0) {
       EXPECT_GT(lp.at("text_offset").as_array()[t].to_number<int64_t>(),
                 lp.at("text_offset").as_array()[t - 1].to_number<int64_t>());
+    }
   }
   body["stream"] = true;
   const http_reply sr = post(port(), "/v1/completions", body);
@@ -423,8 +426,9 @@ TEST_F(SamplingService, LogprobsEqualLogSoftmaxOfGenerateCliLogitsWithBiasAndPen
           break;
         }
       }
-      if (c.bias.empty() && c.pen.rep == 1.0 && c.pen.pres == 0.0 && c.pen.freq == 0.0)
+      if (c.bias.empty() && c.pen.rep == 1.0 && c.pen.pres == 0.0 && c.pen.freq == 0.0) {
         EXPECT_EQ(g.ids, cli.ids) << "plain greedy differs from hyserve-generate";
+      }
     }
   }
   std::printf("logprobs vs hyserve-generate --logits (plain, logit_bias, penalties): %zu tokens compared, %zu "

@@ -548,7 +548,7 @@ TEST_F(Tp2Service, FuzzedBodiesAndHeadersLeaveTheServerHealthy) {
       head += name + ": " + value + "\r\n";
     }
     // Malformed header lines now and then (bad names, bad or conflicting lengths).
-    const std::vector<std::string> bad_lines = {"X\x01Bad: 1\r\n", "Bad Name: 1\r\n", "NoColon\r\n",
+    const std::vector<std::string> bad_lines = {"X\x01" "Bad: 1\r\n", "Bad Name: 1\r\n", "NoColon\r\n",
                                                 "Content-Length: abc\r\n", "Content-Length: 1\r\n",
                                                 "X-Long: " + std::string(2000, 'a') + "\r\n", ": empty\r\n"};
     if (pick(12) == 0) head += bad_lines[pick(bad_lines.size())];

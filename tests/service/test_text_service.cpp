@@ -380,7 +380,9 @@ TEST_F(TextService, ChatLogprobsInTheOpenAIShape) {
     plain.push_back(o.at("logprob").to_number<double>());
     std::string bytes;
     for (const auto& b : o.at("bytes").as_array()) bytes.push_back(static_cast<char>(b.to_number<int64_t>()));
-    if (tokenizer::utf8_is_valid(bytes)) EXPECT_EQ(std::string(o.at("token").as_string()), bytes);
+    if (tokenizer::utf8_is_valid(bytes)) {
+      EXPECT_EQ(std::string(o.at("token").as_string()), bytes);
+    }
     joined_bytes += bytes;
     const auto& top = o.at("top_logprobs").as_array();
     ASSERT_EQ(top.size(), 3u);
@@ -390,7 +392,9 @@ TEST_F(TextService, ChatLogprobsInTheOpenAIShape) {
   }
   // The bytes of the tokens make up the text (unless a stop string cut it, or the model wrote
   // invalid UTF-8, which the text carries as U+FFFD).
-  if (choice.at("finish_reason").as_string() == "length" && tokenizer::utf8_is_valid(joined_bytes)) EXPECT_EQ(joined_bytes, std::string(choice.at("message").at("content").as_string()));
+  if (choice.at("finish_reason").as_string() == "length" && tokenizer::utf8_is_valid(joined_bytes)) {
+    EXPECT_EQ(joined_bytes, std::string(choice.at("message").at("content").as_string()));
+  }
   body["stream"] = true;
   const http_reply s = http_post(port(), "/v1/chat/completions", json::serialize(body));
   ASSERT_EQ(s.status, 200u) << s.describe();
