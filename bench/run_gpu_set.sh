@@ -31,7 +31,8 @@
 # Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); cublaslt-probe
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); compare (this tree against
-# BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's prefill).
+# BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
+# step and prefill, Granite-4.0-H-Tiny's batch-1 step).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -278,8 +279,9 @@ EOF2
       # This tree against BASELINE_DIR (an untracked copy of another revision, e.g. made with
       # `git archive main --prefix=baseline/ | tar -x` before the call), each built in its own
       # build/: the linear layers per row count, the MoE layer, the 9B step and 8K prefill in both
-      # determinism modes, and Falcon-H1's 8K prefill (attention in every layer), one after the
-      # other on the same GPU. Logs OUT/compare-{this,base}-*.log.
+      # determinism modes, Falcon-H1's batch-1 step and 8K prefill (attention in every layer) and
+      # Granite-4.0-H-Tiny's batch-1 step (MoE in every layer), one after the other on the same
+      # GPU. Logs OUT/compare-{this,base}-*.log.
       base=${BASELINE_DIR:?compare needs BASELINE_DIR}
       stage compare-base-build 300 bash -c "cd '$base' && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
         -DHYSERVE_CUDA_ARCHS=90a > /dev/null && cmake --build build -j $jobs --target hyserve-bench-cuda hyserve-bench-model"
@@ -295,6 +297,8 @@ EOF2
           --batches 1,64 --decode-steps 16 --prefill-len 8192
         stage "compare-$tree-falcon" 150 "$b/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
           --batches 1 --decode-steps 8 --prefill-len 8192
+        stage "compare-$tree-granite-tiny" 90 "$b/hyserve-bench-model" configs/granite-4.0-h-tiny-synthetic-cuda.yaml \
+          --batches 1 --decode-steps 8
       done ;;
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
