@@ -304,6 +304,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
                                                                          int qmax, const attn_partials part,
                                                                          bool decode_rule,
                                                                          const attn_decode::tree_keys tree) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   __shared__ float s_w[kMaxCombineSlices];
   __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
@@ -455,12 +457,13 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
             if (on_mma) {
-              attn_decode_mma::decode_kernel_mma<D, G, kTree>
-                  <<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart, tree);
+              launch_pdl(attn_decode_mma::decode_kernel_mma<D, G, kTree>, grid, dim3(attn_decode::kThreads), 0, stream,
+                         p, n_dec, qmax, dpart, tree);
               return;
             }
           }
-          attn_decode::decode_kernel<KV, D, G, kTree><<<grid, attn_decode::kThreads, 0, stream>>>(p, n_dec, qmax, dpart, tree);
+          launch_pdl(attn_decode::decode_kernel<KV, D, G, kTree>, grid, dim3(attn_decode::kThreads), 0, stream, p, n_dec,
+                     qmax, dpart, tree);
         };
         if (tree.nodes > 0)
           launch(std::true_type{});
@@ -498,7 +501,8 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     }
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
-      attention_combine_kernel<D><<<cgrid, kAttnThreads, 0, stream>>>(p, n_part, qmax, part, decode_kernel, tree);
+      launch_pdl(attention_combine_kernel<D>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part, qmax, part, decode_kernel,
+                 tree);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });

@@ -229,4 +229,9 @@ __device__ __forceinline__ double block_sum_double(double v) {
   return v;
 }
 
+// Fetches the 128-byte line at ptr into L2 (no registers held, no result).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
 }  // namespace hyserve::kernels::cuda_detail

@@ -1,5 +1,7 @@
 // Row-wise memory-bound ops: embedding gather, SwiGLU, RoPE, KV-cache write. Each has a
 // 16-byte vector path (taken when pointers, lengths and strides allow it) and a scalar one.
+// All are decode-path kernels launched with programmatic dependent launch (launch.cuh): each
+// waits for the kernel before it first thing.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,6 +10,7 @@
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
 #include "common.cuh"
+#include "launch.cuh"
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/embedding.h"
@@ -69,6 +72,8 @@ __device__ __forceinline__ void convert_row(Dst* __restrict__ dst, const Src* __
 // Table element type S (f32 or bf16); activations T.
 template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t id = p.ids[t];
   const S* table = reinterpret_cast<const S*>(p.table);
@@ -80,6 +85,8 @@ __global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const T* gate = reinterpret_cast<const T*>(p.gate);
   const T* up = reinterpret_cast<const T*>(p.up);
   T* out = reinterpret_cast<T*>(p.out);
@@ -107,6 +114,8 @@ __global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params
 }
 
 __global__ void __launch_bounds__(kRowThreads) relu2_kernel(const relu2_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -122,6 +131,8 @@ struct rope_freqs {
 
 template <class T>
 __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, const __grid_constant__ rope_freqs f) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x;
   const int half = static_cast<int>(p.rotary_dim / 2);
@@ -149,6 +160,8 @@ __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, 
 // Activations T, cache element type S (f32 or bf16).
 template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t loc = p.locs[t];
   if (loc < 0) return;  // padding token
@@ -169,9 +182,9 @@ void launch_embedding(const embedding_params& p, cudaStream_t stream) {
   cpu_detail::dispatch_storage(p.table_dtype, "embedding", "table_dtype", [&](auto tag) {
     using S = storage_t<decltype(tag)::value>;
     if (vector_ok({p.table, p.out}, {p.hidden}, std::is_same_v<T, S> ? pack16<T>::kN : 8))
-      embedding_kernel<T, S, true><<<grid, kRowThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<T, S, true>, grid, dim3(kRowThreads), 0, stream, p);
     else
-      embedding_kernel<T, S, false><<<grid, kRowThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<T, S, false>, grid, dim3(kRowThreads), 0, stream, p);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
@@ -183,16 +196,16 @@ void launch_swiglu(const swiglu_params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, per_block)),
                   static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
   if (vec)
-    swiglu_kernel<T, true><<<grid, kRowThreads, 0, stream>>>(p);
+    launch_pdl(swiglu_kernel<T, true>, grid, dim3(kRowThreads), 0, stream, p);
   else
-    swiglu_kernel<T, false><<<grid, kRowThreads, 0, stream>>>(p);
+    launch_pdl(swiglu_kernel<T, false>, grid, dim3(kRowThreads), 0, stream, p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
 void launch_rope(const rope_params& p, const rope_freqs& f, cudaStream_t stream) {
   const size_t smem = sizeof(float) * static_cast<size_t>(p.rotary_dim);
-  rope_kernel<T><<<static_cast<unsigned>(p.n_tokens), kRowThreads, smem, stream>>>(p, f);
+  launch_pdl(rope_kernel<T>, dim3(static_cast<unsigned>(p.n_tokens)), dim3(kRowThreads), smem, stream, p, f);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -203,9 +216,9 @@ void launch_kv_write(const kv_write_params& p, cudaStream_t stream) {
   cpu_detail::dispatch_storage(p.kv_dtype, "kv_write", "kv_dtype", [&](auto tag) {
     using S = storage_t<decltype(tag)::value>;
     if (vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, std::is_same_v<T, S> ? pack16<T>::kN : 8))
-      kv_write_kernel<T, S, true><<<grid, kRowThreads, 0, stream>>>(p);
+      launch_pdl(kv_write_kernel<T, S, true>, grid, dim3(kRowThreads), 0, stream, p);
     else
-      kv_write_kernel<T, S, false><<<grid, kRowThreads, 0, stream>>>(p);
+      launch_pdl(kv_write_kernel<T, S, false>, grid, dim3(kRowThreads), 0, stream, p);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
@@ -250,7 +263,7 @@ void run_cuda(const relu2_params& p, void* stream) {
   cpu_detail::check_relu2(p, op);
   const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, int64_t{kRowThreads})),
                   static_cast<unsigned>(std::min<int64_t>(p.rows, kMaxGridY)));
-  relu2_kernel<<<grid, kRowThreads, 0, as_stream(stream)>>>(p);
+  launch_pdl(relu2_kernel, grid, dim3(kRowThreads), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

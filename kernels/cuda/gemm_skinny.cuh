@@ -8,6 +8,7 @@
 
 #include "common.cuh"
 #include "gemm_paths.h"
+#include "launch.cuh"
 #include "mma_bf16.cuh"
 
 namespace hyserve::kernels::cuda_detail {
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
   constexpr int kOutRows = kSwiglu ? R / 2 : R;  // outputs per warp
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kSkinnyThreads / 32) + threadIdx.x / 32) * kOutRows;
-  if (row0 >= p.n) return;
+  const bool idle = row0 >= p.n;  // a warp past the last row (it still waits, below)
   const uint4* brow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -76,14 +77,23 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
   }
   float acc[R][M] = {};
   const int64_t chunks = p.k / 8;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
-    uint4 w[U][R];
+  uint4 w[U][R];
+  const auto load_weights = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r) w[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // Launched with programmatic dependent launch: no earlier kernel writes the weights, so the
+  // first chunks of every lane are in flight before pdl_wait(), while the kernel before (the
+  // norm or mixer that produces a) finishes; a is read only after it.
+  if (!idle) load_weights(lane);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (idle) return;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
@@ -102,6 +112,7 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
           for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
       }
     }
+    if (c0 + 32 * U < chunks) load_weights(c0 + 32 * U);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -217,6 +228,23 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
   }
   float acc[CG][TILES][S][4] = {};
   const int64_t chunks = p.k / 8, kblocks = ceil_div(chunks, int64_t{4});
+  // Launched with programmatic dependent launch: the weights' first blocks are fetched into L2
+  // before pdl_wait() (no earlier kernel writes them; a prefetch holds no registers), while the
+  // kernel before finishes; the activations are read only after it.
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    const int64_t c = (warp + u * WARPS) * 4 + t;
+    if (c < chunks) {
+#pragma unroll
+      for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) prefetch_l2(wrow[ti][s][h] + c);
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t kb0 = warp; kb0 < kblocks; kb0 += WARPS * kMmaUnroll) {
     uint4 w[kMmaUnroll][TILES][S][2];
     float4 x[kMmaUnroll][2];  // group 0's activations (the others' are loaded where used)
@@ -331,7 +359,7 @@ void launch_skinny_mma_w(const skinny_args& a, int64_t m, bool exact, cudaStream
   const int64_t tiles = ceil_div(a.n, int64_t{16} * TILES);
   if (tiles > 65535) fail("gemm", "n", a.n, "exceeds the tensor-core skinny kernel's grid (65535 weight tiles)");
   if (exact) {
-    skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu><<<dim3(1, static_cast<unsigned>(tiles)), 32 * WARPS, 0, stream>>>(a, m);
+    launch_pdl(skinny_mma_kernel<WARPS, TILES, 1, 3, kSwiglu>, dim3(1, static_cast<unsigned>(tiles)), dim3(32 * WARPS), 0, stream, a, m);
     return;
   }
   const int cg = skinny_row_groups(m);
@@ -339,9 +367,9 @@ void launch_skinny_mma_w(const skinny_args& a, int64_t m, bool exact, cudaStream
   if (groups > 0x7fffffff) fail("gemm", "m", m, "exceeds the row-invariant kernel's grid");
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(tiles));
   if (a.a16 == nullptr && cg == kMaxRowGroups) fail("gemm", "m", m, "needs the pre-rounded activations (internal)");
-  if (cg == 1) skinny_mma_kernel<WARPS, TILES, 1, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
-  else if (cg == 2) skinny_mma_kernel<WARPS, TILES, 2, 1, kSwiglu><<<grid, 32 * WARPS, 0, stream>>>(a, m);
-  else skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, 1, kSwiglu, true><<<grid, 32 * WARPS, 0, stream>>>(a, m);
+  if (cg == 1) launch_pdl(skinny_mma_kernel<WARPS, TILES, 1, 1, kSwiglu>, grid, dim3(32 * WARPS), 0, stream, a, m);
+  else if (cg == 2) launch_pdl(skinny_mma_kernel<WARPS, TILES, 2, 1, kSwiglu>, grid, dim3(32 * WARPS), 0, stream, a, m);
+  else launch_pdl(skinny_mma_kernel<WARPS, TILES, kMaxRowGroups, 1, kSwiglu, true>, grid, dim3(32 * WARPS), 0, stream, a, m);
 }
 
 // Blocks of the one-group kernel resident on the whole device at once (read once per
@@ -391,7 +419,7 @@ void launch_skinny_mr(const skinny_args& a, cudaStream_t stream) {
   const int64_t out_rows = kSwiglu ? R / 2 : R;
   const int64_t warps = ceil_div(a.n, out_rows);
   const auto blocks = static_cast<unsigned>(ceil_div(warps, int64_t{kSkinnyThreads / 32}));
-  skinny_bf16_kernel<M, R, kSwiglu><<<blocks, kSkinnyThreads, 0, stream>>>(a);
+  launch_pdl(skinny_bf16_kernel<M, R, kSwiglu>, dim3(blocks), dim3(kSkinnyThreads), 0, stream, a);
 }
 
 // R = skinny_rows_for(M, n), or the one set_skinny_rows forces (at most skinny_rows(M)).

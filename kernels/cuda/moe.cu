@@ -24,6 +24,7 @@
 #include "../cpu/moe_validate.h"
 #include "common.cuh"
 #include "hyserve/kernels/moe.h"
+#include "launch.cuh"
 #include "moe_gemm.cuh"
 #include "stream_alloc.h"
 
@@ -246,6 +247,8 @@ __global__ void __launch_bounds__(kPrepThreads)
     moe_prepare_kernel(const route_args a, int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets, int bm,
                        int32_t* __restrict__ slot_pos, int32_t* __restrict__ row_token, const float* __restrict__ x,
                        int64_t x_stride, W* __restrict__ xa, int64_t hidden) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   extern __shared__ float prep_smem[];  // scores [kPrepWarps][E], counts [E], cursor [E]
   __shared__ int sel_id[kPrepWarps][kMaxTopK];
   __shared__ float sel_s[kPrepWarps][kMaxTopK];
@@ -271,6 +274,8 @@ size_t prepare_smem_bytes(int64_t experts) { return static_cast<size_t>((kPrepWa
 __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t hidden, const int32_t* __restrict__ slot_pos,
                                    const float* __restrict__ wts, int top_k, float* __restrict__ out,
                                    int64_t out_stride, bool accumulate) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t h4n = hidden / 4;
   for (int64_t h4 = threadIdx.x; h4 < h4n; h4 += blockDim.x) {
@@ -337,8 +342,8 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   if (T <= kPrepWarps && E <= kPrepMaxExperts) {
     const size_t smem = prepare_smem_bytes(E);
     if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(moe_prepare_kernel<W>), smem);
-    moe_prepare_kernel<W><<<1, kPrepThreads, smem, stream>>>(ra, offsets, tiles, bm, slot_pos, row_token, p.x,
-                                                             p.x_stride, xa, H);
+    launch_pdl(moe_prepare_kernel<W>, dim3(1), dim3(kPrepThreads), smem, stream, ra, offsets, tiles, bm, slot_pos,
+               row_token, p.x, p.x_stride, xa, H);
     HYSERVE_CUDA_CHECK_LAUNCH();
   } else {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream));
@@ -389,8 +394,8 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   launch_gemm<W, false>(g2, R, path, stream);
 
   const int combine_threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(H / 4, 32) * 32)));
-  moe_combine_kernel<<<static_cast<unsigned>(T), combine_threads, 0, stream>>>(y, H, slot_pos, wts, static_cast<int>(k),
-                                                                             p.out, p.out_stride, p.accumulate);
+  launch_pdl(moe_combine_kernel, dim3(static_cast<unsigned>(T)), dim3(combine_threads), 0, stream, y, H, slot_pos, wts,
+             static_cast<int>(k), p.out, p.out_stride, p.accumulate);
   HYSERVE_CUDA_CHECK_LAUNCH();
   CUDA_CHECK(scratch_free(base, stream));
 }

@@ -15,6 +15,7 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/kernels/paths.h"
+#include "launch.cuh"
 #include "mma_bf16.cuh"
 
 namespace hyserve::kernels::cuda_detail {
@@ -312,6 +313,8 @@ __host__ __device__ constexpr int gemv_outputs() {
 
 template <bool kSwiglu>
 __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const gg_args g) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh): the expert offsets
+  pdl_launch_dependents();
   constexpr int S = kSwiglu ? 2 : 1, O = gemv_outputs<kSwiglu>(), U = 8 / (O * S) > 0 ? 8 / (O * S) : 1;
   const expert_tile tile = find_expert_tile(g, 0);  // all of the expert's rows
   if (!tile.valid) return;  // uniform over the block
@@ -400,7 +403,7 @@ void launch_moe_gemv(const gg_args& g, int64_t rows, cudaStream_t stream) {
   const int64_t per_block = int64_t{kGemvWarps} * gemv_outputs<kSwiglu>();
   const dim3 grid(static_cast<unsigned>(max_tiles(rows, g.experts, kLargeBM)),
                   static_cast<unsigned>(ceil_div(g.n, per_block)));
-  moe_gemv_kernel<kSwiglu><<<grid, 32 * kGemvWarps, 0, stream>>>(g);
+  launch_pdl(moe_gemv_kernel<kSwiglu>, grid, dim3(32 * kGemvWarps), 0, stream, g);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

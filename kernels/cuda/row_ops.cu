@@ -4,6 +4,7 @@
 #include "../cpu/dense_validate.h"
 #include "common.cuh"
 #include "hyserve/kernels/row_ops.h"
+#include "launch.cuh"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
@@ -15,6 +16,8 @@ constexpr int64_t kMaxGridY = 65535;
 __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 __global__ void __launch_bounds__(kThreads) row_add_kernel(const row_add_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t i = blockIdx.y; i < p.rows; i += gridDim.y) {
@@ -26,6 +29,8 @@ __global__ void __launch_bounds__(kThreads) row_add_kernel(const row_add_params 
 }
 
 __global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(const sigmoid_mul_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
@@ -37,6 +42,8 @@ __global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(const sigmoid_mul
 constexpr int kRouteMaxPerLane = 32;  // experts ≤ 1024
 
 __global__ void __launch_bounds__(kThreads) moe_route_kernel(const moe_route_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (t >= p.tokens) return;
   const int lane = threadIdx.x & 31;
@@ -105,7 +112,7 @@ void run_cuda(const row_add_params& p, void* stream) {
   constexpr const char* op = "row_add";
   cpu_detail::check_row_add(p, op);
   if (p.rows == 0 || p.cols == 0) return;
-  row_add_kernel<<<grid_for(p.rows, p.cols), kThreads, 0, as_stream(stream)>>>(p);
+  launch_pdl(row_add_kernel, grid_for(p.rows, p.cols), dim3(kThreads), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -116,7 +123,7 @@ void run_cuda(const moe_route_params& p, void* stream) {
   if (p.experts > 32 * kRouteMaxPerLane) fail(op, "experts", p.experts, "exceeds the CUDA kernel's 1024");
   if (p.tokens == 0) return;
   const auto blocks = static_cast<unsigned>(ceil_div(p.tokens, int64_t{kThreads / 32}));
-  moe_route_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(p);
+  launch_pdl(moe_route_kernel, dim3(blocks), dim3(kThreads), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -125,7 +132,7 @@ void run_cuda(const sigmoid_mul_params& p, void* stream) {
   constexpr const char* op = "sigmoid_mul";
   cpu_detail::check_sigmoid_mul(p, op);
   if (p.rows == 0 || p.cols == 0) return;
-  sigmoid_mul_kernel<<<grid_for(p.rows, p.cols), kThreads, 0, as_stream(stream)>>>(p);
+  launch_pdl(sigmoid_mul_kernel, grid_for(p.rows, p.cols), dim3(kThreads), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -22,6 +22,7 @@
 
 #include "common.cuh"
 #include "hyserve/kernels/sampling.h"
+#include "launch.cuh"
 #include "../cpu/dense_validate.h"
 #include "../cpu/sampling_validate.h"
 
@@ -51,6 +52,8 @@ __device__ uint64_t block_max_u64(uint64_t v) {
 
 template <class T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const argmax_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   const T* row = reinterpret_cast<const T*>(p.logits) + static_cast<int64_t>(blockIdx.x) * p.stride;
   // Strict '>' from -inf, as the CPU: NaN and -inf are never chosen; a thread's indices
   // ascend, so it keeps its first maximum.
@@ -211,6 +214,8 @@ __device__ __forceinline__ row_settings read_settings(const sample_settings& s) 
 }
 
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const sample_rows_params p) {
+  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
+  pdl_launch_dependents();
   __shared__ select_scratch scratch;
   const row_settings row = read_settings(p.settings[blockIdx.x]);
   const float* x = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;
@@ -301,7 +306,7 @@ __global__ void token_resolve_kernel(const token_resolve_params p) {
 
 template <class T>
 void launch_argmax(const argmax_params& p, cudaStream_t stream) {
-  argmax_kernel<T><<<static_cast<unsigned>(p.rows), kArgmaxThreads, 0, stream>>>(p);
+  launch_pdl(argmax_kernel<T>, dim3(static_cast<unsigned>(p.rows)), dim3(kArgmaxThreads), 0, stream, p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -323,7 +328,7 @@ void run_cuda(const argmax_params& p, void* stream) {
 
 void run_cuda(const sample_rows_params& p, void* stream) {
   if (!cpu_detail::check_call(p)) return;
-  sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, as_stream(stream)>>>(p);
+  launch_pdl(sample_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kSampleThreads), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -189,10 +189,6 @@ __device__ __forceinline__ void st_release(int* ptr, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-
 // Two bf16 of an mma fragment register times two factors, rounded back to bf16.
 __device__ __forceinline__ uint32_t scale2(uint32_t w, float a, float b) {
   const float2 f = unpack_bf16x2(w);
