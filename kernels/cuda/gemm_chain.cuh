@@ -1,0 +1,150 @@
+#pragma once
+// The row-invariant bf16 GEMM of up to 8 rows with cuBLASLt's bits (determinism: batch_invariant,
+// kernels.invariant_gemm: chain; gemm.cu, the only includer). cuBLASLt with split-K 1
+// (gemm_lt.cuh) computes each output as one MMA chain over k in ascending k16 steps;
+// bench/probes/cublaslt_invariance_probe.cu found those bits equal, output for output, to one
+// mma.sync m16n8k16 chain (bf16 operands, f32 accumulation, from zero) with either operand as
+// the MMA's A. This kernel computes exactly that chain, so a row of a decode step (1-8 rows,
+// here) has the bits of the same row in a verify or prefill call of more rows (cuBLASLt), while a
+// decode step is one launch that streams its weight like the skinny kernels: cuBLASLt at one row
+// reads the weight at a fraction of the copy bandwidth, after a rounding kernel.
+//
+// A warp owns 16 weight rows (the MMA's A; the activation rows are its 8 columns, rows >= m read
+// zeros) and runs their chain over the whole k. The weight streams through a ring of STAGES
+// 64-wide k stages in shared memory per warp (cp.async, 16 bytes a lane and copy, chunk c of row
+// r stored at chunk c ^ (r % 8) so that ldmatrix's 8 rows fall on distinct banks); the first
+// STAGES - 1 stages are issued before pdl_wait() (no earlier kernel writes a weight). The
+// activations are read as f32 and rounded to bf16 (nearest even) where used: the bits of the
+// rounding kernel the cuBLASLt path runs first. Epilogue: alpha 1 and beta 0 or 1 (acc, or acc + c
+// in one rounding), or the SwiGLU formula of two chains (gate and up) for the fused projection.
+// Used for k a multiple of 64, on the layouts the cuBLASLt path takes (both depend on the shape
+// only, never on m).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "async_copy.cuh"
+#include "common.cuh"
+#include "gemm_skinny.cuh"  // skinny_args, swiglu_out
+#include "launch.cuh"
+#include "mma_bf16.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace {
+
+constexpr int kChainWarps = 2;  // warps (16-row weight tiles) per block
+constexpr int kChainK = 64;     // k per stage
+constexpr int64_t kChainMaxM = 8;
+
+// Stages in a warp's ring: 12 × 2 KB for one weight, 8 × 4 KB for gate and up.
+template <bool kSwiglu>
+__host__ __device__ constexpr int chain_stages() {
+  return kSwiglu ? 8 : 12;
+}
+
+template <bool kSwiglu>
+constexpr size_t chain_smem_bytes() {
+  return size_t{kChainWarps} * chain_stages<kSwiglu>() * (kSwiglu ? 2 : 1) * 16 * kChainK * sizeof(__nv_bfloat16);
+}
+
+bool chain_shape_applies(int64_t k) { return k % kChainK == 0; }
+
+template <bool kSwiglu>
+__global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skinny_args p, int m) {
+  constexpr int S = kSwiglu ? 2 : 1;       // weight streams (gate, up)
+  constexpr int ST = chain_stages<kSwiglu>();
+  constexpr int kStage = 16 * kChainK;      // bf16 elements of one stream's stage
+  extern __shared__ __align__(128) unsigned char chain_smem[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kChainWarps + warp) * 16;
+  const bool live = row0 < p.n;  // warp-uniform; an idle warp still waits (below)
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(chain_smem) + static_cast<int64_t>(warp) * ST * S * kStage;
+  // This lane's copies of a stage: 16-byte chunks q = lane + 32 i of 16 rows × 8 chunks.
+  const __nv_bfloat16* src[S][4];
+  int dst[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int q = lane + 32 * i, r = q >> 3, c = q & 7;
+    const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
+#pragma unroll
+    for (int s = 0; s < S; ++s) src[s][i] = (s == 1 ? p.b1 : p.b0) + row * p.ldb + c * 8;
+    dst[i] = r * kChainK + ((c ^ (r & 7)) * 8);
+  }
+  const int64_t stages = p.k / kChainK;
+  // Stage st into its ring slot, then one commit (empty past the end: one group per call keeps
+  // the wait below counting stages).
+  const auto issue = [&](int64_t st) {
+    if (st < stages) {
+      __nv_bfloat16* slot = ring + static_cast<int64_t>(st % ST) * S * kStage;
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async16_zfill(slot + s * kStage + dst[i], src[s][i] + st * kChainK, 16);
+    }
+    cp_async_commit_group();
+  };
+  if (live)
+    for (int st = 0; st < ST - 1; ++st) issue(st);
+  pdl_wait();  // launched with programmatic dependent launch: the activations (and c) after it
+  pdl_launch_dependents();
+  if (!live) return;
+
+  float acc[S][4] = {};
+  const bool x_live = g < m;  // the B fragment's column g: activation row g
+  const float* xrow = p.a + static_cast<int64_t>(x_live ? g : 0) * p.lda;
+  // ldmatrix.x4 of a k16 step: lane l gives row l % 16, chunk 2·kk + l / 16 (a0..a3 in order).
+  const int lr = lane & 15, lc = lane >> 4;
+  const uint32_t ring_addr = mma16::smem_u32(ring);
+  for (int64_t st = 0; st < stages; ++st) {
+    cp_async_wait_group<ST - 2>();  // this lane's copies of stage st have landed
+    __syncwarp();                   // and every lane's; the slot refilled next was read last step
+    issue(st + ST - 1);
+    const uint32_t slot_addr = ring_addr + static_cast<uint32_t>((st % ST) * S * kStage * 2);
+#pragma unroll
+    for (int kk = 0; kk < kChainK / 16; ++kk) {
+      const int64_t k0 = st * kChainK + kk * 16;
+      uint32_t b0 = 0, b1 = 0;
+      if (x_live) {
+        const float2 x0 = __ldg(reinterpret_cast<const float2*>(xrow + k0 + 2 * t));
+        const float2 x1 = __ldg(reinterpret_cast<const float2*>(xrow + k0 + 2 * t + 8));
+        b0 = mma16::pack_bf16x2(x0.x, x0.y);
+        b1 = mma16::pack_bf16x2(x1.x, x1.y);
+      }
+      const int c = 2 * kk + lc;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        uint32_t a[4];
+        mma16::ldsm_x4(a, slot_addr + static_cast<uint32_t>((s * kStage + lr * kChainK + ((c ^ (lr & 7)) * 8)) * 2));
+        mma16::mma_bf16(acc[s], a, b0, b1);
+      }
+    }
+  }
+  // acc[s][e]: weight row row0 + g (+ 8 for e >= 2), activation row 2t + (e & 1).
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int64_t wr = row0 + g + (e >= 2 ? 8 : 0);
+    const int ar = 2 * t + (e & 1);
+    if (ar >= m || wr >= p.n) continue;
+    float* out = p.c + static_cast<int64_t>(ar) * p.ldc + wr;
+    if constexpr (kSwiglu) {
+      *out = swiglu_out(acc[0][e], acc[1][e]);
+    } else {
+      *out = p.beta != 0.0f ? __fadd_rn(acc[0][e], *out) : acc[0][e];
+    }
+  }
+}
+
+// The chain kernel over a's m <= kChainMaxM rows (the caller checked the shape: alpha 1, beta 0
+// or 1, the cuBLASLt path's layout, chain_shape_applies).
+template <bool kSwiglu>
+void launch_chain_gemm(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(a.n, int64_t{16});
+  const auto blocks = static_cast<unsigned>(ceil_div(tiles, int64_t{kChainWarps}));
+  constexpr size_t smem = chain_smem_bytes<kSwiglu>();
+  if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(&chain_gemm_kernel<kSwiglu>), smem);
+  launch_pdl(chain_gemm_kernel<kSwiglu>, dim3(blocks), dim3(32 * kChainWarps), smem, stream, a, static_cast<int>(m));
+}
+
+}  // namespace
+}  // namespace hyserve::kernels::cuda_detail
