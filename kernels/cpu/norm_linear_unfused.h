@@ -1,9 +1,10 @@
 #pragma once
 // rmsnorm_linear (norm.h) in its unfused form, shared by the CPU op and the CUDA op's fallback:
 // the parameter checks, then the rmsnorm op into xn [m, k] (when norm_weight is set) and the
-// swiglu_linear op (up_w set) or the gemm op on xn (or on x). `run` is called with each op's
-// params (run_cpu or run_cuda on a stream).
+// swiglu_linear op (up_w set) or the gemm op on xn (or on x), then the relu2 op on out (relu2).
+// `run` is called with each op's params (run_cpu or run_cuda on a stream).
 #include "dtype_dispatch.h"
+#include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "validate.h"
@@ -19,6 +20,7 @@ inline void check_rmsnorm_linear(const rmsnorm_linear_params& p) {
   require_stride(p.out_stride, p.n, op, "out_stride");
   if (p.beta != 0.0f && p.beta != 1.0f) fail(op, "beta", p.beta, "must be 0 or 1");
   if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
+  if (p.relu2 && (p.up_w != nullptr || p.beta != 0.0f)) fail(op, "relu2", "true", "needs up_w null and beta 0");
   if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
   require_storage(p.w_dtype, op, "w_dtype");
 }
@@ -62,6 +64,14 @@ void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&&
   gemm_params g = swiglu_linear_gate_gemm(s);
   g.beta = p.beta;
   run(g);
+  if (p.relu2) {
+    relu2_params r;
+    r.x = p.out;
+    r.rows = p.m;
+    r.cols = p.n;
+    r.stride = p.out_stride;
+    run(r);
+  }
 }
 
 }  // namespace hyserve::kernels::cpu_detail

@@ -433,8 +433,15 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         for (int r = 0; r < kLinRows; ++r) {
           if (row0 + r >= p.n) break;
           float* out = p.out + m * p.out_stride + row0 + r;
-          // The skinny kernel's epilogue (gemm.cu), explicit roundings included.
-          *out = p.beta != 0.0f ? __fmaf_rn(alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc[r][m]);
+          // The skinny kernel's epilogue (gemm.cu), explicit roundings included; relu2: the relu2
+          // op's formula on the stored product.
+          const float v = p.beta != 0.0f ? __fmaf_rn(alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc[r][m]);
+          if (p.relu2) {
+            const float pos = v > 0.0f ? v : 0.0f;
+            *out = __fmul_rn(pos, pos);
+          } else {
+            *out = v;
+          }
         }
       }
     }

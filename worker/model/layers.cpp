@@ -221,17 +221,17 @@ tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& 
 
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual,
                    const tensor* norm, float eps) {
-  if (w.gate.empty()) {  // relu² MLP
-    tensor act = norm_linear(x, norm, eps, w.up, ctx);
-    profile(ctx, "mlp.up", nbytes(w.up) + nbytes(x) + nbytes(act));
-    if (act.numel() > 0) {
-      kernels::relu2_params r;
-      r.x = act.as<float>();
-      r.rows = act.shape()[0];
-      r.cols = act.shape()[1];
-      r.stride = r.cols;
-      kernels::run(r, ctx);
+  if (w.gate.empty()) {  // relu² MLP: relu2(xn · upᵀ) in one op (the decode kernel's epilogue)
+    const int64_t rows = x.shape()[0], inter = w.up.shape()[0];
+    HYSERVE_CHECK(w.up.shape()[1] == x.shape()[1], "mlp: input width " + std::to_string(x.shape()[1]) + " vs up " +
+                                                       w.up.shape().str());
+    tensor act = tensor::f32({rows, inter}, ctx.device);
+    if (rows > 0 && inter > 0) {
+      kernels::rmsnorm_linear_params p = linear_params(x, w.up, norm, eps, act.as<float>(), 0.0f);
+      p.relu2 = true;
+      kernels::run(p, ctx);
     }
+    profile(ctx, "mlp.up", nbytes(w.up) + nbytes(x) + nbytes(act));
     tensor out = block_output(act, w.down, comm, ctx, residual);
     profile(ctx, "mlp.down", nbytes(w.down) + nbytes(act) + 2 * (residual ? nbytes(*residual) : 0.0));
     return out;

@@ -5,7 +5,7 @@
 // swiglu product. Also: the fused kernel equals the unfused CUDA ops (the rmsnorm op into a
 // scratch block, then the skinny gemm / swiglu_linear op) bit for bit, so decode through either
 // path (and an m-row verify step) gives the same logits. Covers the norm on and off, beta 0/1
-// (the residual epilogue), swiglu, m 1..4, odd n, padded strides, k of the production shapes
+// (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
 // (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4). Skips
 // without a device.
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@
 
 #include "cuda_test_util.h"
 #include "hyserve/common/dtype.h"
+#include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 
@@ -36,13 +37,14 @@ struct nl_case {
   bool norm, swiglu;
   float beta;
   bool bf16 = true;
+  bool relu2 = false;  // the squared-ReLU epilogue (Nemotron-H's MLP up projection)
 };
 
 std::string name_of(const testing::TestParamInfo<nl_case>& i) {
   const nl_case& c = i.param;
   return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) + "_pad" +
          std::to_string(c.pad) + (c.norm ? "_norm" : "") + (c.swiglu ? "_swiglu" : "") + (c.beta != 0 ? "_acc" : "") +
-         (c.bf16 ? "" : "_f32");
+         (c.bf16 ? "" : "_f32") + (c.relu2 ? "_relu2" : "");
 }
 
 class NormLinearCuda : public testing::TestWithParam<nl_case> {};
@@ -59,6 +61,7 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   p.out_stride = c.n + 3;
   p.eps = 1e-5f;
   p.beta = c.beta;
+  p.relu2 = c.relu2;
   p.w_dtype = c.bf16 ? dtype::kBF16 : dtype::kF32;
   const std::vector<float> x = random_floats(static_cast<size_t>(c.m * p.x_stride), 21, -2.0f, 2.0f);
   const std::vector<float> g = random_floats(static_cast<size_t>(c.k), 22, 0.5f, 1.5f);
@@ -94,7 +97,7 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   device_synchronize();
   const std::vector<float> got = dout.download();
   if (c.bf16) {
-    expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(c.k), c.swiglu ? 1e-4 : 1e-5, "out");
+    expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(c.k), c.swiglu || c.relu2 ? 1e-4 : 1e-5, "out");
   } else {
     // f32 weights: cuBLAS SGEMM (fp32, no TF32) after the rmsnorm op.
     expect_match(got, want, 1e-4 + 1e-6 * static_cast<double>(c.k), 1e-4, "out");
@@ -148,6 +151,14 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
     q.trans_b = true;
     q.beta = c.beta;
     run_cuda(q);
+    if (c.relu2) {
+      relu2_params r;
+      r.x = dunf.data();
+      r.rows = c.m;
+      r.cols = c.n;
+      r.stride = p.out_stride;
+      run_cuda(r);
+    }
   }
   device_synchronize();
   const std::vector<float> unfused = dunf.download();
@@ -177,7 +188,12 @@ INSTANTIATE_TEST_SUITE_P(
                     // the step loaded before the wait), with and without the norm
                     nl_case{1, 2049, 4104, 0, false, false, 1.0f},
                     nl_case{2, 999, 4104, 8, true, true, 0.0f},
-                    nl_case{3, 1001, 4104, 0, true, false, 0.0f}),
+                    nl_case{3, 1001, 4104, 0, true, false, 0.0f},
+                    // relu2(xn · upᵀ): Nemotron-H-8B's MLP up projection, a partial last step at
+                    // three rows, and the unfused path (m > 4)
+                    nl_case{1, 21504, 4096, 0, true, false, 0.0f, true, true},
+                    nl_case{3, 1001, 4104, 0, true, false, 0.0f, true, true},
+                    nl_case{6, 300, 256, 0, true, false, 0.0f, true, true}),
     name_of);
 
 }  // namespace

@@ -1,6 +1,6 @@
 // RMSNorm and gated RMSNorm (norm after or before the gate) against direct formulas in double;
 // the two-phase (tensor-parallel) gated path against the one-phase result. Tolerance 1e-5 abs +
-// 1e-5 rel.
+// 1e-5 rel. Also rmsnorm_linear's squared-ReLU epilogue.
 #include "hyserve/kernels/norm.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@ namespace {
 
 using test::expect_close;
 using test::random_floats;
+using test_support::expect_invalid;
 
 constexpr double kAtol = 1e-5;
 constexpr double kRtol = 1e-5;
@@ -230,6 +231,53 @@ TEST(GatedRmsNormTwoPhase, MultiGroupRoundTrip) {
   p.out = out.data();
   run_cpu(p);
   expect_close(out, gated_ref(x, z, w, rows, cols, cols, group, 1e-6f), kAtol, kRtol, "round trip");
+}
+
+// rmsnorm_linear with the squared-ReLU epilogue (Nemotron-H's MLP up projection): the normed
+// rows times the weight, then max(v, 0)², against the formula in double (1e-5 abs + 1e-5 rel on
+// the product, so 3e-5 rel on its square); relu2 with up_w or beta 1 is an error naming it.
+TEST(RmsNormLinearRelu2, MatchesFormulaAndRejectsOtherEpilogues) {
+  const int64_t m = 3, n = 37, k = 64, out_stride = n + 2;
+  const auto x = random_floats(static_cast<size_t>(m * k), 61u, -2.0f, 2.0f);
+  const auto g = random_floats(static_cast<size_t>(k), 62u, 0.5f, 1.5f);
+  const auto w = random_floats(static_cast<size_t>(n * k), 63u, -0.2f, 0.2f);
+  std::vector<float> out(static_cast<size_t>(m * out_stride), -7.0f);
+  rmsnorm_linear_params p;
+  p.x = x.data();
+  p.norm_weight = g.data();
+  p.eps = 1e-5f;
+  p.w = w.data();
+  p.w_dtype = dtype::kF32;
+  p.out = out.data();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x_stride = p.w_stride = k;
+  p.out_stride = out_stride;
+  p.relu2 = true;
+  run_cpu(p);
+  int positive = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < k; ++i) ss += static_cast<double>(x[r * k + i]) * x[r * k + i];
+    const double inv = 1.0 / std::sqrt(ss / k + 1e-5);
+    for (int64_t j = 0; j < n; ++j) {
+      double v = 0.0;
+      for (int64_t i = 0; i < k; ++i) v += x[r * k + i] * inv * g[i] * w[j * k + i];
+      const double want = v > 0.0 ? v * v : 0.0;
+      positive += v > 0.0;
+      EXPECT_NEAR(out[r * out_stride + j], want, 1e-5 + 3e-5 * want) << "row " << r << " col " << j;
+    }
+    EXPECT_EQ(out[r * out_stride + n], -7.0f) << "the padding after row " << r << " is not written";
+  }
+  EXPECT_GT(positive, 0);
+  EXPECT_LT(positive, m * n);  // both signs: the ReLU is exercised
+  rmsnorm_linear_params with_up = p;
+  with_up.up_w = w.data();
+  expect_invalid([&] { run_cpu(with_up); }, "relu2");
+  rmsnorm_linear_params with_beta = p;
+  with_beta.beta = 1.0f;
+  expect_invalid([&] { run_cpu(with_beta); }, "relu2");
 }
 
 }  // namespace

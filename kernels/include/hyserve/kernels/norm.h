@@ -55,6 +55,7 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 //   xn = rmsnorm(x) (the rmsnorm op with norm_weight, eps), or x itself when norm_weight is null
 //   out = xn · wᵀ + beta · out              (up_w null; beta 0 or 1: the residual epilogue)
 //   out = silu(xn · wᵀ) ⊙ (xn · up_wᵀ)      (up_w set: w is the gate; the swiglu_linear op)
+//   out = relu2(xn · wᵀ)                    (relu2: the relu2 op on the product; up_w null, beta 0)
 // x, out f32; w and up_w [n, k] row-major in w_dtype (f32 or bf16). The CPU op is the rmsnorm
 // op into a scratch row block, then the gemm (or swiglu_linear) op. The CUDA op runs one kernel
 // for decode (bf16 weights, m ≤ 4, 16-byte aligned, k a multiple of 8; with a norm, the m normed
@@ -76,6 +77,7 @@ struct rmsnorm_linear_params {
   int64_t m = 0, n = 0, k = 0;
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;
   float beta = 0.0f;                                // 0 or 1 (up_w null only)
+  bool relu2 = false;                               // squared ReLU of the product (up_w null, beta 0)
 };
 
 void run_cpu(const rmsnorm_linear_params& p);
