@@ -10,6 +10,9 @@
 
 #include "fixture.h"
 #include "hyserve/common/config.h"
+#include "hyserve/kernels/device.h"
+#include "hyserve/kernels/gdn.h"
+#include "hyserve/kernels/run.h"
 
 namespace hyserve::graph_test {
 
@@ -40,6 +43,15 @@ inline service_config graph_config(const graph_case& c, bool graphs, int32_t max
     cfg.cache.kv_dtype = dtype::kBF16;
   }
   return cfg;
+}
+
+// Why a case cannot run here (null: it can): no CUDA device, or Qwen3-Next without the Gated
+// DeltaNet CUDA op. Use: if (const char* why = skip_reason(c)) GTEST_SKIP() << why;
+inline const char* skip_reason(const graph_case& c) {
+  if (kernels::cuda_device_count() == 0) return "no CUDA device";
+  if (c.fixture == "qwen3next-tiny" && !kernels::has_cuda<kernels::gdn_chunk_scan_params>())
+    return "Gated DeltaNet has no CUDA op in this build";
+  return nullptr;
 }
 
 inline int32_t argmax(const float* row, int64_t n) {

@@ -91,9 +91,7 @@ int64_t changed_blocks(const std::vector<uint8_t>& a, const std::vector<uint8_t>
 class GpuGraphDecode : public ::testing::TestWithParam<graph_case> {
  protected:
   void SetUp() override {
-    if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    if (GetParam().fixture == "qwen3next-tiny" && !kernels::has_cuda<kernels::gdn_chunk_scan_params>())
-      GTEST_SKIP() << "Gated DeltaNet has no CUDA op in this build";
+    if (const char* why = graph_test::skip_reason(GetParam())) GTEST_SKIP() << why;
     eager_ = std::make_unique<engine>(graph_config(GetParam(), false));
     graph_ = std::make_unique<engine>(graph_config(GetParam(), true));
     vocab_ = eager_->config().vocab_size;

@@ -71,9 +71,7 @@ std::vector<step_row> rows_of(const std::vector<int32_t>& handles, const std::ve
 class GpuGraphArena : public ::testing::TestWithParam<arena_case> {
  protected:
   void SetUp() override {
-    if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    if (GetParam().fixture == "qwen3next-tiny" && !kernels::has_cuda<kernels::gdn_chunk_scan_params>())
-      GTEST_SKIP() << "Gated DeltaNet has no CUDA op in this build";
+    if (const char* why = graph_test::skip_reason(GetParam())) GTEST_SKIP() << why;
   }
 };
 

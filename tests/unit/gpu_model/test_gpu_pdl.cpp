@@ -15,9 +15,6 @@
 
 #include "graph_test_support.h"
 #include "hyserve/common/config.h"
-#include "hyserve/kernels/device.h"
-#include "hyserve/kernels/gdn.h"
-#include "hyserve/kernels/run.h"
 #include "hyserve/worker/engine.h"
 
 namespace hyserve {
@@ -48,9 +45,7 @@ int64_t differing_floats(const tensor& a, const tensor& b) {
 class GpuPdl : public ::testing::TestWithParam<graph_case> {
  protected:
   void SetUp() override {
-    if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    if (GetParam().fixture == "qwen3next-tiny" && !kernels::has_cuda<kernels::gdn_chunk_scan_params>())
-      GTEST_SKIP() << "Gated DeltaNet has no CUDA op in this build";
+    if (const char* why = graph_test::skip_reason(GetParam())) GTEST_SKIP() << why;
   }
 };
 
