@@ -32,7 +32,7 @@
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
-# step and prefill, Granite-4.0-H-Tiny's batch-1 step).
+# step and prefill, Granite-4.0-H-Tiny's and Nemotron-H-8B's batch-1 steps).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
 # (default build), BUDGET_S (seconds for the whole call, default 3000), JOBS (default: nproc).
 set -uo pipefail
@@ -100,8 +100,13 @@ with_kernels() {
   conf="$out/$(basename "$1" .yaml)-$2-$3.yaml"
   python3 - "$1" "$conf" "$2" "$3" << 'EOF'
 import sys, yaml
+import os
 c = yaml.safe_load(open(sys.argv[1]))
 c.setdefault("kernels", {})[sys.argv[3]] = sys.argv[4]
+# A synthetic model's shapes file is found beside its config: keep it found from the copy.
+syn = (c.get("model") or {}).get("synthetic")
+if isinstance(syn, dict) and "hf_config" in syn and not os.path.isabs(syn["hf_config"]):
+    syn["hf_config"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), syn["hf_config"])
 yaml.safe_dump(c, open(sys.argv[2], "w"), default_flow_style=None)
 EOF
   echo "$conf"
@@ -282,9 +287,9 @@ EOF2
       # This tree against BASELINE_DIR (an untracked copy of another revision, e.g. made with
       # `git archive main --prefix=baseline/ | tar -x` before the call), each built in its own
       # build/: the linear layers per row count, the MoE layer, the 9B step and 8K prefill in both
-      # determinism modes, Falcon-H1's batch-1 step and 8K prefill (attention in every layer) and
-      # Granite-4.0-H-Tiny's batch-1 step (MoE in every layer), one after the other on the same
-      # GPU. Logs OUT/compare-{this,base}-*.log.
+      # determinism modes, Falcon-H1's batch-1 step and 8K prefill (attention in every layer),
+      # Granite-4.0-H-Tiny's batch-1 step (MoE in every layer) and Nemotron-H-8B's (squared-ReLU
+      # MLP), one after the other on the same GPU. Logs OUT/compare-{this,base}-*.log.
       base=${BASELINE_DIR:?compare needs BASELINE_DIR}
       stage compare-base-build 300 bash -c "cd '$base' && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
         -DHYSERVE_CUDA_ARCHS=90a > /dev/null && cmake --build build -j $jobs --target hyserve-bench-cuda hyserve-bench-model"
@@ -301,6 +306,8 @@ EOF2
         stage "compare-$tree-falcon" 150 "$b/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
           --batches 1 --decode-steps 8 --prefill-len 8192
         stage "compare-$tree-granite-tiny" 90 "$b/hyserve-bench-model" configs/granite-4.0-h-tiny-synthetic-cuda.yaml \
+          --batches 1 --decode-steps 8
+        stage "compare-$tree-nemotron" 90 "$b/hyserve-bench-model" configs/nemotron-h-8b-synthetic-cuda.yaml \
           --batches 1 --decode-steps 8
       done ;;
     moe)
