@@ -28,7 +28,9 @@
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
 # batches 8 and 32, fast and batch_invariant); floors (one batch-1 decode step op by op for
-# Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); cublaslt-probe
+# Falcon-H1, Nemotron-H and Granite-4.0-H, and the MoE op's kernels under nsys); trace (CUPTI's
+# kernel records of batch-1 graph decode steps: span, busy time, gaps, the longest kernels, for
+# the 9B and the family configs); cublaslt-probe
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
@@ -76,6 +78,7 @@ for s in "${stages[@]}"; do
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
     families | model-tp2) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
+    trace) targets+=(hyserve-bench-model) ;;
     cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -313,6 +316,14 @@ EOF2
     moe)
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
+    trace)
+      # Where a graph decode step's time goes: CUPTI's kernel records of 8 sampled steps at batch 1
+      # (span, kernel-busy time, gaps; the 30 longest kernels) for each TRACE_CONFIGS config
+      # (bamba-9b is configs/bamba-9b-synthetic-cuda.yaml).
+      for f in ${TRACE_CONFIGS:-bamba-9b falcon-h1-7b nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small}; do
+        stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 8 \
+          --kernel-trace --json "$out/trace-$f.json"
+      done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \

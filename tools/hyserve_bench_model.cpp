@@ -2,6 +2,7 @@
 // (the engine: the same model, pools and forward modes the workers run, without the service).
 //   hyserve-bench-model CONFIG [--batches 1,16,64] [--prompt-len 1024] [--decode-steps 32]
 //                       [--prefill-len 8192] [--json FILE] [--profile-step] [--verify-width W]
+//                       [--kernel-trace]
 // Reports, from one run:
 //   - the device-to-device copy bandwidth (read + write of a 1 GiB buffer);
 //   - prefill: wall time and tokens/s of one Extend step over a prefill-len prompt;
@@ -24,6 +25,10 @@
 // token and W - 1 drafts, as a speculative round's verify), timed like decode (eager: verify
 // steps are not captured), with --profile-step one of them op by op; and the ratio of a verify
 // step to a decode step of the same rows (what a speculative round must win back).
+// --kernel-trace: the sampled decode steps once more with CUPTI's kernel records on (builds
+// whose CUDA toolkit has CUPTI): per step the span of its kernels, the time they cover and the
+// gaps between them, and the 30 kernels that take the most time (tools/bench/kernel_trace.h):
+// where a graph step's time goes, which the eager --profile-step cannot show.
 // Tensor parallelism: under `mpirun -np N` with the config's parallel.tp = N (one group; dp 1),
 // every rank builds its shard (placed and reduced as the service's workers are:
 // hyserve/worker/tp_device.h; with parallel.device_collective: host the N ranks may share one
@@ -45,6 +50,7 @@
 
 #include <boost/json.hpp>
 
+#include "bench/kernel_trace.h"
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
 #include "hyserve/kernels/device.h"
@@ -66,6 +72,7 @@ struct options {
   int32_t prefill_len = 8192;
   std::string json_out;
   bool profile_step = false;
+  bool kernel_trace = false;  // the sampled decode steps' kernels on the device (CUPTI), per batch
   int32_t verify_width = 0;  // 0: no verify steps
 };
 
@@ -101,11 +108,14 @@ options parse(int argc, char** argv) {
     else if (a == "--prefill-len") o.prefill_len = positive(a);
     else if (a == "--json") o.json_out = value();
     else if (a == "--profile-step") o.profile_step = true;
+    else if (a == "--kernel-trace") o.kernel_trace = true;
     else if (a == "--verify-width") o.verify_width = positive(a);
     else if (!a.empty() && a[0] != '-' && o.config.empty()) o.config = a;
     else throw hyserve::invalid_argument_error("unknown argument " + a);
   }
   if (o.config.empty()) throw hyserve::invalid_argument_error("usage: hyserve-bench-model CONFIG [options]");
+  if (o.kernel_trace && !hyserve::bench::kernel_trace_available())
+    throw hyserve::invalid_argument_error("--kernel-trace: this build has no CUPTI");
   return o;
 }
 
@@ -487,22 +497,29 @@ int run(const options& o) {
       std::vector<hyserve::kernels::sample_output> sampled;
       std::vector<double> wall;
       uint64_t d2h = 0;
-      for (int32_t s = -2; s < o.decode_steps; ++s) {
-        std::vector<step_row> rows;
-        for (int32_t j = 0; j < b; ++j)
-          rows.push_back(step_row{reqs[static_cast<size_t>(j)],
-                                  {static_cast<int32_t>((11 * (s + 3) + j) % mc.vocab_size)}});
-        hyserve::worker::forward_options opts;
-        opts.sample = &sampling;
-        opts.sampled = &sampled;
-        const uint64_t before = hyserve::kernels::device_to_host_bytes();
-        const auto t0 = clock_type::now();
-        eng.step(forward_mode::kDecode, rows, opts);
-        const double t = seconds_since(t0);
-        if (s >= 0) {
-          wall.push_back(t);
-          d2h = hyserve::kernels::device_to_host_bytes() - before;
+      // --kernel-trace: a second pass of the same steps with CUPTI's kernel records on.
+      std::vector<hyserve::bench::kernel_record> traced;
+      const int passes = o.kernel_trace && cfg.device == hyserve::device_kind::kCuda ? 2 : 1;
+      for (int pass = 0; pass < passes; ++pass) {
+        if (pass == 1) hyserve::bench::kernel_trace_start();
+        for (int32_t s = pass == 0 ? -2 : 0; s < o.decode_steps; ++s) {
+          std::vector<step_row> rows;
+          for (int32_t j = 0; j < b; ++j)
+            rows.push_back(step_row{reqs[static_cast<size_t>(j)],
+                                    {static_cast<int32_t>((11 * (s + 3) + j) % mc.vocab_size)}});
+          hyserve::worker::forward_options opts;
+          opts.sample = &sampling;
+          opts.sampled = &sampled;
+          const uint64_t before = hyserve::kernels::device_to_host_bytes();
+          const auto t0 = clock_type::now();
+          eng.step(forward_mode::kDecode, rows, opts);
+          const double t = seconds_since(t0);
+          if (s >= 0 && pass == 0) {
+            wall.push_back(t);
+            d2h = hyserve::kernels::device_to_host_bytes() - before;
+          }
         }
+        if (pass == 1) traced = hyserve::bench::kernel_trace_stop();
       }
       const double med = median(wall);
       std::printf("decode   batch %4d (context %d) sampled on the device: step %8.3f ms wall (median of %d)  "
@@ -511,6 +528,7 @@ int run(const options& o) {
       entry["sampled_step_ms"] = med * 1e3;
       entry["sampled_tokens_per_s"] = b / med;
       entry["sampled_d2h_bytes_per_step"] = static_cast<double>(d2h);
+      if (passes == 2) entry["kernel_trace"] = hyserve::bench::print_kernel_trace(traced, o.decode_steps, 30);
     }
     if (o.profile_step && cfg.device == hyserve::device_kind::kCuda) {
       std::vector<step_row> rows;
