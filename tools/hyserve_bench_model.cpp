@@ -28,7 +28,9 @@
 // --kernel-trace: the sampled decode steps once more with CUPTI's kernel records on (builds
 // whose CUDA toolkit has CUPTI): per step the span of its kernels, the time they cover and the
 // gaps between them, and the 30 kernels that take the most time (tools/bench/kernel_trace.h):
-// where a graph step's time goes, which the eager --profile-step cannot show.
+// where a graph step's time goes, which the eager --profile-step cannot show. The records are on
+// for the whole run (CUPTI may not see graphs instantiated before), so with --kernel-trace the
+// other timings carry CUPTI's cost per kernel: read them from a run without it.
 // Tensor parallelism: under `mpirun -np N` with the config's parallel.tp = N (one group; dp 1),
 // every rank builds its shard (placed and reduced as the service's workers are:
 // hyserve/worker/tp_device.h; with parallel.device_collective: host the N ranks may share one
@@ -362,6 +364,8 @@ int run(const options& o) {
                                 "mpirun -np " + std::to_string(cfg.parallel.tp) + " (it has " +
                                 std::to_string(world) + ")");
   if (rank != 0 && !std::freopen("/dev/null", "w", stdout)) throw hyserve::error("cannot silence rank " + std::to_string(rank));
+  // Kernel records on before any CUDA work (graphs instantiated before may not be traced).
+  if (o.kernel_trace && cfg.device == hyserve::device_kind::kCuda) hyserve::bench::kernel_trace_enable();
   if (rank == 0) std::fprintf(stderr, "loading %s (tp %d) ...\n", o.config.c_str(), world);
   const auto t_load = clock_type::now();
   std::unique_ptr<hyserve::worker::collective> comm;

@@ -83,18 +83,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 #if defined(HYSERVE_HAVE_CUPTI)
 bool kernel_trace_available() { return true; }
 
-void kernel_trace_start() {
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_records.clear();
-  }
+void kernel_trace_enable() {
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "register callbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
 }
 
+void kernel_trace_start() {
+  check(cuptiActivityFlushAll(1), "flush");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_records.clear();
+}
+
 std::vector<kernel_record> kernel_trace_stop() {
   check(cuptiActivityFlushAll(1), "flush");
-  check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable kernel records");
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<kernel_record> out;
   out.swap(g_records);
@@ -103,6 +104,7 @@ std::vector<kernel_record> kernel_trace_stop() {
 }
 #else
 bool kernel_trace_available() { return false; }
+void kernel_trace_enable() { throw std::runtime_error("kernel trace: this build has no CUPTI"); }
 void kernel_trace_start() { throw std::runtime_error("kernel trace: this build has no CUPTI"); }
 std::vector<kernel_record> kernel_trace_stop() { throw std::runtime_error("kernel trace: this build has no CUPTI"); }
 #endif

@@ -18,8 +18,11 @@ struct kernel_record {
 };
 
 bool kernel_trace_available();
-void kernel_trace_start();
-std::vector<kernel_record> kernel_trace_stop();  // flushes the activity buffers
+// Turns the records on for the rest of the process: before the CUDA work to trace is set up
+// (graphs instantiated before it may not be seen); the records cost every later kernel a little.
+void kernel_trace_enable();
+void kernel_trace_start();                       // drops the records so far
+std::vector<kernel_record> kernel_trace_stop();  // the records since kernel_trace_start()
 
 // Prints, for `steps` steps traced back to back: per step the span (first kernel start to last
 // kernel end), the time covered by kernels and the gaps between them; per kernel name the
