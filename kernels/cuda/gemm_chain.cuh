@@ -14,8 +14,8 @@
 // 64-wide k stages in shared memory per warp (cp.async, 16 bytes a lane and copy, chunk c of row
 // r stored at chunk c ^ (r % 8) so that ldmatrix's 8 rows fall on distinct banks); the first
 // STAGES - 1 stages are issued before pdl_wait() (no earlier kernel writes a weight). The
-// activations are read as f32 and rounded to bf16 (nearest even) where used: the bits of the
-// rounding kernel the cuBLASLt path runs first. Epilogue: alpha 1 and beta 0 or 1 (acc, or acc + c
+// activations are read as f32 one stage ahead of their use (registers) and rounded to bf16
+// (nearest even) where used: the bits of the rounding kernel the cuBLASLt path runs first. Epilogue: alpha 1 and beta 0 or 1 (acc, or acc + c
 // in one rounding), or the SwiGLU formula of two chains (gate and up) for the fused projection.
 // Used for k a multiple of 64, on the layouts the cuBLASLt path takes (both depend on the shape
 // only, never on m).
@@ -96,21 +96,31 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
   // ldmatrix.x4 of a k16 step: lane l gives row l % 16, chunk 2·kk + l / 16 (a0..a3 in order).
   const int lr = lane & 15, lc = lane >> 4;
   const uint32_t ring_addr = mma16::smem_u32(ring);
+  // The activations of a stage (this lane's B fragments: k 2t, 2t + 1 and 2t + 8, 2t + 9 of each
+  // k16 step), loaded one stage ahead of their use so that the MMA chain does not wait on them.
+  constexpr int KS = kChainK / 16;
+  float2 xa[KS][2], xn[KS][2];
+  const auto load_x = [&](int64_t st, float2 (&x)[KS][2]) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const int64_t k0 = st * kChainK + kk * 16 + 2 * t;
+      const bool on = x_live && st < stages;
+      x[kk][0] = on ? __ldg(reinterpret_cast<const float2*>(xrow + k0)) : make_float2(0.0f, 0.0f);
+      x[kk][1] = on ? __ldg(reinterpret_cast<const float2*>(xrow + k0 + 8)) : make_float2(0.0f, 0.0f);
+    }
+  };
+  load_x(0, xa);
   for (int64_t st = 0; st < stages; ++st) {
     cp_async_wait_group<ST - 2>();  // this lane's copies of stage st have landed
     __syncwarp();                   // and every lane's; the slot refilled next was read last step
     issue(st + ST - 1);
+    load_x(st + 1, xn);
     const uint32_t slot_addr = ring_addr + static_cast<uint32_t>((st % ST) * S * kStage * 2);
 #pragma unroll
-    for (int kk = 0; kk < kChainK / 16; ++kk) {
-      const int64_t k0 = st * kChainK + kk * 16;
-      uint32_t b0 = 0, b1 = 0;
-      if (x_live) {
-        const float2 x0 = __ldg(reinterpret_cast<const float2*>(xrow + k0 + 2 * t));
-        const float2 x1 = __ldg(reinterpret_cast<const float2*>(xrow + k0 + 2 * t + 8));
-        b0 = mma16::pack_bf16x2(x0.x, x0.y);
-        b1 = mma16::pack_bf16x2(x1.x, x1.y);
-      }
+    for (int kk = 0; kk < KS; ++kk) {
+      // Rows >= m hold zeros (x_live false): their columns are not stored.
+      const uint32_t b0 = mma16::pack_bf16x2(xa[kk][0].x, xa[kk][0].y);
+      const uint32_t b1 = mma16::pack_bf16x2(xa[kk][1].x, xa[kk][1].y);
       const int c = 2 * kk + lc;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
@@ -118,6 +128,11 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
         mma16::ldsm_x4(a, slot_addr + static_cast<uint32_t>((s * kStage + lr * kChainK + ((c ^ (lr & 7)) * 8)) * 2));
         mma16::mma_bf16(acc[s], a, b0, b1);
       }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      xa[kk][0] = xn[kk][0];
+      xa[kk][1] = xn[kk][1];
     }
   }
   // acc[s][e]: weight row row0 + g (+ 8 for e >= 2), activation row 2t + (e & 1).
