@@ -304,8 +304,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
                                                                          int qmax, const attn_partials part,
                                                                          bool decode_rule,
                                                                          const attn_decode::tree_keys tree) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   __shared__ float s_w[kMaxCombineSlices];
   __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;

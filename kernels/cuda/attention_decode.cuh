@@ -205,8 +205,7 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
 template <class KV, int D, int G, bool kTree>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices, int qmax,
                                                           const partials part, const tree_keys tree) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   constexpr int E = kChunkElems<KV, G>;
   using sh = shape<D, G, E>;
   using chunk = kv_chunk<KV, E>;

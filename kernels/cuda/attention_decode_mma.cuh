@@ -65,8 +65,7 @@ template <int D, int G, bool kTree>
 __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attention_params p, int n_slices, int qmax,
                                                               const attn_decode::partials part,
                                                               const attn_decode::tree_keys tree) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(G >= 1 && G <= 8, "at most 8 heads per kv head (one n-tile)");
   constexpr int KS = D / 16;  // k-steps of the scores

@@ -102,8 +102,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_update_kernel(const conv1
   const int32_t slot = p.state_indices[b];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (slot < 0 || c >= p.dim) {
-    pdl_wait();  // every thread waits: the next kernel's wait then covers all earlier work
-    pdl_launch_dependents();
+    pdl_begin();  // every thread waits: the next kernel's wait then covers all earlier work
     return;
   }
   float* win = p.conv_states + (static_cast<int64_t>(slot) * p.dim + c) * W;
@@ -113,8 +112,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_update_kernel(const conv1
 #pragma unroll
   for (int j = 0; j < K; ++j) wk[j] = p.weight[c * K + j];
   float acc = p.bias != nullptr ? p.bias[c] : 0.0f;
-  pdl_wait();  // decode path: launched with programmatic dependent launch
-  pdl_launch_dependents();
+  pdl_begin();  // decode path: launched with programmatic dependent launch
   const float xs = to_float(reinterpret_cast<const T*>(p.x)[b * p.x_stride + c]);
 #pragma unroll
   for (int j = 0; j < W; ++j) acc += wk[j] * prev[j];

@@ -72,8 +72,7 @@ __device__ __forceinline__ void convert_row(Dst* __restrict__ dst, const Src* __
 // Table element type S (f32 or bf16); activations T.
 template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t id = p.ids[t];
   const S* table = reinterpret_cast<const S*>(p.table);
@@ -85,8 +84,7 @@ __global__ void __launch_bounds__(kRowThreads) embedding_kernel(const embedding_
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const T* gate = reinterpret_cast<const T*>(p.gate);
   const T* up = reinterpret_cast<const T*>(p.up);
   T* out = reinterpret_cast<T*>(p.out);
@@ -114,8 +112,7 @@ __global__ void __launch_bounds__(kRowThreads) swiglu_kernel(const swiglu_params
 }
 
 __global__ void __launch_bounds__(kRowThreads) relu2_kernel(const relu2_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -131,8 +128,7 @@ struct rope_freqs {
 
 template <class T>
 __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, const __grid_constant__ rope_freqs f) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x;
   const int half = static_cast<int>(p.rotary_dim / 2);
@@ -160,8 +156,7 @@ __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, 
 // Activations T, cache element type S (f32 or bf16).
 template <class T, class S, bool Vec>
 __global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t loc = p.locs[t];
   if (loc < 0) return;  // padding token

@@ -111,8 +111,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(const gdn_chunk_scan_pa
 
   const int gc = static_cast<int>(blockIdx.x);
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kG;
-  pdl_wait();  // launched with PDL: the plan's chunk offsets
-  pdl_launch_dependents();
+  pdl_begin();  // launched with PDL: the plan's chunk offsets
   if (*ws.overflow != 0 || gc >= ws.chunk_off[p.batch]) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int64_t b = find_row(ws.chunk_off, p.batch, gc);

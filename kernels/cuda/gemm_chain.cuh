@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
   };
   if (live)
     for (int st = 0; st < ST - 1; ++st) issue(st);
-  pdl_wait();  // launched with programmatic dependent launch: the activations (and c) after it
-  pdl_launch_dependents();
+  pdl_begin();  // launched with programmatic dependent launch: the activations (and c) after it
   if (!live) return;
 
   float acc[S][4] = {};

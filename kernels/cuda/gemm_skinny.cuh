@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_bf16_kernel(const skinn
   // first chunks of every lane are in flight before pdl_wait(), while the kernel before (the
   // norm or mixer that produces a) finishes; a is read only after it.
   if (!idle) load_weights(lane);
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_begin();
   if (idle) return;
   for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
 #pragma unroll
@@ -243,8 +242,7 @@ __global__ void __launch_bounds__(32 * WARPS, TILES == 1 && CG == 1 ? 1024 / (32
           for (int h = 0; h < 2; ++h) prefetch_l2(wrow[ti][s][h] + c);
     }
   }
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_begin();
   for (int64_t kb0 = warp; kb0 < kblocks; kb0 += WARPS * kMmaUnroll) {
     uint4 w[kMmaUnroll][TILES][S][2];
     float4 x[kMmaUnroll][2];  // group 0's activations (the others' are loaded where used)

@@ -33,6 +33,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The prologue of most decode-path kernels: wait for the previous kernel, then let the next one
+// launch (work that touches no memory earlier kernels write may come before it).
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
 // Whether a launch on `stream` now may carry the programmatic-serialization attribute.
 bool pdl_applies(cudaStream_t stream);
 

@@ -247,8 +247,7 @@ __global__ void __launch_bounds__(kPrepThreads)
     moe_prepare_kernel(const route_args a, int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets, int bm,
                        int32_t* __restrict__ slot_pos, int32_t* __restrict__ row_token, const float* __restrict__ x,
                        int64_t x_stride, W* __restrict__ xa, int64_t hidden) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   extern __shared__ float prep_smem[];  // scores [kPrepWarps][E], counts [E], cursor [E]
   __shared__ int sel_id[kPrepWarps][kMaxTopK];
   __shared__ float sel_s[kPrepWarps][kMaxTopK];
@@ -274,8 +273,7 @@ size_t prepare_smem_bytes(int64_t experts) { return static_cast<size_t>((kPrepWa
 __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t hidden, const int32_t* __restrict__ slot_pos,
                                    const float* __restrict__ wts, int top_k, float* __restrict__ out,
                                    int64_t out_stride, bool accumulate) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t h4n = hidden / 4;
   for (int64_t h4 = threadIdx.x; h4 < h4n; h4 += blockDim.x) {

@@ -313,8 +313,7 @@ __host__ __device__ constexpr int gemv_outputs() {
 
 template <bool kSwiglu>
 __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const gg_args g) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh): the expert offsets
-  pdl_launch_dependents();
+  pdl_begin();  // the expert offsets come from the prepare kernel
   constexpr int S = kSwiglu ? 2 : 1, O = gemv_outputs<kSwiglu>(), U = 8 / (O * S) > 0 ? 8 / (O * S) : 1;
   const expert_tile tile = find_expert_tile(g, 0);  // all of the expert's rows
   if (!tile.valid) return;  // uniform over the block

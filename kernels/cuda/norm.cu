@@ -30,8 +30,7 @@ constexpr int kMaxGridY = 65535;
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_params p) {
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t r = blockIdx.x;
   const T* x = reinterpret_cast<const T*>(p.x) + r * p.x_stride;
   T* o = reinterpret_cast<T*>(p.out) + r * p.out_stride;
@@ -69,8 +68,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_par
 // Block (group g, rows r = blockIdx.y, blockIdx.y + gridDim.y, ...).
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kNormThreads) gated_rmsnorm_kernel(const gated_rmsnorm_params p) {
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t g = blockIdx.x;
   const int64_t gs = p.group_size;
   const int64_t n_groups = p.cols / gs;
@@ -181,8 +179,7 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
       for (int e = 0; e < kN; ++e) wv[j][e] = 0.0f;
     }
   }
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_begin();
   const double divisor = static_cast<double>(p.sumsq_in != nullptr && p.group_count > 0 ? p.group_count : gs);
 
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -348,8 +345,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
     task_rows(t);
     load_step(lane);
   }
-  pdl_wait();  // x (and out, with beta) come from earlier kernels
-  pdl_launch_dependents();
+  pdl_begin();  // x (and out, with beta) come from earlier kernels
   if constexpr (kNorm) {
     constexpr int kN = 4;
     const int64_t step = static_cast<int64_t>(blockDim.x) * kN;

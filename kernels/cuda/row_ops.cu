@@ -16,8 +16,7 @@ constexpr int64_t kMaxGridY = 65535;
 __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 __global__ void __launch_bounds__(kThreads) row_add_kernel(const row_add_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t i = blockIdx.y; i < p.rows; i += gridDim.y) {
@@ -29,8 +28,7 @@ __global__ void __launch_bounds__(kThreads) row_add_kernel(const row_add_params 
 }
 
 __global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(const sigmoid_mul_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
@@ -42,8 +40,7 @@ __global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(const sigmoid_mul
 constexpr int kRouteMaxPerLane = 32;  // experts ≤ 1024
 
 __global__ void __launch_bounds__(kThreads) moe_route_kernel(const moe_route_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (t >= p.tokens) return;
   const int lane = threadIdx.x & 31;

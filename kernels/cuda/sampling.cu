@@ -52,8 +52,7 @@ __device__ uint64_t block_max_u64(uint64_t v) {
 
 template <class T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const argmax_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   const T* row = reinterpret_cast<const T*>(p.logits) + static_cast<int64_t>(blockIdx.x) * p.stride;
   // Strict '>' from -inf, as the CPU: NaN and -inf are never chosen; a thread's indices
   // ascend, so it keeps its first maximum.
@@ -214,8 +213,7 @@ __device__ __forceinline__ row_settings read_settings(const sample_settings& s) 
 }
 
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const sample_rows_params p) {
-  pdl_wait();  // launched with programmatic dependent launch (launch.cuh)
-  pdl_launch_dependents();
+  pdl_begin();
   __shared__ select_scratch scratch;
   const row_settings row = read_settings(p.settings[blockIdx.x]);
   const float* x = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;

@@ -589,8 +589,7 @@ __device__ __forceinline__ void select_middle_v2(const sparse_select_params& p, 
 __global__ void __launch_bounds__(kSelThreads, 1) sparse_select_v2_kernel(const sparse_select_params p,
                                                                           const unsigned* keys, int64_t key_stride) {
   __shared__ select_smem s;
-  pdl_wait();  // launched with programmatic dependent launch after the scoring kernel
-  pdl_launch_dependents();
+  pdl_begin();  // launched with programmatic dependent launch after the scoring kernel
   const int64_t b = blockIdx.x;
   int64_t q0 = 0, len = 0;
   const sparse_row_plan plan = device_row_plan(p, b, &q0, &len);

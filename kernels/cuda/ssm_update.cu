@@ -69,8 +69,7 @@ __global__ void __launch_bounds__(kUpdateThreads) ssm_update_kernel(const select
       for (int c = 0; c < kCols; ++c) s[u][c] = __ldcs(state + static_cast<int64_t>(row) * (N / kPack) + c * L + seg_lane);
     }
   }
-  pdl_wait();  // decode path: launched with programmatic dependent launch
-  pdl_launch_dependents();
+  pdl_begin();  // decode path: launched with programmatic dependent launch
 
   const int64_t g = h / (p.heads / p.n_groups);
   const float dt = step_size(p, to_float(static_cast<const TI*>(p.dt)[b * p.dt_stride + h]), h);
