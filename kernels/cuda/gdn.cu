@@ -399,7 +399,7 @@ void launch_gdn_decode_tiles(const gdn_state_update_params& p, cudaStream_t stre
         grid = std::min<int64_t>(n_tiles, static_cast<int64_t>(sm_count()) * std::max(per_sm, 1));
       }
       if (grid > 0x7fffffff) fail("gdn_state_update", "batch", p.batch, "too many tiles for the CUDA grid");
-      kernel<<<static_cast<unsigned>(grid), gdn_dec::kThreads, 0, stream>>>(p, scale, z_blocks, n_tiles);
+      launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(gdn_dec::kThreads), 0, stream, p, scale, z_blocks, n_tiles);
       HYSERVE_CUDA_CHECK_LAUNCH();
     } else {
       launch_gdn_decode_tiles<4, kPrefetch>(p, stream);  // K too small for kR rows per lane segment

@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "hyserve/kernels/gdn.h"
+#include "launch.cuh"
 
 namespace hyserve::kernels::cuda_detail {
 
@@ -82,6 +83,7 @@ struct tile_regs {
 template <int K, int kR, bool kPrefetch = true>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const gdn_state_update_params p, float scale, int z_blocks,
                                                           int64_t n_tiles) {
+  pdl_begin();  // launched with programmatic dependent launch (launch.cuh)
   using ge = geom<K, kR>;
   constexpr int L = ge::L, kCols = ge::kCols, kSegs = ge::kSegs;
   constexpr int kSums = 3 + 2 * kR;
