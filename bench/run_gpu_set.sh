@@ -317,11 +317,11 @@ EOF2
       stage moe 120 "$bin/hyserve-bench-cuda" moe
       stage moe-anchor 120 python3 bench/moe_anchor.py ;;
     trace)
-      # Where a graph decode step's time goes: CUPTI's kernel records of 8 sampled steps at batch 1
-      # (span, kernel-busy time, gaps; the 30 longest kernels) for each TRACE_CONFIGS config
-      # (bamba-9b is configs/bamba-9b-synthetic-cuda.yaml).
+      # Where a graph decode step's time goes: CUPTI's kernel records of 8 sampled steps at the
+      # TRACE_BATCHES batch sizes (default 1; e.g. 1,64) (span, kernel-busy time, gaps; the 30
+      # longest kernels) for each TRACE_CONFIGS config (bamba-9b is configs/bamba-9b-synthetic-cuda.yaml).
       for f in ${TRACE_CONFIGS:-bamba-9b falcon-h1-7b nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small}; do
-        stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 8 \
+        stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
           --kernel-trace --json "$out/trace-$f.json"
       done ;;
     families)
