@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "fixture.h"
 #include "hyserve/common/config.h"
+#include "hyserve/common/tensor.h"
 #include "hyserve/kernels/device.h"
 #include "hyserve/kernels/gdn.h"
 #include "hyserve/kernels/run.h"
@@ -52,6 +54,22 @@ inline const char* skip_reason(const graph_case& c) {
   if (c.fixture == "qwen3next-tiny" && !kernels::has_cuda<kernels::gdn_chunk_scan_params>())
     return "Gated DeltaNet has no CUDA op in this build";
   return nullptr;
+}
+
+// A test over graph_case parameters that skips where skip_reason says so.
+class device_case_test : public ::testing::TestWithParam<graph_case> {
+ protected:
+  void SetUp() override {
+    if (const char* why = skip_reason(GetParam())) GTEST_SKIP() << why;
+  }
+};
+
+// How many f32 elements of a and b (the same shape) differ in their bits.
+inline int64_t differing_floats(const tensor& a, const tensor& b) {
+  int64_t n = 0;
+  for (int64_t j = 0; j < a.numel(); ++j)
+    if (std::memcmp(a.as<float>() + j, b.as<float>() + j, sizeof(float)) != 0) ++n;
+  return n;
 }
 
 inline int32_t argmax(const float* row, int64_t n) {

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,12 +67,7 @@ std::vector<step_row> rows_of(const std::vector<int32_t>& handles, const std::ve
   return rows;
 }
 
-class GpuGraphArena : public ::testing::TestWithParam<arena_case> {
- protected:
-  void SetUp() override {
-    if (const char* why = graph_test::skip_reason(GetParam())) GTEST_SKIP() << why;
-  }
-};
+class GpuGraphArena : public graph_test::device_case_test {};
 
 TEST_P(GpuGraphArena, NoMemoryNodesAndEqualToEager) {
   engine eager(make_config(GetParam(), false)), graphs(make_config(GetParam(), true));
@@ -150,10 +144,7 @@ TEST_P(GpuGraphArena, ReplayBitwiseEqualsWarmUp) {
     EXPECT_EQ(r1.graph_batch, 4);
     EXPECT_EQ(r2.graph_batch, 4);
     ASSERT_EQ(l1.shape(), l2.shape());
-    int64_t differing = 0;
-    for (int64_t j = 0; j < l1.numel(); ++j)
-      if (std::memcmp(l1.as<float>() + j, l2.as<float>() + j, sizeof(float)) != 0) ++differing;
-    EXPECT_EQ(differing, 0) << "step " << step << (step == 0 ? " (warm-up against replay)" : " (replays)");
+    EXPECT_EQ(graph_test::differing_floats(l1, l2), 0) << "step " << step << (step == 0 ? " (warm-up against replay)" : " (replays)");
     if (HasFailure()) return;
     for (size_t i = 0; i < 3; ++i) next[i] = argmax(l1.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
   }

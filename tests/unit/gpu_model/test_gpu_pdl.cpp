@@ -9,7 +9,6 @@
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -22,6 +21,7 @@ namespace {
 
 using graph_test::argmax;
 using graph_test::case_name;
+using graph_test::differing_floats;
 using graph_test::graph_case;
 using worker::engine;
 using worker::forward_mode;
@@ -35,19 +35,7 @@ service_config pdl_config(const graph_case& c, bool pdl) {
   return cfg;
 }
 
-int64_t differing_floats(const tensor& a, const tensor& b) {
-  int64_t n = 0;
-  for (int64_t j = 0; j < a.numel(); ++j)
-    if (std::memcmp(a.as<float>() + j, b.as<float>() + j, sizeof(float)) != 0) ++n;
-  return n;
-}
-
-class GpuPdl : public ::testing::TestWithParam<graph_case> {
- protected:
-  void SetUp() override {
-    if (const char* why = graph_test::skip_reason(GetParam())) GTEST_SKIP() << why;
-  }
-};
+class GpuPdl : public graph_test::device_case_test {};
 
 TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
   engine on(pdl_config(GetParam(), true)), off(pdl_config(GetParam(), false));
