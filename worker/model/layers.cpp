@@ -74,12 +74,15 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
   return norm_linear(x, nullptr, 0.0f, w, ctx);
 }
 
-tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx) {
+tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx,
+                   bool relu2) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   HYSERVE_CHECK(w.shape()[1] == in, "linear: input width " + std::to_string(in) + " vs weight " + w.shape().str());
   tensor y = tensor::f32({rows, out}, ctx.device);
   if (rows == 0 || out == 0) return y;
-  kernels::run(linear_params(x, w, norm, eps, y.as<float>(), 0.0f), ctx);
+  kernels::rmsnorm_linear_params p = linear_params(x, w, norm, eps, y.as<float>(), 0.0f);
+  p.relu2 = relu2;
+  kernels::run(p, ctx);
   return y;
 }
 
@@ -222,15 +225,7 @@ tensor swiglu_linear(const mlp_weights& w, const tensor& x, const exec_context& 
 tensor mlp_forward(const mlp_weights& w, const tensor& x, collective* comm, const exec_context& ctx, tensor* residual,
                    const tensor* norm, float eps) {
   if (w.gate.empty()) {  // relu² MLP: relu2(xn · upᵀ) in one op (the decode kernel's epilogue)
-    const int64_t rows = x.shape()[0], inter = w.up.shape()[0];
-    HYSERVE_CHECK(w.up.shape()[1] == x.shape()[1], "mlp: input width " + std::to_string(x.shape()[1]) + " vs up " +
-                                                       w.up.shape().str());
-    tensor act = tensor::f32({rows, inter}, ctx.device);
-    if (rows > 0 && inter > 0) {
-      kernels::rmsnorm_linear_params p = linear_params(x, w.up, norm, eps, act.as<float>(), 0.0f);
-      p.relu2 = true;
-      kernels::run(p, ctx);
-    }
+    tensor act = norm_linear(x, norm, eps, w.up, ctx, /*relu2=*/true);
     profile(ctx, "mlp.up", nbytes(w.up) + nbytes(x) + nbytes(act));
     tensor out = block_output(act, w.down, comm, ctx, residual);
     profile(ctx, "mlp.down", nbytes(w.down) + nbytes(act) + 2 * (residual ? nbytes(*residual) : 0.0));
