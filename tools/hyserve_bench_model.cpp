@@ -346,8 +346,10 @@ int run(const options& o) {
   hyserve::service_config cfg = hyserve::load_config_file(o.config);
   const int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   // A row's context: the prompt, the graph and eager decode passes (two untimed steps each), the
-  // profiled step, and a verify step's tokens (verify commits nothing).
-  const int32_t row_ctx = o.prompt_len + 2 * (o.decode_steps + 2) + 1 + o.verify_width + 8;
+  // sampled pass (two untimed steps) and the traced one, the profiled step, and a verify step's
+  // tokens (verify commits nothing).
+  const int32_t row_ctx = o.prompt_len + 3 * (o.decode_steps + 2) + (o.kernel_trace ? o.decode_steps : 0) + 1 +
+                          o.verify_width + 8;
   const int32_t max_ctx = std::max(row_ctx, o.prefill_len + 8);
   cfg.cache.max_requests = std::max(max_batch, 1);
   cfg.cache.max_context = max_ctx;
