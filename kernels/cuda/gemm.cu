@@ -184,6 +184,9 @@ bool chain_takes(int64_t m, int64_t n, int64_t k, int64_t ldb, int64_t ldc, floa
 template <bool kSwiglu>
 bool launch_invariant_chain(const skinny_args& a, int64_t m, cudaStream_t stream) {
   if (!chain_takes(m, a.n, a.k, a.ldb, a.ldc, a.alpha, a.beta, kSwiglu)) return false;
+  // The kernel copies activation rows 16 bytes at a time; other layouts take cuBLASLt (its bits
+  // are the chain's, so which one ran does not show in the result).
+  if (reinterpret_cast<uintptr_t>(a.a) % 16 != 0 || a.lda % 4 != 0) return false;
   launch_chain_gemm<kSwiglu>(a, m, stream);
   return true;
 }

@@ -14,9 +14,12 @@
 // 64-wide k stages in shared memory per warp (cp.async, 16 bytes a lane and copy, chunk c of row
 // r stored at chunk c ^ (r % 8) so that ldmatrix's 8 rows fall on distinct banks); the first
 // STAGES - 1 stages are issued before pdl_wait() (no earlier kernel writes a weight). The
-// activations are read as f32 one stage ahead of their use (registers) and rounded to bf16
-// (nearest even) where used: the bits of the rounding kernel the cuBLASLt path runs first. Epilogue: alpha 1 and beta 0 or 1 (acc, or acc + c
-// in one rounding), or the SwiGLU formula of two chains (gate and up) for the fused projection.
+// activations' m rows of a stage (f32, 64 k) ride in the same ring slot, copied with the weight's
+// stage (run 28: read into registers one stage ahead, their global latency was exposed at every
+// stage and the chain ran at 26-82% of copy bandwidth), and are rounded to bf16 (nearest even)
+// where used: the bits of the rounding kernel the cuBLASLt path runs first. Epilogue: alpha 1 and
+// beta 0 or 1 (acc, or acc + c in one rounding), or the SwiGLU formula of two chains (gate and
+// up) for the fused projection.
 // Used for k a multiple of 64, on the layouts the cuBLASLt path takes (both depend on the shape
 // only, never on m).
 #include <cuda_bf16.h>
@@ -34,17 +37,25 @@ namespace {
 
 constexpr int kChainWarps = 2;  // warps (16-row weight tiles) per block
 constexpr int kChainK = 64;     // k per stage
+constexpr int kChainXStride = kChainK + 8;  // f32 per activation row of a stage (conflict-free float2 reads)
 constexpr int64_t kChainMaxM = 8;
 
-// Stages in a warp's ring: 12 × 2 KB for one weight, 8 × 4 KB for gate and up.
+// Stages in a warp's ring: 12 × 2 KB for one weight, 8 × 4 KB for gate and up (plus m rows of
+// activations each).
 template <bool kSwiglu>
 __host__ __device__ constexpr int chain_stages() {
   return kSwiglu ? 8 : 12;
 }
 
+// Bytes of one ring slot: the weight streams' 16 × 64 bf16 each, then m × kChainXStride f32.
 template <bool kSwiglu>
-constexpr size_t chain_smem_bytes() {
-  return size_t{kChainWarps} * chain_stages<kSwiglu>() * (kSwiglu ? 2 : 1) * 16 * kChainK * sizeof(__nv_bfloat16);
+__host__ __device__ constexpr int chain_slot_bytes(int m) {
+  return (kSwiglu ? 2 : 1) * 16 * kChainK * 2 + m * kChainXStride * 4;
+}
+
+template <bool kSwiglu>
+constexpr size_t chain_smem_bytes(int m) {
+  return size_t{kChainWarps} * chain_stages<kSwiglu>() * chain_slot_bytes<kSwiglu>(m);
 }
 
 bool chain_shape_applies(int64_t k) { return k % kChainK == 0; }
@@ -59,8 +70,9 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kChainWarps + warp) * 16;
   const bool live = row0 < p.n;  // warp-uniform; an idle warp still waits (below)
-  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(chain_smem) + static_cast<int64_t>(warp) * ST * S * kStage;
-  // This lane's copies of a stage: 16-byte chunks q = lane + 32 i of 16 rows × 8 chunks.
+  const int slot_bytes = chain_slot_bytes<kSwiglu>(m);
+  unsigned char* ring = chain_smem + static_cast<int64_t>(warp) * ST * slot_bytes;
+  // This lane's copies of a weight stage: 16-byte chunks q = lane + 32 i of 16 rows × 8 chunks.
   const __nv_bfloat16* src[S][4];
   int dst[4];
 #pragma unroll
@@ -72,54 +84,65 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
     dst[i] = r * kChainK + ((c ^ (r & 7)) * 8);
   }
   const int64_t stages = p.k / kChainK;
-  // Stage st into its ring slot, then one commit (empty past the end: one group per call keeps
-  // the wait below counting stages).
+  const auto slot = [&](int64_t st) { return ring + static_cast<int64_t>(st % ST) * slot_bytes; };
+  const auto issue_w = [&](int64_t st) {
+    __nv_bfloat16* w = reinterpret_cast<__nv_bfloat16*>(slot(st));
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16_zfill(w + s * kStage + dst[i], src[s][i] + st * kChainK, 16);
+  };
+  // The activations of a stage: chunks q = lane + 32 i of m rows × 16 chunks of 4 f32.
+  const auto issue_x = [&](int64_t st) {
+    float* x = reinterpret_cast<float*>(slot(st) + S * kStage * 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = lane + 32 * i, r = q >> 4, c = q & 15;
+      if (r < m)
+        cp_async16_zfill(x + r * kChainXStride + c * 4, p.a + static_cast<int64_t>(r) * p.lda + st * kChainK + c * 4, 16);
+    }
+  };
+  // Stage st's weight and activations into its slot, then one commit (empty past the end: one
+  // group per call keeps the wait below counting stages).
   const auto issue = [&](int64_t st) {
     if (st < stages) {
-      __nv_bfloat16* slot = ring + static_cast<int64_t>(st % ST) * S * kStage;
-#pragma unroll
-      for (int s = 0; s < S; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cp_async16_zfill(slot + s * kStage + dst[i], src[s][i] + st * kChainK, 16);
+      issue_w(st);
+      issue_x(st);
     }
     cp_async_commit_group();
   };
   if (live)
-    for (int st = 0; st < ST - 1; ++st) issue(st);
+    for (int64_t st = 0; st < ST - 1 && st < stages; ++st) issue_w(st);
   pdl_begin();  // launched with programmatic dependent launch: the activations (and c) after it
   if (!live) return;
+  for (int64_t st = 0; st < ST - 1 && st < stages; ++st) issue_x(st);
+  cp_async_commit_group();  // the first ST - 1 stages, weights and activations: one group
 
   float acc[S][4] = {};
-  const bool x_live = g < m;  // the B fragment's column g: activation row g
-  const float* xrow = p.a + static_cast<int64_t>(x_live ? g : 0) * p.lda;
+  const bool x_live = g < m;  // the B fragment's column g: activation row g (rows >= m: zeros)
   // ldmatrix.x4 of a k16 step: lane l gives row l % 16, chunk 2·kk + l / 16 (a0..a3 in order).
   const int lr = lane & 15, lc = lane >> 4;
   const uint32_t ring_addr = mma16::smem_u32(ring);
-  // The activations of a stage (this lane's B fragments: k 2t, 2t + 1 and 2t + 8, 2t + 9 of each
-  // k16 step), loaded one stage ahead of their use so that the MMA chain does not wait on them.
   constexpr int KS = kChainK / 16;
-  float2 xa[KS][2], xn[KS][2];
-  const auto load_x = [&](int64_t st, float2 (&x)[KS][2]) {
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const int64_t k0 = st * kChainK + kk * 16 + 2 * t;
-      const bool on = x_live && st < stages;
-      x[kk][0] = on ? __ldg(reinterpret_cast<const float2*>(xrow + k0)) : make_float2(0.0f, 0.0f);
-      x[kk][1] = on ? __ldg(reinterpret_cast<const float2*>(xrow + k0 + 8)) : make_float2(0.0f, 0.0f);
-    }
-  };
-  load_x(0, xa);
   for (int64_t st = 0; st < stages; ++st) {
-    cp_async_wait_group<ST - 2>();  // this lane's copies of stage st have landed
-    __syncwarp();                   // and every lane's; the slot refilled next was read last step
+    // This lane's copies of stage st have landed: at the first step the whole first group; after
+    // it, stage st's group is ST - 2 groups behind the newest.
+    if (st == 0) {
+      cp_async_wait_group<0>();
+    } else {
+      cp_async_wait_group<ST - 2>();
+    }
+    __syncwarp();  // and every lane's; the slot refilled next was read last step
     issue(st + ST - 1);
-    load_x(st + 1, xn);
-    const uint32_t slot_addr = ring_addr + static_cast<uint32_t>((st % ST) * S * kStage * 2);
+    const uint32_t slot_addr = ring_addr + static_cast<uint32_t>((st % ST) * slot_bytes);
+    const float* xs = reinterpret_cast<const float*>(slot(st) + S * kStage * 2) + g * kChainXStride + 2 * t;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      // Rows >= m hold zeros (x_live false): their columns are not stored.
-      const uint32_t b0 = mma16::pack_bf16x2(xa[kk][0].x, xa[kk][0].y);
-      const uint32_t b1 = mma16::pack_bf16x2(xa[kk][1].x, xa[kk][1].y);
+      // B fragment: k 2t, 2t + 1 and 2t + 8, 2t + 9 of this k16 step, activation row g.
+      const float2 x0 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16) : make_float2(0.0f, 0.0f);
+      const float2 x1 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16 + 8) : make_float2(0.0f, 0.0f);
+      const uint32_t b0 = mma16::pack_bf16x2(x0.x, x0.y);
+      const uint32_t b1 = mma16::pack_bf16x2(x1.x, x1.y);
       const int c = 2 * kk + lc;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
@@ -127,11 +150,6 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
         mma16::ldsm_x4(a, slot_addr + static_cast<uint32_t>((s * kStage + lr * kChainK + ((c ^ (lr & 7)) * 8)) * 2));
         mma16::mma_bf16(acc[s], a, b0, b1);
       }
-    }
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      xa[kk][0] = xn[kk][0];
-      xa[kk][1] = xn[kk][1];
     }
   }
   // acc[s][e]: weight row row0 + g (+ 8 for e >= 2), activation row 2t + (e & 1).
@@ -155,8 +173,9 @@ template <bool kSwiglu>
 void launch_chain_gemm(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const int64_t tiles = ceil_div(a.n, int64_t{16});
   const auto blocks = static_cast<unsigned>(ceil_div(tiles, int64_t{kChainWarps}));
-  constexpr size_t smem = chain_smem_bytes<kSwiglu>();
-  if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(&chain_gemm_kernel<kSwiglu>), smem);
+  constexpr size_t most = chain_smem_bytes<kSwiglu>(static_cast<int>(kChainMaxM));
+  if (most > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(&chain_gemm_kernel<kSwiglu>), most);
+  const size_t smem = chain_smem_bytes<kSwiglu>(static_cast<int>(m));
   launch_pdl(chain_gemm_kernel<kSwiglu>, dim3(blocks), dim3(32 * kChainWarps), smem, stream, a, static_cast<int>(m));
 }
 
