@@ -9,10 +9,12 @@
 // decode step is one launch that streams its weight like the skinny kernels: cuBLASLt at one row
 // reads the weight at a fraction of the copy bandwidth, after a rounding kernel.
 //
-// A warp owns 16 weight rows (the MMA's A; the activation rows are its 8 columns, rows >= m read
-// zeros) and runs their chain over the whole k. The weight streams through a ring of STAGES
-// 64-wide k stages in shared memory per warp (cp.async, 16 bytes a lane and copy, chunk c of row
-// r stored at chunk c ^ (r % 8) so that ldmatrix's 8 rows fall on distinct banks); the first
+// A warp owns 8 weight rows (the MMA's B, n = 8; the activations are its A, rows >= m zeros:
+// run 28's first version had the weight as A, 16 rows a warp, and n = 4096 weights ran at ~50% of
+// copy bandwidth on 256 warps) and runs their chain over the whole k. The weight streams through
+// a ring of STAGES 64-wide k stages in shared memory per warp (cp.async, 16 bytes a lane and
+// copy, chunk c of row r stored at chunk c ^ r so that ldmatrix's 8 rows fall on distinct
+// banks); the first
 // STAGES - 1 stages are issued before pdl_wait() (no earlier kernel writes a weight). The
 // activations' m rows of a stage (f32, 64 k) ride in the same ring slot, copied with the weight's
 // stage (run 28: read into registers one stage ahead, their global latency was exposed at every
@@ -35,22 +37,23 @@
 namespace hyserve::kernels::cuda_detail {
 namespace {
 
-constexpr int kChainWarps = 2;  // warps (16-row weight tiles) per block
+constexpr int kChainWarps = 2;  // warps (8-row weight tiles) per block
+constexpr int kChainRows = 8;   // weight rows a warp
 constexpr int kChainK = 64;     // k per stage
 constexpr int kChainXStride = kChainK + 8;  // f32 per activation row of a stage (conflict-free float2 reads)
 constexpr int64_t kChainMaxM = 8;
 
-// Stages in a warp's ring: 12 × 2 KB for one weight, 8 × 4 KB for gate and up (plus m rows of
+// Stages in a warp's ring: 12 × 1 KB for one weight, 8 × 2 KB for gate and up (plus m rows of
 // activations each).
 template <bool kSwiglu>
 __host__ __device__ constexpr int chain_stages() {
   return kSwiglu ? 8 : 12;
 }
 
-// Bytes of one ring slot: the weight streams' 16 × 64 bf16 each, then m × kChainXStride f32.
+// Bytes of one ring slot: the weight streams' 8 × 64 bf16 each, then m × kChainXStride f32.
 template <bool kSwiglu>
 __host__ __device__ constexpr int chain_slot_bytes(int m) {
-  return (kSwiglu ? 2 : 1) * 16 * kChainK * 2 + m * kChainXStride * 4;
+  return (kSwiglu ? 2 : 1) * kChainRows * kChainK * 2 + m * kChainXStride * 4;
 }
 
 template <bool kSwiglu>
@@ -62,26 +65,26 @@ bool chain_shape_applies(int64_t k) { return k % kChainK == 0; }
 
 template <bool kSwiglu>
 __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skinny_args p, int m) {
-  constexpr int S = kSwiglu ? 2 : 1;       // weight streams (gate, up)
+  constexpr int S = kSwiglu ? 2 : 1;  // weight streams (gate, up)
   constexpr int ST = chain_stages<kSwiglu>();
-  constexpr int kStage = 16 * kChainK;      // bf16 elements of one stream's stage
+  constexpr int kStage = kChainRows * kChainK;  // bf16 elements of one stream's stage
   extern __shared__ __align__(128) unsigned char chain_smem[];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kChainWarps + warp) * 16;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kChainWarps + warp) * kChainRows;
   const bool live = row0 < p.n;  // warp-uniform; an idle warp still waits (below)
   const int slot_bytes = chain_slot_bytes<kSwiglu>(m);
   unsigned char* ring = chain_smem + static_cast<int64_t>(warp) * ST * slot_bytes;
-  // This lane's copies of a weight stage: 16-byte chunks q = lane + 32 i of 16 rows × 8 chunks.
-  const __nv_bfloat16* src[S][4];
-  int dst[4];
+  // This lane's copies of a weight stage: 16-byte chunks q = lane + 32 i of 8 rows × 8 chunks.
+  const __nv_bfloat16* src[S][2];
+  int dst[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int q = lane + 32 * i, r = q >> 3, c = q & 7;
     const int64_t row = row0 + r < p.n ? row0 + r : p.n - 1;  // a duplicate row past the end, not stored
 #pragma unroll
     for (int s = 0; s < S; ++s) src[s][i] = (s == 1 ? p.b1 : p.b0) + row * p.ldb + c * 8;
-    dst[i] = r * kChainK + ((c ^ (r & 7)) * 8);
+    dst[i] = r * kChainK + ((c ^ r) * 8);
   }
   const int64_t stages = p.k / kChainK;
   const auto slot = [&](int64_t st) { return ring + static_cast<int64_t>(st % ST) * slot_bytes; };
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
 #pragma unroll
     for (int s = 0; s < S; ++s)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16_zfill(w + s * kStage + dst[i], src[s][i] + st * kChainK, 16);
+      for (int i = 0; i < 2; ++i) cp_async16_zfill(w + s * kStage + dst[i], src[s][i] + st * kChainK, 16);
   };
   // The activations of a stage: chunks q = lane + 32 i of m rows × 16 chunks of 4 f32.
   const auto issue_x = [&](int64_t st) {
@@ -119,9 +122,10 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
   cp_async_commit_group();  // the first ST - 1 stages, weights and activations: one group
 
   float acc[S][4] = {};
-  const bool x_live = g < m;  // the B fragment's column g: activation row g (rows >= m: zeros)
-  // ldmatrix.x4 of a k16 step: lane l gives row l % 16, chunk 2·kk + l / 16 (a0..a3 in order).
-  const int lr = lane & 15, lc = lane >> 4;
+  const bool x_live = g < m;  // the A fragment's row g: activation row g (rows >= m and g + 8: zeros)
+  // ldmatrix.x4 of two k16 steps: lane l gives weight row l % 8, chunk 4·pair + l / 8; registers
+  // 0, 1 are the B fragment of the first step, 2, 3 of the second.
+  const int lr = lane & 7, lc = lane >> 3;
   const uint32_t ring_addr = mma16::smem_u32(ring);
   constexpr int KS = kChainK / 16;
   for (int64_t st = 0; st < stages; ++st) {
@@ -137,28 +141,30 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
     const uint32_t slot_addr = ring_addr + static_cast<uint32_t>((st % ST) * slot_bytes);
     const float* xs = reinterpret_cast<const float*>(slot(st) + S * kStage * 2) + g * kChainXStride + 2 * t;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      // B fragment: k 2t, 2t + 1 and 2t + 8, 2t + 9 of this k16 step, activation row g.
-      const float2 x0 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16) : make_float2(0.0f, 0.0f);
-      const float2 x1 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16 + 8) : make_float2(0.0f, 0.0f);
-      const uint32_t b0 = mma16::pack_bf16x2(x0.x, x0.y);
-      const uint32_t b1 = mma16::pack_bf16x2(x1.x, x1.y);
-      const int c = 2 * kk + lc;
+    for (int pair = 0; pair < KS / 2; ++pair) {
+      uint32_t b[S][4];
+      const int c = 4 * pair + lc;
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        uint32_t a[4];
-        mma16::ldsm_x4(a, slot_addr + static_cast<uint32_t>((s * kStage + lr * kChainK + ((c ^ (lr & 7)) * 8)) * 2));
-        mma16::mma_bf16(acc[s], a, b0, b1);
+      for (int s = 0; s < S; ++s)
+        mma16::ldsm_x4(b[s], slot_addr + static_cast<uint32_t>((s * kStage + lr * kChainK + ((c ^ lr) * 8)) * 2));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kk = 2 * pair + h;
+        // A fragment: row g, k 2t, 2t + 1 (a0) and 2t + 8, 2t + 9 (a2); rows g + 8 (a1, a3) zero.
+        const float2 x0 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16) : make_float2(0.0f, 0.0f);
+        const float2 x1 = x_live ? *reinterpret_cast<const float2*>(xs + kk * 16 + 8) : make_float2(0.0f, 0.0f);
+        const uint32_t a[4] = {mma16::pack_bf16x2(x0.x, x0.y), 0u, mma16::pack_bf16x2(x1.x, x1.y), 0u};
+#pragma unroll
+        for (int s = 0; s < S; ++s) mma16::mma_bf16(acc[s], a, b[s][2 * h], b[s][2 * h + 1]);
       }
     }
   }
-  // acc[s][e]: weight row row0 + g (+ 8 for e >= 2), activation row 2t + (e & 1).
+  // acc[s][e], e < 2: activation row g, weight row row0 + 2t + e (e >= 2: the zero rows g + 8).
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int64_t wr = row0 + g + (e >= 2 ? 8 : 0);
-    const int ar = 2 * t + (e & 1);
-    if (ar >= m || wr >= p.n) continue;
-    float* out = p.c + static_cast<int64_t>(ar) * p.ldc + wr;
+  for (int e = 0; e < 2; ++e) {
+    const int64_t wr = row0 + 2 * t + e;
+    if (g >= m || wr >= p.n) continue;
+    float* out = p.c + static_cast<int64_t>(g) * p.ldc + wr;
     if constexpr (kSwiglu) {
       *out = swiglu_out(acc[0][e], acc[1][e]);
     } else {
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(32 * kChainWarps) chain_gemm_kernel(const skin
 // or 1, the cuBLASLt path's layout, chain_shape_applies).
 template <bool kSwiglu>
 void launch_chain_gemm(const skinny_args& a, int64_t m, cudaStream_t stream) {
-  const int64_t tiles = ceil_div(a.n, int64_t{16});
+  const int64_t tiles = ceil_div(a.n, int64_t{kChainRows});
   const auto blocks = static_cast<unsigned>(ceil_div(tiles, int64_t{kChainWarps}));
   constexpr size_t most = chain_smem_bytes<kSwiglu>(static_cast<int>(kChainMaxM));
   if (most > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(&chain_gemm_kernel<kSwiglu>), most);
