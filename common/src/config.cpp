@@ -260,7 +260,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("gdn_decode", k.gdn_decode, {"default", "grid", "persistent", "persistent8", "tiles8"});
   integer("gdn_max_tokens", k.gdn_max_tokens, 1, 1 << 30);
   named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
-  named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt", "chain"});
+  named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt"});
   if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
   if_present(node, "pdl", [&](const YAML::Node& n) { k.pdl = r.get_bool(n, path("pdl")); });

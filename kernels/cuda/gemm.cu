@@ -35,7 +35,6 @@
 #include "gemm_paths.h"
 #include "gemm_skinny.cuh"
 #include "gemm_lt.cuh"
-#include "gemm_chain.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -172,43 +171,16 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
   return done;
 }
 
-// determinism: batch_invariant, kernels.invariant_gemm: chain: up to 8 rows on the chain kernel
-// (gemm_chain.cuh: cuBLASLt's bits, one launch), where the cuBLASLt path takes the layout and k
-// is a multiple of 64 (shape only); false, with nothing launched, otherwise.
-bool chain_takes(int64_t m, int64_t n, int64_t k, int64_t ldb, int64_t ldc, float alpha, float beta, bool swiglu) {
-  if (m > kChainMaxM) return false;
-  if (!swiglu && (alpha != 1.0f || (beta != 0.0f && beta != 1.0f))) return false;
-  return lt_shape_applies(n, k, ldb, swiglu ? n : ldc) && chain_shape_applies(k);
-}
-
-template <bool kSwiglu>
-bool launch_invariant_chain(const skinny_args& a, int64_t m, cudaStream_t stream) {
-  if (!chain_takes(m, a.n, a.k, a.ldb, a.ldc, a.alpha, a.beta, kSwiglu)) return false;
-  // The kernel copies activation rows 16 bytes at a time; other layouts take cuBLASLt (its bits
-  // are the chain's, so which one ran does not show in the result).
-  if (reinterpret_cast<uintptr_t>(a.a) % 16 != 0 || a.lda % 4 != 0) return false;
-  launch_chain_gemm<kSwiglu>(a, m, stream);
-  return true;
-}
-
-// The backend of the row-invariant bf16 GEMMs: kernels.invariant_gemm when the config names one,
-// else the process default (set_invariant_gemm_backend).
-invariant_gemm_backend invariant_backend() {
-  switch (current_paths().invariant_gemm) {
-    case kernel_paths::invariant_gemm_kind::kKernels: return invariant_gemm_backend::kKernels;
-    case kernel_paths::invariant_gemm_kind::kCublasLt: return invariant_gemm_backend::kCublasLt;
-    case kernel_paths::invariant_gemm_kind::kChain: return invariant_gemm_backend::kChain;
-    case kernel_paths::invariant_gemm_kind::kDefault: break;
-  }
-  return g_invariant_backend;
-}
-
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
-  const invariant_gemm_backend backend = exact ? invariant_gemm_backend::kKernels : invariant_backend();
-  if (backend == invariant_gemm_backend::kChain && launch_invariant_chain<kSwiglu>(a, m, stream)) return;
-  if (backend != invariant_gemm_backend::kKernels && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
+  // kernels.invariant_gemm when the config names one, else the process default (cuBLASLt;
+  // set_invariant_gemm_backend).
+  const auto chosen = current_paths().invariant_gemm;
+  const bool lt = chosen == kernel_paths::invariant_gemm_kind::kCublasLt ||
+                  (chosen == kernel_paths::invariant_gemm_kind::kDefault &&
+                   g_invariant_backend == invariant_gemm_backend::kCublasLt);
+  if (!exact && lt && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
   const bool tiled = !exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows);
@@ -331,11 +303,6 @@ void set_invariant_tiled_rows(int64_t min_rows) {
 }
 
 void set_invariant_gemm_backend(invariant_gemm_backend backend) { cuda_detail::g_invariant_backend = backend; }
-
-bool invariant_chain_takes(int64_t m, int64_t n, int64_t k, int64_t ldb, int64_t ldc, float alpha, float beta,
-                           bool swiglu) {
-  return cuda_detail::chain_takes(m, n, k, ldb, ldc, alpha, beta, swiglu);
-}
 invariant_gemm_backend current_invariant_gemm_backend() { return cuda_detail::g_invariant_backend; }
 
 bool skinny_uses_mma() {

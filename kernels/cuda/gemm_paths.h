@@ -35,14 +35,9 @@ void set_invariant_tiled_rows(int64_t min_rows);
 // (the default; gemm_lt.cuh; each output one MMA chain over k, which
 // bench/probes/cublaslt_invariance_probe.cu checked on the device) or on hyserve's kernels. A
 // config's kernels.invariant_gemm (exec_context::paths) wins over this process default. Layouts
-// without 16-byte rows stay on the kernels. kChain: cuBLASLt, with calls of up to 8 rows (k a
-// multiple of 64) on gemm_chain.cuh's kernel, which computes cuBLASLt's bits in one launch.
-enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1, kChain = 2 };
+// without 16-byte rows stay on the kernels.
+enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1 };
 void set_invariant_gemm_backend(invariant_gemm_backend backend);
-// Whether a batch_invariant call of this shape (bf16 weight [n, k] row-major, 16-byte rows)
-// runs the chain kernel under kChain (tests: that the rows they compare took it).
-bool invariant_chain_takes(int64_t m, int64_t n, int64_t k, int64_t ldb, int64_t ldc, float alpha, float beta,
-                           bool swiglu);
 invariant_gemm_backend current_invariant_gemm_backend();
 
 }  // namespace hyserve::kernels

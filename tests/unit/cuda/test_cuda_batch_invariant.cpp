@@ -3,10 +3,9 @@
 //   - gemm: row r of an m-row call == the row computed alone, m = 2..70, 300 and 1100, for bf16
 //     weights on the tensor-core kernel (groups of 8 rows, activations rounded to bf16), and for
 //     f32 weights, trans_a, a non-transposed B and unaligned bf16 rows on the CUDA-core kernel,
-//     and for bf16 weights on cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt), and on
-//     cuBLASLt with up to 8 rows on the chain kernel (chain: the row alone is the chain's);
+//     and for bf16 weights on cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt);
 //     the values within 1e-5 + 1e-6·k abs, 1e-5 rel of the CPU op on bf16-exact activations.
-//   - swiglu_linear: the same for the fused projection, m up to 300, on every backend.
+//   - swiglu_linear: the same for the fused projection, m up to 300, on both backends.
 //   Calls of 256 rows and more run the tiled kernel, fewer the skinny one: the rows alone (m = 1)
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
@@ -155,11 +154,6 @@ TEST_P(InvariantGemmCuda, RowOfAnyCallEqualsTheRowAlone) {
     return dc.download();
   };
 
-  // Under kChain the rows alone take the chain kernel wherever k is a multiple of 64 (unit scale).
-  if (c.backend == invariant_gemm_backend::kChain)
-    EXPECT_EQ(invariant_chain_takes(1, n, k, k, n, c.unit_scale ? 1.0f : 1.5f, c.unit_scale ? 1.0f : 0.5f, false),
-              c.unit_scale && k % 64 == 0)
-        << c.label;
   std::vector<float> want_alone;
   const std::vector<float> alone = product(1, 0, 70u, &want_alone);
   expect_match(alone, want_alone, 1e-5 + 1e-6 * static_cast<double>(k), 1e-5, c.label + " m 1");
@@ -198,26 +192,11 @@ INSTANTIATE_TEST_SUITE_P(
                     gemm_layout{"bf16_cublaslt_n1025", dtype::kBF16, false, true, 1025, 4096,
                                 invariant_gemm_backend::kCublasLt, true},
                     gemm_layout{"bf16_cublaslt_scaled", dtype::kBF16, false, true, 4096, 2048,
-                                invariant_gemm_backend::kCublasLt, false},
-                    // kernels.invariant_gemm: chain: up to 8 rows on the chain kernel, more on
-                    // cuBLASLt; the row alone (chain) against every m checks the chain's bits
-                    // against cuBLASLt's (m 9..70, 300, 1100). k 2056 (not a multiple of 64) and
-                    // other scalings stay on cuBLASLt / the kernels for every m.
-                    gemm_layout{"bf16_chain", dtype::kBF16, false, true, 4096, 2048,
-                                invariant_gemm_backend::kChain, true},
-                    gemm_layout{"bf16_chain_wide", dtype::kBF16, false, true, 16768, 512,
-                                invariant_gemm_backend::kChain, true},
-                    gemm_layout{"bf16_chain_k8192", dtype::kBF16, false, true, 1024, 8192,
-                                invariant_gemm_backend::kChain, true},
-                    gemm_layout{"bf16_chain_k2056", dtype::kBF16, false, true, 4096, 2056,
-                                invariant_gemm_backend::kChain, true},
-                    gemm_layout{"bf16_chain_scaled", dtype::kBF16, false, true, 4096, 2048,
-                                invariant_gemm_backend::kChain, false}),
+                                invariant_gemm_backend::kCublasLt, false}),
     [](const testing::TestParamInfo<gemm_layout>& param_info) { return param_info.param.label; });
 
 
-// The fused SwiGLU projection on every backend (kernels, cuBLASLt with split-K 1, and cuBLASLt
-// with the chain kernel up to 8 rows: m 1 and 7 there, against the 300-row call on cuBLASLt).
+// The fused SwiGLU projection on both backends (kernels, cuBLASLt with split-K 1).
 class InvariantSwigluLinearCuda : public testing::TestWithParam<invariant_gemm_backend> {};
 
 TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
@@ -226,10 +205,6 @@ TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
   const paths_scope scope(paths);
   const invariant_backend_scope backend(GetParam());
   const int64_t n = 1000, k = 1024, max_m = 300;  // 300: the tiled kernel (>= 256 rows)
-  if (GetParam() == invariant_gemm_backend::kChain) {
-    EXPECT_TRUE(invariant_chain_takes(1, n, k, k, n, 1.0f, 0.0f, true));
-    EXPECT_FALSE(invariant_chain_takes(9, n, k, k, n, 1.0f, 0.0f, true));
-  }
   std::vector<uint16_t> g(static_cast<size_t>(n * k)), u(g.size());
   const std::vector<float> gf = random_floats(g.size(), 91, -0.1f, 0.1f), uf = random_floats(u.size(), 92, -0.1f, 0.1f);
   for (size_t i = 0; i < g.size(); ++i) {
@@ -284,15 +259,9 @@ TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, InvariantSwigluLinearCuda,
-                         testing::Values(invariant_gemm_backend::kKernels, invariant_gemm_backend::kCublasLt,
-                                         invariant_gemm_backend::kChain),
+                         testing::Values(invariant_gemm_backend::kKernels, invariant_gemm_backend::kCublasLt),
                          [](const testing::TestParamInfo<invariant_gemm_backend>& param_info) {
-                           switch (param_info.param) {
-                             case invariant_gemm_backend::kKernels: return "kernels";
-                             case invariant_gemm_backend::kCublasLt: return "cublaslt";
-                             case invariant_gemm_backend::kChain: return "chain";
-                           }
-                           return "unknown";
+                           return param_info.param == invariant_gemm_backend::kKernels ? "kernels" : "cublaslt";
                          });
 
 // ---- paged attention ----

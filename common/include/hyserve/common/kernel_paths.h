@@ -21,9 +21,8 @@ struct kernel_paths {
   enum class gdn_prefill_kind : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
   // `invariant_gemm`: the row-invariant bf16 GEMMs of determinism: batch_invariant: default
   // (cublaslt) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, a
-  // 32 MB workspace; layouts it does not take stay on the kernels) | chain (cublaslt, with calls of
-  // up to 8 rows and k a multiple of 64 on one kernel that computes cuBLASLt's bits).
-  enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt, kChain };
+  // 32 MB workspace; layouts it does not take stay on the kernels).
+  enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
