@@ -27,8 +27,9 @@
 // step to a decode step of the same rows (what a speculative round must win back).
 // --kernel-trace: the sampled decode steps once more with CUPTI's kernel records on (builds
 // whose CUDA toolkit has CUPTI): per step the span of its kernels, the time they cover and the
-// gaps between them, and the 30 kernels that take the most time (tools/bench/kernel_trace.h):
-// where a graph step's time goes, which the eager --profile-step cannot show. The records are on
+// gaps between them, and the 30 kernels that add the most to it (exclusive time: past every
+// earlier kernel's end; tools/bench/kernel_trace.h): where a graph step's time goes, which the
+// eager --profile-step cannot show. The records are on
 // for the whole run (CUPTI may not see graphs instantiated before), so with --kernel-trace the
 // other timings carry CUPTI's cost per kernel: read them from a run without it.
 // Tensor parallelism: under `mpirun -np N` with the config's parallel.tp = N (one group; dp 1),

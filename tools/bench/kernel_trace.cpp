@@ -109,65 +109,75 @@ void kernel_trace_start() { throw std::runtime_error("kernel trace: this build h
 std::vector<kernel_record> kernel_trace_stop() { throw std::runtime_error("kernel trace: this build has no CUPTI"); }
 #endif
 
+kernel_trace_summary summarize_kernel_trace(const std::vector<kernel_record>& records, int steps) {
+  kernel_trace_summary out;
+  if (records.empty() || steps <= 0) return out;
+  // The steps ran one after the other with host work between them: `steps` equal runs of records
+  // (sorted by start), each measured from its first kernel's start.
+  const size_t per = records.size() / static_cast<size_t>(steps);
+  out.separable = per > 0 && per * static_cast<size_t>(steps) == records.size();
+  const int groups = out.separable ? steps : 1;
+  const size_t group_size = out.separable ? per : records.size();
+  struct agg {
+    int64_t n = 0;
+    uint64_t total_ns = 0, exclusive_ns = 0;
+  };
+  std::map<std::string, agg> by_name;
+  uint64_t span = 0, busy = 0;
+  for (int g = 0; g < groups; ++g) {
+    const size_t first = static_cast<size_t>(g) * group_size, last = first + group_size;
+    uint64_t covered_to = records[first].start_ns;
+    for (size_t i = first; i < last; ++i) {
+      const kernel_record& r = records[i];
+      const uint64_t from = std::max(r.start_ns, covered_to);
+      const uint64_t exclusive = r.end_ns > from ? r.end_ns - from : 0;
+      busy += exclusive;
+      covered_to = std::max(covered_to, r.end_ns);
+      agg& a = by_name[r.name];
+      ++a.n;
+      a.total_ns += r.end_ns > r.start_ns ? r.end_ns - r.start_ns : 0;
+      a.exclusive_ns += exclusive;
+    }
+    span += covered_to - records[first].start_ns;
+  }
+  const double per_step_us = 1e-3 / steps;
+  out.kernels_per_step = static_cast<double>(records.size()) / steps;
+  out.span_us_per_step = static_cast<double>(span) * per_step_us;
+  out.busy_us_per_step = static_cast<double>(busy) * per_step_us;
+  for (const auto& [name, a] : by_name)
+    out.kernels.push_back({name, static_cast<double>(a.n) / steps, static_cast<double>(a.total_ns) * 1e-3 / static_cast<double>(a.n),
+                           static_cast<double>(a.total_ns) * per_step_us, static_cast<double>(a.exclusive_ns) * per_step_us});
+  std::stable_sort(out.kernels.begin(), out.kernels.end(),
+                   [](const auto& x, const auto& y) { return x.exclusive_us_per_step > y.exclusive_us_per_step; });
+  return out;
+}
+
 boost::json::object print_kernel_trace(const std::vector<kernel_record>& records, int steps, int top) {
   boost::json::object out;
   if (records.empty() || steps <= 0) {
     std::printf("  kernel trace: no kernel records\n");
     return out;
   }
-  // Per step (the records split into `steps` equal runs; the steps ran one after the other with
-  // host work between them): the span from its first kernel's start to its last kernel's end,
-  // and the busy time, the union of its kernels' intervals (PDL lets neighbours overlap).
-  const size_t per = records.size() / static_cast<size_t>(steps);
-  const bool even = per > 0 && per * static_cast<size_t>(steps) == records.size();
-  const int groups = even ? steps : 1;
-  const size_t group_size = even ? per : records.size();
-  uint64_t span = 0, busy = 0;
-  for (int g = 0; g < groups; ++g) {
-    const size_t first = static_cast<size_t>(g) * group_size, last = first + group_size;
-    uint64_t covered_to = records[first].start_ns, end = 0;
-    for (size_t i = first; i < last; ++i) {
-      const kernel_record& r = records[i];
-      const uint64_t from = std::max(r.start_ns, covered_to);
-      if (r.end_ns > from) busy += r.end_ns - from;
-      covered_to = std::max(covered_to, r.end_ns);
-      end = std::max(end, r.end_ns);
-    }
-    span += end - records[first].start_ns;
-  }
-  const double span_us = static_cast<double>(span) * 1e-3 / steps;
-  const double busy_us = static_cast<double>(busy) * 1e-3 / steps;
+  const kernel_trace_summary s = summarize_kernel_trace(records, steps);
+  const double gaps = s.span_us_per_step - s.busy_us_per_step;
   std::printf("  kernel trace (%d steps, %.1f kernels a step%s): span %.1f us a step, kernels busy %.1f us, gaps %.1f us "
               "(%.1f%%)\n",
-              steps, static_cast<double>(records.size()) / steps, even ? "" : ", steps not separable: span includes host time",
-              span_us, busy_us, span_us - busy_us, span_us > 0 ? 100.0 * (span_us - busy_us) / span_us : 0.0);
-  struct agg {
-    int64_t n = 0;
-    double total_us = 0;
-  };
-  std::map<std::string, agg> by_name;
-  for (const kernel_record& r : records) {
-    agg& a = by_name[r.name];
-    ++a.n;
-    a.total_us += static_cast<double>(r.end_ns - r.start_ns) * 1e-3;
-  }
-  std::vector<std::pair<std::string, agg>> sorted(by_name.begin(), by_name.end());
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.total_us > b.second.total_us; });
-  double sum_us = 0;
-  for (const auto& [name, a] : sorted) sum_us += a.total_us;
-  std::printf("  %-64s %9s %9s %11s %7s\n", "kernel", "per step", "mean us", "us a step", "share");
+              steps, s.kernels_per_step, s.separable ? "" : ", steps not separable: span includes host time",
+              s.span_us_per_step, s.busy_us_per_step, gaps, s.span_us_per_step > 0 ? 100.0 * gaps / s.span_us_per_step : 0.0);
+  // "mean us": a record's length (with PDL, from its early start); "excl us a step": what the
+  // kernel adds past its predecessors' ends, and its share of the busy time.
+  std::printf("  %-64s %9s %9s %14s %7s\n", "kernel", "per step", "mean us", "excl us a step", "share");
   boost::json::array rows;
-  for (size_t i = 0; i < sorted.size() && static_cast<int>(i) < top; ++i) {
-    const auto& [name, a] = sorted[i];
-    const double per_step = a.total_us / steps;
-    std::printf("  %-64s %9.1f %9.2f %11.1f %6.1f%%\n", name.c_str(), static_cast<double>(a.n) / steps,
-                a.total_us / static_cast<double>(a.n), per_step, sum_us > 0 ? 100.0 * a.total_us / sum_us : 0.0);
-    rows.push_back({{"kernel", name}, {"launches_per_step", static_cast<double>(a.n) / steps},
-                    {"mean_us", a.total_us / static_cast<double>(a.n)}, {"us_per_step", per_step}});
+  for (size_t i = 0; i < s.kernels.size() && static_cast<int>(i) < top; ++i) {
+    const auto& k = s.kernels[i];
+    std::printf("  %-64s %9.1f %9.2f %14.1f %6.1f%%\n", k.name.c_str(), k.launches_per_step, k.mean_us, k.exclusive_us_per_step,
+                s.busy_us_per_step > 0 ? 100.0 * k.exclusive_us_per_step / s.busy_us_per_step : 0.0);
+    rows.push_back({{"kernel", k.name}, {"launches_per_step", k.launches_per_step}, {"mean_us", k.mean_us},
+                    {"us_per_step", k.us_per_step}, {"exclusive_us_per_step", k.exclusive_us_per_step}});
   }
-  out["span_us_per_step"] = span_us;
-  out["busy_us_per_step"] = busy_us;
-  out["kernels_per_step"] = static_cast<double>(records.size()) / steps;
+  out["span_us_per_step"] = s.span_us_per_step;
+  out["busy_us_per_step"] = s.busy_us_per_step;
+  out["kernels_per_step"] = s.kernels_per_step;
   out["kernels"] = std::move(rows);
   return out;
 }

@@ -24,10 +24,24 @@ void kernel_trace_enable();
 void kernel_trace_start();                       // drops the records so far
 std::vector<kernel_record> kernel_trace_stop();  // the records since kernel_trace_start()
 
-// Prints, for `steps` steps traced back to back: per step the span (first kernel start to last
-// kernel end), the time covered by kernels and the gaps between them; per kernel name the
-// launches per step, the mean duration and its share of the busy time (the `top` longest).
-// Returns the same as JSON.
+// The records of `steps` steps traced back to back, summed up. Per step: the span (first kernel
+// start to last kernel end) and the busy time (the union of the kernels' intervals; the rest of
+// the span is gaps). Per kernel name: launches and mean record length, and its exclusive time,
+// what it adds to the busy time past every earlier kernel's end. With programmatic dependent
+// launch a kernel's record starts while the previous kernel runs (it prefetches, then waits), so
+// record lengths overlap and double count; exclusive times add up to the busy time.
+struct kernel_trace_summary {
+  struct kernel {
+    std::string name;
+    double launches_per_step = 0, mean_us = 0, us_per_step = 0, exclusive_us_per_step = 0;
+  };
+  bool separable = true;  // the records split into `steps` equal runs (else one run: span includes host time)
+  double kernels_per_step = 0, span_us_per_step = 0, busy_us_per_step = 0;
+  std::vector<kernel> kernels;  // longest exclusive time first
+};
+kernel_trace_summary summarize_kernel_trace(const std::vector<kernel_record>& records, int steps);
+
+// Prints the summary (the `top` kernels of longest exclusive time) and returns it as JSON.
 boost::json::object print_kernel_trace(const std::vector<kernel_record>& records, int steps, int top);
 
 }  // namespace hyserve::bench
