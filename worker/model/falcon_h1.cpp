@@ -64,10 +64,12 @@ class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
  private:
   void forward_layer(falcon_h1_layer& L, size_t i, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    const tensor x = norm(h, L.input_norm, ex);
     const auto idx = static_cast<int32_t>(i);
-    const tensor proj = layers::linear(x, L.in_proj, ex);  // [T, mamba in_width + q | k | v]
-    layers::profile(ex, "in_proj+qkv", layers::nbytes(L.in_proj) + layers::nbytes(x) + layers::nbytes(proj));
+    // The input norm feeds only the stacked projection: one rmsnorm_linear op (one kernel at
+    // decode on CUDA, the same bits as the norm and the GEMM apart). [T, mamba in_width + q | k | v]
+    const tensor proj = layers::norm_linear(h, &L.input_norm, config().rms_norm_eps, L.in_proj, ex);
+    layers::profile(ex, "norm+in_proj+qkv",
+                    layers::nbytes(L.in_proj) + layers::nbytes(h) + layers::nbytes(L.input_norm) + layers::nbytes(proj));
     mamba2_mix_on(L.mamba, proj, h, idx, in, ctx, ex);
     const int64_t mw = L.mamba.in_width();
     attention_mix_on(L.attn, layers::f32_rows{proj.as<float>() + mw, proj.shape()[0], proj.shape()[1]}, h, idx, in,

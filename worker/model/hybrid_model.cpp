@@ -268,10 +268,10 @@ void hybrid_model::attention_mix_on(layers::attention_weights& w, layers::f32_ro
   layers::attention_mix(w, qkv, in, ctx.kv->layer(cache_index), comm_, ex, &h);
 }
 
-void hybrid_model::attention_on(layers::attention_weights& w, const tensor& x, tensor& h, int32_t cache_index,
+void hybrid_model::attention_on(layers::attention_weights& w, tensor& h, const tensor& input_norm, int32_t cache_index,
                                 const layers::step_inputs& in, const model_context& ctx,
                                 const kernels::exec_context& ex) {
-  layers::attention_forward(w, x, in, ctx.kv->layer(cache_index), comm_, ex, &h);
+  layers::attention_forward(w, h, in, ctx.kv->layer(cache_index), comm_, ex, &h, &input_norm, mc_.rms_norm_eps);
 }
 
 hybrid_model::mixer hybrid_model::load_mixer(block_loader& blocks, int64_t layer, const mixer_source& src,
@@ -302,7 +302,7 @@ void hybrid_model::mixer_forward(mixer& m, tensor& h, const tensor& input_norm, 
       mamba2_block(m.mamba, h, &input_norm, m.cache_index, in, ctx, ex);
       return;
     case layer_kind::kAttention:
-      attention_on(m.attn, norm(h, input_norm, ex), h, m.cache_index, in, ctx, ex);
+      attention_on(m.attn, h, input_norm, m.cache_index, in, ctx, ex);
       return;
     case layer_kind::kGatedDeltaNet:
     case layer_kind::kMlp:

@@ -124,8 +124,8 @@ class hybrid_model : public model {
   // h += mamba2(x) for an x already normed.
   void mamba2_on(layers::mamba2_weights& w, const tensor& x, tensor& h, int32_t cache_index,
                  const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
-  // h += attention(x) (x the normed input).
-  void attention_on(layers::attention_weights& w, const tensor& x, tensor& h, int32_t cache_index,
+  // h += attention(rmsnorm(h; input_norm)) (the input norm fused into the q | k | v projection).
+  void attention_on(layers::attention_weights& w, tensor& h, const tensor& input_norm, int32_t cache_index,
                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
   // The same two after their projections (layers::mamba2_mix, layers::attention_mix): proj holds
   // z | xBC | dt in its first columns, qkv the attention's q | k | v.

@@ -435,9 +435,9 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int6
 }
 
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx, tensor* residual) {
-  const tensor qkv = linear(x, w.qkv, ctx);  // [T, (qh + 2·kvh)·hd]: q | k | v
-  profile(ctx, "attn.qkv_proj", nbytes(w.qkv) + nbytes(x) + nbytes(qkv));
+                         collective* comm, const exec_context& ctx, tensor* residual, const tensor* norm, float eps) {
+  const tensor qkv = norm_linear(x, norm, eps, w.qkv, ctx);  // [T, (qh + 2·kvh)·hd]: q | k | v
+  profile(ctx, "attn.qkv_proj", nbytes(w.qkv) + nbytes(x) + nbytes(qkv) + (norm ? nbytes(*norm) : 0.0));
   return attention_mix(w, rows_of(qkv), in, cache, comm, ctx, residual);
 }
 

@@ -194,8 +194,11 @@ void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const 
 kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx);
+// norm set: x is the block's input and its RMSNorm (norm, eps) is fused into the q | k | v
+// projection (the rmsnorm_linear op); x may then be *residual itself.
 tensor attention_forward(const attention_weights& w, const tensor& x, const step_inputs& in, kv_layer_cache& cache,
-                         collective* comm, const exec_context& ctx, tensor* residual = nullptr);
+                         collective* comm, const exec_context& ctx, tensor* residual = nullptr,
+                         const tensor* norm = nullptr, float eps = 0.0f);
 // The same after the projection: qkv holds the rows' q | k | v (w.qkv's output columns, row
 // stride qkv.stride: a part of a wider projection, such as Falcon-H1's in_proj | q | k | v).
 tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
