@@ -26,6 +26,10 @@ void device_memset(void* /*p*/, int /*value*/, size_t /*bytes*/) { no_cuda("devi
 void device_copy_h2d(void* /*dst*/, const void* /*src*/, size_t /*bytes*/) { no_cuda("device_copy_h2d"); }
 void device_copy_d2h(void* /*dst*/, const void* /*src*/, size_t /*bytes*/) { no_cuda("device_copy_d2h"); }
 void device_copy_d2d(void* /*dst*/, const void* /*src*/, size_t /*bytes*/) { no_cuda("device_copy_d2d"); }
+void device_copy_d2d_2d(void* /*dst*/, size_t /*dst_pitch*/, const void* /*src*/, size_t /*src_pitch*/, size_t /*width*/,
+                        size_t /*rows*/) {
+  no_cuda("device_copy_d2d_2d");
+}
 void* stream_create() { no_cuda("stream_create"); }
 void stream_destroy(void* /*stream*/) noexcept {}
 void stream_synchronize(void* /*stream*/) { no_cuda("stream_synchronize"); }

@@ -22,6 +22,10 @@ struct falcon_h1_layer {
   // rows z | xBC | dt, then attention's q | k | v: one launch and one weight stream. mamba.in_proj
   // and attn.qkv are empty.
   tensor in_proj;
+  // And their output projections side by side (both add into the residual): Mamba2's out_proj
+  // columns, then attention's o_proj, over the row mamba y | attention heads: one launch, one
+  // tensor-parallel reduction. mamba.out_proj and attn.o are empty.
+  tensor out_proj;
   layers::mamba2_weights mamba;
   layers::attention_weights attn;
   layers::mlp_weights mlp;
@@ -53,6 +57,10 @@ class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
                   parts.push_back(std::move(L.mamba.in_proj));
                   parts.push_back(std::move(L.attn.qkv));
                   L.in_proj = ld.stack_rows(std::move(parts));
+                  std::vector<tensor> outs;
+                  outs.push_back(std::move(L.mamba.out_proj));
+                  outs.push_back(std::move(L.attn.o));
+                  L.out_proj = ld.stack_cols(std::move(outs));
                   L.mlp = blocks.mlp(p + "feed_forward.", mc.intermediate_size, false, mc.mlp_gate_multiplier,
                                      mc.mlp_down_multiplier);
                 });
@@ -70,10 +78,7 @@ class falcon_h1_model final : public layer_stack<falcon_h1_layer> {
     const tensor proj = layers::norm_linear(h, &L.input_norm, config().rms_norm_eps, L.in_proj, ex);
     layers::profile(ex, "norm+in_proj+qkv",
                     layers::nbytes(L.in_proj) + layers::nbytes(h) + layers::nbytes(L.input_norm) + layers::nbytes(proj));
-    mamba2_mix_on(L.mamba, proj, h, idx, in, ctx, ex);
-    const int64_t mw = L.mamba.in_width();
-    attention_mix_on(L.attn, layers::f32_rows{proj.as<float>() + mw, proj.shape()[0], proj.shape()[1]}, h, idx, in,
-                     ctx, ex);
+    parallel_mix_on(L.mamba, L.attn, L.out_proj, proj, h, idx, in, ctx, ex);
     mlp_block(L.mlp, h, L.pre_ff_norm, ex);
   }
 };

@@ -249,23 +249,19 @@ void hybrid_model::mamba2_block(layers::mamba2_weights& w, tensor& h, const tens
                          mc_.rms_norm_eps);
 }
 
-void hybrid_model::mamba2_on(layers::mamba2_weights& w, const tensor& x, tensor& h, int32_t cache_index,
-                             const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex) {
-  layers::mamba2_forward(w, x, in, ctx.mamba->layer(cache_index), comm_, ex,
-                         ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, &h);
-}
-
-void hybrid_model::mamba2_mix_on(layers::mamba2_weights& w, const tensor& proj, tensor& h, int32_t cache_index,
-                                 const layers::step_inputs& in, const model_context& ctx,
-                                 const kernels::exec_context& ex) {
-  layers::mamba2_mix(w, proj, in, ctx.mamba->layer(cache_index), comm_, ex,
-                     ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, &h);
-}
-
-void hybrid_model::attention_mix_on(layers::attention_weights& w, layers::f32_rows qkv, tensor& h,
-                                    int32_t cache_index, const layers::step_inputs& in, const model_context& ctx,
-                                    const kernels::exec_context& ex) {
-  layers::attention_mix(w, qkv, in, ctx.kv->layer(cache_index), comm_, ex, &h);
+void hybrid_model::parallel_mix_on(layers::mamba2_weights& mw, layers::attention_weights& aw, const tensor& out_proj,
+                                   const tensor& proj, tensor& h, int32_t cache_index, const layers::step_inputs& in,
+                                   const model_context& ctx, const kernels::exec_context& ex) {
+  const int64_t T = proj.shape()[0], di = mw.d_inner(), width = di + aw.q_heads * aw.head_dim;
+  tensor mixed = tensor::f32({T, width}, ex.device);  // mamba y | attention heads
+  const layers::f32_rows rows{mixed.as<float>(), T, width};
+  if (!layers::mamba2_mix_gated(mw, proj, in, ctx.mamba->layer(cache_index), comm_, ex,
+                                ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, rows))
+    return;  // no rows, or the idle mode: nothing to add
+  layers::attention_heads(aw, layers::f32_rows{proj.as<float>() + mw.in_width(), T, proj.shape()[1]}, in,
+                          ctx.kv->layer(cache_index), comm_, ex, layers::f32_rows{rows.data + di, T, width});
+  layers::block_output(mixed, out_proj, comm_, ex, &h);
+  layers::profile(ex, "out_proj+o_proj", layers::nbytes(out_proj) + layers::nbytes(mixed) + 2 * layers::nbytes(h));
 }
 
 void hybrid_model::attention_on(layers::attention_weights& w, tensor& h, const tensor& input_norm, int32_t cache_index,

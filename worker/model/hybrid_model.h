@@ -121,18 +121,16 @@ class hybrid_model : public model {
   // h += mamba2(rmsnorm(h; norm)) (the input norm fused into in_proj; norm null: x = h as is).
   void mamba2_block(layers::mamba2_weights& w, tensor& h, const tensor* norm, int32_t cache_index,
                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
-  // h += mamba2(x) for an x already normed.
-  void mamba2_on(layers::mamba2_weights& w, const tensor& x, tensor& h, int32_t cache_index,
-                 const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
   // h += attention(rmsnorm(h; input_norm)) (the input norm fused into the q | k | v projection).
   void attention_on(layers::attention_weights& w, tensor& h, const tensor& input_norm, int32_t cache_index,
                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
-  // The same two after their projections (layers::mamba2_mix, layers::attention_mix): proj holds
-  // z | xBC | dt in its first columns, qkv the attention's q | k | v.
-  void mamba2_mix_on(layers::mamba2_weights& w, const tensor& proj, tensor& h, int32_t cache_index,
-                     const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
-  void attention_mix_on(layers::attention_weights& w, layers::f32_rows qkv, tensor& h, int32_t cache_index,
-                        const layers::step_inputs& in, const model_context& ctx, const kernels::exec_context& ex);
+  // h += [mamba2 y | attention heads] · out_projᵀ: a Mamba2 mixer and attention side by side
+  // after their stacked input projection (proj: z | xBC | dt, then q | k | v), with one output
+  // projection over both outputs (out_proj: out_proj's columns, then o_proj's). The layer's
+  // recurrent state and KV cache are both at cache_index.
+  void parallel_mix_on(layers::mamba2_weights& mw, layers::attention_weights& aw, const tensor& out_proj,
+                       const tensor& proj, tensor& h, int32_t cache_index, const layers::step_inputs& in,
+                       const model_context& ctx, const kernels::exec_context& ex);
   // h += mlp(rmsnorm(h; norm)) (norm fused into the first projection).
   void mlp_block(layers::mlp_weights& w, tensor& h, const tensor& norm, const kernels::exec_context& ex);
   tensor norm(const tensor& h, const tensor& weight, const kernels::exec_context& ex) const;

@@ -409,7 +409,7 @@ void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const 
   update_page_summaries(cache, k, kv_heads, head_dim, in, ctx);
 }
 
-kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int64_t q_heads, int64_t kv_heads,
+kernels::paged_attention_params paged_attention_of(f32_rows q, f32_rows out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx) {
   kernels::paged_attention_params a;
@@ -417,7 +417,7 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int6
   a.k_cache = cache.k.data();
   a.v_cache = cache.v.data();
   a.kv_dtype = cache.k.type();
-  a.out = out.as<float>();
+  a.out = out.data;
   a.query_start_loc = in.query_start_loc.as<int32_t>();
   const attention_pages pages = select_attention_pages(q, q_heads, kv_heads, head_dim, cache, in, comm, ctx);
   a.seq_lens = pages.seq_lens;
@@ -429,7 +429,7 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int6
   a.page_size = in.page_size;
   a.page_table_stride = pages.page_table_stride;
   a.q_stride = q.stride;
-  a.out_stride = q_heads * head_dim;
+  a.out_stride = out.stride;
   a.short_q_max = in.short_q_max;
   return a;
 }
@@ -443,38 +443,41 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
 
 tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
                      collective* comm, const exec_context& ctx, tensor* residual) {
+  tensor attn = tensor::f32({qkv.rows, w.q_heads * w.head_dim}, ctx.device);
+  attention_heads(w, qkv, in, cache, comm, ctx, rows_of(attn));
+  tensor out = block_output(attn, w.o, comm, ctx, residual);
+  profile(ctx, "attn.o_proj", nbytes(w.o) + nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
+}
+
+void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
+                     collective* comm, const exec_context& ctx, f32_rows out) {
   const int64_t T = qkv.rows, ld = qkv.stride;
   const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
   HYSERVE_CHECK(ld >= qw + 2 * kw, "attention: q | k | v rows of stride " + std::to_string(ld) + " for " +
                                        std::to_string(qw + 2 * kw) + " columns");
+  HYSERVE_CHECK(out.rows == T && out.stride >= qw, "attention: output rows of stride " + std::to_string(out.stride) +
+                                                       " for " + std::to_string(qw) + " columns");
+  if (T == 0) return;
   const f32_rows q{qkv.data, T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
-  if (T > 0 && w.rotary_dim > 0) {
+  if (w.rotary_dim > 0) {
     apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
     profile(ctx, "attn.rope", 2.0 * sizeof(float) * static_cast<double>(T * (qw + kw)));
   }
-  if (T > 0) {
-    write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
-    profile(ctx, "attn.kv_write", 4.0 * sizeof(float) * static_cast<double>(T * kw));
+  write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
+  profile(ctx, "attn.kv_write", 4.0 * sizeof(float) * static_cast<double>(T * kw));
+  kernels::paged_attention_params a = paged_attention_of(q, out, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
+  a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
+  if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
+    a.max_q_len = 1;  // one query per row
+  } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
+    a.max_q_len = in.spec_tokens_per_row;  // a chain verify: D queries per row, each a decode query
   }
-  tensor attn = tensor::f32({T, qw}, ctx.device);
-  if (T > 0) {
-    kernels::paged_attention_params a =
-        paged_attention_of(q, attn, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
-    a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-    if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
-      a.max_q_len = 1;  // one query per row
-    } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
-      a.max_q_len = in.spec_tokens_per_row;  // a chain verify: D queries per row, each a decode query
-    }
-    run_attention(a, in, ctx);
-    // The KV of every row's context once (the host's lengths: the profile runs eagerly).
-    profile(ctx, "attn.decode",
-            sizeof(float) * static_cast<double>(T * qw) + nbytes(attn) +
-                2.0 * static_cast<double>(kw) * static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
-  }
-  tensor out = block_output(attn, w.o, comm, ctx, residual);
-  profile(ctx, "attn.o_proj", nbytes(w.o) + nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));
-  return out;
+  run_attention(a, in, ctx);
+  // The KV of every row's context once (the host's lengths: the profile runs eagerly).
+  profile(ctx, "attn.decode",
+          2.0 * sizeof(float) * static_cast<double>(T * qw) +
+              2.0 * static_cast<double>(kw) * static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
 }
 
 namespace {
@@ -495,7 +498,7 @@ void set_ssm_state(P& p, tensor& ssm) {
 }
 
 void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, const tensor& proj, const tensor& xbc,
-                     tensor& y, mamba_layer_state& state, const step_inputs& in) {
+                     float* y, mamba_layer_state& state, const step_inputs& in) {
   const int64_t di = w.d_inner(), conv = w.conv_dim(), in_w = proj.shape()[1];
   p.x = xbc.as<float>();
   p.dt = proj.as<float>() + di + conv;
@@ -504,7 +507,7 @@ void fill_ssm_common(kernels::ssm_common_params& p, const mamba2_weights& w, con
   p.B = xbc.as<float>() + di;
   p.C = xbc.as<float>() + di + w.groups * w.d_state;
   p.D = w.D.as<float>();
-  p.y = y.as<float>();
+  p.y = y;
   set_ssm_state(p, state.ssm);
   p.state_indices = in.mamba_slots.as<int32_t>();
   p.batch = in.batch_size;
@@ -542,15 +545,35 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
                   collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
   const int64_t T = proj.shape()[0], hidden = w.out_proj.shape()[0];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
+  tensor y = tensor::f32({T, w.d_inner()}, ctx.device);
+  if (!mamba2_mix_gated(w, proj, in, state, comm, ctx, steps, rows_of(y))) return tensor::f32({0, hidden}, ctx.device);
+  tensor out = block_output(y, w.out_proj, comm, ctx, residual);
+  profile(ctx, "mamba.out_proj", nbytes(w.out_proj) + nbytes(y) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
+}
+
+bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out) {
+  const int64_t T = proj.shape()[0];
   const int64_t di = w.d_inner(), conv = w.conv_dim();
   const int64_t in_w = proj.shape()[1];  // the row stride of z | xBC | dt
   HYSERVE_CHECK(in_w >= w.in_width(), "Mamba2 mixer: in_proj output of " + std::to_string(in_w) + " columns for " +
                                           std::to_string(w.in_width()));
-  tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
-  tensor y = tensor::f32({T, di}, ctx.device);
-
+  HYSERVE_CHECK(y_out.rows == T && y_out.stride >= di, "Mamba2 mixer: output rows of stride " +
+                                                          std::to_string(y_out.stride) + " for " + std::to_string(di) +
+                                                          " columns");
   const mixer_path path = mixer_path_of(in, steps, "Mamba2 mixer");
-  if (path == mixer_path::kIdle) return tensor::f32({0, hidden}, ctx.device);
+  if (T == 0 || path == mixer_path::kIdle) return false;
+  const bool split_groups = w.rms_norm && w.norm_group_global > w.norm_group_size && comm && comm->size() > 1;
+  // y · silu(z) by the swiglu op (else the gated norm, which may run in place).
+  const bool swiglu_gate = !w.rms_norm || (w.norm_before_gate && !split_groups);
+  tensor xbc = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
+  // The scan's output: y_out itself where the gate can run in place, else its own rows.
+  tensor y_own;
+  if (swiglu_gate || y_out.stride != di) y_own = tensor::f32({T, di}, ctx.device);
+  float* y = y_own.empty() ? y_out.data : y_own.as<float>();
+  const double y_bytes = sizeof(float) * static_cast<double>(T * di);
+
   const mixer_conv cv{proj.as<float>() + di, in_w, xbc.as<float>(), conv, w.conv_width, &w.conv_w, &w.conv_b};
   mixer_scan scan;
   scan.prefill = [&](const device_array& slots) {
@@ -567,7 +590,7 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
     profile(ctx, "mamba.ssm",
             2.0 * static_cast<double>(rows * w.heads * w.head_dim * w.d_state) *
                     static_cast<double>(dtype_size(state.ssm.type())) +
-                nbytes(xbc) + nbytes(y));
+                nbytes(xbc) + y_bytes);
   };
   scan.steps = [&](const int32_t* retrieve_parent, const int32_t* first_step) {
     kernels::selective_state_update_multi_params s;
@@ -581,11 +604,10 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
     profile(ctx, "mamba.ssm_steps",
             (static_cast<double>(in.spec_rows) + row_tokens) * static_cast<double>(w.heads * w.head_dim * w.d_state) *
                     static_cast<double>(dtype_size(state.ssm.type())) +
-                nbytes(xbc) + nbytes(y));
+                nbytes(xbc) + y_bytes);
   };
   run_recurrent_mixer(path, cv, in, state, steps, scan, {"mamba.conv", "mamba.conv_steps"}, ctx);
-  const bool split_groups = w.rms_norm && w.norm_group_global > w.norm_group_size && comm && comm->size() > 1;
-  if (!w.rms_norm || (w.norm_before_gate && !split_groups)) {
+  if (swiglu_gate) {
     // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups
     // whole on this rank; a group split over ranks takes the gated norm below).
     tensor normed;
@@ -594,7 +616,7 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
       const int64_t gs = w.norm_group_size;
       for (int64_t g = 0; g < di / gs; ++g) {
         kernels::rmsnorm_params n;
-        n.x = y.as<float>() + g * gs;
+        n.x = y + g * gs;
         n.weight = w.norm.as<float>() + g * gs;
         n.out = normed.as<float>() + g * gs;
         n.rows = T;
@@ -604,31 +626,30 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
         kernels::run(n, ctx);
       }
     }
-    tensor gated = tensor::f32({T, di}, ctx.device);
     kernels::swiglu_params s;
     s.gate = proj.as<float>();
-    s.up = w.rms_norm ? normed.as<float>() : y.as<float>();
-    s.out = gated.as<float>();
+    s.up = w.rms_norm ? normed.as<float>() : y;
+    s.out = y_out.data;
     s.rows = T;
     s.cols = di;
     s.gate_stride = in_w;
-    s.up_stride = s.out_stride = di;
+    s.up_stride = di;
+    s.out_stride = y_out.stride;
     kernels::run(s, ctx);
-    profile(ctx, "mamba.gate", 3 * nbytes(y) + nbytes(w.norm));
-    y = std::move(gated);
+    profile(ctx, "mamba.gate", 3 * y_bytes + nbytes(w.norm));
   } else {
     // Gated RMSNorm over groups, norm(y · silu(z)) or norm(y) · silu(z) with norm_before_gate; a
     // group split across ranks reduces its sum of squares first.
     kernels::gated_rmsnorm_params g;
-    g.x = y.as<float>();
+    g.x = y;
     g.gate = proj.as<float>();
     g.weight = w.norm.as<float>();
-    g.out = y.as<float>();
+    g.out = y_out.data;
     g.rows = T;
     g.cols = di;
     g.x_stride = di;
     g.gate_stride = in_w;
-    g.out_stride = di;
+    g.out_stride = y_out.stride;
     g.group_size = w.norm_group_size;
     g.eps = w.eps;
     g.norm_before_gate = w.norm_before_gate;
@@ -653,12 +674,9 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
       g.group_count = w.norm_group_global;
     }
     kernels::run(g, ctx);
-    profile(ctx, "mamba.gated_norm", 3 * nbytes(y) + nbytes(w.norm));
+    profile(ctx, "mamba.gated_norm", 3 * y_bytes + nbytes(w.norm));
   }
-
-  tensor out = block_output(y, w.out_proj, comm, ctx, residual);
-  profile(ctx, "mamba.out_proj", nbytes(w.out_proj) + nbytes(y) + 2 * (residual ? nbytes(*residual) : 0.0));
-  return out;
+  return true;
 }
 
 }  // namespace hyserve::worker::layers

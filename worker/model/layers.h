@@ -191,7 +191,7 @@ void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const 
               kv_layer_cache& cache, const exec_context& ctx);
 // the paged attention of q over the cache into out [T, q_heads·head_dim], on the step's pages or
 // those the sparse selection keeps; the caller sets the softmax scale and any max_q_len hint.
-kernels::paged_attention_params paged_attention_of(f32_rows q, tensor& out, int64_t q_heads, int64_t kv_heads,
+kernels::paged_attention_params paged_attention_of(f32_rows q, f32_rows out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx);
 // norm set: x is the block's input and its RMSNorm (norm, eps) is fused into the q | k | v
@@ -203,6 +203,11 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
 // stride qkv.stride: a part of a wider projection, such as Falcon-H1's in_proj | q | k | v).
 tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
                      collective* comm, const exec_context& ctx, tensor* residual = nullptr);
+// attention_mix up to the heads' output, before o_proj: rope, the KV write and the attention of
+// the rows' queries into out [T, q_heads·head_dim] (row stride out.stride: a part of a wider row,
+// such as Falcon-H1's mamba y | attention heads, projected by one weight).
+void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
+                     collective* comm, const exec_context& ctx, f32_rows out);
 
 struct mamba2_weights {
   tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
@@ -246,5 +251,10 @@ tensor mamba2_forward(const mamba2_weights& w, const tensor& x, const step_input
 tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
                   collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
                   tensor* residual = nullptr);
+// mamba2_mix up to its gated output, before out_proj: conv, scan and the gate (or gated norm) of
+// the rows into y_out [T, d_inner] (row stride y_out.stride, as attention_heads' out). False, with
+// nothing written, for no rows or the idle mode.
+bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out);
 
 }  // namespace hyserve::worker::layers

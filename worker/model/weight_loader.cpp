@@ -1,6 +1,7 @@
 #include "weight_loader.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "hyserve/common/error.h"
 #include "layers.h"
@@ -75,6 +76,38 @@ tensor weight_loader::stack_rows(std::vector<tensor> parts) const {
     if (t.nbytes() > 0)
       allocator_of(out.device()).copy_within(static_cast<char*>(out.data()) + at, t.data(), t.nbytes());
     at += t.nbytes();
+    t = tensor();
+  }
+  return out;
+}
+
+tensor weight_loader::stack_cols(std::vector<tensor> parts) const {
+  HYSERVE_CHECK(!parts.empty(), "weight_loader: nothing to stack");
+  const tensor& first = parts.front();
+  const int64_t rows = first.shape().ndim == 2 ? first.shape()[0] : -1;
+  int64_t cols = 0;
+  for (const tensor& t : parts) {
+    HYSERVE_CHECK(t.shape().ndim == 2 && t.shape()[0] == rows && t.type() == first.type() &&
+                      t.device() == first.device(),
+                  "weight_loader: stacking " + t.shape().str() + " beside " + first.shape().str());
+    cols += t.shape()[1];
+  }
+  tensor out(first.type(), {rows, cols}, first.device());
+  const size_t es = dtype_size(out.type()), pitch = static_cast<size_t>(cols) * es;
+  size_t at = 0;
+  for (tensor& t : parts) {
+    const size_t width = static_cast<size_t>(t.shape()[1]) * es;
+    char* dst = static_cast<char*>(out.data()) + at;
+    const char* src = static_cast<const char*>(t.data());
+    if (width > 0 && rows > 0) {
+      if (out.device() == device_kind::kCuda) {
+        kernels::device_copy_d2d_2d(dst, pitch, src, width, width, static_cast<size_t>(rows));
+      } else {
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(dst + static_cast<size_t>(r) * pitch, src + static_cast<size_t>(r) * width, width);
+      }
+    }
+    at += width;
     t = tensor();
   }
   return out;

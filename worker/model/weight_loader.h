@@ -36,6 +36,9 @@ class weight_loader {
   // Loaded tensors of one type and width stacked along dimension 0, in order, on the model's
   // device (the parts are freed): one weight for projections of the same input (q | k | v).
   tensor stack_rows(std::vector<tensor> parts) const;
+  // The same along dimension 1 (parts of one height): one weight for projections whose inputs sit
+  // side by side in one row (Falcon-H1's out_proj | o_proj over mamba y | attention heads).
+  tensor stack_cols(std::vector<tensor> parts) const;
 
   uint64_t bytes() const { return bytes_; }  // placed so far
   device_kind device() const { return ctx_.device; }

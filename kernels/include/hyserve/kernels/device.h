@@ -32,6 +32,8 @@ void device_memset(void* p, int value, size_t bytes);
 void device_copy_h2d(void* dst, const void* src, size_t bytes);
 void device_copy_d2h(void* dst, const void* src, size_t bytes);
 void device_copy_d2d(void* dst, const void* src, size_t bytes);
+// rows × width bytes, each row from src + r·src_pitch to dst + r·dst_pitch (device to device).
+void device_copy_d2d_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
 // Bytes this process has copied device → host so far, through the copies above, tensors and
 // copy_d2h_async (graph.h): what a step costs in transfers (0 without the CUDA backend).
 uint64_t device_to_host_bytes();
