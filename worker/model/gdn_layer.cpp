@@ -114,7 +114,8 @@ void place(gdn_weights& w, device_kind device, dtype weight_type) {
 }
 
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
-                   collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual) {
+                   collective* comm, const exec_context& ctx, mamba_layer_state* steps, tensor* residual,
+                   const tensor* norm, float eps) {
   const int64_t T = x.shape()[0], hidden = x.shape()[1];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
 
@@ -122,7 +123,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   if (path == mixer_path::kIdle) return tensor::f32({0, hidden}, ctx.device);
 
   const int64_t conv = w.conv_dim(), vd = w.value_dim();
-  tensor proj = linear(x, w.in_proj, ctx);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
+  tensor proj = norm_linear(x, norm, eps, w.in_proj, ctx);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
   const int64_t in_w = proj.shape()[1];
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);

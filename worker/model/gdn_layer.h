@@ -59,9 +59,10 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 // in_proj and out_proj in weight_type (model.dtype); conv, norm, dt_bias and A_log stay f32.
 void place(gdn_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // steps: per-step states for TargetVerify / Draft (the persistent state is then only read).
-// residual: see block_output (layers.h).
+// residual: see block_output (layers.h). norm set: x is the block's input and its RMSNorm
+// (norm, eps) runs inside in_proj (the rmsnorm_linear op); x may then be *residual itself.
 tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in, mamba_layer_state& state,
                    collective* comm, const exec_context& ctx, mamba_layer_state* steps = nullptr,
-                   tensor* residual = nullptr);
+                   tensor* residual = nullptr, const tensor* norm = nullptr, float eps = 0.0f);
 
 }  // namespace hyserve::worker::layers

@@ -111,26 +111,30 @@ class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
  private:
   void forward_layer(qwen3_next_layer& L, size_t, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
-    // The mixer's output projection adds into h (block_output).
-    const tensor x = layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex);
+    // The mixer's output projection adds into h (block_output). The Gated DeltaNet mixer's input
+    // norm runs inside its in_proj (one rmsnorm_linear op, the same bits); gated attention's four
+    // projections read one normed x.
     switch (L.kind) {
       case layer_kind::kGatedDeltaNet:
-        layers::gdn_forward(L.gdn, x, in, ctx.mamba->layer(L.cache_index), comm_, ex,
-                            ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h);
+        layers::gdn_forward(L.gdn, h, in, ctx.mamba->layer(L.cache_index), comm_, ex,
+                            ctx.mamba_steps ? &ctx.mamba_steps->layer(L.cache_index) : nullptr, &h, &L.input_norm,
+                            mc_.rms_norm_eps);
         break;
       case layer_kind::kAttention:
-        layers::gated_attention_forward(L.attn, x, in, ctx.kv->layer(L.cache_index), comm_, ex, &h);
+        layers::gated_attention_forward(L.attn, layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex), in,
+                                        ctx.kv->layer(L.cache_index), comm_, ex, &h);
         break;
       case layer_kind::kMamba2:
       case layer_kind::kMlp:
       case layer_kind::kParallelHybrid:
         throw error("Qwen3-Next: unexpected layer kind");  // rejected at load
     }
-    const tensor y_in = layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex);
+    // The MoE layer's router, experts and shared expert read one normed input; a dense MLP's
+    // norm runs inside its gate/up projection.
     if (L.moe)
-      layers::moe_forward(L.moe_block, y_in, comm_, ex, &h);
+      layers::moe_forward(L.moe_block, layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex), comm_, ex, &h);
     else
-      layers::mlp_forward(L.mlp, y_in, comm_, ex, &h);
+      layers::mlp_forward(L.mlp, h, comm_, ex, &h, &L.post_attention_norm, mc_.rms_norm_eps);
   }
 
   void place_layer(qwen3_next_layer& L) {
