@@ -63,7 +63,11 @@ gdn_weights load_gdn(const weight_source& ws, const std::string& prefix, const m
 
   w.dt_bias = ws.load_slice(prefix + "dt_bias", {HV}, 0, hv0, hv0 + hv_local);
   w.A_log = ws.load_slice(prefix + "A_log", {HV}, 0, hv0, hv0 + hv_local);
-  w.norm = ws.load(prefix + "norm.weight", {dv});
+  // One weight of head_v_dim shared by every head, repeated per local head: the gated norm op
+  // takes a weight per channel.
+  const tensor norm = ws.load(prefix + "norm.weight", {dv});
+  w.norm = tensor::f32({hv_local * dv});
+  for (int64_t h = 0; h < hv_local; ++h) std::memcpy(w.norm.as<float>() + h * dv, norm.data(), norm.nbytes());
   w.out_proj = ws.load_slice(prefix + "out_proj.weight", {H, value_dim}, 1, hv0 * dv, (hv0 + hv_local) * dv);
   return w;
 }
@@ -151,29 +155,23 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     kernels::run(s, ctx);
   };
   run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps"}, ctx);
-  // Norm before gate, per head: rmsnorm over each head's V channels (rows = tokens · heads),
-  // then · silu(z).
-  kernels::rmsnorm_params n;
-  n.x = core.as<float>();
-  n.weight = w.norm.as<float>();
-  n.out = core.as<float>();
-  n.rows = T * w.heads_v;
-  n.cols = w.head_v_dim;
-  n.x_stride = n.out_stride = w.head_v_dim;
-  n.eps = w.eps;
-  kernels::run(n, ctx);
-  tensor gated = tensor::f32({T, vd}, ctx.device);
-  kernels::swiglu_params g;
+  // Norm before gate, per head: rmsnorm over each head's V channels, then · silu(z), in one gated
+  // norm op (a group per head), in place.
+  kernels::gated_rmsnorm_params g;
+  g.x = core.as<float>();
   g.gate = proj.as<float>() + conv;  // z
-  g.up = core.as<float>();
-  g.out = gated.as<float>();
+  g.weight = w.norm.as<float>();
+  g.out = core.as<float>();
   g.rows = T;
   g.cols = vd;
+  g.x_stride = g.out_stride = vd;
   g.gate_stride = in_w;
-  g.up_stride = g.out_stride = vd;
+  g.group_size = w.head_v_dim;
+  g.eps = w.eps;
+  g.norm_before_gate = true;
   kernels::run(g, ctx);
 
-  return block_output(gated, w.out_proj, comm, ctx, residual);
+  return block_output(core, w.out_proj, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

@@ -29,7 +29,7 @@ struct gdn_weights {
   tensor conv_b;                // [conv_dim]; empty = no bias
   tensor dt_bias;               // [heads_v]
   tensor A_log;                 // [heads_v]
-  tensor norm;                  // [head_v_dim], shared by all heads
+  tensor norm;                  // [value_dim]: the checkpoint's [head_v_dim] weight once per local head
   tensor out_proj;              // [hidden, value_dim]
   int64_t heads_k = 0, heads_v = 0;  // local counts
   int64_t head_k_dim = 0, head_v_dim = 0;
