@@ -2,7 +2,8 @@
 // generated on the GPU equal the host generator's bit for bit (whole tensors, slices of every
 // dimension, fused row ranges; f32 and bf16 storage), checkpoint tensors streamed to the GPU
 // equal the host path (same type and converting), and a model served from a checkpoint on CUDA
-// gives the synthetic model's logits exactly. Every test needs a CUDA device and skips without.
+// gives the synthetic model's logits exactly; weight_loader::stack_cols on the device (a 2D copy)
+// equals the host's. Every test needs a CUDA device and skips without.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "checkpoint_roundtrip.h"
 #include "hyserve/common/config.h"
 #include "hyserve/kernels/device.h"
+#include "model/weight_loader.h"
 #include "model/weights.h"
 
 namespace hyserve::worker {
@@ -93,6 +95,29 @@ TEST(GpuWeights, SyntheticLeavesALogAndDtBiasToTheHost) {
   for (const std::string name : {"model.layers.0.mamba.A_log", "model.layers.0.mamba.dt_bias"}) {
     tensor dev(dtype::kF32, kFull, device_kind::kCuda);
     EXPECT_FALSE(ws->load_to_device(name, kFull, {}, dev, ctx)) << name;
+  }
+}
+
+TEST(GpuWeights, StackColsOnTheDeviceEqualsTheHost) {
+  HYSERVE_REQUIRE_CUDA();
+  const kernels::exec_context dev_ctx = kernels::open_device(device_kind::kCuda, 0);
+  const kernels::exec_context host_ctx;
+  const auto ws = make_synthetic_weights(7);
+  for (const dtype type : {dtype::kF32, dtype::kBF16}) {
+    SCOPED_TRACE(std::string(dtype_name(type)));
+    std::vector<tensor> stacked;
+    for (const kernels::exec_context* ctx : {&host_ctx, &dev_ctx}) {
+      weight_loader ld(*ws, *ctx);
+      std::vector<tensor> parts;
+      parts.push_back(ld.load("model.layers.0.mamba.out_proj.weight", shape_t({37, 24}), type));
+      parts.push_back(ld.load("model.layers.0.self_attn.o_proj.weight", shape_t({37, 8}), type));
+      stacked.push_back(ld.stack_cols(std::move(parts)));
+    }
+    kernels::stream_synchronize(dev_ctx.stream);
+    const host_tensor got = stacked[1].to_host();
+    ASSERT_EQ(stacked[1].shape()[1], 32);
+    ASSERT_EQ(got.nbytes(), stacked[0].nbytes());
+    EXPECT_EQ(std::memcmp(got.data(), stacked[0].data(), got.nbytes()), 0);
   }
 }
 

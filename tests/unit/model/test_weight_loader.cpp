@@ -1,5 +1,6 @@
 // weight_loader::stack_rows: the fused attention projection's weight is q | k | v stacked row
-// for row, bit for bit as loaded; parts of another width or type are refused.
+// for row, bit for bit as loaded; parts of another width or type are refused. stack_cols: the
+// same side by side (Falcon-H1's out_proj | o_proj), parts of another height or type refused.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,6 +47,43 @@ TEST(WeightLoader, StackRowsRefusesPartsOfAnotherWidthOrType) {
   types.push_back(ld.load("b.weight", shape_t({2, 8}), dtype::kBF16));
   EXPECT_THROW(ld.stack_rows(std::move(types)), error);
   EXPECT_THROW(ld.stack_rows({}), error);
+}
+
+TEST(WeightLoader, StackColsPlacesEachPartsColumnsSideBySideInEveryRow) {
+  const auto src = make_synthetic_weights(11);
+  kernels::exec_context ctx;
+  weight_loader ld(*src, ctx);
+  const shape_t as({5, 6}), bs({5, 3});
+  std::vector<tensor> parts;
+  parts.push_back(ld.load("out_proj.weight", as, dtype::kF32));
+  parts.push_back(ld.load("o_proj.weight", bs, dtype::kF32));
+  parts.push_back(ld.load_slice("x_proj.weight", shape_t({5, 8}), 1, 2, 4, dtype::kF32));  // columns 2, 3
+  const tensor stacked = ld.stack_cols(std::move(parts));
+  ASSERT_EQ(stacked.shape()[0], 5);
+  ASSERT_EQ(stacked.shape()[1], 11);
+  const tensor a = src->load("out_proj.weight", as), b = src->load("o_proj.weight", bs);
+  const tensor x = src->load("x_proj.weight", shape_t({5, 8}));
+  const float* s = stacked.as<float>();
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 0; c < 6; ++c) ASSERT_EQ(s[r * 11 + c], a.as<float>()[r * 6 + c]) << r << "," << c;
+    for (int64_t c = 0; c < 3; ++c) ASSERT_EQ(s[r * 11 + 6 + c], b.as<float>()[r * 3 + c]) << r << "," << c;
+    for (int64_t c = 0; c < 2; ++c) ASSERT_EQ(s[r * 11 + 9 + c], x.as<float>()[r * 8 + 2 + c]) << r << "," << c;
+  }
+}
+
+TEST(WeightLoader, StackColsRefusesPartsOfAnotherHeightOrType) {
+  const auto src = make_synthetic_weights(11);
+  kernels::exec_context ctx;
+  weight_loader ld(*src, ctx);
+  std::vector<tensor> heights;
+  heights.push_back(ld.load("a.weight", shape_t({4, 2}), dtype::kF32));
+  heights.push_back(ld.load("b.weight", shape_t({3, 2}), dtype::kF32));
+  EXPECT_THROW(ld.stack_cols(std::move(heights)), error);
+  std::vector<tensor> types;
+  types.push_back(ld.load("a.weight", shape_t({4, 2}), dtype::kF32));
+  types.push_back(ld.load("b.weight", shape_t({4, 2}), dtype::kBF16));
+  EXPECT_THROW(ld.stack_cols(std::move(types)), error);
+  EXPECT_THROW(ld.stack_cols({}), error);
 }
 
 }  // namespace
