@@ -59,55 +59,43 @@ tensor weight_loader::load_selection(const std::string& name, const shape_t& ful
   return t;
 }
 
-tensor weight_loader::stack_rows(std::vector<tensor> parts) const {
-  HYSERVE_CHECK(!parts.empty(), "weight_loader: nothing to stack");
-  const tensor& first = parts.front();
-  const int64_t cols = first.shape()[1];
-  int64_t rows = 0;
-  for (const tensor& t : parts) {
-    HYSERVE_CHECK(t.shape().ndim == 2 && t.shape()[1] == cols && t.type() == first.type() &&
-                      t.device() == first.device(),
-                  "weight_loader: stacking " + t.shape().str() + " under " + first.shape().str());
-    rows += t.shape()[0];
-  }
-  tensor out(first.type(), {rows, cols}, first.device());
-  size_t at = 0;
-  for (tensor& t : parts) {
-    if (t.nbytes() > 0)
-      allocator_of(out.device()).copy_within(static_cast<char*>(out.data()) + at, t.data(), t.nbytes());
-    at += t.nbytes();
-    t = tensor();
-  }
-  return out;
-}
+tensor weight_loader::stack_rows(std::vector<tensor> parts) const { return stack(std::move(parts), 0); }
 
-tensor weight_loader::stack_cols(std::vector<tensor> parts) const {
+tensor weight_loader::stack_cols(std::vector<tensor> parts) const { return stack(std::move(parts), 1); }
+
+// Parts of one type, device and extent along the other dimension, placed one after the other
+// along `dim`: a part is a block of rows × its row bytes at its offset in the output; a block
+// whose rows are the output's whole rows (dim 0) is one contiguous copy, else a 2D copy.
+tensor weight_loader::stack(std::vector<tensor> parts, int dim) const {
   HYSERVE_CHECK(!parts.empty(), "weight_loader: nothing to stack");
   const tensor& first = parts.front();
-  const int64_t rows = first.shape().ndim == 2 ? first.shape()[0] : -1;
-  int64_t cols = 0;
+  const int other = 1 - dim;
+  const int64_t across = first.shape().ndim == 2 ? first.shape()[other] : -1;
+  int64_t along = 0;
   for (const tensor& t : parts) {
-    HYSERVE_CHECK(t.shape().ndim == 2 && t.shape()[0] == rows && t.type() == first.type() &&
+    HYSERVE_CHECK(t.shape().ndim == 2 && t.shape()[other] == across && t.type() == first.type() &&
                       t.device() == first.device(),
-                  "weight_loader: stacking " + t.shape().str() + " beside " + first.shape().str());
-    cols += t.shape()[1];
+                  "weight_loader: stacking " + t.shape().str() + (dim == 0 ? " under " : " beside ") +
+                      first.shape().str());
+    along += t.shape()[dim];
   }
-  tensor out(first.type(), {rows, cols}, first.device());
-  const size_t es = dtype_size(out.type()), pitch = static_cast<size_t>(cols) * es;
-  size_t at = 0;
+  tensor out(first.type(), dim == 0 ? shape_t({along, across}) : shape_t({across, along}), first.device());
+  const size_t es = dtype_size(out.type()), pitch = static_cast<size_t>(out.shape()[1]) * es;
+  size_t at = 0;  // the part's first byte in the output
   for (tensor& t : parts) {
-    const size_t width = static_cast<size_t>(t.shape()[1]) * es;
+    const size_t width = static_cast<size_t>(t.shape()[1]) * es, rows = static_cast<size_t>(t.shape()[0]);
     char* dst = static_cast<char*>(out.data()) + at;
     const char* src = static_cast<const char*>(t.data());
-    if (width > 0 && rows > 0) {
+    if (width == pitch) {
+      if (t.nbytes() > 0) allocator_of(out.device()).copy_within(dst, src, t.nbytes());
+    } else if (width > 0 && rows > 0) {
       if (out.device() == device_kind::kCuda) {
-        kernels::device_copy_d2d_2d(dst, pitch, src, width, width, static_cast<size_t>(rows));
+        kernels::device_copy_d2d_2d(dst, pitch, src, width, width, rows);
       } else {
-        for (int64_t r = 0; r < rows; ++r)
-          std::memcpy(dst + static_cast<size_t>(r) * pitch, src + static_cast<size_t>(r) * width, width);
+        for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * pitch, src + r * width, width);
       }
     }
-    at += width;
+    at += dim == 0 ? t.nbytes() : width;
     t = tensor();
   }
   return out;

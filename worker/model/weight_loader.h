@@ -44,6 +44,7 @@ class weight_loader {
   device_kind device() const { return ctx_.device; }
 
  private:
+  tensor stack(std::vector<tensor> parts, int dim) const;  // stack_rows (0), stack_cols (1)
 
   const weight_source& ws_;
   kernels::exec_context ctx_;
