@@ -662,8 +662,7 @@ void check_invariant_prefix(const service_config& cfg, const model_config& mc) {
     if (chunk > 0 && interval % chunk != 0)
       throw config_error(cfg.source + ": cache.prefix.state_interval: " + std::to_string(interval) +
                          " (page-rounded) must be a multiple of the " + what + " " + std::to_string(chunk) +
-                         " with determinism: batch_invariant (a cached prompt resumes only at multiples of it; or set "
-                         "cache.prefix.enabled: false)");
+                         " with determinism: batch_invariant (a cached prompt resumes only at multiples of it)");
   };
   if (mc.num_layers_of(layer_kind::kMamba2) + mc.num_layers_of(layer_kind::kParallelHybrid) > 0)
     need(mc.mamba_chunk_size, "model's mamba_chunk_size");
@@ -678,12 +677,11 @@ void check_invariant_prefix(const service_config& cfg, const model_config& mc) {
                        " (page-rounded) must equal min(scheduler.chunked_prefill, scheduler.max_batch_tokens) = " +
                        std::to_string(chunk) +
                        " with determinism: batch_invariant and cache.ssm_state_dtype: bfloat16 (the state is rounded "
-                       "where a prefill is cut); leave it unset, keep the state in float32, or set cache.prefix.enabled: false");
+                       "where a prefill is cut); leave it unset, or keep the state in float32");
   if (chunk % interval != 0)
     throw config_error(cfg.source + ": scheduler.chunked_prefill: min(chunked_prefill, max_batch_tokens) = " +
                        std::to_string(chunk) + " must be a multiple of cache.prefix.state_interval " +
-                       std::to_string(interval) +
-                       " with determinism: batch_invariant and the prefix cache (or set cache.prefix.enabled: false)");
+                       std::to_string(interval) + " with determinism: batch_invariant and the prefix cache");
 }
 
 model_config resolve_model_config(const service_config& cfg) {

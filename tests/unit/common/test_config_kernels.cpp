@@ -195,8 +195,7 @@ TEST(ConfigKernels, BatchInvariantPrefixCacheNeedsScanAlignedIntervals) {
   EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), mamba));
   EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), gdn));
   // Not checked without the cache or in fast mode.
-  EXPECT_NO_THROW(
-      check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: false, state_interval: 48}}\n"), mamba));
+  EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {state_interval: 48}}\n"), mamba));
   EXPECT_NO_THROW(check_invariant_prefix(
       load_config_string(kModel + "cache: {prefix: {enabled: true, state_interval: 48}}\n"), mamba));
   EXPECT_ERROR_WITH(

@@ -57,10 +57,9 @@ struct parallel_section {
 // Prefix caching (`cache.prefix`): a radix tree over token ids at page granularity in the
 // coordinator; full KV pages are shared by reference count and the recurrent state (SSM / GDN
 // state and conv window) is checkpointed into a bounded pool of extra state slots at chosen page
-// boundaries. docs/ARCHITECTURE.md, Prefix caching. On by default (every output is the same bit
-// for bit with it on and off: the identity tests); enabled: false turns it off.
+// boundaries. docs/ARCHITECTURE.md, Prefix caching.
 struct prefix_cache_section {
-  bool enabled = true;
+  bool enabled = false;
   // Checkpoint every state_interval tokens (a multiple of cache.page_size; 0 = the SSM kernels'
   // chunk, 256 tokens, rounded up to a page, or with determinism: batch_invariant and a bfloat16
   // SSM state the prefill chunk), plus at the last page boundaries of each prompt.
