@@ -31,10 +31,8 @@ struct sampling_params {
   std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> additive bias, ids ascending
   bool logprobs = false;            // the sampled token's logprob per output token
   int32_t top_logprobs = 0;         // 0..20 most likely tokens per output token
-  bool changes_logits() const {
-    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || min_tokens > 0 ||
-           !logit_bias.empty();
-  }
+  bool penalties() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  bool changes_logits() const { return penalties() || min_tokens > 0 || !logit_bias.empty(); }
   bool needs_processing() const { return changes_logits() || logprobs || top_logprobs > 0; }
 };
 

@@ -241,11 +241,13 @@ void scheduler::admit() {
       if (!gs.mem.has_request_slots()) continue;
       if (static_cast<int32_t>(gs.running.size()) >= cfg_.scheduler.max_running) continue;
       // Prefix caching: the deepest cached node with a checkpoint (the last prompt token is
-      // always prefilled); its pages need no new ones, and unheld tree pages can be evicted.
+      // always prefilled); its pages need no new ones, and unheld tree pages can be evicted. A
+      // request with penalties prefills its whole prompt: the worker starts its token counts
+      // with the first chunk from a zeroed state and marks the prompt tokens that chunk carries.
       prefix_tree::match m;
       int32_t avail = gs.mem.pages.available();
       if (gs.mem.tree) {
-        m = gs.mem.tree->lookup(r.req.input_ids, prompt_len - 1 - invariant_tail());
+        if (!r.req.sampling.penalties()) m = gs.mem.tree->lookup(r.req.input_ids, prompt_len - 1 - invariant_tail());
         avail += gs.mem.tree->unheld() - m.tokens();
       }
       if (avail < need - m.tokens()) continue;

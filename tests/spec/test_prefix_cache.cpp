@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -148,6 +149,49 @@ TEST(PrefixCache, FixturePromptsResentAsSecondTurnMatchTheCacheOff) {
           << fixture << " prompt " << i << " (the Hugging Face greedy ids)";
     EXPECT_GT(cached_total(on2), 0) << fixture;
   }
+}
+
+// Penalties count the whole prompt (repetition) and the answer (all three) from the request's
+// first chunk; a cached prompt resent with penalties must give the cache-off tokens. (Before
+// the fix, a hit started from a checkpoint kept the slot's counts of an earlier request: every
+// penalised resend differed from its first token on.)
+TEST(PrefixCache, PenalisedRequestsOfACachedPromptMatchTheCacheOff) {
+  const auto prompts = load_reference_prompts("bamba-tiny");
+  std::vector<gen_request> first, second;
+  for (const auto& p : prompts) {
+    gen_request g;
+    g.prompt = p.input_ids;
+    g.sampling.max_new_tokens = 12;
+    g.sampling.ignore_eos = true;
+    first.push_back(g);
+    const std::tuple<float, float, float> penalties[] = {{1.3f, 0.0f, 0.0f}, {1.0f, 1.5f, 0.0f}, {1.0f, 0.0f, 0.5f}};
+    for (const auto& [rep, pres, freq] : penalties) {
+      gen_request t = g;
+      t.sampling.repetition_penalty = rep;
+      t.sampling.presence_penalty = pres;
+      t.sampling.frequency_penalty = freq;
+      second.push_back(t);
+    }
+    second.push_back(g);  // and plain again: a hit
+  }
+  setup off_s, on_s;
+  off_s.fixture = on_s.fixture = "bamba-tiny";
+  on_s.prefix = true;
+  prefix_service off(make_config(off_s)), on(make_config(on_s));
+  const auto off1 = off.run(first), off2 = off.run(second);
+  const auto on1 = on.run(first), on2 = on.run(second);
+  expect_same(off1, on1, "plain");
+  expect_same(off2, on2, "penalised resend");
+  int64_t plain_hits = 0;
+  for (size_t i = 0; i < second.size(); ++i) {
+    if (second[i].sampling.penalties()) EXPECT_EQ(on2[i].cached_tokens, 0) << "request " << i << " has penalties";
+    else plain_hits += on2[i].cached_tokens;
+  }
+  EXPECT_GT(plain_hits, 0) << "no plain resend hit the cache: the test compares nothing cached";
+  bool changed = false;  // the penalties must change some answer, or the comparison is idle
+  for (size_t i = 0; i < second.size(); ++i)
+    if (second[i].sampling.penalties() && off2[i].output != off2[(i / 4) * 4 + 3].output) changed = true;
+  EXPECT_TRUE(changed) << "no penalty changed an answer";
 }
 
 // Half the waves (100 requests) for the slower Gated DeltaNet fixture.
