@@ -156,41 +156,44 @@ TEST(PrefixCache, FixturePromptsResentAsSecondTurnMatchTheCacheOff) {
 // the fix, a hit started from a checkpoint kept the slot's counts of an earlier request: every
 // penalised resend differed from its first token on.)
 TEST(PrefixCache, PenalisedRequestsOfACachedPromptMatchTheCacheOff) {
+  // Each prompt plain and with each penalty, sent twice: the second time every prompt is cached
+  // and the request slots hold the first run's counts.
   const auto prompts = load_reference_prompts("bamba-tiny");
-  std::vector<gen_request> first, second;
+  const std::tuple<float, float, float> penalties[] = {{3.0f, 0.0f, 0.0f}, {1.0f, 1.5f, 0.5f}, {1.0f, 0.0f, 2.0f}};
+  std::vector<gen_request> turn;
   for (const auto& p : prompts) {
     gen_request g;
     g.prompt = p.input_ids;
-    g.sampling.max_new_tokens = 12;
+    g.sampling.max_new_tokens = 24;
     g.sampling.ignore_eos = true;
-    first.push_back(g);
-    const std::tuple<float, float, float> penalties[] = {{1.3f, 0.0f, 0.0f}, {1.0f, 1.5f, 0.0f}, {1.0f, 0.0f, 0.5f}};
+    turn.push_back(g);
     for (const auto& [rep, pres, freq] : penalties) {
       gen_request t = g;
       t.sampling.repetition_penalty = rep;
       t.sampling.presence_penalty = pres;
       t.sampling.frequency_penalty = freq;
-      second.push_back(t);
+      turn.push_back(t);
     }
-    second.push_back(g);  // and plain again: a hit
   }
   setup off_s, on_s;
   off_s.fixture = on_s.fixture = "bamba-tiny";
   on_s.prefix = true;
   prefix_service off(make_config(off_s)), on(make_config(on_s));
-  const auto off1 = off.run(first), off2 = off.run(second);
-  const auto on1 = on.run(first), on2 = on.run(second);
-  expect_same(off1, on1, "plain");
-  expect_same(off2, on2, "penalised resend");
+  const auto off1 = off.run(turn), off2 = off.run(turn);
+  const auto on1 = on.run(turn), on2 = on.run(turn);
+  expect_same(off1, on1, "first");
+  expect_same(off2, on2, "resend");
   int64_t plain_hits = 0;
-  for (size_t i = 0; i < second.size(); ++i) {
-    if (second[i].sampling.penalties()) EXPECT_EQ(on2[i].cached_tokens, 0) << "request " << i << " has penalties";
-    else plain_hits += on2[i].cached_tokens;
+  bool changed = false;  // the penalties must change some answer, or the comparison is idle
+  for (size_t i = 0; i < turn.size(); ++i) {
+    if (turn[i].sampling.penalties()) {
+      EXPECT_EQ(on2[i].cached_tokens, 0) << "request " << i << " has penalties";
+      changed = changed || off2[i].output != off2[i / 4 * 4].output;
+    } else {
+      plain_hits += on2[i].cached_tokens;
+    }
   }
   EXPECT_GT(plain_hits, 0) << "no plain resend hit the cache: the test compares nothing cached";
-  bool changed = false;  // the penalties must change some answer, or the comparison is idle
-  for (size_t i = 0; i < second.size(); ++i)
-    if (second[i].sampling.penalties() && off2[i].output != off2[(i / 4) * 4 + 3].output) changed = true;
   EXPECT_TRUE(changed) << "no penalty changed an answer";
 }
 
