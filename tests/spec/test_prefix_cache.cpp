@@ -153,8 +153,8 @@ TEST(PrefixCache, FixturePromptsResentAsSecondTurnMatchTheCacheOff) {
 
 // Penalties count the whole prompt (repetition) and the answer (all three) from the request's
 // first chunk; a cached prompt resent with penalties must give the cache-off tokens. (Before
-// the fix, a hit started from a checkpoint kept the slot's counts of an earlier request: every
-// penalised resend differed from its first token on.)
+// the fix, a hit started from a checkpoint kept the slot's counts of an earlier request and left
+// the cached prompt tokens unmarked: 6 of the 9 penalised resends here differed.)
 TEST(PrefixCache, PenalisedRequestsOfACachedPromptMatchTheCacheOff) {
   // Each prompt plain and with each penalty, sent twice: the second time every prompt is cached
   // and the request slots hold the first run's counts.
