@@ -63,8 +63,9 @@ std::vector<local_generation> local_batch::wait(std::chrono::milliseconds limit)
   return out_;
 }
 
-local_service::local_service(const service_config& cfg) : mc_(resolve_model_config(cfg)) {
-  check_invariant_prefix(cfg, mc_);
+local_service::local_service(const service_config& given) : mc_(resolve_model_config(given)) {
+  service_config cfg = given;
+  settle_prefix_cache(cfg, mc_);
   const kernels::exec_context ctx = kernels::open_device(cfg.device, 0);
   // The target, then the draft model (if any), then the pools planned for both.
   auto target = worker::make_model(cfg, mc_, worker::tp_placement{}, nullptr, ctx);

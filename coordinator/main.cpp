@@ -193,14 +193,16 @@ int run(int argc, char** argv) {
   std::signal(SIGUSR1, on_signal);
   service_config cfg;
   model_config mc;
+  std::string prefix_note;
   try {
     cfg = load_config_file(argv[1]);
     mc = resolve_model_config(cfg);
-    check_invariant_prefix(cfg, mc);
+    prefix_note = settle_prefix_cache(cfg, mc);
   } catch (const error& e) {
     std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
     return 1;
   }
+  if (!prefix_note.empty()) HYSERVE_LOG_WARN("%s", prefix_note.c_str());
   t.dp = cfg.parallel.dp;
   t.tp = cfg.parallel.tp;
   if (const std::string m = t.mismatch(); !m.empty()) {

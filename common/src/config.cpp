@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <string_view>
 #include <type_traits>
@@ -354,7 +355,10 @@ service_config parse_config(const std::string& text, const std::string& file) {
     if_present(cache, "prefix", [&](const YAML::Node& pc) {
       r.check_keys(pc, "cache.prefix", {"enabled", "state_interval", "state_slots"});
       prefix_cache_section& s = cfg.cache.prefix;
-      if_present(pc, "enabled", [&](const YAML::Node& n) { s.enabled = r.get_bool(n, "cache.prefix.enabled"); });
+      if_present(pc, "enabled", [&](const YAML::Node& n) {
+        s.enabled = r.get_bool(n, "cache.prefix.enabled");
+        s.enabled_given = true;
+      });
       if_present(pc, "state_slots",
                  [&](const YAML::Node& n) { s.state_slots = r.get_int32_min(n, "cache.prefix.state_slots", 1); });
       if_present(pc, "state_interval", [&](const YAML::Node& n) {
@@ -525,11 +529,15 @@ service_config parse_config(const std::string& text, const std::string& file) {
                    " with determinism: batch_invariant (a larger step would change the GDN prefill's kernel), got " +
                    std::to_string(cfg.kernels.gdn_max_tokens));
       }
-      // A bfloat16 SSM state is rounded wherever a prompt is cut, so a cached prompt may resume
-      // only where an uncached one is cut: state_interval defaults to the prefill chunk
-      // (check_invariant_prefix refuses another explicit value).
-      if (cfg.cache.ssm_state_dtype != dtype::kF32 && cfg.cache.prefix.state_interval == 0)
-        cfg.cache.prefix.state_interval = std::min(cfg.scheduler.chunked_prefill, cfg.scheduler.max_batch_tokens);
+      // A cached prompt resumes only at multiples of state_interval, which must divide the
+      // prefill chunk (check_invariant_prefix). A bfloat16 SSM state is rounded wherever a prompt
+      // is cut, so a cached prompt may resume only where an uncached one is cut: the interval is
+      // then the prefill chunk (another explicit value is refused); a float32 state resumes at
+      // the largest divisor of the chunk that divides the SSM kernels' 256.
+      if (cfg.cache.prefix.state_interval == 0) {
+        const int32_t chunk = std::min(cfg.scheduler.chunked_prefill, cfg.scheduler.max_batch_tokens);
+        cfg.cache.prefix.state_interval = cfg.cache.ssm_state_dtype != dtype::kF32 ? chunk : std::gcd(256, chunk);
+      }
     });
 
     if (root["chat"]) {
@@ -682,6 +690,21 @@ void check_invariant_prefix(const service_config& cfg, const model_config& mc) {
     throw config_error(cfg.source + ": scheduler.chunked_prefill: min(chunked_prefill, max_batch_tokens) = " +
                        std::to_string(chunk) + " must be a multiple of cache.prefix.state_interval " +
                        std::to_string(interval) + " with determinism: batch_invariant and the prefix cache");
+}
+
+std::string settle_prefix_cache(service_config& cfg, const model_config& mc) {
+  if (cfg.cache.prefix.enabled_given) {
+    check_invariant_prefix(cfg, mc);
+    return {};
+  }
+  try {
+    check_invariant_prefix(cfg, mc);
+  } catch (const config_error& e) {
+    cfg.cache.prefix.enabled = false;
+    return std::string("prefix caching is off: ") + e.what() +
+           " (it is on by default where it keeps every output's bits; cache.prefix.enabled: true makes this an error)";
+  }
+  return {};
 }
 
 model_config resolve_model_config(const service_config& cfg) {

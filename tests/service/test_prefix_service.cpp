@@ -19,7 +19,7 @@ namespace {
 std::string config(bool prefix) {
   std::string yaml = "model: {path: @MODEL@}\nparallel: {tp: 2, dp: 1}\n";
   yaml += "cache: {page_size: 16, max_requests: 8, max_context: 512";
-  if (prefix) yaml += ", num_pages: 96, prefix: {enabled: true, state_interval: 32, state_slots: 4}";
+  yaml += prefix ? ", num_pages: 96, prefix: {enabled: true, state_interval: 32, state_slots: 4}" : ", prefix: {enabled: false}";
   yaml += "}\nscheduler: {chunked_prefill: 48, max_batch_tokens: 256}\n";
   yaml += "server: {host: 127.0.0.1, port: @PORT@}\n";
   return yaml;

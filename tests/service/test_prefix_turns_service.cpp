@@ -23,6 +23,7 @@ std::string config(bool prefix, bool cuda = false) {
                           : "model: {path: @MODEL@}\nparallel: {tp: 2, dp: 1}\n";
   yaml += cuda ? "cache: {page_size: 16, max_requests: 8, max_context: 512" : "cache: {page_size: 16, max_requests: 4, max_context: 512";
   if (prefix) yaml += cuda ? ", prefix: {enabled: true, state_slots: 64}" : ", prefix: {enabled: true, state_slots: 8}";
+  else yaml += ", prefix: {enabled: false}";
   yaml += "}\nscheduler: {chunked_prefill: 48, max_batch_tokens: 256}\n";
   yaml += "server: {host: 127.0.0.1, port: @PORT@}\n";
   return yaml;

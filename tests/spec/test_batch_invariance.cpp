@@ -4,7 +4,8 @@
 // that arrive at random times, so its rows share Decode, Extend and Mixed steps with different
 // neighbours and the token budget left for its prefill chunks differs from step to step. This
 // holds because the scheduler splits a prompt at positions that depend on that request only
-// (scheduler::next_chunk), a Mixed step's decode rows run the recurrent mixers' one-token update
+// (scheduler::next_chunk; with the prefix cache, on by default, a resent target resumes only at
+// multiples of cache.prefix.state_interval, chunk boundaries of its uncut prompt too), a Mixed step's decode rows run the recurrent mixers' one-token update
 // as a Decode step does, and every CPU op computes a row without regard to the other rows (the
 // GEMM: kernels/cpu/gemm.cpp). With n-gram speculative decoding the greedy tokens are the same too
 // (rounds, their widths and the rows they verify with depend on the batch).
@@ -44,13 +45,17 @@ std::string case_name(const testing::TestParamInfo<invariance_case>& info) {
 service_config make_config(const invariance_case& c) {
   std::string yaml =
       "model: {path: " + fixture_dir(c.fixture) + (c.bf16 ? ", dtype: bfloat16" : "") + "}\ndevice: " + c.device + "\n";
-  yaml += "cache: {page_size: 16, max_requests: 64, max_context: 512";
+  // Checkpoint slots for every arrival's checkpoints, so the targets' outlive a trial of 63 others.
+  yaml += "cache: {page_size: 16, max_requests: 64, max_context: 512, prefix: {state_slots: 256}";
   if (c.bf16) yaml += ", kv_dtype: bfloat16, ssm_state_dtype: bfloat16";
   yaml += "}\n";
-  // A small token budget: prefill chunks meet decode rows and each other's leftovers.
-  yaml += "scheduler: {max_batch_tokens: 160, max_running: 64, chunked_prefill: 48, max_queue: 1024}\n";
-  // The CUDA kernels' row-invariant variants (the CPU kernels are row-invariant either way).
-  if (c.device == "cuda") yaml += "determinism: batch_invariant\n";
+  // A small token budget: prefill chunks meet decode rows and each other's leftovers. The chunk,
+  // 64 tokens, is a multiple of both fixtures' scan chunks, so the prefix cache (on by default)
+  // stays on: the targets resent in the trials resume from the checkpoints of their first run.
+  yaml += "scheduler: {max_batch_tokens: 160, max_running: 64, chunked_prefill: 64, max_queue: 1024}\n";
+  // The CUDA kernels' row-invariant variants (the CPU kernels are row-invariant either way), and
+  // the prefix cache cutting and resuming prompts only at multiples of its interval.
+  yaml += "determinism: batch_invariant\n";
   if (c.ngram)
     yaml += "speculative: {algorithm: ngram, num_draft_tokens: 4, cost_check: false, ngram: {min_match: 1, max_match: 3}}\n";
   return load_config_string(yaml);
@@ -123,7 +128,7 @@ TEST_P(BatchInvariance, RequestAloneEqualsRequestAmongRandomArrivals) {
   const int kOthers = 63;
   const size_t plans_before = svc.link().modes.size();
   int diverged = 0, checked = 0;
-  int64_t drafted = 0;
+  int64_t drafted = 0, cached = 0;
   for (int trial = 0; trial < c.trials; ++trial) {
     const size_t t = static_cast<size_t>(trial) % tg.size();
     const int at = static_cast<int>(rng() % (kOthers + 1));  // the target's place among the arrivals
@@ -143,6 +148,7 @@ TEST_P(BatchInvariance, RequestAloneEqualsRequestAmongRandomArrivals) {
       for (const generation& o : b->wait(std::chrono::minutes(5))) drafted += o.drafted;
     ASSERT_FALSE(got.error) << *got.error;
     drafted += got.drafted;
+    cached += got.cached_tokens;
     ++checked;
     const bool same = got.output == alone[t].output && same_bits(got.logprobs, alone[t].logprobs);
     if (!same) {
@@ -168,6 +174,8 @@ TEST_P(BatchInvariance, RequestAloneEqualsRequestAmongRandomArrivals) {
   EXPECT_GT(mixed, c.trials) << "mixed steps";
   EXPECT_GT(decode, c.trials) << "decode steps";
   if (c.ngram) EXPECT_GT(drafted, 0);
+  // Resent targets started from the cache (at least the random ones, of 60 to 150 tokens).
+  EXPECT_GT(cached, 0) << "prompt tokens served from the prefix cache";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BatchInvariance,

@@ -53,6 +53,8 @@ service_config make_config(const setup& s) {
   if (s.tiny_pool) yaml += ", num_pages: 100";
   if (s.prefix)
     yaml += std::string(", prefix: {enabled: true, state_interval: 48, state_slots: ") + (s.tiny_pool ? "4" : "64") + "}";
+  else
+    yaml += ", prefix: {enabled: false}";
   yaml += "}\n";
   yaml += "scheduler: {max_batch_tokens: 256, max_running: 16, chunked_prefill: 64, max_queue: 1024}\n";
   if (s.ngram)

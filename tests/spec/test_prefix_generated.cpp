@@ -29,7 +29,7 @@ constexpr int32_t kPage = 16;
 service_config make_config(const std::string& fixture, bool prefix, int overlap_steps) {
   std::string yaml = "model: {path: " + fixture_dir(fixture) + "}\ndevice: cpu\n";
   yaml += "cache: {page_size: " + std::to_string(kPage) + ", max_requests: 16, max_context: 512";
-  if (prefix) yaml += ", prefix: {enabled: true, state_interval: 48, state_slots: 64}";
+  yaml += prefix ? ", prefix: {enabled: true, state_interval: 48, state_slots: 64}" : ", prefix: {enabled: false}";
   yaml += "}\nscheduler: {max_batch_tokens: 256, max_running: 16, chunked_prefill: 64, max_queue: 1024";
   yaml += overlap_steps > 0 ? ", overlap: true, overlap_steps: " + std::to_string(overlap_steps) : ", overlap: false";
   yaml += "}\n";

@@ -48,6 +48,7 @@ service_config make_config(const invariant_prefix_case& c, bool prefix) {
   // A bf16 SSM state is rounded where a prefill call ends: the interval is then the prefill chunk
   // (the default under batch_invariant; config.h), so cached prompts resume at multiples of 128.
   if (prefix) yaml += c.bf16 ? ", prefix: {enabled: true, state_slots: 32}" : ", prefix: {enabled: true, state_interval: 64, state_slots: 32}";
+  else yaml += ", prefix: {enabled: false}";
   yaml += "}\n";
   yaml += "scheduler: {max_batch_tokens: 256, max_running: 16, chunked_prefill: 128, max_queue: 1024}\n";
   return load_config_string(yaml);

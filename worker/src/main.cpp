@@ -120,6 +120,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<worker::runner> r;
   try {
     const model_config mc = resolve_model_config(cfg);
+    settle_prefix_cache(cfg, mc);  // as the coordinator does: the checkpoint slots it plans on
     worker::fault_injection fault{cfg.worker.fault == worker_fault::kThrow ? cfg.worker.fail_at_step : -1,
                                   cfg.worker.fail_rank};
     // Device, cache share and the model's collective (hyserve/worker/tp_device.h): NCCL on

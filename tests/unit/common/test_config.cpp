@@ -117,10 +117,14 @@ TEST(Config, MissingKeysTakeDefaults) {
 
 TEST(Config, PrefixCacheSection) {
   const std::string model = "model: {path: /ckpt}\n";
-  const service_config off = load_config_string(model);
+  // On by default: 64 checkpoint slots, an interval of the SSM kernels' chunk.
+  const service_config dflt = load_config_string(model);
+  EXPECT_TRUE(dflt.cache.prefix.enabled);
+  EXPECT_EQ(dflt.cache.checkpoint_slots(), 64);
+  EXPECT_EQ(dflt.cache.state_interval(), 256);
+  const service_config off = load_config_string(model + "cache: {prefix: {enabled: false}}");
   EXPECT_FALSE(off.cache.prefix.enabled);
   EXPECT_EQ(off.cache.checkpoint_slots(), 0);
-  EXPECT_EQ(off.cache.state_interval(), 256);
   const service_config on = load_config_string(
       model + "cache: {page_size: 32, prefix: {enabled: true, state_interval: 96, state_slots: 8}}");
   EXPECT_TRUE(on.cache.prefix.enabled);

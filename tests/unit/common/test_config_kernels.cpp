@@ -195,7 +195,8 @@ TEST(ConfigKernels, BatchInvariantPrefixCacheNeedsScanAlignedIntervals) {
   EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), mamba));
   EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: true}}\n"), gdn));
   // Not checked without the cache or in fast mode.
-  EXPECT_NO_THROW(check_invariant_prefix(load_config_string(inv + "cache: {prefix: {state_interval: 48}}\n"), mamba));
+  EXPECT_NO_THROW(
+      check_invariant_prefix(load_config_string(inv + "cache: {prefix: {enabled: false, state_interval: 48}}\n"), mamba));
   EXPECT_NO_THROW(check_invariant_prefix(
       load_config_string(kModel + "cache: {prefix: {enabled: true, state_interval: 48}}\n"), mamba));
   EXPECT_ERROR_WITH(
@@ -206,7 +207,7 @@ TEST(ConfigKernels, BatchInvariantPrefixCacheNeedsScanAlignedIntervals) {
       config_error, "cache.prefix.state_interval: 48", "multiple of the Gated DeltaNet chunk 64");
   EXPECT_ERROR_WITH(check_invariant_prefix(load_config_string(kModel +
                                                               "determinism: batch_invariant\nscheduler: {chunked_prefill: "
-                                                              "1000}\ncache: {prefix: {enabled: true}}\n"),
+                                                              "1000}\ncache: {prefix: {enabled: true, state_interval: 256}}\n"),
                                            mamba),
                     config_error, "scheduler.chunked_prefill", "1000 must be a multiple of cache.prefix.state_interval 256");
 }
@@ -236,6 +237,43 @@ TEST(ConfigKernels, BatchInvariantPrefixCacheWithBf16StateCutsOnlyAtThePrefillCh
   EXPECT_EQ(load_config_string(kModel + "cache: {ssm_state_dtype: bfloat16, prefix: {enabled: true}}\n")
                 .cache.state_interval(),
             256);
+}
+
+// On by default: under batch_invariant the interval defaults to gcd(256, the prefill chunk); where
+// the check cannot hold and the YAML leaves cache.prefix.enabled unset, settle_prefix_cache turns
+// the cache off and says why; set to true, it is the start-up error.
+TEST(ConfigKernels, BatchInvariantPrefixCacheTurnsItselfOffOnlyWhenNotAskedFor) {
+  model_config mamba;
+  mamba.layer_kinds = {layer_kind::kMamba2, layer_kind::kAttention};
+  mamba.mamba_chunk_size = 16;
+  model_config gdn;
+  gdn.layer_kinds = {layer_kind::kGatedDeltaNet, layer_kind::kAttention};
+  const std::string inv = kModel + "determinism: batch_invariant\nscheduler: {chunked_prefill: 48}\n";
+  service_config m = load_config_string(inv);
+  EXPECT_TRUE(m.cache.prefix.enabled);
+  EXPECT_EQ(m.cache.state_interval(), 16);  // gcd(256, 48)
+  EXPECT_EQ(settle_prefix_cache(m, mamba), "");
+  EXPECT_TRUE(m.cache.prefix.enabled);
+  EXPECT_EQ(m.cache.checkpoint_slots(), 64);
+  // Gated DeltaNet scans 64-token chunks: 16 is no multiple of it.
+  service_config g = load_config_string(inv);
+  const std::string why = settle_prefix_cache(g, gdn);
+  EXPECT_FALSE(g.cache.prefix.enabled);
+  EXPECT_EQ(g.cache.checkpoint_slots(), 0);
+  EXPECT_NE(why.find("prefix caching is off"), std::string::npos) << why;
+  EXPECT_NE(why.find("multiple of the Gated DeltaNet chunk 64"), std::string::npos) << why;
+  service_config asked = load_config_string(inv + "cache: {prefix: {enabled: true}}\n");
+  EXPECT_ERROR_WITH(settle_prefix_cache(asked, gdn), config_error, "cache.prefix.state_interval: 16",
+                    "multiple of the Gated DeltaNet chunk 64");
+  // A chunk of 64 holds for both; fast mode is never turned off.
+  service_config g64 = load_config_string(kModel + "determinism: batch_invariant\nscheduler: {chunked_prefill: 64}\n");
+  EXPECT_EQ(g64.cache.state_interval(), 64);
+  EXPECT_EQ(settle_prefix_cache(g64, gdn), "");
+  EXPECT_TRUE(g64.cache.prefix.enabled);
+  service_config fast = load_config_string(kModel + "scheduler: {chunked_prefill: 48}\n");
+  EXPECT_EQ(settle_prefix_cache(fast, gdn), "");
+  EXPECT_TRUE(fast.cache.prefix.enabled);
+  EXPECT_EQ(fast.cache.state_interval(), 256);
 }
 
 // A file's errors carry its name and the line of the bad value, like every config error.

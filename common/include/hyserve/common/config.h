@@ -57,12 +57,17 @@ struct parallel_section {
 // Prefix caching (`cache.prefix`): a radix tree over token ids at page granularity in the
 // coordinator; full KV pages are shared by reference count and the recurrent state (SSM / GDN
 // state and conv window) is checkpointed into a bounded pool of extra state slots at chosen page
-// boundaries. docs/ARCHITECTURE.md, Prefix caching.
+// boundaries. docs/ARCHITECTURE.md, Prefix caching. On by default; `enabled: false` turns it off.
 struct prefix_cache_section {
-  bool enabled = false;
+  bool enabled = true;
+  // The YAML names cache.prefix.enabled. Left unset, the cache turns itself off where
+  // determinism: batch_invariant cannot keep every output's bits with it (settle_prefix_cache);
+  // set to true, that is a start-up error.
+  bool enabled_given = false;
   // Checkpoint every state_interval tokens (a multiple of cache.page_size; 0 = the SSM kernels'
-  // chunk, 256 tokens, rounded up to a page, or with determinism: batch_invariant and a bfloat16
-  // SSM state the prefill chunk), plus at the last page boundaries of each prompt.
+  // chunk, 256 tokens, rounded up to a page; with determinism: batch_invariant the prefill chunk
+  // for a bfloat16 SSM state, else gcd(256, the prefill chunk)), plus at the last page boundaries
+  // of each prompt.
   int32_t state_interval = 0;
   int32_t state_slots = 64;  // checkpoint slots per worker (each one slot of recurrent state)
 };
@@ -250,5 +255,10 @@ model_config resolve_model_config(const service_config& cfg);
 // cache.ssm_state_dtype: bfloat16 and Mamba2 layers, unless state_interval equals that chunk (a
 // bf16 state is rounded where a prefill call ends, and an uncached prompt ends calls only there).
 void check_invariant_prefix(const service_config& cfg, const model_config& mc);
+
+// The prefix cache as this model runs it, the same on every rank: check_invariant_prefix when the
+// YAML sets cache.prefix.enabled; when it leaves it unset (on by default) and the check fails, the
+// cache is turned off and the reason returned for the start-up log (empty otherwise).
+std::string settle_prefix_cache(service_config& cfg, const model_config& mc);
 
 }  // namespace hyserve
