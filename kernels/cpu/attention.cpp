@@ -22,6 +22,7 @@ void run_cpu(const kv_write_params& p) {
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     if (p.locs[t] < -1) fail(op, "locs[" + std::to_string(t) + "]", p.locs[t], "must be a location >= 0 or -1");
   }
+  if (p.rope.rotary_dim > 0) run_cpu(p.rope);  // q and k rotated in place first
 
   dispatch_storage(p.kv_dtype, op, "kv_dtype", [&](auto tag) {
     using T = typename host_storage<decltype(tag)::value>::type;

@@ -61,6 +61,14 @@ inline void check_kv_write(const kv_write_params& p, const char* op) {
   const int64_t row = p.kv_heads * p.head_dim;
   require_strides(row, op, {{p.k_stride, "k_stride"}, {p.v_stride, "v_stride"}});
   require_storage(p.kv_dtype, op, "kv_dtype");
+  if (p.rope.rotary_dim == 0) return;
+  // The rotary embedding before the write: of these very k rows.
+  check_rope(p.rope, op);
+  if (p.rope.k != p.k) fail(op, "rope.k", "another pointer", "must be k (the rows the cache takes, rotated in place)");
+  if (p.rope.n_tokens != p.n_tokens) fail(op, "rope.n_tokens", p.rope.n_tokens, "must be n_tokens");
+  if (p.rope.n_kv_heads != p.kv_heads) fail(op, "rope.n_kv_heads", p.rope.n_kv_heads, "must be kv_heads");
+  if (p.rope.head_dim != p.head_dim) fail(op, "rope.head_dim", p.rope.head_dim, "must be head_dim");
+  if (p.rope.k_stride != p.k_stride) fail(op, "rope.k_stride", p.rope.k_stride, "must be k_stride");
 }
 
 // The values of query_start_loc, seq_lens and the page table are checked by the CPU op only

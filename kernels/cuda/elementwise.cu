@@ -126,11 +126,10 @@ struct rope_freqs {
   float inv_freq[kMaxRopeHalf];  // computed on the host with the CPU op's float arithmetic
 };
 
+// Token t's q and k heads rotated in place by the block; cos_sin: rotary_dim floats of shared
+// memory. The caller synchronises before other threads read the rows.
 template <class T>
-__global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, const __grid_constant__ rope_freqs f) {
-  pdl_begin();
-  extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
-  const int64_t t = blockIdx.x;
+__device__ void rope_token(const rope_params& p, const rope_freqs& f, int64_t t, float* cos_sin) {
   const int half = static_cast<int>(p.rotary_dim / 2);
   const float pos = static_cast<float>(p.positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -153,16 +152,30 @@ __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, 
   }
 }
 
-// Activations T, cache element type S (f32 or bf16).
-template <class T, class S, bool Vec>
-__global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p) {
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, const __grid_constant__ rope_freqs f) {
+  pdl_begin();
+  extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
+  rope_token<T>(p, f, blockIdx.x, cos_sin);
+}
+
+// Activations T, cache element type S (f32 or bf16); Rope: q and k rotated first (p.rope), k then
+// read back through p.rope.k (the same rows) after the block's barrier.
+template <class T, class S, bool Vec, bool Rope>
+__global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p, const __grid_constant__ rope_freqs f) {
   pdl_begin();
   const int64_t t = blockIdx.x;
+  const T* k = reinterpret_cast<const T*>(p.k);
+  if constexpr (Rope) {
+    extern __shared__ float cos_sin[];
+    rope_token<T>(p.rope, f, t, cos_sin);
+    __syncthreads();
+    k = reinterpret_cast<const T*>(p.rope.k);
+  }
   const int64_t loc = p.locs[t];
   if (loc < 0) return;  // padding token
   const int64_t row = p.kv_heads * p.head_dim;
-  convert_row<S, T, Vec>(reinterpret_cast<S*>(p.k_cache) + loc * row, reinterpret_cast<const T*>(p.k) + t * p.k_stride,
-                         row);
+  convert_row<S, T, Vec>(reinterpret_cast<S*>(p.k_cache) + loc * row, k + t * p.k_stride, row);
   convert_row<S, T, Vec>(reinterpret_cast<S*>(p.v_cache) + loc * row, reinterpret_cast<const T*>(p.v) + t * p.v_stride,
                          row);
 }
@@ -205,15 +218,20 @@ void launch_rope(const rope_params& p, const rope_freqs& f, cudaStream_t stream)
 }
 
 template <class T>
-void launch_kv_write(const kv_write_params& p, cudaStream_t stream) {
+void launch_kv_write(const kv_write_params& p, const rope_freqs& f, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n_tokens));
   const int64_t row = p.kv_heads * p.head_dim;
+  const bool rope = p.rope.rotary_dim > 0;
+  const size_t smem = rope ? sizeof(float) * static_cast<size_t>(p.rope.rotary_dim) : 0;
   cpu_detail::dispatch_storage(p.kv_dtype, "kv_write", "kv_dtype", [&](auto tag) {
     using S = storage_t<decltype(tag)::value>;
-    if (vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, std::is_same_v<T, S> ? pack16<T>::kN : 8))
-      launch_pdl(kv_write_kernel<T, S, true>, grid, dim3(kRowThreads), 0, stream, p);
+    const bool vec =
+        vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, std::is_same_v<T, S> ? pack16<T>::kN : 8);
+    auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kRowThreads), smem, stream, p, f); };
+    if (rope)
+      vec ? go(kv_write_kernel<T, S, true, true>) : go(kv_write_kernel<T, S, false, true>);
     else
-      launch_pdl(kv_write_kernel<T, S, false>, grid, dim3(kRowThreads), 0, stream, p);
+      vec ? go(kv_write_kernel<T, S, true, false>) : go(kv_write_kernel<T, S, false, false>);
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
@@ -222,7 +240,7 @@ void launch_kv_write(const kv_write_params& p, cudaStream_t stream) {
   template void launch_embedding<T>(const embedding_params&, cudaStream_t);      \
   template void launch_swiglu<T>(const swiglu_params&, cudaStream_t);            \
   template void launch_rope<T>(const rope_params&, const rope_freqs&, cudaStream_t); \
-  template void launch_kv_write<T>(const kv_write_params&, cudaStream_t);
+  template void launch_kv_write<T>(const kv_write_params&, const rope_freqs&, cudaStream_t);
 HYSERVE_CUDA_FOR_EACH_TYPE(HYSERVE_INSTANTIATE)
 #undef HYSERVE_INSTANTIATE
 
@@ -262,22 +280,30 @@ void run_cuda(const relu2_params& p, void* stream) {
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
-void run_cuda(const rope_params& p, void* stream) {
-  constexpr const char* op = "rope";
-  cpu_detail::check_rope(p, op);
+namespace {
+
+// The frequencies exactly as the CPU op computes them: a device powf may differ by an ulp,
+// which a position of 10⁵ turns into a visibly different angle.
+rope_freqs rope_frequencies(const rope_params& p, const char* op) {
   if (p.rotary_dim / 2 > kMaxRopeHalf) {
     fail(op, "rotary_dim", p.rotary_dim, ("unsupported by the CUDA kernel; at most " + std::to_string(2 * kMaxRopeHalf)).c_str());
   }
-  require_grid_x(p.n_tokens, op, "n_tokens");
-
-  // The frequencies exactly as the CPU op computes them: a device powf may differ by an ulp,
-  // which a position of 10⁵ turns into a visibly different angle.
   rope_freqs f{};
   const int64_t half = p.rotary_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(p.rotary_dim);
     f.inv_freq[i] = 1.0f / std::pow(p.theta, expo);
   }
+  return f;
+}
+
+}  // namespace
+
+void run_cuda(const rope_params& p, void* stream) {
+  constexpr const char* op = "rope";
+  cpu_detail::check_rope(p, op);
+  const rope_freqs f = rope_frequencies(p, op);
+  require_grid_x(p.n_tokens, op, "n_tokens");
   launch_rope<float>(p, f, as_stream(stream));
 }
 
@@ -285,7 +311,7 @@ void run_cuda(const kv_write_params& p, void* stream) {
   constexpr const char* op = "kv_write";
   cpu_detail::check_kv_write(p, op);
   require_grid_x(p.n_tokens, op, "n_tokens");
-  launch_kv_write<float>(p, as_stream(stream));
+  launch_kv_write<float>(p, p.rope.rotary_dim > 0 ? rope_frequencies(p.rope, op) : rope_freqs{}, as_stream(stream));
 }
 
 }  // namespace hyserve::kernels

@@ -76,8 +76,8 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps, ctx);
     head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps, ctx);
 
-    apply_rope(rows_of(q), rows_of(k), w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
-    write_kv(rows_of(k), rows_of(v), w.kv_heads, w.head_dim, in, cache, ctx);
+    rope_write_kv(rows_of(q), rows_of(k), rows_of(v), w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta,
+                  in, cache, ctx);
     kernels::paged_attention_params a =
         paged_attention_of(rows_of(q), rows_of(attn), w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));

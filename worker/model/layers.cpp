@@ -374,25 +374,9 @@ void place(attention_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.qkv, &w.o}) place_weight(*t, device, weight_type);
 }
 
-void apply_rope(f32_rows q, f32_rows k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
-                float theta, const step_inputs& in, const exec_context& ctx) {
-  kernels::rope_params r;
-  r.q = q.data;
-  r.k = k.data;
-  r.positions = in.positions.as<int32_t>();
-  r.n_tokens = q.rows;
-  r.n_q_heads = q_heads;
-  r.n_kv_heads = kv_heads;
-  r.head_dim = head_dim;
-  r.rotary_dim = rotary_dim;
-  r.q_stride = q.stride;
-  r.k_stride = k.stride;
-  r.theta = theta;
-  kernels::run(r, ctx);
-}
-
-void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
-              kv_layer_cache& cache, const exec_context& ctx) {
+void rope_write_kv(f32_rows q, f32_rows k, f32_rows v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                   int64_t rotary_dim, float theta, const step_inputs& in, kv_layer_cache& cache,
+                   const exec_context& ctx) {
   kernels::kv_write_params kw;
   kw.k = k.data;
   kw.v = v.data;
@@ -405,6 +389,20 @@ void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const 
   kw.head_dim = head_dim;
   kw.k_stride = k.stride;
   kw.v_stride = v.stride;
+  if (rotary_dim > 0) {
+    kernels::rope_params& r = kw.rope;
+    r.q = q.data;
+    r.k = k.data;
+    r.positions = in.positions.as<int32_t>();
+    r.n_tokens = q.rows;
+    r.n_q_heads = q_heads;
+    r.n_kv_heads = kv_heads;
+    r.head_dim = head_dim;
+    r.rotary_dim = rotary_dim;
+    r.q_stride = q.stride;
+    r.k_stride = k.stride;
+    r.theta = theta;
+  }
   kernels::run(kw, ctx);
   update_page_summaries(cache, k, kv_heads, head_dim, in, ctx);
 }
@@ -460,12 +458,9 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
                                                        " for " + std::to_string(qw) + " columns");
   if (T == 0) return;
   const f32_rows q{qkv.data, T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
-  if (w.rotary_dim > 0) {
-    apply_rope(q, k, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, ctx);
-    profile(ctx, "attn.rope", 2.0 * sizeof(float) * static_cast<double>(T * (qw + kw)));
-  }
-  write_kv(k, v, w.kv_heads, w.head_dim, in, cache, ctx);
-  profile(ctx, "attn.kv_write", 4.0 * sizeof(float) * static_cast<double>(T * kw));
+  rope_write_kv(q, k, v, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, cache, ctx);
+  profile(ctx, w.rotary_dim > 0 ? "attn.rope+kv_write" : "attn.kv_write",
+          sizeof(float) * static_cast<double>(T * (4 * kw + (w.rotary_dim > 0 ? 2 * (qw + kw) : 0))));
   kernels::paged_attention_params a = paged_attention_of(q, out, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
   a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
   if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {

@@ -183,12 +183,12 @@ void place(attention_weights& w, device_kind device, dtype weight_type = dtype::
 void run_attention(const kernels::paged_attention_params& a, const step_inputs& in, const exec_context& ctx);
 // The steps every attention variant takes on its projected q, k, v ([T, heads·head_dim] rows,
 // each a whole tensor or a part of the fused projection's output: f32_rows), T > 0:
-// RoPE in place on q and k over the step's positions;
-void apply_rope(f32_rows q, f32_rows k, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim,
-                float theta, const step_inputs& in, const exec_context& ctx);
-// k and v into the paged cache at the step's locations, then the pages' summaries (sparse);
-void write_kv(f32_rows k, f32_rows v, int64_t kv_heads, int64_t head_dim, const step_inputs& in,
-              kv_layer_cache& cache, const exec_context& ctx);
+// RoPE in place on q and k over the step's positions (rotary_dim 0: none), k and v into the paged
+// cache at the step's locations (one kv_write op, rotation included), then the pages' summaries
+// (sparse);
+void rope_write_kv(f32_rows q, f32_rows k, f32_rows v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                   int64_t rotary_dim, float theta, const step_inputs& in, kv_layer_cache& cache,
+                   const exec_context& ctx);
 // the paged attention of q over the cache into out [T, q_heads·head_dim], on the step's pages or
 // those the sparse selection keeps; the caller sets the softmax scale and any max_q_len hint.
 kernels::paged_attention_params paged_attention_of(f32_rows q, f32_rows out, int64_t q_heads, int64_t kv_heads,

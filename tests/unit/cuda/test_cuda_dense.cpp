@@ -6,6 +6,7 @@
 // embedding, argmax and kv_write exact.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -536,6 +537,108 @@ INSTANTIATE_TEST_SUITE_P(Grid, KvWriteCuda,
                            return "Cuda_f32_tokens" + std::to_string(c.n_tokens) + "_kvheads" +
                                   std::to_string(c.kv_heads) + "_hd" + std::to_string(c.head_dim) +
                                   (c.pad ? "_padded" : "") + (c.padding_rows ? "_pad" : "");
+                         });
+
+// kv_write with the rotary embedding folded in (one kernel): the same bits as the CUDA rope op
+// and then the CUDA kv_write (q and k rotated in place, the cache holding the rotated k), and the
+// CPU ops' values within the rope tolerance; f32 and bf16 caches, padding rows, partial rotary.
+struct rope_kv_case {
+  int n_tokens, q_heads, kv_heads, head_dim, rotary_dim;
+  bool bf16;
+};
+
+class KvWriteRopeCuda : public testing::TestWithParam<rope_kv_case> {};
+
+TEST_P(KvWriteRopeCuda, EqualsRopeThenKvWrite) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const rope_kv_case& c = GetParam();
+  const int64_t qw = static_cast<int64_t>(c.q_heads) * c.head_dim, kw = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+  const int64_t ld = qw + 2 * kw;  // q | k | v rows, as the fused projection leaves them
+  const int64_t n_locs = 2 * c.n_tokens + 3;
+  const std::vector<float> qkv = random_floats(static_cast<size_t>(c.n_tokens * ld), 71);
+  std::vector<int32_t> locs(static_cast<size_t>(c.n_tokens)), pos(static_cast<size_t>(c.n_tokens));
+  for (int t = 0; t < c.n_tokens; ++t) {
+    locs[t] = t % 4 == 3 ? -1 : static_cast<int32_t>(n_locs - 1 - 2 * t);
+    pos[t] = t % 2 == 0 ? 7 * t : 50000 + 13 * t;
+  }
+  const dtype cache_type = c.bf16 ? dtype::kBF16 : dtype::kF32;
+  const size_t cache_bytes = static_cast<size_t>(n_locs * kw) * dtype_size(cache_type);
+  auto dlocs = to_device(locs), dpos = to_device(pos);
+  // arm 0: rope then kv_write; arm 1: kv_write with rope.
+  std::vector<device_array<float>> rows;
+  std::vector<device_array<uint8_t>> kc, vc;
+  for (int arm = 0; arm < 2; ++arm) {
+    rows.push_back(to_device(qkv));
+    kc.emplace_back(cache_bytes);
+    vc.emplace_back(cache_bytes);
+    kc.back().fill_bytes(0xff);
+    vc.back().fill_bytes(0xff);
+  }
+  auto params = [&](int arm) {
+    kv_write_params p;
+    p.k = rows[arm].data() + qw;
+    p.v = rows[arm].data() + qw + kw;
+    p.locs = dlocs.data();
+    p.k_cache = kc[arm].data();
+    p.v_cache = vc[arm].data();
+    p.n_tokens = c.n_tokens;
+    p.kv_heads = c.kv_heads;
+    p.head_dim = c.head_dim;
+    p.k_stride = p.v_stride = ld;
+    p.kv_dtype = cache_type;
+    rope_params& r = p.rope;
+    r.q = rows[arm].data();
+    r.k = rows[arm].data() + qw;
+    r.positions = dpos.data();
+    r.n_tokens = c.n_tokens;
+    r.n_q_heads = c.q_heads;
+    r.n_kv_heads = c.kv_heads;
+    r.head_dim = c.head_dim;
+    r.rotary_dim = c.rotary_dim;
+    r.q_stride = r.k_stride = ld;
+    r.theta = 1e6f;
+    return p;
+  };
+  kv_write_params apart = params(0);
+  run_cuda(apart.rope);
+  apart.rope = rope_params{};
+  run_cuda(apart);
+  run_cuda(params(1));
+  device_synchronize();
+  expect_equal(rows[1].download(), rows[0].download(), "q | k | v rows");
+  expect_equal(kc[1].download(), kc[0].download(), "k_cache");
+  expect_equal(vc[1].download(), vc[0].download(), "v_cache");
+  // Against the CPU ops (an f32 cache: the rotation's tolerance as RopeCuda's).
+  if (c.bf16) return;
+  std::vector<float> host = qkv, kh(static_cast<size_t>(n_locs * kw), poison()), vh(kh.size(), poison());
+  kv_write_params pc = params(1);
+  pc.k = host.data() + qw;
+  pc.v = host.data() + qw + kw;
+  pc.locs = locs.data();
+  pc.k_cache = kh.data();
+  pc.v_cache = vh.data();
+  pc.rope.q = host.data();
+  pc.rope.k = host.data() + qw;
+  pc.rope.positions = pos.data();
+  run_cpu(pc);
+  std::vector<float> got_k(kh.size()), got_v(vh.size());
+  const std::vector<uint8_t> kb = kc[1].download(), vb = vc[1].download();
+  std::memcpy(got_k.data(), kb.data(), kb.size());
+  std::memcpy(got_v.data(), vb.data(), vb.size());
+  expect_match(rows[1].download(), host, 1e-5, 1e-4, "q | k | v rows");
+  expect_match(got_k, kh, 1e-5, 1e-4, "k_cache");
+  expect_match(got_v, vh, 0.0, 0.0, "v_cache");
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, KvWriteRopeCuda,
+                         testing::Values(rope_kv_case{1, 32, 8, 128, 128, false}, rope_kv_case{13, 16, 2, 64, 32, false},
+                                         rope_kv_case{9, 8, 8, 256, 64, true}, rope_kv_case{64, 32, 4, 128, 128, true}),
+                         [](const testing::TestParamInfo<rope_kv_case>& tp) {
+                           const auto& c = tp.param;
+                           return std::string(c.bf16 ? "Cuda_bf16cache" : "Cuda_f32cache") + "_tokens" +
+                                  std::to_string(c.n_tokens) + "_qheads" + std::to_string(c.q_heads) + "_kvheads" +
+                                  std::to_string(c.kv_heads) + "_hd" + std::to_string(c.head_dim) + "_rd" +
+                                  std::to_string(c.rotary_dim);
                          });
 
 }  // namespace

@@ -295,6 +295,26 @@ TEST(InvalidParams, Attention) {
   expect_invalid([&] { run_cpu(w); }, "locs[1] = -3");
   w.locs = nullptr;
   expect_invalid([&] { run_cpu(w); }, "locs = null");
+  // The rotary embedding folded into the write rotates these very k rows.
+  const std::vector<int32_t> locs_ok{0, 1}, pos{3, 4};
+  std::vector<float> q(8, 1.0f), other(8, 1.0f);
+  w.locs = locs_ok.data();
+  w.rope.q = q.data();
+  w.rope.k = other.data();
+  w.rope.positions = pos.data();
+  w.rope.n_tokens = 2;
+  w.rope.n_q_heads = 1;
+  w.rope.n_kv_heads = 1;
+  w.rope.head_dim = 4;
+  w.rope.rotary_dim = 4;
+  w.rope.q_stride = w.rope.k_stride = 4;
+  expect_invalid([&] { run_cpu(w); }, "rope.k = another pointer");
+  w.rope.k = f();
+  w.rope.n_tokens = 1;
+  expect_invalid([&] { run_cpu(w); }, "rope.n_tokens = 1");
+  w.rope.n_tokens = 2;
+  w.rope.rotary_dim = 3;
+  expect_invalid([&] { run_cpu(w); }, "rotary_dim = 3");
 }
 
 TEST(InvalidParams, SwigluAndArgmax) {

@@ -10,10 +10,14 @@
 #include <cstdint>
 
 #include "hyserve/common/dtype.h"
+#include "hyserve/kernels/rope.h"
 
 namespace hyserve::kernels {
 
-// Writes new K/V rows into the cache at flat locations.
+// Writes new K/V rows into the cache at flat locations. With rope.rotary_dim > 0 the rotary
+// embedding is applied first, in place, to rope.q and to k (rope.k must be k, rope.n_tokens
+// n_tokens), exactly as run(rope) would, and the cache takes the rotated k: on CUDA one kernel
+// for both, the bits of the two ops one after the other.
 struct kv_write_params {
   const float* __restrict__ k = nullptr;  // [n_tokens, kv_heads, head_dim], row stride k_stride
   const float* __restrict__ v = nullptr;  // [n_tokens, kv_heads, head_dim], row stride v_stride
@@ -24,6 +28,7 @@ struct kv_write_params {
   int64_t kv_heads = 0, head_dim = 0;
   int64_t k_stride = 0, v_stride = 0;
   dtype kv_dtype = dtype::kF32;  // f32 or bf16
+  rope_params rope;              // rotary_dim 0 (the default): none
 };
 
 void run_cpu(const kv_write_params& p);
