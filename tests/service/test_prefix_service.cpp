@@ -7,6 +7,10 @@
 // and free KV pages and state slots are back at their start values (no leak).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <chrono>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -169,6 +173,66 @@ TEST(PrefixTp2Service, OutputsMatchTheCacheOffAndFlushReturnsEverything) {
       },
       std::chrono::seconds(10)))
       << metrics_text(port);
+}
+
+// On by default: a config without cache.prefix serves a resent prompt from the cache. Under
+// determinism: batch_invariant with a prefill chunk no interval can divide (40 tokens: gcd(256,
+// 40) = 8, below a 16-token page), the service starts with the cache off, says why in its log
+// and refuses /flush_cache; asked for with enabled: true, the same config is a start-up error.
+std::string default_config(const std::string& extra) {
+  return "model: {path: @MODEL@}\nparallel: {tp: 1, dp: 1}\ncache: {page_size: 16, max_requests: 4, max_context: 256" +
+         extra + "}\nserver: {host: 127.0.0.1, port: @PORT@}\n";
+}
+
+int64_t cached_of(const http_reply& r) {
+  return r.json().at("meta_info").at("cached_tokens").to_number<int64_t>();
+}
+
+TEST(PrefixDefault, OnUnlessBatchInvariantCannotKeepItsBits) {
+  req r;
+  r.ids = reference().back().input_ids;
+  while (r.ids.size() < 100) r.ids.push_back(static_cast<int32_t>(3 + r.ids.size() % 50));
+  r.max_new = 4;
+  {
+    service_process on("prefix-default", default_config(""), 1);
+    on.launch();
+    ASSERT_NE(on.port(), 0) << on.report();
+    const http_reply first = http_post(on.port(), "/generate", body_of(r));
+    ASSERT_EQ(first.status, 200u) << first.describe();
+    const http_reply again = http_post(on.port(), "/generate", body_of(r));
+    ASSERT_EQ(again.status, 200u) << again.describe();
+    EXPECT_EQ(cached_of(first), 0);
+    EXPECT_GT(cached_of(again), 0) << again.body;
+    EXPECT_EQ(parse_generation(again).ids, parse_generation(first).ids);
+    EXPECT_EQ(on.log().find("prefix caching is off"), std::string::npos) << on.log_tail();
+  }
+  const std::string inv = "determinism: batch_invariant\nscheduler: {chunked_prefill: 40, max_batch_tokens: 128}\n";
+  {
+    service_process off("prefix-auto-off", default_config("") + inv, 1);
+    off.launch();
+    ASSERT_NE(off.port(), 0) << off.report();
+    const std::string log = off.log();
+    EXPECT_NE(log.find("prefix caching is off"), std::string::npos) << log;
+    EXPECT_NE(log.find("scheduler.chunked_prefill"), std::string::npos) << "the reason is not named:\n" << log;
+    const http_reply first = http_post(off.port(), "/generate", body_of(r));
+    ASSERT_EQ(first.status, 200u) << first.describe();
+    const http_reply again = http_post(off.port(), "/generate", body_of(r));
+    ASSERT_EQ(again.status, 200u) << again.describe();
+    EXPECT_EQ(cached_of(again), 0);
+    EXPECT_EQ(parse_generation(again).ids, parse_generation(first).ids);
+    const http_reply fl = http_post(off.port(), "/flush_cache", "{}");
+    EXPECT_EQ(fl.status, 400u) << fl.describe();
+    EXPECT_NE(fl.body.find("prefix caching is off"), std::string::npos) << fl.body;
+  }
+  service_process asked("prefix-asked", default_config(", prefix: {enabled: true}") + inv, 1);
+  ASSERT_TRUE(asked.start()) << asked.report();
+  const std::optional<int> status = asked.wait_exit(std::chrono::seconds(90));
+  ASSERT_TRUE(status.has_value()) << "the job did not end within 90 s\n" << asked.log_tail();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << service_process::describe_status(*status);
+  const std::string log = asked.log();
+  EXPECT_NE(log.find("[rank 0] configuration error"), std::string::npos) << log;
+  EXPECT_NE(log.find("scheduler.chunked_prefill"), std::string::npos) << log;
+  EXPECT_EQ(log.find("serving on"), std::string::npos) << log;
 }
 
 }  // namespace

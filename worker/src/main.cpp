@@ -96,8 +96,13 @@ int run(int argc, char** argv) {
     return 2;
   }
   service_config cfg;
+  model_config mc;
   try {
+    // As the coordinator does, before any collective call: a configuration it refuses ends every
+    // rank here, and the prefix cache is settled to the checkpoint slots it plans on.
     cfg = load_config_file(argv[1]);
+    mc = resolve_model_config(cfg);
+    settle_prefix_cache(cfg, mc);
   } catch (const error& e) {
     std::fprintf(stderr, "[rank %d] configuration error: %s\n", t.world_rank, e.what());
     return 1;
@@ -119,8 +124,6 @@ int run(int argc, char** argv) {
   std::unique_ptr<worker::collective> device_comm;  // the model's reductions when tp > 1
   std::unique_ptr<worker::runner> r;
   try {
-    const model_config mc = resolve_model_config(cfg);
-    settle_prefix_cache(cfg, mc);  // as the coordinator does: the checkpoint slots it plans on
     worker::fault_injection fault{cfg.worker.fault == worker_fault::kThrow ? cfg.worker.fail_at_step : -1,
                                   cfg.worker.fail_rank};
     // Device, cache share and the model's collective (hyserve/worker/tp_device.h): NCCL on
