@@ -20,6 +20,7 @@
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
+# decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
@@ -76,7 +77,7 @@ for s in "${stages[@]}"; do
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
-    families | model-tp2) targets+=(hyserve-bench-model) ;;
+    families | model-tp2 | decode-slices) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
     trace) targets+=(hyserve-bench-model) ;;
     cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
@@ -320,6 +321,16 @@ EOF2
       for f in ${TRACE_CONFIGS:-bamba-9b falcon-h1-7b nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small}; do
         stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
           --kernel-trace --json "$out/trace-$f.json"
+      done ;;
+    decode-slices)
+      # kernels.attn_decode_max_slices at batch 1, context 1024 (the combine kernel against fewer,
+      # longer slices): Falcon-H1-7B (attention in every layer) with the default and caps of 1,
+      # 2, 4 and 8 slices, one after the other.
+      stage "decode-slices-default" 90 "$bin/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
+        --batches 1 --decode-steps 16
+      for n in 1 2 4 8; do
+        stage "decode-slices-$n" 90 "$bin/hyserve-bench-model" \
+          "$(with_kernels configs/falcon-h1-7b-synthetic-cuda.yaml attn_decode_max_slices "$n")" --batches 1 --decode-steps 16
       done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do

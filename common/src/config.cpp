@@ -228,9 +228,9 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 // kernels' own choice. Integer keys take `default` or a value in their range.
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
-               {"attn_decode", "attn_decode_waves", "gdn_cluster", "gdn_decode", "gdn_max_tokens", "gdn_prefill",
-                "invariant_gemm", "norm_linear", "norm_linear_blocks_per_sm", "pdl", "skinny", "sparse_select", "ssd_max_tokens",
-                "ssd_scan", "ssm_update_unroll"});
+               {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "gdn_cluster", "gdn_decode",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "norm_linear", "norm_linear_blocks_per_sm", "pdl", "skinny",
+                "sparse_select", "ssd_max_tokens", "ssd_scan", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
   const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi) -> int32_t {
@@ -254,6 +254,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   };
   named("attn_decode", k.attn_decode, {"default", "simt", "mma"});
   integer("attn_decode_waves", k.attn_decode_waves, 1, 8);
+  integer("attn_decode_max_slices", k.attn_decode_max_slices, 1, 256);
   if_present(node, "gdn_cluster", [&](const YAML::Node& n) {
     static constexpr int32_t kSizes[] = {0, 1, 2, 4};
     k.gdn_cluster = kSizes[r.get_enum(n, path("gdn_cluster"), "cluster size", {"default", "1", "2", "4"})];

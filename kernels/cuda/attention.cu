@@ -424,6 +424,9 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       }
     }
   }
+  // kernels.attn_decode_max_slices: fewer, longer slices (at batch 1 and short contexts the
+  // combine kernel costs about what the decode kernel does).
+  if (const int cap = current_paths().attn_decode_max_slices; cap > 0) n_dec = std::min(n_dec, cap);
   const int n_part = decode_kernel ? n_dec : n_slices;
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
   const bool decode_only = decode_kernel && (tree.nodes > 0 || (p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&

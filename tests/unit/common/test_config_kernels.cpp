@@ -84,6 +84,11 @@ TEST(ConfigKernels, EveryNamedValueParses) {
   EXPECT_EQ(with_kernels("{attn_decode: default}").kernels.attn_decode, kp::attn_decode_kind::kDefault);
   EXPECT_EQ(with_kernels("{attn_decode_waves: default}").kernels.attn_decode_waves, 0);
   EXPECT_EQ(with_kernels("{attn_decode_waves: 8}").kernels.attn_decode_waves, 8);
+  EXPECT_EQ(with_kernels("{attn_decode_max_slices: default}").kernels.attn_decode_max_slices, 0);
+  EXPECT_EQ(with_kernels("{attn_decode_max_slices: 1}").kernels.attn_decode_max_slices, 1);
+  EXPECT_EQ(with_kernels("{attn_decode_max_slices: 256}").kernels.attn_decode_max_slices, 256);
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode_max_slices: 257}"), config_error,
+                    "kernels.attn_decode_max_slices: must be default or an integer in [1, 256], got '257'");
   EXPECT_EQ(with_kernels("{gdn_cluster: 1}").kernels.gdn_cluster, 1);
   EXPECT_EQ(with_kernels("{gdn_cluster: 2}").kernels.gdn_cluster, 2);
   EXPECT_EQ(with_kernels("{gdn_cluster: default}").kernels.gdn_cluster, 0);
@@ -154,7 +159,7 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_waves, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
   EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
 }

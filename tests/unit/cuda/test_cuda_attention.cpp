@@ -22,6 +22,7 @@
 
 #include "cuda_test_util.h"
 #include "hyserve/kernels/attention.h"
+#include "hyserve/kernels/paths.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -38,6 +39,7 @@ struct attn_case {
   std::vector<int> q_lens;    // per row; 0 = a row without queries
   std::vector<int> seq_lens;  // per row, including the new tokens
   int q_pad = 0;              // extra elements per q/out row stride
+  int max_slices = 0;         // kernels.attn_decode_max_slices (0: default)
 };
 
 class PagedAttentionCuda : public testing::TestWithParam<attn_case> {};
@@ -45,6 +47,9 @@ class PagedAttentionCuda : public testing::TestWithParam<attn_case> {};
 TEST_P(PagedAttentionCuda, MatchesCpu) {
   if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const attn_case& c = GetParam();
+  kernel_paths paths;
+  paths.attn_decode_max_slices = c.max_slices;
+  const paths_scope scope(paths);
   const int64_t batch = static_cast<int64_t>(c.q_lens.size());
   const int64_t kvh = c.kv_heads, qh = c.kv_heads * c.gqa, D = c.head_dim, ps = c.page_size;
   std::vector<int32_t> qsl{0};
@@ -123,8 +128,10 @@ TEST_P(PagedAttentionCuda, MatchesCpu) {
 }
 
 // Decode rows of batch size bs with lengths spread over [lo, hi].
-attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {
+attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi,
+                      int max_slices = 0) {
   attn_case c{std::move(label), kv_heads, gqa, hd, ps, {}, {}};
+  c.max_slices = max_slices;
   std::mt19937 gen(static_cast<uint32_t>(bs * 131 + hd));
   std::uniform_int_distribution<int> dist(lo, hi);
   for (int b = 0; b < bs; ++b) {
@@ -138,7 +145,8 @@ std::string attn_name(const testing::TestParamInfo<attn_case>& info) {
   const auto& c = info.param;
   return "Cuda_f32_" + c.label + "_kvheads" + std::to_string(c.kv_heads) + "_gqa" + std::to_string(c.gqa) + "_hd" +
          std::to_string(c.head_dim) + "_page" + std::to_string(c.page_size) + "_rows" +
-         std::to_string(c.q_lens.size()) + (c.q_pad ? "_padded" : "");
+         std::to_string(c.q_lens.size()) + (c.q_pad ? "_padded" : "") +
+         (c.max_slices > 0 ? "_maxslices" + std::to_string(c.max_slices) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -151,6 +159,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Batch 1 at short contexts: most slices past the row's end (exit; the combine skips
         // them), a single key, a partial last slice.
         decode_case("decode_bs1_ctx1024", 1, 8, 4, 128, 16, 1, 1024),
+        // kernels.attn_decode_max_slices: one slice (no combine) and four.
+        decode_case("decode_bs1_ctx1024", 1, 8, 4, 128, 16, 1, 1024, 1),
+        decode_case("decode_bs2_gqa6_ctx900", 2, 2, 6, 128, 16, 1, 900, 4),
         decode_case("decode_bs1_ctx1", 1, 8, 4, 128, 16, 1, 1),
         decode_case("decode_bs2_ctx77", 2, 8, 4, 128, 16, 1, 77),
         decode_case("decode_bs1_gqa3_ctx300", 1, 4, 3, 64, 16, 1, 300),  // decode kernel, G not a power of 2

@@ -19,6 +19,7 @@ TEST(KernelPaths, DefaultsOutsideAnyScope) {
   EXPECT_TRUE(k.pdl);
   EXPECT_TRUE(k.norm_linear);
   EXPECT_EQ(k.attn_decode_waves, 0);
+  EXPECT_EQ(k.attn_decode_max_slices, 0);
 }
 
 TEST(KernelPaths, ScopesNestAndRestore) {

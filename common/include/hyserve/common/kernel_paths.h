@@ -52,6 +52,9 @@ struct kernel_paths {
   bool batch_invariant = false;
   attn_decode_kind attn_decode = attn_decode_kind::kDefault;
   int32_t attn_decode_waves = 0;  // 1..8 waves of decode blocks; 0 = default (1 mma, 3 simt)
+  // 1..256: at most this many split-KV slices a decode row (1: no combine kernel); 0 = default
+  // (as many as attn_decode_waves asks for). The same for every row, so batch_invariant holds.
+  int32_t attn_decode_max_slices = 0;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
