@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
@@ -159,10 +160,17 @@ __global__ void __launch_bounds__(kRowThreads) rope_kernel(const rope_params p, 
   rope_token<T>(p, f, blockIdx.x, cos_sin);
 }
 
+// The kv_write kernel's frequency argument: the table with rope, nothing without (a write
+// without rope does not carry the 1 KB table into every launch).
+struct no_rope_freqs {};
+template <bool Rope>
+using kv_write_freqs = std::conditional_t<Rope, rope_freqs, no_rope_freqs>;
+
 // Activations T, cache element type S (f32 or bf16); Rope: q and k rotated first (p.rope), k then
 // read back through p.rope.k (the same rows) after the block's barrier.
 template <class T, class S, bool Vec, bool Rope>
-__global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p, const __grid_constant__ rope_freqs f) {
+__global__ void __launch_bounds__(kRowThreads) kv_write_kernel(const kv_write_params p,
+                                                               const __grid_constant__ kv_write_freqs<Rope> f) {
   pdl_begin();
   const int64_t t = blockIdx.x;
   const T* k = reinterpret_cast<const T*>(p.k);
@@ -227,11 +235,11 @@ void launch_kv_write(const kv_write_params& p, const rope_freqs& f, cudaStream_t
     using S = storage_t<decltype(tag)::value>;
     const bool vec =
         vector_ok({p.k, p.v, p.k_cache, p.v_cache}, {row, p.k_stride, p.v_stride}, std::is_same_v<T, S> ? pack16<T>::kN : 8);
-    auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kRowThreads), smem, stream, p, f); };
+    auto go = [&](auto kernel, const auto& freqs) { launch_pdl(kernel, grid, dim3(kRowThreads), smem, stream, p, freqs); };
     if (rope)
-      vec ? go(kv_write_kernel<T, S, true, true>) : go(kv_write_kernel<T, S, false, true>);
+      vec ? go(kv_write_kernel<T, S, true, true>, f) : go(kv_write_kernel<T, S, false, true>, f);
     else
-      vec ? go(kv_write_kernel<T, S, true, false>) : go(kv_write_kernel<T, S, false, false>);
+      vec ? go(kv_write_kernel<T, S, true, false>, no_rope_freqs{}) : go(kv_write_kernel<T, S, false, false>, no_rope_freqs{});
   });
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
