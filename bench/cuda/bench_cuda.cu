@@ -16,7 +16,8 @@
 //                                 and the tensor-core path), moe (the Qwen3-Next MoE layer: hidden
 //                                 2048, 512 experts top 10 of width 512, shared expert 512, bf16
 //                                 weights, at 1, 64 and 8192 tokens; the routed-experts op alone
-//                                 and the whole layer with router and shared expert),
+//                                 (at 1 token also its split decode path) and the whole layer
+//                                 with router and shared expert),
 //                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
 //                                 determinism fast and batch_invariant)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
@@ -521,6 +522,14 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     const double io = 4.0 * 2 * T * H;
     const double us_op = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
     rows.push_back({"moe_experts", "qwen3next E512 k10 I512", static_cast<int>(T), us_op, distinct * expert_bytes + io});
+    if (T == 1) {  // the decode path's two fused kernels (the default) against its four
+      kernel_paths split;
+      split.moe_decode = kernel_paths::moe_decode_kind::kSplit;
+      const paths_scope scope(split);
+      const double us_split = time_call_us(stream, 1, [&](int) { run_cuda(p, stream); });
+      rows.push_back({"moe_experts", "qwen3next E512 k10 I512 split", static_cast<int>(T), us_split,
+                      distinct * expert_bytes + io});
+    }
     const double us_layer = time_call_us(stream, 1, [&](int) {
       run_cuda(r, stream);  // router
       run_cuda(p, stream);

@@ -1,5 +1,6 @@
 // The routed-experts op on the GPU (moe.h), with no host synchronisation (steps 1-4 in one
-// block, moe_prepare_kernel, for up to 8 tokens and 1024 experts):
+// block, moe_prepare_kernel, for up to 8 tokens and 1024 experts; the decode path of bf16
+// weights fuses 1-4 into GEMM 1 and 7 into GEMM 2 instead: moe_decode.cuh):
 //   1. memset of the per-expert counts;
 //   2. router: one warp per token: scores (softmax or sigmoid), top-k by repeated warp arg-max
 //      (ties to the lower index), renormalisation, the selection sorted by expert index, and the
@@ -25,116 +26,19 @@
 #include "common.cuh"
 #include "hyserve/kernels/moe.h"
 #include "launch.cuh"
+#include "moe_decode.cuh"
 #include "moe_gemm.cuh"
+#include "moe_route.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
 namespace cuda_detail {
 namespace {
 
-constexpr int kMaxTopK = 32;
 constexpr int kRouteWarps = 4;
 constexpr int kScanThreads = 1024;
 
-// ---- 2. router ----------------------------------------------------------------------------
-
-struct route_args {
-  const float* logits = nullptr;
-  int64_t logits_stride = 0;
-  int64_t tokens = 0;
-  int experts = 0, top_k = 0;
-  bool softmax = true, norm = true;
-  int32_t* ids = nullptr;   // [tokens · top_k]
-  float* wts = nullptr;     // [tokens · top_k]
-  int32_t* counts = nullptr;  // [experts], zeroed
-  int32_t* user_ids = nullptr;
-  float* user_wts = nullptr;
-};
-
-// Token t by one warp: s, its scores (experts floats of shared memory), sel_id / sel_s its
-// selection (kMaxTopK of shared memory); counts gets one atomic increment per selected expert
-// (global or shared memory).
-__device__ void route_token(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s, int32_t* counts) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int E = a.experts;
-  const float* l = a.logits + t * a.logits_stride;
-  if (a.softmax) {
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) {
-      const float v = l[e];
-      s[e] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) {
-      const float v = expf(s[e] - mx);
-      s[e] = v;
-      sum += v;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < E; e += 32) s[e] = s[e] / sum;
-  } else {
-    for (int e = lane; e < E; e += 32) s[e] = 1.0f / (1.0f + expf(-l[e]));
-  }
-  // Scores are >= 0; NaN ranks below every number, -2 marks a taken expert. Each lane reads
-  // and writes only its own entries (e ≡ lane mod 32), so no barrier is needed between rounds.
-  for (int e = lane; e < E; e += 32)
-    if (!(s[e] >= 0.0f)) s[e] = -1.0f;
-  for (int j = 0; j < a.top_k; ++j) {
-    float best_s = -1.5f;
-    int best_e = INT_MAX;
-    for (int e = lane; e < E; e += 32) {
-      const float v = s[e];
-      if (v > best_s) {  // e ascending: a tie keeps the lower index
-        best_s = v;
-        best_e = e;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float os = __shfl_xor_sync(0xffffffffu, best_s, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (os > best_s || (os == best_s && oe < best_e)) {
-        best_s = os;
-        best_e = oe;
-      }
-    }
-    if (lane == 0) {
-      sel_id[j] = best_e;
-      sel_s[j] = best_s;
-    }
-    if (best_e < E && (best_e & 31) == lane) s[best_e] = -2.0f;
-  }
-  __syncwarp();
-  if (lane != 0) return;
-  const int k = a.top_k;
-  float top_sum = 0.0f;
-  for (int j = 0; j < k; ++j) top_sum += fmaxf(sel_s[j], 0.0f);  // selection order (the CPU op's)
-  for (int j = 1; j < k; ++j) {  // by expert index
-    const int id = sel_id[j];
-    const float sc = sel_s[j];
-    int i = j - 1;
-    while (i >= 0 && sel_id[i] > id) {
-      sel_id[i + 1] = sel_id[i];
-      sel_s[i + 1] = sel_s[i];
-      --i;
-    }
-    sel_id[i + 1] = id;
-    sel_s[i + 1] = sc;
-  }
-  for (int j = 0; j < k; ++j) {
-    const int e = sel_id[j];
-    const float sc = fmaxf(sel_s[j], 0.0f);
-    const float w = a.norm ? sc / top_sum : sc;
-    const int64_t i = t * k + j;
-    a.ids[i] = e;
-    a.wts[i] = w;
-    if (a.user_ids) a.user_ids[i] = e;
-    if (a.user_wts) a.user_wts[i] = w;
-    atomicAdd(counts + e, 1);
-  }
-}
+// ---- 2. router (route_token: moe_route.cuh) ------------------------------------------------
 
 __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const route_args a) {
   extern __shared__ float route_scores[];  // [kRouteWarps][experts]
@@ -299,6 +203,20 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   const int64_t T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, k = p.top_k, R = T * k;
   const moe_gemm_path path = choose_moe_gemm<W>(R, E);
   const int bm = moe_tile_rows(path);
+  route_args ra;
+  ra.logits = p.router_logits;
+  ra.logits_stride = p.logits_stride;
+  ra.tokens = T;
+  ra.experts = static_cast<int>(E);
+  ra.top_k = static_cast<int>(k);
+  ra.softmax = p.scoring == moe_scoring::kSoftmax;
+  ra.norm = p.norm_topk_prob;
+  ra.user_ids = p.topk_ids;
+  ra.user_wts = p.topk_weights;
+  if constexpr (std::is_same_v<W, bf16>) {
+    // A few tokens: the two fused kernels (moe_decode.cuh), the same bits as the path below.
+    if (path == moe_gemm_path::kGemv && moe_decode_takes(p)) return run_moe_decode(p, ra, stream);
+  }
   // Scratch, one allocation.
   size_t off = 0;
   auto carve = [&](size_t bytes) {
@@ -324,19 +242,9 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   auto* act = reinterpret_cast<W*>(base + o_act);
   auto* y = reinterpret_cast<float*>(base + o_y);
 
-  route_args ra;
-  ra.logits = p.router_logits;
-  ra.logits_stride = p.logits_stride;
-  ra.tokens = T;
-  ra.experts = static_cast<int>(E);
-  ra.top_k = static_cast<int>(k);
-  ra.softmax = p.scoring == moe_scoring::kSoftmax;
-  ra.norm = p.norm_topk_prob;
   ra.ids = ids;
   ra.wts = wts;
   ra.counts = counts;
-  ra.user_ids = p.topk_ids;
-  ra.user_wts = p.topk_weights;
   if (T <= kPrepWarps && E <= kPrepMaxExperts) {
     const size_t smem = prepare_smem_bytes(E);
     if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(moe_prepare_kernel<W>), smem);

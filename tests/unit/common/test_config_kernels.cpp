@@ -30,6 +30,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kDefault);
     EXPECT_EQ(k.gdn_max_tokens, 0);
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
+    EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_TRUE(k.pdl);
@@ -51,6 +52,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_max_tokens: 32768
   gdn_prefill: tf32
   invariant_gemm: cublaslt
+  moe_decode: split
   norm_linear: false
   norm_linear_blocks_per_sm: 3
   pdl: false
@@ -67,6 +69,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_max_tokens, 32768);
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
+  EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_FALSE(k.pdl);
@@ -160,6 +163,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, gdn_cluster,");
+  EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
+                    "kernels.moe_decode: unknown path 'grouped' (known: default, fused, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
   EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
 }

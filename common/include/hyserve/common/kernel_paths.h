@@ -23,6 +23,10 @@ struct kernel_paths {
   // (cublaslt) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, a
   // 32 MB workspace; layouts it does not take stay on the kernels).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
+  // `moe_decode`: the routed experts of up to 8 tokens (bf16 weights, fast mode): default (fused)
+  // | fused (routing in the up-projection kernel, the combine in the down projection's: two
+  // kernels) | split (prepare, two GEMVs, combine: four). The same bits either way.
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -60,6 +64,7 @@ struct kernel_paths {
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
   gdn_prefill_kind gdn_prefill = gdn_prefill_kind::kDefault;
   invariant_gemm_kind invariant_gemm = invariant_gemm_kind::kDefault;
+  moe_decode_kind moe_decode = moe_decode_kind::kDefault;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
   bool pdl = true;                     // false: no programmatic dependent launch anywhere

@@ -1,0 +1,304 @@
+#pragma once
+// The routed-experts op's decode path (moe.cu, the only includer; internal linkage): bf16
+// weights, fast mode, up to kDecodeMaxTokens tokens and tokens · top_k <= kDecodeMaxRows pairs,
+// in two kernels instead of four (prepare, GEMV 1, GEMV 2, combine: moe.cu, moe_gemm.cuh):
+//   up:   every block routes all the tokens itself (route_token, a warp a token, into shared
+//         memory) and orders the (token, slot) pairs by expert, ties by pair index: the same
+//         order in every block, without atomics. Block (x, y) takes the x-th active expert
+//         (ascending index) and 8 of its outputs, a warp each:
+//         act[row] = bf16(silu(x_t · gate_eᵀ) ⊙ (x_t · up_eᵀ)), x rounded to bf16 as it is read.
+//         Block (0, 0) also writes the routing (each pair's expert, weight and row) for the down
+//         kernel, and the caller's topk outputs.
+//   down: block (t, y): token t and 8 output columns, a warp each; for each of t's experts in
+//         ascending index order, y_e = act[row(t, e)] · down_e[col]ᵀ, and
+//         out[t, col] (= or +=) Σ w_e · y_e, added in that order.
+// Every value is computed with the GEMV kernel's arithmetic (moe_gemm.cuh: lane l takes the
+// 16-byte chunks l, l + 32, … in order, fmaf over their 8 elements, then warp_sum) and the
+// combine kernel's (acc += w · y over the token's experts in ascending order, from out or 0), so
+// the results are those of the four-kernel path bit for bit (kernels.moe_decode: split; test
+// CudaMoe.FusedDecodeIsTheSplitPathBitForBit). What the fusion saves is two dependent kernel
+// boundaries a layer (the prepare kernel and the combine), the scratch copy of x in bf16 and the
+// f32 rows of the down projection.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+#include "hyserve/kernels/moe.h"
+#include "hyserve/kernels/paths.h"
+#include "launch.cuh"
+#include "moe_route.cuh"
+#include "stream_alloc.h"
+
+namespace hyserve::kernels::cuda_detail {
+namespace {
+
+constexpr int kDecodeWarps = 8, kDecodeThreads = 32 * kDecodeWarps;
+constexpr int64_t kDecodeMaxTokens = kDecodeWarps;  // a routing warp a token
+constexpr int kDecodeMaxRows = 64;                  // (token, slot) pairs
+constexpr int64_t kDecodeMaxExperts = 1024;
+constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
+constexpr size_t kDecodeMaxActBytes = 48 * 1024;  // the down kernel's staged act rows of a token
+
+struct decode_args {
+  route_args route;  // logits, sizes, scoring; its ids / wts / counts are the kernels' own
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  const __nv_bfloat16* gate_up = nullptr;  // [experts, 2·inter, hidden]
+  const __nv_bfloat16* down = nullptr;     // [experts, hidden, inter]
+  int64_t hidden = 0, inter = 0;
+  __nv_bfloat16* act = nullptr;  // [pairs, inter]: scratch
+  int32_t* ids = nullptr;        // [pairs]: each pair's expert (scratch)
+  float* wts = nullptr;          // [pairs]: its weight (scratch)
+  int32_t* rows = nullptr;       // [pairs]: its row of act (scratch)
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  bool accumulate = false;
+};
+
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+__global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const decode_args d) {
+  extern __shared__ float up_scores[];  // [tokens][experts]
+  __shared__ int sel_id[kDecodeWarps][kMaxTopK];
+  __shared__ float sel_s[kDecodeWarps][kMaxTopK];
+  __shared__ int32_t s_ids[kDecodeMaxRows];
+  __shared__ float s_wts[kDecodeMaxRows];
+  __shared__ int s_first[kDecodeMaxRows];
+  __shared__ int s_row_token[kDecodeMaxRows];
+  __shared__ int s_tile_begin[kDecodeMaxRows], s_tile_rows[kDecodeMaxRows], s_tile_expert[kDecodeMaxRows];
+  __shared__ int s_tiles;
+  pdl_begin();  // the router's logits
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int T = static_cast<int>(d.route.tokens), K = d.route.top_k, R = T * K, E = d.route.experts;
+  const bool first_block = blockIdx.x == 0 && blockIdx.y == 0;
+
+  // 1. Routing of every token (the prepare kernel's route_token), into shared memory.
+  route_args a = d.route;
+  a.ids = s_ids;
+  a.wts = s_wts;
+  a.counts = nullptr;
+  if (!first_block) {
+    a.user_ids = nullptr;
+    a.user_wts = nullptr;
+  }
+  if (tid == 0) s_tiles = 0;
+  if (warp < T) route_token(a, warp, up_scores + static_cast<int64_t>(warp) * E, sel_id[warp], sel_s[warp], nullptr);
+  __syncthreads();
+
+  // 2. The pairs by expert, ties by pair index: pair i's row = #{pairs of a lower expert} +
+  // #{earlier pairs of its expert}; the x-th active expert (ascending) is tile x.
+  int e = 0, below = 0, before = 0, count = 0;
+  if (tid < R) {
+    e = s_ids[tid];
+    for (int i = 0; i < R; ++i) {
+      const int f = s_ids[i];
+      below += f < e;
+      count += f == e;
+      before += f == e && i < tid;
+    }
+    s_first[tid] = before == 0;
+  }
+  __syncthreads();
+  if (tid < R) {
+    const int row = below + before;
+    s_row_token[row] = tid / K;
+    if (before == 0) {
+      int tile = 0;  // active experts below e
+      for (int i = 0; i < R; ++i) tile += s_first[i] && s_ids[i] < e;
+      s_tile_expert[tile] = e;
+      s_tile_begin[tile] = below;
+      s_tile_rows[tile] = count;
+      atomicAdd(&s_tiles, 1);
+    }
+    if (first_block) {  // the down kernel's routing
+      d.ids[tid] = e;
+      d.wts[tid] = s_wts[tid];
+      d.rows[tid] = row;
+    }
+  }
+  __syncthreads();
+  if (static_cast<int>(blockIdx.x) >= s_tiles) return;  // uniform over the block; no barrier below
+
+  // 3. The GEMV of moe_gemv_kernel<true> (gate and up rows of one output a warp) over the tile's
+  // rows, x read in f32 and rounded to bf16 (the split path's xa).
+  constexpr int S = 2, U = 4;
+  const int tile = static_cast<int>(blockIdx.x);
+  const int ex = s_tile_expert[tile], row_begin = s_tile_begin[tile], row_end = row_begin + s_tile_rows[tile];
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
+  if (j >= d.inter) return;
+  const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(ex) * 2 * d.inter * d.hidden;
+  const uint4* wrow[S] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
+                          reinterpret_cast<const uint4*>(B + (d.inter + j) * d.hidden)};
+  const int64_t chunks = d.hidden / 8;
+  for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+    const int nr = min(4, row_end - r0);
+    const float4* xrow[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr)
+      xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
+    float acc[S][4] = {};
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
+      uint4 w[U][S];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + 32 * u;
+#pragma unroll
+        for (int s = 0; s < S; ++s) w[u][s] = c < chunks ? __ldcs(wrow[s] + c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+          if (rr >= nr) break;
+          const float4 x0 = __ldg(xrow[rr] + 2 * c), x1 = __ldg(xrow[rr] + 2 * c + 1);
+          const float x[8] = {bf16_round(x0.x), bf16_round(x0.y), bf16_round(x0.z), bf16_round(x0.w),
+                              bf16_round(x1.x), bf16_round(x1.y), bf16_round(x1.z), bf16_round(x1.w)};
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            float wf[8];
+            bf16x8_to_float(w[u][s], wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[s][rr] = fmaf(x[i], wf[i], acc[s][rr]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) acc[s][rr] = warp_sum(acc[s][rr]);
+    if (lane != 0) continue;
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      if (rr >= nr) break;
+      const float gate = acc[0][rr];
+      d.act[static_cast<int64_t>(r0 + rr) * d.inter + j] = __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][rr]);
+    }
+  }
+}
+
+// CPL: 16-byte chunks of a down row a lane (inter <= 256 · CPL); G experts' loads in flight.
+template <int CPL>
+__global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const decode_args d) {
+  constexpr int G = 24 / CPL;
+  extern __shared__ uint4 down_act[];  // [top_k][inter / 8]: the token's act rows
+  __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
+  __shared__ float s_w[kMaxTopK];
+  pdl_begin();  // act and the routing of the up kernel
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int K = d.route.top_k;
+  const int64_t t = blockIdx.x, chunks = d.inter / 8;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
+  if (tid < K) {
+    s_e[tid] = d.ids[t * K + tid];
+    s_w[tid] = d.wts[t * K + tid];
+    s_row[tid] = d.rows[t * K + tid];
+  }
+  __syncthreads();
+  const bool active = col < d.hidden;
+  uint4 w[G][CPL];
+  auto load_group = [&](int j0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const bool used = j0 + g < K;
+      const uint4* row = reinterpret_cast<const uint4*>(
+          d.down + (static_cast<int64_t>(s_e[used ? j0 + g : 0]) * d.hidden + col) * d.inter);
+#pragma unroll
+      for (int m = 0; m < CPL; ++m) {
+        const int64_t c = lane + 32 * m;
+        w[g][m] = used && c < chunks ? __ldcs(row + c) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  if (active) load_group(0);  // in flight while the act rows are staged
+  for (int64_t i = tid; i < K * chunks; i += kDecodeThreads) {
+    const int64_t jj = i / chunks, c = i - jj * chunks;
+    down_act[i] = __ldg(reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c);
+  }
+  __syncthreads();
+  if (!active) return;
+  float* o = d.out + t * d.out_stride + col;
+  float acc = d.accumulate ? *o : 0.0f;
+  for (int j0 = 0; j0 < K; j0 += G) {
+    if (j0 > 0) load_group(j0);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (j0 + g >= K) break;
+      float y = 0.0f;
+#pragma unroll
+      for (int m = 0; m < CPL; ++m) {
+        const int64_t c = lane + 32 * m;
+        if (c >= chunks) break;
+        float xf[8], wf[8];
+        bf16x8_to_float(down_act[(j0 + g) * chunks + c], xf);
+        bf16x8_to_float(w[g][m], wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y = fmaf(xf[i], wf[i], y);
+      }
+      y = warp_sum(y);
+      acc += s_w[j0 + g] * y;  // the combine kernel's sum
+    }
+  }
+  if (lane == 0) *o = acc;
+}
+
+// Whether the fused decode path takes a call of the op (bf16 weights, the GEMV path).
+bool moe_decode_takes(const moe_experts_params& p) {
+  if (current_paths().moe_decode == kernel_paths::moe_decode_kind::kSplit) return false;
+  const int64_t R = p.tokens * p.top_k, chunks = p.inter / 8;
+  return p.tokens <= kDecodeMaxTokens && R <= kDecodeMaxRows && p.experts <= kDecodeMaxExperts &&
+         chunks <= 32 * kDecodeMaxChunksPerLane &&
+         static_cast<size_t>(p.top_k * p.inter) * sizeof(__nv_bfloat16) <= kDecodeMaxActBytes &&
+         p.x_stride % 4 == 0 && aligned16(p.x);
+}
+
+template <int CPL>
+void launch_moe_decode_down(const decode_args& d, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(d.route.top_k * d.inter) * sizeof(__nv_bfloat16);
+  const dim3 grid(static_cast<unsigned>(d.route.tokens), static_cast<unsigned>(ceil_div(d.hidden, int64_t{kDecodeWarps})));
+  launch_pdl(moe_decode_down_kernel<CPL>, grid, dim3(kDecodeThreads), smem, stream, d);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+// The op on the decode path (moe_decode_takes holds): scratch, the up kernel, the down kernel.
+void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStream_t stream) {
+  const int64_t T = p.tokens, I = p.inter, E = p.experts, R = T * p.top_k;
+  const size_t act_bytes = (static_cast<size_t>(R * I) * sizeof(__nv_bfloat16) + 255) & ~size_t{255};
+  const size_t small = (static_cast<size_t>(R) * 4 + 255) & ~size_t{255};
+  char* base = nullptr;
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&base), act_bytes + 3 * small, stream));
+  decode_args d;
+  d.route = ra;
+  d.x = p.x;
+  d.x_stride = p.x_stride;
+  d.gate_up = static_cast<const __nv_bfloat16*>(p.gate_up);
+  d.down = static_cast<const __nv_bfloat16*>(p.down);
+  d.hidden = p.hidden;
+  d.inter = I;
+  d.act = reinterpret_cast<__nv_bfloat16*>(base);
+  d.ids = reinterpret_cast<int32_t*>(base + act_bytes);
+  d.wts = reinterpret_cast<float*>(base + act_bytes + small);
+  d.rows = reinterpret_cast<int32_t*>(base + act_bytes + 2 * small);
+  d.out = p.out;
+  d.out_stride = p.out_stride;
+  d.accumulate = p.accumulate;
+
+  const size_t up_smem = static_cast<size_t>(T * E) * sizeof(float);
+  const dim3 up_grid(static_cast<unsigned>(std::min(E, R)), static_cast<unsigned>(ceil_div(I, int64_t{kDecodeWarps})));
+  launch_pdl(moe_decode_up_kernel, up_grid, dim3(kDecodeThreads), up_smem, stream, d);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  switch (ceil_div(I / 8, int64_t{32})) {
+    case 1: launch_moe_decode_down<1>(d, stream); break;
+    case 2: launch_moe_decode_down<2>(d, stream); break;
+    case 3: launch_moe_decode_down<3>(d, stream); break;
+    default: launch_moe_decode_down<4>(d, stream); break;
+  }
+  CUDA_CHECK(scratch_free(base, stream));
+}
+
+}  // namespace
+}  // namespace hyserve::kernels::cuda_detail

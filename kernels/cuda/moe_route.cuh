@@ -1,0 +1,115 @@
+#pragma once
+// The router of the routed-experts op (moe.h) on the GPU, one warp a token: the scores (softmax
+// or sigmoid), the top-k by repeated warp arg-max (ties to the lower index), the renormalisation
+// and the selection sorted by expert index. Shared by moe.cu's router and prepare kernels and by
+// the fused decode kernels (moe_decode.cuh). Internal linkage: moe.cu is the only includer.
+#include <climits>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace {
+
+constexpr int kMaxTopK = 32;
+
+struct route_args {
+  const float* logits = nullptr;
+  int64_t logits_stride = 0;
+  int64_t tokens = 0;
+  int experts = 0, top_k = 0;
+  bool softmax = true, norm = true;
+  int32_t* ids = nullptr;   // [tokens · top_k]
+  float* wts = nullptr;     // [tokens · top_k]
+  int32_t* counts = nullptr;  // [experts], zeroed
+  int32_t* user_ids = nullptr;
+  float* user_wts = nullptr;
+};
+
+// Token t by one warp: s, its scores (experts floats of shared memory), sel_id / sel_s its
+// selection (kMaxTopK of shared memory); counts gets one atomic increment per selected expert
+// (global or shared memory; null: none).
+__device__ __forceinline__ void route_token(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s, int32_t* counts) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int E = a.experts;
+  const float* l = a.logits + t * a.logits_stride;
+  if (a.softmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) {
+      const float v = l[e];
+      s[e] = v;
+      mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      const float v = expf(s[e] - mx);
+      s[e] = v;
+      sum += v;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) s[e] = s[e] / sum;
+  } else {
+    for (int e = lane; e < E; e += 32) s[e] = 1.0f / (1.0f + expf(-l[e]));
+  }
+  // Scores are >= 0; NaN ranks below every number, -2 marks a taken expert. Each lane reads
+  // and writes only its own entries (e ≡ lane mod 32), so no barrier is needed between rounds.
+  for (int e = lane; e < E; e += 32)
+    if (!(s[e] >= 0.0f)) s[e] = -1.0f;
+  for (int j = 0; j < a.top_k; ++j) {
+    float best_s = -1.5f;
+    int best_e = INT_MAX;
+    for (int e = lane; e < E; e += 32) {
+      const float v = s[e];
+      if (v > best_s) {  // e ascending: a tie keeps the lower index
+        best_s = v;
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float os = __shfl_xor_sync(0xffffffffu, best_s, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (os > best_s || (os == best_s && oe < best_e)) {
+        best_s = os;
+        best_e = oe;
+      }
+    }
+    if (lane == 0) {
+      sel_id[j] = best_e;
+      sel_s[j] = best_s;
+    }
+    if (best_e < E && (best_e & 31) == lane) s[best_e] = -2.0f;
+  }
+  __syncwarp();
+  if (lane != 0) return;
+  const int k = a.top_k;
+  float top_sum = 0.0f;
+  for (int j = 0; j < k; ++j) top_sum += fmaxf(sel_s[j], 0.0f);  // selection order (the CPU op's)
+  for (int j = 1; j < k; ++j) {  // by expert index
+    const int id = sel_id[j];
+    const float sc = sel_s[j];
+    int i = j - 1;
+    while (i >= 0 && sel_id[i] > id) {
+      sel_id[i + 1] = sel_id[i];
+      sel_s[i + 1] = sel_s[i];
+      --i;
+    }
+    sel_id[i + 1] = id;
+    sel_s[i + 1] = sc;
+  }
+  for (int j = 0; j < k; ++j) {
+    const int e = sel_id[j];
+    const float sc = fmaxf(sel_s[j], 0.0f);
+    const float w = a.norm ? sc / top_sum : sc;
+    const int64_t i = t * k + j;
+    a.ids[i] = e;
+    a.wts[i] = w;
+    if (a.user_ids) a.user_ids[i] = e;
+    if (a.user_wts) a.user_wts[i] = w;
+    if (counts != nullptr) atomicAdd(counts + e, 1);
+  }
+}
+
+}  // namespace
+}  // namespace hyserve::kernels::cuda_detail

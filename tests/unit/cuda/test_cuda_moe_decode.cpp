@@ -1,0 +1,130 @@
+// The routed-experts op's fused decode path (kernels.moe_decode: fused, the default: routing in
+// the up-projection kernel, the combine in the down projection's) against its four-kernel path
+// (split) on the same inputs: outputs, top-k ids and weights identical bit for bit. bf16
+// weights, fast mode, over tokens {1, 3, 8} × experts {4, 72, 512} × top_k {1, 2, 8, 10} (pairs
+// <= 64), expert widths 64, 512, 768 and 1024 (every chunks-a-lane variant of the down kernel),
+// softmax and sigmoid scoring, raw and renormalised weights, out written and accumulated, router
+// ties (logits on an integer grid) and experts that get no token. The values against the CPU op
+// are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default.
+// Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hyserve/kernels/device.h"
+
+#if defined(HYSERVE_HAVE_CUDA)
+
+#include "cuda_test_util.h"
+#include "hyserve/kernels/moe.h"
+#include "hyserve/kernels/paths.h"
+
+namespace hyserve::kernels {
+namespace {
+
+struct decode_case {
+  int64_t T, H, I, E, k;
+  moe_scoring scoring = moe_scoring::kSoftmax;
+  bool norm = true;
+  bool accumulate = false;
+};
+
+struct decode_result {
+  std::vector<float> out, weights;
+  std::vector<int32_t> ids;
+};
+
+decode_result run_path(moe_experts_params p, kernel_paths::moe_decode_kind kind, const std::vector<float>& out0) {
+  kernel_paths paths;
+  paths.moe_decode = kind;
+  const paths_scope scope(paths);
+  device_array<float> d_out(out0);
+  device_array<int32_t> d_ids(static_cast<size_t>(p.tokens * p.top_k));
+  device_array<float> d_w(static_cast<size_t>(p.tokens * p.top_k));
+  d_ids.fill_bytes(0xff);
+  d_w.fill_bytes(0xff);
+  p.out = d_out.data();
+  p.topk_ids = d_ids.data();
+  p.topk_weights = d_w.data();
+  run_cuda(p);
+  device_synchronize();
+  return {d_out.download(), d_w.download(), d_ids.download()};
+}
+
+size_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+void check_decode(const decode_case& c, uint32_t seed) {
+  const std::string what = "T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) +
+                           " E " + std::to_string(c.E) + " k " + std::to_string(c.k) +
+                           (c.scoring == moe_scoring::kSoftmax ? " softmax" : " sigmoid") + (c.norm ? " norm" : " raw") +
+                           (c.accumulate ? " accumulate" : "");
+  const size_t TH = static_cast<size_t>(c.T * c.H);
+  const std::vector<float> x = cuda_test::random_floats(TH, seed, -1, 1);  // rounded to bf16 by the kernels
+  std::vector<float> logits = cuda_test::random_floats(static_cast<size_t>(c.T * c.E), seed + 1, -3, 3);
+  for (float& v : logits) v = std::round(v);  // ties
+  if (c.E >= 2 * c.k)  // the upper half of the experts gets no token
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t e = c.E / 2; e < c.E; ++e) logits[static_cast<size_t>(t * c.E + e)] = -30.0f;
+  const float ws = 2.0f / std::sqrt(static_cast<float>(c.H)), wd = 2.0f / std::sqrt(static_cast<float>(c.I));
+  const device_array<uint16_t> gate_up(
+      cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.E * 2 * c.I * c.H), seed + 2, -ws, ws)));
+  const device_array<uint16_t> down(
+      cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.E * c.H * c.I), seed + 3, -wd, wd)));
+  const device_array<float> d_x(x), d_logits(logits);
+  const std::vector<float> out0 =
+      c.accumulate ? cuda_test::random_floats(TH, seed + 4) : std::vector<float>(TH, cuda_test::poison());
+
+  moe_experts_params p;
+  p.x = d_x.data();
+  p.router_logits = d_logits.data();
+  p.gate_up = gate_up.data();
+  p.down = down.data();
+  p.tokens = c.T;
+  p.hidden = c.H;
+  p.inter = c.I;
+  p.experts = c.E;
+  p.top_k = c.k;
+  p.x_stride = p.out_stride = c.H;
+  p.logits_stride = c.E;
+  p.scoring = c.scoring;
+  p.norm_topk_prob = c.norm;
+  p.accumulate = c.accumulate;
+  p.w_dtype = dtype::kBF16;
+  const decode_result split = run_path(p, kernel_paths::moe_decode_kind::kSplit, out0);
+  const decode_result fused = run_path(p, kernel_paths::moe_decode_kind::kFused, out0);
+  cuda_test::expect_equal(fused.ids, split.ids, what + " ids");
+  EXPECT_EQ(bit_differences(fused.weights, split.weights), 0u) << what << " weights";
+  EXPECT_EQ(bit_differences(fused.out, split.out), 0u) << what << " out";
+  size_t written = 0;  // not a vacuous comparison: every output written, finite
+  for (float v : fused.out) written += std::isfinite(v) ? 1 : 0;
+  EXPECT_EQ(written, fused.out.size()) << what << " out written";
+}
+
+TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 3000;
+  for (int64_t E : {4, 72, 512})
+    for (int64_t k : {1, 2, 8, 10})
+      for (int64_t T : {1, 3, 8}) {
+        if (k > E || T * k > 64) continue;
+        check_decode({T, 128, 64, E, k}, seed += 5);
+      }
+  // Expert widths of 2, 3 and 4 chunks a lane in the down kernel; other scorings; accumulate.
+  check_decode({1, 256, 512, 128, 10}, seed += 5);
+  check_decode({6, 256, 768, 72, 10, moe_scoring::kSoftmax, true, true}, seed += 5);
+  check_decode({8, 128, 1024, 16, 8, moe_scoring::kSigmoid, false}, seed += 5);
+  check_decode({2, 136, 64, 64, 8, moe_scoring::kSigmoid, true, true}, seed += 5);
+  check_decode({5, 2048, 512, 16, 10}, seed += 5);
+}
+
+}  // namespace
+}  // namespace hyserve::kernels
+
+#endif  // HYSERVE_HAVE_CUDA
