@@ -21,6 +21,8 @@
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
+# moe-decode (the MoE families' batch-1 and batch-8 steps with kernels.moe_decode default and split:
+# Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
@@ -77,7 +79,7 @@ for s in "${stages[@]}"; do
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
-    families | model-tp2 | decode-slices) targets+=(hyserve-bench-model) ;;
+    families | model-tp2 | decode-slices | moe-decode) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
     trace) targets+=(hyserve-bench-model) ;;
     cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
@@ -331,6 +333,14 @@ EOF2
       for n in 1 2 4 8; do
         stage "decode-slices-$n" 90 "$bin/hyserve-bench-model" \
           "$(with_kernels configs/falcon-h1-7b-synthetic-cuda.yaml attn_decode_max_slices "$n")" --batches 1 --decode-steps 16
+      done ;;
+    moe-decode)
+      # The routed experts of a decode step in two fused kernels (the default) against the four of
+      # kernels.moe_decode: split, one config after the other.
+      for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
+        stage "moe-decode-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,8 --decode-steps 16
+        stage "moe-decode-$f-split" 120 "$bin/hyserve-bench-model" \
+          "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode split)" --batches 1,8 --decode-steps 16
       done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
