@@ -83,7 +83,7 @@ void run_cpu(const gated_rmsnorm_params& p) {
 void run_cpu(const rmsnorm_linear_params& p) {
   cpu_detail::check_rmsnorm_linear(p);
   if (p.m == 0) return;
-  std::vector<float> xn(p.norm_weight != nullptr ? static_cast<size_t>(p.m * p.k) : 0);
+  std::vector<float> xn(p.norm_weight != nullptr && p.normed_out == nullptr ? static_cast<size_t>(p.m * p.k) : 0);
   cpu_detail::run_rmsnorm_linear_unfused(p, xn.data(), [](const auto& q) { run_cpu(q); });
 }
 

@@ -22,15 +22,18 @@ inline void check_rmsnorm_linear(const rmsnorm_linear_params& p) {
   if (p.beta != 0.0f && p.up_w != nullptr) fail(op, "beta", p.beta, "must be 0 with up_w");
   if (p.relu2 && (p.up_w != nullptr || p.beta != 0.0f)) fail(op, "relu2", "true", "needs up_w null and beta 0");
   if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
+  if (p.normed_out != nullptr && p.norm_weight == nullptr) fail(op, "normed_out", "set", "needs norm_weight");
   require_storage(p.w_dtype, op, "w_dtype");
 }
 
-// xn: [m, k] scratch for the normed rows (used only when p.norm_weight is set).
+// xn: [m, k] scratch for the normed rows (used only when p.norm_weight is set; p.normed_out
+// instead when that is set).
 template <class Run>
 void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&& run) {
   const float* a = p.x;
   int64_t lda = p.x_stride;
   if (p.norm_weight != nullptr) {
+    if (p.normed_out != nullptr) xn = p.normed_out;
     rmsnorm_params r;
     r.x = p.x;
     r.weight = p.norm_weight;

@@ -368,6 +368,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
 #pragma unroll
         for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
         store_pack(xs + m * k + i, out);
+        if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
       }
     }
     __syncthreads();
@@ -450,6 +451,7 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
   // and the GEMM run apart (the decode and verify linear layers must agree bit for bit).
   if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM || skinny_uses_mma()) return false;
   if (p.norm_weight != nullptr && (p.m * p.k * 4 > kLinMaxShared || !aligned16(p.norm_weight))) return false;
+  if (p.normed_out != nullptr && !aligned16(p.normed_out)) return false;
   return p.k % 8 == 0 && p.w_stride % 8 == 0 && p.x_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w) &&
          (p.up_w == nullptr || aligned16(p.up_w));
 }
@@ -511,7 +513,7 @@ void run_cuda(const rmsnorm_linear_params& p, void* stream) {
   }
   // Unfused: the rmsnorm op into a scratch block, then the gemm or swiglu_linear op.
   float* xn = nullptr;
-  if (p.norm_weight != nullptr)
+  if (p.norm_weight != nullptr && p.normed_out == nullptr)
     CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&xn), static_cast<size_t>(p.m * p.k) * sizeof(float), s));
   cpu_detail::run_rmsnorm_linear_unfused(p, xn, [&](const auto& q) { run_cuda(q, stream); });
   if (xn != nullptr) CUDA_CHECK(scratch_free(xn, s));

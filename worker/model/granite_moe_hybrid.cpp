@@ -117,7 +117,7 @@ class granite_moe_hybrid_model final : public layer_stack<granite_layer> {
                      const kernels::exec_context& ex) override {
     mixer_forward(L.mixer, h, L.input_norm, in, ctx, ex);
     if (L.moe)
-      layers::moe_forward(L.moe_block, norm(h, L.post_attention_norm, ex), comm_, ex, &h);
+      layers::moe_forward(L.moe_block, h, L.post_attention_norm, mc_.rms_norm_eps, comm_, ex, &h);
     else
       mlp_block(L.shared, h, L.post_attention_norm, ex);
   }

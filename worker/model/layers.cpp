@@ -75,13 +75,19 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx) {
 }
 
 tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx,
-                   bool relu2) {
+                   bool relu2, tensor* normed) {
   const int64_t rows = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   HYSERVE_CHECK(w.shape()[1] == in, "linear: input width " + std::to_string(in) + " vs weight " + w.shape().str());
+  HYSERVE_CHECK(normed == nullptr || norm != nullptr, "norm_linear: normed rows asked for without a norm");
   tensor y = tensor::f32({rows, out}, ctx.device);
-  if (rows == 0 || out == 0) return y;
+  if (normed != nullptr) *normed = tensor::f32({rows, in}, ctx.device);
+  if (rows == 0 || out == 0) {
+    if (normed != nullptr && rows > 0) *normed = rmsnorm(x, *norm, eps, ctx);
+    return y;
+  }
   kernels::rmsnorm_linear_params p = linear_params(x, w, norm, eps, y.as<float>(), 0.0f);
   p.relu2 = relu2;
+  p.normed_out = normed != nullptr ? normed->as<float>() : nullptr;
   kernels::run(p, ctx);
   return y;
 }

@@ -43,8 +43,9 @@ tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
 // y = rmsnorm(x; norm, eps) · wᵀ (norm null: linear) in one op (kernels rmsnorm_linear: one
 // kernel at decode on CUDA).
 // relu2: max(y, 0)² instead (the op's squared-ReLU epilogue: the relu² MLP's up projection).
+// normed (with a norm): set to rmsnorm(x) as well, written by the same op (no kernel of its own).
 tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor& w, const exec_context& ctx,
-                   bool relu2 = false);
+                   bool relu2 = false, tensor* normed = nullptr);
 // The output projection of a block (y = x · wᵀ, reduced over tp). residual null: returns y.
 // residual set: adds y into it and returns an empty tensor; without a tp reduction in between
 // the add happens in the GEMM's epilogue (beta = 1), saving the output tensor and the add kernel.

@@ -120,15 +120,16 @@ void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exe
 
 }  // namespace
 
-tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
-                   tensor* residual) {
-  const int64_t T = x.shape()[0], H = x.shape()[1];
+tensor moe_forward(const moe_weights& w, const tensor& h, const tensor& norm, float eps, collective* comm,
+                   const exec_context& ctx, tensor* residual) {
+  const int64_t T = h.shape()[0], H = h.shape()[1];
   const bool into = residual != nullptr && (comm == nullptr || comm->size() == 1);
   tensor out = into ? tensor() : tensor::f32({T, H}, ctx.device);
   tensor& dst = into ? *residual : out;
   if (T > 0) {
-    const tensor logits = linear(x, w.router, ctx);  // [T, E]
-    profile(ctx, "moe.router", nbytes(w.router) + nbytes(x) + nbytes(logits));
+    tensor x;  // rmsnorm(h), written by the router's op
+    const tensor logits = norm_linear(h, &norm, eps, w.router, ctx, false, &x);  // [T, E]
+    profile(ctx, "moe.router", nbytes(w.router) + 2 * nbytes(h) + nbytes(norm) + nbytes(logits));
     kernels::moe_experts_params p;
     p.x = x.as<float>();
     p.router_logits = logits.as<float>();

@@ -61,10 +61,12 @@ moe_weights load_moe(weight_loader& ld, const weight_source& ws, const std::stri
 // Router, experts, shared expert and shared gate in weight_type (model.dtype).
 void place(moe_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 
-// x [T, hidden] → [T, hidden], reduced over tp. residual: *residual += that instead, and an empty
-// tensor returned; with one rank the experts' combine and the shared expert add straight into it
-// (no output tensor, no add kernel).
-tensor moe_forward(const moe_weights& w, const tensor& x, collective* comm, const exec_context& ctx,
-                   tensor* residual = nullptr);
+// The block on x = rmsnorm(h; norm, eps): h [T, hidden] → [T, hidden], reduced over tp. The
+// norm runs in the router's op (rmsnorm_linear with normed_out: no kernel of its own). residual:
+// *residual += that instead (residual may be &h), and an empty tensor returned; with one rank
+// the experts' combine and the shared expert add straight into it (no output tensor, no add
+// kernel).
+tensor moe_forward(const moe_weights& w, const tensor& h, const tensor& norm, float eps, collective* comm,
+                   const exec_context& ctx, tensor* residual = nullptr);
 
 }  // namespace hyserve::worker::layers

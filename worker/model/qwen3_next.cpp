@@ -132,7 +132,7 @@ class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
     // The MoE layer's router, experts and shared expert read one normed input; a dense MLP's
     // norm runs inside its gate/up projection.
     if (L.moe)
-      layers::moe_forward(L.moe_block, layers::rmsnorm(h, L.post_attention_norm, mc_.rms_norm_eps, ex), comm_, ex, &h);
+      layers::moe_forward(L.moe_block, h, L.post_attention_norm, mc_.rms_norm_eps, comm_, ex, &h);
     else
       layers::mlp_forward(L.mlp, h, comm_, ex, &h, &L.post_attention_norm, mc_.rms_norm_eps);
   }

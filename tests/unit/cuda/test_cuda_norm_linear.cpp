@@ -4,7 +4,9 @@
 // only summation orders differ: |Δ| <= 1e-5 + 1e-6·k + 1e-5·|want| (gemm), 1e-4 relative for the
 // swiglu product. Also: the fused kernel equals the unfused CUDA ops (the rmsnorm op into a
 // scratch block, then the skinny gemm / swiglu_linear op) bit for bit, so decode through either
-// path (and an m-row verify step) gives the same logits. Covers the norm on and off, beta 0/1
+// path (and an m-row verify step) gives the same logits; with normed_out set (every case with
+// the norm) the normed rows written there equal the rmsnorm op's bit for bit and the CPU op's
+// within 1e-6 + 1e-6·|want|. Covers the norm on and off, beta 0/1
 // (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
 // (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4). Skips
 // without a device.
@@ -82,6 +84,9 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   pc.w = c.bf16 ? static_cast<const void*>(b0.data()) : w0.data();
   pc.up_w = c.swiglu ? (c.bf16 ? static_cast<const void*>(b1.data()) : w1.data()) : nullptr;
   pc.out = want.data();
+  // normed_out (with the norm): the normed rows themselves, for the layer's other consumers.
+  std::vector<float> want_xn(static_cast<size_t>(c.m * c.k), cuda_test::poison());
+  pc.normed_out = c.norm ? want_xn.data() : nullptr;
   run_cpu(pc);
 
   device_array<float> dx(x), dg(g), dout(out0), dunf(out0);
@@ -93,9 +98,13 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   pg.w = c.bf16 ? static_cast<const void*>(db0.data()) : dw0.data();
   pg.up_w = c.swiglu ? (c.bf16 ? static_cast<const void*>(db1.data()) : dw1.data()) : nullptr;
   pg.out = dout.data();
+  device_array<float> dxn(std::vector<float>(static_cast<size_t>(c.m * c.k), cuda_test::poison()));
+  pg.normed_out = c.norm ? dxn.data() : nullptr;
   run_cuda(pg);
   device_synchronize();
   const std::vector<float> got = dout.download();
+  const std::vector<float> got_xn = dxn.download();
+  if (c.norm) expect_match(got_xn, want_xn, 1e-6, 1e-6, "normed_out");
   if (c.bf16) {
     expect_match(got, want, 1e-5 + 1e-6 * static_cast<double>(c.k), c.swiglu || c.relu2 ? 1e-4 : 1e-5, "out");
   } else {
@@ -167,6 +176,13 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   for (size_t i = 0; i < got.size(); ++i)
     if (std::memcmp(&got[i], &unfused[i], sizeof(float)) != 0) ++diff;
   EXPECT_EQ(diff, 0) << "elements of the fused kernel's output that differ from the unfused CUDA ops";
+  if (c.norm) {  // normed_out is the rmsnorm op's output bit for bit
+    const std::vector<float> op_xn = xn.download();
+    int64_t xdiff = 0;
+    for (size_t i = 0; i < op_xn.size(); ++i)
+      if (std::memcmp(&got_xn[i], &op_xn[i], sizeof(float)) != 0) ++xdiff;
+    EXPECT_EQ(xdiff, 0) << "elements of normed_out that differ from the rmsnorm op";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,6 +1,6 @@
 // RMSNorm and gated RMSNorm (norm after or before the gate) against direct formulas in double;
 // the two-phase (tensor-parallel) gated path against the one-phase result. Tolerance 1e-5 abs +
-// 1e-5 rel. Also rmsnorm_linear's squared-ReLU epilogue.
+// 1e-5 rel. Also rmsnorm_linear's squared-ReLU epilogue and its normed_out.
 #include "hyserve/kernels/norm.h"
 
 #include <gtest/gtest.h>
@@ -278,6 +278,48 @@ TEST(RmsNormLinearRelu2, MatchesFormulaAndRejectsOtherEpilogues) {
   rmsnorm_linear_params with_beta = p;
   with_beta.beta = 1.0f;
   expect_invalid([&] { run_cpu(with_beta); }, "relu2");
+}
+
+// rmsnorm_linear's normed_out: the normed rows written beside the product, equal bit for bit to
+// the rmsnorm op's output, and the product unchanged; normed_out without a norm is an error
+// naming it.
+TEST(RmsNormLinearNormedOut, IsTheRmsnormOpsOutput) {
+  const int64_t m = 2, n = 19, k = 48;
+  const auto x = random_floats(static_cast<size_t>(m * k), 71u, -2.0f, 2.0f);
+  const auto g = random_floats(static_cast<size_t>(k), 72u, 0.5f, 1.5f);
+  const auto w = random_floats(static_cast<size_t>(n * k), 73u, -0.2f, 0.2f);
+  rmsnorm_linear_params p;
+  p.x = x.data();
+  p.norm_weight = g.data();
+  p.eps = 1e-5f;
+  p.w = w.data();
+  p.w_dtype = dtype::kF32;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x_stride = p.w_stride = k;
+  p.out_stride = n;
+  std::vector<float> plain(static_cast<size_t>(m * n)), with(static_cast<size_t>(m * n));
+  std::vector<float> normed(static_cast<size_t>(m * k), -7.0f), op(static_cast<size_t>(m * k));
+  p.out = plain.data();
+  run_cpu(p);
+  p.out = with.data();
+  p.normed_out = normed.data();
+  run_cpu(p);
+  rmsnorm_params r;
+  r.x = x.data();
+  r.weight = g.data();
+  r.out = op.data();
+  r.rows = m;
+  r.cols = k;
+  r.x_stride = r.out_stride = k;
+  r.eps = 1e-5f;
+  run_cpu(r);
+  EXPECT_EQ(normed, op);
+  EXPECT_EQ(with, plain);
+  rmsnorm_linear_params no_norm = p;
+  no_norm.norm_weight = nullptr;
+  expect_invalid([&] { run_cpu(no_norm); }, "normed_out");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The MoE block (worker/model/moe_layer.h) on the CPU against a naive per-token reference in
-// double: router logits, softmax, the top k (ties to the lower index), renormalised or not, the
+// double: the input RMSNorm, router logits, softmax, the top k (ties to the lower index), renormalised or not, the
 // selected experts' SwiGLU MLPs, plus the shared expert scaled by sigmoid(shared_gate · x).
 // Within 1e-5·(1 + |ref|), for top-1 and top-2 routing.
 #include <gtest/gtest.h>
@@ -60,12 +60,22 @@ TEST(MoeRouting, MatchesNaivePerToken) {
   for (int64_t k : {1, 2})
     for (bool norm : {true, false}) {
       const moe_weights w = random_moe(E, H, I, k, norm, gen);
-      const tensor x = random_tensor({T, H}, gen, 1.0f);
-      const tensor got = moe_forward(w, x, nullptr, exec_context{});
+      const tensor h = random_tensor({T, H}, gen, 2.0f);
+      tensor g = random_tensor({H}, gen, 0.5f);
+      for (int64_t i = 0; i < H; ++i) g.as<float>()[i] += 1.0f;
+      constexpr float kEps = 1e-6f;
+      const tensor got = moe_forward(w, h, g, kEps, nullptr, exec_context{});
       ASSERT_EQ(got.shape(), (shape_t{T, H}));
       double worst = 0;
       for (int64_t t = 0; t < T; ++t) {
-        const float* xt = x.as<float>() + t * H;
+        // x = rmsnorm(h; g, eps), the block's input
+        const float* ht = h.as<float>() + t * H;
+        double ss = 0;
+        for (int64_t i = 0; i < H; ++i) ss += static_cast<double>(ht[i]) * ht[i];
+        const double inv = 1.0 / std::sqrt(ss / static_cast<double>(H) + kEps);
+        std::vector<float> xn(static_cast<size_t>(H));
+        for (int64_t i = 0; i < H; ++i) xn[static_cast<size_t>(i)] = static_cast<float>(ht[i] * inv * g.as<float>()[i]);
+        const float* xt = xn.data();
         std::vector<double> p(static_cast<size_t>(E));
         for (int64_t e = 0; e < E; ++e)
           for (int64_t h = 0; h < H; ++h) p[static_cast<size_t>(e)] += static_cast<double>(w.router.as<float>()[e * H + h]) * xt[h];

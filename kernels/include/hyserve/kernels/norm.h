@@ -65,6 +65,9 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // the unfused CUDA ops' bit for bit; it launches with programmatic dependent launch and reads
 // its first weight rows before waiting for the kernel launched just before it (weights are
 // constants: that kernel must not write w or up_w). Otherwise it runs the unfused ops.
+// normed_out (with a norm): xn is also written there, the rmsnorm op's output bit for bit (the
+// fused kernel's first block stores its staged rows), for other consumers of the normed rows:
+// the norm then costs no kernel of its own.
 // kernels.norm_linear: false (exec_context::paths) disables the fused kernel.
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
@@ -78,6 +81,7 @@ struct rmsnorm_linear_params {
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;
   float beta = 0.0f;                                // 0 or 1 (up_w null only)
   bool relu2 = false;                               // squared ReLU of the product (up_w null, beta 0)
+  float* normed_out = nullptr;                      // optional [m, k] (row stride k): xn itself (norm_weight set)
 };
 
 void run_cpu(const rmsnorm_linear_params& p);
