@@ -12,6 +12,7 @@
 
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
+#include "moe_shared.h"
 #include "moe_validate.h"
 
 namespace hyserve::kernels {
@@ -104,6 +105,12 @@ void run_cpu(const moe_experts_params& p) {
       const float wi = w[static_cast<size_t>(i)];
       for (int64_t c = 0; c < H; ++c) o[c] += wi * yi[c];
     }
+  }
+  if (p.shared_inter > 0) {
+    const bool gated = p.shared_gate_w != nullptr;
+    std::vector<float> sact(static_cast<size_t>(T * p.shared_inter)), ys(gated ? static_cast<size_t>(T * H) : 0),
+        gl(gated ? static_cast<size_t>(T) : 0);
+    run_moe_shared_unfused(p, sact.data(), ys.data(), gl.data(), [](const auto& q) { run_cpu(q); });
   }
 }
 

@@ -21,6 +21,9 @@ inline void check_moe_experts_fields(const moe_experts_params& p, const char* op
   require_stride(p.x_stride, p.hidden, op, "x_stride");
   require_stride(p.logits_stride, p.experts, op, "logits_stride");
   require_stride(p.out_stride, p.hidden, op, "out_stride");
+  require_non_negative(p.shared_inter, op, "shared_inter");
+  if (p.shared_inter > 0)
+    require_ptrs(op, {{p.shared_gate, "shared_gate"}, {p.shared_up, "shared_up"}, {p.shared_down, "shared_down"}});
 }
 
 }  // namespace hyserve::kernels::cpu_detail

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../cpu/moe_shared.h"
 #include "../cpu/moe_validate.h"
 #include "common.cuh"
 #include "hyserve/kernels/moe.h"
@@ -198,6 +199,20 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t hidden, 
 
 size_t round_up(size_t b) { return (b + 255) & ~size_t{255}; }
 
+// The shared expert as its separate ops (cpu/moe_shared.h), after the routed experts.
+void run_shared_expert(const moe_experts_params& p, cudaStream_t stream) {
+  if (p.shared_inter == 0) return;
+  const bool gated = p.shared_gate_w != nullptr;
+  const size_t act = round_up(static_cast<size_t>(p.tokens * p.shared_inter) * 4);
+  const size_t ys = gated ? round_up(static_cast<size_t>(p.tokens * p.hidden) * 4) : 0;
+  char* base = nullptr;
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&base), act + ys + (gated ? round_up(p.tokens * 4) : 0), stream));
+  cpu_detail::run_moe_shared_unfused(p, reinterpret_cast<float*>(base), gated ? reinterpret_cast<float*>(base + act) : nullptr,
+                                     gated ? reinterpret_cast<float*>(base + act + ys) : nullptr,
+                                     [&](const auto& q) { run_cuda(q, stream); });
+  CUDA_CHECK(scratch_free(base, stream));
+}
+
 template <class W>
 void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   const int64_t T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, k = p.top_k, R = T * k;
@@ -304,6 +319,7 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
              static_cast<int>(k), p.out, p.out_stride, p.accumulate);
   HYSERVE_CUDA_CHECK_LAUNCH();
   CUDA_CHECK(scratch_free(base, stream));
+  run_shared_expert(p, stream);
 }
 
 }  // namespace

@@ -1,30 +1,37 @@
 #pragma once
 // The routed-experts op's decode path (moe.cu, the only includer; internal linkage): bf16
 // weights, fast mode, up to kDecodeMaxTokens tokens and tokens · top_k <= kDecodeMaxRows pairs,
-// in two kernels instead of four (prepare, GEMV 1, GEMV 2, combine: moe.cu, moe_gemm.cuh):
-//   up:   every block routes all the tokens itself (route_token, a warp a token, into shared
-//         memory) and orders the (token, slot) pairs by expert, ties by pair index: the same
-//         order in every block, without atomics. Block (x, y) takes the x-th active expert
-//         (ascending index) and 8 of its outputs, a warp each:
+// with its shared expert, in two kernels instead of four for the routed experts (prepare, GEMV
+// 1, GEMV 2, combine: moe.cu, moe_gemm.cuh) and two to four for the shared expert:
+//   up:   the routed blocks each route all the tokens themselves (route_token, a warp a token,
+//         into shared memory) and order the (token, slot) pairs by expert, ties by pair index:
+//         the same order in every block, without atomics. Routed block b takes the active
+//         expert b / ceil(inter / 8) (ascending index) and 8 of its outputs, a warp each:
 //         act[row] = bf16(silu(x_t · gate_eᵀ) ⊙ (x_t · up_eᵀ)), x rounded to bf16 as it is read.
-//         Block (0, 0) also writes the routing (each pair's expert, weight and row) for the down
-//         kernel, and the caller's topk outputs.
+//         Block 0 also writes the routing (each pair's expert, weight and row) for the down
+//         kernel and the caller's topk outputs. The blocks after the routed ones take 8 outputs
+//         of the shared expert (silu(x_t · gateᵀ) ⊙ (x_t · upᵀ) in f32, x unrounded, every
+//         token) and, gated, one more: the gate's x_t · gate_wᵀ.
 //   down: block (t, y): token t and 8 output columns, a warp each; for each of t's experts in
 //         ascending index order, y_e = act[row(t, e)] · down_e[col]ᵀ, and
-//         out[t, col] (= or +=) Σ w_e · y_e, added in that order.
-// Every value is computed with the GEMV kernel's arithmetic (moe_gemm.cuh: lane l takes the
-// 16-byte chunks l, l + 32, … in order, fmaf over their 8 elements, then warp_sum) and the
-// combine kernel's (acc += w · y over the token's experts in ascending order, from out or 0), so
-// the results are those of the four-kernel path bit for bit (kernels.moe_decode: split; test
-// CudaMoe.FusedDecodeIsTheSplitPathBitForBit). What the fusion saves is two dependent kernel
-// boundaries a layer (the prepare kernel and the combine), the scratch copy of x in bf16 and the
-// f32 rows of the down projection.
+//         out[t, col] (= or +=) Σ w_e · y_e, added in that order; then the shared expert's
+//         ys = act_shared[t] · down_shared[col]ᵀ, added as ys + out (ungated) or
+//         fma(sigmoid(gl_t), ys, out) (gated).
+// Every value is computed with the arithmetic of the ops it replaces: the GEMV kernel's
+// (moe_gemm.cuh: lane l takes the 16-byte chunks l, l + 32, … in order, fmaf over their 8
+// elements, then warp_sum) and the combine kernel's for the routed experts; the skinny kernels'
+// (the same chunk order and reduction on f32 activations) and the gemm epilogue's or row_add's
+// for the shared expert. So the results are those of the split path bit for bit
+// (kernels.moe_decode: split; test CudaMoe.FusedDecodeIsTheSplitPathBitForBit). What the fusion
+// saves is up to six dependent kernel boundaries a layer, the scratch copy of x in bf16 and the
+// f32 rows of the down projections.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
+#include "gemm_paths.h"
 #include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/paths.h"
 #include "launch.cuh"
@@ -39,7 +46,8 @@ constexpr int64_t kDecodeMaxTokens = kDecodeWarps;  // a routing warp a token
 constexpr int kDecodeMaxRows = 64;                  // (token, slot) pairs
 constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
-constexpr size_t kDecodeMaxActBytes = 48 * 1024;  // the down kernel's staged act rows of a token
+constexpr size_t kDecodeMaxActBytes = 48 * 1024;  // the down kernel's staged routed act rows of a token
+constexpr size_t kDecodeMaxSmem = 160 * 1024;     // the down kernel's staged rows, routed and shared
 
 struct decode_args {
   route_args route;  // logits, sizes, scoring; its ids / wts / counts are the kernels' own
@@ -55,9 +63,101 @@ struct decode_args {
   float* out = nullptr;
   int64_t out_stride = 0;
   bool accumulate = false;
+  int64_t routed_blocks = 0;  // the up kernel's blocks of routed experts (the shared expert's after)
+  // The shared expert (s_inter 0: none): weights, and the scratch of its f32 act [tokens,
+  // s_inter] and gate values [tokens] (gated: s_gate_w set).
+  const __nv_bfloat16* s_gate = nullptr;
+  const __nv_bfloat16* s_up = nullptr;
+  const __nv_bfloat16* s_down = nullptr;  // [hidden, s_inter]
+  const __nv_bfloat16* s_gate_w = nullptr;  // [hidden]
+  int64_t s_inter = 0;
+  float* s_act = nullptr;
+  float* s_gl = nullptr;
 };
 
-__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
+// acc[s][rr] = x_rr · w_sᵀ over k / 8 16-byte chunks of the bf16 weight rows w[s], for nr <= 4
+// f32 activation rows x[rr] (rounded to bf16 as read when kRound): lane l takes the chunks l,
+// l + 32, … in order, U of them a row in flight, fmaf over their 8 elements, then warp_sum: the
+// moe GEMV's arithmetic (kRound) and the skinny kernels' (f32 activations). kLdg: x in global
+// memory (read-only loads), else in shared memory.
+template <int S, bool kRound, bool kLdg = true>
+__device__ __forceinline__ void dot_rows(const uint4* const (&w)[S], const float4* const (&x)[4], int nr,
+                                         int64_t chunks, int lane, float (&acc)[S][4]) {
+  constexpr int U = 4;
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) acc[s][rr] = 0.0f;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
+    uint4 wv[U][S];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int s = 0; s < S; ++s) wv[u][s] = c < chunks ? __ldcs(w[s] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        if (rr >= nr) break;
+        const float4 x0 = kLdg ? __ldg(x[rr] + 2 * c) : x[rr][2 * c];
+        const float4 x1 = kLdg ? __ldg(x[rr] + 2 * c + 1) : x[rr][2 * c + 1];
+        float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        if constexpr (kRound) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xf[i] = __bfloat162float(__float2bfloat16(xf[i]));
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          float wf[8];
+          bf16x8_to_float(wv[u][s], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[s][rr] = fmaf(xf[i], wf[i], acc[s][rr]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) acc[s][rr] = warp_sum(acc[s][rr]);
+}
+
+// The up kernel's shared-expert block b: outputs j = 8·b + warp of every token (j = s_inter:
+// the gate's x · gate_wᵀ).
+__device__ __forceinline__ void shared_up_block(const decode_args& d, int64_t b, int warp, int lane) {
+  const int64_t j = b * kDecodeWarps + warp;
+  const bool gate_row = d.s_gate_w != nullptr && j == d.s_inter;
+  if (j >= d.s_inter && !gate_row) return;
+  const int T = static_cast<int>(d.route.tokens);
+  const int64_t chunks = d.hidden / 8;
+  for (int t0 = 0; t0 < T; t0 += 4) {
+    const int nr = min(4, T - t0);
+    const float4* xr[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) xr[rr] = reinterpret_cast<const float4*>(d.x + (t0 + (rr < nr ? rr : 0)) * d.x_stride);
+    if (gate_row) {
+      const uint4* w[1] = {reinterpret_cast<const uint4*>(d.s_gate_w)};
+      float acc[1][4];
+      dot_rows<1, false>(w, xr, nr, chunks, lane, acc);
+      if (lane == 0)
+        for (int rr = 0; rr < nr; ++rr) d.s_gl[t0 + rr] = acc[0][rr];  // the gemm epilogue: 1 · acc
+    } else {
+      const uint4* w[2] = {reinterpret_cast<const uint4*>(d.s_gate + j * d.hidden),
+                           reinterpret_cast<const uint4*>(d.s_up + j * d.hidden)};
+      float acc[2][4];
+      dot_rows<2, false>(w, xr, nr, chunks, lane, acc);
+      if (lane == 0)
+        for (int rr = 0; rr < nr; ++rr) {
+          const float g = acc[0][rr];
+          d.s_act[(t0 + rr) * d.s_inter + j] = g / (1.0f + expf(-g)) * acc[1][rr];  // the swiglu op's formula
+        }
+    }
+  }
+}
 
 __global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const decode_args d) {
   extern __shared__ float up_scores[];  // [tokens][experts]
@@ -69,10 +169,12 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const dec
   __shared__ int s_row_token[kDecodeMaxRows];
   __shared__ int s_tile_begin[kDecodeMaxRows], s_tile_rows[kDecodeMaxRows], s_tile_expert[kDecodeMaxRows];
   __shared__ int s_tiles;
-  pdl_begin();  // the router's logits
+  pdl_begin();  // the router's logits (and x)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t b = blockIdx.x;
+  if (b >= d.routed_blocks) return shared_up_block(d, b - d.routed_blocks, warp, lane);  // no barrier there
   const int T = static_cast<int>(d.route.tokens), K = d.route.top_k, R = T * K, E = d.route.experts;
-  const bool first_block = blockIdx.x == 0 && blockIdx.y == 0;
+  const bool first_block = b == 0;
 
   // 1. Routing of every token (the prepare kernel's route_token), into shared memory.
   route_args a = d.route;
@@ -119,58 +221,26 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const dec
     }
   }
   __syncthreads();
-  if (static_cast<int>(blockIdx.x) >= s_tiles) return;  // uniform over the block; no barrier below
+  const int64_t per_tile = ceil_div(d.inter, int64_t{kDecodeWarps});
+  const int tile = static_cast<int>(b / per_tile);
+  if (tile >= s_tiles) return;  // uniform over the block; no barrier below
 
   // 3. The GEMV of moe_gemv_kernel<true> (gate and up rows of one output a warp) over the tile's
   // rows, x read in f32 and rounded to bf16 (the split path's xa).
-  constexpr int S = 2, U = 4;
-  const int tile = static_cast<int>(blockIdx.x);
   const int ex = s_tile_expert[tile], row_begin = s_tile_begin[tile], row_end = row_begin + s_tile_rows[tile];
-  const int64_t j = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
+  const int64_t j = (b % per_tile) * kDecodeWarps + warp;
   if (j >= d.inter) return;
   const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(ex) * 2 * d.inter * d.hidden;
-  const uint4* wrow[S] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
+  const uint4* wrow[2] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
                           reinterpret_cast<const uint4*>(B + (d.inter + j) * d.hidden)};
-  const int64_t chunks = d.hidden / 8;
   for (int r0 = row_begin; r0 < row_end; r0 += 4) {
     const int nr = min(4, row_end - r0);
     const float4* xrow[4];
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr)
       xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
-    float acc[S][4] = {};
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
-      uint4 w[U][S];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + 32 * u;
-#pragma unroll
-        for (int s = 0; s < S; ++s) w[u][s] = c < chunks ? __ldcs(wrow[s] + c) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + 32 * u;
-        if (c >= chunks) break;
-#pragma unroll
-        for (int rr = 0; rr < 4; ++rr) {
-          if (rr >= nr) break;
-          const float4 x0 = __ldg(xrow[rr] + 2 * c), x1 = __ldg(xrow[rr] + 2 * c + 1);
-          const float x[8] = {bf16_round(x0.x), bf16_round(x0.y), bf16_round(x0.z), bf16_round(x0.w),
-                              bf16_round(x1.x), bf16_round(x1.y), bf16_round(x1.z), bf16_round(x1.w)};
-#pragma unroll
-          for (int s = 0; s < S; ++s) {
-            float wf[8];
-            bf16x8_to_float(w[u][s], wf);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[s][rr] = fmaf(x[i], wf[i], acc[s][rr]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) acc[s][rr] = warp_sum(acc[s][rr]);
+    float acc[2][4];
+    dot_rows<2, true>(wrow, xrow, nr, d.hidden / 8, lane, acc);
     if (lane != 0) continue;
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr) {
@@ -181,11 +251,13 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const dec
   }
 }
 
-// CPL: 16-byte chunks of a down row a lane (inter <= 256 · CPL); G experts' loads in flight.
+__device__ __forceinline__ float sigmoid_of(float v) { return 1.0f / (1.0f + expf(-v)); }  // row_add's
+
+// CPL: 16-byte chunks of a routed down row a lane (inter <= 256 · CPL); G experts' loads in flight.
 template <int CPL>
 __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const decode_args d) {
   constexpr int G = 24 / CPL;
-  extern __shared__ uint4 down_act[];  // [top_k][inter / 8]: the token's act rows
+  extern __shared__ uint4 down_smem[];  // the token's act rows: routed [top_k][inter / 8], then shared f32 [s_inter]
   __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
   __shared__ float s_w[kMaxTopK];
   pdl_begin();  // act and the routing of the up kernel
@@ -215,10 +287,14 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const d
     }
   };
   if (active) load_group(0);  // in flight while the act rows are staged
+  uint4* act_s = down_smem;
   for (int64_t i = tid; i < K * chunks; i += kDecodeThreads) {
     const int64_t jj = i / chunks, c = i - jj * chunks;
-    down_act[i] = __ldg(reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c);
+    act_s[i] = __ldg(reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c);
   }
+  auto* shared_act = reinterpret_cast<float4*>(down_smem + K * chunks);
+  for (int64_t i = tid; i < d.s_inter / 4; i += kDecodeThreads)
+    shared_act[i] = __ldg(reinterpret_cast<const float4*>(d.s_act + t * d.s_inter) + i);
   __syncthreads();
   if (!active) return;
   float* o = d.out + t * d.out_stride + col;
@@ -234,7 +310,7 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const d
         const int64_t c = lane + 32 * m;
         if (c >= chunks) break;
         float xf[8], wf[8];
-        bf16x8_to_float(down_act[(j0 + g) * chunks + c], xf);
+        bf16x8_to_float(act_s[(j0 + g) * chunks + c], xf);
         bf16x8_to_float(w[g][m], wf);
 #pragma unroll
         for (int i = 0; i < 8; ++i) y = fmaf(xf[i], wf[i], y);
@@ -243,34 +319,55 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const d
       acc += s_w[j0 + g] * y;  // the combine kernel's sum
     }
   }
+  if (d.s_inter > 0) {  // the shared expert: the skinny kernel's dot on f32 act, then its add
+    const float4* xr[4] = {shared_act, shared_act, shared_act, shared_act};
+    const uint4* wr[1] = {reinterpret_cast<const uint4*>(d.s_down + col * d.s_inter)};
+    float ys[1][4];
+    dot_rows<1, false, false>(wr, xr, 1, d.s_inter / 8, lane, ys);
+    acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(d.s_gl[t]), ys[0][0], acc)  // row_add
+                                : __fmaf_rn(1.0f, ys[0][0], __fmul_rn(1.0f, acc));  // the gemm epilogue, beta 1
+  }
   if (lane == 0) *o = acc;
+}
+
+// The down kernel's dynamic shared memory: the token's routed act rows (bf16) and its shared
+// expert's (f32).
+size_t decode_down_smem(const moe_experts_params& p) {
+  return static_cast<size_t>(p.top_k * p.inter) * sizeof(__nv_bfloat16) + static_cast<size_t>(p.shared_inter) * 4;
 }
 
 // Whether the fused decode path takes a call of the op (bf16 weights, the GEMV path).
 bool moe_decode_takes(const moe_experts_params& p) {
   if (current_paths().moe_decode == kernel_paths::moe_decode_kind::kSplit) return false;
   const int64_t R = p.tokens * p.top_k, chunks = p.inter / 8;
+  const bool shared_ok =
+      p.shared_inter == 0 ||
+      (p.shared_inter % 8 == 0 && !skinny_uses_mma() && aligned16(p.shared_gate) && aligned16(p.shared_up) &&
+       aligned16(p.shared_down) && (p.shared_gate_w == nullptr || aligned16(p.shared_gate_w)));
   return p.tokens <= kDecodeMaxTokens && R <= kDecodeMaxRows && p.experts <= kDecodeMaxExperts &&
          chunks <= 32 * kDecodeMaxChunksPerLane &&
          static_cast<size_t>(p.top_k * p.inter) * sizeof(__nv_bfloat16) <= kDecodeMaxActBytes &&
-         p.x_stride % 4 == 0 && aligned16(p.x);
+         decode_down_smem(p) <= kDecodeMaxSmem && p.x_stride % 4 == 0 && aligned16(p.x) && shared_ok;
 }
 
 template <int CPL>
-void launch_moe_decode_down(const decode_args& d, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(d.route.top_k * d.inter) * sizeof(__nv_bfloat16);
+void launch_moe_decode_down(const decode_args& d, size_t smem, cudaStream_t stream) {
+  auto kernel = moe_decode_down_kernel<CPL>;
+  if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
   const dim3 grid(static_cast<unsigned>(d.route.tokens), static_cast<unsigned>(ceil_div(d.hidden, int64_t{kDecodeWarps})));
-  launch_pdl(moe_decode_down_kernel<CPL>, grid, dim3(kDecodeThreads), smem, stream, d);
+  launch_pdl(kernel, grid, dim3(kDecodeThreads), smem, stream, d);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 // The op on the decode path (moe_decode_takes holds): scratch, the up kernel, the down kernel.
 void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStream_t stream) {
-  const int64_t T = p.tokens, I = p.inter, E = p.experts, R = T * p.top_k;
-  const size_t act_bytes = (static_cast<size_t>(R * I) * sizeof(__nv_bfloat16) + 255) & ~size_t{255};
-  const size_t small = (static_cast<size_t>(R) * 4 + 255) & ~size_t{255};
+  const int64_t T = p.tokens, I = p.inter, E = p.experts, R = T * p.top_k, Is = p.shared_inter;
+  auto round_up = [](size_t b) { return (b + 255) & ~size_t{255}; };
+  const size_t act_bytes = round_up(static_cast<size_t>(R * I) * sizeof(__nv_bfloat16));
+  const size_t small = round_up(static_cast<size_t>(R) * 4);
+  const size_t s_act_bytes = round_up(static_cast<size_t>(T * Is) * 4), s_gl_bytes = round_up(static_cast<size_t>(T) * 4);
   char* base = nullptr;
-  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&base), act_bytes + 3 * small, stream));
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&base), act_bytes + 3 * small + s_act_bytes + s_gl_bytes, stream));
   decode_args d;
   d.route = ra;
   d.x = p.x;
@@ -286,16 +383,29 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
   d.out = p.out;
   d.out_stride = p.out_stride;
   d.accumulate = p.accumulate;
+  d.routed_blocks = std::min(E, R) * ceil_div(I, int64_t{kDecodeWarps});
+  int64_t shared_blocks = 0;
+  if (Is > 0) {
+    d.s_gate = static_cast<const __nv_bfloat16*>(p.shared_gate);
+    d.s_up = static_cast<const __nv_bfloat16*>(p.shared_up);
+    d.s_down = static_cast<const __nv_bfloat16*>(p.shared_down);
+    d.s_gate_w = static_cast<const __nv_bfloat16*>(p.shared_gate_w);
+    d.s_inter = Is;
+    d.s_act = reinterpret_cast<float*>(base + act_bytes + 3 * small);
+    d.s_gl = reinterpret_cast<float*>(base + act_bytes + 3 * small + s_act_bytes);
+    shared_blocks = ceil_div(Is + (p.shared_gate_w != nullptr ? 1 : 0), int64_t{kDecodeWarps});
+  }
 
   const size_t up_smem = static_cast<size_t>(T * E) * sizeof(float);
-  const dim3 up_grid(static_cast<unsigned>(std::min(E, R)), static_cast<unsigned>(ceil_div(I, int64_t{kDecodeWarps})));
-  launch_pdl(moe_decode_up_kernel, up_grid, dim3(kDecodeThreads), up_smem, stream, d);
+  launch_pdl(moe_decode_up_kernel, dim3(static_cast<unsigned>(d.routed_blocks + shared_blocks)), dim3(kDecodeThreads),
+             up_smem, stream, d);
   HYSERVE_CUDA_CHECK_LAUNCH();
+  const size_t down_smem = decode_down_smem(p);
   switch (ceil_div(I / 8, int64_t{32})) {
-    case 1: launch_moe_decode_down<1>(d, stream); break;
-    case 2: launch_moe_decode_down<2>(d, stream); break;
-    case 3: launch_moe_decode_down<3>(d, stream); break;
-    default: launch_moe_decode_down<4>(d, stream); break;
+    case 1: launch_moe_decode_down<1>(d, down_smem, stream); break;
+    case 2: launch_moe_decode_down<2>(d, down_smem, stream); break;
+    case 3: launch_moe_decode_down<3>(d, down_smem, stream); break;
+    default: launch_moe_decode_down<4>(d, down_smem, stream); break;
   }
   CUDA_CHECK(scratch_free(base, stream));
 }

@@ -92,34 +92,6 @@ void place(moe_weights& w, device_kind device, dtype weight_type) {
   place_weight(w.shared_gate, device, weight_type);
 }
 
-namespace {
-
-// out += the shared expert, gated per token. The gate is a scalar per token, so it scales this
-// rank's partial sum before the reduction; an ungated one adds in its down projection's epilogue.
-void shared_expert(const moe_weights& w, const tensor& x, tensor& out, const exec_context& ctx) {
-  const int64_t T = x.shape()[0], H = x.shape()[1];
-  if (!w.shared.gate.empty() && T > 0) {
-    const tensor act = swiglu_linear(w.shared, x, ctx);
-    if (w.shared_gate.empty()) {
-      block_output(act, w.shared.down, nullptr, ctx, &out);
-      return;
-    }
-    const tensor ys = linear(act, w.shared.down, ctx);
-    const tensor gl = linear(x, w.shared_gate, ctx);  // [T, 1]
-    kernels::row_add_params p;
-    p.x = ys.as<float>();
-    p.out = out.as<float>();
-    p.gate_logits = gl.as<float>();
-    p.gate_stride = 1;
-    p.rows = T;
-    p.cols = H;
-    p.x_stride = p.out_stride = H;
-    kernels::run(p, ctx);
-  }
-}
-
-}  // namespace
-
 tensor moe_forward(const moe_weights& w, const tensor& h, const tensor& norm, float eps, collective* comm,
                    const exec_context& ctx, tensor* residual) {
   const int64_t T = h.shape()[0], H = h.shape()[1];
@@ -147,15 +119,27 @@ tensor moe_forward(const moe_weights& w, const tensor& h, const tensor& norm, fl
     p.scoring = w.scoring;
     p.norm_topk_prob = w.norm_topk_prob;
     p.w_dtype = w.gate_up.type();
+    if (!w.shared.gate.empty()) {  // the shared expert, gated per token or not, in the same op
+      p.shared_gate = w.shared.gate.data();
+      p.shared_up = w.shared.up.data();
+      p.shared_down = w.shared.down.data();
+      p.shared_gate_w = w.shared_gate.empty() ? nullptr : w.shared_gate.data();
+      p.shared_inter = w.shared.gate.shape()[0];
+      HYSERVE_CHECK(w.shared.gate.type() == p.w_dtype && w.shared.up.type() == p.w_dtype &&
+                        w.shared.down.type() == p.w_dtype && (w.shared_gate.empty() || w.shared_gate.type() == p.w_dtype),
+                    "moe_forward: the shared expert's weights are not in the experts' type");
+    }
     kernels::run(p, ctx);
-    // The bytes of the experts the step can touch at most (the routing is on the device).
+    // The bytes of the experts the step can touch at most (the routing is on the device), and
+    // the shared expert's.
     const int64_t touched = std::min(w.num_experts, T * w.top_k);
+    const double shared = w.shared.gate.empty()
+                              ? 0.0
+                              : nbytes(w.shared.gate) + nbytes(w.shared.up) + nbytes(w.shared.down) +
+                                    (w.shared_gate.empty() ? 0.0 : nbytes(w.shared_gate));
     profile(ctx, "moe.experts",
             (nbytes(w.gate_up) + nbytes(w.down)) * static_cast<double>(touched) / static_cast<double>(w.num_experts) +
-                2 * nbytes(x));
-    shared_expert(w, x, dst, ctx);
-    if (!w.shared.gate.empty())
-      profile(ctx, "moe.shared", nbytes(w.shared.gate) + nbytes(w.shared.up) + nbytes(w.shared.down) + 3 * nbytes(x));
+                shared + 2 * nbytes(x));
   }
   if (into) return tensor();
   reduce_partial(out, comm);

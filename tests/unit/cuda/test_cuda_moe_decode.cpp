@@ -5,10 +5,12 @@
 // <= 64), expert widths 64, 512, 768 and 1024 (every chunks-a-lane variant of the down kernel),
 // softmax and sigmoid scoring, raw and renormalised weights, out written and accumulated, router
 // ties (logits on an integer grid) and experts that get no token. The values against the CPU op
-// are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default.
+// are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
+// here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8).
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -30,6 +32,8 @@ struct decode_case {
   moe_scoring scoring = moe_scoring::kSoftmax;
   bool norm = true;
   bool accumulate = false;
+  int64_t Is = 0;      // the shared expert's width (0: none)
+  bool gated = false;  // its sigmoid gate (Qwen3-Next) or none (Granite-4.0-H)
 };
 
 struct decode_result {
@@ -64,7 +68,8 @@ void check_decode(const decode_case& c, uint32_t seed) {
   const std::string what = "T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) +
                            " E " + std::to_string(c.E) + " k " + std::to_string(c.k) +
                            (c.scoring == moe_scoring::kSoftmax ? " softmax" : " sigmoid") + (c.norm ? " norm" : " raw") +
-                           (c.accumulate ? " accumulate" : "");
+                           (c.accumulate ? " accumulate" : "") +
+                           (c.Is > 0 ? " shared " + std::to_string(c.Is) + (c.gated ? " gated" : "") : "");
   const size_t TH = static_cast<size_t>(c.T * c.H);
   const std::vector<float> x = cuda_test::random_floats(TH, seed, -1, 1);  // rounded to bf16 by the kernels
   std::vector<float> logits = cuda_test::random_floats(static_cast<size_t>(c.T * c.E), seed + 1, -3, 3);
@@ -77,6 +82,12 @@ void check_decode(const decode_case& c, uint32_t seed) {
       cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.E * 2 * c.I * c.H), seed + 2, -ws, ws)));
   const device_array<uint16_t> down(
       cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.E * c.H * c.I), seed + 3, -wd, wd)));
+  const float wsd = 2.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.Is, 1)));
+  const std::vector<uint16_t> h_sg = cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.Is * c.H), seed + 5, -ws, ws));
+  const std::vector<uint16_t> h_su = cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.Is * c.H), seed + 6, -ws, ws));
+  const std::vector<uint16_t> h_sd = cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.H * c.Is), seed + 7, -wsd, wsd));
+  const std::vector<uint16_t> h_sw = cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(c.H), seed + 8, -ws, ws));
+  const device_array<uint16_t> s_gate(h_sg), s_up(h_su), s_down(h_sd), s_gate_w(h_sw);
   const device_array<float> d_x(x), d_logits(logits);
   const std::vector<float> out0 =
       c.accumulate ? cuda_test::random_floats(TH, seed + 4) : std::vector<float>(TH, cuda_test::poison());
@@ -97,6 +108,13 @@ void check_decode(const decode_case& c, uint32_t seed) {
   p.norm_topk_prob = c.norm;
   p.accumulate = c.accumulate;
   p.w_dtype = dtype::kBF16;
+  if (c.Is > 0) {
+    p.shared_inter = c.Is;
+    p.shared_gate = s_gate.data();
+    p.shared_up = s_up.data();
+    p.shared_down = s_down.data();
+    p.shared_gate_w = c.gated ? s_gate_w.data() : nullptr;
+  }
   const decode_result split = run_path(p, kernel_paths::moe_decode_kind::kSplit, out0);
   const decode_result fused = run_path(p, kernel_paths::moe_decode_kind::kFused, out0);
   cuda_test::expect_equal(fused.ids, split.ids, what + " ids");
@@ -105,6 +123,30 @@ void check_decode(const decode_case& c, uint32_t seed) {
   size_t written = 0;  // not a vacuous comparison: every output written, finite
   for (float v : fused.out) written += std::isfinite(v) ? 1 : 0;
   EXPECT_EQ(written, fused.out.size()) << what << " out written";
+
+  // The CPU op on the same data (bf16 weights widened, f32 activations): the GPU rounds x and the
+  // routed SwiGLU activations to bf16, so |gpu − cpu| <= 1e-2·S + 1e-2·|cpu|, S = max |cpu|.
+  if (c.H * c.E * c.I > (int64_t{1} << 24)) return;  // the large shapes: bitwise against split only
+  std::vector<float> want = out0;
+  moe_experts_params q = p;
+  const std::vector<uint16_t> h_gu = gate_up.download(), h_down = down.download();
+  q.x = x.data();
+  q.router_logits = logits.data();
+  q.gate_up = h_gu.data();
+  q.down = h_down.data();
+  q.out = want.data();
+  q.topk_ids = nullptr;
+  q.topk_weights = nullptr;
+  if (c.Is > 0) {
+    q.shared_gate = h_sg.data();
+    q.shared_up = h_su.data();
+    q.shared_down = h_sd.data();
+    q.shared_gate_w = c.gated ? h_sw.data() : nullptr;
+  }
+  run_cpu(q);
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  cuda_test::expect_match(fused.out, want, 1e-2 * scale, 1e-2, what + " against the CPU op");
 }
 
 TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
@@ -122,6 +164,14 @@ TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
   check_decode({8, 128, 1024, 16, 8, moe_scoring::kSigmoid, false}, seed += 5);
   check_decode({2, 136, 64, 64, 8, moe_scoring::kSigmoid, true, true}, seed += 5);
   check_decode({5, 2048, 512, 16, 10}, seed += 5);
+  // With the shared expert: ungated (Granite-4.0-H) and gated (Qwen3-Next), tokens 1..8 (the
+  // separate ops' 1..4-row and 5..8-row kernels), widths of 1 and 8+ chunks a lane.
+  for (int64_t T : {1, 3, 5, 8})
+    for (bool gated : {false, true}) {
+      check_decode({T, 128, 64, 72, 8, moe_scoring::kSoftmax, true, T % 2 == 1, 256, gated}, seed += 5);
+      check_decode({T, 256, 128, 16, 4, moe_scoring::kSigmoid, false, false, 2048, gated}, seed += 5);
+    }
+  check_decode({1, 2048, 512, 16, 10, moe_scoring::kSoftmax, true, true, 512, true}, seed += 5);  // Qwen3-Next's widths
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 // Routed experts of a sparse mixture-of-experts block in one op: route, run the top-k SwiGLU
-// experts of every token, combine. The router's linear layer (logits = x · routerᵀ) and the
-// shared expert stay outside (ordinary linear / swiglu ops of the caller).
+// experts of every token, combine; then, optionally, the block's shared expert. The router's
+// linear layer (logits = x · routerᵀ) stays outside (the caller's linear op).
 //
 // For token t (logits l = router_logits[t, :], E experts):
 //   score_e = softmax(l)_e (kSoftmax) or sigmoid(l_e) (kSigmoid);
@@ -54,6 +54,19 @@ struct moe_experts_params {
   bool norm_topk_prob = true;
   bool accumulate = false;  // out += the experts' sum (else out =)
   dtype w_dtype = dtype::kF32;
+  // Optional shared expert, added after the routed experts (shared_inter 0: none):
+  //   a = silu(x · shared_gateᵀ) ⊙ (x · shared_upᵀ)            f32 [tokens, shared_inter]
+  //   out += a · shared_downᵀ                                   (shared_gate_w null)
+  //   out += sigmoid(x · shared_gate_wᵀ) · (a · shared_downᵀ)   (one gate value a token)
+  // computed as the swiglu_linear, gemm (beta 1 into out, or beta 0) and row_add ops compute
+  // them, in that order: bit for bit what a layer running those ops after this op gets. Weights
+  // in w_dtype: shared_gate, shared_up [shared_inter, hidden], shared_down [hidden,
+  // shared_inter], shared_gate_w [1, hidden], all row-major.
+  const void* shared_gate = nullptr;
+  const void* shared_up = nullptr;
+  const void* shared_down = nullptr;
+  const void* shared_gate_w = nullptr;
+  int64_t shared_inter = 0;
 };
 
 void run_cpu(const moe_experts_params& p);
