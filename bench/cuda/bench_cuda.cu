@@ -460,7 +460,7 @@ device_array<uint16_t> random_bf16_device(size_t n, uint32_t seed, float lo, flo
 
 // The Qwen3-Next MoE layer (hidden 2048, 512 experts, top 10, expert width 512, shared expert
 // 512 with its sigmoid gate; bf16 weights) at 1, 64 and 8192 tokens: the routed-experts op
-// alone (moe_experts) and the layer (router GEMM, experts, shared expert, gate, add:
+// alone (moe_experts) and the layer (router GEMM, then the op with the gated shared expert:
 // moe_layer). Bytes: the weights the step touches (the distinct experts the routing picks,
 // counted on the host from the same logits, plus router and shared expert for the layer), x
 // and out. The experts' FLOPs (2 · tokens · top_k · 3 · hidden · width) give the TFLOP/s
@@ -504,7 +504,6 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     }
     const double distinct = static_cast<double>(std::count(used.begin(), used.end(), uint8_t{1}));
     device_array<float> out(static_cast<size_t>(T * H));
-    device_array<float> act(static_cast<size_t>(T * IS)), ys(static_cast<size_t>(T * H)), gl(static_cast<size_t>(T));
     moe_experts_params p;
     p.x = x.data();
     p.router_logits = logits.data();
@@ -530,49 +529,17 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
       rows.push_back({"moe_experts", "qwen3next E512 k10 I512 split", static_cast<int>(T), us_split,
                       distinct * expert_bytes + io});
     }
+    // The layer: the router GEMM, then the op with the shared expert and its sigmoid gate (at
+    // decode two fused kernels; else the routed kernels and the shared expert's separate ops).
+    moe_experts_params pl = p;
+    pl.shared_gate = sh_gate.data();
+    pl.shared_up = sh_up.data();
+    pl.shared_down = sh_down.data();
+    pl.shared_gate_w = sh_gw.data();
+    pl.shared_inter = IS;
     const double us_layer = time_call_us(stream, 1, [&](int) {
       run_cuda(r, stream);  // router
-      run_cuda(p, stream);
-      swiglu_linear_params s;
-      s.x = x.data();
-      s.gate_w = sh_gate.data();
-      s.up_w = sh_up.data();
-      s.out = act.data();
-      s.m = T;
-      s.n = IS;
-      s.k = H;
-      s.x_stride = s.w_stride = H;
-      s.out_stride = IS;
-      s.w_dtype = hyserve::dtype::kBF16;
-      run_cuda(s, stream);
-      gemm_params d;
-      d.a = act.data();
-      d.b = sh_down.data();
-      d.b_dtype = hyserve::dtype::kBF16;
-      d.c = ys.data();
-      d.m = T;
-      d.n = H;
-      d.k = IS;
-      d.lda = IS;
-      d.ldb = IS;
-      d.ldc = H;
-      d.trans_b = true;
-      run_cuda(d, stream);
-      gemm_params g = r;
-      g.b = sh_gw.data();
-      g.c = gl.data();
-      g.n = 1;
-      g.ldc = 1;
-      run_cuda(g, stream);
-      row_add_params a;
-      a.x = ys.data();
-      a.out = out.data();
-      a.gate_logits = gl.data();
-      a.gate_stride = 1;
-      a.rows = T;
-      a.cols = H;
-      a.x_stride = a.out_stride = H;
-      run_cuda(a, stream);
+      run_cuda(pl, stream);
     });
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
