@@ -43,6 +43,13 @@ namespace {
 
 constexpr int kDecodeWarps = 8, kDecodeThreads = 32 * kDecodeWarps;
 constexpr int64_t kDecodeMaxTokens = kDecodeWarps;  // a routing warp a token
+// Tokens the default (kernels.moe_decode: default) takes the fused path for. The down kernel
+// reads the down rows (and the shared expert's) once per token, where the split path's GEMV
+// reads an expert's rows once for all its tokens: measured on the H100, Granite-4.0-H-Tiny's
+// graph decode step, fused against split: batch 1 2.305 against 2.653 ms, batch 8 9.150 against
+// 7.927 ms (bench/results/2026-12-06-h100-run30.md). kernels.moe_decode: fused takes it up to
+// kDecodeMaxTokens.
+constexpr int64_t kDecodeDefaultMaxTokens = 1;
 constexpr int kDecodeMaxRows = 64;                  // (token, slot) pairs
 constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
@@ -338,7 +345,9 @@ size_t decode_down_smem(const moe_experts_params& p) {
 
 // Whether the fused decode path takes a call of the op (bf16 weights, the GEMV path).
 bool moe_decode_takes(const moe_experts_params& p) {
-  if (current_paths().moe_decode == kernel_paths::moe_decode_kind::kSplit) return false;
+  const auto kind = current_paths().moe_decode;
+  if (kind == kernel_paths::moe_decode_kind::kSplit) return false;
+  if (kind == kernel_paths::moe_decode_kind::kDefault && p.tokens > kDecodeDefaultMaxTokens) return false;
   const int64_t R = p.tokens * p.top_k, chunks = p.inter / 8;
   const bool shared_ok =
       p.shared_inter == 0 ||
