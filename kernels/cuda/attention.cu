@@ -295,28 +295,18 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
 // Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
 // over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
 // attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
-// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory. Block z
-// takes kCombineDims of the D dimensions: its threads stage those dimensions of every slice's
-// partial sum in shared memory (16-byte loads, all issued at once: at batch 1 a row has ~130
-// slices, and a thread walking them in global memory waited on ~17 round trips of 8 loads), then
-// thread d sums its dimension over the slices in slice order (the same chain of fmas as before
-// the staging: the same bits).
+// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
+// d sums its dimension over the slices (independent loads).
 constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
-constexpr int kCombineDims = 32;
-template <int D>
-inline constexpr int kCombineDimsOf = D < kCombineDims ? D : kCombineDims;  // head_dim 16
 
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
                                                                          int qmax, const attn_partials part,
                                                                          bool decode_rule,
                                                                          const attn_decode::tree_keys tree) {
-  constexpr int CD = kCombineDimsOf<D>;  // dimensions a block
-  static_assert(D % CD == 0 && CD % 4 == 0 && CD <= kAttnThreads, "whole dimension blocks");
   pdl_begin();
   __shared__ float s_w[kMaxCombineSlices];
   __shared__ float s_max[kAttnWarps];
-  __shared__ float4 s_acc[kMaxCombineSlices * CD / 4];  // [slice][CD]
   const int64_t head = blockIdx.x;
   const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
   const int j = static_cast<int>(bq % qmax);
@@ -350,20 +340,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   }
   den = block_sum(den);  // its barriers also publish s_w
   const float inv = 1.0f / den;
-  const int d0 = static_cast<int>(blockIdx.z) * CD;
-  const float* acc = part.acc + base * D + d0;  // 16-byte aligned (launch_paged_attention)
-  constexpr int kV = CD / 4;  // float4s of a slice
-  for (int i = tid; i < n_act * kV; i += kAttnThreads) {
-    const int s = i / kV, v = i - s * kV;
-    s_acc[i] = reinterpret_cast<const float4*>(acc + static_cast<int64_t>(s) * D)[v];
-  }
-  __syncthreads();
-  if (tid >= CD) return;
-  const float* sa = reinterpret_cast<const float*>(s_acc);
-  float num = 0.0f;
+  float* o = p.out + q_start * p.out_stride + head * D;
+  const float* acc = part.acc + base * D;
+  for (int d = tid; d < D; d += kAttnThreads) {
+    float num = 0.0f;
 #pragma unroll 8
-  for (int s = 0; s < n_act; ++s) num += sa[s * CD + tid] * s_w[s];
-  p.out[q_start * p.out_stride + head * D + d0 + tid] = num * inv;
+    for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
+    o[d] = num * inv;
+  }
 }
 
 // Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
@@ -459,11 +443,9 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
     void* ws = nullptr;
-    // acc after ml, from a 16-byte boundary (the combine kernel's float4 loads).
-    const size_t ml_bytes = (static_cast<size_t>(n) * sizeof(float2) + 15) & ~size_t{15};
-    CUDA_CHECK(scratch_alloc(&ws, ml_bytes + static_cast<size_t>(n) * sizeof(float) * p.head_dim, stream));
+    CUDA_CHECK(scratch_alloc(&ws, static_cast<size_t>(n) * (sizeof(float2) + sizeof(float) * p.head_dim), stream));
     part.ml = static_cast<float2*>(ws);
-    part.acc = reinterpret_cast<float*>(static_cast<char*>(ws) + ml_bytes);
+    part.acc = reinterpret_cast<float*>(part.ml + n);
   }
   dispatch(attention_head_dim_table{}, p.head_dim, "paged_attention", "head_dim", [&](auto hd) {
     constexpr int D = decltype(hd)::value;
@@ -520,8 +502,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       }
     }
     if (n_part > 1) {
-      const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax),
-                       static_cast<unsigned>(D / kCombineDimsOf<D>));
+      const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
       launch_pdl(attention_combine_kernel<D>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part, qmax, part, decode_kernel,
                  tree);
       HYSERVE_CUDA_CHECK_LAUNCH();
