@@ -21,8 +21,8 @@
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
-# moe-decode (the MoE families' batch-1 and batch-8 steps with kernels.moe_decode default and split:
-# Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS);
+# moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split
+# and fused: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
@@ -335,12 +335,16 @@ EOF2
           "$(with_kernels configs/falcon-h1-7b-synthetic-cuda.yaml attn_decode_max_slices "$n")" --batches 1 --decode-steps 16
       done ;;
     moe-decode)
-      # The routed experts of a decode step in two fused kernels (the default) against the four of
-      # kernels.moe_decode: split, one config after the other.
+      # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
+      # split and fused (up to 8 tokens), at batches 1, 2, 4 and 8 (where the fused path's
+      # per-token weight reads start to cost more than the kernels it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
-        stage "moe-decode-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,8 --decode-steps 16
-        stage "moe-decode-$f-split" 120 "$bin/hyserve-bench-model" \
-          "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode split)" --batches 1,8 --decode-steps 16
+        stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,2,4,8 \
+          --decode-steps 16
+        for kind in split fused; do
+          stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
+        done
       done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
