@@ -148,7 +148,9 @@ double copy_bandwidth(hyserve::device_kind device) {
 
 size_t dtype_bytes(hyserve::dtype t) { return hyserve::dtype_size(t); }
 
-// Bytes a batch-1 decode step must read at least once, for a Bamba-style model.
+// Bytes a batch-1 decode step must read at least once: every weight one token touches (the
+// routed top-k experts, the shared expert and the router of an MoE layer), the recurrent states
+// (Mamba2 or Gated DeltaNet) and the KV cache of the context.
 struct floor_bytes {
   double weights = 0, states = 0, kv = 0;
   double total() const { return weights + states + kv; }
@@ -166,18 +168,15 @@ floor_bytes decode_floor(const hyserve::service_config& cfg, const hyserve::mode
   const double kv_b = static_cast<double>(dtype_bytes(cfg.cache.kv_dtype));
   // The MLP weights one token reads per layer: SwiGLU gate/up/down; relu² (Nemotron-H, its MLP
   // layers only) up/down; Granite's top-k experts plus the shared MLP.
-  const auto mlp_bytes = [&](hyserve::layer_kind kind) {
-    switch (mc.arch) {
-      case hyserve::model_arch::kNemotronH:
-        return kind == hyserve::layer_kind::kMlp ? 2 * H * I * w : 0.0;
-      case hyserve::model_arch::kGraniteMoeHybrid:
-        return 3 * H * w *
-               (static_cast<double>(mc.num_experts_per_tok * mc.moe_intermediate_size) +
-                static_cast<double>(mc.shared_expert_intermediate_size)) +
-               static_cast<double>(mc.num_experts) * H * w;  // router
-      default:
-        return 3 * H * I * w;
+  const auto mlp_bytes = [&](int64_t layer, hyserve::layer_kind kind) {
+    if (mc.num_experts > 0 && mc.is_moe_layer(layer)) {
+      const double shared = static_cast<double>(mc.shared_expert_intermediate_size);
+      return 3 * H * w * (static_cast<double>(mc.num_experts_per_tok * mc.moe_intermediate_size) + shared) +
+             static_cast<double>(mc.num_experts) * H * w +                                // router
+             (mc.arch == hyserve::model_arch::kQwen3Next && shared > 0 ? H * w : 0.0);  // shared expert's gate
     }
+    if (mc.arch == hyserve::model_arch::kNemotronH) return kind == hyserve::layer_kind::kMlp ? 2 * H * I * w : 0.0;
+    return 3 * H * I * w;
   };
   const auto mamba = [&] {
     const double d_in = static_cast<double>(mc.mamba_intermediate());
@@ -190,13 +189,26 @@ floor_bytes decode_floor(const hyserve::service_config& cfg, const hyserve::mode
   const auto attention = [&] {
     const double q = static_cast<double>(mc.num_attention_heads * mc.head_dim);
     const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
-    f.weights += (H * q + 2 * H * kv + q * H) * w;
+    const double q_out = mc.arch == hyserve::model_arch::kQwen3Next ? 2 * q : q;  // Qwen3-Next: query | output gate
+    f.weights += (H * q_out + 2 * H * kv + q * H) * w;
     f.kv += 2 * kv * static_cast<double>(context) * kv_b;
+  };
+  // Gated DeltaNet (Qwen3-Next): in_proj q | k | v | z and b | a, the conv, out_proj; the state
+  // is heads × K × V.
+  const auto gdn = [&] {
+    const double kd = static_cast<double>(mc.gdn_key_dim()), vd = static_cast<double>(mc.gdn_value_dim());
+    const double nv = static_cast<double>(mc.linear_num_value_heads);
+    const double conv = static_cast<double>(mc.gdn_conv_dim());
+    f.weights += H * (2 * kd + 2 * vd + 2 * nv) * w + vd * H * w;
+    f.weights += conv * static_cast<double>(mc.linear_conv_kernel_dim) * w + 2 * nv * 4 +
+                 static_cast<double>(mc.linear_value_head_dim) * 4;
+    f.states += nv * static_cast<double>(mc.linear_key_head_dim * mc.linear_value_head_dim) * state_b;
+    f.states += conv * static_cast<double>(mc.linear_conv_kernel_dim - 1) * 4;
   };
   for (int64_t l = 0; l < mc.num_layers; ++l) {
     const hyserve::layer_kind kind = mc.layer_kinds[static_cast<size_t>(l)];
     f.weights += 2 * H * 4;  // norms
-    f.weights += mlp_bytes(kind);
+    f.weights += mlp_bytes(l, kind);
     switch (kind) {
       case hyserve::layer_kind::kMamba2:
         mamba();
@@ -211,7 +223,8 @@ floor_bytes decode_floor(const hyserve::service_config& cfg, const hyserve::mode
       case hyserve::layer_kind::kMlp:
         break;
       case hyserve::layer_kind::kGatedDeltaNet:
-        throw hyserve::invalid_argument_error("hyserve-bench-model: the floor is computed for Mamba2 hybrids only");
+        gdn();
+        break;
     }
   }
   return f;
@@ -559,7 +572,7 @@ int run(const options& o) {
   }
   report["decode"] = decode;
 
-  if (mc.arch != hyserve::model_arch::kQwen3Next && copy_bw > 0) {
+  if (copy_bw > 0) {
     const floor_bytes f = decode_floor(cfg, mc, o.prompt_len + o.decode_steps / 2);
     const double floor_s = f.total() / copy_bw;
     std::printf("batch-1 decode floor: weights %.2f GB + states %.3f GB + KV %.3f GB = %.2f GB -> %.3f ms at %.0f GB/s\n",
