@@ -3,20 +3,24 @@
 // weights, fast mode, up to kDecodeMaxTokens tokens and tokens · top_k <= kDecodeMaxRows pairs,
 // with its shared expert, in two kernels instead of four for the routed experts (prepare, GEMV
 // 1, GEMV 2, combine: moe.cu, moe_gemm.cuh) and two to four for the shared expert:
-//   up:   the routed blocks each route all the tokens themselves (route_token, a warp a token,
-//         into shared memory) and order the (token, slot) pairs by expert, ties by pair index:
-//         the same order in every block, without atomics. Routed block b takes the active
+//   up:   tasks over as many blocks as are resident at once (block b: tasks b, b + grid, …;
+//         a block routes once, however many routed tasks it has). The blocks with routed tasks
+//         each route all the tokens themselves (route_token, a warp a token, into shared memory)
+//         and order the (token, slot) pairs by expert, ties by pair index: the same order in
+//         every block, without atomics. Routed task b takes the active
 //         expert b / ceil(inter / 8) (ascending index) and 8 of its outputs, a warp each:
 //         act[row] = bf16(silu(x_t · gate_eᵀ) ⊙ (x_t · up_eᵀ)), x rounded to bf16 as it is read.
 //         Block 0 also writes the routing (each pair's expert, weight and row) for the down
-//         kernel and the caller's topk outputs. The blocks after the routed ones take 8 outputs
+//         kernel and the caller's topk outputs. The tasks after the routed ones take 8 outputs
 //         of the shared expert (silu(x_t · gateᵀ) ⊙ (x_t · upᵀ) in f32, x unrounded, every
 //         token) and, gated, one more: the gate's x_t · gate_wᵀ.
-//   down: block (t, y): token t and 8 output columns, a warp each; for each of t's experts in
+//   down: block (t, y): token t and tiles of 8 output columns (y, y + grid.y, …: the grid is
+//         what is resident at once, two blocks an SM), a warp a column; for each of t's experts in
 //         ascending index order, y_e = act[row(t, e)] · down_e[col]ᵀ, and
 //         out[t, col] (= or +=) Σ w_e · y_e, added in that order; then the shared expert's
 //         ys = act_shared[t] · down_shared[col]ᵀ, added as ys + out (ungated) or
-//         fma(sigmoid(gl_t), ys, out) (gated).
+//         fma(sigmoid(gl_t), ys, out) (gated). The shared expert's down rows are fetched into L2
+//         before the kernel waits for the up kernel.
 // Every value is computed with the arithmetic of the ops it replaces: the GEMV kernel's
 // (moe_gemm.cuh: lane l takes the 16-byte chunks l, l + 32, … in order, fmaf over their 8
 // elements, then warp_sum) and the combine kernel's for the routed experts; the skinny kernels'
@@ -29,6 +33,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "common.cuh"
 #include "gemm_paths.h"
@@ -166,7 +172,7 @@ __device__ __forceinline__ void shared_up_block(const decode_args& d, int64_t b,
   }
 }
 
-__global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const decode_args d) {
+__global__ void __launch_bounds__(kDecodeThreads, 3) moe_decode_up_kernel(const decode_args d, int tasks) {
   extern __shared__ float up_scores[];  // [tokens][experts]
   __shared__ int sel_id[kDecodeWarps][kMaxTopK];
   __shared__ float sel_s[kDecodeWarps][kMaxTopK];
@@ -178,107 +184,129 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_up_kernel(const dec
   __shared__ int s_tiles;
   pdl_begin();  // the router's logits (and x)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int64_t b = blockIdx.x;
-  if (b >= d.routed_blocks) return shared_up_block(d, b - d.routed_blocks, warp, lane);  // no barrier there
   const int T = static_cast<int>(d.route.tokens), K = d.route.top_k, R = T * K, E = d.route.experts;
-  const bool first_block = b == 0;
+  const int per_tile = static_cast<int>(ceil_div(d.inter, int64_t{kDecodeWarps}));
+  // Block b takes the tasks b, b + grid, ...: the routed ones first (task < routed_blocks), then
+  // the shared expert's. A block with a routed task routes once, before its first.
+  if (static_cast<int64_t>(blockIdx.x) < d.routed_blocks) {
+    const bool first_block = blockIdx.x == 0;
 
-  // 1. Routing of every token (the prepare kernel's route_token), into shared memory.
-  route_args a = d.route;
-  a.ids = s_ids;
-  a.wts = s_wts;
-  a.counts = nullptr;
-  if (!first_block) {
-    a.user_ids = nullptr;
-    a.user_wts = nullptr;
-  }
-  if (tid == 0) s_tiles = 0;
-  if (warp < T) route_token(a, warp, up_scores + static_cast<int64_t>(warp) * E, sel_id[warp], sel_s[warp], nullptr);
-  __syncthreads();
+    // 1. Routing of every token (the prepare kernel's route_token), into shared memory.
+    route_args a = d.route;
+    a.ids = s_ids;
+    a.wts = s_wts;
+    a.counts = nullptr;
+    if (!first_block) {
+      a.user_ids = nullptr;
+      a.user_wts = nullptr;
+    }
+    if (tid == 0) s_tiles = 0;
+    if (warp < T) route_token(a, warp, up_scores + static_cast<int64_t>(warp) * E, sel_id[warp], sel_s[warp], nullptr);
+    __syncthreads();
 
-  // 2. The pairs by expert, ties by pair index: pair i's row = #{pairs of a lower expert} +
-  // #{earlier pairs of its expert}; the x-th active expert (ascending) is tile x.
-  int e = 0, below = 0, before = 0, count = 0;
-  if (tid < R) {
-    e = s_ids[tid];
-    for (int i = 0; i < R; ++i) {
-      const int f = s_ids[i];
-      below += f < e;
-      count += f == e;
-      before += f == e && i < tid;
+    // 2. The pairs by expert, ties by pair index: pair i's row = #{pairs of a lower expert} +
+    // #{earlier pairs of its expert}; the x-th active expert (ascending) is tile x.
+    int e = 0, below = 0, before = 0, count = 0;
+    if (tid < R) {
+      e = s_ids[tid];
+      for (int i = 0; i < R; ++i) {
+        const int f = s_ids[i];
+        below += f < e;
+        count += f == e;
+        before += f == e && i < tid;
+      }
+      s_first[tid] = before == 0;
     }
-    s_first[tid] = before == 0;
+    __syncthreads();
+    if (tid < R) {
+      const int row = below + before;
+      s_row_token[row] = tid / K;
+      if (before == 0) {
+        int tile = 0;  // active experts below e
+        for (int i = 0; i < R; ++i) tile += s_first[i] && s_ids[i] < e;
+        s_tile_expert[tile] = e;
+        s_tile_begin[tile] = below;
+        s_tile_rows[tile] = count;
+        atomicAdd(&s_tiles, 1);
+      }
+      if (first_block) {  // the down kernel's routing
+        d.ids[tid] = e;
+        d.wts[tid] = s_wts[tid];
+        d.rows[tid] = row;
+      }
+    }
+    __syncthreads();  // no barrier below
   }
-  __syncthreads();
-  if (tid < R) {
-    const int row = below + before;
-    s_row_token[row] = tid / K;
-    if (before == 0) {
-      int tile = 0;  // active experts below e
-      for (int i = 0; i < R; ++i) tile += s_first[i] && s_ids[i] < e;
-      s_tile_expert[tile] = e;
-      s_tile_begin[tile] = below;
-      s_tile_rows[tile] = count;
-      atomicAdd(&s_tiles, 1);
-    }
-    if (first_block) {  // the down kernel's routing
-      d.ids[tid] = e;
-      d.wts[tid] = s_wts[tid];
-      d.rows[tid] = row;
-    }
-  }
-  __syncthreads();
-  const int64_t per_tile = ceil_div(d.inter, int64_t{kDecodeWarps});
-  const int tile = static_cast<int>(b / per_tile);
-  if (tile >= s_tiles) return;  // uniform over the block; no barrier below
 
-  // 3. The GEMV of moe_gemv_kernel<true> (gate and up rows of one output a warp) over the tile's
-  // rows, x read in f32 and rounded to bf16 (the split path's xa).
-  const int ex = s_tile_expert[tile], row_begin = s_tile_begin[tile], row_end = row_begin + s_tile_rows[tile];
-  const int64_t j = (b % per_tile) * kDecodeWarps + warp;
-  if (j >= d.inter) return;
-  const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(ex) * 2 * d.inter * d.hidden;
-  const uint4* wrow[2] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
-                          reinterpret_cast<const uint4*>(B + (d.inter + j) * d.hidden)};
-  for (int r0 = row_begin; r0 < row_end; r0 += 4) {
-    const int nr = min(4, row_end - r0);
-    const float4* xrow[4];
+  const int routed = static_cast<int>(d.routed_blocks);
+#pragma unroll 1
+  for (int b = static_cast<int>(blockIdx.x); b < tasks; b += static_cast<int>(gridDim.x)) {
+    if (b >= routed) {
+      shared_up_block(d, b - d.routed_blocks, warp, lane);
+      continue;
+    }
+    const int tile = b / per_tile;
+    if (tile >= s_tiles) continue;  // uniform over the block
+
+    // 3. The GEMV of moe_gemv_kernel<true> (gate and up rows of one output a warp) over the
+    // tile's rows, x read in f32 and rounded to bf16 (the split path's xa).
+    const int ex = s_tile_expert[tile], row_begin = s_tile_begin[tile], row_end = row_begin + s_tile_rows[tile];
+    const int64_t j = (b % per_tile) * kDecodeWarps + warp;
+    if (j >= d.inter) continue;
+    const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(ex) * 2 * d.inter * d.hidden;
+    const uint4* wrow[2] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
+                            reinterpret_cast<const uint4*>(B + (d.inter + j) * d.hidden)};
+#pragma unroll 1
+    for (int r0 = row_begin; r0 < row_end; r0 += 4) {
+      const int nr = min(4, row_end - r0);
+      const float4* xrow[4];
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr)
-      xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
-    float acc[2][4];
-    dot_rows<2, true>(wrow, xrow, nr, d.hidden / 8, lane, acc);
-    if (lane != 0) continue;
+      for (int rr = 0; rr < 4; ++rr)
+        xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
+      float acc[2][4];
+      dot_rows<2, true>(wrow, xrow, nr, d.hidden / 8, lane, acc);
+      if (lane != 0) continue;
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) {
-      if (rr >= nr) break;
-      const float gate = acc[0][rr];
-      d.act[static_cast<int64_t>(r0 + rr) * d.inter + j] = __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][rr]);
+      for (int rr = 0; rr < 4; ++rr) {
+        if (rr >= nr) break;
+        const float gate = acc[0][rr];
+        d.act[static_cast<int64_t>(r0 + rr) * d.inter + j] = __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][rr]);
+      }
     }
   }
 }
 
 __device__ __forceinline__ float sigmoid_of(float v) { return 1.0f / (1.0f + expf(-v)); }  // row_add's
 
-// CPL: 16-byte chunks of a routed down row a lane (inter <= 256 · CPL); G experts' loads in flight.
+// CPL: 16-byte chunks of a routed down row a lane (inter <= 256 · CPL); G experts' loads in
+// flight. At most 128 registers a thread: two blocks an SM.
 template <int CPL>
-__global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const decode_args d) {
+__global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_down_kernel(const decode_args d) {
   constexpr int G = 24 / CPL;
   extern __shared__ uint4 down_smem[];  // the token's act rows: routed [top_k][inter / 8], then shared f32 [s_inter]
   __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
   __shared__ float s_w[kMaxTopK];
-  pdl_begin();  // act and the routing of the up kernel
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int K = d.route.top_k;
   const int64_t t = blockIdx.x, chunks = d.inter / 8;
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
+  const int64_t col_tiles = ceil_div(d.hidden, int64_t{kDecodeWarps});
+  // The shared expert's down row of a column into L2: a weight, so before the wait for the tile
+  // the block starts with (it then overlaps the up kernel), and one tile ahead after that.
+  auto prefetch_shared = [&](int64_t tile) {
+    const int64_t c = tile * kDecodeWarps + warp;
+    if (d.s_inter == 0 || tile >= col_tiles || c >= d.hidden) return;
+    const char* row = reinterpret_cast<const char*>(d.s_down + c * d.s_inter);
+    for (int64_t off = 128 * lane; off < d.s_inter * 2; off += 32 * 128) prefetch_l2(row + off);
+  };
+  prefetch_shared(blockIdx.y);
+  pdl_begin();  // act and the routing of the up kernel
   if (tid < K) {
     s_e[tid] = d.ids[t * K + tid];
     s_w[tid] = d.wts[t * K + tid];
     s_row[tid] = d.rows[t * K + tid];
   }
   __syncthreads();
-  const bool active = col < d.hidden;
+  int64_t col = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
   uint4 w[G][CPL];
   auto load_group = [&](int j0) {
 #pragma unroll
@@ -293,7 +321,7 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const d
       }
     }
   };
-  if (active) load_group(0);  // in flight while the act rows are staged
+  if (col < d.hidden) load_group(0);  // in flight while the act rows are staged
   uint4* act_s = down_smem;
   for (int64_t i = tid; i < K * chunks; i += kDecodeThreads) {
     const int64_t jj = i / chunks, c = i - jj * chunks;
@@ -302,39 +330,45 @@ __global__ void __launch_bounds__(kDecodeThreads) moe_decode_down_kernel(const d
   auto* shared_act = reinterpret_cast<float4*>(down_smem + K * chunks);
   for (int64_t i = tid; i < d.s_inter / 4; i += kDecodeThreads)
     shared_act[i] = __ldg(reinterpret_cast<const float4*>(d.s_act + t * d.s_inter) + i);
-  __syncthreads();
-  if (!active) return;
-  float* o = d.out + t * d.out_stride + col;
-  float acc = d.accumulate ? *o : 0.0f;
-  for (int j0 = 0; j0 < K; j0 += G) {
-    if (j0 > 0) load_group(j0);
+  __syncthreads();  // no barrier below
+  // The block's column tiles: blockIdx.y, then every gridDim.y-th (the grid is what is resident).
+  for (int64_t tile = blockIdx.y; tile < col_tiles; tile += gridDim.y) {
+    col = tile * kDecodeWarps + warp;
+    if (col >= d.hidden) break;
+    if (tile != blockIdx.y) load_group(0);
+    prefetch_shared(tile + gridDim.y);
+    float* o = d.out + t * d.out_stride + col;
+    float acc = d.accumulate ? *o : 0.0f;
+    for (int j0 = 0; j0 < K; j0 += G) {
+      if (j0 > 0) load_group(j0);
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (j0 + g >= K) break;
-      float y = 0.0f;
+      for (int g = 0; g < G; ++g) {
+        if (j0 + g >= K) break;
+        float y = 0.0f;
 #pragma unroll
-      for (int m = 0; m < CPL; ++m) {
-        const int64_t c = lane + 32 * m;
-        if (c >= chunks) break;
-        float xf[8], wf[8];
-        bf16x8_to_float(act_s[(j0 + g) * chunks + c], xf);
-        bf16x8_to_float(w[g][m], wf);
+        for (int m = 0; m < CPL; ++m) {
+          const int64_t c = lane + 32 * m;
+          if (c >= chunks) break;
+          float xf[8], wf[8];
+          bf16x8_to_float(act_s[(j0 + g) * chunks + c], xf);
+          bf16x8_to_float(w[g][m], wf);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) y = fmaf(xf[i], wf[i], y);
+          for (int i = 0; i < 8; ++i) y = fmaf(xf[i], wf[i], y);
+        }
+        y = warp_sum(y);
+        acc += s_w[j0 + g] * y;  // the combine kernel's sum
       }
-      y = warp_sum(y);
-      acc += s_w[j0 + g] * y;  // the combine kernel's sum
     }
+    if (d.s_inter > 0) {  // the shared expert: the skinny kernel's dot on f32 act, then its add
+      const float4* xr[4] = {shared_act, shared_act, shared_act, shared_act};
+      const uint4* wr[1] = {reinterpret_cast<const uint4*>(d.s_down + col * d.s_inter)};
+      float ys[1][4];
+      dot_rows<1, false, false>(wr, xr, 1, d.s_inter / 8, lane, ys);
+      acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(d.s_gl[t]), ys[0][0], acc)  // row_add
+                                  : __fmaf_rn(1.0f, ys[0][0], __fmul_rn(1.0f, acc));  // the gemm epilogue, beta 1
+    }
+    if (lane == 0) *o = acc;
   }
-  if (d.s_inter > 0) {  // the shared expert: the skinny kernel's dot on f32 act, then its add
-    const float4* xr[4] = {shared_act, shared_act, shared_act, shared_act};
-    const uint4* wr[1] = {reinterpret_cast<const uint4*>(d.s_down + col * d.s_inter)};
-    float ys[1][4];
-    dot_rows<1, false, false>(wr, xr, 1, d.s_inter / 8, lane, ys);
-    acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(d.s_gl[t]), ys[0][0], acc)  // row_add
-                                : __fmaf_rn(1.0f, ys[0][0], __fmul_rn(1.0f, acc));  // the gemm epilogue, beta 1
-  }
-  if (lane == 0) *o = acc;
 }
 
 // The down kernel's dynamic shared memory: the token's routed act rows (bf16) and its shared
@@ -359,12 +393,40 @@ bool moe_decode_takes(const moe_experts_params& p) {
          decode_down_smem(p) <= kDecodeMaxSmem && p.x_stride % 4 == 0 && aligned16(p.x) && shared_ok;
 }
 
+// Blocks of `kernel` resident on the device at once with `smem` bytes of dynamic shared memory
+// (asked once per kernel, size and device; a layer's calls repeat a few sizes).
+int64_t decode_resident_blocks(const void* kernel, size_t smem) {
+  struct entry {
+    const void* kernel;
+    size_t smem;
+    int device;
+    int64_t blocks;
+  };
+  static std::mutex mu;
+  static std::vector<entry> cache;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  for (const entry& e : cache)
+    if (e.kernel == kernel && e.smem == smem && e.device == device) return e.blocks;
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, smem));
+  const int64_t blocks = std::max<int64_t>(1, int64_t{per_sm} * sm_count());
+  cache.push_back(entry{kernel, smem, device, blocks});
+  return blocks;
+}
+
+// The down kernel: a block per token and column tile, or, when those are more than are resident
+// at once, as many column tiles per token as are, each looping over the others.
 template <int CPL>
 void launch_moe_decode_down(const decode_args& d, size_t smem, cudaStream_t stream) {
   auto kernel = moe_decode_down_kernel<CPL>;
   if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-  const dim3 grid(static_cast<unsigned>(d.route.tokens), static_cast<unsigned>(ceil_div(d.hidden, int64_t{kDecodeWarps})));
-  launch_pdl(kernel, grid, dim3(kDecodeThreads), smem, stream, d);
+  const int64_t T = d.route.tokens, tiles = ceil_div(d.hidden, int64_t{kDecodeWarps});
+  const int64_t per_token =
+      std::clamp<int64_t>(decode_resident_blocks(reinterpret_cast<const void*>(kernel), smem) / T, 1, tiles);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(T), static_cast<unsigned>(per_token)), dim3(kDecodeThreads), smem,
+             stream, d);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -405,9 +467,14 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
     shared_blocks = ceil_div(Is + (p.shared_gate_w != nullptr ? 1 : 0), int64_t{kDecodeWarps});
   }
 
+  // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
+  // whatever the number of its routed tasks).
   const size_t up_smem = static_cast<size_t>(T * E) * sizeof(float);
-  launch_pdl(moe_decode_up_kernel, dim3(static_cast<unsigned>(d.routed_blocks + shared_blocks)), dim3(kDecodeThreads),
-             up_smem, stream, d);
+  const int64_t tasks = d.routed_blocks + shared_blocks;
+  const int64_t up_blocks =
+      std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(moe_decode_up_kernel), up_smem));
+  launch_pdl(moe_decode_up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
+             static_cast<int>(tasks));
   HYSERVE_CUDA_CHECK_LAUNCH();
   const size_t down_smem = decode_down_smem(p);
   switch (ceil_div(I / 8, int64_t{32})) {
