@@ -87,8 +87,9 @@ inline void check_paged_attention(const paged_attention_params& p, const char* o
 
 inline void check_rmsnorm(const rmsnorm_params& p, const char* op) {
   require_ptrs(op, {{p.x, "x"}, {p.weight, "weight"}, {p.out, "out"}});
-  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}});
-  require_strides(p.cols, op, {{p.x_stride, "x_stride"}, {p.out_stride, "out_stride"}});
+  require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}, {p.groups, "groups"}});
+  require_strides(p.groups * p.cols, op, {{p.x_stride, "x_stride"}, {p.out_stride, "out_stride"}});
+  if (p.weight_stride != 0 && p.weight_stride < p.cols) fail(op, "weight_stride", p.weight_stride, "must be 0 or >= cols");
   if (!(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
 }
 

@@ -32,11 +32,13 @@ void run_cpu(const rmsnorm_params& p) {
   check_rmsnorm(p, op);
 
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const float* x = p.x + r * p.x_stride;
-    float* o = p.out + r * p.out_stride;  // may alias x: element i is read before it is written
+  for (int64_t rg = 0; rg < p.rows * p.groups; ++rg) {
+    const int64_t r = rg / p.groups, g = rg % p.groups;
+    const float* x = p.x + r * p.x_stride + g * p.cols;
+    float* o = p.out + r * p.out_stride + g * p.cols;  // may alias x: element i is read before it is written
+    const float* w = p.weight + g * p.weight_stride;
     const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(x, p.cols) / static_cast<double>(p.cols) + p.eps));
-    for (int64_t i = 0; i < p.cols; ++i) o[i] = x[i] * inv * p.weight[i];
+    for (int64_t i = 0; i < p.cols; ++i) o[i] = x[i] * inv * w[i];
   }
 }
 

@@ -31,9 +31,10 @@ constexpr int kMaxGridY = 65535;
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_params p) {
   pdl_begin();
-  const int64_t r = blockIdx.x;
-  const T* x = reinterpret_cast<const T*>(p.x) + r * p.x_stride;
-  T* o = reinterpret_cast<T*>(p.out) + r * p.out_stride;
+  const int64_t r = blockIdx.x / p.groups, g = blockIdx.x % p.groups;
+  const T* x = reinterpret_cast<const T*>(p.x) + r * p.x_stride + g * p.cols;
+  T* o = reinterpret_cast<T*>(p.out) + r * p.out_stride + g * p.cols;
+  const float* weight = p.weight + g * p.weight_stride;
   constexpr int kN = Vec ? pack16<T>::kN : 1;
   const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
 
@@ -54,13 +55,13 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const rmsnorm_par
     if constexpr (Vec) {
       const pack16<T> v = load_pack(x + i);
       float w[kN];
-      load_floats<kN>(p.weight + i, w);
+      load_floats<kN>(weight + i, w);
       pack16<T> out;
 #pragma unroll
       for (int j = 0; j < kN; ++j) out.v[j] = from_float<T>(to_float(v.v[j]) * inv * w[j]);
       store_pack(o + i, out);
     } else {
-      o[i] = from_float<T>(to_float(x[i]) * inv * p.weight[i]);
+      o[i] = from_float<T>(to_float(x[i]) * inv * weight[i]);
     }
   }
 }
@@ -244,8 +245,8 @@ __global__ void __launch_bounds__(kGatedRegMaxThreads) gated_rmsnorm_reg_kernel(
 
 template <class T>
 void launch_rmsnorm(const rmsnorm_params& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.rows));
-  if (vector_ok({p.x, p.out, p.weight}, {p.cols, p.x_stride, p.out_stride}, pack16<T>::kN))
+  const dim3 grid(static_cast<unsigned>(p.rows * p.groups));
+  if (vector_ok({p.x, p.out, p.weight}, {p.cols, p.x_stride, p.out_stride, p.weight_stride}, pack16<T>::kN))
     launch_pdl(rmsnorm_kernel<T, true>, grid, dim3(kNormThreads), 0, stream, p);
   else
     launch_pdl(rmsnorm_kernel<T, false>, grid, dim3(kNormThreads), 0, stream, p);
@@ -498,7 +499,7 @@ using namespace cuda_detail;
 void run_cuda(const rmsnorm_params& p, void* stream) {
   constexpr const char* op = "rmsnorm";
   cpu_detail::check_rmsnorm(p, op);
-  if (p.rows > 0x7fffffff) fail(op, "rows", p.rows, "exceeds the CUDA grid");
+  if (p.rows * p.groups > 0x7fffffff) fail(op, "rows", p.rows, "times groups exceeds the CUDA grid");
   launch_rmsnorm<float>(p, as_stream(stream));
 }
 

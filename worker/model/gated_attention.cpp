@@ -1,6 +1,7 @@
 #include "gated_attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -25,14 +26,24 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
     q_rows.push_back({2 * h * hd, (2 * h + 1) * hd});
     gate_rows.push_back({(2 * h + 1) * hd, (2 * h + 2) * hd});
   }
+  // Stacked q | k | v | gate (see gated_attention_weights), f32 until place().
+  const tensor q = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, q_rows);
+  const tensor gate = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, gate_rows);
+  const tensor k = ws.load_slice(prefix + "k_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
+  const tensor v = ws.load_slice(prefix + "v_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
   gated_attention_weights w;
-  w.q = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, q_rows);
-  w.gate = ws.load_row_ranges(prefix + "q_proj.weight", {2 * nh * hd, H}, gate_rows);
-  w.k = ws.load_slice(prefix + "k_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
-  w.v = ws.load_slice(prefix + "v_proj.weight", {kvh * hd, H}, 0, kv.first * hd, (kv.first + kv.count) * hd);
+  w.qkvg = tensor::f32({2 * qh * hd + 2 * kv.count * hd, H});
+  size_t off = 0;
+  for (const tensor* part : {&q, &k, &v, &gate}) {
+    std::memcpy(static_cast<char*>(w.qkvg.data()) + off, part->data(), part->nbytes());
+    off += part->nbytes();
+  }
   w.o = ws.load_slice(prefix + "o_proj.weight", {H, nh * hd}, 1, h0 * hd, (h0 + qh) * hd);
-  w.q_norm = load_zero_centered_norm(ws, prefix + "q_norm.weight", hd);
-  w.k_norm = load_zero_centered_norm(ws, prefix + "k_norm.weight", hd);
+  const tensor q_norm = load_zero_centered_norm(ws, prefix + "q_norm.weight", hd);
+  const tensor k_norm = load_zero_centered_norm(ws, prefix + "k_norm.weight", hd);
+  w.qk_norm = tensor::f32({qh + kv.count, hd});
+  for (int64_t h = 0; h < qh + kv.count; ++h)
+    std::memcpy(w.qk_norm.as<float>() + h * hd, (h < qh ? q_norm : k_norm).data(), static_cast<size_t>(hd) * sizeof(float));
   w.q_heads = qh;
   w.kv_heads = kv.count;
   w.head_dim = hd;
@@ -42,56 +53,50 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
   return w;
 }
 
-namespace {
-
-// In place: RMSNorm over each head_dim slice of a contiguous [T, heads·head_dim] tensor.
-void head_rmsnorm(tensor& t, int64_t heads, int64_t head_dim, const tensor& weight, float eps, const exec_context& ctx) {
-  kernels::rmsnorm_params n;
-  n.x = t.as<float>();
-  n.weight = weight.as<float>();
-  n.out = t.as<float>();
-  n.rows = t.shape()[0] * heads;
-  n.cols = head_dim;
-  n.x_stride = n.out_stride = head_dim;
-  n.eps = eps;
-  kernels::run(n, ctx);
-}
-
-}  // namespace
-
 void place(gated_attention_weights& w, device_kind device, dtype weight_type) {
-  for (tensor* t : {&w.q, &w.gate, &w.k, &w.v, &w.o}) place_weight(*t, device, weight_type);
-  for (tensor* t : {&w.q_norm, &w.k_norm}) place(*t, device);
+  for (tensor* t : {&w.qkvg, &w.o}) place_weight(*t, device, weight_type);
+  place(w.qk_norm, device);
 }
 
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
-                               kv_layer_cache& cache, collective* comm, const exec_context& ctx, tensor* residual) {
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx, tensor* residual,
+                               const tensor& norm, float eps) {
   const int64_t T = x.shape()[0];
-  const int64_t qw = w.q_heads * w.head_dim;
-  tensor q = linear(x, w.q, ctx);  // [T, qh·hd]
-  tensor k = linear(x, w.k, ctx);  // [T, kvh·hd]
-  tensor v = linear(x, w.v, ctx);
+  const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
+  tensor proj = norm_linear(x, &norm, eps, w.qkvg, ctx);  // [T, 2·qw + 2·kw]: q | k | v | gate
+  const int64_t ld = proj.shape()[1];
+  profile(ctx, "attn.qkvg_proj", nbytes(w.qkvg) + nbytes(x) + nbytes(proj) + nbytes(norm));
   tensor attn = tensor::f32({T, qw}, ctx.device);
   if (T > 0) {
-    head_rmsnorm(q, w.q_heads, w.head_dim, w.q_norm, w.eps, ctx);
-    head_rmsnorm(k, w.kv_heads, w.head_dim, w.k_norm, w.eps, ctx);
+    // The queries' and keys' per-head RMSNorm in place, one op over q | k.
+    kernels::rmsnorm_params n;
+    n.x = proj.as<float>();
+    n.weight = w.qk_norm.as<float>();
+    n.out = proj.as<float>();
+    n.rows = T;
+    n.cols = w.head_dim;
+    n.groups = w.q_heads + w.kv_heads;
+    n.weight_stride = w.head_dim;
+    n.x_stride = n.out_stride = ld;
+    n.eps = w.eps;
+    kernels::run(n, ctx);
 
-    rope_write_kv(rows_of(q), rows_of(k), rows_of(v), w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta,
-                  in, cache, ctx);
+    const f32_rows q{proj.as<float>(), T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
+    rope_write_kv(q, k, v, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, cache, ctx);
     kernels::paged_attention_params a =
-        paged_attention_of(rows_of(q), rows_of(attn), w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
+        paged_attention_of(q, rows_of(attn), w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     run_attention(a, in, ctx);
 
     // Output gate: attn · sigmoid(gate).
-    const tensor gate = linear(x, w.gate, ctx);
     kernels::sigmoid_mul_params sg;
     sg.x = attn.as<float>();
-    sg.gate = gate.as<float>();
+    sg.gate = proj.as<float>() + qw + 2 * kw;
     sg.out = attn.as<float>();
     sg.rows = T;
     sg.cols = qw;
-    sg.x_stride = sg.gate_stride = sg.out_stride = qw;
+    sg.x_stride = sg.out_stride = qw;
+    sg.gate_stride = ld;
     kernels::run(sg, ctx);
   }
   return block_output(attn, w.o, comm, ctx, residual);

@@ -18,13 +18,13 @@
 namespace hyserve::worker::layers {
 
 struct gated_attention_weights {
-  tensor q;       // [q_heads·head_dim, hidden]: the query half of each head's q_proj rows
-  tensor gate;    // [q_heads·head_dim, hidden]: the gate half
-  tensor k;       // [kv_heads·head_dim, hidden]
-  tensor v;       // [kv_heads·head_dim, hidden]
-  tensor o;       // [hidden, q_heads·head_dim]
-  tensor q_norm;  // [head_dim], as a plain RMSNorm weight (zero-centred 1 + w folded in)
-  tensor k_norm;  // [head_dim], likewise
+  // q | k | v | gate stacked: [(2·q_heads + 2·kv_heads)·head_dim, hidden], one projection (one
+  // launch, one weight stream, the block's input norm fused in) whose output row is
+  // q | k | v | gate: the query and gate halves of each head's q_proj rows, k_proj, v_proj.
+  tensor qkvg;
+  tensor o;        // [hidden, q_heads·head_dim]
+  tensor qk_norm;  // [q_heads + kv_heads, head_dim]: q_norm per query head, then k_norm per key
+                   // head, as plain RMSNorm weights (zero-centred 1 + w folded in)
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
   float rope_theta = 10000.0f;
   float eps = 1e-6f;
@@ -35,12 +35,13 @@ struct gated_attention_weights {
 gated_attention_weights load_gated_attention(const weight_source& ws, const std::string& prefix, const model_config& mc,
                                              tp_placement tp);
 
-// x [T, hidden] → [T, hidden], reduced over tp. Writes the batch's K/V into the cache.
-// Projections in weight_type (model.dtype); q_norm and k_norm stay f32.
+// Projections in weight_type (model.dtype); qk_norm stays f32.
 void place(gated_attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
-// residual: see block_output (layers.h).
+// x [T, hidden] → [T, hidden], reduced over tp. Writes the batch's K/V into the cache. The
+// projection reads rmsnorm(x; norm, eps) (the block's input norm fused into it); x may be
+// *residual itself. residual: see block_output (layers.h).
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
-                               kv_layer_cache& cache, collective* comm, const exec_context& ctx,
-                               tensor* residual = nullptr);
+                               kv_layer_cache& cache, collective* comm, const exec_context& ctx, tensor* residual,
+                               const tensor& norm, float eps);
 
 }  // namespace hyserve::worker::layers

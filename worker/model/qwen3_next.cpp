@@ -112,8 +112,8 @@ class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
   void forward_layer(qwen3_next_layer& L, size_t, tensor& h, const layers::step_inputs& in, const model_context& ctx,
                      const kernels::exec_context& ex) override {
     // The mixer's output projection adds into h (block_output). The Gated DeltaNet mixer's input
-    // norm runs inside its in_proj (one rmsnorm_linear op, the same bits); gated attention's four
-    // projections read one normed x.
+    // norm runs inside its in_proj (one rmsnorm_linear op, the same bits), gated attention's
+    // inside its stacked q | k | v | gate projection.
     switch (L.kind) {
       case layer_kind::kGatedDeltaNet:
         layers::gdn_forward(L.gdn, h, in, ctx.mamba->layer(L.cache_index), comm_, ex,
@@ -121,8 +121,8 @@ class qwen3_next_model final : public layer_stack<qwen3_next_layer> {
                             mc_.rms_norm_eps);
         break;
       case layer_kind::kAttention:
-        layers::gated_attention_forward(L.attn, layers::rmsnorm(h, L.input_norm, mc_.rms_norm_eps, ex), in,
-                                        ctx.kv->layer(L.cache_index), comm_, ex, &h);
+        layers::gated_attention_forward(L.attn, h, in, ctx.kv->layer(L.cache_index), comm_, ex, &h, L.input_norm,
+                                        mc_.rms_norm_eps);
         break;
       case layer_kind::kMamba2:
       case layer_kind::kMlp:

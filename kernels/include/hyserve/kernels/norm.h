@@ -7,13 +7,19 @@
 namespace hyserve::kernels {
 
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * weight. out may alias x.
+// groups > 1: each row holds `groups` vectors of cols channels side by side (vector g of row r
+// at r · stride + g · cols, in x and in out), each normalised on its own with the weight
+// weight + g · weight_stride (weight_stride 0: one weight for all): per-head norms (the queries'
+// and keys' of Qwen3-Next) on the rows of a stacked projection, in one op.
 struct rmsnorm_params {
-  const float* x = nullptr;                    // [rows, cols], row stride x_stride
-  const float* __restrict__ weight = nullptr;  // [cols]
-  float* out = nullptr;                        // [rows, cols], row stride out_stride
+  const float* x = nullptr;                    // [rows, groups · cols], row stride x_stride
+  const float* __restrict__ weight = nullptr;  // [cols], or [groups, weight_stride]
+  float* out = nullptr;                        // [rows, groups · cols], row stride out_stride
   int64_t rows = 0, cols = 0;
   int64_t x_stride = 0, out_stride = 0;
   float eps = 1e-6f;
+  int64_t groups = 1;
+  int64_t weight_stride = 0;  // 0, or >= cols
 };
 
 void run_cpu(const rmsnorm_params& p);
