@@ -310,6 +310,38 @@ TEST_P(RmsnormCuda, MatchesCpu) {
     expect_match(dout.download(), out, 1e-5, 1e-4, "out");
 }
 
+// groups (per-head norms, a weight per head): Qwen3-Next's q | k heads of a stacked projection
+// row (16 + 2 heads of 256, row stride 2·16·256 + 4·256), and a small unaligned case.
+TEST(RmsnormCudaGroups, MatchesCpu) {
+  if (hyserve::kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct shape {
+    int64_t rows, cols, groups, stride, weight_stride;
+  };
+  for (const shape s : {shape{1, 256, 18, 2 * 16 * 256 + 4 * 256, 256}, shape{5, 256, 18, 10240, 256},
+                        shape{3, 33, 4, 140, 0}, shape{2, 64, 3, 200, 64}}) {
+    std::vector<float> x = random_floats(static_cast<size_t>(s.rows * s.stride), 41, -3.0f, 3.0f);
+    const auto w = random_floats(static_cast<size_t>(s.groups * s.cols), 42, 0.5f, 1.5f);
+    auto dx = to_device(x), dw = to_device(w);
+    rmsnorm_params p;
+    p.rows = s.rows;
+    p.cols = s.cols;
+    p.groups = s.groups;
+    p.weight_stride = s.weight_stride;
+    p.x_stride = p.out_stride = s.stride;
+    p.eps = 1e-6f;
+    rmsnorm_params pc = p;
+    pc.x = pc.out = x.data();
+    pc.weight = w.data();
+    run_cpu(pc);
+    rmsnorm_params pg = p;
+    pg.x = pg.out = dx.data();
+    pg.weight = dw.data();
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dx.download(), x, 1e-5, 1e-4, "x (in place), cols " + std::to_string(s.cols));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, RmsnormCuda,
                          testing::Values(norm_case{1, 4096 + 32, 0, false}, norm_case{64, 4096, 0, false},
                                          norm_case{5, 33, 2, false}, norm_case{256, 2048, 0, true},

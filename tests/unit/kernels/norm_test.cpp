@@ -67,6 +67,61 @@ INSTANTIATE_TEST_SUITE_P(Grid, RmsNorm,
                                   (i.param.in_place ? "_inplace" : "");
                          });
 
+// groups: per-head norms on the rows of a stacked projection (Qwen3-Next's q | k heads), each
+// head with its own weight (weight_stride = cols) or one weight for all (0), in place and not.
+TEST(RmsNormGroups, EachVectorOfARowNormalisedWithItsWeight) {
+  constexpr int64_t rows = 3, cols = 16, groups = 5, x_stride = groups * cols + 24;
+  const float eps = 1e-6f;
+  for (const int64_t weight_stride : {int64_t{0}, cols, cols + 4}) {
+    for (const bool in_place : {false, true}) {
+      auto x = random_floats(static_cast<size_t>(rows * x_stride), 51u, -2.0f, 2.0f);
+      const auto w = random_floats(static_cast<size_t>(groups * (cols + 4)), 52u, 0.5f, 1.5f);
+      const std::vector<float> x0 = x;
+      std::vector<float> out(static_cast<size_t>(rows * x_stride), -7.0f);
+      rmsnorm_params p;
+      p.x = x.data();
+      p.weight = w.data();
+      p.out = in_place ? x.data() : out.data();
+      p.rows = rows;
+      p.cols = cols;
+      p.groups = groups;
+      p.weight_stride = weight_stride;
+      p.x_stride = p.out_stride = x_stride;
+      p.eps = eps;
+      run_cpu(p);
+      const float* got = in_place ? x.data() : out.data();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* v = x0.data() + r * x_stride + g * cols;
+          double ss = 0.0;
+          for (int64_t i = 0; i < cols; ++i) ss += static_cast<double>(v[i]) * v[i];
+          const double inv = 1.0 / std::sqrt(ss / cols + eps);
+          std::vector<double> ref(static_cast<size_t>(cols));
+          for (int64_t i = 0; i < cols; ++i) ref[static_cast<size_t>(i)] = v[i] * inv * w[g * weight_stride + i];
+          expect_close(got + r * x_stride + g * cols, ref.data(), static_cast<size_t>(cols), kAtol, kRtol,
+                       "row " + std::to_string(r) + " group " + std::to_string(g) + " weight_stride " +
+                           std::to_string(weight_stride));
+        }
+        // The columns past the groups are not touched.
+        for (int64_t i = groups * cols; i < x_stride; ++i)
+          EXPECT_EQ(got[r * x_stride + i], in_place ? x0[r * x_stride + i] : -7.0f) << "row " << r << " col " << i;
+      }
+    }
+  }
+  rmsnorm_params bad;
+  std::vector<float> buf(64, 1.0f);
+  bad.x = bad.out = buf.data();
+  bad.weight = buf.data();
+  bad.rows = 1;
+  bad.cols = 8;
+  bad.groups = 4;
+  bad.x_stride = bad.out_stride = 24;  // < groups · cols
+  expect_invalid([&] { run_cpu(bad); }, "x_stride");
+  bad.x_stride = bad.out_stride = 32;
+  bad.weight_stride = 4;  // < cols
+  expect_invalid([&] { run_cpu(bad); }, "weight_stride");
+}
+
 double silu_ref(double v) { return v / (1.0 + std::exp(-v)); }
 
 // Gated reference: h = x·silu(z); out = h · rsqrt(mean_group(h²) + eps) · w. Before the gate:
