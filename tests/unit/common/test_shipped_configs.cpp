@@ -125,8 +125,8 @@ TEST_F(ShippedConfigs, FamilyBenchmarkConfigsHaveTheirCheckpointShapes) {
   }
 }
 
-// The MoE benchmark configs: real layer and expert shapes (Qwen3-Next-80B-A3B with fewer layers,
-// Granite-4.0-H-Small), bf16 on CUDA.
+// The MoE benchmark configs: real layer and expert shapes (Qwen3-Next-80B-A3B with fewer layers:
+// 32 for one 141 GB GPU, 16 for one 80 GB GPU; Granite-4.0-H-Small), bf16 on CUDA.
 TEST_F(ShippedConfigs, MoeBenchmarkConfigsHaveTheirExpertShapes) {
   struct expect {
     const char* file;
@@ -136,6 +136,8 @@ TEST_F(ShippedConfigs, MoeBenchmarkConfigsHaveTheirExpertShapes) {
   for (const expect& e :
        {expect{"configs/qwen3-next-80b-a3b-synthetic-cuda.yaml", model_arch::kQwen3Next, 2048, 32, 8, 24, 151936, 512,
                10, 512, 512},
+        expect{"configs/qwen3-next-80b-a3b-16l-synthetic-cuda.yaml", model_arch::kQwen3Next, 2048, 16, 4, 12, 151936,
+               512, 10, 512, 512},
         expect{"configs/granite-4.0-h-small-synthetic-cuda.yaml", model_arch::kGraniteMoeHybrid, 4096, 40, 4, 36, 100352,
                72, 10, 768, 8192}}) {
     SCOPED_TRACE(e.file);
