@@ -1,6 +1,7 @@
 #pragma once
 // rmsnorm_linear (norm.h) in its unfused form, shared by the CPU op and the CUDA op's fallback:
-// the parameter checks, then the rmsnorm op into xn [m, k] (when norm_weight is set) and the
+// the parameter checks, then the rmsnorm op (the gated_rmsnorm op with a gate) into xn [m, k]
+// (when norm_weight is set) and the
 // swiglu_linear op (up_w set) or the gemm op on xn (or on x), then the relu2 op on out (relu2).
 // `run` is called with each op's params (run_cpu or run_cuda on a stream).
 #include "dtype_dispatch.h"
@@ -23,6 +24,13 @@ inline void check_rmsnorm_linear(const rmsnorm_linear_params& p) {
   if (p.relu2 && (p.up_w != nullptr || p.beta != 0.0f)) fail(op, "relu2", "true", "needs up_w null and beta 0");
   if (p.norm_weight != nullptr && !(p.eps >= 0.0f)) fail(op, "eps", p.eps, "must be >= 0");
   if (p.normed_out != nullptr && p.norm_weight == nullptr) fail(op, "normed_out", "set", "needs norm_weight");
+  if (p.gate != nullptr) {
+    if (p.norm_weight == nullptr) fail(op, "gate", "set", "needs norm_weight");
+    require_stride(p.gate_stride, p.k, op, "gate_stride");
+  }
+  if (p.norm_group < 0 || (p.norm_group > 0 && p.k % p.norm_group != 0))
+    fail(op, "norm_group", p.norm_group, ("must be 0 or divide k = " + std::to_string(p.k)).c_str());
+  if (p.norm_group > 0 && p.gate == nullptr) fail(op, "norm_group", p.norm_group, "needs gate");
   require_storage(p.w_dtype, op, "w_dtype");
 }
 
@@ -32,7 +40,25 @@ template <class Run>
 void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&& run) {
   const float* a = p.x;
   int64_t lda = p.x_stride;
-  if (p.norm_weight != nullptr) {
+  if (p.norm_weight != nullptr && p.gate != nullptr) {
+    if (p.normed_out != nullptr) xn = p.normed_out;
+    gated_rmsnorm_params g;
+    g.x = p.x;
+    g.gate = p.gate;
+    g.weight = p.norm_weight;
+    g.out = xn;
+    g.rows = p.m;
+    g.cols = p.k;
+    g.x_stride = p.x_stride;
+    g.gate_stride = p.gate_stride;
+    g.out_stride = p.k;
+    g.group_size = p.norm_group > 0 ? p.norm_group : p.k;
+    g.eps = p.eps;
+    g.norm_before_gate = p.norm_before_gate;
+    run(g);
+    a = xn;
+    lda = p.k;
+  } else if (p.norm_weight != nullptr) {
     if (p.normed_out != nullptr) xn = p.normed_out;
     rmsnorm_params r;
     r.x = p.x;

@@ -303,6 +303,58 @@ constexpr int64_t kLinMaxM = 4;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
 
 
+constexpr int kLinMaxGateGroups = 128;  // rows · groups of a gated norm staged by the fused kernel
+
+// The fused kernel's gated norm of its m rows into xs [m, k] (every thread of the block calls
+// it): h = x · silu(gate) (x with norm_before_gate) staged, each (row, group)'s Σh² by a warp,
+// then xs = h · inv · w (· silu(gate) with norm_before_gate), the gated_rmsnorm op's formula.
+__device__ __forceinline__ void stage_gated_norm(const rmsnorm_linear_params& p, int m_rows, float* xs) {
+  __shared__ float inv_s[kLinMaxGateGroups];
+  constexpr int kN = 4;
+  const int64_t k = p.k, gs = p.norm_group > 0 ? p.norm_group : k, groups = k / gs;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int m = 0; m < m_rows; ++m) {
+    const float* x = p.x + m * p.x_stride;
+    const float* z = p.gate + m * p.gate_stride;
+    for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+      const float4 xv = *reinterpret_cast<const float4*>(x + i);
+      float4 h = xv;
+      if (!p.norm_before_gate) {
+        const float4 zv = *reinterpret_cast<const float4*>(z + i);
+        h = make_float4(xv.x * silu(zv.x), xv.y * silu(zv.y), xv.z * silu(zv.z), xv.w * silu(zv.w));
+      }
+      *reinterpret_cast<float4*>(xs + m * k + i) = h;
+    }
+  }
+  __syncthreads();
+  for (int64_t mg = warp; mg < m_rows * groups; mg += warps) {
+    const float* h = xs + (mg / groups) * k + (mg % groups) * gs;
+    float ss = 0.0f;
+    for (int64_t i = lane; i < gs; i += 32) ss += h[i] * h[i];
+    ss = warp_sum(ss);
+    if (lane == 0) inv_s[mg] = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(gs) + p.eps));
+  }
+  __syncthreads();
+  for (int m = 0; m < m_rows; ++m) {
+    const float* z = p.gate + m * p.gate_stride;
+    for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+      const float inv = inv_s[m * groups + i / gs];  // gs % 4 == 0: the 4 channels share a group
+      float4 h = *reinterpret_cast<const float4*>(xs + m * k + i);
+      const float4 w = *reinterpret_cast<const float4*>(p.norm_weight + i);
+      float4 post = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+      if (p.norm_before_gate) {
+        const float4 zv = *reinterpret_cast<const float4*>(z + i);
+        post = make_float4(silu(zv.x), silu(zv.y), silu(zv.z), silu(zv.w));
+      }
+      h = make_float4(h.x * inv * w.x * post.x, h.y * inv * w.y * post.y, h.z * inv * w.z * post.z,
+                      h.w * inv * w.w * post.w);
+      *reinterpret_cast<float4*>(xs + m * k + i) = h;
+      if (p.normed_out != nullptr && blockIdx.x == 0) *reinterpret_cast<float4*>(p.normed_out + m * k + i) = h;
+    }
+  }
+}
+
 template <int M, bool kSwiglu, bool kNorm>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
@@ -348,6 +400,9 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   }
   pdl_begin();  // x (and out, with beta) come from earlier kernels
   if constexpr (kNorm) {
+    if (p.gate != nullptr) {
+      stage_gated_norm(p, M, xs);
+    } else {
     constexpr int kN = 4;
     const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
 #pragma unroll 1
@@ -371,6 +426,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         store_pack(xs + m * k + i, out);
         if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
       }
+    }
     }
     __syncthreads();
   }
@@ -453,6 +509,10 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
   if (!enabled || p.w_dtype != dtype::kBF16 || p.m < 1 || p.m > kLinMaxM || skinny_uses_mma()) return false;
   if (p.norm_weight != nullptr && (p.m * p.k * 4 > kLinMaxShared || !aligned16(p.norm_weight))) return false;
   if (p.normed_out != nullptr && !aligned16(p.normed_out)) return false;
+  if (p.gate != nullptr) {
+    const int64_t gs = p.norm_group > 0 ? p.norm_group : p.k;
+    if (gs % 4 != 0 || p.m * (p.k / gs) > kLinMaxGateGroups || p.gate_stride % 4 != 0 || !aligned16(p.gate)) return false;
+  }
   return p.k % 8 == 0 && p.w_stride % 8 == 0 && p.x_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w) &&
          (p.up_w == nullptr || aligned16(p.up_w));
 }

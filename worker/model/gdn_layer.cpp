@@ -156,7 +156,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   };
   run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps"}, ctx);
   // Norm before gate, per head: rmsnorm over each head's V channels, then · silu(z), in one gated
-  // norm op (a group per head), in place.
+  // norm op (a group per head).
   kernels::gated_rmsnorm_params g;
   g.x = core.as<float>();
   g.gate = proj.as<float>() + conv;  // z
@@ -169,9 +169,8 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   g.group_size = w.head_v_dim;
   g.eps = w.eps;
   g.norm_before_gate = true;
-  kernels::run(g, ctx);
-
-  return block_output(core, w.out_proj, comm, ctx, residual);
+  // In place on core, run inside out_proj's op where the output goes into the residual.
+  return gated_block_output(g, core, w.out_proj, comm, ctx, residual);
 }
 
 }  // namespace hyserve::worker::layers

@@ -109,6 +109,30 @@ tensor block_output(const tensor& x, const tensor& w, collective* comm, const ex
   return tensor();
 }
 
+tensor gated_block_output(const kernels::gated_rmsnorm_params& norm, const tensor& y, const tensor& w,
+                          collective* comm, const exec_context& ctx, tensor* residual) {
+  HYSERVE_CHECK(norm.x == y.as<float>() && norm.out == norm.x && norm.rows == y.shape()[0] &&
+                    norm.cols == y.shape()[1] && norm.x_stride == norm.cols && norm.out_stride == norm.cols &&
+                    norm.sumsq_in == nullptr && norm.sumsq_out == nullptr,
+                "gated_block_output: the norm must be one phase, in place on y");
+  if (residual && (!comm || comm->size() == 1)) {
+    const int64_t rows = y.shape()[0], out = w.shape()[0];
+    HYSERVE_CHECK(w.shape()[1] == norm.cols && residual->shape()[0] == rows && residual->numel() == rows * out,
+                  "gated_block_output: " + y.shape().str() + " · " + w.shape().str() + " into " + residual->shape().str());
+    if (rows == 0 || out == 0) return tensor();
+    kernels::rmsnorm_linear_params p = linear_params(y, w, nullptr, norm.eps, residual->as<float>(), 1.0f);
+    p.norm_weight = norm.weight;
+    p.gate = norm.gate;
+    p.gate_stride = norm.gate_stride;
+    p.norm_group = norm.group_size;
+    p.norm_before_gate = norm.norm_before_gate;
+    kernels::run(p, ctx);
+    return tensor();
+  }
+  if (norm.rows > 0) kernels::run(norm, ctx);
+  return block_output(y, w, comm, ctx, residual);
+}
+
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx) {
   HYSERVE_CHECK(a.numel() == b.numel(), "add_inplace: shape mismatch");
   if (a.numel() == 0) return;
@@ -547,14 +571,20 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
   const int64_t T = proj.shape()[0], hidden = w.out_proj.shape()[0];
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   tensor y = tensor::f32({T, w.d_inner()}, ctx.device);
-  if (!mamba2_mix_gated(w, proj, in, state, comm, ctx, steps, rows_of(y))) return tensor::f32({0, hidden}, ctx.device);
-  tensor out = block_output(y, w.out_proj, comm, ctx, residual);
+  kernels::gated_rmsnorm_params norm;
+  if (!mamba2_mix_gated(w, proj, in, state, comm, ctx, steps, rows_of(y), &norm))
+    return tensor::f32({0, hidden}, ctx.device);
+  // The output norm, where it is the gated norm op, runs inside out_proj's op.
+  tensor out = norm.rows > 0 ? gated_block_output(norm, y, w.out_proj, comm, ctx, residual)
+                             : block_output(y, w.out_proj, comm, ctx, residual);
   profile(ctx, "mamba.out_proj", nbytes(w.out_proj) + nbytes(y) + 2 * (residual ? nbytes(*residual) : 0.0));
   return out;
 }
 
 bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out) {
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out,
+                      kernels::gated_rmsnorm_params* deferred_norm) {
+  if (deferred_norm != nullptr) deferred_norm->rows = 0;
   const int64_t T = proj.shape()[0];
   const int64_t di = w.d_inner(), conv = w.conv_dim();
   const int64_t in_w = proj.shape()[1];  // the row stride of z | xBC | dt
@@ -673,6 +703,9 @@ bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_in
       g.sumsq_out = nullptr;
       g.sumsq_in = own;
       g.group_count = w.norm_group_global;
+    } else if (deferred_norm != nullptr && y == y_out.data && y_out.stride == di) {
+      *deferred_norm = g;  // in place on y_out: run by the caller, inside out_proj
+      return true;
     }
     kernels::run(g, ctx);
     profile(ctx, "mamba.gated_norm", 3 * y_bytes + nbytes(w.norm));

@@ -11,6 +11,7 @@
 #include "hyserve/common/tensor.h"
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/device.h"
+#include "hyserve/kernels/norm.h"
 #include "hyserve/worker/collective.h"
 #include "hyserve/worker/forward_batch.h"
 #include "hyserve/worker/hybrid_metadata.h"
@@ -51,6 +52,12 @@ tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor&
 // the add happens in the GEMM's epilogue (beta = 1), saving the output tensor and the add kernel.
 tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx,
                     tensor* residual = nullptr);
+// block_output of a mixer whose output norm has not run yet: norm is the gated_rmsnorm op on y
+// (norm.x = norm.out = y's rows, one phase). Into residual on one rank, the norm runs inside the
+// out_proj op (rmsnorm_linear with a gate: one kernel at decode); else the norm op in place on
+// y, then block_output.
+tensor gated_block_output(const kernels::gated_rmsnorm_params& norm, const tensor& y, const tensor& w,
+                          collective* comm, const exec_context& ctx, tensor* residual);
 // a += b (same shape).
 void add_inplace(tensor& a, const tensor& b, const exec_context& ctx);
 tensor rmsnorm(const tensor& x, const tensor& weight, float eps, const exec_context& ctx);
@@ -255,7 +262,11 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
 // mamba2_mix up to its gated output, before out_proj: conv, scan and the gate (or gated norm) of
 // the rows into y_out [T, d_inner] (row stride y_out.stride, as attention_heads' out). False, with
 // nothing written, for no rows or the idle mode.
+// deferred_norm set: where the output norm is the gated norm op over groups whole on this rank,
+// it is not run but its params are written there (x = out = y_out's rows) for
+// gated_block_output; deferred_norm->rows is 0 when there is none left to run.
 bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
-                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out);
+                      collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out,
+                      kernels::gated_rmsnorm_params* deferred_norm = nullptr);
 
 }  // namespace hyserve::worker::layers

@@ -212,6 +212,85 @@ INSTANTIATE_TEST_SUITE_P(
                     nl_case{6, 300, 256, 0, true, false, 0.0f, true, true}),
     name_of);
 
+// With a gate: a mixer's gated output norm inside its out_proj (Gated DeltaNet: norm before the
+// gate, a group per head; Mamba2: after the gate, one or several groups), into the residual
+// (beta 1). The fused kernel sums each group's squares in another order than the gated norm op,
+// so: the output against the CPU op (the gated_rmsnorm op, then the gemm) within
+// 1e-5 + 1e-6·k + 1e-5·|want|, normed_out within 1e-5·(1 + |want|); shapes past the fused
+// kernel's limits (staging over 46 KB, groups not a multiple of 4 channels) take the unfused ops.
+struct gated_case {
+  int64_t m, n, k, group, gate_stride;
+  bool before_gate;
+};
+
+class NormLinearCudaGated : public testing::TestWithParam<gated_case> {};
+
+TEST_P(NormLinearCudaGated, MatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const gated_case& c = GetParam();
+  rmsnorm_linear_params p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.x_stride = c.k;
+  p.w_stride = c.k;
+  p.out_stride = c.n;
+  p.eps = 1e-6f;
+  p.beta = 1.0f;
+  p.w_dtype = dtype::kBF16;
+  p.gate_stride = c.gate_stride;
+  p.norm_group = c.group;
+  p.norm_before_gate = c.before_gate;
+  const std::vector<float> x = random_floats(static_cast<size_t>(c.m * c.k), 31, -2.0f, 2.0f);
+  const std::vector<float> z = random_floats(static_cast<size_t>(c.m * c.gate_stride), 32, -3.0f, 3.0f);
+  const std::vector<float> g = random_floats(static_cast<size_t>(c.k), 33, 0.5f, 1.5f);
+  const std::vector<float> w = random_floats(static_cast<size_t>(c.n * c.k), 34, -0.05f, 0.05f);
+  std::vector<uint16_t> b(w.size());
+  for (size_t i = 0; i < w.size(); ++i) b[i] = f32_to_bf16(w[i]);
+  const std::vector<float> out0 = random_floats(static_cast<size_t>(c.m * c.n), 35);
+
+  std::vector<float> want = out0, want_xn(static_cast<size_t>(c.m * c.k), cuda_test::poison());
+  rmsnorm_linear_params pc = p;
+  pc.x = x.data();
+  pc.gate = z.data();
+  pc.norm_weight = g.data();
+  pc.w = b.data();
+  pc.out = want.data();
+  pc.normed_out = want_xn.data();
+  run_cpu(pc);
+
+  device_array<float> dx(x), dz(z), dg(g), dout(out0);
+  device_array<uint16_t> db(b);
+  device_array<float> dxn(std::vector<float>(static_cast<size_t>(c.m * c.k), cuda_test::poison()));
+  rmsnorm_linear_params pg = p;
+  pg.x = dx.data();
+  pg.gate = dz.data();
+  pg.norm_weight = dg.data();
+  pg.w = db.data();
+  pg.out = dout.data();
+  pg.normed_out = dxn.data();
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dxn.download(), want_xn, 1e-5, 1e-5, "normed_out");
+  expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "out");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, NormLinearCudaGated,
+    testing::Values(gated_case{1, 2048, 4096, 128, 12352, true},  // Qwen3-Next GDN: 32 heads of 128, z in in_proj's row
+                    gated_case{1, 4096, 8192, 0, 18560, false},   // Bamba-9B Mamba2: one group of 8192
+                    gated_case{2, 1536, 3072, 3072, 7000, false},  // Granite-4.0-H-Tiny-like, two rows
+                    gated_case{3, 1000, 4096, 512, 4096, false},  // 8 groups, three rows
+                    gated_case{4, 777, 4096, 128, 4100, true},    // 4 × 32 groups: the staged limit
+                    gated_case{2, 512, 8192, 1024, 8192, false},  // staging over 46 KB: unfused
+                    gated_case{1, 100, 48, 6, 48, true},          // groups of 6: unfused
+                    gated_case{6, 300, 256, 64, 256, true}),      // m > 4: unfused
+    [](const testing::TestParamInfo<gated_case>& i) {
+      const gated_case& c = i.param;
+      return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) + "_group" +
+             std::to_string(c.group) + (c.before_gate ? "_before" : "_after");
+    });
+
 }  // namespace
 }  // namespace hyserve::kernels
 

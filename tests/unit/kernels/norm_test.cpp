@@ -122,6 +122,82 @@ TEST(RmsNormGroups, EachVectorOfARowNormalisedWithItsWeight) {
   expect_invalid([&] { run_cpu(bad); }, "weight_stride");
 }
 
+// rmsnorm_linear with a gate on the CPU: normed_out is the gated_rmsnorm op's output bit for bit,
+// out the gemm on it (within 1e-5 of a double-precision product); and its parameter checks.
+TEST(RmsNormLinearGated, IsTheGatedNormThenTheGemm) {
+  constexpr int64_t m = 3, n = 9, k = 64, zs = 80;
+  const auto x = random_floats(static_cast<size_t>(m * k), 61u, -2.0f, 2.0f);
+  const auto z = random_floats(static_cast<size_t>(m * zs), 62u, -3.0f, 3.0f);
+  const auto g = random_floats(static_cast<size_t>(k), 63u, 0.5f, 1.5f);
+  const auto w = random_floats(static_cast<size_t>(n * k), 64u, -0.5f, 0.5f);
+  const auto out0 = random_floats(static_cast<size_t>(m * n), 65u, -1.0f, 1.0f);
+  for (const bool before : {false, true}) {
+    for (const int64_t group : {int64_t{0}, int64_t{16}}) {
+      std::vector<float> out = out0, xn(static_cast<size_t>(m * k));
+      rmsnorm_linear_params p;
+      p.x = x.data();
+      p.norm_weight = g.data();
+      p.eps = 1e-6f;
+      p.w = w.data();
+      p.out = out.data();
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.x_stride = p.w_stride = k;
+      p.out_stride = n;
+      p.beta = 1.0f;
+      p.gate = z.data();
+      p.gate_stride = zs;
+      p.norm_group = group;
+      p.norm_before_gate = before;
+      p.normed_out = xn.data();
+      run_cpu(p);
+
+      std::vector<float> want_xn(static_cast<size_t>(m * k)), want = out0;
+      gated_rmsnorm_params gn;
+      gn.x = x.data();
+      gn.gate = z.data();
+      gn.weight = g.data();
+      gn.out = want_xn.data();
+      gn.rows = m;
+      gn.cols = k;
+      gn.x_stride = gn.out_stride = k;
+      gn.gate_stride = zs;
+      gn.group_size = group > 0 ? group : k;
+      gn.eps = 1e-6f;
+      gn.norm_before_gate = before;
+      run_cpu(gn);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j) {  // the gemm in double, compared within 1e-5
+          double d = 0.0;
+          for (int64_t i = 0; i < k; ++i) d += static_cast<double>(want_xn[r * k + i]) * w[j * k + i];
+          want[r * n + j] += static_cast<float>(d);
+        }
+      EXPECT_EQ(xn, want_xn) << "normed_out, before_gate " << before << " group " << group;
+      expect_close(out.data(), std::vector<double>(want.begin(), want.end()).data(), want.size(), kAtol, kRtol,
+                   "out, before_gate " + std::to_string(before) + " group " + std::to_string(group));
+    }
+  }
+  rmsnorm_linear_params bad;
+  std::vector<float> buf(256, 1.0f);
+  bad.x = bad.out = buf.data();
+  bad.w = buf.data();
+  bad.m = 1;
+  bad.n = 2;
+  bad.k = 16;
+  bad.x_stride = bad.w_stride = 16;
+  bad.out_stride = 2;
+  bad.gate = buf.data();
+  bad.gate_stride = 16;
+  expect_invalid([&] { run_cpu(bad); }, "gate");  // without norm_weight
+  bad.norm_weight = buf.data();
+  bad.gate_stride = 8;
+  expect_invalid([&] { run_cpu(bad); }, "gate_stride");
+  bad.gate_stride = 16;
+  bad.norm_group = 5;
+  expect_invalid([&] { run_cpu(bad); }, "norm_group");
+}
+
 double silu_ref(double v) { return v / (1.0 + std::exp(-v)); }
 
 // Gated reference: h = x·silu(z); out = h · rsqrt(mean_group(h²) + eps) · w. Before the gate:

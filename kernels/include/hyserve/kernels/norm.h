@@ -74,6 +74,11 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // normed_out (with a norm): xn is also written there, the rmsnorm op's output bit for bit (the
 // fused kernel's first block stores its staged rows), for other consumers of the normed rows:
 // the norm then costs no kernel of its own.
+// gate (with a norm): the norm is the gated_rmsnorm op instead, on x with this gate (row stride
+// gate_stride), in groups of norm_group channels (0: k), norm_before_gate as that op's: a mixer's
+// output norm (Mamba2, Gated DeltaNet) fused into its out_proj. The fused kernel stages
+// x · silu(gate) (or x), sums each group's squares by warps, then scales: the gated norm op's
+// formula, its sums added in another order (not its bits).
 // kernels.norm_linear: false (exec_context::paths) disables the fused kernel.
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
@@ -88,6 +93,10 @@ struct rmsnorm_linear_params {
   float beta = 0.0f;                                // 0 or 1 (up_w null only)
   bool relu2 = false;                               // squared ReLU of the product (up_w null, beta 0)
   float* normed_out = nullptr;                      // optional [m, k] (row stride k): xn itself (norm_weight set)
+  const float* __restrict__ gate = nullptr;         // optional [m, k], row stride gate_stride (norm_weight set)
+  int64_t gate_stride = 0;
+  int64_t norm_group = 0;                           // channels per gated-norm group; 0: k
+  bool norm_before_gate = false;
 };
 
 void run_cpu(const rmsnorm_linear_params& p);
