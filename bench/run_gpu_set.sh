@@ -22,7 +22,8 @@
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split
-# and fused: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS);
+# and fused: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
+# mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
@@ -75,6 +76,7 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
+    gated-norm) targets+=(hyserve-bench-model) ;;
     compare) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
@@ -108,7 +110,9 @@ with_kernels() {
 import sys, yaml
 import os
 c = yaml.safe_load(open(sys.argv[1]))
-c.setdefault("kernels", {})[sys.argv[3]] = sys.argv[4]
+v = sys.argv[4]
+v = v == "true" if v in ("true", "false") else v
+c.setdefault("kernels", {})[sys.argv[3]] = v
 # A synthetic model's shapes file is found beside its config: keep it found from the copy.
 syn = (c.get("model") or {}).get("synthetic")
 if isinstance(syn, dict) and "hf_config" in syn and not os.path.isabs(syn["hf_config"]):
@@ -346,6 +350,15 @@ EOF2
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
         done
       done ;;
+    gated-norm)
+      # A mixer's gated output norm inside its out_proj's fused kernel (the default) against the
+      # gated norm op and the GEMM apart (kernels.norm_linear_gate: false), batch-1 decode, the two
+      # one after the other for each GATED_CONFIGS config.
+      for f in ${GATED_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny qwen3-next-80b-a3b-16l bamba-9b}; do
+        stage "gated-norm-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 16
+        stage "gated-norm-$f-apart" 90 "$bin/hyserve-bench-model" \
+          "$(with_kernels "configs/$f-synthetic-cuda.yaml" norm_linear_gate false)" --batches 1 --decode-steps 16
+      done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
@@ -394,7 +407,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check gated-norm model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)

@@ -510,6 +510,7 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
   if (p.norm_weight != nullptr && (p.m * p.k * 4 > kLinMaxShared || !aligned16(p.norm_weight))) return false;
   if (p.normed_out != nullptr && !aligned16(p.normed_out)) return false;
   if (p.gate != nullptr) {
+    if (!current_paths().norm_linear_gate) return false;
     const int64_t gs = p.norm_group > 0 ? p.norm_group : p.k;
     if (gs % 4 != 0 || p.m * (p.k / gs) > kLinMaxGateGroups || p.gate_stride % 4 != 0 || !aligned16(p.gate)) return false;
   }

@@ -69,6 +69,9 @@ struct kernel_paths {
   moe_decode_kind moe_decode = moe_decode_kind::kDefault;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
+  // false: a mixer's gated output norm runs apart from its out_proj (the gated norm op, then the
+  // GEMM) instead of inside the fused kernel
+  bool norm_linear_gate = true;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
