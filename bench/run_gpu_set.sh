@@ -351,13 +351,13 @@ EOF2
         done
       done ;;
     gated-norm)
-      # A mixer's gated output norm inside its out_proj's fused kernel (the default) against the
-      # gated norm op and the GEMM apart (kernels.norm_linear_gate: false), batch-1 decode, the two
-      # one after the other for each GATED_CONFIGS config.
+      # A mixer's gated output norm apart from its out_proj (the default) against inside its fused
+      # kernel (kernels.norm_linear_gate: true), batch-1 decode, the two one after the other for
+      # each GATED_CONFIGS config.
       for f in ${GATED_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny qwen3-next-80b-a3b-16l bamba-9b}; do
         stage "gated-norm-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 16
-        stage "gated-norm-$f-apart" 90 "$bin/hyserve-bench-model" \
-          "$(with_kernels "configs/$f-synthetic-cuda.yaml" norm_linear_gate false)" --batches 1 --decode-steps 16
+        stage "gated-norm-$f-fused" 90 "$bin/hyserve-bench-model" \
+          "$(with_kernels "configs/$f-synthetic-cuda.yaml" norm_linear_gate true)" --batches 1 --decode-steps 16
       done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do

@@ -33,7 +33,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
-    EXPECT_TRUE(k.norm_linear_gate);
+    EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -56,7 +56,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   moe_decode: split
   norm_linear: false
   norm_linear_blocks_per_sm: 3
-  norm_linear_gate: false
+  norm_linear_gate: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -74,7 +74,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
-  EXPECT_FALSE(k.norm_linear_gate);
+  EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

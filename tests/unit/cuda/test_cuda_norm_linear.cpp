@@ -26,6 +26,7 @@
 #include "hyserve/kernels/activation.h"
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
+#include "hyserve/kernels/paths.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -214,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // With a gate: a mixer's gated output norm inside its out_proj (Gated DeltaNet: norm before the
 // gate, a group per head; Mamba2: after the gate, one or several groups), into the residual
-// (beta 1). The fused kernel sums each group's squares in another order than the gated norm op,
+// (beta 1), with kernels.norm_linear_gate on and (the default) off. The fused kernel sums each
+// group's squares in another order than the gated norm op,
 // so: the output against the CPU op (the gated_rmsnorm op, then the gemm) within
 // 1e-5 + 1e-6·k + 1e-5·|want|, normed_out within 1e-5·(1 + |want|); shapes past the fused
 // kernel's limits (staging over 46 KB, groups not a multiple of 4 channels) take the unfused ops.
@@ -269,9 +271,21 @@ TEST_P(NormLinearCudaGated, MatchesCpu) {
   pg.w = db.data();
   pg.out = dout.data();
   pg.normed_out = dxn.data();
-  run_cuda(pg);
+  {
+    kernel_paths paths;
+    paths.norm_linear_gate = true;  // the fused kernel where it takes the shape (off by default)
+    const paths_scope scope(paths);
+    run_cuda(pg);
+  }
   device_synchronize();
   expect_match(dxn.download(), want_xn, 1e-5, 1e-5, "normed_out");
+  // The default (kernels.norm_linear_gate: false): the gated norm op, then the GEMM.
+  device_array<float> dout2(out0);
+  pg.out = dout2.data();
+  pg.normed_out = nullptr;
+  run_cuda(pg);
+  device_synchronize();
+  expect_match(dout2.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "out (apart)");
   expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "out");
 }
 

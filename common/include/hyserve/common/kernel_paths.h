@@ -69,9 +69,10 @@ struct kernel_paths {
   moe_decode_kind moe_decode = moe_decode_kind::kDefault;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
-  // false: a mixer's gated output norm runs apart from its out_proj (the gated norm op, then the
-  // GEMM) instead of inside the fused kernel
-  bool norm_linear_gate = true;
+  // true: a mixer's gated output norm runs inside its out_proj's fused kernel; false (default):
+  // apart (the gated norm op, then the GEMM). Off by default: on one H100 the fused staging cost
+  // about as much as the kernel it saves (bench/results/2026-12-06-h100-run32.md)
+  bool norm_linear_gate = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;

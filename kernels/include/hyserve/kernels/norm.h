@@ -80,7 +80,7 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // x · silu(gate) (or x), sums each group's squares by warps, then scales: the gated norm op's
 // formula, its sums added in another order (not its bits).
 // kernels.norm_linear: false (exec_context::paths) disables the fused kernel;
-// kernels.norm_linear_gate: false disables it for a gated norm only.
+// kernels.norm_linear_gate (false by default) enables it for a gated norm.
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
   const float* __restrict__ norm_weight = nullptr;  // [k]; null: no norm
