@@ -299,7 +299,7 @@ constexpr int kLinWarps = kNormThreads / 32;
 template <int M>
 inline constexpr int kLinUnroll = M <= 2 ? 8 : 4;
 constexpr int kLinRows = 2;
-constexpr int64_t kLinMaxM = 4;
+constexpr int64_t kLinMaxM = kNormLinearFusedMaxRows;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
 
 

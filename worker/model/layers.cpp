@@ -115,8 +115,11 @@ tensor gated_block_output(const kernels::gated_rmsnorm_params& norm, const tenso
                     norm.cols == y.shape()[1] && norm.x_stride == norm.cols && norm.out_stride == norm.cols &&
                     norm.sumsq_in == nullptr && norm.sumsq_out == nullptr,
                 "gated_block_output: the norm must be one phase, in place on y");
-  if (residual && (!comm || comm->size() == 1)) {
-    const int64_t rows = y.shape()[0], out = w.shape()[0];
+  // One op where its fused kernel may take the rows (kernels.norm_linear_gate, a few rows), so
+  // that a long prefill does not stage a normed copy of y beside it.
+  const int64_t rows = y.shape()[0];
+  if (residual && (!comm || comm->size() == 1) && ctx.paths.norm_linear_gate && rows <= kernels::kNormLinearFusedMaxRows) {
+    const int64_t out = w.shape()[0];
     HYSERVE_CHECK(w.shape()[1] == norm.cols && residual->shape()[0] == rows && residual->numel() == rows * out,
                   "gated_block_output: " + y.shape().str() + " · " + w.shape().str() + " into " + residual->shape().str());
     if (rows == 0 || out == 0) return tensor();

@@ -53,7 +53,8 @@ tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor&
 tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx,
                     tensor* residual = nullptr);
 // block_output of a mixer whose output norm has not run yet: norm is the gated_rmsnorm op on y
-// (norm.x = norm.out = y's rows, one phase). Into residual on one rank, the norm runs inside the
+// (norm.x = norm.out = y's rows, one phase). Into residual on one rank, with
+// kernels.norm_linear_gate and at most kNormLinearFusedMaxRows rows, the norm runs inside the
 // out_proj op (rmsnorm_linear with a gate: one kernel at decode); else the norm op in place on
 // y, then block_output.
 tensor gated_block_output(const kernels::gated_rmsnorm_params& norm, const tensor& y, const tensor& w,

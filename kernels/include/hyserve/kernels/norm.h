@@ -81,6 +81,9 @@ void run_cuda(const gated_rmsnorm_params& p, void* stream = nullptr);
 // formula, its sums added in another order (not its bits).
 // kernels.norm_linear: false (exec_context::paths) disables the fused kernel;
 // kernels.norm_linear_gate (false by default) enables it for a gated norm.
+// The most rows (m) the CUDA op's fused kernel takes.
+inline constexpr int64_t kNormLinearFusedMaxRows = 4;
+
 struct rmsnorm_linear_params {
   const float* x = nullptr;                         // [m, k], row stride x_stride
   const float* __restrict__ norm_weight = nullptr;  // [k]; null: no norm
