@@ -40,36 +40,35 @@ template <class Run>
 void run_rmsnorm_linear_unfused(const rmsnorm_linear_params& p, float* xn, Run&& run) {
   const float* a = p.x;
   int64_t lda = p.x_stride;
-  if (p.norm_weight != nullptr && p.gate != nullptr) {
+  if (p.norm_weight != nullptr) {
     if (p.normed_out != nullptr) xn = p.normed_out;
-    gated_rmsnorm_params g;
-    g.x = p.x;
-    g.gate = p.gate;
-    g.weight = p.norm_weight;
-    g.out = xn;
-    g.rows = p.m;
-    g.cols = p.k;
-    g.x_stride = p.x_stride;
-    g.gate_stride = p.gate_stride;
-    g.out_stride = p.k;
-    g.group_size = p.norm_group > 0 ? p.norm_group : p.k;
-    g.eps = p.eps;
-    g.norm_before_gate = p.norm_before_gate;
-    run(g);
-    a = xn;
-    lda = p.k;
-  } else if (p.norm_weight != nullptr) {
-    if (p.normed_out != nullptr) xn = p.normed_out;
-    rmsnorm_params r;
-    r.x = p.x;
-    r.weight = p.norm_weight;
-    r.out = xn;
-    r.rows = p.m;
-    r.cols = p.k;
-    r.x_stride = p.x_stride;
-    r.out_stride = p.k;
-    r.eps = p.eps;
-    run(r);
+    if (p.gate != nullptr) {
+      gated_rmsnorm_params g;
+      g.x = p.x;
+      g.gate = p.gate;
+      g.weight = p.norm_weight;
+      g.out = xn;
+      g.rows = p.m;
+      g.cols = p.k;
+      g.x_stride = p.x_stride;
+      g.gate_stride = p.gate_stride;
+      g.out_stride = p.k;
+      g.group_size = p.norm_group > 0 ? p.norm_group : p.k;
+      g.eps = p.eps;
+      g.norm_before_gate = p.norm_before_gate;
+      run(g);
+    } else {
+      rmsnorm_params r;
+      r.x = p.x;
+      r.weight = p.norm_weight;
+      r.out = xn;
+      r.rows = p.m;
+      r.cols = p.k;
+      r.x_stride = p.x_stride;
+      r.out_stride = p.k;
+      r.eps = p.eps;
+      run(r);
+    }
     a = xn;
     lda = p.k;
   }

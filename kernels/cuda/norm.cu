@@ -403,30 +403,30 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
     if (p.gate != nullptr) {
       stage_gated_norm(p, M, xs);
     } else {
-    constexpr int kN = 4;
-    const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
+      constexpr int kN = 4;
+      const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
 #pragma unroll 1
-    for (int m = 0; m < M; ++m) {
-      const float* x = p.x + m * p.x_stride;
-      float ss = 0.0f;
-      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
-        const pack16<float> v = load_pack(x + i);
+      for (int m = 0; m < M; ++m) {
+        const float* x = p.x + m * p.x_stride;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+          const pack16<float> v = load_pack(x + i);
 #pragma unroll
-        for (int j = 0; j < kN; ++j) ss += to_float(v.v[j]) * to_float(v.v[j]);
-      }
-      ss = block_sum(ss);
-      const auto inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(k) + p.eps));
-      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
-        const pack16<float> v = load_pack(x + i);
-        float w[kN];
-        load_floats<kN>(p.norm_weight + i, w);
-        pack16<float> out;
+          for (int j = 0; j < kN; ++j) ss += to_float(v.v[j]) * to_float(v.v[j]);
+        }
+        ss = block_sum(ss);
+        const auto inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(k) + p.eps));
+        for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+          const pack16<float> v = load_pack(x + i);
+          float w[kN];
+          load_floats<kN>(p.norm_weight + i, w);
+          pack16<float> out;
 #pragma unroll
-        for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
-        store_pack(xs + m * k + i, out);
-        if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
+          for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
+          store_pack(xs + m * k + i, out);
+          if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
+        }
       }
-    }
     }
     __syncthreads();
   }
