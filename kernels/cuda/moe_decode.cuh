@@ -88,19 +88,18 @@ struct decode_args {
   float* s_gl = nullptr;
 };
 
-// acc[s][rr] = x_rr · w_sᵀ over k / 8 16-byte chunks of the bf16 weight rows w[s], for nr <= 4
+// acc[s][rr] = x_rr · w_sᵀ over k / 8 16-byte chunks of the bf16 weight rows w[s], for nr <= NR
 // f32 activation rows x[rr] (rounded to bf16 as read when kRound): lane l takes the chunks l,
 // l + 32, … in order, U of them a row in flight, fmaf over their 8 elements, then warp_sum: the
-// moe GEMV's arithmetic (kRound) and the skinny kernels' (f32 activations). kLdg: x in global
-// memory (read-only loads), else in shared memory.
-template <int S, bool kRound, bool kLdg = true>
-__device__ __forceinline__ void dot_rows(const uint4* const (&w)[S], const float4* const (&x)[4], int nr,
-                                         int64_t chunks, int lane, float (&acc)[S][4]) {
-  constexpr int U = 4;
+// moe GEMV's arithmetic (kRound) and the skinny kernels' (f32 activations), whatever NR and U.
+// kLdg: x in global memory (read-only loads), else in shared memory.
+template <int S, bool kRound, bool kLdg = true, int NR = 4, int U = 4>
+__device__ __forceinline__ void dot_rows(const uint4* const (&w)[S], const float4* const (&x)[NR], int nr,
+                                         int64_t chunks, int lane, float (&acc)[S][NR]) {
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) acc[s][rr] = 0.0f;
+    for (int rr = 0; rr < NR; ++rr) acc[s][rr] = 0.0f;
   for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
     uint4 wv[U][S];
 #pragma unroll
@@ -114,7 +113,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&w)[S], const float
       const int64_t c = c0 + 32 * u;
       if (c >= chunks) break;
 #pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
+      for (int rr = 0; rr < NR; ++rr) {
         if (rr >= nr) break;
         const float4 x0 = kLdg ? __ldg(x[rr] + 2 * c) : x[rr][2 * c];
         const float4 x1 = kLdg ? __ldg(x[rr] + 2 * c + 1) : x[rr][2 * c + 1];
@@ -136,33 +135,34 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&w)[S], const float
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) acc[s][rr] = warp_sum(acc[s][rr]);
+    for (int rr = 0; rr < NR; ++rr) acc[s][rr] = warp_sum(acc[s][rr]);
 }
 
 // The up kernel's shared-expert block b: outputs j = 8·b + warp of every token (j = s_inter:
-// the gate's x · gate_wᵀ).
+// the gate's x · gate_wᵀ), NR tokens at a time, U chunks of a row in flight.
+template <int NR, int U>
 __device__ __forceinline__ void shared_up_block(const decode_args& d, int64_t b, int warp, int lane) {
   const int64_t j = b * kDecodeWarps + warp;
   const bool gate_row = d.s_gate_w != nullptr && j == d.s_inter;
   if (j >= d.s_inter && !gate_row) return;
   const int T = static_cast<int>(d.route.tokens);
   const int64_t chunks = d.hidden / 8;
-  for (int t0 = 0; t0 < T; t0 += 4) {
-    const int nr = min(4, T - t0);
-    const float4* xr[4];
+  for (int t0 = 0; t0 < T; t0 += NR) {
+    const int nr = min(NR, T - t0);
+    const float4* xr[NR];
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) xr[rr] = reinterpret_cast<const float4*>(d.x + (t0 + (rr < nr ? rr : 0)) * d.x_stride);
+    for (int rr = 0; rr < NR; ++rr) xr[rr] = reinterpret_cast<const float4*>(d.x + (t0 + (rr < nr ? rr : 0)) * d.x_stride);
     if (gate_row) {
       const uint4* w[1] = {reinterpret_cast<const uint4*>(d.s_gate_w)};
-      float acc[1][4];
-      dot_rows<1, false>(w, xr, nr, chunks, lane, acc);
+      float acc[1][NR];
+      dot_rows<1, false, true, NR, U>(w, xr, nr, chunks, lane, acc);
       if (lane == 0)
         for (int rr = 0; rr < nr; ++rr) d.s_gl[t0 + rr] = acc[0][rr];  // the gemm epilogue: 1 · acc
     } else {
       const uint4* w[2] = {reinterpret_cast<const uint4*>(d.s_gate + j * d.hidden),
                            reinterpret_cast<const uint4*>(d.s_up + j * d.hidden)};
-      float acc[2][4];
-      dot_rows<2, false>(w, xr, nr, chunks, lane, acc);
+      float acc[2][NR];
+      dot_rows<2, false, true, NR, U>(w, xr, nr, chunks, lane, acc);
       if (lane == 0)
         for (int rr = 0; rr < nr; ++rr) {
           const float g = acc[0][rr];
@@ -172,7 +172,27 @@ __device__ __forceinline__ void shared_up_block(const decode_args& d, int64_t b,
   }
 }
 
-__global__ void __launch_bounds__(kDecodeThreads, 3) moe_decode_up_kernel(const decode_args d, int tasks) {
+// The shared expert's gate and up rows (and its gate's row) into L2, spread over the grid: weights,
+// so before the wait for the router (the loads then overlap the kernels before).
+__device__ __forceinline__ void prefetch_shared_up(const decode_args& d) {
+  if (d.s_inter == 0) return;
+  const int64_t lines = d.s_inter * d.hidden * 2 / 128;  // whole lines of each matrix
+  const int64_t gate_lines = d.s_gate_w != nullptr ? ceil_div(d.hidden * 2, int64_t{128}) : 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 2 * lines + gate_lines; i += stride) {
+    const char* base = i < lines         ? reinterpret_cast<const char*>(d.s_gate) + 128 * i
+                       : i < 2 * lines   ? reinterpret_cast<const char*>(d.s_up) + 128 * (i - lines)
+                                         : reinterpret_cast<const char*>(d.s_gate_w) + 128 * (i - 2 * lines);
+    prefetch_l2(base);
+  }
+}
+
+// kOne: one token (what the default fuses): one activation row, so a warp's whole gate and up rows
+// of a 2048-wide hidden are in flight at once (U = 8), at two blocks an SM. Otherwise up to 4 rows
+// at a time, U = 4, three blocks an SM. The same arithmetic either way (dot_rows).
+template <bool kOne>
+__global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_kernel(const decode_args d, int tasks) {
+  constexpr int NR = kOne ? 1 : 4, U = kOne ? 8 : 4;
   extern __shared__ float up_scores[];  // [tokens][experts]
   __shared__ int sel_id[kDecodeWarps][kMaxTopK];
   __shared__ float sel_s[kDecodeWarps][kMaxTopK];
@@ -182,6 +202,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) moe_decode_up_kernel(const 
   __shared__ int s_row_token[kDecodeMaxRows];
   __shared__ int s_tile_begin[kDecodeMaxRows], s_tile_rows[kDecodeMaxRows], s_tile_expert[kDecodeMaxRows];
   __shared__ int s_tiles;
+  prefetch_shared_up(d);
   pdl_begin();  // the router's logits (and x)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int T = static_cast<int>(d.route.tokens), K = d.route.top_k, R = T * K, E = d.route.experts;
@@ -242,7 +263,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) moe_decode_up_kernel(const 
 #pragma unroll 1
   for (int b = static_cast<int>(blockIdx.x); b < tasks; b += static_cast<int>(gridDim.x)) {
     if (b >= routed) {
-      shared_up_block(d, b - d.routed_blocks, warp, lane);
+      shared_up_block<NR, U>(d, b - d.routed_blocks, warp, lane);
       continue;
     }
     const int tile = b / per_tile;
@@ -257,17 +278,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) moe_decode_up_kernel(const 
     const uint4* wrow[2] = {reinterpret_cast<const uint4*>(B + j * d.hidden),
                             reinterpret_cast<const uint4*>(B + (d.inter + j) * d.hidden)};
 #pragma unroll 1
-    for (int r0 = row_begin; r0 < row_end; r0 += 4) {
-      const int nr = min(4, row_end - r0);
-      const float4* xrow[4];
+    for (int r0 = row_begin; r0 < row_end; r0 += NR) {
+      const int nr = min(NR, row_end - r0);
+      const float4* xrow[NR];
 #pragma unroll
-      for (int rr = 0; rr < 4; ++rr)
+      for (int rr = 0; rr < NR; ++rr)
         xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
-      float acc[2][4];
-      dot_rows<2, true>(wrow, xrow, nr, d.hidden / 8, lane, acc);
+      float acc[2][NR];
+      dot_rows<2, true, true, NR, U>(wrow, xrow, nr, d.hidden / 8, lane, acc);
       if (lane != 0) continue;
 #pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
+      for (int rr = 0; rr < NR; ++rr) {
         if (rr >= nr) break;
         const float gate = acc[0][rr];
         d.act[static_cast<int64_t>(r0 + rr) * d.inter + j] = __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][rr]);
@@ -469,11 +490,14 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
 
   // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
   // whatever the number of its routed tasks).
+  // One token takes the one-row kernel unless kernels.moe_decode: fused asks for the general one.
   const size_t up_smem = static_cast<size_t>(T * E) * sizeof(float);
   const int64_t tasks = d.routed_blocks + shared_blocks;
+  const bool one = T == 1 && current_paths().moe_decode != kernel_paths::moe_decode_kind::kFused;
+  auto up_kernel = one ? moe_decode_up_kernel<true> : moe_decode_up_kernel<false>;
   const int64_t up_blocks =
-      std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(moe_decode_up_kernel), up_smem));
-  launch_pdl(moe_decode_up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
+      std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(up_kernel), up_smem));
+  launch_pdl(up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
              static_cast<int>(tasks));
   HYSERVE_CUDA_CHECK_LAUNCH();
   const size_t down_smem = decode_down_smem(p);

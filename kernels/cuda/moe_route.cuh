@@ -52,34 +52,42 @@ __device__ __forceinline__ void route_token(const route_args& a, int64_t t, floa
   } else {
     for (int e = lane; e < E; e += 32) s[e] = 1.0f / (1.0f + expf(-l[e]));
   }
-  // Scores are >= 0; NaN ranks below every number, -2 marks a taken expert. Each lane reads
-  // and writes only its own entries (e ≡ lane mod 32), so no barrier is needed between rounds.
+  // Scores are >= 0; NaN ranks below every number, a taken expert below NaN. As keys of 32 bits
+  // that order the same way (a non-negative float orders as its bits): score + 2, NaN 1, taken
+  // 0. Each lane keeps the best key of its own entries (e ≡ lane mod 32, ascending: a tie keeps
+  // the lower index); a round is a warp max of the keys and a min of the tied lanes' indices
+  // (the lower index wins a tie), then only the winning lane marks its entry and rescans. Each
+  // lane reads and writes only its own entries, so no barrier is needed between rounds.
   for (int e = lane; e < E; e += 32)
     if (!(s[e] >= 0.0f)) s[e] = -1.0f;
-  for (int j = 0; j < a.top_k; ++j) {
-    float best_s = -1.5f;
-    int best_e = INT_MAX;
+  auto key_of = [](float v) -> unsigned {
+    return v >= 0.0f ? __float_as_uint(v + 0.0f) + 2u : (v == -1.0f ? 1u : 0u);  // + 0: -0 as +0
+  };
+  unsigned lane_key = 0;
+  int lane_e = INT_MAX;
+  auto rescan = [&] {
+    lane_key = 0;
+    lane_e = INT_MAX;
     for (int e = lane; e < E; e += 32) {
-      const float v = s[e];
-      if (v > best_s) {  // e ascending: a tie keeps the lower index
-        best_s = v;
-        best_e = e;
+      const unsigned k = key_of(s[e]);
+      if (k > lane_key) {
+        lane_key = k;
+        lane_e = e;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float os = __shfl_xor_sync(0xffffffffu, best_s, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (os > best_s || (os == best_s && oe < best_e)) {
-        best_s = os;
-        best_e = oe;
-      }
-    }
+  };
+  rescan();
+  for (int j = 0; j < a.top_k; ++j) {
+    const unsigned best_key = warp_max_u32(lane_key);
+    const int best_e = static_cast<int>(warp_min_u32(lane_key == best_key ? static_cast<unsigned>(lane_e) : 0xffffffffu));
     if (lane == 0) {
-      sel_id[j] = best_e;
-      sel_s[j] = best_s;
+      sel_id[j] = best_key == 0 ? INT_MAX : best_e;  // none left: as the scalar arg-max's start
+      sel_s[j] = best_key == 0 ? -1.5f : best_key == 1 ? -1.0f : __uint_as_float(best_key - 2u);
     }
-    if (best_e < E && (best_e & 31) == lane) s[best_e] = -2.0f;
+    if (best_key != 0 && lane_e == best_e && lane_key == best_key) {
+      s[best_e] = -2.0f;
+      rescan();
+    }
   }
   __syncwarp();
   if (lane != 0) return;

@@ -6,7 +6,8 @@
 // softmax and sigmoid scoring, raw and renormalised weights, out written and accumulated, router
 // ties (logits on an integer grid) and experts that get no token. The values against the CPU op
 // are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
-// here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8).
+// here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8). One
+// token also runs the default (its one-row up kernel) against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -120,6 +121,12 @@ void check_decode(const decode_case& c, uint32_t seed) {
   cuda_test::expect_equal(fused.ids, split.ids, what + " ids");
   EXPECT_EQ(bit_differences(fused.weights, split.weights), 0u) << what << " weights";
   EXPECT_EQ(bit_differences(fused.out, split.out), 0u) << what << " out";
+  if (c.T == 1) {  // the default's one-row up kernel (fused: the general one)
+    const decode_result one = run_path(p, kernel_paths::moe_decode_kind::kDefault, out0);
+    cuda_test::expect_equal(one.ids, split.ids, what + " one-row ids");
+    EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " one-row weights";
+    EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " one-row out";
+  }
   size_t written = 0;  // not a vacuous comparison: every output written, finite
   for (float v : fused.out) written += std::isfinite(v) ? 1 : 0;
   EXPECT_EQ(written, fused.out.size()) << what << " out written";
@@ -172,6 +179,10 @@ TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
       check_decode({T, 256, 128, 16, 4, moe_scoring::kSigmoid, false, false, 2048, gated}, seed += 5);
     }
   check_decode({1, 2048, 512, 16, 10, moe_scoring::kSoftmax, true, true, 512, true}, seed += 5);  // Qwen3-Next's widths
+  // One token over 512 experts at a 1024-wide hidden (half a load round a lane), and a 4096-wide
+  // one (two rounds).
+  check_decode({1, 1024, 64, 512, 10, moe_scoring::kSoftmax, true, false, 512, true}, seed += 5);
+  check_decode({1, 4096, 64, 72, 10, moe_scoring::kSigmoid, true, true, 256, false}, seed += 5);
 }
 
 }  // namespace
