@@ -13,7 +13,10 @@
 //         Block 0 also writes the routing (each pair's expert, weight and row) for the down
 //         kernel and the caller's topk outputs. The tasks after the routed ones take 8 outputs
 //         of the shared expert (silu(x_t · gateᵀ) ⊙ (x_t · upᵀ) in f32, x unrounded, every
-//         token) and, gated, one more: the gate's x_t · gate_wᵀ.
+//         token) and, gated, one more: the gate's x_t · gate_wᵀ. One token takes a variant with
+//         one activation row (a warp's whole row pair in flight). The shared expert's rows are
+//         fetched into L2 before the wait for the router, and at the end the blocks that routed
+//         fetch the active experts' down rows (up to 24 MB) for the down kernel.
 //   down: block (t, y): token t and tiles of 8 output columns (y, y + grid.y, …: the grid is
 //         what is resident at once, two blocks an SM), a warp a column; for each of t's experts in
 //         ascending index order, y_e = act[row(t, e)] · down_e[col]ᵀ, and
@@ -61,6 +64,9 @@ constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
 constexpr size_t kDecodeMaxActBytes = 48 * 1024;  // the down kernel's staged routed act rows of a token
 constexpr size_t kDecodeMaxSmem = 160 * 1024;     // the down kernel's staged rows, routed and shared
+// The active experts' down rows the up kernel fetches into L2 for the down kernel (Qwen3-Next's
+// ten of one token: 21 MB; the L2 of an H100 or H200 holds 50 MB).
+constexpr int64_t kDecodeDownPrefetchBytes = int64_t{24} << 20;
 
 struct decode_args {
   route_args route;  // logits, sizes, scoring; its ids / wts / counts are the kernels' own
@@ -293,6 +299,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
         const float gate = acc[0][rr];
         d.act[static_cast<int64_t>(r0 + rr) * d.inter + j] = __float2bfloat16(gate / (1.0f + expf(-gate)) * acc[1][rr]);
       }
+    }
+  }
+
+  // 4. The active experts' down rows into L2, up to kDecodeDownPrefetchBytes, spread over the
+  // blocks that routed: the down kernel may read them only once this kernel is done, so its
+  // loads would start after the last block here; the blocks that finish first fetch them.
+  const int64_t nb = min(static_cast<int64_t>(gridDim.x), d.routed_blocks);
+  if (static_cast<int64_t>(blockIdx.x) < nb) {
+    const int64_t lines_e = d.hidden * d.inter * 2 / 128;
+    const int64_t total = min(s_tiles * lines_e, kDecodeDownPrefetchBytes / 128);
+    const auto* down = reinterpret_cast<const char*>(d.down);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDecodeThreads + tid; i < total; i += nb * kDecodeThreads) {
+      const int64_t x = i / lines_e;
+      prefetch_l2(down + (static_cast<int64_t>(s_tile_expert[x]) * d.hidden * d.inter * 2 + (i - x * lines_e) * 128));
     }
   }
 }
