@@ -21,8 +21,8 @@
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
 # decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
-# moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split
-# and fused: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
+# moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
+# fused and single: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
@@ -340,12 +340,13 @@ EOF2
       done ;;
     moe-decode)
       # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
-      # split and fused (up to 8 tokens), at batches 1, 2, 4 and 8 (where the fused path's
-      # per-token weight reads start to cost more than the kernels it saves), config after config.
+      # split, fused (up to 8 tokens) and single (one kernel for one token), at batches 1, 2, 4
+      # and 8 (where the fused path's per-token weight reads start to cost more than the kernels
+      # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,2,4,8 \
           --decode-steps 16
-        for kind in split fused; do
+        for kind in split fused single; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
         done

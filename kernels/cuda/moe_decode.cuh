@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
@@ -193,78 +194,83 @@ __device__ __forceinline__ void prefetch_shared_up(const decode_args& d) {
   }
 }
 
-// kOne: one token (what the default fuses): one activation row, so a warp's whole gate and up rows
-// of a 2048-wide hidden are in flight at once (U = 8), at two blocks an SM. Otherwise up to 4 rows
-// at a time, U = 4, three blocks an SM. The same arithmetic either way (dot_rows).
-template <bool kOne>
-__global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_kernel(const decode_args d, int tasks) {
-  constexpr int NR = kOne ? 1 : 4, U = kOne ? 8 : 4;
-  extern __shared__ float up_scores[];  // [tokens][experts]
-  __shared__ int sel_id[kDecodeWarps][kMaxTopK];
-  __shared__ float sel_s[kDecodeWarps][kMaxTopK];
-  __shared__ int32_t s_ids[kDecodeMaxRows];
-  __shared__ float s_wts[kDecodeMaxRows];
-  __shared__ int s_first[kDecodeMaxRows];
-  __shared__ int s_row_token[kDecodeMaxRows];
-  __shared__ int s_tile_begin[kDecodeMaxRows], s_tile_rows[kDecodeMaxRows], s_tile_expert[kDecodeMaxRows];
-  __shared__ int s_tiles;
-  prefetch_shared_up(d);
-  pdl_begin();  // the router's logits (and x)
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+// A block's routing, in shared memory: each (token, slot) pair's expert and weight (slots in
+// ascending expert order, route_token's), its row of act, and the tiles: the active experts
+// ascending, each with its rows.
+struct route_smem {
+  int sel_id[kDecodeWarps][kMaxTopK];
+  float sel_s[kDecodeWarps][kMaxTopK];
+  int32_t ids[kDecodeMaxRows];
+  float wts[kDecodeMaxRows];
+  int first[kDecodeMaxRows];
+  int pair_row[kDecodeMaxRows];
+  int row_token[kDecodeMaxRows];
+  int tile_begin[kDecodeMaxRows], tile_rows[kDecodeMaxRows], tile_expert[kDecodeMaxRows];
+  int tiles;
+};
+
+// Routes every token (the prepare kernel's route_token, a warp a token, scores in `scores`:
+// [tokens][experts] floats of shared memory) and orders the pairs by expert, ties by pair index.
+// publish: also the routing for the down kernel (d.ids / wts / rows) and the caller's topk
+// outputs (one block does). Every thread of the block calls it; it ends with a barrier.
+__device__ __forceinline__ void route_block(const decode_args& d, float* scores, route_smem& rs, bool publish) {
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
   const int T = static_cast<int>(d.route.tokens), K = d.route.top_k, R = T * K, E = d.route.experts;
-  const int per_tile = static_cast<int>(ceil_div(d.inter, int64_t{kDecodeWarps}));
-  // Block b takes the tasks b, b + grid, ...: the routed ones first (task < routed_blocks), then
-  // the shared expert's. A block with a routed task routes once, before its first.
-  if (static_cast<int64_t>(blockIdx.x) < d.routed_blocks) {
-    const bool first_block = blockIdx.x == 0;
-
-    // 1. Routing of every token (the prepare kernel's route_token), into shared memory.
-    route_args a = d.route;
-    a.ids = s_ids;
-    a.wts = s_wts;
-    a.counts = nullptr;
-    if (!first_block) {
-      a.user_ids = nullptr;
-      a.user_wts = nullptr;
-    }
-    if (tid == 0) s_tiles = 0;
-    if (warp < T) route_token(a, warp, up_scores + static_cast<int64_t>(warp) * E, sel_id[warp], sel_s[warp], nullptr);
-    __syncthreads();
-
-    // 2. The pairs by expert, ties by pair index: pair i's row = #{pairs of a lower expert} +
-    // #{earlier pairs of its expert}; the x-th active expert (ascending) is tile x.
-    int e = 0, below = 0, before = 0, count = 0;
-    if (tid < R) {
-      e = s_ids[tid];
-      for (int i = 0; i < R; ++i) {
-        const int f = s_ids[i];
-        below += f < e;
-        count += f == e;
-        before += f == e && i < tid;
-      }
-      s_first[tid] = before == 0;
-    }
-    __syncthreads();
-    if (tid < R) {
-      const int row = below + before;
-      s_row_token[row] = tid / K;
-      if (before == 0) {
-        int tile = 0;  // active experts below e
-        for (int i = 0; i < R; ++i) tile += s_first[i] && s_ids[i] < e;
-        s_tile_expert[tile] = e;
-        s_tile_begin[tile] = below;
-        s_tile_rows[tile] = count;
-        atomicAdd(&s_tiles, 1);
-      }
-      if (first_block) {  // the down kernel's routing
-        d.ids[tid] = e;
-        d.wts[tid] = s_wts[tid];
-        d.rows[tid] = row;
-      }
-    }
-    __syncthreads();  // no barrier below
+  route_args a = d.route;
+  a.ids = rs.ids;
+  a.wts = rs.wts;
+  a.counts = nullptr;
+  if (!publish) {
+    a.user_ids = nullptr;
+    a.user_wts = nullptr;
   }
+  if (tid == 0) rs.tiles = 0;
+  if (warp < T) route_token(a, warp, scores + static_cast<int64_t>(warp) * E, rs.sel_id[warp], rs.sel_s[warp], nullptr);
+  __syncthreads();
 
+  // Pair i's row = #{pairs of a lower expert} + #{earlier pairs of its expert}; the x-th active
+  // expert (ascending) is tile x.
+  int e = 0, below = 0, before = 0, count = 0;
+  if (tid < R) {
+    e = rs.ids[tid];
+    for (int i = 0; i < R; ++i) {
+      const int f = rs.ids[i];
+      below += f < e;
+      count += f == e;
+      before += f == e && i < tid;
+    }
+    rs.first[tid] = before == 0;
+  }
+  __syncthreads();
+  if (tid < R) {
+    const int row = below + before;
+    rs.row_token[row] = tid / K;
+    rs.pair_row[tid] = row;
+    if (before == 0) {
+      int tile = 0;  // active experts below e
+      for (int i = 0; i < R; ++i) tile += rs.first[i] && rs.ids[i] < e;
+      rs.tile_expert[tile] = e;
+      rs.tile_begin[tile] = below;
+      rs.tile_rows[tile] = count;
+      atomicAdd(&rs.tiles, 1);
+    }
+    if (publish) {
+      d.ids[tid] = e;
+      d.wts[tid] = rs.wts[tid];
+      d.rows[tid] = row;
+    }
+  }
+  __syncthreads();
+}
+
+// The up projection's tasks b = blockIdx.x, + gridDim.x, …: routed tasks (b < routed_blocks:
+// the block has routed into rs) and then the shared expert's. Routed task b: the GEMV of
+// moe_gemv_kernel<true> (gate and up rows of one output a warp) over its tile's rows, x read in
+// f32 and rounded to bf16 (the split path's xa), NR rows at a time, U chunks of a row in flight.
+template <int NR, int U>
+__device__ __forceinline__ void up_tasks(const decode_args& d, int tasks, const route_smem& rs) {
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int per_tile = static_cast<int>(ceil_div(d.inter, int64_t{kDecodeWarps}));
   const int routed = static_cast<int>(d.routed_blocks);
 #pragma unroll 1
   for (int b = static_cast<int>(blockIdx.x); b < tasks; b += static_cast<int>(gridDim.x)) {
@@ -273,11 +279,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
       continue;
     }
     const int tile = b / per_tile;
-    if (tile >= s_tiles) continue;  // uniform over the block
-
-    // 3. The GEMV of moe_gemv_kernel<true> (gate and up rows of one output a warp) over the
-    // tile's rows, x read in f32 and rounded to bf16 (the split path's xa).
-    const int ex = s_tile_expert[tile], row_begin = s_tile_begin[tile], row_end = row_begin + s_tile_rows[tile];
+    if (tile >= rs.tiles) continue;  // uniform over the block
+    const int ex = rs.tile_expert[tile], row_begin = rs.tile_begin[tile], row_end = row_begin + rs.tile_rows[tile];
     const int64_t j = (b % per_tile) * kDecodeWarps + warp;
     if (j >= d.inter) continue;
     const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(ex) * 2 * d.inter * d.hidden;
@@ -289,7 +292,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
       const float4* xrow[NR];
 #pragma unroll
       for (int rr = 0; rr < NR; ++rr)
-        xrow[rr] = reinterpret_cast<const float4*>(d.x + s_row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
+        xrow[rr] = reinterpret_cast<const float4*>(d.x + rs.row_token[r0 + (rr < nr ? rr : 0)] * d.x_stride);
       float acc[2][NR];
       dot_rows<2, true, true, NR, U>(wrow, xrow, nr, d.hidden / 8, lane, acc);
       if (lane != 0) continue;
@@ -301,53 +304,66 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
       }
     }
   }
+}
 
-  // 4. The active experts' down rows into L2, up to kDecodeDownPrefetchBytes, spread over the
-  // blocks that routed: the down kernel may read them only once this kernel is done, so its
-  // loads would start after the last block here; the blocks that finish first fetch them.
-  const int64_t nb = min(static_cast<int64_t>(gridDim.x), d.routed_blocks);
-  if (static_cast<int64_t>(blockIdx.x) < nb) {
-    const int64_t lines_e = d.hidden * d.inter * 2 / 128;
-    const int64_t total = min(s_tiles * lines_e, kDecodeDownPrefetchBytes / 128);
-    const auto* down = reinterpret_cast<const char*>(d.down);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDecodeThreads + tid; i < total; i += nb * kDecodeThreads) {
-      const int64_t x = i / lines_e;
-      prefetch_l2(down + (static_cast<int64_t>(s_tile_expert[x]) * d.hidden * d.inter * 2 + (i - x * lines_e) * 128));
-    }
+// The active experts' down rows into L2, up to kDecodeDownPrefetchBytes, spread over the first
+// nb blocks (those that routed).
+__device__ __forceinline__ void prefetch_down_rows(const decode_args& d, const route_smem& rs, int64_t nb) {
+  if (static_cast<int64_t>(blockIdx.x) >= nb) return;
+  const int64_t lines_e = d.hidden * d.inter * 2 / 128;
+  const int64_t total = min(rs.tiles * lines_e, kDecodeDownPrefetchBytes / 128);
+  const auto* down = reinterpret_cast<const char*>(d.down);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x; i < total; i += nb * kDecodeThreads) {
+    const int64_t x = i / lines_e;
+    prefetch_l2(down + (static_cast<int64_t>(rs.tile_expert[x]) * d.hidden * d.inter * 2 + (i - x * lines_e) * 128));
   }
+}
+
+// kOne: one token (what the default fuses): one activation row, so a warp's whole gate and up rows
+// of a 2048-wide hidden are in flight at once (U = 8), at two blocks an SM. Otherwise up to 4 rows
+// at a time, U = 4, three blocks an SM. The same arithmetic either way (dot_rows). A block with
+// a routed task routes once, before its first. At the end the blocks that routed fetch the down
+// rows into L2: the down kernel may read them only once this kernel is done, so its loads would
+// otherwise start after the last block here.
+template <bool kOne>
+__global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_kernel(const decode_args d, int tasks) {
+  constexpr int NR = kOne ? 1 : 4, U = kOne ? 8 : 4;
+  extern __shared__ float up_scores[];  // [tokens][experts]
+  __shared__ route_smem rs;
+  prefetch_shared_up(d);
+  pdl_begin();  // the router's logits (and x)
+  const bool routes = static_cast<int64_t>(blockIdx.x) < d.routed_blocks;
+  if (routes) route_block(d, up_scores, rs, blockIdx.x == 0);
+  up_tasks<NR, U>(d, tasks, rs);
+  if (routes) prefetch_down_rows(d, rs, min(static_cast<int64_t>(gridDim.x), d.routed_blocks));
 }
 
 __device__ __forceinline__ float sigmoid_of(float v) { return 1.0f / (1.0f + expf(-v)); }  // row_add's
 
-// CPL: 16-byte chunks of a routed down row a lane (inter <= 256 · CPL); G experts' loads in
-// flight. At most 128 registers a thread: two blocks an SM.
-template <int CPL>
-__global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_down_kernel(const decode_args d) {
+// The shared expert's down row of column tile `tile` into L2 (a weight: before any wait).
+__device__ __forceinline__ void prefetch_shared_down(const decode_args& d, int64_t tile, int warp, int lane) {
+  const int64_t c = tile * kDecodeWarps + warp;
+  if (d.s_inter == 0 || c >= d.hidden) return;
+  const char* row = reinterpret_cast<const char*>(d.s_down + c * d.s_inter);
+  for (int64_t off = 128 * lane; off < d.s_inter * 2; off += 32 * 128) prefetch_l2(row + off);
+}
+
+// Token t's down projection over the column tiles tile0, tile0 + step, … (a warp a column): for
+// each of t's experts in ascending index order (s_e, s_w, s_row: its K slots), y_e = act[row] ·
+// down_e[col]ᵀ, out[t, col] (= or +=) Σ w_e · y_e in that order; then the shared expert's
+// ys = act_shared[t] · down_shared[col]ᵀ added as ys + out (ungated) or fma(sigmoid(gl_t), ys,
+// out) (gated). CPL: 16-byte chunks of a routed down row a lane (inter <= 256 · CPL); G experts'
+// loads in flight. The first tile's weights are loaded before wait_act() (act, s_act and s_gl are
+// read after it); kCoherent: they were written by other blocks of this kernel (loads through L2).
+template <int CPL, bool kCoherent, class WaitAct>
+__device__ __forceinline__ void down_tiles(const decode_args& d, int64_t t, int64_t tile0, int64_t step, const int* s_e,
+                                           const float* s_w, const int* s_row, uint4* smem, WaitAct wait_act) {
   constexpr int G = 24 / CPL;
-  extern __shared__ uint4 down_smem[];  // the token's act rows: routed [top_k][inter / 8], then shared f32 [s_inter]
-  __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
-  __shared__ float s_w[kMaxTopK];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int K = d.route.top_k;
-  const int64_t t = blockIdx.x, chunks = d.inter / 8;
+  const int64_t chunks = d.inter / 8;
   const int64_t col_tiles = ceil_div(d.hidden, int64_t{kDecodeWarps});
-  // The shared expert's down row of a column into L2: a weight, so before the wait for the tile
-  // the block starts with (it then overlaps the up kernel), and one tile ahead after that.
-  auto prefetch_shared = [&](int64_t tile) {
-    const int64_t c = tile * kDecodeWarps + warp;
-    if (d.s_inter == 0 || tile >= col_tiles || c >= d.hidden) return;
-    const char* row = reinterpret_cast<const char*>(d.s_down + c * d.s_inter);
-    for (int64_t off = 128 * lane; off < d.s_inter * 2; off += 32 * 128) prefetch_l2(row + off);
-  };
-  prefetch_shared(blockIdx.y);
-  pdl_begin();  // act and the routing of the up kernel
-  if (tid < K) {
-    s_e[tid] = d.ids[t * K + tid];
-    s_w[tid] = d.wts[t * K + tid];
-    s_row[tid] = d.rows[t * K + tid];
-  }
-  __syncthreads();
-  int64_t col = static_cast<int64_t>(blockIdx.y) * kDecodeWarps + warp;
+  int64_t col = tile0 * kDecodeWarps + warp;
   uint4 w[G][CPL];
   auto load_group = [&](int j0) {
 #pragma unroll
@@ -362,22 +378,26 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_down_kernel(cons
       }
     }
   };
-  if (col < d.hidden) load_group(0);  // in flight while the act rows are staged
-  uint4* act_s = down_smem;
+  if (tile0 < col_tiles && col < d.hidden) load_group(0);  // in flight while the act rows are staged
+  wait_act();
+  uint4* act_s = smem;
   for (int64_t i = tid; i < K * chunks; i += kDecodeThreads) {
     const int64_t jj = i / chunks, c = i - jj * chunks;
-    act_s[i] = __ldg(reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c);
+    const uint4* src = reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c;
+    act_s[i] = kCoherent ? __ldcg(src) : __ldg(src);
   }
-  auto* shared_act = reinterpret_cast<float4*>(down_smem + K * chunks);
-  for (int64_t i = tid; i < d.s_inter / 4; i += kDecodeThreads)
-    shared_act[i] = __ldg(reinterpret_cast<const float4*>(d.s_act + t * d.s_inter) + i);
+  auto* shared_act = reinterpret_cast<float4*>(smem + K * chunks);
+  for (int64_t i = tid; i < d.s_inter / 4; i += kDecodeThreads) {
+    const float4* src = reinterpret_cast<const float4*>(d.s_act + t * d.s_inter) + i;
+    shared_act[i] = kCoherent ? __ldcg(src) : __ldg(src);
+  }
   __syncthreads();  // no barrier below
-  // The block's column tiles: blockIdx.y, then every gridDim.y-th (the grid is what is resident).
-  for (int64_t tile = blockIdx.y; tile < col_tiles; tile += gridDim.y) {
+  const float gl = d.s_gate_w != nullptr ? (kCoherent ? __ldcg(d.s_gl + t) : d.s_gl[t]) : 0.0f;
+  for (int64_t tile = tile0; tile < col_tiles; tile += step) {
     col = tile * kDecodeWarps + warp;
     if (col >= d.hidden) break;
-    if (tile != blockIdx.y) load_group(0);
-    prefetch_shared(tile + gridDim.y);
+    if (tile != tile0) load_group(0);
+    prefetch_shared_down(d, tile + step, warp, lane);
     float* o = d.out + t * d.out_stride + col;
     float acc = d.accumulate ? *o : 0.0f;
     for (int j0 = 0; j0 < K; j0 += G) {
@@ -405,11 +425,81 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_down_kernel(cons
       const uint4* wr[1] = {reinterpret_cast<const uint4*>(d.s_down + col * d.s_inter)};
       float ys[1][4];
       dot_rows<1, false, false>(wr, xr, 1, d.s_inter / 8, lane, ys);
-      acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(d.s_gl[t]), ys[0][0], acc)  // row_add
+      acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(gl), ys[0][0], acc)               // row_add
                                   : __fmaf_rn(1.0f, ys[0][0], __fmul_rn(1.0f, acc));  // the gemm epilogue, beta 1
     }
     if (lane == 0) *o = acc;
   }
+}
+
+// Block (t, y): token t, column tiles y, y + gridDim.y, … (the grid is what is resident at once,
+// two blocks an SM: at most 128 registers a thread). The shared expert's down rows are fetched
+// into L2 before the wait for the up kernel (they then overlap it), and one tile ahead after.
+template <int CPL>
+__global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_down_kernel(const decode_args d) {
+  extern __shared__ uint4 down_smem[];  // the token's act rows: routed [top_k][inter / 8], then shared f32 [s_inter]
+  __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
+  __shared__ float s_w[kMaxTopK];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int K = d.route.top_k;
+  const int64_t t = blockIdx.x;
+  prefetch_shared_down(d, blockIdx.y, tid >> 5, tid & 31);
+  pdl_begin();  // act and the routing of the up kernel
+  if (tid < K) {
+    s_e[tid] = d.ids[t * K + tid];
+    s_w[tid] = d.wts[t * K + tid];
+    s_row[tid] = d.rows[t * K + tid];
+  }
+  __syncthreads();
+  down_tiles<CPL, false>(d, t, blockIdx.y, gridDim.y, s_e, s_w, s_row, down_smem, [] {});
+}
+
+// ---- kernels.moe_decode: single (one token): up and down in one kernel ----------------------
+// Every block routes the token, takes its up tasks as the one-row up kernel, loads the down
+// weights of its first column tile (they depend only on the routing), waits at a grid barrier
+// until every block's act rows are written, then runs the down kernel's tiles (blockIdx.x,
+// + gridDim.x, …). The grid is at most what is resident at once (every block must reach the
+// barrier); the arithmetic is the two kernels'. What it saves is the kernel boundary between up
+// and down, and the down loads' start after it.
+
+// Arrivals and generation of the grid barrier: zero at module load; every use leaves the
+// arrivals at zero and advances the generation. One such kernel runs at a time per context
+// (the stream order of a model's layers).
+__device__ unsigned g_decode_barrier[2];
+
+__device__ __forceinline__ void grid_barrier() {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = &g_decode_barrier[1];
+    const unsigned g0 = *gen;  // it advances only once this block has arrived
+    __threadfence();           // this block's writes before its arrival
+    if (atomicAdd(&g_decode_barrier[0], 1u) == gridDim.x - 1) {
+      atomicExch(&g_decode_barrier[0], 0u);
+      __threadfence();
+      atomicAdd(&g_decode_barrier[1], 1u);
+    } else {
+      long long spins = 0;
+      while (*gen == g0) {
+        __nanosleep(64);
+        if (++spins > (1ll << 26)) __trap();  // seconds: a block never came (not co-resident)
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+template <int CPL>
+__global__ void __launch_bounds__(kDecodeThreads, 2) moe_decode_single_kernel(const decode_args d, int tasks) {
+  extern __shared__ uint4 single_smem[];  // the router's scores [experts], later the down kernel's staged rows
+  __shared__ route_smem rs;
+  const int tid = static_cast<int>(threadIdx.x);
+  prefetch_shared_up(d);
+  prefetch_shared_down(d, blockIdx.x, tid >> 5, tid & 31);
+  pdl_begin();  // the router's logits (and x)
+  route_block(d, reinterpret_cast<float*>(single_smem), rs, blockIdx.x == 0);
+  up_tasks<1, 8>(d, tasks, rs);
+  down_tiles<CPL, true>(d, 0, blockIdx.x, gridDim.x, rs.ids, rs.wts, rs.pair_row, single_smem, [] { grid_barrier(); });
 }
 
 // The down kernel's dynamic shared memory: the token's routed act rows (bf16) and its shared
@@ -471,7 +561,19 @@ void launch_moe_decode_down(const decode_args& d, size_t smem, cudaStream_t stre
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
-// The op on the decode path (moe_decode_takes holds): scratch, the up kernel, the down kernel.
+// f(std::integral_constant<int, CPL>) for the expert width's chunks a lane of the down projection.
+template <class F>
+void with_down_cpl(int64_t inter, F&& f) {
+  switch (ceil_div(inter / 8, int64_t{32})) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+// The op on the decode path (moe_decode_takes holds): scratch, the up kernel, the down kernel
+// (or, kernels.moe_decode: single and one token, the one kernel of both).
 void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStream_t stream) {
   const int64_t T = p.tokens, I = p.inter, E = p.experts, R = T * p.top_k, Is = p.shared_inter;
   auto round_up = [](size_t b) { return (b + 255) & ~size_t{255}; };
@@ -508,12 +610,29 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
     shared_blocks = ceil_div(Is + (p.shared_gate_w != nullptr ? 1 : 0), int64_t{kDecodeWarps});
   }
 
-  // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
-  // whatever the number of its routed tasks).
-  // One token takes the one-row kernel unless kernels.moe_decode: fused asks for the general one.
   const size_t up_smem = static_cast<size_t>(T * E) * sizeof(float);
   const int64_t tasks = d.routed_blocks + shared_blocks;
-  const bool one = T == 1 && current_paths().moe_decode != kernel_paths::moe_decode_kind::kFused;
+  const auto kind = current_paths().moe_decode;
+  if (T == 1 && kind == kernel_paths::moe_decode_kind::kSingle) {
+    // At most the resident blocks: every block must reach the grid barrier.
+    const size_t smem = std::max(up_smem, decode_down_smem(p));
+    const int64_t work = std::max(tasks, ceil_div(p.hidden, int64_t{kDecodeWarps}));
+    with_down_cpl(I, [&](auto cpl) {
+      auto kernel = moe_decode_single_kernel<decltype(cpl)::value>;
+      if (smem > 48 * 1024) reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+      const int64_t blocks = std::min(work, decode_resident_blocks(reinterpret_cast<const void*>(kernel), smem));
+      launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kDecodeThreads), smem, stream, d,
+                 static_cast<int>(tasks));
+      HYSERVE_CUDA_CHECK_LAUNCH();
+    });
+    CUDA_CHECK(scratch_free(base, stream));
+    return;
+  }
+
+  // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
+  // whatever the number of its routed tasks). One token takes the one-row kernel unless
+  // kernels.moe_decode: fused asks for the general one.
+  const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
   auto up_kernel = one ? moe_decode_up_kernel<true> : moe_decode_up_kernel<false>;
   const int64_t up_blocks =
       std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(up_kernel), up_smem));
@@ -521,12 +640,7 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
              static_cast<int>(tasks));
   HYSERVE_CUDA_CHECK_LAUNCH();
   const size_t down_smem = decode_down_smem(p);
-  switch (ceil_div(I / 8, int64_t{32})) {
-    case 1: launch_moe_decode_down<1>(d, down_smem, stream); break;
-    case 2: launch_moe_decode_down<2>(d, down_smem, stream); break;
-    case 3: launch_moe_decode_down<3>(d, down_smem, stream); break;
-    default: launch_moe_decode_down<4>(d, down_smem, stream); break;
-  }
+  with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });
   CUDA_CHECK(scratch_free(base, stream));
 }
 

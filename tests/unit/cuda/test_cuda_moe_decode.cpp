@@ -7,7 +7,8 @@
 // ties (logits on an integer grid) and experts that get no token. The values against the CPU op
 // are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
 // here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8). One
-// token also runs the default (its one-row up kernel) against split.
+// token also runs the default (its one-row up kernel) and single (up and down in one kernel, a
+// grid barrier between them) against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -126,6 +127,10 @@ void check_decode(const decode_case& c, uint32_t seed) {
     cuda_test::expect_equal(one.ids, split.ids, what + " one-row ids");
     EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " one-row weights";
     EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " one-row out";
+    const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
+    cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
+    EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";
+    EXPECT_EQ(bit_differences(single.out, split.out), 0u) << what << " single out";
   }
   size_t written = 0;  // not a vacuous comparison: every output written, finite
   for (float v : fused.out) written += std::isfinite(v) ? 1 : 0;

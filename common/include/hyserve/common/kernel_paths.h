@@ -26,9 +26,10 @@ struct kernel_paths {
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
   // default (fused for one token, its up kernel specialised to one activation row; split above)
   // | fused (up to 8 tokens, the general up kernel: routing in the up-projection kernel, the
-  // combine and the shared expert in the down projection's: two kernels) | split (prepare, two GEMVs, combine, and the shared expert's own kernels). The same
+  // combine and the shared expert in the down projection's: two kernels) | single (one token:
+  // up and down in one kernel, a grid barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the shared expert's own kernels). The same
   // bits either way.
-  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSplit };
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
