@@ -20,7 +20,8 @@
 # Qwen3-Next-80B-A3B shaped configs: batch 1 / 64 decode and 8K prefill) and prefix
 # (bench/prefix_served.sh on the 9B synthetic Bamba: TTFT and multi-turn, cache off and on) and
 # model-tp2 (hyserve-bench-model on the 9B synthetic Bamba at TP=2, both ranks on the one GPU);
-# decode-slices (Falcon-H1-7B's batch-1 step with kernels.attn_decode_max_slices default, 1, 2, 4, 8);
+# decode-slices (Falcon-H1-7B's batch-1 step, or SLICES_CONFIGS', with kernels.attn_decode_max_slices
+# default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
 # fused and single: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
@@ -330,13 +331,15 @@ EOF2
       done ;;
     decode-slices)
       # kernels.attn_decode_max_slices at batch 1, context 1024 (the combine kernel against fewer,
-      # longer slices): Falcon-H1-7B (attention in every layer) with the default and caps of 1,
-      # 2, 4 and 8 slices, one after the other.
-      stage "decode-slices-default" 90 "$bin/hyserve-bench-model" configs/falcon-h1-7b-synthetic-cuda.yaml \
-        --batches 1 --decode-steps 16
-      for n in 1 2 4 8; do
-        stage "decode-slices-$n" 90 "$bin/hyserve-bench-model" \
-          "$(with_kernels configs/falcon-h1-7b-synthetic-cuda.yaml attn_decode_max_slices "$n")" --batches 1 --decode-steps 16
+      # longer slices): Falcon-H1-7B (attention in every layer), or SLICES_CONFIGS, with the
+      # default and caps of 1, 2, 4 and 8 slices, one after the other.
+      for f in ${SLICES_CONFIGS:-falcon-h1-7b}; do
+        stage "decode-slices-$f-default" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" \
+          --batches 1 --decode-steps 16
+        for n in 1 2 4 8; do
+          stage "decode-slices-$f-$n" 90 "$bin/hyserve-bench-model" \
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" attn_decode_max_slices "$n")" --batches 1 --decode-steps 16
+        done
       done ;;
     moe-decode)
       # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
