@@ -5,7 +5,7 @@
 # decoding). Stages that do not fit in the time left are skipped and named.
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
 # Stages (default: all, in this order): tests select ssd kernels (state update and paged decode
-# attention, every dtype) gdn skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
+# attention, every dtype) gdn (with bench/gdn_anchor.py: flash-linear-attention, when installed) skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
 # GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
 # speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), model-mma / spec-pred-mma
 # (model and spec-pred with the tensor-core skinny GEMM: a copy of the config with
@@ -151,7 +151,9 @@ for s in "${stages[@]}"; do
     select) stage select 120 "$bin/hyserve-bench-sparse" select ;;
     ssd) stage ssd 180 "$bin/hyserve-bench-cuda" ssd_scan --ssm-io=bf16 --ssm-state=f32 ;;
     kernels) stage kernels 180 "$bin/hyserve-bench-cuda" ssm_update attention_decode ;;
-    gdn) stage gdn 180 "$bin/hyserve-bench-gdn" ;;
+    gdn)
+      stage gdn 180 "$bin/hyserve-bench-gdn"
+      stage gdn-anchor 120 python3 bench/gdn_anchor.py ;;  # flash-linear-attention, when installed
     skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
     model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
              --decode-steps 8 --profile-step --verify-width 5 --json "$out/model.json" ;;
