@@ -5,7 +5,8 @@
 # decoding). Stages that do not fit in the time left are skipped and named.
 #   bench/run_gpu_set.sh OUT_DIR [STAGE ...]
 # Stages (default: all, in this order): tests select ssd kernels (state update and paged decode
-# attention, every dtype) gdn (with bench/gdn_anchor.py: flash-linear-attention, when installed) skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
+# attention, every dtype) gdn (with bench/gdn_anchor.py: flash-linear-attention, when
+# installed) skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
 # GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
 # speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), model-mma / spec-pred-mma
 # (model and spec-pred with the tensor-core skinny GEMM: a copy of the config with
