@@ -55,11 +55,15 @@ constexpr int kDecodeWarps = 8, kDecodeThreads = 32 * kDecodeWarps;
 constexpr int64_t kDecodeMaxTokens = kDecodeWarps;  // a routing warp a token
 // Tokens the default (kernels.moe_decode: default) takes the fused path for. The down kernel
 // reads the down rows (and the shared expert's) once per token, where the split path's GEMV
-// reads an expert's rows once for all its tokens: measured on the H100, Granite-4.0-H-Tiny's
-// graph decode step, fused against split: batch 1 2.305 against 2.653 ms, batch 8 9.150 against
-// 7.927 ms (bench/results/2026-12-06-h100-run30.md). kernels.moe_decode: fused takes it up to
-// kDecodeMaxTokens.
+// reads an expert's rows once for all its tokens. Measured, graph decode steps, fused against
+// split: Granite-4.0-H-Tiny (64 experts) on the H100, batch 1 2.305 against 2.653 ms, batch 8
+// 9.150 against 7.927 ms (bench/results/2026-12-06-h100-run30.md); the Qwen3-Next-80B-A3B
+// shape (512 experts: a few tokens rarely share one), 16 layers, on the H200, batch 2 2.079
+// against 2.392 ms, batch 4 3.416 against 3.757, batch 8 6.209 against 6.151
+// (bench/results/2026-12-06-h200-run33.md). So: one token, or up to 4 with at least 256
+// experts. kernels.moe_decode: fused takes it up to kDecodeMaxTokens.
 constexpr int64_t kDecodeDefaultMaxTokens = 1;
+constexpr int64_t kDecodeDefaultManyExpertsMaxTokens = 4, kDecodeManyExperts = 256;
 constexpr int kDecodeMaxRows = 64;                  // (token, slot) pairs
 constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
@@ -512,7 +516,9 @@ size_t decode_down_smem(const moe_experts_params& p) {
 bool moe_decode_takes(const moe_experts_params& p) {
   const auto kind = current_paths().moe_decode;
   if (kind == kernel_paths::moe_decode_kind::kSplit) return false;
-  if (kind == kernel_paths::moe_decode_kind::kDefault && p.tokens > kDecodeDefaultMaxTokens) return false;
+  if (kind == kernel_paths::moe_decode_kind::kDefault &&
+      p.tokens > (p.experts >= kDecodeManyExperts ? kDecodeDefaultManyExpertsMaxTokens : kDecodeDefaultMaxTokens))
+    return false;
   const int64_t R = p.tokens * p.top_k, chunks = p.inter / 8;
   const bool shared_ok =
       p.shared_inter == 0 ||

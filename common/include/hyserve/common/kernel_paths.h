@@ -24,11 +24,12 @@ struct kernel_paths {
   // 32 MB workspace; layouts it does not take stay on the kernels).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
-  // default (fused for one token, its up kernel specialised to one activation row; split above)
-  // | fused (up to 8 tokens, the general up kernel: routing in the up-projection kernel, the
-  // combine and the shared expert in the down projection's: two kernels) | single (one token:
-  // up and down in one kernel, a grid barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the shared expert's own kernels). The same
-  // bits either way.
+  // default (fused for one token, its up kernel specialised to one activation row, and for up to
+  // 4 tokens of a model with 256 experts or more; split above) | fused (up to 8 tokens, the
+  // general up kernel: routing in the up-projection kernel, the combine and the shared expert in
+  // the down projection's: two kernels) | single (one token: up and down in one kernel, a grid
+  // barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the
+  // shared expert's own kernels). The same bits every way.
   enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
