@@ -26,10 +26,118 @@ struct route_args {
   float* user_wts = nullptr;
 };
 
+constexpr int kRouteRegs = 16;  // experts a lane holds in registers: up to 32 · 16 = 512
+
+// A score as a 32-bit key in the router's order: a score >= 0 orders as its bits (-0 as +0),
+// + 2; NaN 1 (below every number); 0 is left for a taken expert or none.
+__device__ __forceinline__ unsigned route_key(float v) { return v >= 0.0f ? __float_as_uint(v + 0.0f) + 2u : 1u; }
+
+// route_token for up to 32 · kRouteRegs experts, the scores in registers: lane l holds experts
+// l, l + 32, … (ascending), so every per-lane loop and sum runs in the order route_token_smem's
+// does and gives its bits. The logits are loaded all at once (one memory latency, not one per
+// expert). Top-k: a round is a warp max of the lanes' best keys and a min of the tied lanes'
+// indices; only the winning lane drops its entry and rescans its registers. Lane j keeps the
+// j-th selection; the output order (expert index ascending, ties in selection order) is each
+// selection's rank, and the renormalisation sum is taken in selection order as the rounds go.
+template <int kRouteRegs>
+__device__ __forceinline__ void route_token_regs(const route_args& a, int64_t t, int32_t* counts) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int E = a.experts, K = a.top_k;
+  const float* l = a.logits + t * a.logits_stride;
+  float s[kRouteRegs];
+#pragma unroll
+  for (int i = 0; i < kRouteRegs; ++i) s[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.0f;
+  if (a.softmax) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kRouteRegs; ++i)
+      if (lane + 32 * i < E) mx = fmaxf(mx, s[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRouteRegs; ++i)
+      if (lane + 32 * i < E) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+      }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kRouteRegs; ++i)
+      if (lane + 32 * i < E) s[i] = s[i] / sum;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRouteRegs; ++i)
+      if (lane + 32 * i < E) s[i] = 1.0f / (1.0f + expf(-s[i]));
+  }
+  unsigned key[kRouteRegs];
+#pragma unroll
+  for (int i = 0; i < kRouteRegs; ++i) key[i] = lane + 32 * i < E ? route_key(s[i]) : 0u;
+  unsigned lane_key = 0;
+  int lane_i = 0;
+  auto rescan = [&] {
+    lane_key = 0;
+    lane_i = 0;
+#pragma unroll
+    for (int i = 0; i < kRouteRegs; ++i)
+      if (key[i] > lane_key) {
+        lane_key = key[i];
+        lane_i = i;
+      }
+  };
+  rescan();
+  int my_id = INT_MAX;
+  float my_s = -1.5f, top_sum = 0.0f;
+  for (int j = 0; j < K; ++j) {
+    const unsigned best_key = warp_max_u32(lane_key);
+    const unsigned lane_e = static_cast<unsigned>(lane + 32 * lane_i);
+    const int best_e = static_cast<int>(warp_min_u32(lane_key == best_key ? lane_e : 0xffffffffu));
+    const int id = best_key == 0 ? INT_MAX : best_e;  // none left: as the scalar arg-max's start
+    const float sc = best_key == 0 ? -1.5f : best_key == 1 ? -1.0f : __uint_as_float(best_key - 2u);
+    top_sum += fmaxf(sc, 0.0f);  // selection order (the CPU op's)
+    if (lane == j) {
+      my_id = id;
+      my_s = sc;
+    }
+    if (best_key != 0 && lane_key == best_key && static_cast<int>(lane_e) == best_e) {
+#pragma unroll
+      for (int i = 0; i < kRouteRegs; ++i)
+        if (i == lane_i) key[i] = 0;
+      rescan();
+    }
+  }
+  int rank = 0;  // by expert index, a tie in selection order (a stable sort's)
+  for (int i = 0; i < K; ++i) {
+    const int o = __shfl_sync(0xffffffffu, my_id, i);
+    rank += o < my_id || (o == my_id && i < lane);
+  }
+  if (lane >= K) return;
+  const float sc = fmaxf(my_s, 0.0f);
+  const float w = a.norm ? sc / top_sum : sc;
+  const int64_t i = t * K + rank;
+  a.ids[i] = my_id;
+  a.wts[i] = w;
+  if (a.user_ids) a.user_ids[i] = my_id;
+  if (a.user_wts) a.user_wts[i] = w;
+  if (counts != nullptr) atomicAdd(counts + my_id, 1);
+}
+
 // Token t by one warp: s, its scores (experts floats of shared memory), sel_id / sel_s its
 // selection (kMaxTopK of shared memory); counts gets one atomic increment per selected expert
-// (global or shared memory; null: none).
+// (global or shared memory; null: none). Up to 32 · kRouteRegs experts: route_token_regs
+// (s, sel_id and sel_s unused).
+__device__ __forceinline__ void route_token_smem(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s,
+                                                 int32_t* counts);
+
 __device__ __forceinline__ void route_token(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s, int32_t* counts) {
+  if (a.experts <= 32 * kRouteRegs) {  // Qwen3-Next's 512 and fewer
+    route_token_regs<kRouteRegs>(a, t, counts);
+  } else {
+    route_token_smem(a, t, s, sel_id, sel_s, counts);
+  }
+}
+
+__device__ __forceinline__ void route_token_smem(const route_args& a, int64_t t, float* s, int* sel_id, float* sel_s,
+                                                 int32_t* counts) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int E = a.experts;
   const float* l = a.logits + t * a.logits_stride;

@@ -177,7 +177,10 @@ TEST(CudaMoe, MatchesCpuScoringAndAccumulate) {
                                  moe_shape{33, 64, 32, 16, 4, false, moe_scoring::kSigmoid, false},
                                  moe_shape{33, 64, 32, 16, 4, true, moe_scoring::kSoftmax, false},
                                  moe_shape{40, 64, 32, 16, 2, false, moe_scoring::kSoftmax, true, false, true},
-                                 moe_shape{300, 64, 32, 8, 2, true, moe_scoring::kSoftmax, true, false, true}}) {
+                                 moe_shape{300, 64, 32, 8, 2, true, moe_scoring::kSoftmax, true, false, true},
+                                 // Over 512 experts: the router's shared-memory path (moe_route.cuh).
+                                 moe_shape{7, 64, 32, 1000, 10, true},
+                                 moe_shape{1, 64, 32, 1000, 10, false, moe_scoring::kSigmoid, false}}) {
     check_moe(shape, seed, seed + 2);
     ++seed;
   }

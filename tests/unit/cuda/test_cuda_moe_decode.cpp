@@ -188,6 +188,9 @@ TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
   // one (two rounds).
   check_decode({1, 1024, 64, 512, 10, moe_scoring::kSoftmax, true, false, 512, true}, seed += 5);
   check_decode({1, 4096, 64, 72, 10, moe_scoring::kSigmoid, true, true, 256, false}, seed += 5);
+  // Over 512 experts: the router's shared-memory path (moe_route.cuh).
+  check_decode({1, 128, 64, 1000, 10}, seed += 5);
+  check_decode({3, 128, 64, 1000, 8, moe_scoring::kSigmoid, false}, seed += 5);
 }
 
 }  // namespace
