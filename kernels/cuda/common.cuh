@@ -161,26 +161,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Max / min of an unsigned over the warp (full mask): one redux instruction from sm_80 on.
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+// Max (kMax) or min of an unsigned over the warp (full mask): one redux instruction from sm_80 on.
+template <bool kMax>
+__device__ __forceinline__ unsigned warp_extreme_u32(unsigned v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return kMax ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? max(v, u) : min(v, u);
+  }
   return v;
 #endif
 }
-
-__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-#endif
-}
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) { return warp_extreme_u32<true>(v); }
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) { return warp_extreme_u32<false>(v); }
 
 // Sum over the block; every thread gets the result. blockDim.x is a multiple of 32 and at
 // most 1024. Begins with a barrier so that back-to-back calls may reuse the scratch.

@@ -26,6 +26,19 @@ struct route_args {
   float* user_wts = nullptr;
 };
 
+// Output i (token · top_k + position) of a selection: expert e of score sc (negative: NaN, none),
+// its weight max(sc, 0), divided by top_sum when renormalised.
+__device__ __forceinline__ void write_selection(const route_args& a, int64_t i, int e, float sc, float top_sum,
+                                                int32_t* counts) {
+  const float c = fmaxf(sc, 0.0f);
+  const float w = a.norm ? c / top_sum : c;
+  a.ids[i] = e;
+  a.wts[i] = w;
+  if (a.user_ids) a.user_ids[i] = e;
+  if (a.user_wts) a.user_wts[i] = w;
+  if (counts != nullptr) atomicAdd(counts + e, 1);
+}
+
 constexpr int kRouteRegs = 16;  // experts a lane holds in registers: up to 32 · 16 = 512
 
 // A score as a 32-bit key in the router's order: a score >= 0 orders as its bits (-0 as +0),
@@ -110,15 +123,7 @@ __device__ __forceinline__ void route_token_regs(const route_args& a, int64_t t,
     const int o = __shfl_sync(0xffffffffu, my_id, i);
     rank += o < my_id || (o == my_id && i < lane);
   }
-  if (lane >= K) return;
-  const float sc = fmaxf(my_s, 0.0f);
-  const float w = a.norm ? sc / top_sum : sc;
-  const int64_t i = t * K + rank;
-  a.ids[i] = my_id;
-  a.wts[i] = w;
-  if (a.user_ids) a.user_ids[i] = my_id;
-  if (a.user_wts) a.user_wts[i] = w;
-  if (counts != nullptr) atomicAdd(counts + my_id, 1);
+  if (lane < K) write_selection(a, t * K + rank, my_id, my_s, top_sum, counts);
 }
 
 // Token t by one warp: s, its scores (experts floats of shared memory), sel_id / sel_s its
@@ -214,17 +219,7 @@ __device__ __forceinline__ void route_token_smem(const route_args& a, int64_t t,
     sel_id[i + 1] = id;
     sel_s[i + 1] = sc;
   }
-  for (int j = 0; j < k; ++j) {
-    const int e = sel_id[j];
-    const float sc = fmaxf(sel_s[j], 0.0f);
-    const float w = a.norm ? sc / top_sum : sc;
-    const int64_t i = t * k + j;
-    a.ids[i] = e;
-    a.wts[i] = w;
-    if (a.user_ids) a.user_ids[i] = e;
-    if (a.user_wts) a.user_wts[i] = w;
-    if (counts != nullptr) atomicAdd(counts + e, 1);
-  }
+  for (int j = 0; j < k; ++j) write_selection(a, t * k + j, sel_id[j], sel_s[j], top_sum, counts);
 }
 
 }  // namespace
