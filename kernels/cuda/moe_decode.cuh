@@ -15,8 +15,9 @@
 //         of the shared expert (silu(x_t · gateᵀ) ⊙ (x_t · upᵀ) in f32, x unrounded, every
 //         token) and, gated, one more: the gate's x_t · gate_wᵀ. One token takes a variant with
 //         one activation row (a warp's whole row pair in flight). The shared expert's rows are
-//         fetched into L2 before the wait for the router, and at the end the blocks that routed
-//         fetch the active experts' down rows (up to 24 MB) for the down kernel.
+//         fetched into L2 before the wait for the router. (Fetching the active experts' down
+//         rows into L2 at the end, for the down kernel, measured 1% slower a step:
+//         bench/results/2026-12-06-h100-run34.md.)
 //   down: block (t, y): token t and tiles of 8 output columns (y, y + grid.y, …: the grid is
 //         what is resident at once, two blocks an SM), a warp a column; for each of t's experts in
 //         ascending index order, y_e = act[row(t, e)] · down_e[col]ᵀ, and
@@ -69,9 +70,6 @@ constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024
 constexpr size_t kDecodeMaxActBytes = 48 * 1024;  // the down kernel's staged routed act rows of a token
 constexpr size_t kDecodeMaxSmem = 160 * 1024;     // the down kernel's staged rows, routed and shared
-// The active experts' down rows the up kernel fetches into L2 for the down kernel (Qwen3-Next's
-// ten of one token: 21 MB; the L2 of an H100 or H200 holds 50 MB).
-constexpr int64_t kDecodeDownPrefetchBytes = int64_t{24} << 20;
 
 struct decode_args {
   route_args route;  // logits, sizes, scoring; its ids / wts / counts are the kernels' own
@@ -310,25 +308,10 @@ __device__ __forceinline__ void up_tasks(const decode_args& d, int tasks, const 
   }
 }
 
-// The active experts' down rows into L2, up to kDecodeDownPrefetchBytes, spread over the first
-// nb blocks (those that routed).
-__device__ __forceinline__ void prefetch_down_rows(const decode_args& d, const route_smem& rs, int64_t nb) {
-  if (static_cast<int64_t>(blockIdx.x) >= nb) return;
-  const int64_t lines_e = d.hidden * d.inter * 2 / 128;
-  const int64_t total = min(rs.tiles * lines_e, kDecodeDownPrefetchBytes / 128);
-  const auto* down = reinterpret_cast<const char*>(d.down);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x; i < total; i += nb * kDecodeThreads) {
-    const int64_t x = i / lines_e;
-    prefetch_l2(down + (static_cast<int64_t>(rs.tile_expert[x]) * d.hidden * d.inter * 2 + (i - x * lines_e) * 128));
-  }
-}
-
 // kOne: one token (what the default fuses): one activation row, so a warp's whole gate and up rows
 // of a 2048-wide hidden are in flight at once (U = 8), at two blocks an SM. Otherwise up to 4 rows
 // at a time, U = 4, three blocks an SM. The same arithmetic either way (dot_rows). A block with
-// a routed task routes once, before its first. At the end the blocks that routed fetch the down
-// rows into L2: the down kernel may read them only once this kernel is done, so its loads would
-// otherwise start after the last block here.
+// a routed task routes once, before its first.
 template <bool kOne>
 __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_kernel(const decode_args d, int tasks) {
   constexpr int NR = kOne ? 1 : 4, U = kOne ? 8 : 4;
@@ -336,10 +319,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
   __shared__ route_smem rs;
   prefetch_shared_up(d);
   pdl_begin();  // the router's logits (and x)
-  const bool routes = static_cast<int64_t>(blockIdx.x) < d.routed_blocks;
-  if (routes) route_block(d, up_scores, rs, blockIdx.x == 0);
+  if (static_cast<int64_t>(blockIdx.x) < d.routed_blocks) route_block(d, up_scores, rs, blockIdx.x == 0);
   up_tasks<NR, U>(d, tasks, rs);
-  if (routes) prefetch_down_rows(d, rs, min(static_cast<int64_t>(gridDim.x), d.routed_blocks));
 }
 
 __device__ __forceinline__ float sigmoid_of(float v) { return 1.0f / (1.0f + expf(-v)); }  // row_add's
