@@ -298,6 +298,10 @@ constexpr int kLinWarps = kNormThreads / 32;
 // loads: the per-row order of the fmaf chain is the same for every value.
 template <int M>
 inline constexpr int kLinUnroll = M <= 2 ? 8 : 4;
+// kernels.norm_linear_wide: one row of x, no norm, k <= 32 · kLinWideUnroll · 8 (4096) and one
+// wave at one block an SM: a warp's whole task (two rows of up to 8 KB) is loaded before the
+// programmatic-launch wait, in one step (about 170 registers). The same fmaf order per row.
+constexpr int kLinWideUnroll = 16;
 constexpr int kLinRows = 2;
 constexpr int64_t kLinMaxM = kNormLinearFusedMaxRows;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
@@ -355,7 +359,7 @@ __device__ __forceinline__ void stage_gated_norm(const rmsnorm_linear_params& p,
   }
 }
 
-template <int M, bool kSwiglu, bool kNorm>
+template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
   float* xs = reinterpret_cast<float*>(lin_shared);  // [M, k] normed rows (kNorm)
@@ -367,9 +371,9 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   const int64_t k = p.k;
   const int64_t chunks = k / 8;
 
-  // The weight rows of a task, and one step of kLinUnroll chunks per row from chunk c0.
+  // The weight rows of a task, and one step of U chunks per row from chunk c0.
   const uint4* brow[kLinRows];
-  uint4 wv[kLinUnroll<M>][kLinRows];
+  uint4 wv[U][kLinRows];
   auto task_rows = [&](int64_t t) {
     const int64_t row0 = t * kOutRows;
 #pragma unroll
@@ -384,7 +388,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   };
   auto load_step = [&](int64_t c0) {
 #pragma unroll
-    for (int u = 0; u < kLinUnroll<M>; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < kLinRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
@@ -436,10 +440,10 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   for (; t < tasks; t += n_warps) {
     const int64_t row0 = t * kOutRows;
     float acc[kLinRows][M] = {};
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kLinUnroll<M>) {
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
       if (c0 != lane) load_step(c0);  // the task's first step is already loaded
 #pragma unroll
-      for (int u = 0; u < kLinUnroll<M>; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + 32 * u;
         if (c >= chunks) break;
         float wf[kLinRows][8];
@@ -523,6 +527,10 @@ void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsi
   if (p.norm_weight != nullptr) {
     const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
     launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
+  } else if (M == 1 && !kSwiglu && current_paths().norm_linear_wide && p.k / 8 <= 32 * kLinWideUnroll &&
+             blocks <= static_cast<unsigned>(sm_count())) {
+    launch_pdl(rmsnorm_linear_kernel<1, false, false, kLinWideUnroll>, dim3(blocks), dim3(kNormThreads), 0, stream, p,
+               tasks);
   } else {
     launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, false>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
   }

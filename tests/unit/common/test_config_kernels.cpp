@@ -34,6 +34,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
+    EXPECT_FALSE(k.norm_linear_wide);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -57,6 +58,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear: false
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
+  norm_linear_wide: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -75,6 +77,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
+  EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

@@ -8,8 +8,8 @@
 // the norm) the normed rows written there equal the rmsnorm op's bit for bit and the CPU op's
 // within 1e-6 + 1e-6·|want|. Covers the norm on and off, beta 0/1
 // (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
-// (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4). Skips
-// without a device.
+// (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4); every
+// case again with kernels.norm_linear_wide on. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -52,9 +52,7 @@ std::string name_of(const testing::TestParamInfo<nl_case>& i) {
 
 class NormLinearCuda : public testing::TestWithParam<nl_case> {};
 
-TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const nl_case& c = GetParam();
+void check_case(const nl_case& c) {
   rmsnorm_linear_params p;
   p.m = c.m;
   p.n = c.n;
@@ -186,6 +184,21 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   }
 }
 
+TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  check_case(GetParam());
+}
+
+// kernels.norm_linear_wide: the shapes it takes (one row, no norm, k <= 4096, one wave) load a
+// warp's whole task before the wait; the same checks, the same bits as the unfused ops.
+TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kernel_paths paths;
+  paths.norm_linear_wide = true;
+  const paths_scope scope(paths);
+  check_case(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Grid, NormLinearCuda,
     testing::Values(nl_case{1, 16768, 4096, 0, true, false, 0.0f},   // Mamba2 in_proj with the input norm
@@ -210,7 +223,14 @@ INSTANTIATE_TEST_SUITE_P(
                     // three rows, and the unfused path (m > 4)
                     nl_case{1, 21504, 4096, 0, true, false, 0.0f, true, true},
                     nl_case{3, 1001, 4104, 0, true, false, 0.0f, true, true},
-                    nl_case{6, 300, 256, 0, true, false, 0.0f, true, true}),
+                    nl_case{6, 300, 256, 0, true, false, 0.0f, true, true},
+                    // out_proj shapes of one row (kernels.norm_linear_wide takes them): Qwen3-Next's
+                    // GDN and attention (4096 -> 2048), Granite-4.0-H-Tiny's Mamba2 (3072 -> 1536,
+                    // padded), k = 2056 (a partial step), a tiny one
+                    nl_case{1, 2048, 4096, 0, false, false, 1.0f},
+                    nl_case{1, 1536, 3072, 8, false, false, 1.0f},
+                    nl_case{1, 999, 2056, 0, false, false, 0.0f},
+                    nl_case{1, 3, 64, 0, false, false, 0.0f}),
     name_of);
 
 // With a gate: a mixer's gated output norm inside its out_proj (Gated DeltaNet: norm before the

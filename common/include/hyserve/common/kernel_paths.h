@@ -75,6 +75,11 @@ struct kernel_paths {
   // apart (the gated norm op, then the GEMM). Off by default: on one H100 the fused staging cost
   // about as much as the kernel it saves (bench/results/2026-12-06-h100-run32.md)
   bool norm_linear_gate = false;
+  // true: rmsnorm_linear without a norm at one row of x (a mixer's out_proj, an MLP's down) and
+  // k <= 4096 loads each warp's whole task before the programmatic-launch wait, when the grid
+  // is one wave at one block an SM (same bits). false (default): one step of 8 chunks a lane.
+  // Not yet measured.
+  bool norm_linear_wide = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
