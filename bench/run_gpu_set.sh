@@ -26,7 +26,8 @@
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
 # fused and single: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
-# wide-linear (batch-1 decode with kernels.norm_linear_wide and without: WIDE_CONFIGS);
+# wide-linear (batch-1 decode with kernels.norm_linear_wide and without: WIDE_CONFIGS); ncu
+# (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
@@ -79,7 +80,7 @@ for s in "${stages[@]}"; do
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
-    gated-norm | wide-linear) targets+=(hyserve-bench-model) ;;
+    gated-norm | wide-linear | ncu) targets+=(hyserve-bench-model) ;;
     compare) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
@@ -367,6 +368,20 @@ EOF2
         stage "gated-norm-$f-fused" 90 "$bin/hyserve-bench-model" \
           "$(with_kernels "configs/$f-synthetic-cuda.yaml" norm_linear_gate true)" --batches 1 --decode-steps 16
       done ;;
+    ncu)
+      # Nsight Compute on the batch-1 decode step's kernels matching NCU_KERNELS (default: the
+      # MoE decode kernels and the fused linear kernel) of NCU_CONFIG (default: the 16-layer
+      # Qwen3-Next shape): speed of light, memory workload, warp stall reasons, a few launches
+      # after the warm-up (ncu profiles graph kernel nodes one by one), where ncu is installed.
+      if command -v ncu > /dev/null; then
+        stage "ncu-${NCU_CONFIG:-qwen3-next-80b-a3b-16l}" 300 ncu --kernel-name \
+          "regex:${NCU_KERNELS:-moe_decode_up|moe_decode_down|rmsnorm_linear}" --launch-skip 40 --launch-count 6 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+          "$bin/hyserve-bench-model" "configs/${NCU_CONFIG:-qwen3-next-80b-a3b-16l}-synthetic-cuda.yaml" --batches 1 \
+          --decode-steps 2 --prefill-len 64
+      else
+        echo "ncu: skipped (no ncu)" | tee -a "$out/summary.txt"
+      fi ;;
     wide-linear)
       # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) against the
       # default, batch-1 decode, the two one after the other for each WIDE_CONFIGS config.
@@ -423,7 +438,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check gated-norm wide-linear model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check gated-norm wide-linear ncu model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)
