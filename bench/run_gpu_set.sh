@@ -24,7 +24,7 @@
 # decode-slices (Falcon-H1-7B's batch-1 step, or SLICES_CONFIGS', with kernels.attn_decode_max_slices
 # default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
-# fused and single: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
+# fused, single and pipelined: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # wide-linear (batch-1 decode with kernels.norm_linear_wide and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
@@ -348,13 +348,13 @@ EOF2
       done ;;
     moe-decode)
       # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
-      # split, fused (up to 8 tokens) and single (one kernel for one token), at batches 1, 2, 4
-      # and 8 (where the fused path's per-token weight reads start to cost more than the kernels
+      # split, fused (up to 8 tokens), single (one kernel for one token) and pipelined (the
+      # one-token up kernel's loads pipelined across tasks), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
       # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,2,4,8 \
           --decode-steps 16
-        for kind in split fused single; do
+        for kind in split fused single pipelined; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
         done

@@ -7,8 +7,9 @@
 // ties (logits on an integer grid) and experts that get no token. The values against the CPU op
 // are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
 // here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8). One
-// token also runs the default (its one-row up kernel) and single (up and down in one kernel, a
-// grid barrier between them) against split.
+// token also runs the default (its one-row up kernel), pipelined (that kernel with each warp's
+// loads pipelined across its tasks) and single (up and down in one kernel, a grid barrier
+// between them) against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -127,6 +128,9 @@ void check_decode(const decode_case& c, uint32_t seed) {
     cuda_test::expect_equal(one.ids, split.ids, what + " one-row ids");
     EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " one-row weights";
     EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " one-row out";
+    const decode_result pipelined = run_path(p, kernel_paths::moe_decode_kind::kPipelined, out0);
+    cuda_test::expect_equal(pipelined.ids, split.ids, what + " pipelined ids");
+    EXPECT_EQ(bit_differences(pipelined.out, split.out), 0u) << what << " pipelined out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";
