@@ -349,12 +349,13 @@ EOF2
     moe-decode)
       # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
       # split, fused (up to 8 tokens), single (one kernel for one token) and pipelined (the
-      # one-token up kernel's loads pipelined across tasks), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
+      # one-token up kernel's loads pipelined across tasks) and bulk (its weights through a ring of
+      # bulk copies into shared memory), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
       # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,2,4,8 \
           --decode-steps 16
-        for kind in split fused single pipelined; do
+        for kind in split fused single pipelined bulk; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
         done

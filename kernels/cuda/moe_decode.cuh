@@ -47,6 +47,7 @@
 #include "hyserve/kernels/moe.h"
 #include "hyserve/kernels/paths.h"
 #include "launch.cuh"
+#include "moe_decode_bulk.cuh"
 #include "moe_decode_parts.cuh"
 #include "moe_route.cuh"
 #include "stream_alloc.h"
@@ -247,16 +248,21 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
 
   // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
   // whatever the number of its routed tasks). One token takes the one-row kernel unless
-  // kernels.moe_decode: fused asks for the general one.
+  // kernels.moe_decode: fused asks for the general one, or bulk for the ring of bulk copies
+  // (moe_decode_bulk.cuh) where it takes the shapes.
   const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
-  auto up_kernel = !one                                                ? moe_decode_up_kernel<false>
-                   : kind == kernel_paths::moe_decode_kind::kPipelined ? moe_decode_up_kernel<true, true>
-                                                                       : moe_decode_up_kernel<true>;
-  const int64_t up_blocks =
-      std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(up_kernel), up_smem));
-  launch_pdl(up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
-             static_cast<int>(tasks));
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  if (one && kind == kernel_paths::moe_decode_kind::kBulk && bulk_takes(d, E)) {
+    launch_moe_decode_up_bulk(d, E, stream);
+  } else {
+    auto up_kernel = !one                                                ? moe_decode_up_kernel<false>
+                     : kind == kernel_paths::moe_decode_kind::kPipelined ? moe_decode_up_kernel<true, true>
+                                                                         : moe_decode_up_kernel<true>;
+    const int64_t up_blocks =
+        std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(up_kernel), up_smem));
+    launch_pdl(up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
+               static_cast<int>(tasks));
+    HYSERVE_CUDA_CHECK_LAUNCH();
+  }
   const size_t down_smem = decode_down_smem(p);
   with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });
   CUDA_CHECK(scratch_free(base, stream));

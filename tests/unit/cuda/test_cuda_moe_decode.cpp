@@ -8,8 +8,9 @@
 // are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
 // here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8). One
 // token also runs the default (its one-row up kernel), pipelined (that kernel with each warp's
-// loads pipelined across its tasks) and single (up and down in one kernel, a grid barrier
-// between them) against split.
+// loads pipelined across its tasks), bulk (the up kernel's weights through a ring of bulk copies
+// into shared memory) and single (up and down in one kernel, a grid barrier between them)
+// against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -131,6 +132,10 @@ void check_decode(const decode_case& c, uint32_t seed) {
     const decode_result pipelined = run_path(p, kernel_paths::moe_decode_kind::kPipelined, out0);
     cuda_test::expect_equal(pipelined.ids, split.ids, what + " pipelined ids");
     EXPECT_EQ(bit_differences(pipelined.out, split.out), 0u) << what << " pipelined out";
+    const decode_result bulk = run_path(p, kernel_paths::moe_decode_kind::kBulk, out0);
+    cuda_test::expect_equal(bulk.ids, split.ids, what + " bulk ids");
+    EXPECT_EQ(bit_differences(bulk.weights, split.weights), 0u) << what << " bulk weights";
+    EXPECT_EQ(bit_differences(bulk.out, split.out), 0u) << what << " bulk out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";

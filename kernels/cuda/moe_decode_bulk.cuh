@@ -1,0 +1,196 @@
+#pragma once
+// kernels.moe_decode: bulk (one token): the up projection's weights streamed into shared memory
+// by the SM's bulk copy engine (cp.async.bulk) through a ring of kBulkStages stages, one block an
+// SM, where the one-row up kernel (moe_decode.cuh) has each warp load its own row pair into
+// registers and multiply it before its next loads go out. moe_decode.cuh's only includer.
+//
+// The work is a list of stages of up to R consecutive outputs each (R·hidden·2 bytes of gate
+// rows and as many of up rows: two bulk copies): first the shared expert's (and, gated, one
+// stage of its gate's single row), then each of the token's top_k experts' in ascending index
+// (the routing's tiles). Its length is known before the routing (one token: top_k experts), so
+// block b takes the contiguous stages [N·b / G, N·(b + 1) / G). A producer warp (the ninth)
+// issues the copies, the shared expert's before the wait for the router (weights do not depend
+// on it), each later one once its ring slot is released; the 8 consumer warps take the stages in
+// turn, R warps a stage (8 / R stages at once), a warp an output: lane l's chunks l, l + 32, …
+// ascending, fmaf over their 8 elements, then warp_sum: dot_rows's order, so the results are the
+// one-row kernel's and the split path's bits (routed: x rounded to bf16 as read, act in bf16;
+// the shared expert: x in f32, act and the gate's value in f32).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "async_copy.cuh"
+#include "common.cuh"
+#include "launch.cuh"
+#include "moe_decode_parts.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace {
+
+constexpr int kBulkStages = 4;
+constexpr int kBulkThreads = kDecodeThreads + 32;       // 8 consumer warps and the producer
+constexpr int64_t kBulkStageBytes = 32 * 1024;          // gate and up rows of a stage
+constexpr int64_t kBulkMaxHidden = kBulkStageBytes / 4;  // one output a stage
+
+// Outputs a stage: the largest power of two <= 8 whose gate and up rows fit kBulkStageBytes.
+inline int bulk_rows(int64_t hidden) {
+  int r = 8;
+  while (r > 1 && 2 * r * hidden * 2 > kBulkStageBytes) r /= 2;
+  return r;
+}
+
+// The dynamic shared memory: the ring, then the router's scores (E floats).
+inline size_t bulk_smem(int64_t hidden, int64_t experts) {
+  return static_cast<size_t>(kBulkStages * 2 * bulk_rows(hidden) * hidden) * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(experts) * sizeof(float);
+}
+
+struct bulk_plan {
+  int rows = 1;          // R: outputs a stage
+  int shared_out = 0;    // stages of the shared expert's outputs
+  int shared_gate = 0;   // 1: one more stage, the shared expert gate's row
+  int per_expert = 0;    // stages an expert: ceil(inter / R)
+  int total = 0;         // shared_out + shared_gate + top_k · per_expert
+};
+
+// Stage g: where its rows are (gate rows; up rows, nullptr for the gate's row), how many, its
+// first output, and what it is (-2 the shared expert, -1 its gate's row, x >= 0 the tile x).
+struct bulk_stage {
+  const __nv_bfloat16* gate;
+  const __nv_bfloat16* up;
+  int rows, j0, tile;
+};
+
+__device__ __forceinline__ bulk_stage bulk_stage_at(const decode_args& d, const bulk_plan& p, const route_smem& rs,
+                                                    int g) {
+  const int R = p.rows;
+  if (g < p.shared_out) {
+    const int j0 = g * R;
+    return {d.s_gate + static_cast<int64_t>(j0) * d.hidden, d.s_up + static_cast<int64_t>(j0) * d.hidden,
+            static_cast<int>(min(int64_t{R}, d.s_inter - j0)), j0, -2};
+  }
+  g -= p.shared_out;
+  if (g < p.shared_gate) return {d.s_gate_w, nullptr, 1, 0, -1};
+  g -= p.shared_gate;
+  const int tile = g / p.per_expert, j0 = (g % p.per_expert) * R;
+  const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(rs.tile_expert[tile]) * 2 * d.inter * d.hidden;
+  return {B + static_cast<int64_t>(j0) * d.hidden, B + (d.inter + j0) * d.hidden,
+          static_cast<int>(min(int64_t{R}, d.inter - j0)), j0, tile};
+}
+
+__global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(const decode_args d, const bulk_plan p) {
+  extern __shared__ __align__(128) uint4 bulk_ring[];  // [stages][2][R · hidden] bf16, then the router's scores
+  __shared__ route_smem rs;
+  __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int R = p.rows, groups = kDecodeWarps / R;
+  const int64_t row_chunks = d.hidden / 8, slot_chunks = 2 * R * row_chunks;
+  float* scores = reinterpret_cast<float*>(bulk_ring + kBulkStages * slot_chunks);
+  const int G = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+  const int g0 = static_cast<int>(int64_t{p.total} * b / G), g1 = static_cast<int>(int64_t{p.total} * (b + 1) / G);
+  const int n = g1 - g0;
+  if (tid == 0) {
+    for (int s = 0; s < kBulkStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], R);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const bool producer = warp == kDecodeWarps && lane == 0;
+  const int routed_from = p.shared_out + p.shared_gate;  // the first stage that needs the routing
+  auto issue = [&](int i) {  // local stage i into its slot (the producer)
+    const int slot = i % kBulkStages;
+    if (i >= kBulkStages) mbar_wait(&empty[slot], static_cast<uint32_t>((i / kBulkStages - 1) & 1));
+    const bulk_stage st = bulk_stage_at(d, p, rs, g0 + i);
+    const uint32_t bytes = static_cast<uint32_t>(st.rows * d.hidden * 2);
+    uint4* dst = bulk_ring + slot * slot_chunks;
+    mbar_arrive_expect_tx(&full[slot], st.up != nullptr ? 2 * bytes : bytes);
+    bulk_copy(dst, st.gate, bytes, &full[slot]);
+    if (st.up != nullptr) bulk_copy(dst + R * row_chunks, st.up, bytes, &full[slot]);
+  };
+  int issued = 0;
+  if (producer)  // the shared expert's stages need no routing: before the wait for the router
+    while (issued < n && issued < kBulkStages && g0 + issued < routed_from) issue(issued++);
+  pdl_begin();  // the router's logits and x
+  if (g1 > routed_from || b == 0) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
+  if (producer) {
+    while (issued < n) issue(issued++);
+    return;
+  }
+  if (warp >= kDecodeWarps) return;
+
+  const float4* x = reinterpret_cast<const float4*>(d.x);  // the one token
+  const int group = warp / R, out = warp % R;
+#pragma unroll 1
+  for (int i = group; i < n; i += groups) {
+    const int slot = i % kBulkStages;
+    const bulk_stage st = bulk_stage_at(d, p, rs, g0 + i);
+    mbar_wait(&full[slot], static_cast<uint32_t>((i / kBulkStages) & 1));
+    if (out < st.rows) {
+      const uint4* wg = bulk_ring + slot * slot_chunks + out * row_chunks;
+      const uint4* wu = wg + R * row_chunks;
+      const bool round = st.tile >= 0, two = st.up != nullptr;
+      float acc_g = 0.0f, acc_u = 0.0f;
+#pragma unroll 4
+      for (int64_t c = lane; c < row_chunks; c += 32) {
+        const float4 x0 = __ldg(x + 2 * c), x1 = __ldg(x + 2 * c + 1);
+        float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        if (round) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xf[e] = __bfloat162float(__float2bfloat16(xf[e]));
+        }
+        float fg[8], fu[8];
+        bf16x8_to_float(wg[c], fg);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc_g = fmaf(xf[e], fg[e], acc_g);
+        if (two) {
+          bf16x8_to_float(wu[c], fu);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc_u = fmaf(xf[e], fu[e], acc_u);
+        }
+      }
+      const float gate = warp_sum(acc_g), up = warp_sum(acc_u);
+      if (lane == 0) {
+        const int j = st.j0 + out;
+        if (st.tile >= 0)
+          d.act[static_cast<int64_t>(rs.tile_begin[st.tile]) * d.inter + j] =
+              __float2bfloat16(gate / (1.0f + expf(-gate)) * up);  // up_tasks's formula
+        else if (st.tile == -2)
+          d.s_act[j] = gate / (1.0f + expf(-gate)) * up;  // shared_up_block's (the swiglu op's)
+        else
+          d.s_gl[0] = gate;  // the gemm epilogue: 1 · acc
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[slot]);
+  }
+}
+
+// Whether the bulk kernel takes a one-token call the one-row kernel would: rows a multiple of 16
+// bytes, a stage's rows within kBulkStageBytes, 16-byte aligned weights, the ring and the
+// router's scores within the shared memory of a block.
+inline bool bulk_takes(const decode_args& d, int64_t experts) {
+  auto aligned = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return d.hidden % 8 == 0 && d.hidden <= kBulkMaxHidden && aligned(d.gate_up) && aligned(d.s_gate) &&
+         aligned(d.s_up) && aligned(d.s_gate_w) && bulk_smem(d.hidden, experts) <= 200 * 1024;
+}
+
+void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream_t stream) {
+  bulk_plan p;
+  p.rows = bulk_rows(d.hidden);
+  p.shared_out = static_cast<int>(ceil_div(d.s_inter, int64_t{p.rows}));
+  p.shared_gate = d.s_gate_w != nullptr ? 1 : 0;
+  p.per_expert = static_cast<int>(ceil_div(d.inter, int64_t{p.rows}));
+  p.total = p.shared_out + p.shared_gate + d.route.top_k * p.per_expert;
+  const size_t smem = bulk_smem(d.hidden, experts);
+  reserve_dynamic_shared(reinterpret_cast<const void*>(moe_decode_up_bulk_kernel), smem);
+  const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), p.total));
+  launch_pdl(moe_decode_up_bulk_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), smem, stream, d, p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace hyserve::kernels::cuda_detail
