@@ -24,7 +24,8 @@
 # decode-slices (Falcon-H1-7B's batch-1 step, or SLICES_CONFIGS', with kernels.attn_decode_max_slices
 # default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
-# fused, single and pipelined: Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
+# fused, single, pipelined and bulk, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
+# Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # wide-linear (batch-1 decode with kernels.norm_linear_wide and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
@@ -353,11 +354,12 @@ EOF2
       # bulk copies into shared memory), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
       # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
-        stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,2,4,8 \
-          --decode-steps 16
-        for kind in split fused single pipelined bulk; do
+        stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" \
+          --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16
+        for kind in ${MOE_DECODE_KINDS:-split fused single pipelined bulk}; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
-            "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" --batches 1,2,4,8 --decode-steps 16
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" \
+            --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16
         done
       done ;;
     gated-norm)
