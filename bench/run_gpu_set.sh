@@ -27,7 +27,8 @@
 # fused, single, pipelined and bulk, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
-# wide-linear (batch-1 decode with kernels.norm_linear_wide and without: WIDE_CONFIGS); ncu
+# wide-linear (batch-1 decode with kernels.norm_linear_wide, with kernels.linear_bulk (WIDE_KEYS) and
+# with neither: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
@@ -355,11 +356,11 @@ EOF2
       # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" \
-          --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16
+          --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
         for kind in ${MOE_DECODE_KINDS:-split fused single pipelined bulk}; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" \
-            --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16
+            --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
         done
       done ;;
     gated-norm)
@@ -386,12 +387,16 @@ EOF2
         echo "ncu: skipped (no ncu)" | tee -a "$out/summary.txt"
       fi ;;
     wide-linear)
-      # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) against the
-      # default, batch-1 decode, the two one after the other for each WIDE_CONFIGS config.
+      # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) and
+      # kernels.linear_bulk (one-row linear layers through a ring of bulk copies) against the
+      # default, batch-1 decode, one after the other for each WIDE_CONFIGS config.
       for f in ${WIDE_CONFIGS:-qwen3-next-80b-a3b-16l granite-4.0-h-tiny nemotron-h-8b falcon-h1-7b}; do
-        stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 16
-        stage "wide-linear-$f-wide" 90 "$bin/hyserve-bench-model" \
-          "$(with_kernels "configs/$f-synthetic-cuda.yaml" norm_linear_wide true)" --batches 1 --decode-steps 16
+        stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
+          --decode-steps 16 --prefill-len 256
+        for key in ${WIDE_KEYS:-norm_linear_wide linear_bulk}; do
+          stage "wide-linear-$f-$key" 90 "$bin/hyserve-bench-model" \
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" true)" --batches 1 --decode-steps 16 --prefill-len 256
+        done
       done ;;
     families)
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do

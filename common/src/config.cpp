@@ -230,7 +230,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "gdn_cluster", "gdn_decode",
                 "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "moe_decode", "norm_linear",
-                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_wide", "pdl", "skinny",
+                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_wide", "linear_bulk", "pdl", "skinny",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
@@ -271,6 +271,8 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
              [&](const YAML::Node& n) { k.norm_linear_gate = r.get_bool(n, path("norm_linear_gate")); });
   if_present(node, "norm_linear_wide",
              [&](const YAML::Node& n) { k.norm_linear_wide = r.get_bool(n, path("norm_linear_wide")); });
+  if_present(node, "linear_bulk",
+             [&](const YAML::Node& n) { k.linear_bulk = r.get_bool(n, path("linear_bulk")); });
   if_present(node, "pdl", [&](const YAML::Node& n) { k.pdl = r.get_bool(n, path("pdl")); });
   named("skinny", k.skinny, {"default", "fma", "mma"});
   named("sparse_select", k.sparse_select, {"default", "v1", "v2"});

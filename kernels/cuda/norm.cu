@@ -359,6 +359,44 @@ __device__ __forceinline__ void stage_gated_norm(const rmsnorm_linear_params& p,
   }
 }
 
+// The fused kernels' norm of their M rows of x into xs [M, k] (every thread of the block calls
+// it; 256 threads): exactly rmsnorm_kernel<float, true>'s partial sums, block_sum and scaling (or
+// stage_gated_norm's), so the staged rows are bitwise the norm op's output; block 0 also writes
+// them to normed_out. Ends with a barrier.
+template <int M>
+__device__ __forceinline__ void stage_norm(const rmsnorm_linear_params& p, float* xs) {
+  const int64_t k = p.k;
+  if (p.gate != nullptr) {
+    stage_gated_norm(p, M, xs);
+  } else {
+    constexpr int kN = 4;
+    const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
+#pragma unroll 1
+    for (int m = 0; m < M; ++m) {
+      const float* x = p.x + m * p.x_stride;
+      float ss = 0.0f;
+      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+        const pack16<float> v = load_pack(x + i);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) ss += to_float(v.v[j]) * to_float(v.v[j]);
+      }
+      ss = block_sum(ss);
+      const auto inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(k) + p.eps));
+      for (int64_t i = threadIdx.x * kN; i < k; i += step) {
+        const pack16<float> v = load_pack(x + i);
+        float w[kN];
+        load_floats<kN>(p.norm_weight + i, w);
+        pack16<float> out;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
+        store_pack(xs + m * k + i, out);
+        if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
+      }
+    }
+  }
+  __syncthreads();
+}
+
 template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
@@ -403,37 +441,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
     load_step(lane);
   }
   pdl_begin();  // x (and out, with beta) come from earlier kernels
-  if constexpr (kNorm) {
-    if (p.gate != nullptr) {
-      stage_gated_norm(p, M, xs);
-    } else {
-      constexpr int kN = 4;
-      const int64_t step = static_cast<int64_t>(blockDim.x) * kN;
-#pragma unroll 1
-      for (int m = 0; m < M; ++m) {
-        const float* x = p.x + m * p.x_stride;
-        float ss = 0.0f;
-        for (int64_t i = threadIdx.x * kN; i < k; i += step) {
-          const pack16<float> v = load_pack(x + i);
-#pragma unroll
-          for (int j = 0; j < kN; ++j) ss += to_float(v.v[j]) * to_float(v.v[j]);
-        }
-        ss = block_sum(ss);
-        const auto inv = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(k) + p.eps));
-        for (int64_t i = threadIdx.x * kN; i < k; i += step) {
-          const pack16<float> v = load_pack(x + i);
-          float w[kN];
-          load_floats<kN>(p.norm_weight + i, w);
-          pack16<float> out;
-#pragma unroll
-          for (int j = 0; j < kN; ++j) out.v[j] = from_float<float>(to_float(v.v[j]) * inv * w[j]);
-          store_pack(xs + m * k + i, out);
-          if (p.normed_out != nullptr && blockIdx.x == 0) store_pack(p.normed_out + m * k + i, out);
-        }
-      }
-    }
-    __syncthreads();
-  }
+  if constexpr (kNorm) stage_norm<M>(p, xs);
   const float* a = kNorm ? xs : p.x;
   const int64_t lda = kNorm ? k : p.x_stride;
 
@@ -506,6 +514,16 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   }
 }
 
+}  // namespace
+}  // namespace cuda_detail
+}  // namespace hyserve::kernels
+
+#include "linear_bulk.cuh"
+
+namespace hyserve::kernels {
+namespace cuda_detail {
+namespace {
+
 bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
   const bool enabled = current_paths().norm_linear;
   // The fused kernel reproduces the FMA skinny path's arithmetic; with the MMA path the norm
@@ -540,6 +558,10 @@ template <bool kSwiglu>
 void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
   const int32_t asked = current_paths().norm_linear_blocks_per_sm;  // validated with the config: 0 or 1..8
   const int64_t per_sm = asked >= 1 && asked <= 8 ? asked : 2;
+  if (linear_bulk_takes(p)) {
+    launch_rmsnorm_linear_bulk<kSwiglu>(p, stream);
+    return;
+  }
   const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{kLinRows});
   // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
   // to amortise, so one task per warp (the skinny kernel's grid).

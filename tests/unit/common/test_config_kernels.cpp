@@ -35,6 +35,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
+    EXPECT_FALSE(k.linear_bulk);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -59,6 +60,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
   norm_linear_wide: true
+  linear_bulk: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -78,6 +80,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
+  EXPECT_TRUE(k.linear_bulk);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

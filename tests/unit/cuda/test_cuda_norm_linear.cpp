@@ -9,7 +9,8 @@
 // within 1e-6 + 1e-6·|want|. Covers the norm on and off, beta 0/1
 // (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
 // (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4); every
-// case again with kernels.norm_linear_wide on. Skips without a device.
+// case again with kernels.norm_linear_wide on, and with kernels.linear_bulk on. Skips without a
+// device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -195,6 +196,17 @@ TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   kernel_paths paths;
   paths.norm_linear_wide = true;
+  const paths_scope scope(paths);
+  check_case(GetParam());
+}
+
+// kernels.linear_bulk: one row of x (every m = 1 case: with and without the norm, swiglu, relu2,
+// beta, padded strides, k not a whole number of segments) streams its weights through the ring
+// of bulk copies; the same checks, the same bits as the unfused ops.
+TEST_P(NormLinearCuda, BulkRingMatchesCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kernel_paths paths;
+  paths.linear_bulk = true;
   const paths_scope scope(paths);
   check_case(GetParam());
 }
