@@ -93,16 +93,8 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
       const int64_t cn = min(kSeg, chunks - c0);
 #pragma unroll 2
       for (int64_t c = lane; c < cn; c += 32) {
-        const float4* ap = reinterpret_cast<const float4*>(a + (c0 + c) * 8);
-        float4 x0, x1;
-        if constexpr (kNorm) {
-          x0 = ap[0];
-          x1 = ap[1];
-        } else {
-          x0 = __ldg(ap);
-          x1 = __ldg(ap + 1);
-        }
-        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float x[8];
+        load_x8<kNorm>(a + (c0 + c) * 8, x);
 #pragma unroll
         for (int q = 0; q < kRowsPerWarp; ++q) {
           float wf[8];

@@ -397,6 +397,15 @@ __device__ __forceinline__ void stage_norm(const rmsnorm_linear_params& p, float
   __syncthreads();
 }
 
+// The 8 activations at a (16-byte aligned): kStaged, the block's normed rows in shared memory;
+// else x in global memory (read-only loads).
+template <bool kStaged>
+__device__ __forceinline__ void load_x8(const float* a, float (&x)[8]) {
+  const float4* ap = reinterpret_cast<const float4*>(a);
+  const float4 x0 = kStaged ? ap[0] : __ldg(ap), x1 = kStaged ? ap[1] : __ldg(ap + 1);
+  x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w, x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
+}
+
 template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
@@ -459,16 +468,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         for (int r = 0; r < kLinRows; ++r) bf16x8_to_float(wv[u][r], wf[r]);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const float4* ap = reinterpret_cast<const float4*>(a + m * lda + c * 8);
-          float4 x0, x1;
-          if constexpr (kNorm) {
-            x0 = ap[0];
-            x1 = ap[1];
-          } else {
-            x0 = __ldg(ap);
-            x1 = __ldg(ap + 1);
-          }
-          const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          float x[8];
+          load_x8<kNorm>(a + m * lda + c * 8, x);
 #pragma unroll
           for (int r = 0; r < kLinRows; ++r)
 #pragma unroll
