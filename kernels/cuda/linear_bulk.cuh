@@ -1,5 +1,5 @@
 #pragma once
-// kernels.linear_bulk: the fused linear kernel (norm.cu's rmsnorm_linear) at one row of x with its
+// kernels.linear_bulk: the fused linear kernel (norm.cu's rmsnorm_linear, m <= 4 rows of x) with its
 // weights streamed into shared memory by the SM's bulk copy engine (cp.async.bulk) through a ring
 // of kLinBulkStages stages, one block an SM, instead of each warp loading its rows into registers
 // (norm.cu, the only includer, after stage_norm).
@@ -33,16 +33,15 @@ constexpr int kLinBulkRows = kLinWarps * (kSwiglu ? 2 : 1);  // weight rows a st
 template <bool kSwiglu>
 constexpr int64_t kLinBulkSegChunks = kLinBulkStageBytes / 16 / kLinBulkRows<kSwiglu>;  // a multiple of 32
 
-template <bool kSwiglu>
-size_t linear_bulk_smem(const rmsnorm_linear_params& p) {
+inline size_t linear_bulk_smem(const rmsnorm_linear_params& p) {
   return static_cast<size_t>(kLinBulkStages * kLinBulkStageBytes) +
-         (p.norm_weight != nullptr ? static_cast<size_t>(p.k) * sizeof(float) : 0);
+         (p.norm_weight != nullptr ? static_cast<size_t>(p.m * p.k) * sizeof(float) : 0);
 }
 
-template <bool kSwiglu, bool kNorm>
+template <int M, bool kSwiglu, bool kNorm>
 __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(const rmsnorm_linear_params p,
                                                                               int64_t groups) {
-  extern __shared__ __align__(128) uint4 lin_bulk_ring[];  // [stages][rows][seg chunks], then xs [k] (kNorm)
+  extern __shared__ __align__(128) uint4 lin_bulk_ring[];  // [stages][rows][seg chunks], then xs [M, k] (kNorm)
   __shared__ __align__(8) uint64_t full[kLinBulkStages], empty[kLinBulkStages];
   constexpr int kRowsPerWarp = kSwiglu ? 2 : 1, kRows = kLinBulkRows<kSwiglu>;
   constexpr int64_t kSeg = kLinBulkSegChunks<kSwiglu>;
@@ -79,10 +78,11 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
   if (tid == 0)
     for (; issued < stages && issued < kLinBulkStages; ++issued) issue(issued);
   pdl_begin();  // x (and out, with beta) come from earlier kernels
-  if constexpr (kNorm) stage_norm<1>(p, xs);
+  if constexpr (kNorm) stage_norm<M>(p, xs);
   const float* a = kNorm ? xs : p.x;
+  const int64_t lda = kNorm ? p.k : p.x_stride;
 
-  float acc[kRowsPerWarp] = {};
+  float acc[kRowsPerWarp][M] = {};
 #pragma unroll 1
   for (int64_t i = 0; i < stages; ++i) {
     const int slot = static_cast<int>(i % kLinBulkStages);
@@ -93,14 +93,17 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
       const int64_t cn = min(kSeg, chunks - c0);
 #pragma unroll 2
       for (int64_t c = lane; c < cn; c += 32) {
-        float x[8];
-        load_x8<kNorm>(a + (c0 + c) * 8, x);
+        float wf[kRowsPerWarp][8];
 #pragma unroll
-        for (int q = 0; q < kRowsPerWarp; ++q) {
-          float wf[8];
-          bf16x8_to_float(wr[q * kSeg + c], wf);
+        for (int q = 0; q < kRowsPerWarp; ++q) bf16x8_to_float(wr[q * kSeg + c], wf[q]);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[q] = fmaf(x[e], wf[e], acc[q]);
+        for (int m = 0; m < M; ++m) {
+          float x[8];
+          load_x8<kNorm>(a + m * lda + (c0 + c) * 8, x);
+#pragma unroll
+          for (int q = 0; q < kRowsPerWarp; ++q)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[q][m] = fmaf(x[e], wf[q][e], acc[q][m]);
         }
       }
     }
@@ -111,44 +114,50 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
 #pragma unroll
     for (int q = 0; q < kRowsPerWarp; ++q)
 #pragma unroll
-      for (int s = 16; s > 0; s >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], s);
+      for (int m = 0; m < M; ++m) acc[q][m] = warp_sum(acc[q][m]);  // the register kernel's xor-shuffle reduction
     if (lane == 0 && o < p.n) {
-      if constexpr (kSwiglu) {
-        const float gv = acc[0];
-        p.out[o] = gv / (1.0f + expf(-gv)) * acc[1];  // the swiglu op's formula
-      } else {
-        const float alpha = 1.0f;
-        float* out = p.out + o;
-        // The skinny kernel's epilogue (gemm.cu), as rmsnorm_linear_kernel's.
-        const float v = p.beta != 0.0f ? __fmaf_rn(alpha, acc[0], __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc[0]);
-        if (p.relu2) {
-          const float pos = v > 0.0f ? v : 0.0f;
-          *out = __fmul_rn(pos, pos);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if constexpr (kSwiglu) {
+          const float gv = acc[0][m];
+          p.out[m * p.out_stride + o] = gv / (1.0f + expf(-gv)) * acc[1][m];  // the swiglu op's formula
         } else {
-          *out = v;
+          linear_epilogue(p, p.out + m * p.out_stride + o, acc[0][m]);
         }
       }
     }
 #pragma unroll
-    for (int q = 0; q < kRowsPerWarp; ++q) acc[q] = 0.0f;
+    for (int q = 0; q < kRowsPerWarp; ++q)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[q][m] = 0.0f;
   }
 }
 
-// Whether kernels.linear_bulk takes a call the fused kernel takes (rmsnorm_linear_fused holds):
-// one row of x, weight rows 16-byte aligned (w_stride % 8 == 0 is the fused kernel's condition).
-inline bool linear_bulk_takes(const rmsnorm_linear_params& p) { return p.m == 1 && current_paths().linear_bulk; }
+// Whether kernels.linear_bulk takes a call the fused kernel takes (rmsnorm_linear_fused holds:
+// m <= 4, weight rows 16-byte aligned, the staged norm within its shared memory).
+inline bool linear_bulk_takes(const rmsnorm_linear_params&) { return current_paths().linear_bulk; }
 
-template <bool kSwiglu>
-void launch_rmsnorm_linear_bulk(const rmsnorm_linear_params& p, cudaStream_t stream) {
+template <int M, bool kSwiglu>
+void launch_rmsnorm_linear_bulk_m(const rmsnorm_linear_params& p, cudaStream_t stream) {
   const int64_t groups = ceil_div(p.n, int64_t{kLinWarps});
-  const size_t smem = linear_bulk_smem<kSwiglu>(p);
+  const size_t smem = linear_bulk_smem(p);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(sm_count(), groups));
   auto run = [&](auto kernel) {
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     launch_pdl(kernel, dim3(blocks), dim3(kNormThreads), smem, stream, p, groups);
   };
-  if (p.norm_weight != nullptr) run(rmsnorm_linear_bulk_kernel<kSwiglu, true>);
-  else run(rmsnorm_linear_bulk_kernel<kSwiglu, false>);
+  if (p.norm_weight != nullptr) run(rmsnorm_linear_bulk_kernel<M, kSwiglu, true>);
+  else run(rmsnorm_linear_bulk_kernel<M, kSwiglu, false>);
+}
+
+template <bool kSwiglu>
+void launch_rmsnorm_linear_bulk(const rmsnorm_linear_params& p, cudaStream_t stream) {
+  switch (p.m) {
+    case 1: launch_rmsnorm_linear_bulk_m<1, kSwiglu>(p, stream); break;
+    case 2: launch_rmsnorm_linear_bulk_m<2, kSwiglu>(p, stream); break;
+    case 3: launch_rmsnorm_linear_bulk_m<3, kSwiglu>(p, stream); break;
+    default: launch_rmsnorm_linear_bulk_m<4, kSwiglu>(p, stream); break;
+  }
 }
 
 }  // namespace

@@ -406,6 +406,19 @@ __device__ __forceinline__ void load_x8(const float* a, float (&x)[8]) {
   x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w, x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
 }
 
+// A product's store without swiglu: the skinny kernel's epilogue (gemm.cu), explicit roundings
+// included (alpha 1, beta: the residual); relu2: the relu2 op's formula on the stored product.
+__device__ __forceinline__ void linear_epilogue(const rmsnorm_linear_params& p, float* out, float acc) {
+  const float alpha = 1.0f;
+  const float v = p.beta != 0.0f ? __fmaf_rn(alpha, acc, __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc);
+  if (p.relu2) {
+    const float pos = v > 0.0f ? v : 0.0f;
+    *out = __fmul_rn(pos, pos);
+  } else {
+    *out = v;
+  }
+}
+
 template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
   extern __shared__ float4 lin_shared[];
@@ -495,20 +508,10 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         const float g = acc[0][m];
         p.out[m * p.out_stride + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
       } else {
-        const float alpha = 1.0f;
 #pragma unroll
         for (int r = 0; r < kLinRows; ++r) {
           if (row0 + r >= p.n) break;
-          float* out = p.out + m * p.out_stride + row0 + r;
-          // The skinny kernel's epilogue (gemm.cu), explicit roundings included; relu2: the relu2
-          // op's formula on the stored product.
-          const float v = p.beta != 0.0f ? __fmaf_rn(alpha, acc[r][m], __fmul_rn(p.beta, *out)) : __fmul_rn(alpha, acc[r][m]);
-          if (p.relu2) {
-            const float pos = v > 0.0f ? v : 0.0f;
-            *out = __fmul_rn(pos, pos);
-          } else {
-            *out = v;
-          }
+          linear_epilogue(p, p.out + m * p.out_stride + row0 + r, acc[r][m]);
         }
       }
     }

@@ -200,9 +200,9 @@ TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
   check_case(GetParam());
 }
 
-// kernels.linear_bulk: one row of x (every m = 1 case: with and without the norm, swiglu, relu2,
-// beta, padded strides, k not a whole number of segments) streams its weights through the ring
-// of bulk copies; the same checks, the same bits as the unfused ops.
+// kernels.linear_bulk: every fused case (m 1..4, with and without the norm, swiglu, relu2, beta,
+// padded strides, k not a whole number of segments) streams its weights through the ring of bulk
+// copies; the same checks, the same bits as the unfused ops.
 TEST_P(NormLinearCuda, BulkRingMatchesCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   kernel_paths paths;

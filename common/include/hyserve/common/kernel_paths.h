@@ -83,7 +83,7 @@ struct kernel_paths {
   // is one wave at one block an SM (same bits). false (default): one step of 8 chunks a lane.
   // Not yet measured.
   bool norm_linear_wide = false;
-  // true: rmsnorm_linear at one row of x streams its weights into shared memory by bulk copies
+  // true: rmsnorm_linear (up to 4 rows of x) streams its weights into shared memory by bulk copies
   // through a ring of 4 stages of 32 KB, one block an SM, the first stages issued before the
   // programmatic-launch wait (same bits: each output's chunk order and reduction are the register
   // kernel's). false (default): each warp loads its rows into registers. Not yet measured.
