@@ -252,6 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
 // so: the output against the CPU op (the gated_rmsnorm op, then the gemm) within
 // 1e-5 + 1e-6·k + 1e-5·|want|, normed_out within 1e-5·(1 + |want|); shapes past the fused
 // kernel's limits (staging over 46 KB, groups not a multiple of 4 channels) take the unfused ops.
+// kernels.linear_bulk on top of the fused gated norm gives the register kernel's output bit for bit.
 struct gated_case {
   int64_t m, n, k, group, gate_stride;
   bool before_gate;
@@ -319,6 +320,21 @@ TEST_P(NormLinearCudaGated, MatchesCpu) {
   device_synchronize();
   expect_match(dout2.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "out (apart)");
   expect_match(dout.download(), want, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-5, "out");
+  // kernels.linear_bulk with the fused gated norm: the register kernel's bits.
+  device_array<float> dout3(out0);
+  pg.out = dout3.data();
+  {
+    kernel_paths paths;
+    paths.norm_linear_gate = true;
+    paths.linear_bulk = true;
+    const paths_scope scope(paths);
+    run_cuda(pg);
+  }
+  device_synchronize();
+  const std::vector<float> fused = dout.download(), bulk = dout3.download();
+  int64_t diff = 0;
+  for (size_t i = 0; i < fused.size(); ++i) diff += std::memcmp(&fused[i], &bulk[i], sizeof(float)) != 0 ? 1 : 0;
+  EXPECT_EQ(diff, 0) << "elements of kernels.linear_bulk's output that differ from the register kernel's";
 }
 
 INSTANTIATE_TEST_SUITE_P(
