@@ -55,6 +55,21 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// A ring of S stages filled by bulk copies: full[s] completes when stage s's bytes have landed
+// (one arrival: the producer's arrive_expect_tx), empty[s] when its `consumers` consumer warps
+// have released it. Every thread of the block calls it (it ends with a barrier).
+template <int S>
+__device__ __forceinline__ void ring_init(uint64_t (&full)[S], uint64_t (&empty)[S], int consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], consumers);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+}
+
 // Orders this thread's generic-proxy shared-memory accesses before later bulk copies.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

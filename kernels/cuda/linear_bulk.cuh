@@ -52,14 +52,7 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
   const int64_t g0 = groups * b / G, g1 = groups * (b + 1) / G, stages = (g1 - g0) * nseg;
   const auto* w0 = static_cast<const __nv_bfloat16*>(p.w);
   const auto* w1 = static_cast<const __nv_bfloat16*>(p.up_w);
-  if (tid == 0) {
-    for (int s = 0; s < kLinBulkStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kLinWarps);
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
+  ring_init(full, empty, kLinWarps);
 
   auto issue = [&](int64_t i) {  // thread 0: stage i into its slot, once the slot is free
     const int slot = static_cast<int>(i % kLinBulkStages);
@@ -119,8 +112,7 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_linear_bulk_kernel(co
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         if constexpr (kSwiglu) {
-          const float gv = acc[0][m];
-          p.out[m * p.out_stride + o] = gv / (1.0f + expf(-gv)) * acc[1][m];  // the swiglu op's formula
+          p.out[m * p.out_stride + o] = silu(acc[0][m]) * acc[1][m];  // the swiglu op's formula
         } else {
           linear_epilogue(p, p.out + m * p.out_stride + o, acc[0][m]);
         }

@@ -90,14 +90,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   const int G = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
   const int g0 = static_cast<int>(int64_t{p.total} * b / G), g1 = static_cast<int>(int64_t{p.total} * (b + 1) / G);
   const int n = g1 - g0;
-  if (tid == 0) {
-    for (int s = 0; s < kBulkStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], R);
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
+  ring_init(full, empty, R);
 
   const bool producer = warp == kDecodeWarps && lane == 0;
   const int routed_from = p.shared_out + p.shared_gate;  // the first stage that needs the routing

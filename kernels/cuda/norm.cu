@@ -505,8 +505,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if constexpr (kSwiglu) {
-        const float g = acc[0][m];
-        p.out[m * p.out_stride + row0] = g / (1.0f + expf(-g)) * acc[1][m];  // the swiglu op's formula
+        p.out[m * p.out_stride + row0] = silu(acc[0][m]) * acc[1][m];  // the swiglu op's formula
       } else {
 #pragma unroll
         for (int r = 0; r < kLinRows; ++r) {
