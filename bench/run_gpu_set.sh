@@ -27,7 +27,8 @@
 # fused, single, pipelined and bulk, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
-# wide-linear (batch-1 decode with kernels.norm_linear_wide, with kernels.linear_bulk (WIDE_KEYS) and
+# norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
+# weights in registers, with norm_linear_wide and with linear_bulk, % of copy); wide-linear (batch-1 decode with kernels.norm_linear_wide, with kernels.linear_bulk (WIDE_KEYS) and
 # with neither: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
@@ -71,7 +72,7 @@ for s in "${stages[@]}"; do
     tests) targets=(); break ;;
     gpu-tests) targets+=(cuda_ops_test gpu_model_test spec_test) ;;
     select) targets+=(hyserve-bench-sparse) ;;
-    ssd | skinny | kernels) targets+=(hyserve-bench-cuda) ;;
+    ssd | skinny | kernels | norm-linear) targets+=(hyserve-bench-cuda) ;;
     gdn) targets+=(hyserve-bench-gdn) ;;
     model | model-mma) targets+=(hyserve-bench-model) ;;
     spec-*) targets+=(hyserve-bench-spec) ;;
@@ -160,6 +161,7 @@ for s in "${stages[@]}"; do
       stage gdn 180 "$bin/hyserve-bench-gdn"
       stage gdn-anchor 120 python3 bench/gdn_anchor.py ;;  # flash-linear-attention, when installed
     skinny) stage skinny 180 "$bin/hyserve-bench-cuda" skinny_gemm ;;
+    norm-linear) stage norm-linear 180 "$bin/hyserve-bench-cuda" norm_linear ;;
     model) stage model 400 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,8,16,64 \
              --decode-steps 8 --profile-step --verify-width 5 --json "$out/model.json" ;;
     model-mma) stage model-mma 300 "$bin/hyserve-bench-model" "$(with_kernels configs/bamba-9b-synthetic-cuda.yaml skinny mma)" \

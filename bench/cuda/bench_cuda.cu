@@ -19,7 +19,10 @@
 //                                 (at 1 token also its split decode path) and the whole layer
 //                                 with router and shared expert),
 //                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
-//                                 determinism fast and batch_invariant)
+//                                 determinism fast and batch_invariant),
+//                                 norm_linear (the fused linear kernel at m = 1..4 on the 9B
+//                                 shapes and Qwen3-Next's out_proj: registers, norm_linear_wide,
+//                                 linear_bulk)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -344,6 +347,26 @@ struct linear_bench {
     return 2.0 * static_cast<double>(weights) + 4.0 * static_cast<double>(m) * static_cast<double>(sh.k + sh.n);
   }
   std::string label() const { return std::string(sh.name) + " n" + std::to_string(sh.n) + " k" + std::to_string(sh.k); }
+  // One call of the rmsnorm_linear op at m rows (norm_weight null: no norm, into the residual).
+  double time_us_fused(cudaStream_t stream, int64_t m, const float* norm_weight) const {
+    return time_call_us(stream, n_sets, [&](int s) {
+      const uint8_t* wb = w[static_cast<size_t>(s)].data();
+      rmsnorm_linear_params p;
+      p.x = a.data();
+      p.norm_weight = norm_weight;
+      p.w = wb;
+      p.up_w = sh.swiglu ? wb + sh.n * sh.k * 2 : nullptr;
+      p.w_dtype = hyserve::dtype::kBF16;
+      p.out = c.data();
+      p.m = m;
+      p.n = sh.n;
+      p.k = sh.k;
+      p.x_stride = p.w_stride = sh.k;
+      p.out_stride = sh.n;
+      p.beta = norm_weight == nullptr && !sh.swiglu ? 1.0f : 0.0f;
+      run_cuda(p, stream);
+    });
+  }
   double time_us(cudaStream_t stream, int64_t m) const {
     return time_call_us(stream, n_sets, [&](int s) {
       const uint8_t* wb = w[static_cast<size_t>(s)].data();
@@ -432,6 +455,37 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
     }
     set_invariant_tiled_rows(0);
     set_invariant_gemm_backend(saved);
+  }
+}
+
+
+// The fused linear kernel (the rmsnorm_linear op: bf16 weights, m = 1..4 rows, the decode path's
+// linear layers with their input norm) on the 9B shapes and Qwen3-Next's mixer out_proj (2048 ×
+// 4096), its weights loaded by the warps into registers (the default), with
+// kernels.norm_linear_wide (no norm, k <= 4096) and through the ring of bulk copies
+// (kernels.linear_bulk). The same bits every way.
+void bench_norm_linear(cudaStream_t stream, std::vector<row>& rows) {
+  const linear_layer layers[] = {{"in_proj+norm", 16768, 4096, false},
+                                 {"out_proj", 4096, 8192, false},
+                                 {"gate_up+norm", 14336, 4096, true},
+                                 {"down", 4096, 14336, false},
+                                 {"qwen3next_out_proj", 2048, 4096, false}};
+  static const char* const kModes[] = {" registers", " wide", " bulk"};
+  for (const linear_layer& layer : layers) {
+    const linear_bench lb(layer, 4, 110);
+    const bool norm = std::string(layer.name).find("+norm") != std::string::npos;
+    const auto g = random_device(static_cast<size_t>(layer.k), 9, 0.5f, 1.5f);
+    for (const int mode : {0, 1, 2}) {
+      if (mode == 1 && (norm || layer.swiglu || layer.k > 4096)) continue;  // what norm_linear_wide takes
+      kernel_paths paths;
+      paths.norm_linear_wide = mode == 1;
+      paths.linear_bulk = mode == 2;
+      const paths_scope scope(paths);
+      for (int64_t m = 1; m <= 4; ++m) {
+        const double us = lb.time_us_fused(stream, m, norm ? g.data() : nullptr);
+        rows.push_back({"norm_linear", lb.label() + kModes[mode], static_cast<int>(m), us, lb.bytes(m)});
+      }
+    }
   }
 }
 
@@ -629,6 +683,7 @@ int main(int argc, char** argv) {
     if (want("rmsnorm")) bench_rmsnorm(stream, rows);
     if (want("skinny_gemm")) bench_skinny_gemm(stream, rows);
     if (want("linear_rows")) bench_linear_rows(stream, rows);
+    if (want("norm_linear")) bench_norm_linear(stream, rows);
     std::vector<std::string> notes;
     if (want("moe")) bench_moe(stream, rows, notes);
 
