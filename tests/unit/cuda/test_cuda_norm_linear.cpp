@@ -185,6 +185,15 @@ void check_case(const nl_case& c) {
   }
 }
 
+// check_case with the kernel paths `set` turns on (for the test's scope).
+template <class Set>
+void check_case_with(const nl_case& c, Set set) {
+  kernel_paths paths;
+  set(paths);
+  const paths_scope scope(paths);
+  check_case(c);
+}
+
 TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   check_case(GetParam());
@@ -194,10 +203,7 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
 // warp's whole task before the wait; the same checks, the same bits as the unfused ops.
 TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  kernel_paths paths;
-  paths.norm_linear_wide = true;
-  const paths_scope scope(paths);
-  check_case(GetParam());
+  check_case_with(GetParam(), [](kernel_paths& k) { k.norm_linear_wide = true; });
 }
 
 // kernels.linear_bulk: every fused case (m 1..4, with and without the norm, swiglu, relu2, beta,
@@ -205,10 +211,7 @@ TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
 // copies; the same checks, the same bits as the unfused ops.
 TEST_P(NormLinearCuda, BulkRingMatchesCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  kernel_paths paths;
-  paths.linear_bulk = true;
-  const paths_scope scope(paths);
-  check_case(GetParam());
+  check_case_with(GetParam(), [](kernel_paths& k) { k.linear_bulk = true; });
 }
 
 INSTANTIATE_TEST_SUITE_P(
