@@ -162,13 +162,13 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   }
 }
 
-// Whether the bulk kernel takes a one-token call the one-row kernel would: rows a multiple of 16
-// bytes, a stage's rows within kBulkStageBytes, 16-byte aligned weights, the ring and the
-// router's scores within the shared memory of a block.
+// Whether the bulk kernel takes a one-token call the one-row kernel would (moe_decode_takes
+// holds: the shared expert's weights are 16-byte aligned): rows a multiple of 16 bytes, a
+// stage's rows within kBulkStageBytes, the experts' weights 16-byte aligned, the ring and the
+// router's scores within a block's shared memory.
 inline bool bulk_takes(const decode_args& d, int64_t experts) {
-  auto aligned = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  return d.hidden % 8 == 0 && d.hidden <= kBulkMaxHidden && aligned(d.gate_up) && aligned(d.s_gate) &&
-         aligned(d.s_up) && aligned(d.s_gate_w) && bulk_smem(d.hidden, experts) <= 200 * 1024;
+  return d.hidden % 8 == 0 && d.hidden <= kBulkMaxHidden && aligned16(d.gate_up) &&
+         bulk_smem(d.hidden, experts) <= 200 * 1024;
 }
 
 void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream_t stream) {
