@@ -248,10 +248,11 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
 
   // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
   // whatever the number of its routed tasks). One token takes the one-row kernel unless
-  // kernels.moe_decode: fused asks for the general one, or bulk for the ring of bulk copies
-  // (moe_decode_bulk.cuh) where it takes the shapes.
+  // kernels.moe_decode: fused asks for the general one, or bulk / bulk_up for the ring of bulk
+  // copies (moe_decode_bulk.cuh) where it takes the shapes; bulk also takes the down kernel's.
   const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
-  if (one && kind == kernel_paths::moe_decode_kind::kBulk && bulk_takes(d, E)) {
+  const bool bulk = kind == kernel_paths::moe_decode_kind::kBulk || kind == kernel_paths::moe_decode_kind::kBulkUp;
+  if (one && bulk && bulk_takes(d, E)) {
     launch_moe_decode_up_bulk(d, E, stream);
   } else {
     auto up_kernel = !one                                                ? moe_decode_up_kernel<false>
@@ -263,8 +264,12 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
                static_cast<int>(tasks));
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
-  const size_t down_smem = decode_down_smem(p);
-  with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });
+  if (one && kind == kernel_paths::moe_decode_kind::kBulk && down_bulk_takes(d)) {
+    launch_moe_decode_down_bulk(d, stream);
+  } else {
+    const size_t down_smem = decode_down_smem(p);
+    with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });
+  }
   CUDA_CHECK(scratch_free(base, stream));
 }
 

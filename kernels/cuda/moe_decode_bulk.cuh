@@ -2,7 +2,8 @@
 // kernels.moe_decode: bulk (one token): the up projection's weights streamed into shared memory
 // by the SM's bulk copy engine (cp.async.bulk) through a ring of kBulkStages stages, one block an
 // SM, where the one-row up kernel (moe_decode.cuh) has each warp load its own row pair into
-// registers and multiply it before its next loads go out. moe_decode.cuh's only includer.
+// registers and multiply it before its next loads go out; and the down projection the same way
+// (below: moe_decode_down_bulk_kernel). moe_decode.cuh's only includer.
 //
 // The work is a list of stages of up to R consecutive outputs each (R·hidden·2 bytes of gate
 // rows and as many of up rows: two bulk copies): first the shared expert's (and, gated, one
@@ -182,6 +183,202 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
   reserve_dynamic_shared(reinterpret_cast<const void*>(moe_decode_up_bulk_kernel), smem);
   const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), p.total));
   launch_pdl(moe_decode_up_bulk_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), smem, stream, d, p);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+
+// ---- The down kernel through a ring (kernels.moe_decode: bulk, one token) ------------------
+// Block b takes the column tiles [C·b / G, C·(b + 1) / G) of 8 output columns (C tiles, G
+// blocks), a warp a column. Its stages, each one bulk copy of a tile's 8 rows of one expert
+// (contiguous: 8 · width · 2 bytes): first the shared expert's rows of each of its tiles (they
+// need no routing: issued before the wait for the up kernel), then for each tile its top_k
+// experts' rows in the routing's order (ascending index, the slots of d.ids). A warp takes two
+// routed stages at a time (two independent dots in flight), y_e = act[row_e] · down_e[col]ᵀ by
+// down_tiles's chunk order and reduction, out (= or +=) Σ w_e · y_e in the same order, then the
+// shared expert's ys (computed from its stage first, kept in shared memory) added as down_tiles
+// adds it. So the bits are the down kernel's and the split path's.
+constexpr int kDownBulkMaxStages = 16;
+constexpr int64_t kDownBulkRingBytes = 128 * 1024;
+
+struct down_bulk_plan {
+  int stages = 0;            // S: ring slots
+  int64_t slot_chunks = 0;   // 16-byte chunks a slot: 8 rows of max(inter, s_inter)
+  int max_tiles = 0;         // the most column tiles a block takes
+};
+
+inline int64_t down_bulk_width(const decode_args& d) { return std::max(d.inter, d.s_inter); }
+
+inline down_bulk_plan down_bulk_plan_for(const decode_args& d, int blocks) {
+  down_bulk_plan p;
+  p.slot_chunks = kDecodeWarps * down_bulk_width(d) / 8;
+  p.stages = static_cast<int>(std::clamp<int64_t>(kDownBulkRingBytes / (p.slot_chunks * 16), 2, kDownBulkMaxStages));
+  p.max_tiles = static_cast<int>(ceil_div(ceil_div(d.hidden, int64_t{kDecodeWarps}), int64_t{blocks}));
+  return p;
+}
+
+// The dynamic shared memory: the ring, the token's routed act rows (bf16), its shared expert's
+// act row (f32), then the shared expert's ys of the block's columns.
+inline size_t down_bulk_smem(const decode_args& d, const down_bulk_plan& p) {
+  return static_cast<size_t>(p.stages * p.slot_chunks) * 16 +
+         static_cast<size_t>(d.route.top_k * d.inter) * sizeof(__nv_bfloat16) + static_cast<size_t>(d.s_inter) * 4 +
+         static_cast<size_t>(p.max_tiles * kDecodeWarps) * 4;
+}
+
+__global__ void __launch_bounds__(kBulkThreads, 1)
+    moe_decode_down_bulk_kernel(const decode_args d, const down_bulk_plan p) {
+  extern __shared__ __align__(128) uint4 down_ring[];  // see down_bulk_smem
+  __shared__ int s_e[kMaxTopK], s_row[kMaxTopK];
+  __shared__ float s_w[kMaxTopK];
+  __shared__ __align__(8) uint64_t full[kDownBulkMaxStages], empty[kDownBulkMaxStages];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int K = d.route.top_k, S = p.stages;
+  const int64_t chunks = d.inter / 8, s_chunks = d.s_inter / 8;
+  uint4* act_s = down_ring + S * p.slot_chunks;
+  float4* shared_act = reinterpret_cast<float4*>(act_s + K * chunks);
+  float* ys_s = reinterpret_cast<float*>(shared_act + d.s_inter / 4);
+  const int64_t col_tiles = ceil_div(d.hidden, int64_t{kDecodeWarps});
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t t0 = col_tiles * b / G, nt = col_tiles * (b + 1) / G - t0;
+  const int ns = d.s_inter > 0 ? static_cast<int>(nt) : 0;  // the shared expert's stages
+  const int n = ns + static_cast<int>(nt) * K;
+  ring_init(full, empty, kDecodeWarps);
+
+  auto issue = [&](int i) {  // local stage i into its slot (the producer)
+    const int slot = i % S;
+    if (i >= S) mbar_wait(&empty[slot], static_cast<uint32_t>((i / S - 1) & 1));
+    int64_t tile, width;
+    const __nv_bfloat16* src;
+    if (i < ns) {
+      tile = t0 + i;
+      width = d.s_inter;
+      src = d.s_down + tile * kDecodeWarps * width;
+    } else {
+      const int j = i - ns;
+      tile = t0 + j / K;
+      width = d.inter;
+      src = d.down + (static_cast<int64_t>(s_e[j % K]) * d.hidden + tile * kDecodeWarps) * width;
+    }
+    const int64_t rows = min(int64_t{kDecodeWarps}, d.hidden - tile * kDecodeWarps);
+    const uint32_t bytes = static_cast<uint32_t>(rows * width * 2);
+    mbar_arrive_expect_tx(&full[slot], bytes);
+    bulk_copy(down_ring + slot * p.slot_chunks, src, bytes, &full[slot]);
+  };
+  const bool producer = warp == kDecodeWarps && lane == 0;
+  int issued = 0;
+  if (producer)  // the shared expert's rows: before the wait for the up kernel
+    while (issued < ns && issued < S) issue(issued++);
+  pdl_begin();  // act, the routing and the shared expert's act and gate value of the up kernel
+  if (tid < K) {
+    s_e[tid] = d.ids[tid];
+    s_w[tid] = d.wts[tid];
+    s_row[tid] = d.rows[tid];
+  }
+  __syncthreads();
+  if (warp == kDecodeWarps) {
+    if (producer)
+      while (issued < n) issue(issued++);
+    return;
+  }
+  for (int64_t i = tid; i < K * chunks; i += kDecodeThreads) {
+    const int64_t jj = i / chunks, c = i - jj * chunks;
+    act_s[i] = __ldg(reinterpret_cast<const uint4*>(d.act + static_cast<int64_t>(s_row[jj]) * d.inter) + c);
+  }
+  for (int64_t i = tid; i < d.s_inter / 4; i += kDecodeThreads)
+    shared_act[i] = __ldg(reinterpret_cast<const float4*>(d.s_act) + i);
+  named_sync(1, kDecodeThreads);  // the consumers: act staged
+  const float gl = d.s_gate_w != nullptr ? d.s_gl[0] : 0.0f;
+
+  auto wait = [&](int i) { mbar_wait(&full[i % S], static_cast<uint32_t>((i / S) & 1)); };
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[i % S]);
+  };
+  auto row = [&](int i, int64_t width) { return down_ring + (i % S) * p.slot_chunks + warp * (width / 8); };
+  // The shared expert's ys of each tile (the skinny kernel's dot on f32 act: dot_rows's order).
+  for (int i = 0; i < ns; ++i) {
+    wait(i);
+    if ((t0 + i) * kDecodeWarps + warp < d.hidden) {
+      const uint4* w = row(i, d.s_inter);
+      float ys = 0.0f;
+      for (int64_t c = lane; c < s_chunks; c += 32) {
+        const float4 x0 = shared_act[2 * c], x1 = shared_act[2 * c + 1];
+        const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float wf[8];
+        bf16x8_to_float(w[c], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ys = fmaf(xf[e], wf[e], ys);
+      }
+      ys = warp_sum(ys);
+      if (lane == 0) ys_s[i * kDecodeWarps + warp] = ys;
+    }
+    release(i);
+  }
+  // The routed experts, two stages at a time; the combine and the shared expert's add.
+  for (int lt = 0; lt < nt; ++lt) {
+    const int64_t col = (t0 + lt) * kDecodeWarps + warp;
+    const bool live = col < d.hidden;
+    float* o = d.out + col;
+    float acc = live && d.accumulate ? *o : 0.0f;
+    for (int k = 0; k < K; k += 2) {
+      const int i = ns + lt * K + k;
+      const bool two = k + 1 < K;
+      wait(i);
+      if (two) wait(i + 1);
+      if (live) {
+        const uint4* w0 = row(i, d.inter);
+        const uint4* w1 = row(two ? i + 1 : i, d.inter);
+        const uint4* a0 = act_s + k * chunks;
+        const uint4* a1 = act_s + (two ? k + 1 : k) * chunks;
+        float y0 = 0.0f, y1 = 0.0f;
+        for (int64_t c = lane; c < chunks; c += 32) {
+          float xf[8], wf[8], xg[8], wg[8];
+          bf16x8_to_float(a0[c], xf);
+          bf16x8_to_float(w0[c], wf);
+          bf16x8_to_float(a1[c], xg);
+          bf16x8_to_float(w1[c], wg);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            y0 = fmaf(xf[e], wf[e], y0);
+            y1 = fmaf(xg[e], wg[e], y1);
+          }
+        }
+        y0 = warp_sum(y0);
+        y1 = warp_sum(y1);
+        acc += s_w[k] * y0;  // the combine kernel's sum
+        if (two) acc += s_w[k + 1] * y1;
+      }
+      release(i);
+      if (two) release(i + 1);
+    }
+    if (live && lane == 0) {
+      if (d.s_inter > 0) {
+        const float ys = ys_s[lt * kDecodeWarps + warp];
+        acc = d.s_gate_w != nullptr ? __fmaf_rn(sigmoid_of(gl), ys, acc)            // row_add
+                                    : __fmaf_rn(1.0f, ys, __fmul_rn(1.0f, acc));  // the gemm epilogue, beta 1
+      }
+      *o = acc;
+    }
+  }
+}
+
+// Whether the bulk down kernel takes a one-token call the down kernel would: row widths a
+// multiple of 16 bytes, a tile's 8 rows within a slot of at most 32 KB, the weights 16-byte
+// aligned, its shared memory within a block's.
+inline bool down_bulk_takes(const decode_args& d) {
+  if (d.inter % 8 != 0 || d.s_inter % 8 != 0 || 16 * down_bulk_width(d) > 32 * 1024 || !aligned16(d.down) ||
+      (d.s_inter > 0 && !aligned16(d.s_down)))
+    return false;
+  const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
+  return down_bulk_smem(d, down_bulk_plan_for(d, blocks)) <= 200 * 1024;
+}
+
+void launch_moe_decode_down_bulk(const decode_args& d, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
+  const down_bulk_plan p = down_bulk_plan_for(d, blocks);
+  const size_t smem = down_bulk_smem(d, p);
+  reserve_dynamic_shared(reinterpret_cast<const void*>(moe_decode_down_bulk_kernel), smem);
+  launch_pdl(moe_decode_down_bulk_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), smem, stream, d,
+             p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

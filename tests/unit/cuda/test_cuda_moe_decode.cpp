@@ -136,6 +136,8 @@ void check_decode(const decode_case& c, uint32_t seed) {
     cuda_test::expect_equal(bulk.ids, split.ids, what + " bulk ids");
     EXPECT_EQ(bit_differences(bulk.weights, split.weights), 0u) << what << " bulk weights";
     EXPECT_EQ(bit_differences(bulk.out, split.out), 0u) << what << " bulk out";
+    const decode_result bulk_up = run_path(p, kernel_paths::moe_decode_kind::kBulkUp, out0);  // the ring's up only
+    EXPECT_EQ(bit_differences(bulk_up.out, split.out), 0u) << what << " bulk_up out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";

@@ -30,10 +30,11 @@ struct kernel_paths {
   // the down projection's: two kernels) | single (one token: up and down in one kernel, a grid
   // barrier between them; more tokens as fused) | pipelined (one token: the one-row up kernel
   // with each warp's loads software-pipelined across its tasks; more tokens as fused) | bulk (one
-  // token: the up kernel's weights streamed into shared memory by bulk copies through a ring,
-  // one block an SM; more tokens as fused) | split (prepare, two GEMVs, combine, and the shared
-  // expert's own kernels). The same bits every way.
-  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kBulk, kSplit };
+  // token: the up and down kernels' weights streamed into shared memory by bulk copies through
+  // a ring, one block an SM; more tokens as fused) | bulk_up (bulk's up kernel, the fused down
+  // kernel) | split (prepare, two GEMVs, combine, and the shared expert's own kernels). The
+  // same bits every way.
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kBulk, kBulkUp, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
