@@ -9,7 +9,8 @@
 // rows and as many of up rows: two bulk copies): first the shared expert's (and, gated, one
 // stage of its gate's single row), then each of the token's top_k experts' in ascending index
 // (the routing's tiles). Its length is known before the routing (one token: top_k experts), so
-// block b takes the contiguous stages [N·b / G, N·(b + 1) / G). A producer warp (the ninth)
+// block b takes an even share of each part: the shared expert's stages [S·b / G, S·(b + 1) / G)
+// and the routed ones likewise. A producer warp (the ninth)
 // issues the copies, the shared expert's before the wait for the router (weights do not depend
 // on it), each later one once its ring slot is released; the 8 consumer warps take the stages in
 // turn, R warps a stage (8 / R stages at once), a warp an output: lane l's chunks l, l + 32, …
@@ -88,17 +89,21 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   const int R = p.rows, groups = kDecodeWarps / R;
   const int64_t row_chunks = d.hidden / 8, slot_chunks = 2 * R * row_chunks;
   float* scores = reinterpret_cast<float*>(bulk_ring + kBulkStages * slot_chunks);
-  const int G = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
-  const int g0 = static_cast<int>(int64_t{p.total} * b / G), g1 = static_cast<int>(int64_t{p.total} * (b + 1) / G);
-  const int n = g1 - g0;
+  // Block b: its even share of the shared expert's stages (they need no routing: every block
+  // has loads in flight while it routes), then its share of the routed ones.
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t SS = p.shared_out + p.shared_gate, RS = p.total - SS;  // stages before / after the routing
+  const int s0 = static_cast<int>(SS * b / G), ns = static_cast<int>(SS * (b + 1) / G) - s0;
+  const int r0 = static_cast<int>(SS + RS * b / G), nr = static_cast<int>(SS + RS * (b + 1) / G) - r0;
+  const int n = ns + nr;
+  auto global = [&](int i) { return i < ns ? s0 + i : r0 + (i - ns); };
   ring_init(full, empty, R);
 
   const bool producer = warp == kDecodeWarps && lane == 0;
-  const int routed_from = p.shared_out + p.shared_gate;  // the first stage that needs the routing
   auto issue = [&](int i) {  // local stage i into its slot (the producer)
     const int slot = i % kBulkStages;
     if (i >= kBulkStages) mbar_wait(&empty[slot], static_cast<uint32_t>((i / kBulkStages - 1) & 1));
-    const bulk_stage st = bulk_stage_at(d, p, rs, g0 + i);
+    const bulk_stage st = bulk_stage_at(d, p, rs, global(i));
     const uint32_t bytes = static_cast<uint32_t>(st.rows * d.hidden * 2);
     uint4* dst = bulk_ring + slot * slot_chunks;
     mbar_arrive_expect_tx(&full[slot], st.up != nullptr ? 2 * bytes : bytes);
@@ -107,9 +112,9 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   };
   int issued = 0;
   if (producer)  // the shared expert's stages need no routing: before the wait for the router
-    while (issued < n && issued < kBulkStages && g0 + issued < routed_from) issue(issued++);
+    while (issued < ns && issued < kBulkStages) issue(issued++);
   pdl_begin();  // the router's logits and x
-  if (g1 > routed_from || b == 0) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
+  if (nr > 0 || b == 0) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
   if (producer) {
     while (issued < n) issue(issued++);
     return;
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
 #pragma unroll 1
   for (int i = group; i < n; i += groups) {
     const int slot = i % kBulkStages;
-    const bulk_stage st = bulk_stage_at(d, p, rs, g0 + i);
+    const bulk_stage st = bulk_stage_at(d, p, rs, global(i));
     mbar_wait(&full[slot], static_cast<uint32_t>((i / kBulkStages) & 1));
     if (out < st.rows) {
       const uint4* wg = bulk_ring + slot * slot_chunks + out * row_chunks;
