@@ -28,8 +28,6 @@
 # fused, single, pipelined, bulk and bulk_up, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
-# attn-combine (batch-1 decode with the decode attention's combine kernel and with the merge in
-# its last slice block, kernels.attn_decode_fused_combine: COMBINE_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
 # weights in registers, with norm_linear_wide and with linear_bulk, % of copy); wide-linear (batch-1 decode with kernels.norm_linear_wide, with kernels.linear_bulk (WIDE_KEYS) and
 # with neither: WIDE_CONFIGS); ncu
@@ -92,7 +90,7 @@ for s in "${stages[@]}"; do
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
-    families | model-tp2 | decode-slices | moe-decode | attn-combine) targets+=(hyserve-bench-model) ;;
+    families | model-tp2 | decode-slices | moe-decode) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
     trace) targets+=(hyserve-bench-model) ;;
     cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
@@ -369,15 +367,6 @@ EOF2
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" \
             --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
         done
-      done ;;
-    attn-combine)
-      # The split-KV decode attention's slices merged by a combine kernel (the default) against by
-      # the decode kernel's last slice block (kernels.attn_decode_fused_combine: true), batch-1
-      # decode, one after the other for each COMBINE_CONFIGS config.
-      for f in ${COMBINE_CONFIGS:-falcon-h1-7b nemotron-h-8b}; do
-        stage "attn-combine-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 16
-        stage "attn-combine-$f-fused" 90 "$bin/hyserve-bench-model" \
-          "$(with_kernels "configs/$f-synthetic-cuda.yaml" attn_decode_fused_combine true)" --batches 1 --decode-steps 16
       done ;;
     gated-norm)
       # A mixer's gated output norm apart from its out_proj (the default) against inside its fused

@@ -292,12 +292,12 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   }
 }
 
-// The combine kernel: block (query head, row · qmax + j) merges that query's slices
-// (attn_decode::combine_slices), the first ceil(len / K) for K keys per slice (decode kernel:
+// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
+// over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
 // attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
-static_assert(attn_decode::kMaxCombineSlices >= kMaxDecodeSlices && attn_decode::kMaxCombineSlices >= kMaxSlices &&
-                  attn_decode::kThreads == kAttnThreads,
-              "combine_slices: the slices and block of both kernels");
+// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
+// d sums its dimension over the slices (independent loads).
+constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
 
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
@@ -305,6 +305,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
                                                                          bool decode_rule,
                                                                          const attn_decode::tree_keys tree) {
   pdl_begin();
+  __shared__ float s_w[kMaxCombineSlices];
+  __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
   const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
   const int j = static_cast<int>(bq % qmax);
@@ -318,7 +320,34 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   const int64_t used = ceil_div(len, per_slice);
   const int n_act = used < n_slices ? static_cast<int>(used) : n_slices;
   const int64_t base = (bq * p.q_heads + head) * n_slices;
-  attn_decode::combine_slices<D>(part.ml + base, part.acc + base * D, n_act, p.out + q_start * p.out_stride + head * D);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  float mx = -INFINITY;
+  for (int s = tid; s < n_act; s += kAttnThreads) mx = fmaxf(mx, part.ml[base + s].x);
+  mx = warp_max(mx);
+  if (lane == 0) s_max[warp] = mx;
+  __syncthreads();
+  mx = s_max[0];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, s_max[w]);
+
+  float den = 0.0f;
+  for (int s = tid; s < n_act; s += kAttnThreads) {
+    const float2 ml = part.ml[base + s];
+    const float w = ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
+    s_w[s] = w;
+    den += ml.y * w;
+  }
+  den = block_sum(den);  // its barriers also publish s_w
+  const float inv = 1.0f / den;
+  float* o = p.out + q_start * p.out_stride + head * D;
+  const float* acc = part.acc + base * D;
+  for (int d = tid; d < D; d += kAttnThreads) {
+    float num = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
+    o[d] = num * inv;
+  }
 }
 
 // Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
@@ -410,10 +439,6 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
                    : decode_only  ? static_cast<int>(p.max_q_len)
                    : short_rows   ? static_cast<int>(p.short_q_max)
                                   : 1;
-  // kernels.attn_decode_fused_combine: the decode kernel's last slice block of a query merges
-  // its slices (no combine kernel), where the blocks' counters cover the grid.
-  const bool fused_combine = decode_kernel && n_part > 1 && current_paths().attn_decode_fused_combine &&
-                             p.batch * qmax * p.kv_heads <= attn_decode::kCombineCounters;
   attn_partials part;
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
@@ -429,7 +454,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         constexpr int G = decltype(gq)::value;
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
-        const attn_decode::partials dpart{part.acc, part.ml, fused_combine};
+        const attn_decode::partials dpart{part.acc, part.ml};
         const auto launch = [&](auto tree_tag) {
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
@@ -476,7 +501,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         HYSERVE_CUDA_CHECK_LAUNCH();
       }
     }
-    if (n_part > 1 && !fused_combine) {
+    if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
       launch_pdl(attention_combine_kernel<D>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part, qmax, part, decode_kernel,
                  tree);

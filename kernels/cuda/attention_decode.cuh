@@ -99,59 +99,7 @@ struct kv_chunk {
 struct partials {
   float* acc = nullptr;  // [batch · qmax, q_heads, n_slices, D] unnormalised Σ p·v
   float2* ml = nullptr;  // [batch · qmax, q_heads, n_slices] (running max, Σ p)
-  // kernels.attn_decode_fused_combine: the last slice block of each (row · qmax + j, kv head)
-  // to finish merges the slices (combine_slices) instead of the combine kernel; the blocks
-  // count themselves in g_slices_done.
-  bool fused_combine = false;
 };
-
-constexpr int kMaxCombineSlices = 256;  // the most slices a combine merges (decode and extend)
-constexpr int64_t kCombineCounters = int64_t{1} << 16;  // (row · qmax + j, kv head) pairs the fused combine counts
-
-namespace {
-// Slice blocks done, per (row · qmax + j, kv head): zero at module load; the last block of a
-// pair sets it back to zero, so every use leaves it zero. One decode attention call runs at a
-// time per context (the stream order of a model's layers).
-__device__ unsigned g_slices_done[kCombineCounters];
-}  // namespace
-
-// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
-// over the n_act slices with keys (ml, acc: the pair's first slice). The slices' weights
-// e^{m_s−M} are computed once, in parallel, into shared memory; then thread d sums its dimension
-// over the slices (independent loads). Loads through L2 (other blocks of the calling kernel may
-// have written the partials). Every thread of a block of kThreads calls it: the combine kernel
-// and the fused combine compute the same bits.
-template <int D>
-__device__ __forceinline__ void combine_slices(const float2* ml, const float* acc, int n_act, float* o) {
-  __shared__ float s_w[kMaxCombineSlices];
-  __shared__ float s_max[kWarps];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float mx = -INFINITY;
-  for (int s = tid; s < n_act; s += kThreads) mx = fmaxf(mx, __ldcg(ml + s).x);
-  mx = warp_max(mx);
-  if (lane == 0) s_max[warp] = mx;
-  __syncthreads();
-  mx = s_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, s_max[w]);
-
-  float den = 0.0f;
-  for (int s = tid; s < n_act; s += kThreads) {
-    const float2 v = __ldcg(ml + s);
-    const float w = v.x != -INFINITY ? expf(v.x - mx) : 0.0f;
-    s_w[s] = w;
-    den += v.y * w;
-  }
-  den = block_sum(den);  // its barriers also publish s_w
-  const float inv = 1.0f / den;
-  for (int d = tid; d < D; d += kThreads) {
-    float num = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < n_act; ++s) num += __ldcg(acc + static_cast<int64_t>(s) * D + d) * s_w[s];
-    o[d] = num * inv;
-  }
-  __syncthreads();  // s_w and s_max free for the next call
-}
 
 // Tree verify on the decode kernels (paged_attention_tree): every row has `nodes` queries, the
 // draft nodes, whose keys sit at positions prefix .. prefix + nodes − 1 in node order (prefix =
@@ -169,7 +117,6 @@ struct tree_keys {
 // token q_start) over keys [kb, ke) of its causal prefix (tree calls: of its path, see tree_keys).
 struct block_keys {
   int slice;
-  int n_act;  // slices of the query with keys (the combine's)
   int64_t kvh, bq, b, q_start, kb, ke;
   const int32_t* path;  // tree calls: the query's path (key prefix + i at prefix + path[i]); else null
   int64_t prefix;
@@ -216,8 +163,6 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
   const int64_t per_slice = keys_per_slice(len, n_slices);
   r.kb = r.slice * per_slice;
   if (r.kb >= len) return false;
-  const int64_t used = ceil_div(len, per_slice);
-  r.n_act = used < n_slices ? static_cast<int>(used) : n_slices;
   r.ke = len < r.kb + per_slice ? len : r.kb + per_slice;
   return true;
 }
@@ -225,14 +170,12 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
 // The block's last step, shared by the decode kernels: every warp has left its (m, l) per head
 // (natural-log units; m = -inf for a warp without keys) in s_ml[warp][h] and its unnormalised
 // acc in s_acc[warp][h][·], and the block has synchronised. Merges the warps and writes the
-// slice's partial (several slices) or the normalised output (one slice). With the fused
-// combine, the last of the query's n_act slice blocks to get here then merges the G heads'
-// slices (combine_slices, the combine kernel's arithmetic).
+// slice's partial (several slices) or the normalised output (one slice).
 template <int D, int G>
 __device__ __forceinline__ void merge_warps_and_store(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
                                                       const float (&s_acc)[kWarps][G][D], int n_slices,
-                                                      const partials& part, int slice, int n_act, int64_t kvh,
-                                                      int64_t bq, int64_t q_start) {
+                                                      const partials& part, int slice, int64_t kvh, int64_t bq,
+                                                      int64_t q_start) {
   for (int e = threadIdx.x; e < G * D; e += kThreads) {
     const int h = e / D, d = e % D;
     float mx = -INFINITY;
@@ -256,22 +199,6 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
     } else {
       p.out[q_start * p.out_stride + head * D + d] = a / lsum;
     }
-  }
-  if (n_slices == 1 || !part.fused_combine) return;
-  __shared__ bool s_last;
-  __threadfence();  // this block's partial before its count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* done = &g_slices_done[bq * p.kv_heads + kvh];
-    s_last = atomicAdd(done, 1u) + 1 == static_cast<unsigned>(n_act);
-    if (s_last) atomicExch(done, 0u);
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();  // the other slices' partials (counted before) are read after
-  for (int h = 0; h < G; ++h) {
-    const int64_t head = kvh * G + h, base = (bq * p.q_heads + head) * n_slices;
-    combine_slices<D>(part.ml + base, part.acc + base * D, n_act, p.out + q_start * p.out_stride + head * D);
   }
 }
 
@@ -416,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
     }
   }
   __syncthreads();
-  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, r.n_act, kvh, bq, q_start);
+  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, kvh, bq, q_start);
 }
 
 }  // namespace attn_decode

@@ -36,7 +36,6 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
     EXPECT_FALSE(k.linear_bulk);
-    EXPECT_FALSE(k.attn_decode_fused_combine);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -62,7 +61,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_gate: true
   norm_linear_wide: true
   linear_bulk: true
-  attn_decode_fused_combine: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -83,7 +81,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_bulk);
-  EXPECT_TRUE(k.attn_decode_fused_combine);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);
@@ -174,8 +171,7 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_fused_combine, attn_decode_max_slices, "
-                    "attn_decode_waves, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
                     "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, pipelined, bulk, bulk_up, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");

@@ -67,10 +67,6 @@ struct kernel_paths {
   // 1..256: at most this many split-KV slices a decode row (1: no combine kernel); 0 = default
   // (as many as attn_decode_waves asks for). The same for every row, so batch_invariant holds.
   int32_t attn_decode_max_slices = 0;
-  // true: the decode kernel's last slice block of each query merges its slices (the combine
-  // kernel's arithmetic, the same bits) instead of a combine kernel after it; false (default):
-  // the combine kernel.
-  bool attn_decode_fused_combine = false;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
