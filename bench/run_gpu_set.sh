@@ -25,12 +25,12 @@
 # decode-slices (Falcon-H1-7B's batch-1 step, or SLICES_CONFIGS', with kernels.attn_decode_max_slices
 # default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
-# fused, single, pipelined, bulk and bulk_up, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
+# fused, single and pipelined, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
-# weights in registers, with norm_linear_wide and with linear_bulk, % of copy); wide-linear (batch-1 decode with kernels.norm_linear_wide, with kernels.linear_bulk (WIDE_KEYS) and
-# with neither: WIDE_CONFIGS); ncu
+# weights in registers and with norm_linear_wide, % of copy); wide-linear (batch-1 decode with
+# kernels.norm_linear_wide (or the keys of WIDE_KEYS) and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
@@ -356,13 +356,12 @@ EOF2
     moe-decode)
       # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
       # split, fused (up to 8 tokens), single (one kernel for one token) and pipelined (the
-      # one-token up kernel's loads pipelined across tasks), bulk (the up and down weights through
-      # rings of bulk copies into shared memory) and bulk_up (the up kernel's only), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
+      # one-row up kernel's loads pipelined across tasks), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
       # it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" \
           --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
-        for kind in ${MOE_DECODE_KINDS:-split fused single pipelined bulk bulk_up}; do
+        for kind in ${MOE_DECODE_KINDS:-split fused single pipelined}; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" \
             --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
@@ -392,13 +391,12 @@ EOF2
         echo "ncu: skipped (no ncu)" | tee -a "$out/summary.txt"
       fi ;;
     wide-linear)
-      # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) and
-      # kernels.linear_bulk (one-row linear layers through a ring of bulk copies) against the
+      # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) against the
       # default, batch-1 decode, one after the other for each WIDE_CONFIGS config.
       for f in ${WIDE_CONFIGS:-qwen3-next-80b-a3b-16l granite-4.0-h-tiny nemotron-h-8b falcon-h1-7b}; do
         stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
           --decode-steps 16 --prefill-len 256
-        for key in ${WIDE_KEYS:-norm_linear_wide linear_bulk}; do
+        for key in ${WIDE_KEYS:-norm_linear_wide}; do
           stage "wide-linear-$f-$key" 90 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" true)" --batches 1 --decode-steps 16 --prefill-len 256
         done

@@ -247,12 +247,16 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
   }
 
   // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
-  // whatever the number of its routed tasks). One token takes the one-row kernel unless
-  // kernels.moe_decode: fused asks for the general one, or bulk / bulk_up for the ring of bulk
-  // copies (moe_decode_bulk.cuh) where it takes the shapes; bulk also takes the down kernel's.
+  // whatever the number of its routed tasks). One token takes the rings of bulk copies
+  // (moe_decode_bulk.cuh) where they take the shapes, else the one-row kernel, unless
+  // kernels.moe_decode: fused asks for the general one or pipelined for the one-row kernel's
+  // pipelined variant. Measured, one token, graph decode steps on the H100, GPU time: the rings
+  // against the one-row kernel and the down kernel, Qwen3-Next-80B-A3B shape (16 layers) 1.527
+  // against 1.559 ms (mean of 3), Granite-4.0-H-Tiny 2.074 against 2.117 ms (mean of 2); the
+  // up ring alone 1.548 (bench/results/2026-12-07-h100-run35.md).
   const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
-  const bool bulk = kind == kernel_paths::moe_decode_kind::kBulk || kind == kernel_paths::moe_decode_kind::kBulkUp;
-  if (one && bulk && bulk_takes(d, E)) {
+  const bool bulk = one && kind == kernel_paths::moe_decode_kind::kDefault;
+  if (bulk && bulk_takes(d, E)) {
     launch_moe_decode_up_bulk(d, E, stream);
   } else {
     auto up_kernel = !one                                                ? moe_decode_up_kernel<false>
@@ -264,7 +268,7 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
                static_cast<int>(tasks));
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
-  if (one && kind == kernel_paths::moe_decode_kind::kBulk && down_bulk_takes(d)) {
+  if (bulk && down_bulk_takes(d)) {
     launch_moe_decode_down_bulk(d, stream);
   } else {
     const size_t down_smem = decode_down_smem(p);

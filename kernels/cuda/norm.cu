@@ -517,16 +517,6 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   }
 }
 
-}  // namespace
-}  // namespace cuda_detail
-}  // namespace hyserve::kernels
-
-#include "linear_bulk.cuh"
-
-namespace hyserve::kernels {
-namespace cuda_detail {
-namespace {
-
 bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
   const bool enabled = current_paths().norm_linear;
   // The fused kernel reproduces the FMA skinny path's arithmetic; with the MMA path the norm
@@ -561,10 +551,6 @@ template <bool kSwiglu>
 void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
   const int32_t asked = current_paths().norm_linear_blocks_per_sm;  // validated with the config: 0 or 1..8
   const int64_t per_sm = asked >= 1 && asked <= 8 ? asked : 2;
-  if (linear_bulk_takes(p)) {
-    launch_rmsnorm_linear_bulk<kSwiglu>(p, stream);
-    return;
-  }
   const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{kLinRows});
   // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
   // to amortise, so one task per warp (the skinny kernel's grid).

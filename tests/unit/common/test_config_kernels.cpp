@@ -35,7 +35,6 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
-    EXPECT_FALSE(k.linear_bulk);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -60,7 +59,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
   norm_linear_wide: true
-  linear_bulk: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -80,7 +78,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
-  EXPECT_TRUE(k.linear_bulk);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);
@@ -173,7 +170,7 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
-                    "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, pipelined, bulk, bulk_up, split)");
+                    "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, pipelined, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
   EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
 }

@@ -7,10 +7,10 @@
 // ties (logits on an integer grid) and experts that get no token. The values against the CPU op
 // are CudaMoe.*'s (test_cuda_moe.cpp), whose decode cases run the fused path by default, and,
 // here, the CPU op's (with the shared expert: ungated and gated, every token count 1..8). One
-// token also runs the default (its one-row up kernel), pipelined (that kernel with each warp's
-// loads pipelined across its tasks), bulk (the up kernel's weights through a ring of bulk copies
-// into shared memory) and single (up and down in one kernel, a grid barrier between them)
-// against split.
+// token also runs the default (the up and down weights through rings of bulk copies into shared
+// memory; past the rings' hidden width, the one-row up kernel), pipelined (the one-row kernel
+// with each warp's loads pipelined across its tasks) and single (up and down in one kernel, a
+// grid barrier between them) against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -124,20 +124,14 @@ void check_decode(const decode_case& c, uint32_t seed) {
   cuda_test::expect_equal(fused.ids, split.ids, what + " ids");
   EXPECT_EQ(bit_differences(fused.weights, split.weights), 0u) << what << " weights";
   EXPECT_EQ(bit_differences(fused.out, split.out), 0u) << what << " out";
-  if (c.T == 1) {  // the default's one-row up kernel (fused: the general one)
+  if (c.T == 1) {  // the default's rings of bulk copies (fused: the general up kernel)
     const decode_result one = run_path(p, kernel_paths::moe_decode_kind::kDefault, out0);
-    cuda_test::expect_equal(one.ids, split.ids, what + " one-row ids");
-    EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " one-row weights";
-    EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " one-row out";
+    cuda_test::expect_equal(one.ids, split.ids, what + " default ids");
+    EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " default weights";
+    EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " default out";
     const decode_result pipelined = run_path(p, kernel_paths::moe_decode_kind::kPipelined, out0);
     cuda_test::expect_equal(pipelined.ids, split.ids, what + " pipelined ids");
     EXPECT_EQ(bit_differences(pipelined.out, split.out), 0u) << what << " pipelined out";
-    const decode_result bulk = run_path(p, kernel_paths::moe_decode_kind::kBulk, out0);
-    cuda_test::expect_equal(bulk.ids, split.ids, what + " bulk ids");
-    EXPECT_EQ(bit_differences(bulk.weights, split.weights), 0u) << what << " bulk weights";
-    EXPECT_EQ(bit_differences(bulk.out, split.out), 0u) << what << " bulk out";
-    const decode_result bulk_up = run_path(p, kernel_paths::moe_decode_kind::kBulkUp, out0);  // the ring's up only
-    EXPECT_EQ(bit_differences(bulk_up.out, split.out), 0u) << what << " bulk_up out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";
@@ -199,6 +193,8 @@ TEST(CudaMoe, FusedDecodeIsTheSplitPathBitForBit) {
   // one (two rounds).
   check_decode({1, 1024, 64, 512, 10, moe_scoring::kSoftmax, true, false, 512, true}, seed += 5);
   check_decode({1, 4096, 64, 72, 10, moe_scoring::kSigmoid, true, true, 256, false}, seed += 5);
+  // A hidden width past the up ring's (8192): the default's one-row up kernel, the down ring.
+  check_decode({1, 8200, 64, 8, 2, moe_scoring::kSoftmax, true, false, 64, true}, seed += 5);
   // Over 512 experts: the router's shared-memory path (moe_route.cuh).
   check_decode({1, 128, 64, 1000, 10}, seed += 5);
   check_decode({3, 128, 64, 1000, 8, moe_scoring::kSigmoid, false}, seed += 5);

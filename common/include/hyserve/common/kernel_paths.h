@@ -24,17 +24,16 @@ struct kernel_paths {
   // 32 MB workspace; layouts it does not take stay on the kernels).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
-  // default (fused for one token, its up kernel specialised to one activation row, and for up to
-  // 4 tokens of a model with 256 experts or more; split above) | fused (up to 8 tokens, the
-  // general up kernel: routing in the up-projection kernel, the combine and the shared expert in
-  // the down projection's: two kernels) | single (one token: up and down in one kernel, a grid
-  // barrier between them; more tokens as fused) | pipelined (one token: the one-row up kernel
-  // with each warp's loads software-pipelined across its tasks; more tokens as fused) | bulk (one
-  // token: the up and down kernels' weights streamed into shared memory by bulk copies through
-  // a ring, one block an SM; more tokens as fused) | bulk_up (bulk's up kernel, the fused down
-  // kernel) | split (prepare, two GEMVs, combine, and the shared expert's own kernels). The
-  // same bits every way.
-  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kBulk, kBulkUp, kSplit };
+  // default (fused for one token, with its up and down weights streamed into shared memory by
+  // bulk copies through rings, one block an SM (moe_decode_bulk.cuh; the one-row up kernel
+  // where they do not take the shapes), and for up to 4 tokens of a model with 256 experts or
+  // more; split above) | fused (up to 8 tokens, the general up kernel: routing in the
+  // up-projection kernel, the combine and the shared expert in the down projection's: two
+  // kernels) | single (one token: up and down in one kernel, a grid barrier between them; more
+  // tokens as fused) | pipelined (one token: the one-row up kernel with each warp's loads
+  // software-pipelined across its tasks; more tokens as fused) | split (prepare, two GEMVs,
+  // combine, and the shared expert's own kernels). The same bits every way.
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -82,13 +81,9 @@ struct kernel_paths {
   // true: rmsnorm_linear without a norm at one row of x (a mixer's out_proj, an MLP's down) and
   // k <= 4096 loads each warp's whole task before the programmatic-launch wait, when the grid
   // is one wave at one block an SM (same bits). false (default): one step of 8 chunks a lane.
-  // Not yet measured.
+  // H100 (bench/results/2026-12-07-h100-run35.md): Qwen3-Next's out_proj alone 66.6% of copy
+  // bandwidth against 59.9%; a Falcon-H1-7B step within noise; a Qwen3-Next step not measured.
   bool norm_linear_wide = false;
-  // true: rmsnorm_linear (up to 4 rows of x) streams its weights into shared memory by bulk copies
-  // through a ring of 4 stages of 32 KB, one block an SM, the first stages issued before the
-  // programmatic-launch wait (same bits: each output's chunk order and reduction are the register
-  // kernel's). false (default): each warp loads its rows into registers. Not yet measured.
-  bool linear_bulk = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
