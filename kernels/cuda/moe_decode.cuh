@@ -13,8 +13,10 @@
 //         Block 0 also writes the routing (each pair's expert, weight and row) for the down
 //         kernel and the caller's topk outputs. The tasks after the routed ones take 8 outputs
 //         of the shared expert (silu(x_t · gateᵀ) ⊙ (x_t · upᵀ) in f32, x unrounded, every
-//         token) and, gated, one more: the gate's x_t · gate_wᵀ. One token takes a variant with
-//         one activation row (a warp's whole row pair in flight). The shared expert's rows are
+//         token) and, gated, one more: the gate's x_t · gate_wᵀ. One token takes the ring of bulk
+//         copies (moe_decode_bulk.cuh, the same tasks and arithmetic), or where that does not
+//         take the shapes a variant with one activation row (a warp's whole row pair in flight);
+//         its down projection likewise takes the bulk ring. The shared expert's rows are
 //         fetched into L2 before the wait for the router. (Fetching the active experts' down
 //         rows into L2 at the end, for the down kernel, measured 1% slower a step:
 //         bench/results/2026-12-06-h100-run34.md.)
