@@ -29,7 +29,7 @@
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
-# weights in registers and with norm_linear_wide, % of copy); wide-linear (batch-1 decode with
+# weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
 # kernels.norm_linear_wide (or the keys of WIDE_KEYS) and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance

@@ -21,8 +21,8 @@
 //                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
 //                                 determinism fast and batch_invariant),
 //                                 norm_linear (the fused linear kernel at m = 1..4 on the 9B
-//                                 shapes and Qwen3-Next's out_proj: registers and
-//                                 norm_linear_wide)
+//                                 shapes and Qwen3-Next's out_proj: registers,
+//                                 norm_linear_wide, norm_linear_rows 4)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -461,23 +461,26 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
 
 // The fused linear kernel (the rmsnorm_linear op: bf16 weights, m = 1..4 rows, the decode path's
 // linear layers with their input norm) on the 9B shapes and Qwen3-Next's mixer out_proj (2048 ×
-// 4096), its weights loaded by the warps into registers (the default) and with
-// kernels.norm_linear_wide (no norm, k <= 4096). The same bits either way.
+// 4096), its weights loaded by the warps into registers (the default: two weight rows a warp's
+// task), with kernels.norm_linear_wide (no norm, k <= 4096) and with kernels.norm_linear_rows: 4
+// (four rows a task; not swiglu). The same bits every way.
 void bench_norm_linear(cudaStream_t stream, std::vector<row>& rows) {
   const linear_layer layers[] = {{"in_proj+norm", 16768, 4096, false},
                                  {"out_proj", 4096, 8192, false},
                                  {"gate_up+norm", 14336, 4096, true},
                                  {"down", 4096, 14336, false},
                                  {"qwen3next_out_proj", 2048, 4096, false}};
-  static const char* const kModes[] = {" registers", " wide"};
+  static const char* const kModes[] = {" registers", " wide", " rows4"};
   for (const linear_layer& layer : layers) {
     const linear_bench lb(layer, 4, 110);
     const bool norm = std::string(layer.name).find("+norm") != std::string::npos;
     const auto g = random_device(static_cast<size_t>(layer.k), 9, 0.5f, 1.5f);
-    for (const int mode : {0, 1}) {
+    for (const int mode : {0, 1, 2}) {
       if (mode == 1 && (norm || layer.swiglu || layer.k > 4096)) continue;  // what norm_linear_wide takes
+      if (mode == 2 && layer.swiglu) continue;                               // two rows a task with swiglu
       kernel_paths paths;
       paths.norm_linear_wide = mode == 1;
+      paths.norm_linear_rows = mode == 2 ? 4 : 0;
       const paths_scope scope(paths);
       for (int64_t m = 1; m <= 4; ++m) {
         const double us = lb.time_us_fused(stream, m, norm ? g.data() : nullptr);

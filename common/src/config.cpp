@@ -230,7 +230,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "gdn_cluster", "gdn_decode",
                 "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "moe_decode", "norm_linear",
-                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_wide", "pdl", "skinny",
+                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
@@ -278,6 +278,10 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("ssd_scan", k.ssd_scan,
         {"default", "sequential", "parallel", "parallel_single", "parallel_fast", "parallel_pair", "parallel_quad",
          "parallel_y", "parallel_quad_y", "parallel_oct_y"});
+  if_present(node, "norm_linear_rows", [&](const YAML::Node& n) {
+    static constexpr int32_t kRows[] = {0, 2, 4};
+    k.norm_linear_rows = kRows[r.get_enum(n, path("norm_linear_rows"), "row count", {"default", "2", "4"})];
+  });
   if_present(node, "ssm_update_unroll", [&](const YAML::Node& n) {
     static constexpr int32_t kUnroll[] = {0, 4, 8};
     k.ssm_update_unroll = kUnroll[r.get_enum(n, path("ssm_update_unroll"), "unroll", {"default", "4", "8"})];

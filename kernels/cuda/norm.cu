@@ -303,6 +303,11 @@ inline constexpr int kLinUnroll = M <= 2 ? 8 : 4;
 // programmatic-launch wait, in one step (about 170 registers). The same fmaf order per row.
 constexpr int kLinWideUnroll = 16;
 constexpr int kLinRows = 2;
+// kernels.norm_linear_rows: 4 weight rows a task without swiglu (each chunk of x loaded once for
+// four rows instead of two: half the activation loads per weight byte at 2-4 rows of x), the
+// unroll halved so that a warp has as many bytes in flight. Each row's fmaf order is the same.
+template <int M, int R>
+inline constexpr int kLinUnrollRows = kLinUnroll<M> * kLinRows / R;
 constexpr int64_t kLinMaxM = kNormLinearFusedMaxRows;
 constexpr int64_t kLinMaxShared = 46 * 1024;  // dynamic; under the 48 KB default with block_sum's scratch
 
@@ -419,11 +424,12 @@ __device__ __forceinline__ void linear_epilogue(const rmsnorm_linear_params& p, 
   }
 }
 
-template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>>
+template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>, int kRows = kLinRows>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
+  static_assert(!kSwiglu || kRows == 2, "swiglu: a task is one output, its gate and up rows");
   extern __shared__ float4 lin_shared[];
   float* xs = reinterpret_cast<float*>(lin_shared);  // [M, k] normed rows (kNorm)
-  constexpr int kOutRows = kSwiglu ? 1 : kLinRows;
+  constexpr int kOutRows = kSwiglu ? 1 : kRows;
   const int lane = threadIdx.x & 31;
   const int64_t n_warps = static_cast<int64_t>(gridDim.x) * kLinWarps;
   const auto* w0 = static_cast<const __nv_bfloat16*>(p.w);
@@ -432,12 +438,12 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
   const int64_t chunks = k / 8;
 
   // The weight rows of a task, and one step of U chunks per row from chunk c0.
-  const uint4* brow[kLinRows];
-  uint4 wv[U][kLinRows];
+  const uint4* brow[kRows];
+  uint4 wv[U][kRows];
   auto task_rows = [&](int64_t t) {
     const int64_t row0 = t * kOutRows;
 #pragma unroll
-    for (int r = 0; r < kLinRows; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       if constexpr (kSwiglu) {
         brow[r] = reinterpret_cast<const uint4*>((r == 0 ? w0 : w1) + row0 * p.w_stride);
       } else {
@@ -451,7 +457,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
 #pragma unroll
-      for (int r = 0; r < kLinRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(brow[r] + c) : make_uint4(0, 0, 0, 0);
     }
   };
 
@@ -469,22 +475,22 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
 
   for (; t < tasks; t += n_warps) {
     const int64_t row0 = t * kOutRows;
-    float acc[kLinRows][M] = {};
+    float acc[kRows][M] = {};
     for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
       if (c0 != lane) load_step(c0);  // the task's first step is already loaded
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + 32 * u;
         if (c >= chunks) break;
-        float wf[kLinRows][8];
+        float wf[kRows][8];
 #pragma unroll
-        for (int r = 0; r < kLinRows; ++r) bf16x8_to_float(wv[u][r], wf[r]);
+        for (int r = 0; r < kRows; ++r) bf16x8_to_float(wv[u][r], wf[r]);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           float x[8];
           load_x8<kNorm>(a + m * lda + c * 8, x);
 #pragma unroll
-          for (int r = 0; r < kLinRows; ++r)
+          for (int r = 0; r < kRows; ++r)
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(x[e], wf[r][e], acc[r][m]);
         }
@@ -496,7 +502,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
       load_step(lane);
     }
 #pragma unroll
-    for (int r = 0; r < kLinRows; ++r)
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -508,7 +514,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
         p.out[m * p.out_stride + row0] = silu(acc[0][m]) * acc[1][m];  // the swiglu op's formula
       } else {
 #pragma unroll
-        for (int r = 0; r < kLinRows; ++r) {
+        for (int r = 0; r < kRows; ++r) {
           if (row0 + r >= p.n) break;
           linear_epilogue(p, p.out + m * p.out_stride + row0 + r, acc[r][m]);
         }
@@ -534,7 +540,21 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
 }
 
 template <int M, bool kSwiglu>
-void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks, cudaStream_t stream) {
+void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks, int rows,
+                             cudaStream_t stream) {
+  if (rows == 4) {
+    if constexpr (!kSwiglu) {
+      constexpr int U = kLinUnrollRows<M, 4>;
+      if (p.norm_weight != nullptr) {
+        const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
+        launch_pdl(rmsnorm_linear_kernel<M, false, true, U, 4>, dim3(blocks), dim3(kNormThreads), smem, stream, p,
+                   tasks);
+      } else {
+        launch_pdl(rmsnorm_linear_kernel<M, false, false, U, 4>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
+      }
+      return;
+    }
+  }
   if (p.norm_weight != nullptr) {
     const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
     launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
@@ -551,17 +571,18 @@ template <bool kSwiglu>
 void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
   const int32_t asked = current_paths().norm_linear_blocks_per_sm;  // validated with the config: 0 or 1..8
   const int64_t per_sm = asked >= 1 && asked <= 8 ? asked : 2;
-  const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{kLinRows});
+  const int rows = !kSwiglu && current_paths().norm_linear_rows == 4 ? 4 : kLinRows;  // weight rows a task
+  const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{rows});
   // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
   // to amortise, so one task per warp (the skinny kernel's grid).
   const int64_t max_warps = int64_t{sm_count()} * per_sm * kLinWarps;
   const int64_t per_warp = p.norm_weight != nullptr ? ceil_div(tasks, max_warps) : 1;
   const auto blocks = static_cast<unsigned>(ceil_div(tasks, per_warp * kLinWarps));
   switch (p.m) {
-    case 1: launch_rmsnorm_linear_m<1, kSwiglu>(p, tasks, blocks, stream); break;
-    case 2: launch_rmsnorm_linear_m<2, kSwiglu>(p, tasks, blocks, stream); break;
-    case 3: launch_rmsnorm_linear_m<3, kSwiglu>(p, tasks, blocks, stream); break;
-    default: launch_rmsnorm_linear_m<4, kSwiglu>(p, tasks, blocks, stream); break;
+    case 1: launch_rmsnorm_linear_m<1, kSwiglu>(p, tasks, blocks, rows, stream); break;
+    case 2: launch_rmsnorm_linear_m<2, kSwiglu>(p, tasks, blocks, rows, stream); break;
+    case 3: launch_rmsnorm_linear_m<3, kSwiglu>(p, tasks, blocks, rows, stream); break;
+    default: launch_rmsnorm_linear_m<4, kSwiglu>(p, tasks, blocks, rows, stream); break;
   }
 }
 

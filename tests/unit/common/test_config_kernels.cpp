@@ -41,6 +41,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.ssd_max_tokens, 0);
     EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kDefault);
     EXPECT_EQ(k.ssm_update_unroll, 0);
+    EXPECT_EQ(k.norm_linear_rows, 0);
     EXPECT_FALSE(k.batch_invariant);
   }
 }
@@ -65,6 +66,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   ssd_max_tokens: 65536
   ssd_scan: parallel_oct_y
   ssm_update_unroll: 8
+  norm_linear_rows: 4
 )").kernels;
   EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
   EXPECT_EQ(k.attn_decode_waves, 2);
@@ -84,6 +86,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.ssd_max_tokens, 65536);
   EXPECT_EQ(k.ssd_scan, kp::ssd_scan_kind::kParallelOctY);
   EXPECT_EQ(k.ssm_update_unroll, 8);
+  EXPECT_EQ(k.norm_linear_rows, 4);
 }
 
 // Each enumerated value maps to its own variant, and `default` to the automatic choice.
@@ -129,6 +132,9 @@ TEST(ConfigKernels, EveryNamedValueParses) {
     EXPECT_EQ(with_kernels(std::string("{ssd_scan: ") + name + "}").kernels.ssd_scan, kind) << name;
   EXPECT_EQ(with_kernels("{ssm_update_unroll: 4}").kernels.ssm_update_unroll, 4);
   EXPECT_EQ(with_kernels("{ssm_update_unroll: default}").kernels.ssm_update_unroll, 0);
+  EXPECT_EQ(with_kernels("{norm_linear_rows: 2}").kernels.norm_linear_rows, 2);
+  EXPECT_ERROR_WITH(with_kernels("{norm_linear_rows: 3}"), config_error,
+                    "kernels.norm_linear_rows: unknown row count '3' (known: default, 2, 4)");
 }
 
 TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {

@@ -9,7 +9,8 @@
 // within 1e-6 + 1e-6·|want|. Covers the norm on and off, beta 0/1
 // (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
 // (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4); every
-// case again with kernels.norm_linear_wide on. Skips without a device.
+// case again with kernels.norm_linear_wide on, and with kernels.norm_linear_rows: 4. Skips without
+// a device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -203,6 +204,13 @@ TEST_P(NormLinearCuda, MatchesCpuAndUnfusedCuda) {
 TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   check_case_with(GetParam(), [](kernel_paths& k) { k.norm_linear_wide = true; });
+}
+
+// kernels.norm_linear_rows: 4 weight rows a task (each chunk of x loaded once for four rows):
+// the same checks, the same bits as the unfused ops (swiglu cases keep their two rows a task).
+TEST_P(NormLinearCuda, FourRowsATaskMatchCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  check_case_with(GetParam(), [](kernel_paths& k) { k.norm_linear_rows = 4; });
 }
 
 INSTANTIATE_TEST_SUITE_P(

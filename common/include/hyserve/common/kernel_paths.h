@@ -89,6 +89,10 @@ struct kernel_paths {
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
   int32_t ssd_max_tokens = 0;  // tokens the parallel_single SSD scan workspace is sized for; 0 = 16384
   ssd_scan_kind ssd_scan = ssd_scan_kind::kDefault;
+  // 2 | 4: weight rows a task of the fused linear kernel (rmsnorm_linear, 1-4 rows of x, without
+  // swiglu); 0 = default (2). 4 loads each chunk of x once for four weight rows (half the
+  // activation loads per weight byte); the same bits. Not yet measured.
+  int32_t norm_linear_rows = 0;
   int32_t ssm_update_unroll = 0;  // 4 | 8: rows unrolled by the f32-state SSM update; 0 = default (4)
 };
 
