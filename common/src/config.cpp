@@ -264,7 +264,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   integer("gdn_max_tokens", k.gdn_max_tokens, 1, 1 << 30);
   named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
   named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt"});
-  named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "split"});
+  named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "overlap", "split"});
   if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
   if_present(node, "norm_linear_gate",

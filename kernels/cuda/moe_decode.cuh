@@ -257,7 +257,8 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
   // against 1.559 ms (mean of 3), Granite-4.0-H-Tiny 2.074 against 2.117 ms (mean of 2); the
   // up ring alone 1.548 (bench/results/2026-12-07-h100-run35.md).
   const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
-  const bool bulk = one && kind == kernel_paths::moe_decode_kind::kDefault;
+  const bool early = kind == kernel_paths::moe_decode_kind::kOverlap;  // the down ring routes itself early
+  const bool bulk = one && (kind == kernel_paths::moe_decode_kind::kDefault || early);
   if (bulk && bulk_takes(d, E)) {
     launch_moe_decode_up_bulk(d, E, stream);
   } else {
@@ -270,8 +271,8 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
                static_cast<int>(tasks));
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
-  if (bulk && down_bulk_takes(d)) {
-    launch_moe_decode_down_bulk(d, stream);
+  if (bulk && down_bulk_takes(d, early)) {
+    launch_moe_decode_down_bulk(d, early, stream);
   } else {
     const size_t down_smem = decode_down_smem(p);
     with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });

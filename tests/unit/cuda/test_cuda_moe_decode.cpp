@@ -10,7 +10,8 @@
 // token also runs the default (the up and down weights through rings of bulk copies into shared
 // memory; past the rings' hidden width, the one-row up kernel), pipelined (the one-row kernel
 // with each warp's loads pipelined across its tasks) and single (up and down in one kernel, a
-// grid barrier between them) against split.
+// grid barrier between them) and overlap (the down ring routing the token itself before its
+// wait) against split.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -132,6 +133,9 @@ void check_decode(const decode_case& c, uint32_t seed) {
     const decode_result pipelined = run_path(p, kernel_paths::moe_decode_kind::kPipelined, out0);
     cuda_test::expect_equal(pipelined.ids, split.ids, what + " pipelined ids");
     EXPECT_EQ(bit_differences(pipelined.out, split.out), 0u) << what << " pipelined out";
+    const decode_result overlap = run_path(p, kernel_paths::moe_decode_kind::kOverlap, out0);  // the down ring routes itself
+    cuda_test::expect_equal(overlap.ids, split.ids, what + " overlap ids");
+    EXPECT_EQ(bit_differences(overlap.out, split.out), 0u) << what << " overlap out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";

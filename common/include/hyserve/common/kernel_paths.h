@@ -31,9 +31,11 @@ struct kernel_paths {
   // up-projection kernel, the combine and the shared expert in the down projection's: two
   // kernels) | single (one token: up and down in one kernel, a grid barrier between them; more
   // tokens as fused) | pipelined (one token: the one-row up kernel with each warp's loads
-  // software-pipelined across its tasks; more tokens as fused) | split (prepare, two GEMVs,
-  // combine, and the shared expert's own kernels). The same bits every way.
-  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kSplit };
+  // software-pipelined across its tasks; more tokens as fused) | overlap (one token: the
+  // default's rings, the down kernel routing the token itself before its wait and streaming its
+  // weights beside the up kernel; more tokens as fused; not yet measured) | split (prepare, two
+  // GEMVs, combine, and the shared expert's own kernels). The same bits every way.
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kOverlap, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
