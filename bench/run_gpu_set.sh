@@ -8,8 +8,9 @@
 # attention, every dtype) gdn (with bench/gdn_anchor.py: flash-linear-attention, when
 # installed) skinny model spec-pred spec-rand spec-draft; also gpu-tests (the
 # GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
-# speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test), gpu-ops (cuda_ops_test alone,
-# GPU_TEST_FILTER), model-mma / spec-pred-mma
+# speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test: a gtest filter, where
+# parameterised suites' names start with their instantiation, e.g. '*PagedAttentionCuda*'),
+# gpu-ops (cuda_ops_test alone, GPU_TEST_FILTER), model-mma / spec-pred-mma
 # (model and spec-pred with the tensor-core skinny GEMM: a copy of the config with
 # kernels: {skinny: mma} added, under OUT_DIR), and serve-cuda
 # (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
