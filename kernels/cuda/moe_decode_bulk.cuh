@@ -1,5 +1,5 @@
 #pragma once
-// kernels.moe_decode: bulk (one token): the up projection's weights streamed into shared memory
+// kernels.moe_decode default (and overlap) at one token: the up projection's weights streamed into shared memory
 // by the SM's bulk copy engine (cp.async.bulk) through a ring of kBulkStages stages, one block an
 // SM, where the one-row up kernel (moe_decode.cuh) has each warp load its own row pair into
 // registers and multiply it before its next loads go out; and the down projection the same way
@@ -191,8 +191,7 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
-
-// ---- The down kernel through a ring (kernels.moe_decode: bulk, one token) ------------------
+// ---- The down kernel through a ring (the default and overlap at one token) ------------------
 // Block b takes the column tiles [C·b / G, C·(b + 1) / G) of 8 output columns (C tiles, G
 // blocks), a warp a column. Its stages, each one bulk copy of a tile's 8 rows of one expert
 // (contiguous: 8 · width · 2 bytes): first the shared expert's rows of each of its tiles (they
@@ -219,6 +218,11 @@ struct down_bulk_plan {
 };
 
 inline int64_t down_bulk_width(const decode_args& d) { return std::max(d.inter, d.s_inter); }
+
+// The grid: a block an SM, at most one a column tile.
+inline int down_bulk_blocks(const decode_args& d) {
+  return static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
+}
 
 inline down_bulk_plan down_bulk_plan_for(const decode_args& d, int blocks, bool early) {
   down_bulk_plan p;
@@ -405,12 +409,11 @@ inline bool down_bulk_takes(const decode_args& d, bool early) {
   if (d.inter % 8 != 0 || d.s_inter % 8 != 0 || 16 * down_bulk_width(d) > 32 * 1024 || !aligned16(d.down) ||
       (d.s_inter > 0 && !aligned16(d.s_down)))
     return false;
-  const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
-  return down_bulk_smem(d, down_bulk_plan_for(d, blocks, early), early) <= 200 * 1024;
+  return down_bulk_smem(d, down_bulk_plan_for(d, down_bulk_blocks(d), early), early) <= 200 * 1024;
 }
 
 void launch_moe_decode_down_bulk(const decode_args& d, bool early, cudaStream_t stream) {
-  const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
+  const int blocks = down_bulk_blocks(d);
   const down_bulk_plan p = down_bulk_plan_for(d, blocks, early);
   const size_t smem = down_bulk_smem(d, p, early);
   auto kernel = early ? moe_decode_down_bulk_kernel<true> : moe_decode_down_bulk_kernel<false>;

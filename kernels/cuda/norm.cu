@@ -539,32 +539,29 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
          (p.up_w == nullptr || aligned16(p.up_w));
 }
 
+// One launch of the fused kernel's variant: the norm's staged rows as dynamic shared memory.
+template <int M, bool kSwiglu, int U, int R>
+void launch_rmsnorm_linear_variant(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks,
+                                   cudaStream_t stream) {
+  if (p.norm_weight != nullptr) {
+    const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
+    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true, U, R>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
+  } else {
+    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, false, U, R>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
+  }
+}
+
 template <int M, bool kSwiglu>
 void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks, int rows,
                              cudaStream_t stream) {
-  if (rows == 4) {
-    if constexpr (!kSwiglu) {
-      constexpr int U = kLinUnrollRows<M, 4>;
-      if (p.norm_weight != nullptr) {
-        const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
-        launch_pdl(rmsnorm_linear_kernel<M, false, true, U, 4>, dim3(blocks), dim3(kNormThreads), smem, stream, p,
-                   tasks);
-      } else {
-        launch_pdl(rmsnorm_linear_kernel<M, false, false, U, 4>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
-      }
-      return;
-    }
+  if constexpr (!kSwiglu) {
+    if (rows == 4) return launch_rmsnorm_linear_variant<M, false, kLinUnrollRows<M, 4>, 4>(p, tasks, blocks, stream);
+    if (M == 1 && p.norm_weight == nullptr && current_paths().norm_linear_wide && p.k / 8 <= 32 * kLinWideUnroll &&
+        blocks <= static_cast<unsigned>(sm_count()))
+      return launch_pdl(rmsnorm_linear_kernel<1, false, false, kLinWideUnroll>, dim3(blocks), dim3(kNormThreads), 0,
+                        stream, p, tasks);
   }
-  if (p.norm_weight != nullptr) {
-    const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
-    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
-  } else if (M == 1 && !kSwiglu && current_paths().norm_linear_wide && p.k / 8 <= 32 * kLinWideUnroll &&
-             blocks <= static_cast<unsigned>(sm_count())) {
-    launch_pdl(rmsnorm_linear_kernel<1, false, false, kLinWideUnroll>, dim3(blocks), dim3(kNormThreads), 0, stream, p,
-               tasks);
-  } else {
-    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, false>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
-  }
+  launch_rmsnorm_linear_variant<M, kSwiglu, kLinUnroll<M>, kLinRows>(p, tasks, blocks, stream);
 }
 
 template <bool kSwiglu>
