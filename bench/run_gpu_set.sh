@@ -31,7 +31,7 @@
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
-# kernels.norm_linear_wide (or the keys of WIDE_KEYS) and without: WIDE_CONFIGS); ncu
+# kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
@@ -398,9 +398,11 @@ EOF2
       for f in ${WIDE_CONFIGS:-qwen3-next-80b-a3b-16l granite-4.0-h-tiny nemotron-h-8b falcon-h1-7b}; do
         stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
           --decode-steps 16 --prefill-len 256
-        for key in ${WIDE_KEYS:-norm_linear_wide}; do
-          stage "wide-linear-$f-$key" 90 "$bin/hyserve-bench-model" \
-            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" true)" --batches 1 --decode-steps 16 --prefill-len 256
+        for key in ${WIDE_KEYS:-norm_linear_wide}; do  # KEY (true) or KEY=VALUE
+          val=true
+          case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
+          stage "wide-linear-$f-$key-$val" 90 "$bin/hyserve-bench-model" \
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" "$val")" --batches 1 --decode-steps 16 --prefill-len 256
         done
       done ;;
     families)
