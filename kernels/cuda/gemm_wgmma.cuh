@@ -1,0 +1,166 @@
+#pragma once
+// A linear layer on Hopper's warpgroup MMAs, weights streamed by the tensor copy engine:
+//   y[m × n] (f32) = x[m × k] · w[n × k]ᵀ, x and w bf16, row-major (k contiguous), f32 accumulate.
+// The weight is the MMA's A operand (64 output features a warpgroup), the activations its B
+// (BN rows: 8 … 256), so a call of few rows streams the weight at the width of its rows, not of a
+// 64-row tile. A block: one producer warp (of a warpgroup that gives its registers to the
+// others) issues, for each 64-wide k block, two tensor copies into a ring of S stages — 128
+// weight rows and BN activation rows, each a K-major tile in the 128-byte swizzle — and two
+// consumer warpgroups each multiply their 64 weight rows by the activation tile (four k16 MMAs a
+// stage), releasing a stage once the MMAs after it are issued. Split-K: block (i, s, j) takes
+// weight rows 128·i…, k blocks [s·kbs, (s + 1)·kbs) and activation rows BN·j…, and writes its
+// partial sums to partials[s] (one split: to y); wgmma_reduce_splits adds the splits in
+// ascending order. Every output's sum is over its k16 steps in ascending order within a split.
+// Rows of x or w beyond m or n are read as zeros by the copy engine and not written.
+// The tensor maps are built once per (pointer, shape) on the host: wgmma_tensor_map.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "async_copy.cuh"
+#include "wgmma_ops.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+
+constexpr int kWgmmaBK = 64;       // k a stage: one 128-byte swizzled row
+constexpr int kWgmmaBW = 128;      // weight rows a block: two consumer warpgroups of 64
+constexpr int kWgmmaThreads = 384;  // the producer warpgroup and two consumer warpgroups
+constexpr int kWgmmaSmemBudget = 200 * 1024;
+
+// Stages of the ring for BN activation rows a block (a stage: 128 weight rows and BN activation
+// rows, 128 bytes each).
+__host__ __device__ constexpr int wgmma_stage_bytes(int bn) { return (kWgmmaBW + bn) * 128; }
+__host__ __device__ constexpr int wgmma_stages(int bn) {
+  return kWgmmaSmemBudget / wgmma_stage_bytes(bn) < 8 ? kWgmmaSmemBudget / wgmma_stage_bytes(bn) : 8;
+}
+__host__ __device__ constexpr int wgmma_smem(int bn) { return wgmma_stages(bn) * wgmma_stage_bytes(bn) + 1024; }
+
+struct wgmma_linear_args {
+  int64_t m = 0, n = 0, k = 0;
+  float* y = nullptr;       // [m][ldy] (one split) or partials [splits][m][n]
+  int64_t ldy = 0;
+  int kb_per_split = 0;     // 64-wide k blocks a split
+};
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+template <int BN>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    wgmma_linear_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
+                        const wgmma_linear_args a) {
+  constexpr int S = wgmma_stages(BN), W_BYTES = kWgmmaBW * 128, STAGE = wgmma_stage_bytes(BN);
+  extern __shared__ uint8_t wgmma_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wgmma_smem_raw) + 1023) & ~uintptr_t{1023});
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+  const int n0 = static_cast<int>(blockIdx.x) * kWgmmaBW, m0 = static_cast<int>(blockIdx.z) * BN;
+  const int kbs = static_cast<int>((a.k + kWgmmaBK - 1) / kWgmmaBK);
+  const int kb0 = static_cast<int>(blockIdx.y) * a.kb_per_split;
+  const int nk = min(kbs, kb0 + a.kb_per_split) - kb0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (t == 0) {
+      for (int i = 0; i < nk; ++i) {
+        const int s = i % S;
+        if (i >= S) mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
+        uint8_t* dst = smem + s * STAGE;
+        mbar_arrive_expect_tx(&full[s], STAGE);
+        tma_load_2d(dst, &tw, (kb0 + i) * kWgmmaBK, n0, &full[s]);
+        tma_load_2d(dst + W_BYTES, &tx, (kb0 + i) * kWgmmaBK, m0, &full[s]);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg - 1;  // weight rows [64c, 64c + 64) of the block's 128
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  for (int i = 0; i < nk; ++i) {
+    const int s = i % S;
+    mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
+    const uint8_t* ws = smem + s * STAGE + c * 64 * 128;
+    const uint8_t* xs = smem + s * STAGE + W_BYTES;
+    wgmma_fence_regs(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
+      wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // stage i - 1's MMAs are done: release it
+    wgmma_fence_regs(d);
+    if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(d);
+
+  // d[4j + e]: feature row r (+8 for e >= 2) of the warpgroup's 64, activation row 8j + 2·(lane % 4) (+1 for odd e).
+  const int warp = t / 32, lane = t % 32;
+  const int f = n0 + 64 * c + 16 * warp + lane / 4;
+  float* y = a.y + static_cast<int64_t>(blockIdx.y) * a.m * a.ldy;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = m0 + 8 * j + 2 * (lane % 4) + (e & 1), col = f + (e >= 2 ? 8 : 0);
+      if (row < a.m && col < a.n) y[static_cast<int64_t>(row) * a.ldy + col] = d[4 * j + e];
+    }
+  }
+}
+
+// y[r][c] = Σ_s partials[s][r][c], s ascending (float4 columns: n % 4 == 0).
+__global__ void wgmma_reduce_splits(const float* __restrict__ partials, float* __restrict__ y, int64_t m, int64_t n,
+                                    int64_t ldy, int splits) {
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, per_row = n / 4;
+  if (q >= m * per_row) return;
+  const int64_t r = q / per_row, c4 = q - r * per_row;
+  float4 acc = reinterpret_cast<const float4*>(partials)[q];
+  for (int s = 1; s < splits; ++s) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(partials + s * m * n) + q);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  reinterpret_cast<float4*>(y + r * ldy)[c4] = acc;
+}
+
+// A tensor map of a row-major bf16 matrix [rows][cols] (cols % 8 == 0, 16-byte aligned) read in
+// boxes of box_rows × 64 with the 128-byte swizzle; rows beyond the matrix read as zeros.
+inline bool wgmma_tensor_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {kWgmmaBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace hyserve::kernels::cuda_detail
