@@ -57,12 +57,13 @@ struct shape {
   int64_t n, k;
 };
 
-template <int BN>
+template <int BN, int WG>
 void launch(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
             float* part, cudaStream_t st) {
   static bool init = false;
   if (!init) {
-    CK(cudaFuncSetAttribute(cd::wgmma_linear_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, cd::wgmma_smem(BN)));
+    CK(cudaFuncSetAttribute(cd::wgmma_linear_kernel<BN, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            cd::wgmma_smem(BN, WG)));
     init = true;
   }
   const int kbs = static_cast<int>((k + 63) / 64);
@@ -74,9 +75,10 @@ void launch(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, 
   const int real_splits = (kbs + a.kb_per_split - 1) / a.kb_per_split;
   a.y = real_splits > 1 ? part : y;
   a.ldy = n;
-  const dim3 grid(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(real_splits),
+  const int rows = cd::wgmma_rows(WG);
+  const dim3 grid(static_cast<unsigned>((n + rows - 1) / rows), static_cast<unsigned>(real_splits),
                   static_cast<unsigned>((m + BN - 1) / BN));
-  cd::wgmma_linear_kernel<BN><<<grid, cd::kWgmmaThreads, cd::wgmma_smem(BN), st>>>(tw, tx, a);
+  cd::wgmma_linear_kernel<BN, WG><<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
   if (real_splits > 1) {
     const int64_t q = m * n / 4;
     cd::wgmma_reduce_splits<<<static_cast<unsigned>((q + 255) / 256), 256, 0, st>>>(part, y, m, n, n, real_splits);
@@ -88,16 +90,22 @@ int bn_for(int64_t m) {
   return 256;
 }
 
-void run(int bn, const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
-         float* part, cudaStream_t st) {
+template <int WG>
+void run_wg(int bn, const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
+            float* part, cudaStream_t st) {
   switch (bn) {
-    case 8: return launch<8>(tw, tx, m, n, k, splits, y, part, st);
-    case 16: return launch<16>(tw, tx, m, n, k, splits, y, part, st);
-    case 32: return launch<32>(tw, tx, m, n, k, splits, y, part, st);
-    case 64: return launch<64>(tw, tx, m, n, k, splits, y, part, st);
-    case 128: return launch<128>(tw, tx, m, n, k, splits, y, part, st);
-    default: return launch<256>(tw, tx, m, n, k, splits, y, part, st);
+    case 8: return launch<8, WG>(tw, tx, m, n, k, splits, y, part, st);
+    case 16: return launch<16, WG>(tw, tx, m, n, k, splits, y, part, st);
+    case 32: return launch<32, WG>(tw, tx, m, n, k, splits, y, part, st);
+    case 64: return launch<64, WG>(tw, tx, m, n, k, splits, y, part, st);
+    case 128: return launch<128, WG>(tw, tx, m, n, k, splits, y, part, st);
+    default: return launch<256, WG>(tw, tx, m, n, k, splits, y, part, st);
   }
+}
+void run(int wg, int bn, const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits,
+         float* y, float* part, cudaStream_t st) {
+  if (wg == 2) run_wg<2>(bn, tw, tx, m, n, k, splits, y, part, st);
+  else run_wg<1>(bn, tw, tx, m, n, k, splits, y, part, st);
 }
 
 template <class F>
@@ -165,58 +173,61 @@ int main() {
     fill<<<1024, 256, 0, st>>>(x, max_m * sh.k, 99u);
     std::printf("\n%s n %lld k %lld (weights %.1f MB)\n", sh.name, static_cast<long long>(sh.n),
                 static_cast<long long>(sh.k), sh.n * sh.k * 2 / 1e6);
-    std::printf("  %5s %4s | %7s %6s %7s | %7s %6s | %s\n", "rows", "BN", "wgmma", "%copy", "TFLOP/s", "cublas", "%copy",
-                "splits: us (check)");
+    std::printf("  %5s %4s | %7s %6s %7s | %7s %6s %7s | %s\n", "rows", "BN", "wgmma us", "%copy", "TFLOP/s", "cublas",
+                "%copy", "TFLOP/s", "per variant, splits:us (BAD: outside tolerance, ?: unchecked)");
     for (int64_t m : ms_list) {
       const int bn = bn_for(m);
-      CUtensorMap tw, tx;
-      if (!cd::wgmma_tensor_map(&tw, w, sh.n, sh.k, cd::kWgmmaBW) || !cd::wgmma_tensor_map(&tx, x, m, sh.k, bn)) {
-        std::printf("tensor map failed\n");
-        return 1;
-      }
       const bool check = m <= 256 || sh.k <= 4096;
+      std::vector<float> ref, got;
       if (check) {
         const int64_t q = m * sh.n;
         reference<<<static_cast<unsigned>((q + 255) / 256), 256, 0, st>>>(x, w, yref, m, sh.n, sh.k);
-      }
-      std::vector<float> ref, got;
-      if (check) {
-        ref.resize(static_cast<size_t>(m * sh.n));
+        ref.resize(static_cast<size_t>(q));
         CK(cudaMemcpyAsync(ref.data(), yref, ref.size() * 4, cudaMemcpyDeviceToHost, st));
         CK(cudaStreamSynchronize(st));
       }
-      const int64_t mtiles = (m + bn - 1) / bn, ntiles = (sh.n + 127) / 128;
       double best = 1e30;
-      int best_s = 1;
-      char line[512];
+      int best_s = 1, best_wg = 2;
+      char line[1024];
       int len = 0;
-      for (int splits : {1, 2, 3, 4, 6, 8}) {
-        if (splits > 1 && ntiles * mtiles * splits > 4 * sms) continue;
-        if (splits > 1 && m > 256) continue;
-        CK(cudaMemsetAsync(y, 0xFF, m * sh.n * 4, st));
-        run(bn, tw, tx, m, sh.n, sh.k, splits, y, part, st);
-        CK(cudaGetLastError());
-        int bad = 0;
-        if (check) {
-          got.resize(ref.size());
-          CK(cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, st));
-          CK(cudaStreamSynchronize(st));
-          for (size_t i = 0; i < ref.size(); ++i)
-            if (!(std::abs(got[i] - ref[i]) <= 2e-3f + 1e-3f * std::abs(ref[i]))) {
-              if (bad < 3)
-                std::printf("    mismatch m %lld splits %d at row %lld col %lld: %g vs %g\n", static_cast<long long>(m),
-                            splits, static_cast<long long>(i / sh.n), static_cast<long long>(i % sh.n), got[i], ref[i]);
-              ++bad;
-            }
-          if (bad) all_ok = false;
+      for (int wg : {2, 1}) {
+        CUtensorMap tw, tx;
+        if (!cd::wgmma_tensor_map(&tw, w, sh.n, sh.k, cd::wgmma_rows(wg)) || !cd::wgmma_tensor_map(&tx, x, m, sh.k, bn)) {
+          std::printf("tensor map failed\n");
+          return 1;
         }
-        const double t = median_ms([&] { run(bn, tw, tx, m, sh.n, sh.k, splits, y, part, st); }, st);
-        if (t < best) {
-          best = t;
-          best_s = splits;
+        const int64_t mtiles = (m + bn - 1) / bn, ntiles = (sh.n + cd::wgmma_rows(wg) - 1) / cd::wgmma_rows(wg);
+        len += std::snprintf(line + len, sizeof(line) - len, " wg%d", wg);
+        for (int splits : {1, 2, 3, 4, 6, 8}) {
+          if (splits > 1 && ntiles * mtiles * splits > 4 * sms) continue;
+          if (splits > 1 && m > 256) continue;
+          CK(cudaMemsetAsync(y, 0xFF, m * sh.n * 4, st));
+          run(wg, bn, tw, tx, m, sh.n, sh.k, splits, y, part, st);
+          CK(cudaGetLastError());
+          int bad = 0;
+          if (check) {
+            got.resize(ref.size());
+            CK(cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            for (size_t i = 0; i < ref.size(); ++i)
+              if (!(std::abs(got[i] - ref[i]) <= 2e-3f + 1e-3f * std::abs(ref[i]))) {
+                if (bad < 3)
+                  std::printf("    mismatch m %lld wg %d splits %d at row %lld col %lld: %g vs %g\n",
+                              static_cast<long long>(m), wg, splits, static_cast<long long>(i / sh.n),
+                              static_cast<long long>(i % sh.n), got[i], ref[i]);
+                ++bad;
+              }
+            if (bad) all_ok = false;
+          }
+          const double t = median_ms([&] { run(wg, bn, tw, tx, m, sh.n, sh.k, splits, y, part, st); }, st);
+          if (t < best) {
+            best = t;
+            best_s = splits;
+            best_wg = wg;
+          }
+          len += std::snprintf(line + len, sizeof(line) - len, " %d:%.1f%s", splits, t * 1e3,
+                               check ? (bad ? "BAD" : "") : "?");
         }
-        len += std::snprintf(line + len, sizeof(line) - len, " %d: %.1f%s", splits, t * 1e3,
-                             check ? (bad ? " BAD" : " ok") : "");
       }
       const float alpha = 1.0f, beta = 0.0f;
       // y[m × n] row-major = (w · xᵀ) in column-major terms: C (n × m) = Wᵀ(k × n)ᵀ · X(k × m).
@@ -228,9 +239,10 @@ int main() {
       const double tc = median_ms(cublas, st);
       const double bytes = static_cast<double>(sh.n * sh.k * 2 + m * sh.k * 2 + m * sh.n * 4);
       const double flops = 2.0 * m * sh.n * sh.k;
-      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% |%s (best %d)\n", static_cast<long long>(m), bn,
-                  best * 1e3, 100.0 * bytes / (best * 1e-3) / copy_bw, flops / (best * 1e-3) / 1e12, tc * 1e3,
-                  100.0 * bytes / (tc * 1e-3) / copy_bw, line, best_s);
+      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% %7.1f | best wg%d s%d |%s\n",
+                  static_cast<long long>(m), bn, best * 1e3, 100.0 * bytes / (best * 1e-3) / copy_bw,
+                  flops / (best * 1e-3) / 1e12, tc * 1e3, 100.0 * bytes / (tc * 1e-3) / copy_bw,
+                  flops / (tc * 1e-3) / 1e12, best_wg, best_s, line);
     }
     CK(cudaFree(w));
     CK(cudaFree(x));

@@ -4,11 +4,11 @@
 // The weight is the MMA's A operand (64 output features a warpgroup), the activations its B
 // (BN rows: 8 … 256), so a call of few rows streams the weight at the width of its rows, not of a
 // 64-row tile. A block: one producer warp (of a warpgroup that gives its registers to the
-// others) issues, for each 64-wide k block, two tensor copies into a ring of S stages — 128
-// weight rows and BN activation rows, each a K-major tile in the 128-byte swizzle — and two
-// consumer warpgroups each multiply their 64 weight rows by the activation tile (four k16 MMAs a
-// stage), releasing a stage once the MMAs after it are issued. Split-K: block (i, s, j) takes
-// weight rows 128·i…, k blocks [s·kbs, (s + 1)·kbs) and activation rows BN·j…, and writes its
+// others) issues, for each 64-wide k block, two tensor copies into a ring of S stages — 64·WG
+// weight rows and BN activation rows, each a K-major tile in the 128-byte swizzle — and WG (1 or
+// 2) consumer warpgroups each multiply their 64 weight rows by the activation tile (four k16 MMAs
+// a stage), releasing a stage once the MMAs after it are issued. Split-K: block (i, s, j) takes
+// weight rows 64·WG·i…, k blocks [s·kbs, (s + 1)·kbs) and activation rows BN·j…, and writes its
 // partial sums to partials[s] (one split: to y); wgmma_reduce_splits adds the splits in
 // ascending order. Every output's sum is over its k16 steps in ascending order within a split.
 // Rows of x or w beyond m or n are read as zeros by the copy engine and not written.
@@ -24,18 +24,21 @@
 
 namespace hyserve::kernels::cuda_detail {
 
-constexpr int kWgmmaBK = 64;       // k a stage: one 128-byte swizzled row
-constexpr int kWgmmaBW = 128;      // weight rows a block: two consumer warpgroups of 64
-constexpr int kWgmmaThreads = 384;  // the producer warpgroup and two consumer warpgroups
-constexpr int kWgmmaSmemBudget = 200 * 1024;
+constexpr int kWgmmaBK = 64;  // k a stage: one 128-byte swizzled row
 
-// Stages of the ring for BN activation rows a block (a stage: 128 weight rows and BN activation
-// rows, 128 bytes each).
-__host__ __device__ constexpr int wgmma_stage_bytes(int bn) { return (kWgmmaBW + bn) * 128; }
-__host__ __device__ constexpr int wgmma_stages(int bn) {
-  return kWgmmaSmemBudget / wgmma_stage_bytes(bn) < 8 ? kWgmmaSmemBudget / wgmma_stage_bytes(bn) : 8;
+// WG consumer warpgroups (1 or 2) a block, 64 weight rows each, and the producer warpgroup. Two
+// consumers: one block an SM (200 KB of ring); one: two blocks an SM (100 KB each).
+__host__ __device__ constexpr int wgmma_threads(int wg) { return 128 * (wg + 1); }
+__host__ __device__ constexpr int wgmma_rows(int wg) { return 64 * wg; }
+__host__ __device__ constexpr int wgmma_budget(int wg) { return wg == 2 ? 200 * 1024 : 100 * 1024; }
+// A stage: the block's weight rows and BN activation rows, 128 bytes each.
+__host__ __device__ constexpr int wgmma_stage_bytes(int bn, int wg) { return (wgmma_rows(wg) + bn) * 128; }
+__host__ __device__ constexpr int wgmma_stages(int bn, int wg) {
+  return wgmma_budget(wg) / wgmma_stage_bytes(bn, wg) < 8 ? wgmma_budget(wg) / wgmma_stage_bytes(bn, wg) : 8;
 }
-__host__ __device__ constexpr int wgmma_smem(int bn) { return wgmma_stages(bn) * wgmma_stage_bytes(bn) + 1024; }
+__host__ __device__ constexpr int wgmma_smem(int bn, int wg) {
+  return wgmma_stages(bn, wg) * wgmma_stage_bytes(bn, wg) + 1024;
+}
 
 struct wgmma_linear_args {
   int64_t m = 0, n = 0, k = 0;
@@ -52,30 +55,34 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
-template <int BN>
-__global__ void __launch_bounds__(kWgmmaThreads, 1)
+// Blocks an SM: one with two consumers or with one of 256 activation rows (its 128 accumulators a
+// thread do not fit 128 registers), else two.
+__host__ __device__ constexpr int wgmma_blocks_per_sm(int bn, int wg) { return wg == 2 || bn == 256 ? 1 : 2; }
+
+template <int BN, int WG>
+__global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG))
     wgmma_linear_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                         const wgmma_linear_args a) {
-  constexpr int S = wgmma_stages(BN), W_BYTES = kWgmmaBW * 128, STAGE = wgmma_stage_bytes(BN);
+  constexpr int S = wgmma_stages(BN, WG), W_BYTES = wgmma_rows(WG) * 128, STAGE = wgmma_stage_bytes(BN, WG);
   extern __shared__ uint8_t wgmma_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wgmma_smem_raw) + 1023) & ~uintptr_t{1023});
   __shared__ __align__(8) uint64_t full[S], empty[S];
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
-  const int n0 = static_cast<int>(blockIdx.x) * kWgmmaBW, m0 = static_cast<int>(blockIdx.z) * BN;
+  const int n0 = static_cast<int>(blockIdx.x) * wgmma_rows(WG), m0 = static_cast<int>(blockIdx.z) * BN;
   const int kbs = static_cast<int>((a.k + kWgmmaBK - 1) / kWgmmaBK);
   const int kb0 = static_cast<int>(blockIdx.y) * a.kb_per_split;
   const int nk = min(kbs, kb0 + a.kb_per_split) - kb0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);
+      mbar_init(&empty[s], WG);
     }
     fence_mbar_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (WG == 2 || BN < 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (t == 0) {
       for (int i = 0; i < nk; ++i) {
         const int s = i % S;
@@ -88,8 +95,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg - 1;  // weight rows [64c, 64c + 64) of the block's 128
+  if constexpr (WG == 2) {  // 128 · 40 + 256 · 232 registers: one block an SM
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  } else if constexpr (BN < 256) {  // 128 · 40 + 128 · 216: two blocks an SM
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+  }
+  const int c = wg - 1;  // weight rows [64c, 64c + 64) of the block's
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
