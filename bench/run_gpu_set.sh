@@ -45,7 +45,8 @@
 # kernel records of batch-1 graph decode steps: span, busy time, gaps, the longest kernels, for
 # the 9B and the family configs); cublaslt-probe
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
-# one mma.sync chain over k); compare (this tree against
+# one mma.sync chain over k); wgmma-probe (bench/probes/wgmma_linear_probe.cu: the warpgroup-MMA
+# linear kernel against a reference and beside cuBLAS); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
 # step and prefill, Granite-4.0-H-Tiny's and Nemotron-H-8B's batch-1 steps).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
@@ -410,6 +411,13 @@ EOF2
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
           --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
       done ;;
+    wgmma-probe)
+      # The warpgroup-MMA linear kernel (kernels/cuda/gemm_wgmma.cuh) against a CUDA-core reference
+      # and beside cuBLAS at 1..256 and 2048 rows on the 9B's shapes (bench/probes/wgmma_linear_probe.cu).
+      stage wgmma-probe-build 120 /usr/local/cuda/bin/nvcc -O3 \
+        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 -Ikernels/cuda \
+        bench/probes/wgmma_linear_probe.cu -lcublas -o "$build/wgmma_probe"
+      stage wgmma-probe 240 "$build/wgmma_probe" ;;
     cublaslt-probe)
       # Is a cuBLASLt GEMM with its algorithm pinned row-invariant, with the bits of one mma.sync
       # chain over k (bench/probes/cublaslt_invariance_probe.cu)?

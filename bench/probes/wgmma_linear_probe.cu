@@ -81,7 +81,7 @@ void launch(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, 
   cd::wgmma_linear_kernel<BN, WG><<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
   if (real_splits > 1) {
     const int64_t q = m * n / 4;
-    cd::wgmma_reduce_splits<<<static_cast<unsigned>((q + 255) / 256), 256, 0, st>>>(part, y, m, n, n, real_splits);
+    cd::wgmma_reduce_splits<<<static_cast<unsigned>((q + 255) / 256), 256, 0, st>>>(part, y, m, n, n, real_splits, 0.0f);
   }
 }
 

@@ -5,7 +5,8 @@
 // bf16 B (a linear layer's weight): up to 8 rows of A (decode; a batch-1 verify with up to 7
 // drafts) go through a bandwidth-bound skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
-// f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores.
+// f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores; or, kernels.linear_wgmma, 9..256 rows
+// on hyserve's warpgroup-MMA kernel (gemm_wgmma.cuh).
 //
 // determinism: batch_invariant (kernel_paths::batch_invariant) takes cuBLAS out: its algorithm,
 // tiling and split-K follow m, so a row's bits would depend on the rows beside it. bf16 weights
@@ -35,6 +36,8 @@
 #include "gemm_paths.h"
 #include "gemm_skinny.cuh"
 #include "gemm_lt.cuh"
+#include "gemm_wgmma.cuh"
+#include "launch.cuh"
 #include "stream_alloc.h"
 
 namespace hyserve::kernels {
@@ -255,6 +258,68 @@ void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
   launch_skinny<false>(a, p.m, stream);
 }
 
+// kernels.linear_wgmma (fast mode): 9..256 rows on the warpgroup-MMA kernel (gemm_wgmma.cuh),
+// x already rounded to bf16 (x16 [m, k] compact). Its layouts: the weight [n, k] (trans_b) with
+// 16-byte rows, alpha 1, C's rows float4-aligned.
+bool wgmma_linear_applies(const gemm_params& p) {
+  return current_paths().linear_wgmma && !p.trans_a && p.trans_b && p.m >= 1 && p.m <= 256 && p.k % 8 == 0 &&
+         p.ldb % 8 == 0 && p.n % 4 == 0 && p.ldc % 4 == 0 && p.alpha == 1.0f && aligned16(p.b) && aligned16(p.c) &&
+         p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31);
+}
+
+template <int BN>
+void launch_wgmma_bn(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
+  constexpr int WG = 2;
+  const int rows = wgmma_rows(WG);
+  CUtensorMap tw, tx;
+  if (!wgmma_tensor_map(&tw, p.b, p.n, p.k, rows, p.ldb) || !wgmma_tensor_map(&tx, x16, p.m, p.k, BN))
+    throw error("gemm: cuTensorMapEncodeTiled failed for the warpgroup-MMA linear kernel");
+  // Split-K: enough blocks for every SM's slot (one block an SM), each split at least 8 k blocks.
+  const int64_t kbs = ceil_div(p.k, int64_t{kWgmmaBK}), tiles = ceil_div(p.n, int64_t{rows}) * ceil_div(p.m, int64_t{BN});
+  const int64_t slots = int64_t{sm_count()} * wgmma_blocks_per_sm(BN, WG);
+  const int64_t want = std::clamp<int64_t>(slots / tiles, 1, 8);
+  const int64_t splits_max = std::max<int64_t>(1, kbs / 8);
+  int64_t splits = std::min(want, splits_max);
+  wgmma_linear_args a;
+  a.m = p.m;
+  a.n = p.n;
+  a.k = p.k;
+  a.kb_per_split = static_cast<int>(ceil_div(kbs, splits));
+  splits = ceil_div(kbs, int64_t{a.kb_per_split});
+  float* part = nullptr;
+  if (splits > 1) {
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&part), static_cast<size_t>(splits * p.m * p.n) * 4, stream));
+    a.y = part;
+    a.ldy = p.n;
+  } else {
+    a.y = p.c;
+    a.ldy = p.ldc;
+    a.beta = p.beta;
+  }
+  auto kernel = wgmma_linear_kernel<BN, WG>;
+  reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), wgmma_smem(BN, WG));
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, int64_t{rows})), static_cast<unsigned>(splits),
+                  static_cast<unsigned>(ceil_div(p.m, int64_t{BN})));
+  kernel<<<grid, wgmma_threads(WG), wgmma_smem(BN, WG), stream>>>(tw, tx, a);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  if (splits > 1) {
+    const int64_t q = p.m * p.n / 4;
+    wgmma_reduce_splits<<<static_cast<unsigned>(ceil_div(q, int64_t{256})), 256, 0, stream>>>(
+        part, p.c, p.m, p.n, p.ldc, static_cast<int>(splits), p.beta);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(scratch_free(part, stream));
+  }
+}
+
+void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
+  if (p.m <= 8) launch_wgmma_bn<8>(p, x16, stream);
+  else if (p.m <= 16) launch_wgmma_bn<16>(p, x16, stream);
+  else if (p.m <= 32) launch_wgmma_bn<32>(p, x16, stream);
+  else if (p.m <= 64) launch_wgmma_bn<64>(p, x16, stream);
+  else if (p.m <= 128) launch_wgmma_bn<128>(p, x16, stream);
+  else launch_wgmma_bn<256>(p, x16, stream);
+}
+
 void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   if (skinny_bf16_applies(p)) {
     skinny_bf16(p, stream);
@@ -276,6 +341,11 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
   round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
   HYSERVE_CUDA_CHECK_LAUNCH();
+  if (wgmma_linear_applies(p)) {
+    launch_wgmma_linear(p, a16, stream);
+    CUDA_CHECK(scratch_free(a16, stream));
+    return;
+  }
   const blas_call blas(stream);
   const cublasStatus_t status =
       cublasGemmEx(blas.handle(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -23,6 +23,7 @@
 #include "wgmma_ops.cuh"
 
 namespace hyserve::kernels::cuda_detail {
+namespace {
 
 constexpr int kWgmmaBK = 64;  // k a stage: one 128-byte swizzled row
 
@@ -42,8 +43,9 @@ __host__ __device__ constexpr int wgmma_smem(int bn, int wg) {
 
 struct wgmma_linear_args {
   int64_t m = 0, n = 0, k = 0;
-  float* y = nullptr;       // [m][ldy] (one split) or partials [splits][m][n]
+  float* y = nullptr;       // [m][ldy] (one split) or partials [splits][m][n] (ldy = n)
   int64_t ldy = 0;
+  float beta = 0.0f;        // one split: y = acc + beta · y (beta 0: y not read)
   int kb_per_split = 0;     // 64-wide k blocks a split
 };
 
@@ -131,14 +133,18 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = m0 + 8 * j + 2 * (lane % 4) + (e & 1), col = f + (e >= 2 ? 8 : 0);
-      if (row < a.m && col < a.n) y[static_cast<int64_t>(row) * a.ldy + col] = d[4 * j + e];
+      if (row < a.m && col < a.n) {
+        float* o = y + static_cast<int64_t>(row) * a.ldy + col;
+        *o = a.beta != 0.0f ? d[4 * j + e] + a.beta * *o : d[4 * j + e];
+      }
     }
   }
 }
 
-// y[r][c] = Σ_s partials[s][r][c], s ascending (float4 columns: n % 4 == 0).
+// y[r][c] = Σ_s partials[s][r][c], s ascending (+ beta · y[r][c]; float4 columns: n % 4 == 0,
+// ldy % 4 == 0).
 __global__ void wgmma_reduce_splits(const float* __restrict__ partials, float* __restrict__ y, int64_t m, int64_t n,
-                                    int64_t ldy, int splits) {
+                                    int64_t ldy, int splits, float beta) {
   const int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, per_row = n / 4;
   if (q >= m * per_row) return;
   const int64_t r = q / per_row, c4 = q - r * per_row;
@@ -150,12 +156,22 @@ __global__ void wgmma_reduce_splits(const float* __restrict__ partials, float* _
     acc.z += v.z;
     acc.w += v.w;
   }
-  reinterpret_cast<float4*>(y + r * ldy)[c4] = acc;
+  float4* o = reinterpret_cast<float4*>(y + r * ldy) + c4;
+  if (beta != 0.0f) {
+    const float4 old = *o;
+    acc.x += beta * old.x;
+    acc.y += beta * old.y;
+    acc.z += beta * old.z;
+    acc.w += beta * old.w;
+  }
+  *o = acc;
 }
 
-// A tensor map of a row-major bf16 matrix [rows][cols] (cols % 8 == 0, 16-byte aligned) read in
-// boxes of box_rows × 64 with the 128-byte swizzle; rows beyond the matrix read as zeros.
-inline bool wgmma_tensor_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int box_rows) {
+// A tensor map of a row-major bf16 matrix [rows][cols] with row stride ld elements (ld % 8 == 0,
+// 16-byte aligned) read in boxes of box_rows × 64 with the 128-byte swizzle; rows and columns
+// beyond the matrix read as zeros.
+inline bool wgmma_tensor_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int box_rows,
+                             int64_t ld = 0) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -166,7 +182,7 @@ inline bool wgmma_tensor_map(CUtensorMap* map, const void* base, int64_t rows, i
   }();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld > 0 ? ld : cols) * 2};
   const cuuint32_t box[2] = {kWgmmaBK, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
@@ -174,4 +190,5 @@ inline bool wgmma_tensor_map(CUtensorMap* map, const void* base, int64_t rows, i
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+}  // namespace
 }  // namespace hyserve::kernels::cuda_detail

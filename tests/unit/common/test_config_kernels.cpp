@@ -35,6 +35,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
+    EXPECT_FALSE(k.linear_wgmma);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -60,6 +61,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
   norm_linear_wide: true
+  linear_wgmma: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -80,6 +82,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
+  EXPECT_TRUE(k.linear_wgmma);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

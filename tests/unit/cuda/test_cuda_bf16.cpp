@@ -25,6 +25,7 @@
 #include "hyserve/kernels/attention.h"
 #include "hyserve/kernels/embedding.h"
 #include "hyserve/kernels/gemm.h"
+#include "hyserve/kernels/paths.h"
 
 namespace hyserve::kernels {
 namespace {
@@ -52,9 +53,7 @@ struct gemm_case {
 
 class GemmBf16Cuda : public testing::TestWithParam<gemm_case> {};
 
-TEST_P(GemmBf16Cuda, MatchesCpu) {
-  HYSERVE_REQUIRE_CUDA();
-  const gemm_case& c = GetParam();
+void check_gemm_bf16(const gemm_case& c) {
   gemm_params p;
   p.m = c.m;
   p.n = c.n;
@@ -87,13 +86,38 @@ TEST_P(GemmBf16Cuda, MatchesCpu) {
   expect_match(dc.download(), c_cpu, 1e-5 + 1e-6 * static_cast<double>(c.k), 1e-4, "C");
 }
 
+TEST_P(GemmBf16Cuda, MatchesCpu) {
+  HYSERVE_REQUIRE_CUDA();
+  check_gemm_bf16(GetParam());
+}
+
+// kernels.linear_wgmma: the calls it takes (9..256 rows, the weight [n, k], alpha 1) on the
+// warpgroup-MMA kernel, split-K or not, into C or added to it; the others as before. Same
+// tolerances: both sum the same bf16 products in f32.
+TEST_P(GemmBf16Cuda, WarpgroupMmaMatchesCpu) {
+  HYSERVE_REQUIRE_CUDA();
+  kernel_paths paths;
+  paths.linear_wgmma = true;
+  const paths_scope scope(paths);
+  check_gemm_bf16(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, GemmBf16Cuda,
                          testing::Values(gemm_case{1, 4096 + 32, 4096, false, true, 1.0f, 0.0f, 0},  // decode linear
                                          gemm_case{64, 4096 + 32, 512, false, true, 1.0f, 0.0f, 0},
                                          gemm_case{37, 19, 23, false, false, 0.5f, 1.0f, 3},
                                          gemm_case{33, 65, 17, true, false, 1.0f, 0.0f, 1},
                                          gemm_case{7, 13, 5, true, true, 2.0f, 0.5f, 0},
-                                         gemm_case{1, 1, 1, false, true, 1.0f, 0.0f, 0}),
+                                         gemm_case{1, 1, 1, false, true, 1.0f, 0.0f, 0},
+                                         // the warpgroup-MMA kernel's calls: 9, 17, 40, 100, 256 rows (8 to 256 a
+                                         // tile), split-K (long k, few weight tiles) or not, a partial last k
+                                         // block (k 1000), padded strides, into C and added to it
+                                         gemm_case{9, 4096, 4096, false, true, 1.0f, 0.0f, 0},
+                                         gemm_case{17, 1000, 1000, false, true, 1.0f, 1.0f, 8},
+                                         gemm_case{40, 2048, 8192, false, true, 1.0f, 1.0f, 0},
+                                         gemm_case{100, 384, 64, false, true, 1.0f, 0.0f, 0},
+                                         gemm_case{256, 1536, 3072, false, true, 1.0f, 0.0f, 8},
+                                         gemm_case{129, 16768, 512, false, true, 1.0f, 0.0f, 0}),
                          [](const testing::TestParamInfo<gemm_case>& param_info) {
                            const auto& c = param_info.param;
                            return "Cuda_bf16_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" +

@@ -86,6 +86,11 @@ struct kernel_paths {
   // H100 (bench/results/2026-12-07-h100-run35.md): Qwen3-Next's out_proj alone 66.6% of copy
   // bandwidth against 59.9%; a Falcon-H1-7B step within noise; a Qwen3-Next step not measured.
   bool norm_linear_wide = false;
+  // true: fast-mode linear layers (bf16 weights) of 9..256 rows of activations on hyserve's
+  // warpgroup-MMA kernel (gemm_wgmma.cuh: the weight streamed by the tensor copy engine as the
+  // MMA's A operand, the rows as its B, split-K with an ordered reduction) instead of cuBLAS;
+  // false (default): cuBLAS. Not yet measured in a model.
+  bool linear_wgmma = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
