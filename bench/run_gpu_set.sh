@@ -46,7 +46,8 @@
 # the 9B and the family configs); cublaslt-probe
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); wgmma-probe (bench/probes/wgmma_linear_probe.cu: the warpgroup-MMA
-# linear kernel against a reference and beside cuBLAS); compare (this tree against
+# linear kernel against a reference and beside cuBLAS); prefill-profile (an 8K prefill op by op:
+# PROFILE_CONFIGS); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
 # step and prefill, Granite-4.0-H-Tiny's and Nemotron-H-8B's batch-1 steps).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
@@ -94,7 +95,7 @@ for s in "${stages[@]}"; do
     invariance-spec | invariance-spec-tree | spec-profile) targets+=(hyserve-bench-spec) ;;
     families | model-tp2 | decode-slices | moe-decode) targets+=(hyserve-bench-model) ;;
     floors) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
-    trace) targets+=(hyserve-bench-model) ;;
+    trace | prefill-profile) targets+=(hyserve-bench-model) ;;
     cublaslt-probe) targets+=(hyserve-bench-cuda) ;;
     prefix) targets+=(coordinator worker hyserve-bench) ;;
   esac
@@ -410,6 +411,13 @@ EOF2
       for f in ${FAMILY_CONFIGS:-nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small falcon-h1-7b qwen3-next-80b-a3b}; do
         stage "family-$f" 240 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1,64 \
           --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
+      done ;;
+    prefill-profile)
+      # Where an 8K prefill's time goes: one Extend step of 8192 tokens op by op (the decode step's
+      # profile beside it) for each PROFILE_CONFIGS config (default: the Qwen3-Next-80B-A3B shape).
+      for f in ${PROFILE_CONFIGS:-qwen3-next-80b-a3b}; do
+        stage "prefill-profile-$f" 180 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
+          --decode-steps 4 --prefill-len 8192 --profile-step
       done ;;
     wgmma-probe)
       # The warpgroup-MMA linear kernel (kernels/cuda/gemm_wgmma.cuh) against a CUDA-core reference
