@@ -26,25 +26,9 @@
 #include <cstring>
 #include <random>
 #include <vector>
+#include "probe_check.h"
 
 using bf16 = __nv_bfloat16;
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-#define CB(x)                                                                   \
-  do {                                                                          \
-    cublasStatus_t s_ = (x);                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                          \
-      std::printf("%s:%d cublas status %d\n", __FILE__, __LINE__, int(s_));     \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 __device__ __forceinline__ uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 

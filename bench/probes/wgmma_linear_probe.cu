@@ -20,18 +20,10 @@
 #include <vector>
 
 #include "gemm_wgmma.cuh"
+#include "probe_check.h"
 
 using bf16 = __nv_bfloat16;
 namespace cd = hyserve::kernels::cuda_detail;
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 __global__ void fill(bf16* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
