@@ -190,8 +190,8 @@ int main() {
         }
         const int64_t mtiles = (m + bn - 1) / bn, ntiles = (sh.n + cd::wgmma_rows(wg) - 1) / cd::wgmma_rows(wg);
         len += std::snprintf(line + len, sizeof(line) - len, " wg%d", wg);
-        for (int splits : {1, 2, 3, 4, 6, 8}) {
-          if (splits > 1 && ntiles * mtiles * splits > 4 * sms) continue;
+        for (int splits : {1, 2, 3, 4, 6, 7, 8}) {
+          if (splits > 1 && ntiles * mtiles * splits > 8 * sms) continue;
           if (splits > 1 && m > 256) continue;
           CK(cudaMemsetAsync(y, 0xFF, m * sh.n * 4, st));
           run(wg, bn, tw, tx, m, sh.n, sh.k, splits, y, part, st);
@@ -231,10 +231,11 @@ int main() {
       const double tc = median_ms(cublas, st);
       const double bytes = static_cast<double>(sh.n * sh.k * 2 + m * sh.k * 2 + m * sh.n * 4);
       const double flops = 2.0 * m * sh.n * sh.k;
-      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% %7.1f | best wg%d s%d |%s\n",
+      const cd::wgmma_plan plan = cd::wgmma_plan_for(m, sh.n, sh.k, bn, sms);
+      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% %7.1f | best wg%d s%d, plan wg%d s%d |%s\n",
                   static_cast<long long>(m), bn, best * 1e3, 100.0 * bytes / (best * 1e-3) / copy_bw,
                   flops / (best * 1e-3) / 1e12, tc * 1e3, 100.0 * bytes / (tc * 1e-3) / copy_bw,
-                  flops / (tc * 1e-3) / 1e12, best_wg, best_s, line);
+                  flops / (tc * 1e-3) / 1e12, best_wg, best_s, plan.wg, plan.splits, line);
     }
     CK(cudaFree(w));
     CK(cudaFree(x));

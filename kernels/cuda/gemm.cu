@@ -259,33 +259,27 @@ void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
 }
 
 // kernels.linear_wgmma (fast mode): 9..256 rows on the warpgroup-MMA kernel (gemm_wgmma.cuh),
-// x already rounded to bf16 (x16 [m, k] compact). Its layouts: the weight [n, k] (trans_b) with
-// 16-byte rows, alpha 1, C's rows float4-aligned.
+// x already rounded to bf16 (x16 [m, k] compact), its grid by wgmma_plan_for. Its layouts: the
+// weight [n, k] (trans_b) with 16-byte rows, alpha 1, C's rows float4-aligned.
 bool wgmma_linear_applies(const gemm_params& p) {
   return current_paths().linear_wgmma && !p.trans_a && p.trans_b && p.m >= 1 && p.m <= 256 && p.k % 8 == 0 &&
          p.ldb % 8 == 0 && p.n % 4 == 0 && p.ldc % 4 == 0 && p.alpha == 1.0f && aligned16(p.b) && aligned16(p.c) &&
          p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31);
 }
 
-template <int BN>
-void launch_wgmma_bn(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
-  constexpr int WG = 2;
+template <int BN, int WG>
+void launch_wgmma_grid(const gemm_params& p, const __nv_bfloat16* x16, int splits_asked, cudaStream_t stream) {
   const int rows = wgmma_rows(WG);
   CUtensorMap tw, tx;
   if (!wgmma_tensor_map(&tw, p.b, p.n, p.k, rows, p.ldb) || !wgmma_tensor_map(&tx, x16, p.m, p.k, BN))
     throw error("gemm: cuTensorMapEncodeTiled failed for the warpgroup-MMA linear kernel");
-  // Split-K: enough blocks for every SM's slot (one block an SM), each split at least 8 k blocks.
-  const int64_t kbs = ceil_div(p.k, int64_t{kWgmmaBK}), tiles = ceil_div(p.n, int64_t{rows}) * ceil_div(p.m, int64_t{BN});
-  const int64_t slots = int64_t{sm_count()} * wgmma_blocks_per_sm(BN, WG);
-  const int64_t want = std::clamp<int64_t>(slots / tiles, 1, 8);
-  const int64_t splits_max = std::max<int64_t>(1, kbs / 8);
-  int64_t splits = std::min(want, splits_max);
+  const int64_t kbs = ceil_div(p.k, int64_t{kWgmmaBK});
   wgmma_linear_args a;
   a.m = p.m;
   a.n = p.n;
   a.k = p.k;
-  a.kb_per_split = static_cast<int>(ceil_div(kbs, splits));
-  splits = ceil_div(kbs, int64_t{a.kb_per_split});
+  a.kb_per_split = static_cast<int>(ceil_div(kbs, int64_t{splits_asked}));
+  const int64_t splits = ceil_div(kbs, int64_t{a.kb_per_split});
   float* part = nullptr;
   if (splits > 1) {
     CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&part), static_cast<size_t>(splits * p.m * p.n) * 4, stream));
@@ -309,6 +303,15 @@ void launch_wgmma_bn(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_
     HYSERVE_CUDA_CHECK_LAUNCH();
     CUDA_CHECK(scratch_free(part, stream));
   }
+}
+
+template <int BN>
+void launch_wgmma_bn(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
+  const wgmma_plan plan = wgmma_plan_for(p.m, p.n, p.k, BN, sm_count());
+  if constexpr (BN < 256) {
+    if (plan.wg == 1) return launch_wgmma_grid<BN, 1>(p, x16, plan.splits, stream);
+  }
+  launch_wgmma_grid<BN, 2>(p, x16, plan.splits, stream);
 }
 
 void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {

@@ -18,6 +18,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "async_copy.cuh"
 #include "wgmma_ops.cuh"
@@ -165,6 +166,37 @@ __global__ void wgmma_reduce_splits(const float* __restrict__ partials, float* _
     acc.w += beta * old.w;
   }
   *o = acc;
+}
+
+// The grid of a call: consumer warpgroups (WG) and splits of k. Each candidate (WG 2, or 1 below
+// 256 rows a tile; 1..8 splits of at least 8 k blocks each) is costed as its bytes (weights,
+// activations, the outputs, and with splits the partial sums written and read back) over the
+// share of the device's block slots (SMs · blocks an SM) its whole waves fill; the cheapest
+// wins, then fewer splits, then WG 2.
+struct wgmma_plan {
+  int wg = 2, splits = 1;
+};
+inline wgmma_plan wgmma_plan_for(int64_t m, int64_t n, int64_t k, int bn, int sms) {
+  const int64_t kbs = (k + kWgmmaBK - 1) / kWgmmaBK, mtiles = (m + bn - 1) / bn;
+  const double fixed = 2.0 * static_cast<double>(n * k + m * k) + 4.0 * static_cast<double>(m * n);
+  wgmma_plan best;
+  double best_cost = 0.0;
+  for (int wg : {2, 1}) {
+    if (wg == 1 && bn == 256) continue;
+    const int64_t tiles = (n + wgmma_rows(wg) - 1) / wgmma_rows(wg) * mtiles;
+    const int64_t slots = int64_t{sms} * wgmma_blocks_per_sm(bn, wg);
+    for (int s = 1; s <= 8; ++s) {
+      if (s > 1 && kbs / s < 8) break;
+      const int64_t blocks = tiles * s, waves = (blocks + slots - 1) / slots;
+      const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+      const double cost = (fixed + (s > 1 ? 8.0 * s * static_cast<double>(m * n) : 0.0)) / fill;
+      if (best_cost == 0.0 || cost < best_cost * (1.0 - 1e-9)) {
+        best_cost = cost;
+        best = {wg, s};
+      }
+    }
+  }
+  return best;
 }
 
 // A tensor map of a row-major bf16 matrix [rows][cols] with row stride ld elements (ld % 8 == 0,
