@@ -423,7 +423,7 @@ EOF2
       # The warpgroup-MMA linear kernel (kernels/cuda/gemm_wgmma.cuh) against a CUDA-core reference
       # and beside cuBLAS at 1..256 and 2048 rows on the 9B's shapes (bench/probes/wgmma_linear_probe.cu).
       stage wgmma-probe-build 120 /usr/local/cuda/bin/nvcc -O3 \
-        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 -Ikernels/cuda \
+        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 -Ikernels/cuda -Icommon/include -Ikernels/include \
         bench/probes/wgmma_linear_probe.cu -lcublas -o "$build/wgmma_probe"
       stage wgmma-probe 240 "$build/wgmma_probe" ;;
     cublaslt-probe)

@@ -8,7 +8,7 @@
 //      set, the best printed, and its reduction included) and of cublasGemmEx (bf16 in, f32 out,
 //      f32 compute, default algorithm); % of the device-to-device copy bandwidth measured here
 //      (bytes: weights + activations + f32 outputs) and TFLOP/s.
-//   nvcc -O3 --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 -Ikernels/cuda \
+//   nvcc -O3 --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 -Ikernels/cuda -Icommon/include -Ikernels/include \
 //        bench/probes/wgmma_linear_probe.cu -lcublas -o wgmma_probe && ./wgmma_probe
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -294,7 +294,7 @@ void launch_wgmma_grid(const gemm_params& p, const __nv_bfloat16* x16, int split
   reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), wgmma_smem(BN, WG));
   const dim3 grid(static_cast<unsigned>(ceil_div(p.n, int64_t{rows})), static_cast<unsigned>(splits),
                   static_cast<unsigned>(ceil_div(p.m, int64_t{BN})));
-  kernel<<<grid, wgmma_threads(WG), wgmma_smem(BN, WG), stream>>>(tw, tx, a);
+  launch_pdl(kernel, grid, dim3(wgmma_threads(WG)), wgmma_smem(BN, WG), stream, tw, tx, a);
   HYSERVE_CUDA_CHECK_LAUNCH();
   if (splits > 1) {
     const int64_t q = p.m * p.n / 4;

@@ -12,7 +12,9 @@
 // partial sums to partials[s] (one split: to y); wgmma_reduce_splits adds the splits in
 // ascending order. Every output's sum is over its k16 steps in ascending order within a split.
 // Rows of x or w beyond m or n are read as zeros by the copy engine and not written.
-// The tensor maps are built once per (pointer, shape) on the host: wgmma_tensor_map.
+// The tensor maps are built on the host for each call (wgmma_tensor_map). Launched with
+// programmatic dependent launch, a block fetches its first stages' weights before it waits for
+// the kernel before it.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cudaTypedefs.h>
@@ -21,6 +23,7 @@
 #include <initializer_list>
 
 #include "async_copy.cuh"
+#include "launch.cuh"
 #include "wgmma_ops.cuh"
 
 namespace hyserve::kernels::cuda_detail {
@@ -87,9 +90,18 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
   if (wg == 0) {  // the producer
     if constexpr (WG == 2 || BN < 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (t == 0) {
-      for (int i = 0; i < nk; ++i) {
+      // The first S stages' weights before the programmatic-launch wait (no earlier kernel
+      // writes them), their activations after it.
+      const int pre = min(S, nk);
+      for (int i = 0; i < pre; ++i) {
+        mbar_arrive_expect_tx(&full[i], STAGE);
+        tma_load_2d(smem + i * STAGE, &tw, (kb0 + i) * kWgmmaBK, n0, &full[i]);
+      }
+      pdl_wait();
+      for (int i = 0; i < pre; ++i) tma_load_2d(smem + i * STAGE + W_BYTES, &tx, (kb0 + i) * kWgmmaBK, m0, &full[i]);
+      for (int i = pre; i < nk; ++i) {
         const int s = i % S;
-        if (i >= S) mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
+        mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
         uint8_t* dst = smem + s * STAGE;
         mbar_arrive_expect_tx(&full[s], STAGE);
         tma_load_2d(dst, &tw, (kb0 + i) * kWgmmaBK, n0, &full[s]);
@@ -124,6 +136,8 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
   }
   wgmma_wait<0>();
   wgmma_fence_regs(d);
+  pdl_wait();  // y: read (beta) and written after the kernels before this one
+  pdl_launch_dependents();
 
   // d[4j + e]: feature row r (+8 for e >= 2) of the warpgroup's 64, activation row 8j + 2·(lane % 4) (+1 for odd e).
   const int warp = t / 32, lane = t % 32;
