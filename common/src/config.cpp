@@ -229,7 +229,7 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "gdn_cluster", "gdn_decode",
-                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "norm_linear",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_wgmma", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
@@ -265,6 +265,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
   named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt"});
   if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
+  if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "overlap", "split"});
   if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);

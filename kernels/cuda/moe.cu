@@ -29,6 +29,7 @@
 #include "launch.cuh"
 #include "moe_decode.cuh"
 #include "moe_gemm.cuh"
+#include "moe_gemm_wgmma.cuh"
 #include "moe_route.cuh"
 #include "stream_alloc.h"
 
@@ -216,7 +217,10 @@ void run_shared_expert(const moe_experts_params& p, cudaStream_t stream) {
 template <class W>
 void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   const int64_t T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, k = p.top_k, R = T * k;
-  const moe_gemm_path path = choose_moe_gemm<W>(R, E);
+  moe_gemm_path path = choose_moe_gemm<W>(R, E);
+  if constexpr (std::is_same_v<W, bf16>) {
+    if (path == moe_gemm_path::kLarge && moe_wgmma_applies(p)) path = moe_gemm_path::kWgmma;
+  }
   const int bm = moe_tile_rows(path);
   route_args ra;
   ra.logits = p.router_logits;
@@ -298,7 +302,7 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   g1.offsets = offsets;
   g1.tile_offsets = tiles;
   g1.experts = static_cast<int>(E);
-  launch_gemm<W, true>(g1, R, path, stream);
+  launch_experts_gemm<W, true>(g1, R, path, stream);
 
   gg_args g2 = g1;
   g2.a = act;
@@ -312,7 +316,7 @@ void run_moe(const moe_experts_params& p, cudaStream_t stream) {
   g2.ldc = H;
   g2.n = H;
   g2.k = I;
-  launch_gemm<W, false>(g2, R, path, stream);
+  launch_experts_gemm<W, false>(g2, R, path, stream);
 
   const int combine_threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(H / 4, 32) * 32)));
   launch_pdl(moe_combine_kernel, dim3(static_cast<unsigned>(T)), dim3(combine_threads), 0, stream, y, H, slot_pos, wts,

@@ -410,7 +410,7 @@ void launch_moe_gemv(const gg_args& g, int64_t rows, cudaStream_t stream) {
 // mode), else small or large mma.sync tiles. Under determinism: batch_invariant only the
 // mma.sync kernels run: one chain of k16 MMAs per output whatever the tile, so a row's bits do
 // not depend on the call.
-enum class moe_gemm_path { kGemv, kSmall, kLarge };
+enum class moe_gemm_path { kGemv, kSmall, kLarge, kWgmma };  // kWgmma: moe_gemm_wgmma.cuh (128-row tiles)
 
 template <class W>
 moe_gemm_path choose_moe_gemm(int64_t rows, int64_t experts) {
@@ -419,7 +419,9 @@ moe_gemm_path choose_moe_gemm(int64_t rows, int64_t experts) {
   return rows < 16 * experts ? moe_gemm_path::kSmall : moe_gemm_path::kLarge;
 }
 // The scan's tile rows for a path: the GEMV takes one tile an active expert (rows <= kLargeBM).
-int moe_tile_rows(moe_gemm_path path) { return path == moe_gemm_path::kSmall ? kSmallBM : kLargeBM; }
+int moe_tile_rows(moe_gemm_path path) {
+  return path == moe_gemm_path::kSmall ? kSmallBM : path == moe_gemm_path::kWgmma ? 128 : kLargeBM;
+}
 
 template <class W, bool kSwiglu>
 void launch_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_t stream) {

@@ -36,6 +36,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
     EXPECT_FALSE(k.linear_wgmma);
+    EXPECT_FALSE(k.moe_wgmma);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -62,6 +63,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_gate: true
   norm_linear_wide: true
   linear_wgmma: true
+  moe_wgmma: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -83,6 +85,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_wgmma);
+  EXPECT_TRUE(k.moe_wgmma);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

@@ -91,6 +91,11 @@ struct kernel_paths {
   // MMA's A operand, the rows as its B, split-K with an ordered reduction) instead of cuBLAS;
   // false (default): cuBLAS. Not yet measured in a model.
   bool linear_wgmma = false;
+  // true: the routed experts' grouped GEMMs of the many-row path (prefill; bf16 weights, fast
+  // mode) on hyserve's warpgroup-MMA kernel (moe_gemm_wgmma.cuh: 128-row tiles, the weights by
+  // tensor copies, the rows gathered by cp.async); false (default): mma.sync tiles. Not yet
+  // measured.
+  bool moe_wgmma = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;

@@ -1,0 +1,189 @@
+#pragma once
+// The routed experts' grouped GEMMs on warpgroup MMAs (kernels.moe_wgmma: bf16 weights, fast
+// mode, the many-row path: prefill), beside moe_gemm.cuh's mma.sync tiles (moe.cu, the only
+// includer; internal linkage). The same contract as moe_grouped_gemm_kernel:
+//   swiglu: act[r] = bf16(silu(a[r] · gate_eᵀ) ⊙ (a[r] · up_eᵀ))
+//   else:   y[r]   = a[r] · down_eᵀ (f32)
+// for the permuted rows r of each expert e. A block takes one scan tile (kMoeWgmmaRows rows of
+// one expert: the MMA's N, the activations its B operand) and 128 weight rows (the MMA's A, two
+// consumer warpgroups of 64): swiglu, 64 outputs' gate rows and up rows (a warpgroup each; the
+// gate warpgroup hands its sums to the up warpgroup through shared memory); else 128 outputs.
+// The producer warpgroup fills a ring of stages: one thread the weight rows by tensor copies
+// (gemm_wgmma.cuh's 128-byte-swizzled K-major tiles), all 128 threads the tile's activation rows
+// by cp.async (gathered through a_rows, zero past the tile's rows and k), in the same swizzle,
+// each thread's copies completing on the stage's barrier. Sums in f32 over k16 steps in order.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "async_copy.cuh"
+#include "gemm_wgmma.cuh"
+#include "hyserve/kernels/moe.h"
+#include "hyserve/kernels/paths.h"
+#include "moe_gemm.cuh"
+#include "wgmma_ops.cuh"
+
+namespace hyserve::kernels::cuda_detail {
+namespace {
+
+constexpr int kMoeWgmmaRows = 128;  // activation rows a tile (the scan's tile rows)
+constexpr int kMoeWgmmaStages = 5;  // 32 KB a stage: 128 weight rows and 128 activation rows of 64 k
+constexpr int kMoeWgmmaStage = 2 * 128 * 128;
+constexpr int kMoeWgmmaGateBytes = 128 * (kMoeWgmmaRows / 2) * 4;  // the gate warpgroup's sums
+constexpr int kMoeWgmmaSmem = kMoeWgmmaStages * kMoeWgmmaStage + kMoeWgmmaGateBytes + 1024;
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+template <bool kSwiglu>
+__global__ void __launch_bounds__(384, 1) moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const gg_args g) {
+  constexpr int BN = kMoeWgmmaRows, S = kMoeWgmmaStages, W_BYTES = 128 * 128;
+  extern __shared__ uint8_t moe_wg_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
+  float* gate_sums = reinterpret_cast<float*>(smem + S * kMoeWgmmaStage);
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  __shared__ int64_t s_arow[BN];  // element offset of each tile row's operand; -1: none
+
+  const expert_tile tile = find_expert_tile(g, BN);
+  if (!tile.valid) return;  // uniform over the block
+  const int e = tile.e, row_begin = tile.row_begin, row_end = tile.row_end;
+  const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+  // The block's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
+  const int64_t rows_per_expert = g.b_expert / g.ldb;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * (kSwiglu ? 64 : 128);
+  const int64_t wrow0 = e * rows_per_expert + j0;
+  const int64_t wrow1 = kSwiglu ? e * rows_per_expert + g.b_up / g.ldb + j0 : wrow0 + 64;
+  if (threadIdx.x < BN) {
+    const int r = row_begin + static_cast<int>(threadIdx.x);
+    s_arow[threadIdx.x] = r < row_end ? static_cast<int64_t>(g.a_rows ? g.a_rows[r] : r) * g.lda : int64_t{-1};
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1 + 128);  // the tensor copies' arrival and 128 cp.async arrivals
+      mbar_init(&empty[s], 2);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+  const int nk = static_cast<int>((g.k + kWgmmaBK - 1) / kWgmmaBK);
+
+  if (wg == 0) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    const bf16* A = static_cast<const bf16*>(g.a);
+    for (int i = 0; i < nk; ++i) {
+      const int s = i % S;
+      if (i >= S) mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
+      uint8_t* st = smem + s * kMoeWgmmaStage;
+      const int k0 = i * kWgmmaBK;
+      if (t == 0) {
+        mbar_arrive_expect_tx(&full[s], W_BYTES);
+        tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
+        tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
+      }
+      uint8_t* xs = st + W_BYTES;
+#pragma unroll
+      for (int j = 0; j < BN * 8 / 128; ++j) {  // 16-byte chunks: row c / 8, chunk c % 8 of 64 k
+        const int c = t + 128 * j, row = c >> 3, kc = c & 7;
+        const int64_t src = s_arow[row];
+        const bool valid = src >= 0 && k0 + kc * 8 < g.k;
+        cp_async16_zfill(xs + row * 128 + ((kc ^ (row & 7)) << 4), valid ? A + src + k0 + kc * 8 : A, valid);
+      }
+      cp_async_mbar_arrive(&full[s]);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");  // 128 · 56 + 256 · 224 registers
+  const int c = wg - 1;
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  for (int i = 0; i < nk; ++i) {
+    const int s = i % S;
+    mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
+    fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
+    const uint8_t* ws = smem + s * kMoeWgmmaStage + c * 64 * 128;
+    const uint8_t* xs = smem + s * kMoeWgmmaStage + W_BYTES;
+    wgmma_fence_regs(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
+      wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    wgmma_fence_regs(d);
+    if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(d);
+
+  // d[4j + q]: weight row 16·warp + lane / 4 (+8 for q >= 2) of the warpgroup's 64, tile row
+  // 8j + 2·(lane % 4) (+1 for odd q).
+  const int warp = t / 32, lane = t % 32;
+  if constexpr (kSwiglu) {
+    if (c == 0) {  // the gate sums, in the up warpgroup's fragment order
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) gate_sums[i * 128 + t] = d[i];
+    }
+    named_sync(1, 256);
+    if (c == 0) return;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
+        const int64_t col = j0 + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
+        if (r >= row_end || col >= g.n) continue;
+        const float gv = gate_sums[(4 * j + q) * 128 + t];
+        const float v = gv / (1.0f + expf(-gv)) * d[4 * j + q];  // the swiglu op's formula
+        static_cast<bf16*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = __float2bfloat16(v);
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
+        const int64_t col = j0 + 64 * c + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
+        if (r >= row_end || col >= g.n) continue;
+        static_cast<float*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = d[4 * j + q];
+      }
+  }
+}
+
+// Whether the many-row path of a call runs here (kernels.moe_wgmma; bf16 weights, fast mode):
+// 16-byte weight and activation rows, the weights 16-byte aligned.
+inline bool moe_wgmma_applies(const moe_experts_params& p) {
+  return current_paths().moe_wgmma && !current_paths().batch_invariant && p.hidden % 8 == 0 && p.inter % 8 == 0 &&
+         aligned16(p.gate_up) && aligned16(p.down);
+}
+
+template <bool kSwiglu>
+void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
+  CUtensorMap tw;
+  const int64_t map_rows = static_cast<int64_t>(g.experts) * (g.b_expert / g.ldb);
+  if (!wgmma_tensor_map(&tw, g.b, map_rows, g.k, 64, g.ldb))
+    throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' GEMM");
+  auto kernel = moe_wgmma_kernel<kSwiglu>;
+  reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), kMoeWgmmaSmem);
+  const dim3 grid(static_cast<unsigned>(max_tiles(rows, g.experts, kMoeWgmmaRows)),
+                  static_cast<unsigned>(ceil_div(g.n, int64_t{kSwiglu ? 64 : 128})));
+  kernel<<<grid, 384, kMoeWgmmaSmem, stream>>>(tw, g);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+}
+
+// The experts' GEMM of a path: kWgmma (moe_wgmma_applies held, the scan's tiles of
+// kMoeWgmmaRows) here, the others moe_gemm.cuh's.
+template <class W, bool kSwiglu>
+void launch_experts_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_t stream) {
+  if constexpr (std::is_same_v<W, bf16>) {
+    if (path == moe_gemm_path::kWgmma) return launch_moe_wgmma<kSwiglu>(g, rows, stream);
+  }
+  launch_gemm<W, kSwiglu>(g, rows, path, stream);
+}
+
+}  // namespace
+}  // namespace hyserve::kernels::cuda_detail
