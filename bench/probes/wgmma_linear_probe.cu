@@ -4,7 +4,9 @@
 //   1. Correctness (up to 256 rows): the first 1024 columns of every row against a CUDA-core
 //      reference (f32 sums of the same bf16 products, k ascending), |diff| <= 2e-3 + 1e-3·|ref|,
 //      and every output written, for each shape, row count, variant and split.
-//   2. Speed: median of 20 timed calls (cudaEvents) of the kernel (each split count of a small
+//   2. Row invariance: with the splits fixed, a row's bits against the same row of 256 rows, for
+//      several row counts (BN 8 … 256) and both consumer counts (printed, not a failure).
+//   3. Speed: median of 20 timed calls (cudaEvents) of the kernel (each split count of a small
 //      set, the best printed, and its reduction included) and of cublasGemmEx (bf16 in, f32 out,
 //      f32 compute, default algorithm); % of the device-to-device copy bandwidth measured here
 //      (bytes: weights + activations + f32 outputs) and TFLOP/s.
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -124,6 +127,46 @@ double median_ms(F&& f, cudaStream_t st, int reps = 20) {
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
   return t[t.size() / 2];
+}
+
+// Row invariance (for determinism: batch_invariant): with the split count fixed, is a row's
+// output the same bits whatever the number of rows (so BN, the MMA's N, 8 … 256) and the consumer
+// warpgroups? Rows 0..m-1 of each m in ms against the same rows of m = 256, WG 2, s splits.
+bool row_invariance(const shape& sh, const bf16* w, const bf16* x, float* y, float* part, cudaStream_t st) {
+  const int64_t ms[] = {1, 8, 9, 17, 64, 100, 129, 256};
+  // y for m rows on wg consumer warpgroups, s splits, copied to the host.
+  auto rows_of = [&](int wg, int64_t m, int splits, std::vector<float>& out) {
+    const int bn = bn_for(m);
+    CUtensorMap tw, tx;
+    if (!cd::wgmma_tensor_map(&tw, w, sh.n, sh.k, cd::wgmma_rows(wg)) || !cd::wgmma_tensor_map(&tx, x, m, sh.k, bn))
+      return false;
+    run(wg, bn, tw, tx, m, sh.n, sh.k, splits, y, part, st);
+    CK(cudaGetLastError());
+    out.resize(static_cast<size_t>(m * sh.n));
+    CK(cudaMemcpyAsync(out.data(), y, out.size() * 4, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    return true;
+  };
+  bool ok = true;
+  for (int splits : {1, 4}) {
+    std::vector<float> base, got;
+    if (!rows_of(2, 256, splits, base)) return false;
+    int differ = 0, compared = 0;
+    for (int wg : {2, 1})
+      for (int64_t m : ms) {
+        if (!rows_of(wg, m, splits, got)) return false;
+        ++compared;
+        if (std::memcmp(got.data(), base.data(), got.size() * 4) != 0) {
+          ++differ;
+          std::printf("    splits %d wg %d m %lld: rows differ in bits from m 256's\n", splits, wg,
+                      static_cast<long long>(m));
+        }
+      }
+    std::printf("  row invariance, splits %d: %d of %d (wg, m) runs bit-identical to m 256's rows\n", splits,
+                compared - differ, compared);
+    ok = ok && differ == 0;
+  }
+  return ok;
 }
 
 int main() {
@@ -250,6 +293,8 @@ int main() {
                   flops / (best * 1e-3) / 1e12, tc * 1e3, 100.0 * bytes / (tc * 1e-3) / copy_bw,
                   flops / (tc * 1e-3) / 1e12, best_wg, best_s, plan.wg, plan.splits, line);
     }
+    // Not a failure of the probe (fast mode does not need it): printed for the invariant path.
+    row_invariance(sh, w, x, y, part, st);
     CK(cudaFree(w));
     CK(cudaFree(x));
     CK(cudaFree(y));
