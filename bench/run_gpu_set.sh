@@ -37,7 +37,8 @@
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
 # the prefix cache on against off), invariance-speed (the
-# linear layers per row count and the 9B decode step in both modes), invariance-spec
+# linear layers per row count and the 9B decode step in both modes, each also on the
+# warpgroup-MMA linear kernel), invariance-spec
 # (speculative identity at batches 1, 8, 32: n-gram and the draft model chain) and
 # invariance-spec-tree (the same with a draft tree); spec-profile (the op profile of a verify step at
 # batches 8 and 32, fast and batch_invariant); floors (one batch-1 decode step op by op for
@@ -286,7 +287,12 @@ EOF2
       { cat configs/bamba-9b-synthetic-cuda.yaml; echo "determinism: batch_invariant"; } > "$out/bamba-9b-invariant.yaml"
       stage invariance-linear 240 "$bin/hyserve-bench-cuda" linear_rows
       stage invariance-model-fast 180 "$bin/hyserve-bench-model" configs/bamba-9b-synthetic-cuda.yaml --batches 1,64
-      stage invariance-model 180 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64 ;;
+      stage invariance-model 180 "$bin/hyserve-bench-model" "$out/bamba-9b-invariant.yaml" --batches 1,64
+      # The warpgroup-MMA linear kernel in each mode (kernels.linear_wgmma, kernels.invariant_gemm: wgmma).
+      stage invariance-model-fast-wgmma 180 "$bin/hyserve-bench-model" \
+        "$(with_kernels configs/bamba-9b-synthetic-cuda.yaml linear_wgmma true)" --batches 1,64
+      stage invariance-model-wgmma 180 "$bin/hyserve-bench-model" \
+        "$(with_kernels "$out/bamba-9b-invariant.yaml" invariant_gemm wgmma)" --batches 1,64 ;;
     invariance-spec | invariance-spec-tree)
       # Speculative identity at batches 1, 8, 32 under batch_invariant (hyserve-bench-spec exits 2
       # on a row that differs from plain decoding; each cell's progress line says "identical" or

@@ -431,24 +431,31 @@ void bench_skinny_gemm(cudaStream_t stream, std::vector<row>& rows) {
 // rows (decode batches, verify steps) and 2048 (a prefill chunk), in both determinism modes:
 // "fast" (the default kernels: the skinny kernel up to 8 rows, cuBLAS above), "batch_invariant"
 // (the row-invariant tensor-core kernels: the skinny one below 256 rows, the tiled one from 256)
-// "batch_invariant tiled" (the tiled one from 9 rows: the same bits, another speed) and
-// "batch_invariant lt" (the experiment of cuBLASLt with split-K 1 for every m,
-// set_invariant_gemm_backend). At 2048 rows the time is what matters (compute-bound).
+// "batch_invariant tiled" (the tiled one from 9 rows: the same bits, another speed),
+// "batch_invariant lt" (cuBLASLt with split-K 1 for every m, set_invariant_gemm_backend),
+// "fast wgmma" (kernels.linear_wgmma: 9..256 rows on the warpgroup-MMA kernel) and
+// "batch_invariant wgmma" (kernels.invariant_gemm: wgmma, every m). At 2048 rows the time is
+// what matters (compute-bound).
 void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
   constexpr int64_t kRows[] = {1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 2048};
   for (const linear_layer& layer : kLinearLayers) {
     if (std::string(layer.name) == "lm_head") continue;
     const linear_bench lb(layer, 2048, 90);
     const invariant_gemm_backend saved = current_invariant_gemm_backend();
-    static const char* const kModes[] = {" fast", " batch_invariant", " batch_invariant tiled", " batch_invariant lt"};
-    for (const int mode : {0, 1, 2, 3}) {
+    static const char* const kModes[] = {" fast",          " batch_invariant",   " batch_invariant tiled",
+                                         " batch_invariant lt", " fast wgmma", " batch_invariant wgmma"};
+    static const invariant_gemm_backend kBackends[] = {
+        invariant_gemm_backend::kKernels,  invariant_gemm_backend::kKernels, invariant_gemm_backend::kKernels,
+        invariant_gemm_backend::kCublasLt, invariant_gemm_backend::kKernels, invariant_gemm_backend::kWgmma};
+    for (const int mode : {0, 1, 2, 3, 4, 5}) {
       kernel_paths paths;
-      paths.batch_invariant = mode > 0;
+      paths.batch_invariant = mode != 0 && mode != 4;
+      paths.linear_wgmma = mode == 4;
       const paths_scope scope(paths);
       set_invariant_tiled_rows(mode == 2 ? 9 : 0);
-      set_invariant_gemm_backend(mode == 3 ? invariant_gemm_backend::kCublasLt : invariant_gemm_backend::kKernels);
+      set_invariant_gemm_backend(kBackends[mode]);
       for (const int64_t m : kRows) {
-        if (mode == 2 && m <= 8) continue;  // the skinny kernel either way
+        if ((mode == 2 || mode == 4) && m <= 8) continue;  // the skinny kernel either way
         const double us = lb.time_us(stream, m);
         rows.push_back({"linear_rows", lb.label() + kModes[mode], static_cast<int>(m), us, lb.bytes(m)});
       }

@@ -263,7 +263,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("gdn_decode", k.gdn_decode, {"default", "grid", "persistent", "persistent8", "tiles8"});
   integer("gdn_max_tokens", k.gdn_max_tokens, 1, 1 << 30);
   named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
-  named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt"});
+  named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt", "wgmma"});
   if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
   if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "overlap", "split"});

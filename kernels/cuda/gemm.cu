@@ -6,7 +6,7 @@
 // drafts) go through a bandwidth-bound skinny kernel with f32 A; otherwise op(A) is rounded to bf16 into a stream-ordered scratch
 // buffer (compact, ld = its row length) and cublasGemmEx multiplies bf16 × bf16 into f32 C with
 // f32 accumulation (CUBLAS_COMPUTE_32F) on the tensor cores; or, kernels.linear_wgmma, 9..256 rows
-// on hyserve's warpgroup-MMA kernel (gemm_wgmma.cuh).
+// on hyserve's warpgroup-MMA kernel (gemm_wgmma.cuh, launched by gemm_wgmma_launch.cuh).
 //
 // determinism: batch_invariant (kernel_paths::batch_invariant) takes cuBLAS out: its algorithm,
 // tiling and split-K follow m, so a row's bits would depend on the rows beside it. bf16 weights
@@ -36,7 +36,7 @@
 #include "gemm_paths.h"
 #include "gemm_skinny.cuh"
 #include "gemm_lt.cuh"
-#include "gemm_wgmma.cuh"
+#include "gemm_wgmma_launch.cuh"
 #include "launch.cuh"
 #include "stream_alloc.h"
 
@@ -174,6 +174,49 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
   return done;
 }
 
+// determinism: batch_invariant on the warpgroup-MMA kernel (kernels.invariant_gemm: wgmma;
+// gemm_wgmma_launch.cuh): the activations rounded to bf16, then one call (two and the SwiGLU
+// formula for the fused projection), its splits by the weight's shape. False, with nothing
+// launched, where the layout or the scaling (alpha 1, beta 0 or 1) is not one it takes: by the
+// call's shape, never by m.
+template <bool kSwiglu>
+bool launch_invariant_wgmma(const skinny_args& a, int64_t m, cudaStream_t stream) {
+  if (!kSwiglu && (a.alpha != 1.0f || (a.beta != 0.0f && a.beta != 1.0f))) return false;
+  wgmma_call c;
+  c.w = a.b0;
+  c.ldw = a.ldb;
+  c.y = a.c;
+  c.ldy = a.ldc;
+  c.m = m;
+  c.n = a.n;
+  c.k = a.k;
+  c.beta = kSwiglu ? 0.0f : a.beta;
+  if (!wgmma_layout_applies(c) || (kSwiglu && !aligned16(a.b1))) return false;
+  __nv_bfloat16* a16 = nullptr;
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
+  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  if constexpr (kSwiglu) {
+    float* gu = nullptr;
+    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&gu), static_cast<size_t>(2 * m * a.n) * sizeof(float), stream));
+    c.y = gu;
+    c.ldy = a.n;
+    launch_wgmma_invariant(c, a16, stream);
+    c.w = a.b1;
+    c.y = gu + m * a.n;
+    launch_wgmma_invariant(c, a16, stream);
+    const auto eb = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.n, 256), 4 * int64_t{sm_count()} * 8));
+    lt_swiglu_kernel<<<eb, 256, 0, stream>>>(gu, gu + m * a.n, a.c, m, a.n, a.ldc);
+    HYSERVE_CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(scratch_free(gu, stream));
+  } else {
+    launch_wgmma_invariant(c, a16, stream);
+  }
+  CUDA_CHECK(scratch_free(a16, stream));  // stream-ordered: after the GEMMs
+  return true;
+}
+
 template <bool kSwiglu>
 void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   const bool exact = !batch_invariant();
@@ -184,6 +227,10 @@ void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
                   (chosen == kernel_paths::invariant_gemm_kind::kDefault &&
                    g_invariant_backend == invariant_gemm_backend::kCublasLt);
   if (!exact && lt && launch_invariant_lt<kSwiglu>(a, m, stream)) return;
+  const bool wgmma = chosen == kernel_paths::invariant_gemm_kind::kWgmma ||
+                     (chosen == kernel_paths::invariant_gemm_kind::kDefault &&
+                      g_invariant_backend == invariant_gemm_backend::kWgmma);
+  if (!exact && wgmma && launch_invariant_wgmma<kSwiglu>(a, m, stream)) return;
   // Row tiles per block (and so the k split's table) as the skinny kernel takes them for n.
   const bool two_tiles = !kSwiglu && a.n >= 16384;
   const bool tiled = !exact && m >= (g_tiled_min_rows > 0 ? g_tiled_min_rows : kTiledMinRows);
@@ -256,71 +303,6 @@ void skinny_bf16(const gemm_params& p, cudaStream_t stream) {
   a.alpha = p.alpha;
   a.beta = p.beta;
   launch_skinny<false>(a, p.m, stream);
-}
-
-// kernels.linear_wgmma (fast mode): 9..256 rows on the warpgroup-MMA kernel (gemm_wgmma.cuh),
-// x already rounded to bf16 (x16 [m, k] compact), its grid by wgmma_plan_for. Its layouts: the
-// weight [n, k] (trans_b) with 16-byte rows, alpha 1, C's rows float4-aligned.
-bool wgmma_linear_applies(const gemm_params& p) {
-  return current_paths().linear_wgmma && !p.trans_a && p.trans_b && p.m >= 1 && p.m <= 256 && p.k % 8 == 0 &&
-         p.ldb % 8 == 0 && p.n % 4 == 0 && p.ldc % 4 == 0 && p.alpha == 1.0f && aligned16(p.b) && aligned16(p.c) &&
-         p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31);
-}
-
-template <int BN, int WG>
-void launch_wgmma_grid(const gemm_params& p, const __nv_bfloat16* x16, int splits_asked, cudaStream_t stream) {
-  const int rows = wgmma_rows(WG);
-  CUtensorMap tw, tx;
-  if (!wgmma_tensor_map(&tw, p.b, p.n, p.k, rows, p.ldb) || !wgmma_tensor_map(&tx, x16, p.m, p.k, BN))
-    throw error("gemm: cuTensorMapEncodeTiled failed for the warpgroup-MMA linear kernel");
-  const int64_t kbs = ceil_div(p.k, int64_t{kWgmmaBK});
-  wgmma_linear_args a;
-  a.m = p.m;
-  a.n = p.n;
-  a.k = p.k;
-  a.kb_per_split = static_cast<int>(ceil_div(kbs, int64_t{splits_asked}));
-  const int64_t splits = ceil_div(kbs, int64_t{a.kb_per_split});
-  float* part = nullptr;
-  if (splits > 1) {
-    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&part), static_cast<size_t>(splits * p.m * p.n) * 4, stream));
-    a.y = part;
-    a.ldy = p.n;
-  } else {
-    a.y = p.c;
-    a.ldy = p.ldc;
-    a.beta = p.beta;
-  }
-  auto kernel = wgmma_linear_kernel<BN, WG>;
-  reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), wgmma_smem(BN, WG));
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, int64_t{rows})), static_cast<unsigned>(splits),
-                  static_cast<unsigned>(ceil_div(p.m, int64_t{BN})));
-  launch_pdl(kernel, grid, dim3(wgmma_threads(WG)), wgmma_smem(BN, WG), stream, tw, tx, a);
-  HYSERVE_CUDA_CHECK_LAUNCH();
-  if (splits > 1) {
-    const int64_t q = p.m * p.n / 4;
-    wgmma_reduce_splits<<<static_cast<unsigned>(ceil_div(q, int64_t{256})), 256, 0, stream>>>(
-        part, p.c, p.m, p.n, p.ldc, static_cast<int>(splits), p.beta);
-    HYSERVE_CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(scratch_free(part, stream));
-  }
-}
-
-template <int BN>
-void launch_wgmma_bn(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
-  const wgmma_plan plan = wgmma_plan_for(p.m, p.n, p.k, BN, sm_count());
-  if constexpr (BN < 256) {
-    if (plan.wg == 1) return launch_wgmma_grid<BN, 1>(p, x16, plan.splits, stream);
-  }
-  launch_wgmma_grid<BN, 2>(p, x16, plan.splits, stream);
-}
-
-void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
-  if (p.m <= 8) launch_wgmma_bn<8>(p, x16, stream);
-  else if (p.m <= 16) launch_wgmma_bn<16>(p, x16, stream);
-  else if (p.m <= 32) launch_wgmma_bn<32>(p, x16, stream);
-  else if (p.m <= 64) launch_wgmma_bn<64>(p, x16, stream);
-  else if (p.m <= 128) launch_wgmma_bn<128>(p, x16, stream);
-  else launch_wgmma_bn<256>(p, x16, stream);
 }
 
 void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {

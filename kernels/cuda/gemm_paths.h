@@ -33,10 +33,11 @@ void set_invariant_tiled_rows(int64_t min_rows);
 
 // determinism: batch_invariant, bf16 weights: the row-invariant GEMMs on cuBLASLt with split-K 1
 // (the default; gemm_lt.cuh; each output one MMA chain over k, which
-// bench/probes/cublaslt_invariance_probe.cu checked on the device) or on hyserve's kernels. A
+// bench/probes/cublaslt_invariance_probe.cu checked on the device), on hyserve's kernels, or on
+// the warpgroup-MMA linear kernel (kWgmma: gemm_wgmma_launch.cuh; not yet measured). A
 // config's kernels.invariant_gemm (exec_context::paths) wins over this process default. Layouts
 // without 16-byte rows stay on the kernels.
-enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1 };
+enum class invariant_gemm_backend { kKernels = 0, kCublasLt = 1, kWgmma = 2 };
 void set_invariant_gemm_backend(invariant_gemm_backend backend);
 invariant_gemm_backend current_invariant_gemm_backend();
 

@@ -11,6 +11,10 @@
 // weight rows 64·WG·i…, k blocks [s·kbs, (s + 1)·kbs) and activation rows BN·j…, and writes its
 // partial sums to partials[s] (one split: to y); wgmma_reduce_splits adds the splits in
 // ascending order. Every output's sum is over its k16 steps in ascending order within a split.
+// kSumSplits (determinism: batch_invariant, many rows): a block takes splits_per_block splits in
+// turn, each from zero, and adds them up in ascending order in registers, the reduction's
+// arithmetic, so an output has the same bits whether its splits met in a block or in
+// wgmma_reduce_splits.
 // Rows of x or w beyond m or n are read as zeros by the copy engine and not written.
 // The tensor maps are built on the host for each call (wgmma_tensor_map). Launched with
 // programmatic dependent launch, a block fetches its first stages' weights before it waits for
@@ -51,6 +55,7 @@ struct wgmma_linear_args {
   int64_t ldy = 0;
   float beta = 0.0f;        // one split: y = acc + beta · y (beta 0: y not read)
   int kb_per_split = 0;     // 64-wide k blocks a split
+  int splits_per_block = 1; // kSumSplits: the splits a block sums (blockIdx.y then 0)
 };
 
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
@@ -65,7 +70,7 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 // thread do not fit 128 registers), else two.
 __host__ __device__ constexpr int wgmma_blocks_per_sm(int bn, int wg) { return wg == 2 || bn == 256 ? 1 : 2; }
 
-template <int BN, int WG>
+template <int BN, int WG, bool kSumSplits = false>
 __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG))
     wgmma_linear_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                         const wgmma_linear_args a) {
@@ -76,8 +81,9 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
   const int n0 = static_cast<int>(blockIdx.x) * wgmma_rows(WG), m0 = static_cast<int>(blockIdx.z) * BN;
   const int kbs = static_cast<int>((a.k + kWgmmaBK - 1) / kWgmmaBK);
-  const int kb0 = static_cast<int>(blockIdx.y) * a.kb_per_split;
-  const int nk = min(kbs, kb0 + a.kb_per_split) - kb0;
+  const int kb_block = a.kb_per_split * (kSumSplits ? a.splits_per_block : 1);
+  const int kb0 = static_cast<int>(blockIdx.y) * kb_block;
+  const int nk = min(kbs, kb0 + kb_block) - kb0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
@@ -119,6 +125,7 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  float sum[kSumSplits ? BN / 2 : 1];  // kSumSplits: the splits done, added in ascending order
   for (int i = 0; i < nk; ++i) {
     const int s = i % S;
     mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
@@ -133,9 +140,25 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
     wgmma_wait<1>();  // stage i - 1's MMAs are done: release it
     wgmma_fence_regs(d);
     if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
+    if constexpr (kSumSplits) {
+      if ((i + 1) % a.kb_per_split == 0 || i + 1 == nk) {  // a split ends: into the sum, d from zero
+        wgmma_wait<0>();
+        wgmma_fence_regs(d);
+        const bool first = i < a.kb_per_split;
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) {
+          sum[j] = first ? d[j] : sum[j] + d[j];
+          d[j] = 0.0f;
+        }
+      }
+    }
   }
   wgmma_wait<0>();
   wgmma_fence_regs(d);
+  if constexpr (kSumSplits) {
+#pragma unroll
+    for (int j = 0; j < BN / 2; ++j) d[j] = sum[j];
+  }
   pdl_wait();  // y: read (beta) and written after the kernels before this one
   pdl_launch_dependents();
 
@@ -212,6 +235,11 @@ inline wgmma_plan wgmma_plan_for(int64_t m, int64_t n, int64_t k, int bn, int sm
   }
   return best;
 }
+
+// determinism: batch_invariant: the consumer warpgroups and the k splits of every call on a
+// weight [n, k], whatever its rows: one row's plan (the decode step's), so that a row is summed
+// over the same splits at any m.
+inline wgmma_plan wgmma_invariant_plan(int64_t n, int64_t k, int sms) { return wgmma_plan_for(1, n, k, 8, sms); }
 
 // A tensor map of a row-major bf16 matrix [rows][cols] with row stride ld elements (ld % 8 == 0,
 // 16-byte aligned) read in boxes of box_rows × 64 with the 128-byte swizzle; rows and columns

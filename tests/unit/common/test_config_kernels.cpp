@@ -98,6 +98,7 @@ TEST(ConfigKernels, EveryKeyParses) {
 // Each enumerated value maps to its own variant, and `default` to the automatic choice.
 TEST(ConfigKernels, EveryNamedValueParses) {
   EXPECT_EQ(with_kernels("{invariant_gemm: kernels}").kernels.invariant_gemm, kp::invariant_gemm_kind::kKernels);
+  EXPECT_EQ(with_kernels("{invariant_gemm: wgmma}").kernels.invariant_gemm, kp::invariant_gemm_kind::kWgmma);
   EXPECT_EQ(with_kernels("{attn_decode: mma}").kernels.attn_decode, kp::attn_decode_kind::kMma);
   EXPECT_EQ(with_kernels("{attn_decode: default}").kernels.attn_decode, kp::attn_decode_kind::kDefault);
   EXPECT_EQ(with_kernels("{attn_decode_waves: default}").kernels.attn_decode_waves, 0);

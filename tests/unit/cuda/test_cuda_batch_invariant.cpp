@@ -3,9 +3,10 @@
 //   - gemm: row r of an m-row call == the row computed alone, m = 2..70, 300 and 1100, for bf16
 //     weights on the tensor-core kernel (groups of 8 rows, activations rounded to bf16), and for
 //     f32 weights, trans_a, a non-transposed B and unaligned bf16 rows on the CUDA-core kernel,
-//     and for bf16 weights on cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt);
+//     and for bf16 weights on cuBLASLt with split-K 1 (kernels.invariant_gemm: cublaslt) and on
+//     the warpgroup-MMA kernel (kernels.invariant_gemm: wgmma);
 //     the values within 1e-5 + 1e-6·k abs, 1e-5 rel of the CPU op on bf16-exact activations.
-//   - swiglu_linear: the same for the fused projection, m up to 300, on both backends.
+//   - swiglu_linear: the same for the fused projection, m up to 300, on each backend.
 //   Calls of 256 rows and more run the tiled kernel, fewer the skinny one: the rows alone (m = 1)
 //   against m = 300 and 1100 check that the two sum in the same order.
 //   - paged attention: a decode row alone == the same row among 1..199 other decode rows of other
@@ -192,11 +193,25 @@ INSTANTIATE_TEST_SUITE_P(
                     gemm_layout{"bf16_cublaslt_n1025", dtype::kBF16, false, true, 1025, 4096,
                                 invariant_gemm_backend::kCublasLt, true},
                     gemm_layout{"bf16_cublaslt_scaled", dtype::kBF16, false, true, 4096, 2048,
-                                invariant_gemm_backend::kCublasLt, false}),
+                                invariant_gemm_backend::kCublasLt, false},
+                    // The warpgroup-MMA kernel (kernels.invariant_gemm: wgmma): k in splits by the
+                    // weight's shape (4096 × 2048: several, added by the reduction up to 256 rows and
+                    // inside the blocks at 300 and 1100; 16768 × 512: one); n 1025 and other
+                    // scalings stay on the kernels.
+                    gemm_layout{"bf16_wgmma", dtype::kBF16, false, true, 4096, 2048, invariant_gemm_backend::kWgmma,
+                                true},
+                    gemm_layout{"bf16_wgmma_wide", dtype::kBF16, false, true, 16768, 512,
+                                invariant_gemm_backend::kWgmma, true},
+                    gemm_layout{"bf16_wgmma_deep", dtype::kBF16, false, true, 1024, 14336,
+                                invariant_gemm_backend::kWgmma, true},
+                    gemm_layout{"bf16_wgmma_n1025", dtype::kBF16, false, true, 1025, 4096,
+                                invariant_gemm_backend::kWgmma, true},
+                    gemm_layout{"bf16_wgmma_scaled", dtype::kBF16, false, true, 4096, 2048,
+                                invariant_gemm_backend::kWgmma, false}),
     [](const testing::TestParamInfo<gemm_layout>& param_info) { return param_info.param.label; });
 
 
-// The fused SwiGLU projection on both backends (kernels, cuBLASLt with split-K 1).
+// The fused SwiGLU projection on each backend (kernels, cuBLASLt with split-K 1, warpgroup MMAs).
 class InvariantSwigluLinearCuda : public testing::TestWithParam<invariant_gemm_backend> {};
 
 TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
@@ -259,9 +274,14 @@ TEST_P(InvariantSwigluLinearCuda, RowOfAnyCallEqualsTheRowAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, InvariantSwigluLinearCuda,
-                         testing::Values(invariant_gemm_backend::kKernels, invariant_gemm_backend::kCublasLt),
+                         testing::Values(invariant_gemm_backend::kKernels, invariant_gemm_backend::kCublasLt,
+                                         invariant_gemm_backend::kWgmma),
                          [](const testing::TestParamInfo<invariant_gemm_backend>& param_info) {
-                           return param_info.param == invariant_gemm_backend::kKernels ? "kernels" : "cublaslt";
+                           switch (param_info.param) {
+                             case invariant_gemm_backend::kKernels: return "kernels";
+                             case invariant_gemm_backend::kCublasLt: return "cublaslt";
+                             default: return "wgmma";
+                           }
                          });
 
 // ---- paged attention ----

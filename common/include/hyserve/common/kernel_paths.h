@@ -21,8 +21,9 @@ struct kernel_paths {
   enum class gdn_prefill_kind : uint8_t { kDefault, kRecurrent, kTc, kTf32, kBf16 };
   // `invariant_gemm`: the row-invariant bf16 GEMMs of determinism: batch_invariant: default
   // (cublaslt) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, a
-  // 32 MB workspace; layouts it does not take stay on the kernels).
-  enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt };
+  // 32 MB workspace; layouts it does not take stay on the kernels) | wgmma (the warpgroup-MMA
+  // linear kernel, its k splits by the weight's shape; not yet measured).
+  enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt, kWgmma };
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
   // default (fused for one token, with its up and down weights streamed into shared memory by
   // bulk copies through rings, one block an SM (moe_decode_bulk.cuh; the one-row up kernel
