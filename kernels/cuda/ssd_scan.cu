@@ -21,6 +21,8 @@
 //                            the row's chunks in order, state kept in registers.
 //     (A three-kernel path — chunk states, a state pass over each row's chunks, outputs — lost
 //     every measurement to the chained kernel, bench/results runs 5 and 7, and was removed.)
+//   ssd_seq_* pairs, bf16 io → the sequential kernel above for every path (wider heads and
+//                             states: Falcon-H1's head_dim 128, d_state 256);
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is the op's kernels.ssd_scan (exec_context::paths):
 // parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
@@ -275,13 +277,24 @@ bool chunked_supports(const ssd_chunk_scan_params& p) {
          p.batch < (int64_t{1} << 30) && p.heads < (int64_t{1} << 20);
 }
 
+// (head_dim, d_state) of the bf16-io sequential kernel (ssd_scan_bf16.cuh): the pairs above and,
+// for the shapes no other tensor-core path takes (Falcon-H1: head_dim 128, d_state 256), the
+// rest of these tables; above 128 state columns it loads B and C a chunk at a time.
+using ssd_seq_head_dim_table = int_table<64, 128>;
+using ssd_seq_state_dim_table = int_table<128, 256>;
+
+bool seq_supports(const ssd_chunk_scan_params& p) {
+  return ssd_seq_head_dim_table::supports(p.head_dim) && ssd_seq_state_dim_table::supports(p.d_state) &&
+         p.batch < (int64_t{1} << 30) && p.heads < (int64_t{1} << 20);
+}
+
 // f32 io: the 3xTF32 kernel (fp32 accuracy), chunks claimed by ticket, state chained between
 // chunks through the slot (f32 states) or an f32 carry in the workspace (bf16 states).
 // bf16 io: one block per (row, head, slice of 32 state rows) walking the row's chunks.
 template <class TS>
 void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
-  dispatch(ssd_chunked_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
-    dispatch(ssd_chunked_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
+  dispatch(ssd_seq_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
+    dispatch(ssd_seq_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value, PS = 32;
       const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TS, P, N, PS>;
       constexpr size_t smem = ssd_bf16::seq_tiles<P, N, PS>::kBytes;
@@ -475,6 +488,13 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
                                           ssd_chain::kOptStoreY>(p, true, as_stream(stream));
         else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
+    });
+    return;
+  }
+  if (seq_supports(p) && p.io_dtype == dtype::kBF16) {  // every path: the sequential kernel
+    dispatch_ssm_types(p, [&](auto io, auto st) {
+      if constexpr (std::is_same_v<typename decltype(io)::type, __nv_bfloat16>)
+        launch_ssd_bf16_seq<typename decltype(st)::type>(p, as_stream(stream));
     });
     return;
   }

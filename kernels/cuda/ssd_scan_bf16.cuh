@@ -57,7 +57,9 @@ __device__ __forceinline__ uint4 load8(const bf16* src, bool vec) {
 // its slice of the state in registers (f32) from the first chunk to the last: no chain through
 // memory and no workspace. Warp w owns token rows [16w, 16w+16) of C·Bᵀ, W and y, and state
 // columns [w·N/4, (w+1)·N/4) of the slice. The next chunk's B, C, x and dt are loaded into
-// registers while the current one is computed.
+// registers while the current one is computed; with a wide state (N > 128, kPrefetchBC false:
+// 32 registers a thread each for B and C would not fit beside the state) B and C are loaded
+// at the start of their chunk instead, straight into shared memory.
 
 template <int P, int N, int PS>
 struct seq_tiles {
@@ -70,6 +72,7 @@ struct seq_tiles {
   static constexpr size_t kBf16 = static_cast<size_t>(2 * Q * kLdN + PS * kLdN + 2 * Q * kLdP);
   static constexpr size_t kBytes = sizeof(double) * Q + sizeof(bf16) * kBf16 + sizeof(float) * 3 * Q;
   static constexpr int kMinBlocks = PS <= 16 ? 4 : 2;
+  static constexpr bool kPrefetchBC = N <= 128;
 };
 
 template <class TS, int P, int N, int PS>
@@ -131,20 +134,23 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
     }
   }
 
-  uint4 bv[kBC], cv[kBC], xv[kX];
+  constexpr bool kPrefetchBC = tl::kPrefetchBC;
+  uint4 bv[kPrefetchBC ? kBC : 1], cv[kPrefetchBC ? kBC : 1], xv[kX];
   float dtr = 0.0f;
   auto prefetch = [&](int64_t c0) {
     const int64_t rest = len - c0;
     const int L = rest >= Q ? Q : static_cast<int>(rest);
     const int64_t t0 = start + c0;
+    if constexpr (kPrefetchBC) {
 #pragma unroll
-    for (int u = 0; u < kBC; ++u) {
-      const int e = u * kThreads + tid, j = e / (N / 8), c = e % (N / 8);
-      bv[u] = cv[u] = make_uint4(0, 0, 0, 0);
-      if (j < L) {
-        const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * c;
-        bv[u] = load8(Bg + off, vec);
-        cv[u] = load8(Cg + off, vec);
+      for (int u = 0; u < kBC; ++u) {
+        const int e = u * kThreads + tid, j = e / (N / 8), c = e % (N / 8);
+        bv[u] = cv[u] = make_uint4(0, 0, 0, 0);
+        if (j < L) {
+          const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * c;
+          bv[u] = load8(Bg + off, vec);
+          cv[u] = load8(Cg + off, vec);
+        }
       }
     }
 #pragma unroll
@@ -167,8 +173,19 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
 #pragma unroll
     for (int u = 0; u < kBC; ++u) {
       const int e = u * kThreads + tid, j = e / (N / 8), c = e % (N / 8);
-      *reinterpret_cast<uint4*>(Bs + j * kLdN + 8 * c) = bv[u];
-      *reinterpret_cast<uint4*>(Cs + j * kLdN + 8 * c) = cv[u];
+      if constexpr (kPrefetchBC) {
+        *reinterpret_cast<uint4*>(Bs + j * kLdN + 8 * c) = bv[u];
+        *reinterpret_cast<uint4*>(Cs + j * kLdN + 8 * c) = cv[u];
+      } else {
+        uint4 bw = make_uint4(0, 0, 0, 0), cw = make_uint4(0, 0, 0, 0);
+        if (j < L) {
+          const int64_t off = (t0 + j) * p.bc_stride + grp * N + 8 * c;
+          bw = load8(Bg + off, vec);
+          cw = load8(Cg + off, vec);
+        }
+        *reinterpret_cast<uint4*>(Bs + j * kLdN + 8 * c) = bw;
+        *reinterpret_cast<uint4*>(Cs + j * kLdN + 8 * c) = cw;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kX; ++u) {

@@ -452,6 +452,12 @@ INSTANTIATE_TEST_SUITE_P(
         // Production head shape: 128 heads, 8 groups.
         typed_case{kB, kF, 8, 128, 64, 128, {1000, 530}, 2, true, true},
         typed_case{kB, kB, 8, 128, 64, 128, {1000, 530}, 1, false, true},
+        // The sequential tensor-core kernel alone (every path): Falcon-H1's head_dim 128 with
+        // d_state 256 (B and C loaded a chunk at a time), and the other pairs of its tables.
+        typed_case{kB, kF, 1, 6, 128, 256, {1, 63, 64, 65, 0, 200, 300}, 2, true, true},
+        typed_case{kB, kB, 1, 6, 128, 256, {129, 5, 70}, 1, false, false},
+        typed_case{kB, kF, 2, 4, 64, 256, {100, 70}, 1, true, true},
+        typed_case{kB, kB, 1, 4, 128, 128, {100, 70}, 0, false, true},
         // The general kernel (other head shapes).
         typed_case{kB, kB, 2, 4, 8, 16, {37, 16, 1}, 2, true, false},
         typed_case{kF, kB, 1, 4, 32, 64, {100, 3}, 1, false, true},
@@ -541,6 +547,8 @@ std::vector<typed_case> path_cases() {
   // More chunks than the parallel_single path reserves by default (16384 tokens + one
   // per row): the general kernel takes the batch on the device (the parallel path takes it itself).
   v.push_back(typed_case{kB, kF, 1, 2, 64, 128, {17000}, 1, false, true});
+  // Falcon-H1's heads (head_dim 128, d_state 256): every path runs the sequential kernel.
+  v.push_back(typed_case{kB, kF, 1, 4, 128, 256, {300, 0, 65}, 2, true, true});
   return v;
 }
 
