@@ -20,8 +20,8 @@
 //     than one slice the block writes an unnormalised partial (m, l, acc) and a combine kernel
 //     merges the slices (flash-decoding).
 //   q_len > 1 (extend): slice s takes query tiles s, s + n_slices, ... over all their keys. Over a
-//     bf16 cache with head_dim 64 or 128 these rows run on the tensor cores instead, any G
-//     (attention_extend_mma.cuh: 64-row query tiles, 64-key tiles), and this kernel serves only
+//     bf16 cache with head_dim 64, 128 or 256 these rows run on the tensor cores instead, any G
+//     (attention_extend_mma.cuh: 64-row query tiles, 64-key tiles, 32 at 256), and this kernel serves only
 //     the decode rows the decode kernel does not.
 //   With the host's promise max_q_len <= kMaxDecodeQueries (a decode or verify step: every row
 //     has at most that many queries) and G in decode_group_table, every row is served by the
@@ -477,14 +477,14 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     // A decode or verify step served by the decode kernel has no extend work.
     if (!decode_only) {
       const dim3 grid(static_cast<unsigned>(n_slices), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-      // Rows of more than one query over a bf16 cache (head_dim 64 or 128) run on the tensor
+      // Rows of more than one query over a bf16 cache (head_dim 64, 128 or 256) run on the tensor
       // cores (attention_extend_mma.cuh, any group size); the CUDA-core kernel keeps the others:
       // all rows of an f32 cache, and the decode rows of a group size the decode kernel lacks.
       // A step whose rows all have at most max(skip, 1) queries (max_q_len known: decode rows of
       // such a group size) has none for the tensor-core kernel: it is not launched.
       const int skip = decode_kernel ? qmax : 0;
       int take = INT_MAX;
-      if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
+      if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
         if (!(p.max_q_len >= 1 && p.max_q_len <= std::max(skip, 1))) {
           const size_t smem = sizeof(attn_extend_mma::smem_t<D>);
           reserve_dynamic_shared(reinterpret_cast<const void*>(&attn_extend_mma::extend_kernel<D>), smem);

@@ -6,8 +6,9 @@
 // m16n8k16 (bf16 operands, f32 accumulation):
 //   - a block takes tiles of kRows = 64 query rows of one (row, kv head): query rows are (token,
 //     group head) pairs, token-major as in paged_attention_kernel; warp w owns rows 16w .. 16w + 15;
-//   - the row's keys go through shared memory kKeys = 64 at a time (16-byte cp.async copies
-//     gathered through the page table, zero-filled past the keys the tile needs), two stages;
+//   - the row's keys go through shared memory keys_for<D> (64; 32 at head_dim 256, Qwen3-Next's,
+//     so that two stages and the split q fit) at a time (16-byte cp.async copies gathered through
+//     the page table, zero-filled past the keys the tile needs), two stages;
 //   - scores S = Q·Kᵀ (A = q, staged split in shared memory, and B = K, both by ldmatrix), in log2
 //     units (q carries scale·log2 e), masked
 //     causally (key position <= the query's) and past the row's length; the online softmax keeps
@@ -37,14 +38,16 @@ namespace attn_extend_mma {
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 16 * kWarps;  // query rows a tile
-constexpr int kKeys = 64;           // keys a shared-memory tile
 constexpr int kStages = 2;
+// Keys a shared-memory tile: 64, or 32 at head_dim 256 (203 KB of tiles with 64).
+template <int D>
+constexpr int keys_for = D > 128 ? 32 : 64;
 
 template <int D>
 struct smem_t {
   static constexpr int kLd = D + 8;  // bf16 a row: 16 bytes of padding, ldmatrix rows on distinct banks
-  __nv_bfloat16 k[kStages][kKeys][kLd];
-  __nv_bfloat16 v[kStages][kKeys][kLd];
+  __nv_bfloat16 k[kStages][keys_for<D>][kLd];
+  __nv_bfloat16 v[kStages][keys_for<D>][kLd];
   __nv_bfloat16 qh[kRows][kLd];  // the tile's q (scaled), split: hi and lo terms
   __nv_bfloat16 ql[kRows][kLd];
 };
@@ -53,6 +56,7 @@ struct smem_t {
 template <int D>
 __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t b, int64_t kvh, int64_t q_start,
                          int64_t len, int q_len, int group, int r0) {
+  constexpr int kKeys = keys_for<D>;
   constexpr int KS = D / 16;          // k-steps of the scores
   constexpr int NT = kKeys / 8;       // key n-tiles of the scores
   constexpr int DT = D / 8;           // dim n-tiles of the output
@@ -238,7 +242,7 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t
 // (row, kv head). Rows of at most skip_upto queries (at least 1) belong to another kernel.
 template <int D>
 __global__ void __launch_bounds__(kThreads) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   extern __shared__ __align__(16) unsigned char ext_smem[];
   auto& sm = *reinterpret_cast<smem_t<D>*>(ext_smem);
   const int64_t b = blockIdx.z, kvh = blockIdx.y;

@@ -324,7 +324,7 @@ INSTANTIATE_TEST_SUITE_P(
         decode_case("decode", 96, 8, 4, 128, 16, 1, 700),    // many rows
         attn_case{"extend_prefix", 8, 4, 128, 16, {5, 37, 1, 0}, {21, 100, 300, 9}},
         attn_case{"mixed", 8, 4, 128, 16, {1, 17, 1}, {257, 17, 33}},
-        // The tensor-core extend kernel (head_dim 64 and 128, any GQA): several 64-row query
+        // The tensor-core extend kernel (head_dim 64, 128 and 256, any GQA): several 64-row query
         // tiles and 64-key tiles, a prefix, partial last tiles, page size 1, beside decode rows.
         attn_case{"prefill_long", 8, 4, 128, 16, {300}, {300}},
         attn_case{"extend_prefix_long", 2, 8, 64, 1, {150, 1, 40}, {1150, 600, 40}},
@@ -333,6 +333,9 @@ INSTANTIATE_TEST_SUITE_P(
         // GQA 6 (Falcon-H1-7B's 12 / 2 heads): extend rows on the tensor cores beside decode rows
         // (the decode kernel), in the same call.
         attn_case{"extend_gqa6", 2, 6, 128, 16, {40, 1, 7, 1}, {300, 90, 7, 1000}},
+        // Head_dim 256 (Qwen3-Next's 16 / 2 heads): the extend kernel's 32-key tiles, a prefix,
+        // several query tiles, beside decode rows.
+        attn_case{"extend_hd256", 2, 8, 256, 16, {70, 1, 33, 0}, {300, 90, 33, 5}},
         // Other GQA ratios of the decode kernel (8: 8-byte bf16 loads; 3, 5, 6, 7: heads padded to
         // the MMA's 8) and the generic branch (12).
         decode_case("decode", 3, 2, 1, 64, 16, 1, 513), decode_case("decode", 3, 2, 2, 32, 16, 1, 333),
