@@ -66,6 +66,21 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// A stage's MMAs on a consumer warpgroup: d (+)= the 64 weight rows at ws (A) times the BN
+// activation rows at xs (B), 64 k in four k16 steps, ascending; returns once the previous
+// stage's MMAs are done (its slot may be released), this stage's in flight.
+template <int BN>
+__device__ __forceinline__ void wgmma_stage_mma(float (&d)[BN / 2], const uint8_t* ws, const uint8_t* xs) {
+  wgmma_fence_regs(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
+    wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
+  wgmma_commit();
+  wgmma_wait<1>();
+  wgmma_fence_regs(d);
+}
+
 // Blocks an SM: one with two consumers or with one of 256 activation rows (its 128 accumulators a
 // thread do not fit 128 registers), else two.
 __host__ __device__ constexpr int wgmma_blocks_per_sm(int bn, int wg) { return wg == 2 || bn == 256 ? 1 : 2; }
@@ -131,14 +146,7 @@ __global__ void __launch_bounds__(wgmma_threads(WG), wgmma_blocks_per_sm(BN, WG)
     mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
     const uint8_t* ws = smem + s * STAGE + c * 64 * 128;
     const uint8_t* xs = smem + s * STAGE + W_BYTES;
-    wgmma_fence_regs(d);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
-      wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // stage i - 1's MMAs are done: release it
-    wgmma_fence_regs(d);
+    wgmma_stage_mma<BN>(d, ws, xs);  // stage i - 1's MMAs are done: release it
     if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
     if constexpr (kSumSplits) {
       if ((i + 1) % a.kb_per_split == 0 || i + 1 == nk) {  // a split ends: into the sum, d from zero

@@ -108,20 +108,8 @@ int wgmma_kb_per_split(int64_t k, int splits) {
 
 // ---- kernels.linear_wgmma (fast mode) ----
 
-// 9..256 rows of a weight [n, k] (trans_b), alpha 1, on the wgmma layouts.
-bool wgmma_linear_applies(const gemm_params& p) {
-  wgmma_call c;
-  c.w = p.b;
-  c.ldw = p.ldb;
-  c.y = p.c;
-  c.ldy = p.ldc;
-  c.n = p.n;
-  c.k = p.k;
-  return current_paths().linear_wgmma && !p.trans_a && p.trans_b && p.m >= 1 && p.m <= 256 && p.alpha == 1.0f &&
-         wgmma_layout_applies(c);
-}
-
-void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
+// A gemm op's call (B [n, k] the weight, C the output).
+wgmma_call wgmma_call_of(const gemm_params& p) {
   wgmma_call c;
   c.w = p.b;
   c.ldw = p.ldb;
@@ -131,6 +119,17 @@ void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStr
   c.n = p.n;
   c.k = p.k;
   c.beta = p.beta;
+  return c;
+}
+
+// 9..256 rows of a weight [n, k] (trans_b), alpha 1, on the wgmma layouts.
+bool wgmma_linear_applies(const gemm_params& p) {
+  return current_paths().linear_wgmma && !p.trans_a && p.trans_b && p.m >= 1 && p.m <= 256 && p.alpha == 1.0f &&
+         wgmma_layout_applies(wgmma_call_of(p));
+}
+
+void launch_wgmma_linear(const gemm_params& p, const __nv_bfloat16* x16, cudaStream_t stream) {
+  const wgmma_call c = wgmma_call_of(p);
   const wgmma_plan plan = wgmma_plan_for(p.m, p.n, p.k, wgmma_bn_for(p.m), sm_count());
   const int kbps = wgmma_kb_per_split(p.k, plan.splits);
   if (plan.wg == 1 && wgmma_bn_for(p.m) < 256) launch_wgmma_rows<1>(c, x16, kbps, stream);

@@ -107,14 +107,7 @@ __global__ void __launch_bounds__(384, 1) moe_wgmma_kernel(const __grid_constant
     fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
     const uint8_t* ws = smem + s * kMoeWgmmaStage + c * 64 * 128;
     const uint8_t* xs = smem + s * kMoeWgmmaStage + W_BYTES;
-    wgmma_fence_regs(d);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
-      wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    wgmma_fence_regs(d);
+    wgmma_stage_mma<BN>(d, ws, xs);
     if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
   }
   wgmma_wait<0>();
