@@ -196,7 +196,7 @@ int main() {
 
   const shape shapes[] = {{"in_proj", 16768, 4096}, {"out_proj", 4096, 8192}, {"gate_up", 14336, 4096},
                           {"down", 4096, 14336}};
-  const int64_t ms_list[] = {1, 8, 16, 32, 64, 128, 256, 2048};
+  const int64_t ms_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 2048};
   const int64_t max_m = 2048;
   bool all_ok = true;
   for (const shape& sh : shapes) {
@@ -237,7 +237,7 @@ int main() {
         }
         const int64_t mtiles = (m + bn - 1) / bn, ntiles = (sh.n + cd::wgmma_rows(wg) - 1) / cd::wgmma_rows(wg);
         len += std::snprintf(line + len, sizeof(line) - len, " wg%d", wg);
-        for (int splits : {1, 2, 3, 4, 6, 7, 8}) {
+        for (int splits : {1, 2, 3, 4, 5, 6, 7, 8}) {
           if (splits > 1 && ntiles * mtiles * splits > 8 * sms) continue;
           if (splits > 1 && m > 256) continue;
           CK(cudaMemsetAsync(y, 0xFF, m * sh.n * 4, st));
@@ -288,10 +288,11 @@ int main() {
       const double bytes = static_cast<double>(sh.n * sh.k * 2 + m * sh.k * 2 + m * sh.n * 4);
       const double flops = 2.0 * m * sh.n * sh.k;
       const cd::wgmma_plan plan = cd::wgmma_plan_for(m, sh.n, sh.k, bn, sms);
-      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% %7.1f | best wg%d s%d, plan wg%d s%d |%s\n",
+      const cd::wgmma_plan inv = cd::wgmma_invariant_plan(sh.n, sh.k, sms);
+      std::printf("  %5lld %4d | %7.1f %5.1f%% %7.1f | %7.1f %5.1f%% %7.1f | best wg%d s%d, plan wg%d s%d, invariant wg%d s%d |%s\n",
                   static_cast<long long>(m), bn, best * 1e3, 100.0 * bytes / (best * 1e-3) / copy_bw,
                   flops / (best * 1e-3) / 1e12, tc * 1e3, 100.0 * bytes / (tc * 1e-3) / copy_bw,
-                  flops / (tc * 1e-3) / 1e12, best_wg, best_s, plan.wg, plan.splits, line);
+                  flops / (tc * 1e-3) / 1e12, best_wg, best_s, plan.wg, plan.splits, inv.wg, inv.splits, line);
     }
     // Not a failure of the probe (fast mode does not need it): printed for the invariant path.
     row_invariance(sh, w, x, y, part, st);
