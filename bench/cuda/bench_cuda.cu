@@ -220,13 +220,22 @@ void bench_attention_decode(cudaStream_t stream, std::vector<row>& rows, int64_t
   }
 }
 
-// Prefill chunk scan, Mamba2 shape; sequences of max(256, 16384 / batch) tokens, each with an
-// initial state; x/dt/B/C/y in io, states in st. Bytes: inputs read and y written once at the io
-// size, the initial states read and the final states written at the state size.
-void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
-  const int64_t H = 128, P = 64, N = 128, G = 8;
+// Prefill chunk scan, Mamba2 shape (128 heads × 64 × state 128, 8 groups) and Falcon-H1-7B's
+// (24 heads × 128 × state 256, one group); sequences of max(256, 16384 / batch) tokens, each
+// with an initial state; x/dt/B/C/y in io, states in st. Bytes: inputs read and y written once
+// at the io size, the initial states read and the final states written at the state size.
+struct ssd_shape {
+  int64_t H, P, N, G;
+};
+void bench_ssd_scan_shape(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st,
+                          const ssd_shape& sh) {
+  const int64_t H = sh.H, P = sh.P, N = sh.N, G = sh.G;
+  const bool mamba2 = P == 64 && N == 128;
+  const std::string shape_label = "H" + std::to_string(H) + " P" + std::to_string(P) + " N" + std::to_string(N) +
+                                  " G" + std::to_string(G) + " len";
   const double es = static_cast<double>(hyserve::dtype_size(io)), ss = static_cast<double>(hyserve::dtype_size(st));
   for (int bs : kBatches) {
+    if (!mamba2 && bs > 16) continue;  // the other shape: the prefill sizes
     const int64_t len = std::max<int64_t>(256, 16384 / bs);
     const int64_t T = bs * len;
     auto x = random_typed(static_cast<size_t>(T * H * P), 1, io);
@@ -266,12 +275,15 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
     p.state_dtype = st;
     const double bytes = es * static_cast<double>(T) * (2.0 * H * P + 2.0 * G * N + H) + ss * 2.0 * bs * H * P * N;
     // bf16 io: the scan paths in the same run (the default is ssd_scan_default_path()).
+    // The other shape: its one tensor-core path (sequential) against the CUDA-core kernel.
     const bool two = io == hyserve::dtype::kBF16;
     for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_fast,
                                      ssd_scan_path::parallel_pair, ssd_scan_path::parallel_quad,
                                      ssd_scan_path::parallel_y, ssd_scan_path::parallel_quad_y,
-                                     ssd_scan_path::parallel_oct_y}) {
+                                     ssd_scan_path::parallel_oct_y, ssd_scan_path::general}) {
       if (!two && path != ssd_scan_path::sequential) continue;
+      if (two && mamba2 && path == ssd_scan_path::general) continue;
+      if (two && !mamba2 && path != ssd_scan_path::sequential && path != ssd_scan_path::general) continue;
       const ssd_scan_path use = two ? path : ssd_scan_path::automatic;
       const double us = time_call_us(stream, 1, [&](int) { run_cuda(p, use, stream); });
       const std::string tag = !two                                  ? ""
@@ -282,10 +294,16 @@ void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype 
                               : path == ssd_scan_path::parallel_y ? " pary"
                               : path == ssd_scan_path::parallel_quad_y ? " par4y"
                               : path == ssd_scan_path::parallel_oct_y ? " par8y"
+                              : path == ssd_scan_path::general ? " general"
                                                                      : " seq";
-      rows.push_back({"ssd_scan", "H128 P64 N128 G8 len" + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
+      rows.push_back({"ssd_scan", shape_label + std::to_string(len) + ssm_types(io, st) + tag, bs, us, bytes});
     }
   }
+}
+
+void bench_ssd_scan(cudaStream_t stream, std::vector<row>& rows, hyserve::dtype io, hyserve::dtype st) {
+  for (const ssd_shape sh : {ssd_shape{128, 64, 128, 8}, ssd_shape{24, 128, 256, 1}})
+    bench_ssd_scan_shape(stream, rows, io, st, sh);
 }
 
 // RMSNorm over the hidden size 4096.

@@ -462,7 +462,8 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
   check_ssm_common(p, op);
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
-  if (chunked_supports(p)) {
+  const bool general = path == ssd_scan_path::general;
+  if (!general && chunked_supports(p)) {
     dispatch_ssm_types(p, [&](auto io, auto st) {
       using TI = typename decltype(io)::type;
       using TS = typename decltype(st)::type;
@@ -491,7 +492,7 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
     });
     return;
   }
-  if (seq_supports(p) && p.io_dtype == dtype::kBF16) {  // every path: the sequential kernel
+  if (!general && seq_supports(p) && p.io_dtype == dtype::kBF16) {  // every path: the sequential kernel
     dispatch_ssm_types(p, [&](auto io, auto st) {
       if constexpr (std::is_same_v<typename decltype(io)::type, __nv_bfloat16>)
         launch_ssd_bf16_seq<typename decltype(st)::type>(p, as_stream(stream));

@@ -19,6 +19,8 @@ enum class ssd_scan_path {
   parallel_y,       // parallel_fast, y stored through shared memory as 16-byte vectors
   parallel_quad_y,  // parallel_quad, y stored through shared memory as 16-byte vectors
   parallel_oct_y,   // parallel_quad_y, 8 heads of a group per claim
+  general,          // the CUDA-core kernel of other shapes, one block per (head, row): any shape
+                    // and io type (benchmarks: the tensor-core kernels against it)
 };
 
 void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream = nullptr);

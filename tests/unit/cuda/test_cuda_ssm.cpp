@@ -466,8 +466,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The bf16-io scan paths (sequential: one block per row walking its chunks; parallel and
 // parallel_single: one kernel over (chunk, head) items with the state hand-off chained,
-// persistent blocks staging ahead or a block per item) in the same run, each against the CPU op
-// from the same inputs.
+// persistent blocks staging ahead or a block per item; general: the CUDA-core kernel) in the
+// same run, each against the CPU op from the same inputs.
 class SsdScanPathsCuda : public testing::TestWithParam<typed_case> {};
 
 std::string path_label(ssd_scan_path path) {
@@ -482,6 +482,7 @@ std::string path_label(ssd_scan_path path) {
     case ssd_scan_path::parallel_quad_y: return "parallel_quad_y";
     case ssd_scan_path::parallel_oct_y: return "parallel_oct_y";
     case ssd_scan_path::automatic: return "automatic";
+    case ssd_scan_path::general: return "general";
   }
   return "?";
 }
@@ -517,7 +518,8 @@ TEST_P(SsdScanPathsCuda, BothPathsMatchCpu) {
   for (const ssd_scan_path path : {ssd_scan_path::sequential, ssd_scan_path::parallel, ssd_scan_path::parallel_single,
                                     ssd_scan_path::parallel_fast, ssd_scan_path::parallel_pair,
                                     ssd_scan_path::parallel_quad, ssd_scan_path::parallel_y,
-                                    ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y}) {
+                                    ssd_scan_path::parallel_quad_y, ssd_scan_path::parallel_oct_y,
+                                    ssd_scan_path::general}) {
     prob.dy.upload(y0);
     prob.dstates.upload(s0);
     run_cuda(pg, path);
