@@ -22,7 +22,9 @@
 //     (A three-kernel path — chunk states, a state pass over each row's chunks, outputs — lost
 //     every measurement to the chained kernel, bench/results runs 5 and 7, and was removed.)
 //   ssd_seq_* pairs, bf16 io → the sequential kernel above for every path (wider heads and
-//                             states: Falcon-H1's head_dim 128, d_state 256);
+//                             states: Falcon-H1's head_dim 128, d_state 256), and f32 io with
+//                             bf16_operands (a bf16 model's scan) the same kernel, x, B and C
+//                             rounded to bf16 as loaded, y stored in f32;
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is the op's kernels.ssd_scan (exec_context::paths):
 // parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
@@ -291,12 +293,12 @@ bool seq_supports(const ssd_chunk_scan_params& p) {
 // f32 io: the 3xTF32 kernel (fp32 accuracy), chunks claimed by ticket, state chained between
 // chunks through the slot (f32 states) or an f32 carry in the workspace (bf16 states).
 // bf16 io: one block per (row, head, slice of 32 state rows) walking the row's chunks.
-template <class TS>
+template <class TI, class TS>
 void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   dispatch(ssd_seq_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_seq_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
       constexpr int P = decltype(hd)::value, N = decltype(ds)::value, PS = 32;
-      const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TS, P, N, PS>;
+      const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TI, TS, P, N, PS>;
       constexpr size_t smem = ssd_bf16::seq_tiles<P, N, PS>::kBytes;
       reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
       const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
@@ -487,15 +489,15 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
         else if (path == ssd_scan_path::parallel_oct_y)
           launch_ssd_bf16_chained<TS, ssd_chain::kOptFloatW | ssd_chain::kOptOneFence | ssd_chain::kOptOct |
                                           ssd_chain::kOptStoreY>(p, true, as_stream(stream));
-        else launch_ssd_bf16_seq<TS>(p, as_stream(stream));
+        else launch_ssd_bf16_seq<__nv_bfloat16, TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
     });
     return;
   }
-  if (!general && seq_supports(p) && p.io_dtype == dtype::kBF16) {  // every path: the sequential kernel
+  // Every path: the sequential kernel (bf16 io, or f32 io rounded to bf16 for a bf16 model).
+  if (!general && seq_supports(p) && (p.io_dtype == dtype::kBF16 || p.bf16_operands)) {
     dispatch_ssm_types(p, [&](auto io, auto st) {
-      if constexpr (std::is_same_v<typename decltype(io)::type, __nv_bfloat16>)
-        launch_ssd_bf16_seq<typename decltype(st)::type>(p, as_stream(stream));
+      launch_ssd_bf16_seq<typename decltype(io)::type, typename decltype(st)::type>(p, as_stream(stream));
     });
     return;
   }

@@ -53,6 +53,38 @@ __device__ __forceinline__ uint4 load8(const bf16* src, bool vec) {
                     h[6] | (uint32_t{h[7]} << 16));
 }
 
+// 8 consecutive f32 io elements (two 16-byte loads when vec) rounded to bf16 (the operands of a
+// bf16 model's scan: ssd_chunk_scan_params::bf16_operands).
+__device__ __forceinline__ uint4 load8(const float* src, bool vec) {
+  float f[8];
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(src)), b = __ldg(reinterpret_cast<const float4*>(src) + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = src[e];
+  }
+  return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+}
+
+// y0, y1 to two consecutive io elements (one 4- or 8-byte store when vec).
+__device__ __forceinline__ void store2(bf16* dst, float y0, float y1, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
+  } else {
+    dst[0] = __float2bfloat16_rn(y0);
+    dst[1] = __float2bfloat16_rn(y1);
+  }
+}
+__device__ __forceinline__ void store2(float* dst, float y0, float y1, bool vec) {
+  if (vec) {
+    *reinterpret_cast<float2*>(dst) = make_float2(y0, y1);
+  } else {
+    dst[0] = y0;
+    dst[1] = y1;
+  }
+}
+
 // Block = (row b, head h, slice of PS state rows); it walks the row's chunks in order and keeps
 // its slice of the state in registers (f32) from the first chunk to the last: no chain through
 // memory and no workspace. Warp w owns token rows [16w, 16w+16) of C·Bᵀ, W and y, and state
@@ -75,7 +107,8 @@ struct seq_tiles {
   static constexpr bool kPrefetchBC = N <= 128;
 };
 
-template <class TS, int P, int N, int PS>
+// TI: the io type, bf16, or f32 rounded to bf16 as loaded (bf16_operands) with y stored in f32.
+template <class TI, class TS, int P, int N, int PS>
 __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
     ssd_bf16_seq_kernel(const ssd_chunk_scan_params p, bool vec) {
   using tl = seq_tiles<P, N, PS>;
@@ -111,11 +144,11 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
   const int64_t grp = h / (p.heads / p.n_groups);
   const double A = -exp(static_cast<double>(p.A_log[h]));
   const float d_skip = p.D != nullptr ? p.D[h] : 0.0f;
-  const bf16* xg = static_cast<const bf16*>(p.x);
-  const bf16* dtg = static_cast<const bf16*>(p.dt);
-  const bf16* Bg = static_cast<const bf16*>(p.B);
-  const bf16* Cg = static_cast<const bf16*>(p.C);
-  bf16* yg = static_cast<bf16*>(p.y);
+  const TI* xg = static_cast<const TI*>(p.x);
+  const TI* dtg = static_cast<const TI*>(p.dt);
+  const TI* Bg = static_cast<const TI*>(p.B);
+  const TI* Cg = static_cast<const TI*>(p.C);
+  TI* yg = static_cast<TI*>(p.y);
   TS* state = static_cast<TS*>(p.ssm_states) + (slot * H + h) * static_cast<int64_t>(P) * N;
 
   // This warp's state tile: rows p0 + 16·mt + g (+8), columns warp·NW + 8·nt + 2t (+1).
@@ -159,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
       xv[u] = make_uint4(0, 0, 0, 0);
       if (j < L) xv[u] = load8(xg + (t0 + j) * p.x_stride + h * P + p0 + 8 * c, vec);
     }
-    dtr = tid < L ? __bfloat162float(dtg[(t0 + tid) * p.dt_stride + h]) : 0.0f;
+    dtr = tid < L ? to_float(dtg[(t0 + tid) * p.dt_stride + h]) : 0.0f;
   };
 
   if (len > 0) prefetch(0);
@@ -347,13 +380,7 @@ __global__ void __launch_bounds__(kThreads, (seq_tiles<P, N, PS>::kMinBlocks))
         if (i < L) {
           const float2 xf = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(Xs + i * kLdP + pc));
           const float y0 = acc[n][2 * half] + d_skip * xf.x, y1 = acc[n][2 * half + 1] + d_skip * xf.y;
-          bf16* dst = yg + (t0 + i) * p.y_stride + h * P + p0 + pc;
-          if (vec) {
-            *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(y0, y1);
-          } else {
-            dst[0] = __float2bfloat16_rn(y0);
-            dst[1] = __float2bfloat16_rn(y1);
-          }
+          store2(yg + (t0 + i) * p.y_stride + h * P + p0 + pc, y0, y1, vec);
         }
       }
     }

@@ -64,6 +64,7 @@ layers::mamba2_weights block_loader::mamba2(const std::string& p, const std::vec
   std::vector<float> scales(5, in_multiplier);
   for (size_t i = 0; i < in_scale.size() && i < 5; ++i) scales[i] *= in_scale[i];
   const dtype f32 = dtype::kF32;
+  w.bf16_scan = wt_ == dtype::kBF16;
   w.in_proj = ld_.load_selection(p + "in_proj.weight", {in_dim, H}, weight_selection{0, in_rows}, wt_,
                                  range_scales(in_rows, scales));
   w.conv_w = ld_.load_row_ranges(p + "conv1d.weight", {conv, 1, K}, xbc, f32);

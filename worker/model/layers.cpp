@@ -614,6 +614,7 @@ bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_in
     kernels::ssd_chunk_scan_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     set_prefill_rows(s, slots, in, w.chunk_size);
+    s.bf16_operands = w.bf16_scan;
     kernels::run(s, ctx);
   };
   scan.update = [&](int64_t rows) {

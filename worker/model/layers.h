@@ -241,6 +241,9 @@ struct mamba2_weights {
   // rms_norm (norm empty). Either norm reduces a group split over ranks through the collective.
   bool rms_norm = true;
   bool norm_before_gate = false;
+  // A bf16 model: the prefill scan may take bf16 operands where no f32-accurate tensor-core path
+  // takes the head shape (ssd_chunk_scan_params::bf16_operands).
+  bool bf16_scan = false;
 
   int64_t d_inner() const { return heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }

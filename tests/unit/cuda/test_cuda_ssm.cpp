@@ -390,6 +390,7 @@ struct typed_case {
   int init;               // scan: 0 none, 1 all rows, 2 alternate rows
   bool pad;               // a padding row (slot -1)
   bool aligned;
+  bool bf16_operands = false;  // ssd_chunk_scan_params::bf16_operands (f32 io: a bf16 model's scan)
 };
 
 std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
@@ -400,6 +401,7 @@ std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
   s += c.init == 0 ? "_noinit" : c.init == 1 ? "_init" : "_mixedinit";
   if (c.pad) s += "_pad";
   s += c.aligned ? "_aligned" : "_oddstrides";
+  if (c.bf16_operands) s += "_bf16operands";
   return s;
 }
 
@@ -431,6 +433,7 @@ TEST_P(SsdScanTypedCuda, MatchesCpu) {
   prob.fill(pg, dslots.data(), batch, true);
   pg.query_start_loc = dqsl.data();
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
+  pg.bf16_operands = c.bf16_operands;
   run_cpu(pc);
   run_cuda(pg);
   device_synchronize();
@@ -458,6 +461,13 @@ INSTANTIATE_TEST_SUITE_P(
         typed_case{kB, kB, 1, 6, 128, 256, {129, 5, 70}, 1, false, false},
         typed_case{kB, kF, 2, 4, 64, 256, {100, 70}, 1, true, true},
         typed_case{kB, kB, 1, 4, 128, 128, {100, 70}, 0, false, true},
+        // A bf16 model's scan (f32 io, bf16_operands): Falcon-H1's heads on the sequential kernel,
+        // x, B and C rounded to bf16 as loaded, y in f32 (the f32 io tolerance holds: 3e-2 abs,
+        // 2e-2 rel); odd strides (scalar loads and stores); and a shape the f32 tensor-core
+        // kernel takes, which keeps it.
+        typed_case{kF, kF, 1, 6, 128, 256, {1, 63, 64, 65, 0, 200, 300}, 2, true, true, true},
+        typed_case{kF, kB, 1, 4, 128, 256, {129, 5, 70}, 1, false, false, true},
+        typed_case{kF, kF, 2, 8, 64, 128, {129, 5, 330}, 2, true, true, true},
         // The general kernel (other head shapes).
         typed_case{kB, kB, 2, 4, 8, 16, {37, 16, 1}, 2, true, false},
         typed_case{kF, kB, 1, 4, 32, 64, {100, 3}, 1, false, true},
