@@ -136,6 +136,17 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat1
   }
 }
 
+// src [rows, cols] (row stride ld) rounded to bf16 into a compact scratch block (freed by the
+// caller with scratch_free, in stream order after its readers).
+__nv_bfloat16* rounded_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, cudaStream_t stream) {
+  __nv_bfloat16* dst = nullptr;
+  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&dst), static_cast<size_t>(rows * cols) * 2, stream));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(rows * cols, 256), 4 * int64_t{sm_count()} * 8));
+  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(src, dst, rows, cols, ld);
+  HYSERVE_CUDA_CHECK_LAUNCH();
+  return dst;
+}
+
 invariant_gemm_backend g_invariant_backend = invariant_gemm_backend::kCublasLt;
 
 // determinism: batch_invariant on cuBLASLt (kernels.invariant_gemm: cublaslt or
@@ -149,11 +160,7 @@ bool launch_invariant_lt(const skinny_args& a, int64_t m, cudaStream_t stream) {
   // formula the epilogue uses.
   if (!kSwiglu && (a.alpha != 1.0f || (a.beta != 0.0f && a.beta != 1.0f))) return false;
   if (!lt_shape_applies(a.n, a.k, a.ldb, kSwiglu ? a.n : a.ldc)) return false;  // by layout, never by m
-  __nv_bfloat16* a16 = nullptr;
-  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
-  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  __nv_bfloat16* a16 = rounded_bf16(a.a, m, a.k, a.lda, stream);
   bool done = false;
   if constexpr (kSwiglu) {
     float* gu = nullptr;
@@ -192,11 +199,7 @@ bool launch_invariant_wgmma(const skinny_args& a, int64_t m, cudaStream_t stream
   c.k = a.k;
   c.beta = kSwiglu ? 0.0f : a.beta;
   if (!wgmma_layout_applies(c) || (kSwiglu && !aligned16(a.b1))) return false;
-  __nv_bfloat16* a16 = nullptr;
-  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
-  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  __nv_bfloat16* a16 = rounded_bf16(a.a, m, a.k, a.lda, stream);
   if constexpr (kSwiglu) {
     float* gu = nullptr;
     CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&gu), static_cast<size_t>(2 * m * a.n) * sizeof(float), stream));
@@ -237,14 +240,7 @@ void launch_skinny_mma(const skinny_args& a, int64_t m, cudaStream_t stream) {
   // The tiled kernel, and the skinny one above 16 rows, read bf16 activations rounded here once
   // (skinny_args::a16).
   skinny_args r = a;
-  if (tiled || (!exact && skinny_row_groups(m) == kMaxRowGroups)) {
-    __nv_bfloat16* a16 = nullptr;
-    CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(m * a.k) * 2, stream));
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(m * a.k, 256), 4 * int64_t{sm_count()} * 8));
-    round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(a.a, a16, m, a.k, a.lda);
-    HYSERVE_CUDA_CHECK_LAUNCH();
-    r.a16 = a16;
-  }
+  if (tiled || (!exact && skinny_row_groups(m) == kMaxRowGroups)) r.a16 = rounded_bf16(a.a, m, a.k, a.lda, stream);
   bool done = false;
   if (tiled) {
     const int w = two_tiles ? skinny_mma_warps<2, kSwiglu>(a.n) : skinny_mma_warps<1, kSwiglu>(a.n);
@@ -320,12 +316,7 @@ void gemm_bf16_b(const gemm_params& p, cudaStream_t stream) {
   }
   // op(A) as stored: [m, k] (ld lda), or [k, m] when trans_a.
   const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
-  __nv_bfloat16* a16 = nullptr;
-  CUDA_CHECK(scratch_alloc(reinterpret_cast<void**>(&a16), static_cast<size_t>(a_rows * a_cols) * 2, stream));
-  const int64_t n = a_rows * a_cols;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 4 * int64_t{sm_count()} * 8));
-  round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(p.a, a16, a_rows, a_cols, p.lda);
-  HYSERVE_CUDA_CHECK_LAUNCH();
+  __nv_bfloat16* a16 = rounded_bf16(p.a, a_rows, a_cols, p.lda, stream);
   if (wgmma_linear_applies(p)) {
     launch_wgmma_linear(p, a16, stream);
     CUDA_CHECK(scratch_free(a16, stream));
