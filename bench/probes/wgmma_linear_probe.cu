@@ -5,7 +5,9 @@
 //      reference (f32 sums of the same bf16 products, k ascending), |diff| <= 2e-3 + 1e-3·|ref|,
 //      and every output written, for each shape, row count, variant and split.
 //   2. Row invariance: with the splits fixed, a row's bits against the same row of 256 rows, for
-//      several row counts (BN 8 … 256) and both consumer counts (printed, not a failure).
+//      several row counts (BN 8 … 256), both consumer counts, and 2048 rows with the splits
+//      summed inside the blocks (kSumSplits, the invariant path above 256 rows) (printed, not a
+//      failure).
 //   3. Speed: median of 20 timed calls (cudaEvents) of the kernel (each split count of a small
 //      set, the best printed, and its reduction included) and of cublasGemmEx (bf16 in, f32 out,
 //      f32 compute, default algorithm); % of the device-to-device copy bandwidth measured here
@@ -132,6 +134,27 @@ double median_ms(F&& f, cudaStream_t st, int reps = 20) {
 // Row invariance (for determinism: batch_invariant): with the split count fixed, is a row's
 // output the same bits whatever the number of rows (so BN, the MMA's N, 8 … 256) and the consumer
 // warpgroups? Rows 0..m-1 of each m in ms against the same rows of m = 256, WG 2, s splits.
+// The invariant path's many-row launch: every split of a tile summed inside its block
+// (kSumSplits), grid y 1.
+template <int BN, int WG>
+void launch_sum(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
+                cudaStream_t st) {
+  auto kernel = cd::wgmma_linear_kernel<BN, WG, true>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cd::wgmma_smem(BN, WG)));
+  const int kbs = static_cast<int>((k + 63) / 64);
+  cd::wgmma_linear_args a;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.kb_per_split = (kbs + splits - 1) / splits;
+  a.splits_per_block = (kbs + a.kb_per_split - 1) / a.kb_per_split;
+  a.y = y;
+  a.ldy = n;
+  const int rows = cd::wgmma_rows(WG);
+  const dim3 grid(static_cast<unsigned>((n + rows - 1) / rows), 1, static_cast<unsigned>((m + BN - 1) / BN));
+  kernel<<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
+}
+
 bool row_invariance(const shape& sh, const bf16* w, const bf16* x, float* y, float* part, cudaStream_t st) {
   const int64_t ms[] = {1, 8, 9, 17, 64, 100, 129, 256};
   // y for m rows on wg consumer warpgroups, s splits, copied to the host.
@@ -162,6 +185,26 @@ bool row_invariance(const shape& sh, const bf16* w, const bf16* x, float* y, flo
                       static_cast<long long>(m));
         }
       }
+    // 2048 rows with the splits summed inside the blocks (128-row tiles on two consumer
+    // warpgroups, 64-row tiles on one): the first 256 rows against the reduction's.
+    for (int wg : {2, 1}) {
+      const int64_t m = 2048;
+      const int bn = wg == 2 ? 128 : 64;
+      CUtensorMap tw, tx;
+      if (!cd::wgmma_tensor_map(&tw, w, sh.n, sh.k, cd::wgmma_rows(wg)) || !cd::wgmma_tensor_map(&tx, x, m, sh.k, bn))
+        return false;
+      if (wg == 2) launch_sum<128, 2>(tw, tx, m, sh.n, sh.k, splits, y, st);
+      else launch_sum<64, 1>(tw, tx, m, sh.n, sh.k, splits, y, st);
+      CK(cudaGetLastError());
+      got.resize(static_cast<size_t>(256 * sh.n));
+      CK(cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, st));
+      CK(cudaStreamSynchronize(st));
+      ++compared;
+      if (std::memcmp(got.data(), base.data(), got.size() * 4) != 0) {
+        ++differ;
+        std::printf("    splits %d wg %d m 2048 summed in the blocks: rows differ in bits from m 256's\n", splits, wg);
+      }
+    }
     std::printf("  row invariance, splits %d: %d of %d (wg, m) runs bit-identical to m 256's rows\n", splits,
                 compared - differ, compared);
     ok = ok && differ == 0;
