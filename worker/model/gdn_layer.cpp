@@ -154,7 +154,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     set_step_rows(s, in, retrieve_parent, first_step);
     kernels::run(s, ctx);
   };
-  run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps"}, ctx);
+  run_recurrent_mixer(path, cv, in, state, steps, scan, {"gdn.conv", "gdn.conv_steps", "gdn.conv_prefill", "gdn.scan_prefill"}, ctx);
   // Norm before gate, per head: rmsnorm over each head's V channels, then · silu(z), in one gated
   // norm op (a group per head).
   kernels::gated_rmsnorm_params g;

@@ -503,7 +503,8 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
   }
   run_attention(a, in, ctx);
   // The KV of every row's context once (the host's lengths: the profile runs eagerly).
-  profile(ctx, "attn.decode",
+  const bool extend = in.mode == forward_mode::kExtend || in.mode == forward_mode::kMixed;
+  profile(ctx, extend ? "attn.extend" : "attn.decode",
           2.0 * sizeof(float) * static_cast<double>(T * qw) +
               2.0 * static_cast<double>(kw) * static_cast<double>(dtype_size(cache.k.type())) * attention_context(in));
 }
@@ -641,7 +642,7 @@ bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_in
                     static_cast<double>(dtype_size(state.ssm.type())) +
                 nbytes(xbc) + y_bytes);
   };
-  run_recurrent_mixer(path, cv, in, state, steps, scan, {"mamba.conv", "mamba.conv_steps"}, ctx);
+  run_recurrent_mixer(path, cv, in, state, steps, scan, {"mamba.conv", "mamba.conv_steps", "mamba.conv_prefill", "mamba.scan_prefill"}, ctx);
   if (swiglu_gate) {
     // y · silu(z), after a plain RMSNorm of each group of y when norm_before_gate (the groups
     // whole on this rank; a group split over ranks takes the gated norm below).

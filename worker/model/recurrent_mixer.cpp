@@ -55,7 +55,12 @@ void run_recurrent_mixer(mixer_path path, const mixer_conv& conv, const step_inp
     c.has_initial_state = in.initial_state_flags();
     c.batch = in.batch_size;
     kernels::run(c, ctx);
+    // The tokens' channels read and written (f32), the weights.
+    const double tokens = static_cast<double>(in.num_tokens);
+    if (labels.conv_prefill != nullptr)
+      profile(ctx, labels.conv_prefill, tokens * static_cast<double>(conv.dim) * 8.0 + nbytes(*conv.weight));
     scan.prefill(slots);
+    if (labels.scan_prefill != nullptr) profile(ctx, labels.scan_prefill, tokens * static_cast<double>(conv.dim) * 8.0);
   };
   const double window_bytes = 4.0 * static_cast<double>(conv.dim * (conv.width - 1));
   // One token per row over the first `rows` rows (tokens 0 .. rows - 1), from and to its slot.

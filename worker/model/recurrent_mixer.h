@@ -62,10 +62,13 @@ void set_step_rows(StepParams& s, const step_inputs& in, const int32_t* retrieve
   s.steps = in.spec_steps;
 }
 
-// The profile entries of the conv: one-token update, per-step update (kernels::profile_mark).
+// The profile entries (kernels::profile_mark) of the conv: one-token update, per-step update,
+// prefill; and of the prefill scan (the one-token and per-step scans profile themselves).
 struct mixer_labels {
   const char* conv = nullptr;
   const char* conv_steps = nullptr;
+  const char* conv_prefill = nullptr;
+  const char* scan_prefill = nullptr;
 };
 
 // Runs the conv and the scan along `path` (nothing for kIdle).
