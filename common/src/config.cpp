@@ -231,7 +231,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
                {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "gdn_cluster", "gdn_decode",
                 "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_wgmma", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
-                "sparse_select", "ssd_max_tokens", "ssd_scan", "ssm_update_unroll"});
+                "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
   const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi) -> int32_t {
@@ -266,6 +266,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt", "wgmma"});
   if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
   if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
+  if_present(node, "ssd_seq_bf16", [&](const YAML::Node& n) { k.ssd_seq_bf16 = r.get_bool(n, path("ssd_seq_bf16")); });
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "overlap", "split"});
   if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);

@@ -22,9 +22,10 @@
 //     (A three-kernel path — chunk states, a state pass over each row's chunks, outputs — lost
 //     every measurement to the chained kernel, bench/results runs 5 and 7, and was removed.)
 //   ssd_seq_* pairs, bf16 io → the sequential kernel above for every path (wider heads and
-//                             states: Falcon-H1's head_dim 128, d_state 256), and f32 io with
-//                             bf16_operands (a bf16 model's scan) the same kernel, x, B and C
-//                             rounded to bf16 as loaded, y stored in f32;
+//                             states: Falcon-H1's head_dim 128, d_state 256);
+//   f32 io with bf16_operands (a bf16 model's scan), the ssd_seq_* pairs but 64 × 128 (there too
+//                             with kernels.ssd_seq_bf16) → the same kernel, x, B and C rounded
+//                             to bf16 as loaded, y stored in f32;
 //   anything else          → the kernel below: CUDA cores, one block per (head, sequence).
 // The bf16-io path is the op's kernels.ssd_scan (exec_context::paths):
 // parallel|parallel_single|parallel_fast|parallel_pair|parallel_quad|parallel_y|
@@ -465,6 +466,19 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
   require_ptr(p.query_start_loc, op, "query_start_loc");
   require_positive(p.chunk_size, op, "chunk_size");
   const bool general = path == ssd_scan_path::general;
+  // A bf16 model's scan (f32 io, bf16_operands) where the 3xTF32 kernel lacks the shape, or
+  // everywhere with kernels.ssd_seq_bf16 (at 16384 tokens the bf16-io sequential kernel took
+  // 1.86 ms, the 3xTF32 kernel 5.19, runs 3 and 2), and any other bf16-io call the
+  // chunk-parallel kernels do not take: the sequential bf16 kernel for every path where it takes
+  // the shape (f32 io rounded to bf16 as loaded).
+  const bool seq_bf16_operands =
+      p.io_dtype == dtype::kF32 && p.bf16_operands && (!chunked_supports(p) || current_paths().ssd_seq_bf16);
+  if (!general && seq_supports(p) && (seq_bf16_operands || (p.io_dtype == dtype::kBF16 && !chunked_supports(p)))) {
+    dispatch_ssm_types(p, [&](auto io, auto st) {
+      launch_ssd_bf16_seq<typename decltype(io)::type, typename decltype(st)::type>(p, as_stream(stream));
+    });
+    return;
+  }
   if (!general && chunked_supports(p)) {
     dispatch_ssm_types(p, [&](auto io, auto st) {
       using TI = typename decltype(io)::type;
@@ -491,13 +505,6 @@ void run_cuda(const ssd_chunk_scan_params& p, ssd_scan_path path, void* stream) 
                                           ssd_chain::kOptStoreY>(p, true, as_stream(stream));
         else launch_ssd_bf16_seq<__nv_bfloat16, TS>(p, as_stream(stream));
       } else launch_ssd_chunked<TI, TS>(p, as_stream(stream));
-    });
-    return;
-  }
-  // Every path: the sequential kernel (bf16 io, or f32 io rounded to bf16 for a bf16 model).
-  if (!general && seq_supports(p) && (p.io_dtype == dtype::kBF16 || p.bf16_operands)) {
-    dispatch_ssm_types(p, [&](auto io, auto st) {
-      launch_ssd_bf16_seq<typename decltype(io)::type, typename decltype(st)::type>(p, as_stream(stream));
     });
     return;
   }

@@ -37,6 +37,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_FALSE(k.norm_linear_wide);
     EXPECT_FALSE(k.linear_wgmma);
     EXPECT_FALSE(k.moe_wgmma);
+    EXPECT_FALSE(k.ssd_seq_bf16);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -64,6 +65,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_wide: true
   linear_wgmma: true
   moe_wgmma: true
+  ssd_seq_bf16: true
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -86,6 +88,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_wgmma);
   EXPECT_TRUE(k.moe_wgmma);
+  EXPECT_TRUE(k.ssd_seq_bf16);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

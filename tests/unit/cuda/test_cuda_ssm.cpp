@@ -19,6 +19,7 @@
 #include "cuda/ssd_scan_paths.h"
 #include "cuda_test_util.h"
 #include "hyserve/common/dtype.h"
+#include "hyserve/kernels/paths.h"
 #include "hyserve/kernels/ssm.h"
 
 namespace hyserve::kernels {
@@ -391,6 +392,7 @@ struct typed_case {
   bool pad;               // a padding row (slot -1)
   bool aligned;
   bool bf16_operands = false;  // ssd_chunk_scan_params::bf16_operands (f32 io: a bf16 model's scan)
+  bool seq_bf16 = false;       // kernels.ssd_seq_bf16
 };
 
 std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
@@ -402,6 +404,7 @@ std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
   if (c.pad) s += "_pad";
   s += c.aligned ? "_aligned" : "_oddstrides";
   if (c.bf16_operands) s += "_bf16operands";
+  if (c.seq_bf16) s += "_seqbf16";
   return s;
 }
 
@@ -434,6 +437,9 @@ TEST_P(SsdScanTypedCuda, MatchesCpu) {
   pg.query_start_loc = dqsl.data();
   pg.has_initial_state = c.init == 0 ? nullptr : dinit.data();
   pg.bf16_operands = c.bf16_operands;
+  kernel_paths paths;
+  paths.ssd_seq_bf16 = c.seq_bf16;
+  const paths_scope scope(paths);
   run_cpu(pc);
   run_cuda(pg);
   device_synchronize();
@@ -461,13 +467,16 @@ INSTANTIATE_TEST_SUITE_P(
         typed_case{kB, kB, 1, 6, 128, 256, {129, 5, 70}, 1, false, false},
         typed_case{kB, kF, 2, 4, 64, 256, {100, 70}, 1, true, true},
         typed_case{kB, kB, 1, 4, 128, 128, {100, 70}, 0, false, true},
-        // A bf16 model's scan (f32 io, bf16_operands): Falcon-H1's heads on the sequential kernel,
-        // x, B and C rounded to bf16 as loaded, y in f32 (the f32 io tolerance holds: 3e-2 abs,
-        // 2e-2 rel); odd strides (scalar loads and stores); and a shape the f32 tensor-core
-        // kernel takes, which keeps it.
+        // A bf16 model's scan (f32 io, bf16_operands): the sequential kernel, x, B and C rounded
+        // to bf16 as loaded, y in f32 (the f32 io tolerance holds: 3e-2 abs, 2e-2 rel), at
+        // Falcon-H1's heads, with odd strides (scalar loads and stores); at the Mamba2 shape the
+        // 3xTF32 kernel, and with kernels.ssd_seq_bf16 the sequential one (also the production
+        // shape: 128 heads, 8 groups).
         typed_case{kF, kF, 1, 6, 128, 256, {1, 63, 64, 65, 0, 200, 300}, 2, true, true, true},
         typed_case{kF, kB, 1, 4, 128, 256, {129, 5, 70}, 1, false, false, true},
         typed_case{kF, kF, 2, 8, 64, 128, {129, 5, 330}, 2, true, true, true},
+        typed_case{kF, kF, 2, 8, 64, 128, {129, 5, 0, 330}, 2, true, true, true, true},
+        typed_case{kF, kB, 8, 128, 64, 128, {1000, 530}, 1, false, true, true, true},
         // The general kernel (other head shapes).
         typed_case{kB, kB, 2, 4, 8, 16, {37, 16, 1}, 2, true, false},
         typed_case{kF, kB, 1, 4, 32, 64, {100, 3}, 1, false, true},

@@ -97,6 +97,11 @@ struct kernel_paths {
   // tensor copies, the rows gathered by cp.async); false (default): mma.sync tiles. Not yet
   // measured.
   bool moe_wgmma = false;
+  // true: a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the sequential bf16
+  // kernel too (f32 activations rounded to bf16 as loaded, ssd_chunk_scan_params::bf16_operands);
+  // false (default): the 3xTF32 kernel there. Shapes the 3xTF32 kernel lacks (Falcon-H1's 128 ×
+  // 256) take the sequential kernel either way. Not yet measured.
+  bool ssd_seq_bf16 = false;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;

@@ -43,10 +43,11 @@ struct ssd_chunk_scan_params : ssm_common_params {
   const int32_t* __restrict__ query_start_loc = nullptr;    // [batch + 1]
   const uint8_t* __restrict__ has_initial_state = nullptr;  // [batch]; null = all false
   int64_t chunk_size = 256;
-  // A bf16 model's scan (f32 io): where no f32-accurate tensor-core path takes the shape
-  // (head_dim 128 or d_state 256, as Falcon-H1's), the CUDA op may round x, B and C to bf16 for
-  // the tensor cores (the bf16 io kernel, f32 accumulation and state) instead of running the
-  // CUDA-core kernel: the model's own accuracy class. The CPU op computes in f32 either way.
+  // A bf16 model's scan (f32 io): the CUDA op may round x, B and C to bf16 for the tensor cores
+  // (the sequential bf16 kernel, f32 accumulation and state, y in f32), the model's own accuracy
+  // class, instead of the CUDA-core kernel (Falcon-H1's head_dim 128, d_state 256) or, with
+  // kernels.ssd_seq_bf16, the 3xTF32 kernel (head_dim 64, d_state 128). The CPU op computes in
+  // f32 either way.
   bool bf16_operands = false;
 };
 
