@@ -48,8 +48,8 @@
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); wgmma-probe (bench/probes/wgmma_linear_probe.cu: the warpgroup-MMA
 # linear kernel against a reference and beside cuBLAS); prefill-profile (an 8K prefill op by op:
-# PROFILE_CONFIGS); prefill-variants (8K prefill with each opt-in prefill kernel, PREFILL_KEYS, on
-# PREFILL_CONFIGS); compare (this tree against
+# PROFILE_CONFIGS); prefill-variants (8K prefill with an opt-in prefill kernel and without:
+# PREFILL_RUNS); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
 # step and prefill, Granite-4.0-H-Tiny's and Nemotron-H-8B's batch-1 steps).
 # Only the targets the stages need are built (everything for tests). Environment: BUILD_DIR
@@ -429,18 +429,18 @@ EOF2
           --decode-steps 16 --prefill-len 8192 --json "$out/family-$f.json"
       done ;;
     prefill-variants)
-      # 8K prefill with each PREFILL_KEYS kernel choice (KEY or KEY=VALUE; default the opt-in
-      # prefill kernels: ssd_seq_bf16, moe_wgmma) against the default, in turn, for each
-      # PREFILL_CONFIGS config (default the 9B Bamba and the Qwen3-Next-80B-A3B shape).
-      for f in ${PREFILL_CONFIGS:-bamba-9b qwen3-next-80b-a3b}; do
+      # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 9B Bamba with ssd_seq_bf16, the
+      # Qwen3-Next-80B-A3B shape with moe_wgmma).
+      for run in ${PREFILL_RUNS:-bamba-9b:ssd_seq_bf16 qwen3-next-80b-a3b:moe_wgmma}; do
+        f=${run%%:*}
+        key=${run#*:}
+        val=true
+        case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
         stage "prefill-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
           --decode-steps 2 --prefill-len 8192
-        for key in ${PREFILL_KEYS:-ssd_seq_bf16 moe_wgmma}; do
-          val=true
-          case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
-          stage "prefill-$f-$key-$val" 120 "$bin/hyserve-bench-model" \
-            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" "$val")" --batches 1 --decode-steps 2 --prefill-len 8192
-        done
+        stage "prefill-$f-$key-$val" 120 "$bin/hyserve-bench-model" \
+          "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" "$val")" --batches 1 --decode-steps 2 --prefill-len 8192
       done ;;
     prefill-profile)
       # Where an 8K prefill's time goes: one Extend step of 8192 tokens op by op (the decode step's
