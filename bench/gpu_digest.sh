@@ -29,6 +29,9 @@ digest="$out/digest.txt"
       norm-linear | invariance-linear)
         echo "== $name"
         grep -E "copy|%" "$f" | grep -E "copy \(|wgmma|rows4|wide|registers|batch_invariant lt| fast " | head -70 ;;
+      prefill-profile*)
+        echo "== $name"
+        grep -E "prefill +[0-9]+ tokens|^profile|^  op |^  [a-z_.+0-9]+ +[0-9]+ +[0-9.]+" "$f" | head -40 ;;
       *)
         # The model benchmarks: step, floor and prefill lines; others: their last lines.
         if grep -qE "decode floor|graph step|prefill +[0-9]+ tokens" "$f"; then
