@@ -10,7 +10,7 @@
 # GPU test binaries directly: every CUDA op against the CPU op, the GPU model tests and the
 # speculative CUDA tests; GPU_TEST_FILTER narrows cuda_ops_test: a gtest filter, where
 # parameterised suites' names start with their instantiation, e.g. '*PagedAttentionCuda*'),
-# gpu-ops (cuda_ops_test alone, GPU_TEST_FILTER), model-mma / spec-pred-mma
+# gpu-ops (cuda_ops_test alone, GPU_TEST_FILTER), gpu-model (gpu_model_test alone, GPU_MODEL_FILTER), model-mma / spec-pred-mma
 # (model and spec-pred with the tensor-core skinny GEMM: a copy of the config with
 # kernels: {skinny: mma} added, under OUT_DIR), and serve-cuda
 # (launch/serve.sh configs/cuda.yaml, or SERVE_CONFIG, on the same build: /health, a completion,
@@ -78,6 +78,7 @@ for s in "${stages[@]}"; do
     tests) targets=(); break ;;
     gpu-tests) targets+=(cuda_ops_test gpu_model_test spec_test) ;;
     gpu-ops) targets+=(cuda_ops_test) ;;
+    gpu-model) targets+=(gpu_model_test) ;;
     select) targets+=(hyserve-bench-sparse) ;;
     ssd | skinny | kernels | norm-linear) targets+=(hyserve-bench-cuda) ;;
     gdn) targets+=(hyserve-bench-gdn) ;;
@@ -167,6 +168,7 @@ for s in "${stages[@]}"; do
   case $s in
     tests) stage tests 600 ctest --test-dir "$build" -j "$jobs" --timeout 140 --output-on-failure -E OpenAIClient ;;
     gpu-ops) stage gpu-ops 240 "$bin/cuda_ops_test" --gtest_filter="${GPU_TEST_FILTER:-*}" ;;
+    gpu-model) stage gpu-model 240 "$bin/gpu_model_test" --gtest_filter="${GPU_MODEL_FILTER:-*}" ;;
     gpu-tests)
       stage gpu-ops 240 "$bin/cuda_ops_test" --gtest_filter="${GPU_TEST_FILTER:-*}"
       stage gpu-model 240 "$bin/gpu_model_test"
