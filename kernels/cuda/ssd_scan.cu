@@ -293,7 +293,8 @@ bool seq_supports(const ssd_chunk_scan_params& p) {
 
 // f32 io: the 3xTF32 kernel (fp32 accuracy), chunks claimed by ticket, state chained between
 // chunks through the slot (f32 states) or an f32 carry in the workspace (bf16 states).
-// bf16 io: one block per (row, head, slice of 32 state rows) walking the row's chunks.
+// The sequential kernel (bf16 io, or TI = float rounded to bf16 as loaded): one block per (row,
+// head, slice of 32 state rows) walking the row's chunks.
 template <class TI, class TS>
 void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   dispatch(ssd_seq_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
