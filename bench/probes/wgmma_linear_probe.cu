@@ -57,13 +57,15 @@ struct shape {
   int64_t n, k;
 };
 
-template <int BN, int WG>
+// kSum: every split of a tile summed inside its block (kSumSplits, the invariant path's many
+// rows), grid y 1; else a block a split and the reduction.
+template <int BN, int WG, bool kSum = false>
 void launch(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
             float* part, cudaStream_t st) {
+  auto kernel = cd::wgmma_linear_kernel<BN, WG, kSum>;
   static bool init = false;
   if (!init) {
-    CK(cudaFuncSetAttribute(cd::wgmma_linear_kernel<BN, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            cd::wgmma_smem(BN, WG)));
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cd::wgmma_smem(BN, WG)));
     init = true;
   }
   const int kbs = static_cast<int>((k + 63) / 64);
@@ -73,13 +75,15 @@ void launch(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, 
   a.k = k;
   a.kb_per_split = (kbs + splits - 1) / splits;
   const int real_splits = (kbs + a.kb_per_split - 1) / a.kb_per_split;
-  a.y = real_splits > 1 ? part : y;
+  const bool reduce = !kSum && real_splits > 1;
+  a.splits_per_block = kSum ? real_splits : 1;
+  a.y = reduce ? part : y;
   a.ldy = n;
   const int rows = cd::wgmma_rows(WG);
-  const dim3 grid(static_cast<unsigned>((n + rows - 1) / rows), static_cast<unsigned>(real_splits),
+  const dim3 grid(static_cast<unsigned>((n + rows - 1) / rows), static_cast<unsigned>(reduce ? real_splits : 1),
                   static_cast<unsigned>((m + BN - 1) / BN));
-  cd::wgmma_linear_kernel<BN, WG><<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
-  if (real_splits > 1) {
+  kernel<<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
+  if (reduce) {
     const int64_t q = m * n / 4;
     cd::wgmma_reduce_splits<<<static_cast<unsigned>((q + 255) / 256), 256, 0, st>>>(part, y, m, n, n, real_splits, 0.0f);
   }
@@ -134,27 +138,6 @@ double median_ms(F&& f, cudaStream_t st, int reps = 20) {
 // Row invariance (for determinism: batch_invariant): with the split count fixed, is a row's
 // output the same bits whatever the number of rows (so BN, the MMA's N, 8 … 256) and the consumer
 // warpgroups? Rows 0..m-1 of each m in ms against the same rows of m = 256, WG 2, s splits.
-// The invariant path's many-row launch: every split of a tile summed inside its block
-// (kSumSplits), grid y 1.
-template <int BN, int WG>
-void launch_sum(const CUtensorMap& tw, const CUtensorMap& tx, int64_t m, int64_t n, int64_t k, int splits, float* y,
-                cudaStream_t st) {
-  auto kernel = cd::wgmma_linear_kernel<BN, WG, true>;
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cd::wgmma_smem(BN, WG)));
-  const int kbs = static_cast<int>((k + 63) / 64);
-  cd::wgmma_linear_args a;
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  a.kb_per_split = (kbs + splits - 1) / splits;
-  a.splits_per_block = (kbs + a.kb_per_split - 1) / a.kb_per_split;
-  a.y = y;
-  a.ldy = n;
-  const int rows = cd::wgmma_rows(WG);
-  const dim3 grid(static_cast<unsigned>((n + rows - 1) / rows), 1, static_cast<unsigned>((m + BN - 1) / BN));
-  kernel<<<grid, cd::wgmma_threads(WG), cd::wgmma_smem(BN, WG), st>>>(tw, tx, a);
-}
-
 bool row_invariance(const shape& sh, const bf16* w, const bf16* x, float* y, float* part, cudaStream_t st) {
   const int64_t ms[] = {1, 8, 9, 17, 64, 100, 129, 256};
   // y for m rows on wg consumer warpgroups, s splits, copied to the host.
@@ -193,8 +176,8 @@ bool row_invariance(const shape& sh, const bf16* w, const bf16* x, float* y, flo
       CUtensorMap tw, tx;
       if (!cd::wgmma_tensor_map(&tw, w, sh.n, sh.k, cd::wgmma_rows(wg)) || !cd::wgmma_tensor_map(&tx, x, m, sh.k, bn))
         return false;
-      if (wg == 2) launch_sum<128, 2>(tw, tx, m, sh.n, sh.k, splits, y, st);
-      else launch_sum<64, 1>(tw, tx, m, sh.n, sh.k, splits, y, st);
+      if (wg == 2) launch<128, 2, true>(tw, tx, m, sh.n, sh.k, splits, y, part, st);
+      else launch<64, 1, true>(tw, tx, m, sh.n, sh.k, splits, y, part, st);
       CK(cudaGetLastError());
       got.resize(static_cast<size_t>(256 * sh.n));
       CK(cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, st));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_cuda_steps.h"
 #include "fixture.h"
 #include "hyserve/common/config.h"
 #include "hyserve/common/safetensors.h"
@@ -117,22 +118,12 @@ TEST(GpuBf16Model, WideHeadsPrefillMatchesCpu) {
       "mamba_n_heads: 2, mamba_d_head: 128, mamba_d_state: 256, mamba_n_groups: 1, mamba_d_conv: 4, "
       "mamba_chunk_size: 64, seed: 5}\n  dtype: bfloat16\n"
       "cache: {page_size: 16, max_requests: 4, max_context: 256, kv_dtype: bfloat16}\n";
-  service_config cfg = load_config_string(yaml);
-  engine cpu(cfg);
-  cfg.device = device_kind::kCuda;
-  engine gpu(cfg);
   std::vector<int32_t> a(150), b(70);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>((i * 37 + 11) % 256);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>((i * 53 + 7) % 256);
-  forward_options opts;
-  opts.all_logits = true;
-  std::vector<host_tensor> out_cpu, out_gpu;
-  for (engine* e : {&cpu, &gpu}) {
-    const int32_t ra = e->open_request(), rb = e->open_request();
-    auto& out = e == &cpu ? out_cpu : out_gpu;
-    out.push_back(e->step(forward_mode::kExtend, {{ra, a}, {rb, b}}, opts));
-    out.push_back(e->step(forward_mode::kDecode, {{ra, {3}}, {rb, {4}}}, opts));
-  }
+  const test::cpu_cuda_logits steps = test::cpu_and_cuda_steps(load_config_string(yaml), a, b, 3, 4);
+  const std::vector<host_tensor>& out_cpu = steps.cpu;
+  const std::vector<host_tensor>& out_gpu = steps.cuda;
   int checked = 0;
   for (size_t s = 0; s < out_cpu.size(); ++s) {
     ASSERT_EQ(out_cpu[s].shape(), out_gpu[s].shape()) << "step " << s;

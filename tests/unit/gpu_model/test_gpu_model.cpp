@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_cuda_steps.h"
 #include "fixture.h"
 #include "hyserve/common/config.h"
 #include "hyserve/common/error.h"
@@ -177,21 +178,11 @@ TEST(GpuModel, SyntheticStepCpuVsCuda_f32) {
       "mamba_n_heads: 4, mamba_d_head: 32, mamba_d_state: 16, mamba_n_groups: 2, mamba_d_conv: 4, "
       "mamba_chunk_size: 8, seed: 11}\n"
       "cache: {page_size: 16, max_requests: 4, max_context: 128}\n";
-  service_config cfg = load_config_string(yaml);
-  engine cpu(cfg);
-  cfg.device = device_kind::kCuda;
-  engine gpu(cfg);
   const std::vector<int32_t> a = {5, 17, 3, 250, 9, 9, 41, 7, 100, 2, 66, 31, 8, 12, 19, 200, 1, 4, 77};
   const std::vector<int32_t> b = {8, 1, 2, 3};
-  forward_options opts;
-  opts.all_logits = true;
-  std::vector<host_tensor> out_cpu, out_gpu;
-  for (engine* e : {&cpu, &gpu}) {
-    const int32_t ra = e->open_request(), rb = e->open_request();
-    auto& out = e == &cpu ? out_cpu : out_gpu;
-    out.push_back(e->step(forward_mode::kExtend, {{ra, a}, {rb, b}}, opts));
-    out.push_back(e->step(forward_mode::kDecode, {{ra, {11}}, {rb, {12}}}, opts));
-  }
+  const test::cpu_cuda_logits steps = test::cpu_and_cuda_steps(load_config_string(yaml), a, b, 11, 12);
+  const std::vector<host_tensor>& out_cpu = steps.cpu;
+  const std::vector<host_tensor>& out_gpu = steps.cuda;
   for (size_t s = 0; s < out_cpu.size(); ++s) {
     ASSERT_EQ(out_cpu[s].shape(), out_gpu[s].shape()) << "step " << s;
     EXPECT_LE(test::max_abs_diff(out_cpu[s].as<float>(), out_gpu[s].as<float>(), out_cpu[s].numel()), kLogitTol)
