@@ -129,9 +129,7 @@ size_t decode_down_smem(const moe_experts_params& p) {
 bool moe_decode_takes(const moe_experts_params& p) {
   const auto kind = current_paths().moe_decode;
   if (kind == kernel_paths::moe_decode_kind::kSplit) return false;
-  if (kind == kernel_paths::moe_decode_kind::kDefault &&
-      p.tokens > (p.experts >= kDecodeManyExperts ? kDecodeDefaultManyExpertsMaxTokens : kDecodeDefaultMaxTokens))
-    return false;
+  if (kind == kernel_paths::moe_decode_kind::kDefault && p.tokens > kDecodeDefaultMaxTokens) return false;
   const int64_t R = p.tokens * p.top_k, chunks = p.inter / 8;
   const bool shared_ok =
       p.shared_inter == 0 ||

@@ -25,10 +25,10 @@ constexpr int64_t kDecodeMaxTokens = kDecodeWarps;  // a routing warp a token
 // 9.150 against 7.927 ms (bench/results/2026-12-06-h100-run30.md); the Qwen3-Next-80B-A3B
 // shape (512 experts: a few tokens rarely share one), 16 layers, on the H200, batch 2 2.079
 // against 2.392 ms, batch 4 3.416 against 3.757, batch 8 6.209 against 6.151
-// (bench/results/2026-12-06-h200-run33.md). So: one token, or up to 4 with at least 256
-// experts. kernels.moe_decode: fused takes it up to kDecodeMaxTokens.
-constexpr int64_t kDecodeDefaultMaxTokens = 1;
-constexpr int64_t kDecodeDefaultManyExpertsMaxTokens = 4, kDecodeManyExperts = 256;
+// (bench/results/2026-12-06-h200-run33.md). Since then the fused up kernel got faster: on the
+// H100, Granite-4.0-H-Tiny at batch 8, fused 6.938 against split 8.159 ms
+// (bench/results/2026-12-07-h100-run36.md). So: every count the fused kernels take.
+constexpr int64_t kDecodeDefaultMaxTokens = kDecodeMaxTokens;
 constexpr int kDecodeMaxRows = 64;                  // (token, slot) pairs
 constexpr int64_t kDecodeMaxExperts = 1024;
 constexpr int kDecodeMaxChunksPerLane = 4;  // the down kernel: inter <= 32 · 4 · 8 = 1024

@@ -36,8 +36,8 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
     EXPECT_FALSE(k.linear_wgmma);
-    EXPECT_FALSE(k.moe_wgmma);
-    EXPECT_FALSE(k.ssd_seq_bf16);
+    EXPECT_TRUE(k.moe_wgmma);
+    EXPECT_TRUE(k.ssd_seq_bf16);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -64,8 +64,8 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_gate: true
   norm_linear_wide: true
   linear_wgmma: true
-  moe_wgmma: true
-  ssd_seq_bf16: true
+  moe_wgmma: false
+  ssd_seq_bf16: false
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -87,8 +87,8 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_wgmma);
-  EXPECT_TRUE(k.moe_wgmma);
-  EXPECT_TRUE(k.ssd_seq_bf16);
+  EXPECT_FALSE(k.moe_wgmma);
+  EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

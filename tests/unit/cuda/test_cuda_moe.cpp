@@ -196,23 +196,26 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
   check_moe({64, 2048, 512, 512, 10, false, moe_scoring::kSoftmax, true, false}, seed++, 2000);
 }
 
-// kernels.moe_wgmma: the many-row path's grouped GEMMs (rows >= 16 · experts) on the
-// warpgroup-MMA kernel (128-row tiles); the same checks and tolerances against the CPU op:
-// ragged tiles, experts without tokens, k and the expert width not multiples of 64 (partial
-// k blocks, a partial tile of 64 outputs), accumulate, ties.
-TEST(CudaMoe, WarpgroupMmaExpertsMatchCpu) {
+// The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
+// default: the warpgroup-MMA kernel, 128-row tiles) and the mma.sync tiles; the same checks and
+// tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
+// not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
+TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  kernel_paths paths;
-  paths.moe_wgmma = true;
-  const paths_scope scope(paths);
-  uint32_t seed = 3000;
-  for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},
-                                 moe_shape{2048, 128, 64, 64, 8, true},
-                                 moe_shape{300, 64, 32, 8, 2, true, moe_scoring::kSoftmax, true, true, true},
-                                 moe_shape{600, 200, 72, 16, 2, true, moe_scoring::kSigmoid, false},
-                                 moe_shape{1024, 1024, 256, 32, 4, true}}) {
-    check_moe(shape, seed, seed + 2);
-    seed += 3;
+  for (const bool wgmma : {true, false}) {
+    SCOPED_TRACE(wgmma ? "moe_wgmma" : "mma.sync tiles");
+    kernel_paths paths;
+    paths.moe_wgmma = wgmma;
+    const paths_scope scope(paths);
+    uint32_t seed = 3000;
+    for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},
+                                   moe_shape{2048, 128, 64, 64, 8, true},
+                                   moe_shape{300, 64, 32, 8, 2, true, moe_scoring::kSoftmax, true, true, true},
+                                   moe_shape{600, 200, 72, 16, 2, true, moe_scoring::kSigmoid, false},
+                                   moe_shape{1024, 1024, 256, 32, 4, true}}) {
+      check_moe(shape, seed, seed + 2);
+      seed += 3;
+    }
   }
 }
 

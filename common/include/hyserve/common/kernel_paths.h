@@ -94,14 +94,16 @@ struct kernel_paths {
   bool linear_wgmma = false;
   // true: the routed experts' grouped GEMMs of the many-row path (prefill; bf16 weights, fast
   // mode) on hyserve's warpgroup-MMA kernel (moe_gemm_wgmma.cuh: 128-row tiles, the weights by
-  // tensor copies, the rows gathered by cp.async); false (default): mma.sync tiles. Not yet
-  // measured.
-  bool moe_wgmma = false;
-  // true: a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the sequential bf16
-  // kernel too (f32 activations rounded to bf16 as loaded, ssd_chunk_scan_params::bf16_operands);
-  // false (default): the 3xTF32 kernel there. Shapes the 3xTF32 kernel lacks (Falcon-H1's 128 ×
-  // 256) take the sequential kernel either way. Not yet measured.
-  bool ssd_seq_bf16 = false;
+  // tensor copies, the rows gathered by cp.async) (default); false: mma.sync tiles. Measured at
+  // 8192 tokens of the Qwen3-Next-80B-A3B shape on the H100: 3.494 against 4.179 ms
+  // (bench/results/2026-12-07-h100-run36.md).
+  bool moe_wgmma = true;
+  // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
+  // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
+  // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
+  // kernel lacks (Falcon-H1's 128 × 256) take the sequential kernel either way. Measured, the 9B
+  // Bamba's 8K prefill on the H100: 23928 against 21456 tokens/s (run 36).
+  bool ssd_seq_bf16 = true;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
