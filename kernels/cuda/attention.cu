@@ -486,10 +486,17 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       int take = INT_MAX;
       if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
         if (!(p.max_q_len >= 1 && p.max_q_len <= std::max(skip, 1))) {
-          const size_t smem = sizeof(attn_extend_mma::smem_t<D>);
-          reserve_dynamic_shared(reinterpret_cast<const void*>(&attn_extend_mma::extend_kernel<D>), smem);
-          attn_extend_mma::extend_kernel<D>
-              <<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+          const auto launch_extend = [&](auto split_tag) {
+            constexpr bool kSplit = decltype(split_tag)::value;
+            const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit>);
+            auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit>;
+            reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+            kernel<<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+          };
+          if (p.bf16_products)
+            launch_extend(std::false_type{});
+          else
+            launch_extend(std::true_type{});
           HYSERVE_CUDA_CHECK_LAUNCH();
           take = 1;
         }

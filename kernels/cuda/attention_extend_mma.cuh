@@ -16,7 +16,9 @@
 //     B = V by ldmatrix.trans).
 // q and p are split into two bf16 terms (x = hi + lo) and each product is two MMAs, smallest
 // first, so with the cache's bf16 values exact the results carry f32-level errors (the CUDA-core
-// kernel's tolerance against the CPU op), as in attention_decode_mma.cuh.
+// kernel's tolerance against the CPU op), as in attention_decode_mma.cuh. A bfloat16 model's
+// attention (paged_attention_params::bf16_products, kSplit false) rounds q and p to one bf16
+// term each, as flash attention does: half the MMAs, and no shared memory for q's low terms.
 // A query row's arithmetic depends only on its own q, its position and the row's keys: the key
 // tiles start at key 0 whatever the query tile, and a tile past the row's causal end (the tile
 // serves later queries) leaves its sums exactly unchanged (p = 0, rescale by exp2(0) = 1). So a
@@ -43,18 +45,18 @@ constexpr int kStages = 2;
 template <int D>
 constexpr int keys_for = D > 128 ? 32 : 64;
 
-template <int D>
+template <int D, bool kSplit>
 struct smem_t {
   static constexpr int kLd = D + 8;  // bf16 a row: 16 bytes of padding, ldmatrix rows on distinct banks
   __nv_bfloat16 k[kStages][keys_for<D>][kLd];
   __nv_bfloat16 v[kStages][keys_for<D>][kLd];
-  __nv_bfloat16 qh[kRows][kLd];  // the tile's q (scaled), split: hi and lo terms
-  __nv_bfloat16 ql[kRows][kLd];
+  __nv_bfloat16 qh[kRows][kLd];  // the tile's q (scaled), split: hi and lo terms (kSplit; else hi only)
+  __nv_bfloat16 ql[kSplit ? kRows : 1][kLd];
 };
 
 // The query rows [r0, r0 + kRows) of row b (kv head kvh) against the keys [0, len) causally.
-template <int D>
-__device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t b, int64_t kvh, int64_t q_start,
+template <int D, bool kSplit>
+__device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm, int64_t b, int64_t kvh, int64_t q_start,
                          int64_t len, int q_len, int group, int r0) {
   constexpr int kKeys = keys_for<D>;
   constexpr int KS = D / 16;          // k-steps of the scores
@@ -87,10 +89,14 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t
         v0 = q[0] * qs;
         v1 = q[1] * qs;
       }
-      uint32_t hi, lo;
-      mma16::split_bf16x2(v0, v1, hi, lo);
-      *reinterpret_cast<uint32_t*>(&sm.qh[r][d]) = hi;
-      *reinterpret_cast<uint32_t*>(&sm.ql[r][d]) = lo;
+      if constexpr (kSplit) {
+        uint32_t hi, lo;
+        mma16::split_bf16x2(v0, v1, hi, lo);
+        *reinterpret_cast<uint32_t*>(&sm.qh[r][d]) = hi;
+        *reinterpret_cast<uint32_t*>(&sm.ql[r][d]) = lo;
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(&sm.qh[r][d]) = __floats2bfloat162_rn(v0, v1);
+      }
     }
   }
   __syncthreads();
@@ -143,15 +149,17 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t
       // A: this warp's 16 rows at dims 16ks .. 16ks + 15 (row-major [row][dim]).
       uint32_t qh[4], ql[4];
       mma16::ldsm_x4(qh, &sm.qh[16 * warp + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
-      mma16::ldsm_x4(ql, &sm.ql[16 * warp + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
+      if constexpr (kSplit) mma16::ldsm_x4(ql, &sm.ql[16 * warp + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         // B for key n-tiles 2np, 2np + 1 (K stored [key][dim]): {kb0, kb1}, {kb2, kb3}.
         uint32_t kb[4];
         mma16::ldsm_x4(kb, &sm.k[st][16 * np + (lane & 7) + 8 * (lane >> 4)][16 * ks + 8 * ((lane >> 3) & 1)]);
-        mma16::mma_bf16(s[2 * np], ql, kb[0], kb[1]);  // small terms first
+        if constexpr (kSplit) {
+          mma16::mma_bf16(s[2 * np], ql, kb[0], kb[1]);  // small terms first
+          mma16::mma_bf16(s[2 * np + 1], ql, kb[2], kb[3]);
+        }
         mma16::mma_bf16(s[2 * np], qh, kb[0], kb[1]);
-        mma16::mma_bf16(s[2 * np + 1], ql, kb[2], kb[3]);
         mma16::mma_bf16(s[2 * np + 1], qh, kb[2], kb[3]);
       }
     }
@@ -201,17 +209,26 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t
 #pragma unroll
     for (int kj = 0; kj < NT / 2; ++kj) {
       uint32_t ph[4], pl[4];
-      mma16::split_bf16x2(s[2 * kj][0], s[2 * kj][1], ph[0], pl[0]);
-      mma16::split_bf16x2(s[2 * kj][2], s[2 * kj][3], ph[1], pl[1]);
-      mma16::split_bf16x2(s[2 * kj + 1][0], s[2 * kj + 1][1], ph[2], pl[2]);
-      mma16::split_bf16x2(s[2 * kj + 1][2], s[2 * kj + 1][3], ph[3], pl[3]);
+      if constexpr (kSplit) {
+        mma16::split_bf16x2(s[2 * kj][0], s[2 * kj][1], ph[0], pl[0]);
+        mma16::split_bf16x2(s[2 * kj][2], s[2 * kj][3], ph[1], pl[1]);
+        mma16::split_bf16x2(s[2 * kj + 1][0], s[2 * kj + 1][1], ph[2], pl[2]);
+        mma16::split_bf16x2(s[2 * kj + 1][2], s[2 * kj + 1][3], ph[3], pl[3]);
+      } else {
+        ph[0] = mma16::pack_bf16x2(s[2 * kj][0], s[2 * kj][1]);
+        ph[1] = mma16::pack_bf16x2(s[2 * kj][2], s[2 * kj][3]);
+        ph[2] = mma16::pack_bf16x2(s[2 * kj + 1][0], s[2 * kj + 1][1]);
+        ph[3] = mma16::pack_bf16x2(s[2 * kj + 1][2], s[2 * kj + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t vb[4];
         mma16::ldsm_x4_t(vb, &sm.v[st][16 * kj + (lane & 15)][16 * dp + 8 * (lane >> 4)]);
-        mma16::mma_bf16(o[2 * dp], pl, vb[0], vb[1]);  // small terms first
+        if constexpr (kSplit) {
+          mma16::mma_bf16(o[2 * dp], pl, vb[0], vb[1]);  // small terms first
+          mma16::mma_bf16(o[2 * dp + 1], pl, vb[2], vb[3]);
+        }
         mma16::mma_bf16(o[2 * dp], ph, vb[0], vb[1]);
-        mma16::mma_bf16(o[2 * dp + 1], pl, vb[2], vb[3]);
         mma16::mma_bf16(o[2 * dp + 1], ph, vb[2], vb[3]);
       }
     }
@@ -240,11 +257,11 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D>& sm, int64_t
 
 // Grid (slices, kv heads, batch rows): slice s takes the query tiles s, s + n_slices, … of its
 // (row, kv head). Rows of at most skip_upto queries (at least 1) belong to another kernel.
-template <int D>
+template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   extern __shared__ __align__(16) unsigned char ext_smem[];
-  auto& sm = *reinterpret_cast<smem_t<D>*>(ext_smem);
+  auto& sm = *reinterpret_cast<smem_t<D, kSplit>*>(ext_smem);
   const int64_t b = blockIdx.z, kvh = blockIdx.y;
   const int64_t q_start = p.query_start_loc[b];
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
@@ -254,7 +271,7 @@ __global__ void __launch_bounds__(kThreads) extend_kernel(const paged_attention_
   const int group = static_cast<int>(p.q_heads / p.kv_heads);
   const int M = q_len * group;
   for (int r0 = static_cast<int>(blockIdx.x) * kRows; r0 < M; r0 += n_slices * kRows)
-    run_tile<D>(p, sm, b, kvh, q_start, len, q_len, group, r0);
+    run_tile<D, kSplit>(p, sm, b, kvh, q_start, len, q_len, group, r0);
 }
 
 }  // namespace attn_extend_mma

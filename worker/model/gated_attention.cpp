@@ -56,6 +56,7 @@ gated_attention_weights load_gated_attention(const weight_source& ws, const std:
 void place(gated_attention_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.qkvg, &w.o}) place_weight(*t, device, weight_type);
   place(w.qk_norm, device);
+  w.bf16_products = weight_type == dtype::kBF16;
 }
 
 tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x, const step_inputs& in,
@@ -86,6 +87,7 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     kernels::paged_attention_params a =
         paged_attention_of(q, rows_of(attn), w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
+    a.bf16_products = w.bf16_products;
     run_attention(a, in, ctx);
 
     // Output gate: attn · sigmoid(gate).

@@ -28,6 +28,8 @@ struct gated_attention_weights {
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;  // local head counts
   float rope_theta = 10000.0f;
   float eps = 1e-6f;
+  // A bfloat16 model: the prefill attention's products in bf16 (paged_attention_params::bf16_products).
+  bool bf16_products = false;
 };
 
 // Rank tp.rank's shard of the Hugging Face Qwen3NextAttention under `prefix` (".../self_attn.").

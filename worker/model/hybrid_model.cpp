@@ -121,6 +121,7 @@ layers::attention_weights block_loader::attention(const std::string& p, const at
   w.rotary_dim = mc_.use_rope ? mc_.rotary_dim() : 0;
   w.rope_theta = mc_.rope_theta;
   w.scale = mc_.attention_multiplier;
+  w.bf16_products = wt_ == dtype::kBF16;
   return w;
 }
 

@@ -405,6 +405,7 @@ double attention_context(const step_inputs& in) {
 
 void place(attention_weights& w, device_kind device, dtype weight_type) {
   for (tensor* t : {&w.qkv, &w.o}) place_weight(*t, device, weight_type);
+  w.bf16_products = weight_type == dtype::kBF16;
 }
 
 void rope_write_kv(f32_rows q, f32_rows k, f32_rows v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
@@ -495,6 +496,7 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
   profile(ctx, w.rotary_dim > 0 ? "attn.rope+kv_write" : "attn.kv_write",
           sizeof(float) * static_cast<double>(T * (4 * kw + (w.rotary_dim > 0 ? 2 * (qw + kw) : 0))));
   kernels::paged_attention_params a = paged_attention_of(q, out, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
+  a.bf16_products = w.bf16_products;
   a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
   if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
     a.max_q_len = 1;  // one query per row

@@ -186,6 +186,8 @@ struct attention_weights {
   int64_t rotary_dim = 0;                            // 0: no rotary embedding
   float rope_theta = 10000.0f;
   float scale = 0.0f;  // softmax scale; 0 = 1/sqrt(head_dim)
+  // A bfloat16 model: the prefill attention's products in bf16 (paged_attention_params::bf16_products).
+  bool bf16_products = false;
 };
 void place(attention_weights& w, device_kind device, dtype weight_type = dtype::kF32);
 // Paged attention over the step's rows: causal, or tree-masked for TargetVerify with tree drafts.

@@ -303,6 +303,15 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
   }
   set_attn_decode_path(attn_decode_path::kDefault);
+  // A bfloat16 model's attention (bf16_products): the extend kernel's q and softmax weights
+  // rounded to one bf16 term each (relative error up to 2^-9 a product, f32 sums): the bf16
+  // pipeline's tolerance (5e-3 abs + 2e-2 rel, a few elements past it, relative L2 <= 1e-2);
+  // the decode rows stay on their kernels' f32-level products.
+  pg.bf16_products = true;
+  dout.fill_bytes(0xff);
+  run_cuda(pg);
+  device_synchronize();
+  cuda_test::expect_match_bf16_pipeline(dout.download(), out, 5e-3, 2e-2, "out (bf16 products)");
 }
 
 attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {

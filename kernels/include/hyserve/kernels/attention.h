@@ -65,6 +65,12 @@ struct paged_attention_params {
   // row or a short prefill chunk takes the same kernel in a step of its own and beside longer
   // rows. Ignored by the CPU op.
   int64_t short_q_max = 0;
+  // A bfloat16 model's attention: the CUDA op's tensor-core extend kernel (rows of more than one
+  // query over a bf16 cache) may round q and the softmax weights to bf16 for its products (one
+  // MMA each, as flash attention does), the model's own accuracy class, instead of carrying them
+  // as two bf16 terms (f32-level products). Row sums, the running max and the output stay f32.
+  // The decode kernels and the CPU op compute as before either way.
+  bool bf16_products = false;
 };
 
 // The most queries per row the CUDA decode kernel serves (max_q_len, short_q_max).
