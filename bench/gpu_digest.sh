@@ -16,7 +16,7 @@ digest="$out/digest.txt"
     name=$(basename "$f" .log)
     case $name in
       build | *-build) continue ;;
-      gpu-ops | gpu-model | gpu-spec | tests | invariance*-tests)
+      gpu-ops | gpu-ops-* | gpu-model | gpu-spec | tests | invariance*-tests)
         echo "== $name"
         grep -E "tests from .* ran|PASSED|FAILED|tests passed|tests failed" "$f" | head -12
         grep -E "Failure|error:|Expected|Which is" "$f" | head -10 ;;

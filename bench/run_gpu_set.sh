@@ -33,7 +33,8 @@
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
 # kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
-# gpu-check (gpu-tests and gpu-service concurrently, for correctness only); invariance
+# gpu-check (gpu-tests and gpu-service concurrently, for correctness only); gpu-quick (the op
+# tests in 4 shards, the model and the speculative GPU tests, all at once); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
 # cases, a request alone against it among 63 random arrivals on the GPU, and Device/PrefixInvariance:
 # the prefix cache on against off), invariance-speed (the
@@ -89,6 +90,7 @@ for s in "${stages[@]}"; do
     startup) targets+=(coordinator worker hyserve-generate hyserve-write-checkpoint) ;;
     gpu-service) targets+=(coordinator worker service_test tp_parity_test host_collective_test) ;;
     gpu-check) targets+=(cuda_ops_test gpu_model_test spec_test coordinator worker service_test tp_parity_test host_collective_test) ;;
+    gpu-quick) targets+=(cuda_ops_test gpu_model_test spec_test) ;;
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
     gated-norm | wide-linear | ncu) targets+=(hyserve-bench-model) ;;
@@ -239,6 +241,16 @@ for s in "${stages[@]}"; do
           --gtest_filter='ParallelLayoutsOneGpu.*' &
       done
       stage gpu-prefix-turns 300 "$bin/service_test" --gtest_filter='PrefixTurnsCudaService.*' &
+      wait ;;
+    gpu-quick)
+      # The op, model and speculative GPU tests at once (cuda_ops_test as 4 gtest shards), each
+      # under QUICK_LIMIT seconds (default 200): the whole kernel suite in about a quarter of
+      # gpu-tests' time. Not for timing.
+      for i in 0 1 2 3; do
+        stage "gpu-ops-$i" "${QUICK_LIMIT:-200}" env GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i "$bin/cuda_ops_test" &
+      done
+      stage gpu-model "${QUICK_LIMIT:-200}" "$bin/gpu_model_test" &
+      stage gpu-spec "${QUICK_LIMIT:-200}" "$bin/spec_test" --gtest_filter='*Cuda*:Device/*' &
       wait ;;
     model-tp2)
       # The 9B synthetic Bamba at TP=2, both ranks on the one GPU (host-staged reductions): a

@@ -57,7 +57,7 @@ struct smem_t {
 // The query rows [r0, r0 + kRows) of row b (kv head kvh) against the keys [0, len) causally.
 template <int D, bool kSplit>
 __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm, int64_t b, int64_t kvh, int64_t q_start,
-                         int64_t len, int q_len, int group, int r0) {
+                         int len, int q_len, int group, int r0) {
   constexpr int kKeys = keys_for<D>;
   constexpr int KS = D / 16;          // k-steps of the scores
   constexpr int NT = kKeys / 8;       // key n-tiles of the scores
@@ -68,7 +68,7 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm,
   const int g = lane >> 2, t = lane & 3;
   const int M = q_len * group;
   // This thread's two query rows (h = 0: row g of the warp's 16, h = 1: row g + 8).
-  int64_t qpos[2];
+  int qpos[2];  // key positions in 32 bits (a row's length is an int32 seq_lens entry)
   bool live[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -103,20 +103,24 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm,
 
   // Keys the tile needs: up to its last query's position.
   const int last_row = min(M, r0 + kRows) - 1;
-  const int64_t key_end = min(len, len - q_len + last_row / group + 1);
+  const int key_end = min(len, len - q_len + last_row / group + 1);
   const int n_tiles = static_cast<int>((key_end + kKeys - 1) / kKeys);
   const int32_t* pages = p.page_table + b * p.page_table_stride;
-  const int64_t ps = p.page_size;
+  // The page of key s: a shift for a power-of-two page size (32-bit arithmetic either way: a
+  // 64-bit division per copied chunk cost more issue slots than the tile's MMAs).
+  const int ps = static_cast<int>(p.page_size);
+  const int ps_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
   const auto* kc = static_cast<const __nv_bfloat16*>(p.k_cache);
   const auto* vc = static_cast<const __nv_bfloat16*>(p.v_cache);
   auto issue = [&](int tile) {
     const int st = tile % kStages;
-    const int64_t k0 = static_cast<int64_t>(tile) * kKeys;
+    const int k0 = tile * kKeys;
     for (int e = tid; e < kKeys * kChunks; e += kThreads) {
       const int key = e / kChunks, ch = e % kChunks;
-      const int64_t s = k0 + key;
+      const int s = k0 + key;
       const bool in = s < key_end;  // the page table past the row's keys may hold -1
-      const int64_t off = in ? ((static_cast<int64_t>(pages[s / ps]) * ps + s % ps) * p.kv_heads + kvh) * D + ch * 8 : 0;
+      const int pg = ps_shift >= 0 ? s >> ps_shift : s / ps;
+      const int64_t off = in ? ((static_cast<int64_t>(pages[pg]) * ps + (s - pg * ps)) * p.kv_heads + kvh) * D + ch * 8 : 0;
       cp_async16_zfill(&sm.k[st][key][ch * 8], kc + off, in ? 16u : 0u);
       cp_async16_zfill(&sm.v[st][key][ch * 8], vc + off, in ? 16u : 0u);
     }
@@ -138,7 +142,7 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm,
     }
     __syncthreads();
     const int st = tile % kStages;
-    const int64_t k0 = static_cast<int64_t>(tile) * kKeys;
+    const int k0 = tile * kKeys;
 
     // Scores: s[j][e] is row g (e < 2) or g + 8 (e >= 2) against key k0 + 8j + 2t + (e & 1).
     float s[NT][4];
@@ -170,7 +174,7 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
-        const int64_t key = k0 + 8 * j + 2 * t + (e & 1);
+        const int key = k0 + 8 * j + 2 * t + (e & 1);
         if (key >= key_end || key > qpos[h]) s[j][e] = -INFINITY;
         mt[h] = fmaxf(mt[h], s[j][e]);
       }
@@ -258,7 +262,7 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm,
 // Grid (slices, kv heads, batch rows): slice s takes the query tiles s, s + n_slices, … of its
 // (row, kv head). Rows of at most skip_upto queries (at least 1) belong to another kernel.
 template <int D, bool kSplit>
-__global__ void __launch_bounds__(kThreads) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
+__global__ void __launch_bounds__(kThreads, 2) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   extern __shared__ __align__(16) unsigned char ext_smem[];
   auto& sm = *reinterpret_cast<smem_t<D, kSplit>*>(ext_smem);
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) extend_kernel(const paged_attention_
   const int64_t q_start = p.query_start_loc[b];
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
   if (q_len <= 0 || q_len <= skip_upto) return;
-  const int64_t len = p.seq_lens[b];
+  const int len = p.seq_lens[b];
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   const int group = static_cast<int>(p.q_heads / p.kv_heads);
   const int M = q_len * group;
