@@ -26,7 +26,7 @@
 # decode-slices (Falcon-H1-7B's batch-1 step, or SLICES_CONFIGS', with kernels.attn_decode_max_slices
 # default, 1, 2, 4, 8);
 # moe-decode (the MoE families' steps at batches 1, 2, 4, 8 with kernels.moe_decode default, split,
-# fused, single, pipelined and overlap, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
+# fused and single, or MOE_DECODE_KINDS, at MOE_DECODE_BATCHES (default 1,2,4,8):
 # Granite-4.0-H-Tiny, or MOE_DECODE_CONFIGS); gated-norm (batch-1 decode with the
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
@@ -387,15 +387,14 @@ EOF2
         done
       done ;;
     moe-decode)
-      # The MoE layers of a decode step with kernels.moe_decode default (fused for one token),
-      # split, fused (up to 8 tokens), single (one kernel for one token) and pipelined (the
-      # one-row up kernel's loads pipelined across tasks) and overlap (the down ring routing itself
-      # early, its weights streaming beside the up kernel), at batches 1, 2, 4 and 8 (where the fused path's per-token weight reads start to cost more than the kernels
-      # it saves), config after config.
+      # The MoE layers of a decode step with kernels.moe_decode default (fused up to 8 tokens, the
+      # bulk-copy rings at one), split, fused (the general up kernel at one token too) and single
+      # (one kernel for one token), at batches 1, 2, 4 and 8 (where the fused path's per-token
+      # weight reads may start to cost more than the kernels it saves), config after config.
       for f in ${MOE_DECODE_CONFIGS:-granite-4.0-h-tiny}; do
         stage "moe-decode-$f" 150 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" \
           --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256
-        for kind in ${MOE_DECODE_KINDS:-split fused single pipelined overlap}; do
+        for kind in ${MOE_DECODE_KINDS:-split fused single}; do
           stage "moe-decode-$f-$kind" 150 "$bin/hyserve-bench-model" \
             "$(with_kernels "configs/$f-synthetic-cuda.yaml" moe_decode "$kind")" \
             --batches "${MOE_DECODE_BATCHES:-1,2,4,8}" --decode-steps 16 --prefill-len 256

@@ -267,7 +267,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
   if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
   if_present(node, "ssd_seq_bf16", [&](const YAML::Node& n) { k.ssd_seq_bf16 = r.get_bool(n, path("ssd_seq_bf16")); });
-  named("moe_decode", k.moe_decode, {"default", "fused", "single", "pipelined", "overlap", "split"});
+  named("moe_decode", k.moe_decode, {"default", "fused", "single", "split"});
   if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
   if_present(node, "norm_linear_gate",

@@ -60,8 +60,8 @@ namespace {
 // kOne: one token (what the default fuses): one activation row, so a warp's whole gate and up rows
 // of a 2048-wide hidden are in flight at once (U = 8), at two blocks an SM. Otherwise up to 4 rows
 // at a time, U = 4, three blocks an SM. The same arithmetic either way (dot_rows). A block with
-// a routed task routes once, before its first. kPipe (with kOne): up_tasks_pipelined.
-template <bool kOne, bool kPipe = false>
+// a routed task routes once, before its first.
+template <bool kOne>
 __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_kernel(const decode_args d, int tasks) {
   constexpr int NR = kOne ? 1 : 4, U = kOne ? 8 : 4;
   extern __shared__ float up_scores[];  // [tokens][experts]
@@ -69,11 +69,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kOne ? 2 : 3) moe_decode_up_ke
   prefetch_shared_up(d);
   pdl_begin();  // the router's logits (and x)
   if (static_cast<int64_t>(blockIdx.x) < d.routed_blocks) route_block(d, up_scores, rs, blockIdx.x == 0);
-  if constexpr (kOne && kPipe) {
-    up_tasks_pipelined(d, tasks, rs);
-  } else {
-    up_tasks<NR, U>(d, tasks, rs);
-  }
+  up_tasks<NR, U>(d, tasks, rs);
 }
 
 // Block (t, y): token t, column tiles y, y + gridDim.y, … (the grid is what is resident at once,
@@ -249,28 +245,28 @@ void run_moe_decode(const moe_experts_params& p, const route_args& ra, cudaStrea
   // The up kernel: its tasks over as many blocks as are resident at once (a block routes once,
   // whatever the number of its routed tasks). One token takes the rings of bulk copies
   // (moe_decode_bulk.cuh) where they take the shapes, else the one-row kernel, unless
-  // kernels.moe_decode: fused asks for the general one or pipelined for the one-row kernel's
-  // pipelined variant. Measured, one token, graph decode steps on the H100, GPU time: the rings
-  // against the one-row kernel and the down kernel, Qwen3-Next-80B-A3B shape (16 layers) 1.527
-  // against 1.559 ms (mean of 3), Granite-4.0-H-Tiny 2.074 against 2.117 ms (mean of 2); the
-  // up ring alone 1.548 (bench/results/2026-12-07-h100-run35.md).
+  // kernels.moe_decode: fused asks for the general one. Measured, one token, graph decode steps
+  // on the H100, GPU time: the rings against the one-row kernel and the down kernel,
+  // Qwen3-Next-80B-A3B shape (16 layers) 1.527 against 1.559 ms (mean of 3), Granite-4.0-H-Tiny
+  // 2.074 against 2.117 ms (mean of 2); the up ring alone 1.548
+  // (bench/results/2026-12-07-h100-run35.md). Two variants lost at one token and were removed
+  // (run 36, Granite-4.0-H-Tiny, wall time): the one-row kernel with its loads software-pipelined
+  // across tasks, 2.172 against 2.105 ms, and the down ring routing the token itself to stream
+  // its weights beside the up kernel, 2.423 (last version at 907f852).
   const bool one = T == 1 && kind != kernel_paths::moe_decode_kind::kFused;
-  const bool early = kind == kernel_paths::moe_decode_kind::kOverlap;  // the down ring routes itself early
-  const bool bulk = one && (kind == kernel_paths::moe_decode_kind::kDefault || early);
+  const bool bulk = one && kind == kernel_paths::moe_decode_kind::kDefault;
   if (bulk && bulk_takes(d, E)) {
     launch_moe_decode_up_bulk(d, E, stream);
   } else {
-    auto up_kernel = !one                                                ? moe_decode_up_kernel<false>
-                     : kind == kernel_paths::moe_decode_kind::kPipelined ? moe_decode_up_kernel<true, true>
-                                                                         : moe_decode_up_kernel<true>;
+    auto up_kernel = one ? moe_decode_up_kernel<true> : moe_decode_up_kernel<false>;
     const int64_t up_blocks =
         std::min(tasks, decode_resident_blocks(reinterpret_cast<const void*>(up_kernel), up_smem));
     launch_pdl(up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kDecodeThreads), up_smem, stream, d,
                static_cast<int>(tasks));
     HYSERVE_CUDA_CHECK_LAUNCH();
   }
-  if (bulk && down_bulk_takes(d, early)) {
-    launch_moe_decode_down_bulk(d, early, stream);
+  if (bulk && down_bulk_takes(d)) {
+    launch_moe_decode_down_bulk(d, stream);
   } else {
     const size_t down_smem = decode_down_smem(p);
     with_down_cpl(I, [&](auto cpl) { launch_moe_decode_down<decltype(cpl)::value>(d, down_smem, stream); });

@@ -1,5 +1,5 @@
 #pragma once
-// kernels.moe_decode default (and overlap) at one token: the up projection's weights streamed into shared memory
+// kernels.moe_decode default at one token: the up projection's weights streamed into shared memory
 // by the SM's bulk copy engine (cp.async.bulk) through a ring of kBulkStages stages, one block an
 // SM, where the one-row up kernel (moe_decode.cuh) has each warp load its own row pair into
 // registers and multiply it before its next loads go out; and the down projection the same way
@@ -191,7 +191,7 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
-// ---- The down kernel through a ring (the default and overlap at one token) ------------------
+// ---- The down kernel through a ring (the default at one token) ------------------
 // Block b takes the column tiles [C·b / G, C·(b + 1) / G) of 8 output columns (C tiles, G
 // blocks), a warp a column. Its stages, each one bulk copy of a tile's 8 rows of one expert
 // (contiguous: 8 · width · 2 bytes): first the shared expert's rows of each of its tiles (they
@@ -201,15 +201,8 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
 // down_tiles's chunk order and reduction, out (= or +=) Σ w_e · y_e in the same order, then the
 // shared expert's ys (computed from its stage first, kept in shared memory) added as down_tiles
 // adds it. So the bits are the down kernel's and the split path's.
-//
-// kEarly (kernels.moe_decode: overlap): the block routes the token itself before its wait, from
-// the router's logits (complete: the up kernel lets this grid launch only after its own wait for
-// the router; read through L2 into shared memory, then route_block, the up kernel's routing and
-// bits), and issues its routed stages before the wait too, with a ring small enough
-// (kDownEarlyRingBytes) that its blocks fit beside the up kernel's: its weights then stream
-// while the up kernel runs.
 constexpr int kDownBulkMaxStages = 16;
-constexpr int64_t kDownBulkRingBytes = 128 * 1024, kDownEarlyRingBytes = 48 * 1024;
+constexpr int64_t kDownBulkRingBytes = 128 * 1024;
 
 struct down_bulk_plan {
   int stages = 0;            // S: ring slots
@@ -224,26 +217,22 @@ inline int down_bulk_blocks(const decode_args& d) {
   return static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
 }
 
-inline down_bulk_plan down_bulk_plan_for(const decode_args& d, int blocks, bool early) {
+inline down_bulk_plan down_bulk_plan_for(const decode_args& d, int blocks) {
   down_bulk_plan p;
   p.slot_chunks = kDecodeWarps * down_bulk_width(d) / 8;
-  const int64_t ring = early ? kDownEarlyRingBytes : kDownBulkRingBytes;
-  p.stages = static_cast<int>(std::clamp<int64_t>(ring / (p.slot_chunks * 16), 2, kDownBulkMaxStages));
+  p.stages = static_cast<int>(std::clamp<int64_t>(kDownBulkRingBytes / (p.slot_chunks * 16), 2, kDownBulkMaxStages));
   p.max_tiles = static_cast<int>(ceil_div(ceil_div(d.hidden, int64_t{kDecodeWarps}), int64_t{blocks}));
   return p;
 }
 
 // The dynamic shared memory: the ring, the token's routed act rows (bf16), its shared expert's
-// act row (f32), then the shared expert's ys of the block's columns; kEarly: then the router's
-// logits and scores (experts floats each) and the routing.
-inline size_t down_bulk_smem(const decode_args& d, const down_bulk_plan& p, bool early) {
+// act row (f32), then the shared expert's ys of the block's columns.
+inline size_t down_bulk_smem(const decode_args& d, const down_bulk_plan& p) {
   return static_cast<size_t>(p.stages * p.slot_chunks) * 16 +
          static_cast<size_t>(d.route.top_k * d.inter) * sizeof(__nv_bfloat16) + static_cast<size_t>(d.s_inter) * 4 +
-         static_cast<size_t>(p.max_tiles * kDecodeWarps) * 4 +
-         (early ? static_cast<size_t>(2 * d.route.experts) * 4 + sizeof(route_smem) : 0);
+         static_cast<size_t>(p.max_tiles * kDecodeWarps) * 4;
 }
 
-template <bool kEarly>
 __global__ void __launch_bounds__(kBulkThreads, 1)
     moe_decode_down_bulk_kernel(const decode_args d, const down_bulk_plan p) {
   extern __shared__ __align__(128) uint4 down_ring[];  // see down_bulk_smem
@@ -287,34 +276,13 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
   int issued = 0;
   if (producer)  // the shared expert's rows: before the wait for the up kernel
     while (issued < ns && issued < S) issue(issued++);
-  if constexpr (kEarly) {  // the routing and the routed stages, before the wait too
-    const int E = d.route.experts;
-    float* logits = ys_s + p.max_tiles * kDecodeWarps;
-    float* scores = logits + E;
-    route_smem& rs = *reinterpret_cast<route_smem*>(scores + E);
-    for (int i = tid; i < E; i += kBulkThreads) logits[i] = __ldcg(d.route.logits + i);
-    __syncthreads();
-    decode_args dl = d;
-    dl.route.logits = logits;
-    route_block(dl, scores, rs, false);  // ends with a barrier
-    if (tid < K) {
-      s_e[tid] = rs.ids[tid];
-      s_w[tid] = rs.wts[tid];
-      s_row[tid] = rs.pair_row[tid];
-    }
-    __syncthreads();
-    if (producer)
-      while (issued < n && issued < S) issue(issued++);
-    pdl_begin();  // act and the shared expert's act and gate value of the up kernel
-  } else {
-    pdl_begin();  // act, the routing and the shared expert's act and gate value of the up kernel
-    if (tid < K) {
-      s_e[tid] = d.ids[tid];
-      s_w[tid] = d.wts[tid];
-      s_row[tid] = d.rows[tid];
-    }
-    __syncthreads();
+  pdl_begin();  // act, the routing and the shared expert's act and gate value of the up kernel
+  if (tid < K) {
+    s_e[tid] = d.ids[tid];
+    s_w[tid] = d.wts[tid];
+    s_row[tid] = d.rows[tid];
   }
+  __syncthreads();
   if (warp == kDecodeWarps) {
     if (producer)
       while (issued < n) issue(issued++);
@@ -405,18 +373,18 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
 // Whether the bulk down kernel takes a one-token call the down kernel would: row widths a
 // multiple of 16 bytes, a tile's 8 rows within a slot of at most 32 KB, the weights 16-byte
 // aligned, its shared memory within a block's.
-inline bool down_bulk_takes(const decode_args& d, bool early) {
+inline bool down_bulk_takes(const decode_args& d) {
   if (d.inter % 8 != 0 || d.s_inter % 8 != 0 || 16 * down_bulk_width(d) > 32 * 1024 || !aligned16(d.down) ||
       (d.s_inter > 0 && !aligned16(d.s_down)))
     return false;
-  return down_bulk_smem(d, down_bulk_plan_for(d, down_bulk_blocks(d), early), early) <= 200 * 1024;
+  return down_bulk_smem(d, down_bulk_plan_for(d, down_bulk_blocks(d))) <= 200 * 1024;
 }
 
-void launch_moe_decode_down_bulk(const decode_args& d, bool early, cudaStream_t stream) {
+void launch_moe_decode_down_bulk(const decode_args& d, cudaStream_t stream) {
   const int blocks = down_bulk_blocks(d);
-  const down_bulk_plan p = down_bulk_plan_for(d, blocks, early);
-  const size_t smem = down_bulk_smem(d, p, early);
-  auto kernel = early ? moe_decode_down_bulk_kernel<true> : moe_decode_down_bulk_kernel<false>;
+  const down_bulk_plan p = down_bulk_plan_for(d, blocks);
+  const size_t smem = down_bulk_smem(d, p);
+  auto kernel = moe_decode_down_bulk_kernel;
   reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
   launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), smem, stream, d, p);
   HYSERVE_CUDA_CHECK_LAUNCH();

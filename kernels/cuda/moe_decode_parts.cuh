@@ -1,9 +1,8 @@
 #pragma once
 // The device-side parts of the routed-experts op's decode path (moe_decode.cuh, the only
 // includer; internal linkage): its limits, the kernels' arguments, the GEMV arithmetic
-// (dot_rows), the routing of a block (route_block), the up projection's tasks (up_tasks, and
-// up_tasks_pipelined for kernels.moe_decode: pipelined), the down projection's tiles
-// (down_tiles), the L2 prefetches of the shared expert's rows and the grid barrier of
+// (dot_rows), the routing of a block (route_block), the up projection's tasks (up_tasks), the
+// down projection's tiles (down_tiles), the L2 prefetches of the shared expert's rows and the grid barrier of
 // kernels.moe_decode: single. moe_decode.cuh states what the kernels compute and how it keeps
 // the split path's bits.
 #include <cuda_bf16.h>
@@ -270,100 +269,6 @@ __device__ __forceinline__ void up_tasks(const decode_args& d, int tasks, const 
       }
     }
   }
-}
-
-// kernels.moe_decode: pipelined (one token): up_tasks<1, …> with each warp's loads
-// software-pipelined. The warp's routed tasks' gate and up rows are one stream of steps of
-// kPipeU chunks a lane (chunks c0 + 32·u, c0 = lane + 32·kPipeU·s). Each step's loads go out
-// before the step before it is multiplied, so two steps are in flight a warp across task
-// boundaries, and a task's reduction and store overlap the next task's first loads. The per-row
-// fmaf order is dot_rows's (chunks lane, lane + 32, … ascending, then warp_sum), so the bits are
-// the one-row kernel's. Then the warp's shared-expert tasks as up_tasks does.
-constexpr int kPipeU = 4;
-
-__device__ __forceinline__ void up_tasks_pipelined(const decode_args& d, int tasks, const route_smem& rs) {
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int grid = static_cast<int>(gridDim.x);
-  const int per_tile = static_cast<int>(ceil_div(d.inter, int64_t{kDecodeWarps}));
-  const int routed = static_cast<int>(d.routed_blocks);
-  const int64_t chunks = d.hidden / 8, step_chunks = 32 * kPipeU;
-  const auto* x = reinterpret_cast<const float4*>(d.x);  // the one token
-  auto output = [&](int b) { return static_cast<int64_t>(b % per_tile) * kDecodeWarps + warp; };
-  auto valid = [&](int b) { return b / per_tile < rs.tiles && output(b) < d.inter; };
-  auto next_task = [&](int b) {  // the warp's next routed task after b (>= routed: none)
-    do b += grid;
-    while (b < routed && !valid(b));
-    return b;
-  };
-  auto load = [&](int b, int64_t c0, uint4 (&w)[kPipeU][2]) {
-    const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(rs.tile_expert[b / per_tile]) * 2 * d.inter * d.hidden;
-    const uint4* g = reinterpret_cast<const uint4*>(B + output(b) * d.hidden);
-    const uint4* u = reinterpret_cast<const uint4*>(B + (d.inter + output(b)) * d.hidden);
-#pragma unroll
-    for (int i = 0; i < kPipeU; ++i) {
-      const int64_t c = c0 + 32 * i;
-      w[i][0] = c < chunks ? __ldcs(g + c) : make_uint4(0, 0, 0, 0);
-      w[i][1] = c < chunks ? __ldcs(u + c) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  float acc_g = 0.0f, acc_u = 0.0f;
-  auto multiply = [&](int64_t c0, const uint4 (&w)[kPipeU][2]) {
-#pragma unroll
-    for (int i = 0; i < kPipeU; ++i) {
-      const int64_t c = c0 + 32 * i;
-      if (c >= chunks) break;
-      const float4 x0 = __ldg(x + 2 * c), x1 = __ldg(x + 2 * c + 1);
-      float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      float wg[8], wu[8];
-      bf16x8_to_float(w[i][0], wg);
-      bf16x8_to_float(w[i][1], wu);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        xf[e] = __bfloat162float(__float2bfloat16(xf[e]));
-        acc_g = fmaf(xf[e], wg[e], acc_g);
-        acc_u = fmaf(xf[e], wu[e], acc_u);
-      }
-    }
-  };
-  auto finish = [&](int b) {  // the task's reduction and its act element (up_tasks's formula)
-    const float gate = warp_sum(acc_g), up = warp_sum(acc_u);
-    if (lane == 0)
-      d.act[static_cast<int64_t>(rs.tile_begin[b / per_tile]) * d.inter + output(b)] =
-          __float2bfloat16(gate / (1.0f + expf(-gate)) * up);
-    acc_g = acc_u = 0.0f;
-  };
-
-  int b = static_cast<int>(blockIdx.x);
-  if (b < routed && !valid(b)) b = next_task(b);
-  if (b < routed) {
-    uint4 wa[kPipeU][2], wb[kPipeU][2];
-    int64_t s0 = 0;  // the step's first chunk, lane 0's (the same step for every lane)
-    load(b, s0 + lane, wa);
-    // One step: the next step's loads into `next`, then this step's products from `cur`; false
-    // when this was the warp's last routed step.
-    auto step = [&](uint4 (&cur)[kPipeU][2], uint4 (&next)[kPipeU][2]) {
-      int nb = b;
-      int64_t ns0 = s0 + step_chunks;
-      if (ns0 >= chunks) {
-        nb = next_task(b);
-        ns0 = 0;
-      }
-      const bool more = nb < routed;
-      if (more) load(nb, ns0 + lane, next);
-      multiply(s0 + lane, cur);
-      if (nb != b || !more) finish(b);
-      b = nb;
-      s0 = ns0;
-      return more;
-    };
-    while (step(wa, wb) && step(wb, wa)) {
-    }
-  }
-  // The shared expert's tasks of this warp's sequence (b >= routed).
-  int sb = static_cast<int>(blockIdx.x);
-  if (sb < routed) sb += static_cast<int>(ceil_div(int64_t{routed} - sb, int64_t{grid})) * grid;
-#pragma unroll 1
-  for (; sb < tasks; sb += grid) shared_up_block<1, 8>(d, sb - d.routed_blocks, warp, lane);
 }
 
 __device__ __forceinline__ float sigmoid_of(float v) { return 1.0f / (1.0f + expf(-v)); }  // row_add's

@@ -186,7 +186,7 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
-                    "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, pipelined, overlap, split)");
+                    "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");
   EXPECT_ERROR_WITH(with_kernels("{skinny: [mma]}"), config_error, "kernels.skinny: expected one of: default, fma, mma");
 }

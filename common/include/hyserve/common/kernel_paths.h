@@ -25,18 +25,14 @@ struct kernel_paths {
   // linear kernel, its k splits by the weight's shape; not yet measured).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt, kWgmma };
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
-  // default (fused for one token, with its up and down weights streamed into shared memory by
-  // bulk copies through rings, one block an SM (moe_decode_bulk.cuh; the one-row up kernel
-  // where they do not take the shapes), and for up to 4 tokens of a model with 256 experts or
-  // more; split above) | fused (up to 8 tokens, the general up kernel: routing in the
-  // up-projection kernel, the combine and the shared expert in the down projection's: two
-  // kernels) | single (one token: up and down in one kernel, a grid barrier between them; more
-  // tokens as fused) | pipelined (one token: the one-row up kernel with each warp's loads
-  // software-pipelined across its tasks; more tokens as fused) | overlap (one token: the
-  // default's rings, the down kernel routing the token itself before its wait and streaming its
-  // weights beside the up kernel; more tokens as fused; not yet measured) | split (prepare, two
-  // GEMVs, combine, and the shared expert's own kernels). The same bits every way.
-  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kPipelined, kOverlap, kSplit };
+  // default (fused up to 8 tokens; one token with its up and down weights streamed into shared
+  // memory by bulk copies through rings, one block an SM (moe_decode_bulk.cuh; the one-row up
+  // kernel where they do not take the shapes); split above) | fused (up to 8 tokens, the general
+  // up kernel: routing in the up-projection kernel, the combine and the shared expert in the
+  // down projection's: two kernels) | single (one token: up and down in one kernel, a grid
+  // barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the
+  // shared expert's own kernels). The same bits every way.
+  enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
