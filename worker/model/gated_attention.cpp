@@ -89,6 +89,7 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     a.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim));
     a.bf16_products = w.bf16_products;
     run_attention(a, in, ctx);
+    profile_attention(ctx, in, T, qw, kw, cache);
 
     // Output gate: attn · sigmoid(gate).
     kernels::sigmoid_mul_params sg;
@@ -101,7 +102,9 @@ tensor gated_attention_forward(const gated_attention_weights& w, const tensor& x
     sg.gate_stride = ld;
     kernels::run(sg, ctx);
   }
-  return block_output(attn, w.o, comm, ctx, residual);
+  tensor out = block_output(attn, w.o, comm, ctx, residual);
+  profile(ctx, "attn.gate+o_proj", nbytes(w.o) + 2 * nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
 }
 
 }  // namespace hyserve::worker::layers

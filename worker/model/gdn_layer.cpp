@@ -129,6 +129,7 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   const int64_t conv = w.conv_dim(), vd = w.value_dim();
   tensor proj = norm_linear(x, norm, eps, w.in_proj, ctx);  // [T, conv + vd + 2·HV]: q | k | v | z | b | a
   const int64_t in_w = proj.shape()[1];
+  profile(ctx, "gdn.in_proj", nbytes(w.in_proj) + nbytes(x) + nbytes(proj) + (norm ? nbytes(*norm) : 0.0));
   tensor qkv = tensor::f32({T, conv}, ctx.device);  // after conv + SiLU
   tensor core = tensor::f32({T, vd}, ctx.device);
 
@@ -170,7 +171,10 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
   g.eps = w.eps;
   g.norm_before_gate = true;
   // In place on core, run inside out_proj's op where the output goes into the residual.
-  return gated_block_output(g, core, w.out_proj, comm, ctx, residual);
+  tensor out = gated_block_output(g, core, w.out_proj, comm, ctx, residual);
+  // Bytes: the weight, core and z read (core's size each) and core read again by the projection.
+  profile(ctx, "gdn.norm+out_proj", nbytes(w.out_proj) + 3 * nbytes(core) + 2 * (residual ? nbytes(*residual) : 0.0));
+  return out;
 }
 
 }  // namespace hyserve::worker::layers

@@ -504,6 +504,11 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
     a.max_q_len = in.spec_tokens_per_row;  // a chain verify: D queries per row, each a decode query
   }
   run_attention(a, in, ctx);
+  profile_attention(ctx, in, T, qw, kw, cache);
+}
+
+void profile_attention(const exec_context& ctx, const step_inputs& in, int64_t T, int64_t qw, int64_t kw,
+                       const kv_layer_cache& cache) {
   // The KV of every row's context once (the host's lengths: the profile runs eagerly).
   const bool extend = in.mode == forward_mode::kExtend || in.mode == forward_mode::kMixed;
   profile(ctx, extend ? "attn.extend" : "attn.decode",

@@ -219,6 +219,10 @@ tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs
 // such as Falcon-H1's mamba y | attention heads, projected by one weight).
 void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
                      collective* comm, const exec_context& ctx, f32_rows out);
+// The attention op's profile point (attn.extend for extend and mixed steps, else attn.decode):
+// q and out in f32, and each row's context of K and V once, in the cache's type.
+void profile_attention(const exec_context& ctx, const step_inputs& in, int64_t T, int64_t qw, int64_t kw,
+                       const kv_layer_cache& cache);
 
 struct mamba2_weights {
   tensor in_proj;   // [di_local + conv_local + heads_local, hidden]: z | x | B | C | dt
