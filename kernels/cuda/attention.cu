@@ -486,17 +486,27 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       int take = INT_MAX;
       if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
         if (!(p.max_q_len >= 1 && p.max_q_len <= std::max(skip, 1))) {
-          const auto launch_extend = [&](auto split_tag) {
+          const auto launch_extend = [&](auto split_tag, auto mt_tag) {
             constexpr bool kSplit = decltype(split_tag)::value;
-            const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit>);
-            auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit>;
+            constexpr int MT = decltype(mt_tag)::value;
+            const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit, MT>);
+            auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit, MT>;
             reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-            kernel<<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+            // Slices count tiles of 64 rows: half as many of 128.
+            const dim3 g(static_cast<unsigned>(std::max(1, n_slices / MT)), grid.y, grid.z);
+            kernel<<<g, attn_extend_mma::kThreads, smem, stream>>>(p, static_cast<int>(g.x), std::max(skip, 1));
           };
-          if (p.bf16_products)
-            launch_extend(std::false_type{});
-          else
-            launch_extend(std::true_type{});
+          using one = std::integral_constant<int, 1>;
+          if (!p.bf16_products) {
+            launch_extend(std::true_type{}, one{});
+          } else if constexpr (D <= 128) {
+            if (current_paths().attn_extend_rows == 128)
+              launch_extend(std::false_type{}, std::integral_constant<int, 2>{});
+            else
+              launch_extend(std::false_type{}, one{});
+          } else {
+            launch_extend(std::false_type{}, one{});
+          }
           HYSERVE_CUDA_CHECK_LAUNCH();
           take = 1;
         }

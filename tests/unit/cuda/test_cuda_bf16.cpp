@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -311,7 +312,21 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   dout.fill_bytes(0xff);
   run_cuda(pg);
   device_synchronize();
-  cuda_test::expect_match_bf16_pipeline(dout.download(), out, 5e-3, 2e-2, "out (bf16 products)");
+  const std::vector<float> products = dout.download();
+  cuda_test::expect_match_bf16_pipeline(products, out, 5e-3, 2e-2, "out (bf16 products)");
+  // kernels.attn_extend_rows: 128 (two m-tiles a warp at head_dim 64 and 128; 256 keeps 64): a
+  // row's arithmetic does not depend on the tile's row count, so the same bits.
+  kernel_paths rows128;
+  rows128.attn_extend_rows = 128;
+  const paths_scope scope(rows128);
+  dout.fill_bytes(0xff);
+  run_cuda(pg);
+  device_synchronize();
+  const std::vector<float> wide = dout.download();
+  size_t differ = 0;
+  for (size_t i = 0; i < wide.size(); ++i)
+    differ += std::memcmp(&wide[i], &products[i], sizeof(float)) != 0 ? 1 : 0;
+  EXPECT_EQ(differ, 0u) << "attn_extend_rows 128 against 64: elements whose bits differ";
 }
 
 attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {

@@ -65,6 +65,11 @@ struct kernel_paths {
   // 1..256: at most this many split-KV slices a decode row (1: no combine kernel); 0 = default
   // (as many as attn_decode_waves asks for). The same for every row, so batch_invariant holds.
   int32_t attn_decode_max_slices = 0;
+  // 64 | 128: query rows a block tile of the tensor-core extend attention with bf16 products (a
+  // bfloat16 model's prefill, head_dim 64 and 128); 0 = default (64). 128: two m-tiles a warp,
+  // each K and V fragment loaded from shared memory once for both; the same bits. Not yet
+  // measured.
+  int32_t attn_extend_rows = 0;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
@@ -107,7 +112,8 @@ struct kernel_paths {
   ssd_scan_kind ssd_scan = ssd_scan_kind::kDefault;
   // 2 | 4: weight rows a task of the fused linear kernel (rmsnorm_linear, 1-4 rows of x, without
   // swiglu); 0 = default (2). 4 loads each chunk of x once for four weight rows (half the
-  // activation loads per weight byte); the same bits. Not yet measured.
+  // activation loads per weight byte); the same bits. Faster at 3-4 rows on wide weights, slower
+  // on Qwen3-Next's out_proj at one row (run 36); not measured in a step.
   int32_t norm_linear_rows = 0;
   int32_t ssm_update_unroll = 0;  // 4 | 8: rows unrolled by the f32-state SSM update; 0 = default (4)
 };
