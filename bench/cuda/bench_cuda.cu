@@ -635,23 +635,26 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
     const double flops = 2.0 * T * K * 3.0 * H * I;
-    if (T == 8192) {  // kernels.moe_wgmma: the experts' grouped GEMMs on warpgroup MMAs
-      kernel_paths wg;
-      wg.moe_wgmma = true;
-      const paths_scope scope(wg);
-      const double us_wg = time_in_arena([&](int) { run_cuda(p, stream); });
-      rows.push_back({"moe_experts", "qwen3next E512 k10 I512 wgmma", static_cast<int>(T), us_wg,
-                      distinct * expert_bytes + io});
-      const double us_wg_layer = time_in_arena([&](int) {
-        run_cuda(r, stream);
-        run_cuda(pl, stream);
-      });
-      rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared wgmma", static_cast<int>(T), us_wg_layer,
-                      layer_bytes});
-      char wline[160];
-      std::snprintf(wline, sizeof wline, "moe_experts T=8192 wgmma: %.2f TFLOP/s on the experts' FLOPs",
-                    flops / (us_wg * 1e-6) / 1e12);
-      notes.push_back(wline);
+    if (T == 8192) {  // the many-row path's other choices (the default: warpgroup MMAs, rows order)
+      kernel_paths tiles, outputs;
+      tiles.moe_wgmma = false;  // the mma.sync tiles
+      outputs.moe_tile_order = kernel_paths::moe_tile_order_kind::kOutputs;
+      for (const auto& [label, paths] : {std::pair{"mma_sync", tiles}, std::pair{"outputs_first", outputs}}) {
+        const paths_scope scope(paths);
+        const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
+        rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,
+                        distinct * expert_bytes + io});
+        const double us_v_layer = time_in_arena([&](int) {
+          run_cuda(r, stream);
+          run_cuda(pl, stream);
+        });
+        rows.push_back({"moe_layer", std::string("qwen3next E512 k10 I512 +shared ") + label, static_cast<int>(T),
+                        us_v_layer, layer_bytes});
+        char wline[160];
+        std::snprintf(wline, sizeof wline, "moe_experts T=8192 %s: %.2f TFLOP/s on the experts' FLOPs", label,
+                      flops / (us_v * 1e-6) / 1e12);
+        notes.push_back(wline);
+      }
     }
     char line[256];
     std::snprintf(line, sizeof line,

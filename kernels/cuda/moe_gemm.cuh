@@ -110,8 +110,8 @@ struct expert_tile {
   bool valid;
   int e, row_begin, row_end;
 };
-__device__ __forceinline__ expert_tile find_expert_tile(const gg_args& g, int bm) {
-  const int mt = static_cast<int>(blockIdx.x);
+__device__ __forceinline__ expert_tile find_expert_tile(const gg_args& g, int bm,
+                                                        int mt = static_cast<int>(blockIdx.x)) {
   if (mt >= g.tile_offsets[g.experts]) return {false, 0, 0, 0};
   int lo = 0, hi = g.experts - 1;
   while (lo < hi) {

@@ -32,6 +32,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.attn_extend_rows, 0);
+    EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
@@ -61,6 +62,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_prefill: tf32
   invariant_gemm: cublaslt
   moe_decode: split
+  moe_tile_order: outputs
   norm_linear: false
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
@@ -85,6 +87,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
+  EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kOutputs);
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);

@@ -197,15 +197,19 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 }
 
 // The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
-// default: the warpgroup-MMA kernel, 128-row tiles) and the mma.sync tiles; the same checks and
+// default: the warpgroup-MMA kernel, 128-row tiles; its blocks in either launch order,
+// kernels.moe_tile_order) and the mma.sync tiles; the same checks and
 // tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
 // not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const bool wgmma : {true, false}) {
-    SCOPED_TRACE(wgmma ? "moe_wgmma" : "mma.sync tiles");
+  using order = kernel_paths::moe_tile_order_kind;
+  for (const auto& [wgmma, tiles] : {std::pair{true, order::kDefault}, std::pair{true, order::kOutputs},
+                                     std::pair{false, order::kDefault}}) {
+    SCOPED_TRACE(!wgmma ? "mma.sync tiles" : tiles == order::kOutputs ? "moe_wgmma, outputs first" : "moe_wgmma");
     kernel_paths paths;
     paths.moe_wgmma = wgmma;
+    paths.moe_tile_order = tiles;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

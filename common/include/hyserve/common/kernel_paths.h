@@ -33,6 +33,11 @@ struct kernel_paths {
   // barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the
   // shared expert's own kernels). The same bits every way.
   enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
+  // `moe_tile_order`: the launch order of the warpgroup-MMA experts' GEMM blocks (moe_wgmma):
+  // default (rows) | rows (a weight-row tile's blocks over every scan tile, then the next) |
+  // outputs (a scan tile's blocks over every weight-row tile, then the next: its activation rows
+  // read from memory once). The same bits. Not yet measured.
+  enum class moe_tile_order_kind : uint8_t { kDefault, kRows, kOutputs };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -99,6 +104,7 @@ struct kernel_paths {
   // 8192 tokens of the Qwen3-Next-80B-A3B shape on the H100: 3.494 against 4.179 ms
   // (bench/results/2026-12-07-h100-run36.md).
   bool moe_wgmma = true;
+  moe_tile_order_kind moe_tile_order = moe_tile_order_kind::kDefault;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
