@@ -494,7 +494,8 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
             reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
             // Slices count tiles of 64 rows: half as many of 128.
             const dim3 g(static_cast<unsigned>(std::max(1, n_slices / MT)), grid.y, grid.z);
-            kernel<<<g, attn_extend_mma::kThreads, smem, stream>>>(p, static_cast<int>(g.x), std::max(skip, 1));
+            kernel<<<g, attn_extend_mma::kThreads, smem, stream>>>(p, static_cast<int>(g.x), std::max(skip, 1),
+                                                                  current_paths().attn_extend_heavy_first);
           };
           using one = std::integral_constant<int, 1>;
           if (!p.bf16_products) {

@@ -295,9 +295,13 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>&
 }
 
 // Grid (slices, kv heads, batch rows): slice s takes the query tiles s, s + n_slices, … of its
-// (row, kv head). Rows of at most skip_upto queries (at least 1) belong to another kernel.
+// (row, kv head), or with heavy_first (kernels.attn_extend_heavy_first; 64-row tiles) the tiles
+// counted from the row's last: the causal tiles' work grows with their index, so the first blocks launched
+// take the longest tiles and the last wave the shortest. Rows of at most skip_upto queries (at
+// least 1) belong to another kernel.
 template <int D, bool kSplit, int MT>
-__global__ void __launch_bounds__(kThreads, 2) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
+__global__ void __launch_bounds__(kThreads, 2)
+    extend_kernel(const paged_attention_params p, int n_slices, int skip_upto, bool heavy_first) {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(MT == 1 || (MT == 2 && D <= 128), "two m-tiles a warp at head_dim 64 and 128");
   extern __shared__ __align__(16) unsigned char ext_smem[];
@@ -310,8 +314,13 @@ __global__ void __launch_bounds__(kThreads, 2) extend_kernel(const paged_attenti
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   const int group = static_cast<int>(p.q_heads / p.kv_heads);
   const int M = q_len * group;
-  for (int r0 = static_cast<int>(blockIdx.x) * rows_for<MT>; r0 < M; r0 += n_slices * rows_for<MT>)
-    run_tile<D, kSplit, MT>(p, sm, b, kvh, q_start, len, q_len, group, r0);
+  constexpr int R = rows_for<MT>;
+  // Two m-tiles a warp leave no registers for the reversed walk (ptxas spilled 104 bytes): MT 2
+  // takes the tiles from the first.
+  const bool reverse = MT == 1 && heavy_first;
+  const int n_tiles = (M + R - 1) / R;
+  for (int i = static_cast<int>(blockIdx.x); i < n_tiles; i += n_slices)
+    run_tile<D, kSplit, MT>(p, sm, b, kvh, q_start, len, q_len, group, (reverse ? n_tiles - 1 - i : i) * R);
 }
 
 }  // namespace attn_extend_mma

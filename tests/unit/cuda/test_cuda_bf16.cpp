@@ -314,19 +314,32 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   device_synchronize();
   const std::vector<float> products = dout.download();
   cuda_test::expect_match_bf16_pipeline(products, out, 5e-3, 2e-2, "out (bf16 products)");
-  // kernels.attn_extend_rows: 128 (two m-tiles a warp at head_dim 64 and 128; 256 keeps 64): a
-  // row's arithmetic does not depend on the tile's row count, so the same bits.
-  kernel_paths rows128;
-  rows128.attn_extend_rows = 128;
-  const paths_scope scope(rows128);
+  // kernels.attn_extend_rows: 128 (two m-tiles a warp at head_dim 64 and 128; 256 keeps 64) and
+  // kernels.attn_extend_heavy_first (the tiles taken from the last): a row's arithmetic depends on
+  // neither the tile's row count nor the block that takes it, so the same bits.
+  for (const auto& [rows, heavy_first] : {std::pair{128, false}, std::pair{64, true}, std::pair{128, true}}) {
+    kernel_paths variant;
+    variant.attn_extend_rows = rows;
+    variant.attn_extend_heavy_first = heavy_first;
+    const paths_scope scope(variant);
+    dout.fill_bytes(0xff);
+    run_cuda(pg);
+    device_synchronize();
+    const std::vector<float> got = dout.download();
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &products[i], sizeof(float)) != 0 ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "attn_extend_rows " << rows << (heavy_first ? ", heavy first" : "")
+                          << " against the default: elements whose bits differ";
+  }
+  // The f32-level products (a float32 model) with the tiles from the last: the CUDA-core tolerance.
+  pg.bf16_products = false;
+  kernel_paths heavy;
+  heavy.attn_extend_heavy_first = true;
+  const paths_scope scope(heavy);
   dout.fill_bytes(0xff);
   run_cuda(pg);
   device_synchronize();
-  const std::vector<float> wide = dout.download();
-  size_t differ = 0;
-  for (size_t i = 0; i < wide.size(); ++i)
-    differ += std::memcmp(&wide[i], &products[i], sizeof(float)) != 0 ? 1 : 0;
-  EXPECT_EQ(differ, 0u) << "attn_extend_rows 128 against 64: elements whose bits differ";
+  expect_match(dout.download(), out, 2e-5, 1e-4, "out (heavy first)");
 }
 
 attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {

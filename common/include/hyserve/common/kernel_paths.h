@@ -75,6 +75,10 @@ struct kernel_paths {
   // each K and V fragment loaded from shared memory once for both; the same bits. Not yet
   // measured.
   int32_t attn_extend_rows = 0;
+  // true: the tensor-core extend attention's blocks take their rows' query tiles from the last
+  // (the longest causal tiles first, launched first) rather than from the first; the same bits.
+  // Not yet measured.
+  bool attn_extend_heavy_first = false;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
