@@ -443,9 +443,9 @@ EOF2
       done ;;
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
-      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 9B Bamba with ssd_seq_bf16, the
-      # Qwen3-Next-80B-A3B shape with moe_wgmma).
-      for run in ${PREFILL_RUNS:-bamba-9b:ssd_seq_bf16 qwen3-next-80b-a3b:moe_wgmma}; do
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: Falcon-H1-7B with attn_extend_rows 128 and with
+      # attn_extend_heavy_first, the 16-layer Qwen3-Next-80B-A3B shape with moe_tile_order outputs).
+      for run in ${PREFILL_RUNS:-falcon-h1-7b:attn_extend_rows=128 falcon-h1-7b:attn_extend_heavy_first qwen3-next-80b-a3b-16l:moe_tile_order=outputs}; do
         f=${run%%:*}
         key=${run#*:}
         val=true
