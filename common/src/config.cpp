@@ -231,7 +231,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
                {"attn_decode", "attn_decode_max_slices", "attn_decode_waves", "attn_extend_heavy_first", "attn_extend_rows", "gdn_cluster", "gdn_decode",
                 "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
-                "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssm_update_unroll"});
+                "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
   const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi) -> int32_t {
@@ -288,6 +288,10 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("ssd_scan", k.ssd_scan,
         {"default", "sequential", "parallel", "parallel_single", "parallel_fast", "parallel_pair", "parallel_quad",
          "parallel_y", "parallel_quad_y", "parallel_oct_y"});
+  if_present(node, "ssd_seq_slice", [&](const YAML::Node& n) {
+    static constexpr int32_t kSlices[] = {0, 16, 32};
+    k.ssd_seq_slice = kSlices[r.get_enum(n, path("ssd_seq_slice"), "slice", {"default", "16", "32"})];
+  });
   if_present(node, "norm_linear_rows", [&](const YAML::Node& n) {
     static constexpr int32_t kRows[] = {0, 2, 4};
     k.norm_linear_rows = kRows[r.get_enum(n, path("norm_linear_rows"), "row count", {"default", "2", "4"})];

@@ -294,19 +294,28 @@ bool seq_supports(const ssd_chunk_scan_params& p) {
 // f32 io: the 3xTF32 kernel (fp32 accuracy), chunks claimed by ticket, state chained between
 // chunks through the slot (f32 states) or an f32 carry in the workspace (bf16 states).
 // The sequential kernel (bf16 io, or TI = float rounded to bf16 as loaded): one block per (row,
-// head, slice of 32 state rows) walking the row's chunks.
+// head, slice of 32 state rows) walking the row's chunks; with kernels.ssd_seq_slice: 16, a
+// bf16 model's scan (TI float) at head_dim 128 in slices of 16 (Falcon-H1-7B: 192 blocks for
+// one prompt instead of 96, each with less of the chunk's work, the C·Bᵀ products repeated).
 template <class TI, class TS>
 void launch_ssd_bf16_seq(const ssd_chunk_scan_params& p, cudaStream_t stream) {
   dispatch(ssd_seq_head_dim_table{}, p.head_dim, "ssd_chunk_scan", "head_dim", [&](auto hd) {
     dispatch(ssd_seq_state_dim_table{}, p.d_state, "ssd_chunk_scan", "d_state", [&](auto ds) {
-      constexpr int P = decltype(hd)::value, N = decltype(ds)::value, PS = 32;
-      const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TI, TS, P, N, PS>;
-      constexpr size_t smem = ssd_bf16::seq_tiles<P, N, PS>::kBytes;
-      reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-      const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
-      const dim3 grid(static_cast<unsigned>(p.heads * (P / PS)), static_cast<unsigned>(p.batch));
-      kernel<<<grid, ssd_bf16::kThreads, smem, stream>>>(p, vec);
-      HYSERVE_CUDA_CHECK_LAUNCH();
+      constexpr int P = decltype(hd)::value, N = decltype(ds)::value;
+      const auto launch = [&](auto slice) {
+        constexpr int PS = decltype(slice)::value;
+        const auto kernel = &ssd_bf16::ssd_bf16_seq_kernel<TI, TS, P, N, PS>;
+        constexpr size_t smem = ssd_bf16::seq_tiles<P, N, PS>::kBytes;
+        reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+        const bool vec = vector_ok({p.x, p.B, p.C, p.y}, {p.x_stride, p.bc_stride, p.y_stride}, 8);
+        const dim3 grid(static_cast<unsigned>(p.heads * (P / PS)), static_cast<unsigned>(p.batch));
+        kernel<<<grid, ssd_bf16::kThreads, smem, stream>>>(p, vec);
+        HYSERVE_CUDA_CHECK_LAUNCH();
+      };
+      if constexpr (P == 128 && std::is_same_v<TI, float>) {
+        if (current_paths().ssd_seq_slice == 16) return launch(std::integral_constant<int, 16>{});
+      }
+      launch(std::integral_constant<int, 32>{});
     });
   });
 }

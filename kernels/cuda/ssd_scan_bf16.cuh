@@ -103,7 +103,7 @@ struct seq_tiles {
   static constexpr int kLdP = PS + 8;  // Xs, Xc rows
   static constexpr size_t kBf16 = static_cast<size_t>(2 * Q * kLdN + PS * kLdN + 2 * Q * kLdP);
   static constexpr size_t kBytes = sizeof(double) * Q + sizeof(bf16) * kBf16 + sizeof(float) * 3 * Q;
-  static constexpr int kMinBlocks = PS <= 16 ? 4 : 2;
+  static constexpr int kMinBlocks = 2;
   static constexpr bool kPrefetchBC = N <= 128;
 };
 

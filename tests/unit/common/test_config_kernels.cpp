@@ -41,6 +41,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_FALSE(k.linear_wgmma);
     EXPECT_TRUE(k.moe_wgmma);
     EXPECT_TRUE(k.ssd_seq_bf16);
+    EXPECT_EQ(k.ssd_seq_slice, 0);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
@@ -72,6 +73,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   linear_wgmma: true
   moe_wgmma: false
   ssd_seq_bf16: false
+  ssd_seq_slice: 16
   pdl: false
   skinny: mma
   sparse_select: v1
@@ -98,6 +100,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.linear_wgmma);
   EXPECT_FALSE(k.moe_wgmma);
   EXPECT_FALSE(k.ssd_seq_bf16);
+  EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);

@@ -406,6 +406,7 @@ struct typed_case {
   bool aligned;
   bool bf16_operands = false;  // ssd_chunk_scan_params::bf16_operands (f32 io: a bf16 model's scan)
   bool seq_bf16 = false;       // kernels.ssd_seq_bf16
+  int seq_slice = 0;           // kernels.ssd_seq_slice
 };
 
 std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
@@ -418,6 +419,7 @@ std::string typed_name(const testing::TestParamInfo<typed_case>& info) {
   s += c.aligned ? "_aligned" : "_oddstrides";
   if (c.bf16_operands) s += "_bf16operands";
   if (c.seq_bf16) s += "_seqbf16";
+  if (c.seq_slice != 0) s += "_slice" + std::to_string(c.seq_slice);
   return s;
 }
 
@@ -456,6 +458,7 @@ TEST_P(SsdScanTypedCuda, MatchesCpu) {
   if (rounds) prob.round_host_operands_to_bf16();
   kernel_paths paths;
   paths.ssd_seq_bf16 = c.seq_bf16;
+  paths.ssd_seq_slice = c.seq_slice;
   const paths_scope scope(paths);
   run_cpu(pc);
   run_cuda(pg);
@@ -495,6 +498,11 @@ INSTANTIATE_TEST_SUITE_P(
         typed_case{kF, kF, 2, 8, 64, 128, {129, 5, 330}, 2, true, true, true},
         typed_case{kF, kF, 2, 8, 64, 128, {129, 5, 0, 330}, 2, true, true, true, true},
         typed_case{kF, kB, 8, 128, 64, 128, {1000, 530}, 1, false, true, true, true},
+        // kernels.ssd_seq_slice: 16 (a bf16 model's scan at head_dim 128 in slices of 16 head
+        // channels): Falcon-H1's heads, and 128 × 128.
+        typed_case{kF, kF, 1, 6, 128, 256, {1, 63, 64, 65, 0, 200, 300}, 2, true, true, true, false, 16},
+        typed_case{kF, kB, 1, 4, 128, 256, {129, 5, 70}, 1, false, false, true, false, 16},
+        typed_case{kF, kF, 2, 4, 128, 128, {100, 70}, 2, true, true, true, false, 16},
         // The general kernel (other head shapes).
         typed_case{kB, kB, 2, 4, 8, 16, {37, 16, 1}, 2, true, false},
         typed_case{kF, kB, 1, 4, 32, 64, {100, 3}, 1, false, true},

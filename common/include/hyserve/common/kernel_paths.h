@@ -115,6 +115,10 @@ struct kernel_paths {
   // kernel lacks (Falcon-H1's 128 × 256) take the sequential kernel either way. Measured, the 9B
   // Bamba's 8K prefill on the H100: 23928 against 21456 tokens/s (run 36).
   bool ssd_seq_bf16 = true;
+  // 16 | 32: head channels a block of the sequential bf16 scan takes in a bfloat16 model's
+  // prefill at head_dim 128 (Falcon-H1: twice the blocks with 16); 0 = default (32). The same
+  // arithmetic per channel. Not yet measured.
+  int32_t ssd_seq_slice = 0;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
