@@ -22,7 +22,8 @@ struct kernel_paths {
   // `invariant_gemm`: the row-invariant bf16 GEMMs of determinism: batch_invariant: default
   // (cublaslt) | kernels (hyserve's tensor-core kernels) | cublaslt (cuBLASLt, split-K 1, a
   // 32 MB workspace; layouts it does not take stay on the kernels) | wgmma (the warpgroup-MMA
-  // linear kernel, its k splits by the weight's shape; not yet measured).
+  // linear kernel, its k splits by the weight's shape; slower than cublaslt in the 9B step and
+  // prefill, run 36).
   enum class invariant_gemm_kind : uint8_t { kDefault, kKernels, kCublasLt, kWgmma };
   // `moe_decode`: the routed experts and shared expert of a few tokens (bf16 weights, fast mode):
   // default (fused up to 8 tokens; one token with its up and down weights streamed into shared
@@ -100,7 +101,7 @@ struct kernel_paths {
   // true: fast-mode linear layers (bf16 weights) of 9..256 rows of activations on hyserve's
   // warpgroup-MMA kernel (gemm_wgmma.cuh: the weight streamed by the tensor copy engine as the
   // MMA's A operand, the rows as its B, split-K with an ordered reduction) instead of cuBLAS;
-  // false (default): cuBLAS. Not yet measured in a model.
+  // false (default): cuBLAS. The 9B batch-64 step was 1.3% slower with it (run 36).
   bool linear_wgmma = false;
   // true: the routed experts' grouped GEMMs of the many-row path (prefill; bf16 weights, fast
   // mode) on hyserve's warpgroup-MMA kernel (moe_gemm_wgmma.cuh: 128-row tiles, the weights by
