@@ -296,17 +296,23 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
 // over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
 // attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
 // The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
-// d sums its dimension over the slices (independent loads).
+// d sums its dimension over the slices (independent loads). kParallel (kernels.attn_combine:
+// parallel, 512 threads): warp w sums slices w, w + 16, … for every dimension (a lane 32 apart),
+// then thread d adds the warps' sums in warp order: 16 chains of loads in flight instead of one
+// (a batch-1 step has one block per query head; Falcon-H1's 12 heads merge ~130 slices each).
+// Either order is fixed for a row, whatever the batch.
 constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
+constexpr int kCombineParallelThreads = 512;
 
-template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
-                                                                         int qmax, const attn_partials part,
-                                                                         bool decode_rule,
-                                                                         const attn_decode::tree_keys tree) {
+template <int D, int kThreadsC, bool kParallel>
+__global__ void __launch_bounds__(kThreadsC) attention_combine_kernel(const paged_attention_params p, int n_slices,
+                                                                      int qmax, const attn_partials part,
+                                                                      bool decode_rule,
+                                                                      const attn_decode::tree_keys tree) {
+  constexpr int kWarpsC = kThreadsC / 32;
   pdl_begin();
   __shared__ float s_w[kMaxCombineSlices];
-  __shared__ float s_max[kAttnWarps];
+  __shared__ float s_max[kWarpsC];
   const int64_t head = blockIdx.x;
   const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
   const int j = static_cast<int>(bq % qmax);
@@ -323,16 +329,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   float mx = -INFINITY;
-  for (int s = tid; s < n_act; s += kAttnThreads) mx = fmaxf(mx, part.ml[base + s].x);
+  for (int s = tid; s < n_act; s += kThreadsC) mx = fmaxf(mx, part.ml[base + s].x);
   mx = warp_max(mx);
   if (lane == 0) s_max[warp] = mx;
   __syncthreads();
   mx = s_max[0];
 #pragma unroll
-  for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, s_max[w]);
+  for (int w = 1; w < kWarpsC; ++w) mx = fmaxf(mx, s_max[w]);
 
   float den = 0.0f;
-  for (int s = tid; s < n_act; s += kAttnThreads) {
+  for (int s = tid; s < n_act; s += kThreadsC) {
     const float2 ml = part.ml[base + s];
     const float w = ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
     s_w[s] = w;
@@ -342,11 +348,37 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
   const float inv = 1.0f / den;
   float* o = p.out + q_start * p.out_stride + head * D;
   const float* acc = part.acc + base * D;
-  for (int d = tid; d < D; d += kAttnThreads) {
-    float num = 0.0f;
+  if constexpr (!kParallel) {
+    for (int d = tid; d < D; d += kThreadsC) {
+      float num = 0.0f;
 #pragma unroll 8
-    for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
-    o[d] = num * inv;
+      for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
+      o[d] = num * inv;
+    }
+  } else {
+    constexpr int C = (D + 31) / 32;  // dimensions a lane
+    __shared__ float s_part[kWarpsC][D];
+    float num[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) num[c] = 0.0f;
+#pragma unroll 4
+    for (int s = warp; s < n_act; s += kWarpsC) {
+      const float w = s_w[s];
+      const float* a = acc + static_cast<int64_t>(s) * D;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (lane + 32 * c < D) num[c] += a[lane + 32 * c] * w;
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (lane + 32 * c < D) s_part[warp][lane + 32 * c] = num[c];
+    __syncthreads();
+    for (int d = tid; d < D; d += kThreadsC) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpsC; ++w) sum += s_part[w][d];
+      o[d] = sum * inv;
+    }
   }
 }
 
@@ -521,8 +553,12 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
     }
     if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
-      launch_pdl(attention_combine_kernel<D>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part, qmax, part, decode_kernel,
-                 tree);
+      if (current_paths().attn_combine == kernel_paths::attn_combine_kind::kParallel)
+        launch_pdl(attention_combine_kernel<D, kCombineParallelThreads, true>, cgrid, dim3(kCombineParallelThreads), 0,
+                   stream, p, n_part, qmax, part, decode_kernel, tree);
+      else
+        launch_pdl(attention_combine_kernel<D, kAttnThreads, false>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part,
+                   qmax, part, decode_kernel, tree);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });

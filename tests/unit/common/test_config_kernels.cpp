@@ -32,6 +32,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.attn_extend_rows, 0);
+    EXPECT_EQ(k.attn_combine, kp::attn_combine_kind::kDefault);
     EXPECT_FALSE(k.attn_extend_heavy_first);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_TRUE(k.norm_linear);
@@ -58,6 +59,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   attn_decode: simt
   attn_decode_waves: 2
   attn_extend_rows: 128
+  attn_combine: parallel
   attn_extend_heavy_first: true
   gdn_cluster: 4
   gdn_decode: persistent8
@@ -85,6 +87,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
   EXPECT_EQ(k.attn_decode_waves, 2);
   EXPECT_EQ(k.attn_extend_rows, 128);
+  EXPECT_EQ(k.attn_combine, kp::attn_combine_kind::kParallel);
   EXPECT_TRUE(k.attn_extend_heavy_first);
   EXPECT_EQ(k.gdn_cluster, 4);
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
@@ -196,8 +199,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, attn_extend_heavy_first, "
-                    "attn_extend_rows, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_combine, attn_decode, attn_decode_max_slices, "
+                    "attn_decode_waves, attn_extend_heavy_first, attn_extend_rows, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{attn_extend_rows: 96}"), config_error,
                     "kernels.attn_extend_rows: unknown row count '96' (known: default, 64, 128)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,

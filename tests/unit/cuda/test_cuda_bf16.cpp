@@ -295,13 +295,21 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.query_start_loc = dqsl.data();
   pg.seq_lens = dlens.data();
   pg.page_table = dpt.data();
-  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance.
+  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance; their slices
+  // merged either way (kernels.attn_combine: serial, parallel).
   for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
-    set_attn_decode_path(path);
-    dout.fill_bytes(0xff);
-    run_cuda(pg);
-    device_synchronize();
-    expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
+    for (const auto combine : {kernel_paths::attn_combine_kind::kSerial, kernel_paths::attn_combine_kind::kParallel}) {
+      kernel_paths merge;
+      merge.attn_combine = combine;
+      const paths_scope scope(merge);
+      set_attn_decode_path(path);
+      dout.fill_bytes(0xff);
+      run_cuda(pg);
+      device_synchronize();
+      expect_match(dout.download(), out, 2e-5, 1e-4,
+                   std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
+                       (combine == kernel_paths::attn_combine_kind::kParallel ? ", parallel combine)" : ")"));
+    }
   }
   set_attn_decode_path(attn_decode_path::kDefault);
   // A bfloat16 model's attention (bf16_products): the extend kernel's q and softmax weights

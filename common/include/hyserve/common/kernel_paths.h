@@ -34,6 +34,11 @@ struct kernel_paths {
   // barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the
   // shared expert's own kernels). The same bits every way.
   enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
+  // `attn_combine`: the merge of a decode query's split-KV slices: default (serial) | serial (a
+  // thread a dimension, over every slice) | parallel (512 threads: a warp a subset of the
+  // slices, then the warps' sums added in order). Either order is fixed for a row. Not yet
+  // measured.
+  enum class attn_combine_kind : uint8_t { kDefault, kSerial, kParallel };
   // `moe_tile_order`: the launch order of the warpgroup-MMA experts' GEMM blocks (moe_wgmma):
   // default (rows) | rows (a weight-row tile's blocks over every scan tile, then the next) |
   // outputs (a scan tile's blocks over every weight-row tile, then the next: its activation rows
@@ -76,6 +81,7 @@ struct kernel_paths {
   // each K and V fragment loaded from shared memory once for both; the same bits. Not yet
   // measured.
   int32_t attn_extend_rows = 0;
+  attn_combine_kind attn_combine = attn_combine_kind::kDefault;
   // true: the tensor-core extend attention's blocks take their rows' query tiles from the last
   // (the longest causal tiles first, launched first) rather than from the first; the same bits.
   // Not yet measured.
