@@ -443,10 +443,9 @@ EOF2
       done ;;
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
-      # CONFIG:KEY or CONFIG:KEY=VALUE (default: Falcon-H1-7B with attn_extend_rows 128, with
-      # attn_extend_heavy_first and with ssd_seq_slice 16, the 16-layer Qwen3-Next-80B-A3B shape
-      # with moe_tile_order outputs).
-      for run in ${PREFILL_RUNS:-falcon-h1-7b:attn_extend_rows=128 falcon-h1-7b:attn_extend_heavy_first falcon-h1-7b:ssd_seq_slice=16 qwen3-next-80b-a3b-16l:moe_tile_order=outputs}; do
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: Falcon-H1-7B with ssd_seq_slice 16, the 16-layer
+      # Qwen3-Next-80B-A3B shape with moe_tile_order rows).
+      for run in ${PREFILL_RUNS:-falcon-h1-7b:ssd_seq_slice=16 qwen3-next-80b-a3b-16l:moe_tile_order=rows}; do
         f=${run%%:*}
         key=${run#*:}
         val=true

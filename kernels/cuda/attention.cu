@@ -31,6 +31,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -292,27 +294,20 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   }
 }
 
-// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
-// over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
+// Merges the decode slices of one (row, query head) (attn_decode::merge_slices) over the row's
+// non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
 // attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
-// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
-// d sums its dimension over the slices (independent loads). kParallel (kernels.attn_combine:
-// parallel, 512 threads): warp w sums slices w, w + 16, … for every dimension (a lane 32 apart),
-// then thread d adds the warps' sums in warp order: 16 chains of loads in flight instead of one
-// (a batch-1 step has one block per query head; Falcon-H1's 12 heads merge ~130 slices each).
-// Either order is fixed for a row, whatever the batch.
-constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
+// kParallel: kernels.attn_combine: parallel (512 threads).
 constexpr int kCombineParallelThreads = 512;
+static_assert(kMaxDecodeSlices <= attn_decode::kMaxMergeSlices && kMaxSlices <= attn_decode::kMaxMergeSlices,
+              "the merge's shared weights hold every slice");
 
 template <int D, int kThreadsC, bool kParallel>
 __global__ void __launch_bounds__(kThreadsC) attention_combine_kernel(const paged_attention_params p, int n_slices,
                                                                       int qmax, const attn_partials part,
                                                                       bool decode_rule,
                                                                       const attn_decode::tree_keys tree) {
-  constexpr int kWarpsC = kThreadsC / 32;
   pdl_begin();
-  __shared__ float s_w[kMaxCombineSlices];
-  __shared__ float s_max[kWarpsC];
   const int64_t head = blockIdx.x;
   const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
   const int j = static_cast<int>(bq % qmax);
@@ -326,60 +321,41 @@ __global__ void __launch_bounds__(kThreadsC) attention_combine_kernel(const page
   const int64_t used = ceil_div(len, per_slice);
   const int n_act = used < n_slices ? static_cast<int>(used) : n_slices;
   const int64_t base = (bq * p.q_heads + head) * n_slices;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  attn_decode::merge_slices<D, kThreadsC, kParallel, false>(p, part.ml + base, part.acc + base * D, n_act, q_start,
+                                                             head);
+}
 
-  float mx = -INFINITY;
-  for (int s = tid; s < n_act; s += kThreadsC) mx = fmaxf(mx, part.ml[base + s].x);
-  mx = warp_max(mx);
-  if (lane == 0) s_max[warp] = mx;
-  __syncthreads();
-  mx = s_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarpsC; ++w) mx = fmaxf(mx, s_max[w]);
+// kernels.attn_combine: fused: the decode kernels' tickets (attn_decode::partials::tickets), one
+// per (query, kv head) of a call, up to kMaxTickets; a call with more merges by the combine
+// kernel. A persistent zeroed buffer per (device, stream) (the calls on one stream are ordered,
+// and every call leaves its tickets at zero), allocated at its stream's first fused call, under
+// relaxed capture rules so that a first call inside a graph capture may allocate it.
+constexpr int64_t kMaxTickets = int64_t{1} << 16;
 
-  float den = 0.0f;
-  for (int s = tid; s < n_act; s += kThreadsC) {
-    const float2 ml = part.ml[base + s];
-    const float w = ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
-    s_w[s] = w;
-    den += ml.y * w;
+unsigned* decode_tickets(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, unsigned*> buffers;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  unsigned*& buf = buffers[{device, stream}];
+  if (buf != nullptr) return buf;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaStream_t zeroing = nullptr;
+  void* mem = nullptr;
+  cudaError_t st = cudaMalloc(&mem, kMaxTickets * sizeof(unsigned));
+  if (st == cudaSuccess) st = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+  if (st == cudaSuccess) st = cudaMemsetAsync(mem, 0, kMaxTickets * sizeof(unsigned), zeroing);
+  if (st == cudaSuccess) st = cudaStreamSynchronize(zeroing);
+  if (zeroing != nullptr) cudaStreamDestroy(zeroing);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (st != cudaSuccess) {
+    if (mem != nullptr) cudaFree(mem);
+    CUDA_CHECK(st);
   }
-  den = block_sum(den);  // its barriers also publish s_w
-  const float inv = 1.0f / den;
-  float* o = p.out + q_start * p.out_stride + head * D;
-  const float* acc = part.acc + base * D;
-  if constexpr (!kParallel) {
-    for (int d = tid; d < D; d += kThreadsC) {
-      float num = 0.0f;
-#pragma unroll 8
-      for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
-      o[d] = num * inv;
-    }
-  } else {
-    constexpr int C = (D + 31) / 32;  // dimensions a lane
-    __shared__ float s_part[kWarpsC][D];
-    float num[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) num[c] = 0.0f;
-#pragma unroll 4
-    for (int s = warp; s < n_act; s += kWarpsC) {
-      const float w = s_w[s];
-      const float* a = acc + static_cast<int64_t>(s) * D;
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < D) num[c] += a[lane + 32 * c] * w;
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (lane + 32 * c < D) s_part[warp][lane + 32 * c] = num[c];
-    __syncthreads();
-    for (int d = tid; d < D; d += kThreadsC) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarpsC; ++w) sum += s_part[w][d];
-      o[d] = sum * inv;
-    }
-  }
+  buf = static_cast<unsigned*>(mem);
+  return buf;
 }
 
 // Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
@@ -471,6 +447,11 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
                    : decode_only  ? static_cast<int>(p.max_q_len)
                    : short_rows   ? static_cast<int>(p.short_q_max)
                                   : 1;
+  // kernels.attn_combine: fused: the decode kernel's last block of a query merges its slices (no
+  // combine kernel).
+  const bool fused = decode_kernel && n_dec > 1 &&
+                     current_paths().attn_combine == kernel_paths::attn_combine_kind::kFused &&
+                     p.batch * qmax * p.kv_heads <= kMaxTickets;
   attn_partials part;
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
@@ -486,7 +467,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         constexpr int G = decltype(gq)::value;
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
-        const attn_decode::partials dpart{part.acc, part.ml};
+        const attn_decode::partials dpart{part.acc, part.ml, fused ? decode_tickets(stream) : nullptr};
         const auto launch = [&](auto tree_tag) {
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
@@ -518,28 +499,17 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
       int take = INT_MAX;
       if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
         if (!(p.max_q_len >= 1 && p.max_q_len <= std::max(skip, 1))) {
-          const auto launch_extend = [&](auto split_tag, auto mt_tag) {
+          const auto launch_extend = [&](auto split_tag) {
             constexpr bool kSplit = decltype(split_tag)::value;
-            constexpr int MT = decltype(mt_tag)::value;
-            const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit, MT>);
-            auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit, MT>;
+            const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit>);
+            auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit>;
             reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-            // Slices count tiles of 64 rows: half as many of 128.
-            const dim3 g(static_cast<unsigned>(std::max(1, n_slices / MT)), grid.y, grid.z);
-            kernel<<<g, attn_extend_mma::kThreads, smem, stream>>>(p, static_cast<int>(g.x), std::max(skip, 1),
-                                                                  current_paths().attn_extend_heavy_first);
+            kernel<<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
           };
-          using one = std::integral_constant<int, 1>;
-          if (!p.bf16_products) {
-            launch_extend(std::true_type{}, one{});
-          } else if constexpr (D <= 128) {
-            if (current_paths().attn_extend_rows == 128)
-              launch_extend(std::false_type{}, std::integral_constant<int, 2>{});
-            else
-              launch_extend(std::false_type{}, one{});
-          } else {
-            launch_extend(std::false_type{}, one{});
-          }
+          if (p.bf16_products)
+            launch_extend(std::false_type{});
+          else
+            launch_extend(std::true_type{});
           HYSERVE_CUDA_CHECK_LAUNCH();
           take = 1;
         }
@@ -551,7 +521,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         HYSERVE_CUDA_CHECK_LAUNCH();
       }
     }
-    if (n_part > 1) {
+    if (n_part > 1 && !fused) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
       if (current_paths().attn_combine == kernel_paths::attn_combine_kind::kParallel)
         launch_pdl(attention_combine_kernel<D, kCombineParallelThreads, true>, cgrid, dim3(kCombineParallelThreads), 0,

@@ -4,10 +4,8 @@
 // place of paged_attention_kernel's CUDA-core loop (one key per lane, f32 FMAs on widened
 // elements). Flash-attention order (online softmax over key tiles) with mma.sync
 // m16n8k16 (bf16 operands, f32 accumulation):
-//   - a block takes tiles of 64 query rows of one (row, kv head): query rows are (token, group
-//     head) pairs, token-major as in paged_attention_kernel; warp w owns rows 16w .. 16w + 15
-//     (kernels.attn_extend_rows: 128, with bf16 products at head_dim 64 and 128: tiles of 128 rows,
-//     warp w also rows 64 + 16w .., each K and V fragment then feeding two MMAs);
+//   - a block takes tiles of kRows = 64 query rows of one (row, kv head): query rows are (token,
+//     group head) pairs, token-major as in paged_attention_kernel; warp w owns rows 16w .. 16w + 15;
 //   - the row's keys go through shared memory keys_for<D> (64; 32 at head_dim 256, Qwen3-Next's,
 //     so that two stages and the split q fit) at a time (16-byte cp.async copies gathered through
 //     the page table, zero-filled past the keys the tile needs), two stages;
@@ -25,7 +23,7 @@
 // tiles start at key 0 whatever the query tile, and a tile past the row's causal end (the tile
 // serves later queries) leaves its sums exactly unchanged (p = 0, rescale by exp2(0) = 1). So a
 // token's output does not depend on the chunk or the batch it comes in (determinism:
-// batch_invariant), nor on the tile's row count.
+// batch_invariant).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -41,30 +39,25 @@ namespace attn_extend_mma {
 
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 16 * kWarps;  // query rows a tile
 constexpr int kStages = 2;
-// Query rows a tile: 16 a warp and m-tile; MT m-tiles a warp (kernels.attn_extend_rows: 128 is
-// MT 2, each K and V fragment loaded from shared memory once for two MMAs).
-template <int MT>
-constexpr int rows_for = 16 * kWarps * MT;
 // Keys a shared-memory tile: 64, or 32 at head_dim 256 (203 KB of tiles with 64).
 template <int D>
 constexpr int keys_for = D > 128 ? 32 : 64;
 
-template <int D, bool kSplit, int MT>
+template <int D, bool kSplit>
 struct smem_t {
   static constexpr int kLd = D + 8;  // bf16 a row: 16 bytes of padding, ldmatrix rows on distinct banks
   __nv_bfloat16 k[kStages][keys_for<D>][kLd];
   __nv_bfloat16 v[kStages][keys_for<D>][kLd];
-  __nv_bfloat16 qh[rows_for<MT>][kLd];  // the tile's q (scaled), split: hi and lo terms (kSplit; else hi only)
-  __nv_bfloat16 ql[kSplit ? rows_for<MT> : 1][kLd];
+  __nv_bfloat16 qh[kRows][kLd];  // the tile's q (scaled), split: hi and lo terms (kSplit; else hi only)
+  __nv_bfloat16 ql[kSplit ? kRows : 1][kLd];
 };
 
-// The query rows [r0, r0 + rows_for<MT>) of row b (kv head kvh) against the keys [0, len)
-// causally. Warp w owns rows 16w + 64i .. 16w + 64i + 15 of the tile (m-tile i < MT).
-template <int D, bool kSplit, int MT>
-__device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>& sm, int64_t b, int64_t kvh,
-                         int64_t q_start, int len, int q_len, int group, int r0) {
-  constexpr int kRows = rows_for<MT>;
+// The query rows [r0, r0 + kRows) of row b (kv head kvh) against the keys [0, len) causally.
+template <int D, bool kSplit>
+__device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit>& sm, int64_t b, int64_t kvh, int64_t q_start,
+                         int len, int q_len, int group, int r0) {
   constexpr int kKeys = keys_for<D>;
   constexpr int KS = D / 16;          // k-steps of the scores
   constexpr int NT = kKeys / 8;       // key n-tiles of the scores
@@ -74,18 +67,15 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>&
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int M = q_len * group;
-  // This thread's query rows: of m-tile i, row g of the warp's 16 (h = 0) and g + 8 (h = 1).
-  auto row_of = [&](int i, int h) { return r0 + 16 * warp + 16 * kWarps * i + g + 8 * h; };
-  int qpos[MT][2];  // key positions in 32 bits (a row's length is an int32 seq_lens entry)
-  bool live[MT][2];
+  // This thread's two query rows (h = 0: row g of the warp's 16, h = 1: row g + 8).
+  int qpos[2];  // key positions in 32 bits (a row's length is an int32 seq_lens entry)
+  bool live[2];
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_of(i, h);
-      live[i][h] = row < M;
-      qpos[i][h] = live[i][h] ? len - q_len + row / group : -1;  // -1: every key masked
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 16 * warp + g + 8 * h;
+    live[h] = row < M;
+    qpos[h] = live[h] ? len - q_len + row / group : -1;  // -1: every key masked
+  }
 
   // The tile's q rows (zeros past M), scaled to log2 units and split, into shared memory; each
   // warp reads its A fragments by ldmatrix per k-step (registers stay for the accumulators).
@@ -137,17 +127,10 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>&
     cp_async_commit_group();
   };
 
-  float o[MT][DT][4];
+  float o[DT][4];
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int n = 0; n < DT; ++n) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
-  float m[MT][2], l[MT][2];  // l: this lane's part of the row sum
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    m[i][0] = m[i][1] = -INFINITY;
-    l[i][0] = l[i][1] = 0.0f;
-  }
+  for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
 
   if (n_tiles > 0) issue(0);
   for (int tile = 0; tile < n_tiles; ++tile) {
@@ -161,80 +144,67 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>&
     const int st = tile % kStages;
     const int k0 = tile * kKeys;
 
-    // Scores: s[i][j][e] is row g (e < 2) or g + 8 (e >= 2) of m-tile i against key
-    // k0 + 8j + 2t + (e & 1).
-    float s[MT][NT][4];
+    // Scores: s[j][e] is row g (e < 2) or g + 8 (e >= 2) against key k0 + 8j + 2t + (e & 1).
+    float s[NT][4];
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      // A: each m-tile's 16 rows at dims 16ks .. 16ks + 15 (row-major [row][dim]).
-      uint32_t qh[MT][4], ql[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        const int qrow = 16 * warp + 16 * kWarps * i + (lane & 15);
-        mma16::ldsm_x4(qh[i], &sm.qh[qrow][16 * ks + 8 * (lane >> 4)]);
-        if constexpr (kSplit) mma16::ldsm_x4(ql[i], &sm.ql[qrow][16 * ks + 8 * (lane >> 4)]);
-      }
+      // A: this warp's 16 rows at dims 16ks .. 16ks + 15 (row-major [row][dim]).
+      uint32_t qh[4], ql[4];
+      mma16::ldsm_x4(qh, &sm.qh[16 * warp + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
+      if constexpr (kSplit) mma16::ldsm_x4(ql, &sm.ql[16 * warp + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         // B for key n-tiles 2np, 2np + 1 (K stored [key][dim]): {kb0, kb1}, {kb2, kb3}.
         uint32_t kb[4];
         mma16::ldsm_x4(kb, &sm.k[st][16 * np + (lane & 7) + 8 * (lane >> 4)][16 * ks + 8 * ((lane >> 3) & 1)]);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          if constexpr (kSplit) {
-            mma16::mma_bf16(s[i][2 * np], ql[i], kb[0], kb[1]);  // small terms first
-            mma16::mma_bf16(s[i][2 * np + 1], ql[i], kb[2], kb[3]);
-          }
-          mma16::mma_bf16(s[i][2 * np], qh[i], kb[0], kb[1]);
-          mma16::mma_bf16(s[i][2 * np + 1], qh[i], kb[2], kb[3]);
+        if constexpr (kSplit) {
+          mma16::mma_bf16(s[2 * np], ql, kb[0], kb[1]);  // small terms first
+          mma16::mma_bf16(s[2 * np + 1], ql, kb[2], kb[3]);
         }
+        mma16::mma_bf16(s[2 * np], qh, kb[0], kb[1]);
+        mma16::mma_bf16(s[2 * np + 1], qh, kb[2], kb[3]);
       }
     }
     // Mask, the rows' tile maxima (over the quad: the four lanes of a row), online softmax.
+    float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      float mt[2] = {-INFINITY, -INFINITY};
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          const int key = k0 + 8 * j + 2 * t + (e & 1);
-          if (key >= key_end || key > qpos[i][h]) s[i][j][e] = -INFINITY;
-          mt[h] = fmaxf(mt[h], s[i][j][e]);
-        }
-      float corr[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-        const float m_new = fmaxf(m[i][h], mt[h]);
-        // A row with nothing unmasked yet keeps p = 0 and its sums (no exp2(-inf - -inf)).
-        corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[i][h] - m_new);
-        m[i][h] = m_new;
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const int key = k0 + 8 * j + 2 * t + (e & 1);
+        if (key >= key_end || key > qpos[h]) s[j][e] = -INFINITY;
+        mt[h] = fmaxf(mt[h], s[j][e]);
       }
-      float rs[2] = {0.0f, 0.0f};
+    float corr[2];
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+    for (int h = 0; h < 2; ++h) {
+      mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+      mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+      const float m_new = fmaxf(m[h], mt[h]);
+      // A row with nothing unmasked yet keeps p = 0 and its sums (no exp2(-inf - -inf)).
+      corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+      m[h] = m_new;
+    }
+    float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          s[i][j][e] = m[i][h] == -INFINITY ? 0.0f : exp2f(s[i][j][e] - m[i][h]);
-          rs[h] += s[i][j][e];
-        }
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) l[i][h] = l[i][h] * corr[h] + rs[h];
-#pragma unroll
-      for (int n = 0; n < DT; ++n) {
-        o[i][n][0] *= corr[0];
-        o[i][n][1] *= corr[0];
-        o[i][n][2] *= corr[1];
-        o[i][n][3] *= corr[1];
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        s[j][e] = m[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - m[h]);
+        rs[h] += s[j][e];
       }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
     }
 
     // O += P·V: k-step kj takes keys 16kj .. 16kj + 15, whose A fragment is the scores' n-tiles
@@ -242,70 +212,60 @@ __device__ void run_tile(const paged_attention_params& p, smem_t<D, kSplit, MT>&
     // transposed by ldmatrix).
 #pragma unroll
     for (int kj = 0; kj < NT / 2; ++kj) {
-      uint32_t ph[MT][4], pl[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        if constexpr (kSplit) {
-          mma16::split_bf16x2(s[i][2 * kj][0], s[i][2 * kj][1], ph[i][0], pl[i][0]);
-          mma16::split_bf16x2(s[i][2 * kj][2], s[i][2 * kj][3], ph[i][1], pl[i][1]);
-          mma16::split_bf16x2(s[i][2 * kj + 1][0], s[i][2 * kj + 1][1], ph[i][2], pl[i][2]);
-          mma16::split_bf16x2(s[i][2 * kj + 1][2], s[i][2 * kj + 1][3], ph[i][3], pl[i][3]);
-        } else {
-          ph[i][0] = mma16::pack_bf16x2(s[i][2 * kj][0], s[i][2 * kj][1]);
-          ph[i][1] = mma16::pack_bf16x2(s[i][2 * kj][2], s[i][2 * kj][3]);
-          ph[i][2] = mma16::pack_bf16x2(s[i][2 * kj + 1][0], s[i][2 * kj + 1][1]);
-          ph[i][3] = mma16::pack_bf16x2(s[i][2 * kj + 1][2], s[i][2 * kj + 1][3]);
-        }
+      uint32_t ph[4], pl[4];
+      if constexpr (kSplit) {
+        mma16::split_bf16x2(s[2 * kj][0], s[2 * kj][1], ph[0], pl[0]);
+        mma16::split_bf16x2(s[2 * kj][2], s[2 * kj][3], ph[1], pl[1]);
+        mma16::split_bf16x2(s[2 * kj + 1][0], s[2 * kj + 1][1], ph[2], pl[2]);
+        mma16::split_bf16x2(s[2 * kj + 1][2], s[2 * kj + 1][3], ph[3], pl[3]);
+      } else {
+        ph[0] = mma16::pack_bf16x2(s[2 * kj][0], s[2 * kj][1]);
+        ph[1] = mma16::pack_bf16x2(s[2 * kj][2], s[2 * kj][3]);
+        ph[2] = mma16::pack_bf16x2(s[2 * kj + 1][0], s[2 * kj + 1][1]);
+        ph[3] = mma16::pack_bf16x2(s[2 * kj + 1][2], s[2 * kj + 1][3]);
       }
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t vb[4];
         mma16::ldsm_x4_t(vb, &sm.v[st][16 * kj + (lane & 15)][16 * dp + 8 * (lane >> 4)]);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          if constexpr (kSplit) {
-            mma16::mma_bf16(o[i][2 * dp], pl[i], vb[0], vb[1]);  // small terms first
-            mma16::mma_bf16(o[i][2 * dp + 1], pl[i], vb[2], vb[3]);
-          }
-          mma16::mma_bf16(o[i][2 * dp], ph[i], vb[0], vb[1]);
-          mma16::mma_bf16(o[i][2 * dp + 1], ph[i], vb[2], vb[3]);
+        if constexpr (kSplit) {
+          mma16::mma_bf16(o[2 * dp], pl, vb[0], vb[1]);  // small terms first
+          mma16::mma_bf16(o[2 * dp + 1], pl, vb[2], vb[3]);
         }
+        mma16::mma_bf16(o[2 * dp], ph, vb[0], vb[1]);
+        mma16::mma_bf16(o[2 * dp + 1], ph, vb[2], vb[3]);
       }
     }
     __syncthreads();  // the stage is refilled by the next iteration's issue
   }
 
-  // The rows' sums over the quad, then out (o[i][n][e]: row g or g + 8, dims 8n + 2t, +1).
+  // The rows' sums over the quad, then out (o[n][e]: row g or g + 8, dims 8n + 2t, +1).
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 1);
-      l[i][h] += __shfl_xor_sync(0xffffffffu, l[i][h], 2);
-      if (!live[i][h]) continue;
-      const int row = row_of(i, h);
-      float* out = p.out + (q_start + row / group) * p.out_stride + (kvh * group + row % group) * D;
-      const float inv = 1.0f / l[i][h];
+  for (int h = 0; h < 2; ++h) {
+    if (!live[h]) continue;
+    const int row = r0 + 16 * warp + g + 8 * h;
+    float* out = p.out + (q_start + row / group) * p.out_stride + (kvh * group + row % group) * D;
+    const float inv = 1.0f / l[h];
 #pragma unroll
-      for (int n = 0; n < DT; ++n) {
-        out[8 * n + 2 * t] = o[i][n][2 * h] * inv;
-        out[8 * n + 2 * t + 1] = o[i][n][2 * h + 1] * inv;
-      }
+    for (int n = 0; n < DT; ++n) {
+      out[8 * n + 2 * t] = o[n][2 * h] * inv;
+      out[8 * n + 2 * t + 1] = o[n][2 * h + 1] * inv;
     }
+  }
 }
 
 // Grid (slices, kv heads, batch rows): slice s takes the query tiles s, s + n_slices, … of its
-// (row, kv head), or with heavy_first (kernels.attn_extend_heavy_first; 64-row tiles) the tiles
-// counted from the row's last: the causal tiles' work grows with their index, so the first blocks launched
-// take the longest tiles and the last wave the shortest. Rows of at most skip_upto queries (at
-// least 1) belong to another kernel.
-template <int D, bool kSplit, int MT>
-__global__ void __launch_bounds__(kThreads, 2)
-    extend_kernel(const paged_attention_params p, int n_slices, int skip_upto, bool heavy_first) {
+// (row, kv head). Rows of at most skip_upto queries (at least 1) belong to another kernel.
+template <int D, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 2) extend_kernel(const paged_attention_params p, int n_slices, int skip_upto) {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
-  static_assert(MT == 1 || (MT == 2 && D <= 128), "two m-tiles a warp at head_dim 64 and 128");
   extern __shared__ __align__(16) unsigned char ext_smem[];
-  auto& sm = *reinterpret_cast<smem_t<D, kSplit, MT>*>(ext_smem);
+  auto& sm = *reinterpret_cast<smem_t<D, kSplit>*>(ext_smem);
   const int64_t b = blockIdx.z, kvh = blockIdx.y;
   const int64_t q_start = p.query_start_loc[b];
   const int q_len = p.query_start_loc[b + 1] - static_cast<int>(q_start);
@@ -314,13 +274,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (len < q_len) return;  // invalid row (the CPU op rejects it on the host)
   const int group = static_cast<int>(p.q_heads / p.kv_heads);
   const int M = q_len * group;
-  constexpr int R = rows_for<MT>;
-  // Two m-tiles a warp leave no registers for the reversed walk (ptxas spilled 104 bytes): MT 2
-  // takes the tiles from the first.
-  const bool reverse = MT == 1 && heavy_first;
-  const int n_tiles = (M + R - 1) / R;
-  for (int i = static_cast<int>(blockIdx.x); i < n_tiles; i += n_slices)
-    run_tile<D, kSplit, MT>(p, sm, b, kvh, q_start, len, q_len, group, (reverse ? n_tiles - 1 - i : i) * R);
+  for (int r0 = static_cast<int>(blockIdx.x) * kRows; r0 < M; r0 += n_slices * kRows)
+    run_tile<D, kSplit>(p, sm, b, kvh, q_start, len, q_len, group, r0);
 }
 
 }  // namespace attn_extend_mma

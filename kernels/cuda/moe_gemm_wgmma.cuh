@@ -39,9 +39,9 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
                : "memory");
 }
 
-// outputs_first (kernels.moe_tile_order: outputs): blockIdx.x the weight-row tile, blockIdx.y the
-// scan tile, so the blocks launched together share their activation rows (read from memory once,
-// then from L2). In the default order (blockIdx.x the scan tile) the blocks of one weight-row
+// outputs_first (kernels.moe_tile_order: outputs, the default): blockIdx.x the weight-row tile,
+// blockIdx.y the scan tile, so the blocks launched together share their activation rows (read
+// from memory once, then from L2). In the rows order (blockIdx.x the scan tile) the blocks of one weight-row
 // tile run over all the scan tiles before the next weight-row tile starts: every activation row
 // is read from memory once per weight-row tile (8 times for Qwen3-Next's gate/up, 16 for down,
 // about 4 GB at 8192 tokens). The arithmetic of a block is the same either way.
@@ -174,7 +174,7 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
   const auto scan_tiles = static_cast<unsigned>(max_tiles(rows, g.experts, kMoeWgmmaRows));
   const auto out_tiles = static_cast<unsigned>(ceil_div(g.n, int64_t{kSwiglu ? 64 : 128}));
   const bool outputs_first =
-      current_paths().moe_tile_order == kernel_paths::moe_tile_order_kind::kOutputs && scan_tiles <= 65535;
+      current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows && scan_tiles <= 65535;
   const dim3 grid = outputs_first ? dim3(out_tiles, scan_tiles) : dim3(scan_tiles, out_tiles);
   kernel<<<grid, 384, kMoeWgmmaSmem, stream>>>(tw, g, outputs_first);
   HYSERVE_CUDA_CHECK_LAUNCH();

@@ -296,19 +296,34 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.seq_lens = dlens.data();
   pg.page_table = dpt.data();
   // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance; their slices
-  // merged either way (kernels.attn_combine: serial, parallel).
+  // merged every way (kernels.attn_combine: serial, parallel, fused). Fused merges inside the
+  // decode kernel with the serial merge's arithmetic: the same bits, also on a second call (its
+  // tickets wrapped back to zero by the first).
+  using combine_kind = kernel_paths::attn_combine_kind;
   for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
-    for (const auto combine : {kernel_paths::attn_combine_kind::kSerial, kernel_paths::attn_combine_kind::kParallel}) {
+    std::vector<float> serial;
+    for (const auto combine : {combine_kind::kSerial, combine_kind::kParallel, combine_kind::kFused}) {
       kernel_paths merge;
       merge.attn_combine = combine;
       const paths_scope scope(merge);
       set_attn_decode_path(path);
-      dout.fill_bytes(0xff);
-      run_cuda(pg);
-      device_synchronize();
-      expect_match(dout.download(), out, 2e-5, 1e-4,
-                   std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
-                       (combine == kernel_paths::attn_combine_kind::kParallel ? ", parallel combine)" : ")"));
+      const std::string label = std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
+                                (combine == combine_kind::kParallel ? ", parallel combine)"
+                                 : combine == combine_kind::kFused  ? ", fused combine)"
+                                                                    : ")");
+      for (int call = 0; call < (combine == combine_kind::kFused ? 2 : 1); ++call) {
+        dout.fill_bytes(0xff);
+        run_cuda(pg);
+        device_synchronize();
+        const std::vector<float> got = dout.download();
+        expect_match(got, out, 2e-5, 1e-4, label);
+        if (combine == combine_kind::kSerial) serial = got;
+        if (combine != combine_kind::kFused) continue;
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          differ += std::memcmp(&got[i], &serial[i], sizeof(float)) != 0 ? 1 : 0;
+        EXPECT_EQ(differ, 0u) << label << ", call " << call << ": elements whose bits differ from the serial combine";
+      }
     }
   }
   set_attn_decode_path(attn_decode_path::kDefault);
@@ -320,34 +335,7 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   dout.fill_bytes(0xff);
   run_cuda(pg);
   device_synchronize();
-  const std::vector<float> products = dout.download();
-  cuda_test::expect_match_bf16_pipeline(products, out, 5e-3, 2e-2, "out (bf16 products)");
-  // kernels.attn_extend_rows: 128 (two m-tiles a warp at head_dim 64 and 128; 256 keeps 64) and
-  // kernels.attn_extend_heavy_first (the tiles taken from the last): a row's arithmetic depends on
-  // neither the tile's row count nor the block that takes it, so the same bits.
-  for (const auto& [rows, heavy_first] : {std::pair{128, false}, std::pair{64, true}, std::pair{128, true}}) {
-    kernel_paths variant;
-    variant.attn_extend_rows = rows;
-    variant.attn_extend_heavy_first = heavy_first;
-    const paths_scope scope(variant);
-    dout.fill_bytes(0xff);
-    run_cuda(pg);
-    device_synchronize();
-    const std::vector<float> got = dout.download();
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &products[i], sizeof(float)) != 0 ? 1 : 0;
-    EXPECT_EQ(differ, 0u) << "attn_extend_rows " << rows << (heavy_first ? ", heavy first" : "")
-                          << " against the default: elements whose bits differ";
-  }
-  // The f32-level products (a float32 model) with the tiles from the last: the CUDA-core tolerance.
-  pg.bf16_products = false;
-  kernel_paths heavy;
-  heavy.attn_extend_heavy_first = true;
-  const paths_scope scope(heavy);
-  dout.fill_bytes(0xff);
-  run_cuda(pg);
-  device_synchronize();
-  expect_match(dout.download(), out, 2e-5, 1e-4, "out (heavy first)");
+  cuda_test::expect_match_bf16_pipeline(dout.download(), out, 5e-3, 2e-2, "out (bf16 products)");
 }
 
 attn_case decode_case(std::string label, int bs, int kv_heads, int gqa, int hd, int ps, int lo, int hi) {

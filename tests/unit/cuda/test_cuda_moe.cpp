@@ -198,15 +198,15 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 
 // The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
 // default: the warpgroup-MMA kernel, 128-row tiles; its blocks in either launch order,
-// kernels.moe_tile_order) and the mma.sync tiles; the same checks and
+// kernels.moe_tile_order, outputs by default) and the mma.sync tiles; the same checks and
 // tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
 // not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   using order = kernel_paths::moe_tile_order_kind;
-  for (const auto& [wgmma, tiles] : {std::pair{true, order::kDefault}, std::pair{true, order::kOutputs},
+  for (const auto& [wgmma, tiles] : {std::pair{true, order::kDefault}, std::pair{true, order::kRows},
                                      std::pair{false, order::kDefault}}) {
-    SCOPED_TRACE(!wgmma ? "mma.sync tiles" : tiles == order::kOutputs ? "moe_wgmma, outputs first" : "moe_wgmma");
+    SCOPED_TRACE(!wgmma ? "mma.sync tiles" : tiles == order::kRows ? "moe_wgmma, rows first" : "moe_wgmma");
     kernel_paths paths;
     paths.moe_wgmma = wgmma;
     paths.moe_tile_order = tiles;
