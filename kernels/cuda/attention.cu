@@ -31,8 +31,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -294,20 +292,21 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const pag
   }
 }
 
-// Merges the decode slices of one (row, query head) (attn_decode::merge_slices) over the row's
-// non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
+// Merges the decode slices of one (row, query head): out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s
+// over the row's non-empty slices, the first ceil(len / K) for K keys per slice (decode kernel:
 // attn_decode::keys_per_slice; the extend kernel's decode branch: a multiple of kKeysPerTile).
-// kParallel: kernels.attn_combine: parallel (512 threads).
-constexpr int kCombineParallelThreads = 512;
-static_assert(kMaxDecodeSlices <= attn_decode::kMaxMergeSlices && kMaxSlices <= attn_decode::kMaxMergeSlices,
-              "the merge's shared weights hold every slice");
+// The slices' weights e^{m_s−M} are computed once, in parallel, into shared memory; then thread
+// d sums its dimension over the slices (independent loads).
+constexpr int kMaxCombineSlices = kMaxDecodeSlices > kMaxSlices ? kMaxDecodeSlices : kMaxSlices;
 
-template <int D, int kThreadsC, bool kParallel>
-__global__ void __launch_bounds__(kThreadsC) attention_combine_kernel(const paged_attention_params p, int n_slices,
-                                                                      int qmax, const attn_partials part,
-                                                                      bool decode_rule,
-                                                                      const attn_decode::tree_keys tree) {
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const paged_attention_params p, int n_slices,
+                                                                         int qmax, const attn_partials part,
+                                                                         bool decode_rule,
+                                                                         const attn_decode::tree_keys tree) {
   pdl_begin();
+  __shared__ float s_w[kMaxCombineSlices];
+  __shared__ float s_max[kAttnWarps];
   const int64_t head = blockIdx.x;
   const int64_t bq = blockIdx.y, b = bq / qmax;  // query j of row b (qmax > 1: the decode kernel's verify rows)
   const int j = static_cast<int>(bq % qmax);
@@ -321,41 +320,34 @@ __global__ void __launch_bounds__(kThreadsC) attention_combine_kernel(const page
   const int64_t used = ceil_div(len, per_slice);
   const int n_act = used < n_slices ? static_cast<int>(used) : n_slices;
   const int64_t base = (bq * p.q_heads + head) * n_slices;
-  attn_decode::merge_slices<D, kThreadsC, kParallel, false>(p, part.ml + base, part.acc + base * D, n_act, q_start,
-                                                             head);
-}
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-// kernels.attn_combine: fused: the decode kernels' tickets (attn_decode::partials::tickets), one
-// per (query, kv head) of a call, up to kMaxTickets; a call with more merges by the combine
-// kernel. A persistent zeroed buffer per (device, stream) (the calls on one stream are ordered,
-// and every call leaves its tickets at zero), allocated at its stream's first fused call, under
-// relaxed capture rules so that a first call inside a graph capture may allocate it.
-constexpr int64_t kMaxTickets = int64_t{1} << 16;
+  float mx = -INFINITY;
+  for (int s = tid; s < n_act; s += kAttnThreads) mx = fmaxf(mx, part.ml[base + s].x);
+  mx = warp_max(mx);
+  if (lane == 0) s_max[warp] = mx;
+  __syncthreads();
+  mx = s_max[0];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, s_max[w]);
 
-unsigned* decode_tickets(cudaStream_t stream) {
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, unsigned*> buffers;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mu);
-  unsigned*& buf = buffers[{device, stream}];
-  if (buf != nullptr) return buf;
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  cudaStream_t zeroing = nullptr;
-  void* mem = nullptr;
-  cudaError_t st = cudaMalloc(&mem, kMaxTickets * sizeof(unsigned));
-  if (st == cudaSuccess) st = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
-  if (st == cudaSuccess) st = cudaMemsetAsync(mem, 0, kMaxTickets * sizeof(unsigned), zeroing);
-  if (st == cudaSuccess) st = cudaStreamSynchronize(zeroing);
-  if (zeroing != nullptr) cudaStreamDestroy(zeroing);
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  if (st != cudaSuccess) {
-    if (mem != nullptr) cudaFree(mem);
-    CUDA_CHECK(st);
+  float den = 0.0f;
+  for (int s = tid; s < n_act; s += kAttnThreads) {
+    const float2 ml = part.ml[base + s];
+    const float w = ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
+    s_w[s] = w;
+    den += ml.y * w;
   }
-  buf = static_cast<unsigned*>(mem);
-  return buf;
+  den = block_sum(den);  // its barriers also publish s_w
+  const float inv = 1.0f / den;
+  float* o = p.out + q_start * p.out_stride + head * D;
+  const float* acc = part.acc + base * D;
+  for (int d = tid; d < D; d += kAttnThreads) {
+    float num = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_act; ++s) num += acc[static_cast<int64_t>(s) * D + d] * s_w[s];
+    o[d] = num * inv;
+  }
 }
 
 // Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
@@ -447,11 +439,6 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
                    : decode_only  ? static_cast<int>(p.max_q_len)
                    : short_rows   ? static_cast<int>(p.short_q_max)
                                   : 1;
-  // kernels.attn_combine: fused: the decode kernel's last block of a query merges its slices (no
-  // combine kernel).
-  const bool fused = decode_kernel && n_dec > 1 &&
-                     current_paths().attn_combine == kernel_paths::attn_combine_kind::kFused &&
-                     p.batch * qmax * p.kv_heads <= kMaxTickets;
   attn_partials part;
   if (n_part > 1) {
     const int64_t n = p.batch * qmax * p.q_heads * n_part;
@@ -467,7 +454,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         constexpr int G = decltype(gq)::value;
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
-        const attn_decode::partials dpart{part.acc, part.ml, fused ? decode_tickets(stream) : nullptr};
+        const attn_decode::partials dpart{part.acc, part.ml};
         const auto launch = [&](auto tree_tag) {
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
@@ -521,14 +508,10 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         HYSERVE_CUDA_CHECK_LAUNCH();
       }
     }
-    if (n_part > 1 && !fused) {
+    if (n_part > 1) {
       const dim3 cgrid(static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch * qmax));
-      if (current_paths().attn_combine == kernel_paths::attn_combine_kind::kParallel)
-        launch_pdl(attention_combine_kernel<D, kCombineParallelThreads, true>, cgrid, dim3(kCombineParallelThreads), 0,
-                   stream, p, n_part, qmax, part, decode_kernel, tree);
-      else
-        launch_pdl(attention_combine_kernel<D, kAttnThreads, false>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part,
-                   qmax, part, decode_kernel, tree);
+      launch_pdl(attention_combine_kernel<D>, cgrid, dim3(kAttnThreads), 0, stream, p, n_part, qmax, part, decode_kernel,
+                 tree);
       HYSERVE_CUDA_CHECK_LAUNCH();
     }
   });

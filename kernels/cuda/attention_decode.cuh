@@ -99,10 +99,6 @@ struct kv_chunk {
 struct partials {
   float* acc = nullptr;  // [batch · qmax, q_heads, n_slices, D] unnormalised Σ p·v
   float2* ml = nullptr;  // [batch · qmax, q_heads, n_slices] (running max, Σ p)
-  // kernels.attn_combine: fused: [batch · qmax, kv_heads] tickets, zero between calls (the last
-  // block of a query's slices merges them, see merge_warps_and_store); null: a combine kernel
-  // merges them.
-  unsigned* tickets = nullptr;
 };
 
 // Tree verify on the decode kernels (paged_attention_tree): every row has `nodes` queries, the
@@ -122,7 +118,6 @@ struct tree_keys {
 struct block_keys {
   int slice;
   int64_t kvh, bq, b, q_start, kb, ke;
-  int64_t len;          // the query's keys
   const int32_t* path;  // tree calls: the query's path (key prefix + i at prefix + path[i]); else null
   int64_t prefix;
 };
@@ -165,7 +160,6 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
     len = r.prefix + 1 + tree.depth[r.b * tree.nodes + j];
   }
   if (len < 1) return false;
-  r.len = len;
   const int64_t per_slice = keys_per_slice(len, n_slices);
   r.kb = r.slice * per_slice;
   if (r.kb >= len) return false;
@@ -173,106 +167,15 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
   return true;
 }
 
-// Slices a merge takes at most (the host's decode and extend slice counts are below it).
-constexpr int kMaxMergeSlices = 256;
-
-// Non-empty slices of a decode query of len keys split n_slices ways (the others' blocks exit).
-__host__ __device__ __forceinline__ int active_slices(int64_t len, int n_slices) {
-  const int64_t used = ceil_div(len, keys_per_slice(len, n_slices));
-  return used < n_slices ? static_cast<int>(used) : n_slices;
-}
-
-// Merges n_act slices' partials of one (query, head) into out[q_start, head]:
-// out = Σ_s e^{m_s−M}·acc_s / Σ_s e^{m_s−M}·l_s with M the slices' max (ml, acc: the query
-// head's slice 0). The weights e^{m_s−M} are computed once, in parallel, into shared memory;
-// then thread d sums its dimension over the slices in slice order (independent loads).
-// kParallel (kThreadsC 512): warp w sums slices w, w + 16, … for every dimension (a lane 32
-// apart), then thread d adds the warps' sums in warp order: 16 chains of loads in flight
-// instead of one. Either order is fixed for a query, whatever the batch. kL2: the partials are
-// read through L2 (ld.cg), as the block merging them inside the kernel that wrote them must.
-// Every thread of the block calls it; it ends with a barrier (back-to-back calls reuse the
-// shared memory).
-template <int D, int kThreadsC, bool kParallel, bool kL2>
-__device__ __forceinline__ void merge_slices(const paged_attention_params& p, const float2* ml, const float* acc,
-                                             int n_act, int64_t q_start, int64_t head) {
-  constexpr int kWarpsC = kThreadsC / 32;
-  __shared__ float s_w[kMaxMergeSlices];
-  __shared__ float s_max[kWarpsC];
-  const auto load_ml = [&](int s) {
-    if constexpr (kL2) return __ldcg(ml + s);
-    else return ml[s];
-  };
-  const auto load_acc = [&](int64_t i) {
-    if constexpr (kL2) return __ldcg(acc + i);
-    else return acc[i];
-  };
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  float mx = -INFINITY;
-  for (int s = tid; s < n_act; s += kThreadsC) mx = fmaxf(mx, load_ml(s).x);
-  mx = warp_max(mx);
-  if (lane == 0) s_max[warp] = mx;
-  __syncthreads();
-  mx = s_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarpsC; ++w) mx = fmaxf(mx, s_max[w]);
-
-  float den = 0.0f;
-  for (int s = tid; s < n_act; s += kThreadsC) {
-    const float2 m_l = load_ml(s);
-    const float w = m_l.x != -INFINITY ? expf(m_l.x - mx) : 0.0f;
-    s_w[s] = w;
-    den += m_l.y * w;
-  }
-  den = block_sum(den);  // its barriers also publish s_w
-  const float inv = 1.0f / den;
-  float* o = p.out + q_start * p.out_stride + head * D;
-  if constexpr (!kParallel) {
-    for (int d = tid; d < D; d += kThreadsC) {
-      float num = 0.0f;
-#pragma unroll 8
-      for (int s = 0; s < n_act; ++s) num += load_acc(static_cast<int64_t>(s) * D + d) * s_w[s];
-      o[d] = num * inv;
-    }
-  } else {
-    constexpr int C = (D + 31) / 32;  // dimensions a lane
-    __shared__ float s_part[kWarpsC][D];
-    float num[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) num[c] = 0.0f;
-#pragma unroll 4
-    for (int s = warp; s < n_act; s += kWarpsC) {
-      const float w = s_w[s];
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < D) num[c] += load_acc(static_cast<int64_t>(s) * D + lane + 32 * c) * w;
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (lane + 32 * c < D) s_part[warp][lane + 32 * c] = num[c];
-    __syncthreads();
-    for (int d = tid; d < D; d += kThreadsC) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarpsC; ++w) sum += s_part[w][d];
-      o[d] = sum * inv;
-    }
-  }
-  __syncthreads();
-}
-
 // The block's last step, shared by the decode kernels: every warp has left its (m, l) per head
 // (natural-log units; m = -inf for a warp without keys) in s_ml[warp][h] and its unnormalised
 // acc in s_acc[warp][h][·], and the block has synchronised. Merges the warps and writes the
 // slice's partial (several slices) or the normalised output (one slice).
-// With tickets (kernels.attn_combine: fused) the block then takes a ticket of its (query, kv
-// head): the last of the query's active slices to finish merges them all (merge_slices, the
-// combine kernel's arithmetic and order: the same bits), and its atomicInc wraps the ticket back
-// to zero for the next call (a captured graph replays with the same counters).
 template <int D, int G>
 __device__ __forceinline__ void merge_warps_and_store(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
                                                       const float (&s_acc)[kWarps][G][D], int n_slices,
-                                                      const partials& part, const block_keys& r) {
+                                                      const partials& part, int slice, int64_t kvh, int64_t bq,
+                                                      int64_t q_start) {
   for (int e = threadIdx.x; e < G * D; e += kThreads) {
     const int h = e / D, d = e % D;
     float mx = -INFINITY;
@@ -288,31 +191,14 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
         a += s_acc[w][h][d] * f;
       }
     }
-    const int64_t head = r.kvh * G + h;
+    const int64_t head = kvh * G + h;
     if (n_slices > 1) {
-      const int64_t idx = (r.bq * p.q_heads + head) * n_slices + r.slice;
+      const int64_t idx = (bq * p.q_heads + head) * n_slices + slice;
       if (d == 0) part.ml[idx] = make_float2(mx, lsum);
       part.acc[idx * D + d] = a;
     } else {
-      p.out[r.q_start * p.out_stride + head * D + d] = a / lsum;
+      p.out[q_start * p.out_stride + head * D + d] = a / lsum;
     }
-  }
-  if (n_slices == 1 || part.tickets == nullptr) return;
-  __shared__ bool s_last;
-  const int n_act = active_slices(r.len, n_slices);
-  __threadfence();  // this block's partial, visible before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0)
-    s_last = atomicInc(part.tickets + r.bq * p.kv_heads + r.kvh, static_cast<unsigned>(n_act - 1)) ==
-             static_cast<unsigned>(n_act - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();  // the other blocks' partials, seen after their tickets
-#pragma unroll 1
-  for (int h = 0; h < G; ++h) {
-    const int64_t head = r.kvh * G + h;
-    const int64_t base = (r.bq * p.q_heads + head) * n_slices;
-    merge_slices<D, kThreads, false, true>(p, part.ml + base, part.acc + base * D, n_act, r.q_start, head);
   }
 }
 
@@ -326,7 +212,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
   block_keys r;
   if (!locate_block<kTree>(p, n_slices, qmax, tree, r)) return;
-  const int64_t kvh = r.kvh, b = r.b, q_start = r.q_start, kb = r.kb, ke = r.ke;
+  const int slice = r.slice;
+  const int64_t kvh = r.kvh, bq = r.bq, b = r.b, q_start = r.q_start, kb = r.kb, ke = r.ke;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int li = lane % LPK, grp = lane / LPK;
 
@@ -456,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
     }
   }
   __syncthreads();
-  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, r);
+  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, kvh, bq, q_start);
 }
 
 }  // namespace attn_decode

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
     }
   }
   __syncthreads();
-  attn_decode::merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, r);
+  attn_decode::merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, r.slice, r.kvh, r.bq, r.q_start);
 }
 
 }  // namespace attn_decode_mma

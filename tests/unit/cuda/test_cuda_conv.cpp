@@ -117,7 +117,9 @@ INSTANTIATE_TEST_SUITE_P(
         varlen_case{8192 + 256, 4, {1000}, 1, false, true, true},
         varlen_case{64, 4, {300, 3, 0, 17}, 1, true, false, false, 5},  // small dim: many splits; an empty row
         varlen_case{100, 3, {5, 33}, 2, false, true, true, 1},
-        varlen_case{130, 2, {1, 64}, 1, true, true, false}),
+        varlen_case{130, 2, {1, 64}, 1, true, true, false},
+        // Four channels a thread (dim and strides multiples of 4) with strided rows.
+        varlen_case{256, 4, {40, 1, 17}, 2, true, true, true, 4}),
     varlen_name);
 
 struct update_case {

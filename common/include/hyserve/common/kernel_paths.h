@@ -34,12 +34,6 @@ struct kernel_paths {
   // barrier between them; more tokens as fused) | split (prepare, two GEMVs, combine, and the
   // shared expert's own kernels). The same bits every way.
   enum class moe_decode_kind : uint8_t { kDefault, kFused, kSingle, kSplit };
-  // `attn_combine`: the merge of a decode query's split-KV slices: default (serial) | serial (a
-  // combine kernel, a thread a dimension, over every slice) | parallel (a combine kernel of 512
-  // threads: a warp a subset of the slices, then the warps' sums added in order) | fused (no
-  // combine kernel: the decode kernel's last block of a query to finish merges its slices as
-  // serial does, the same bits). Every order is fixed for a row. Not yet measured.
-  enum class attn_combine_kind : uint8_t { kDefault, kSerial, kParallel, kFused };
   // `moe_tile_order`: the launch order of the warpgroup-MMA experts' GEMM blocks (moe_wgmma):
   // default (outputs) | rows (a weight-row tile's blocks over every scan tile, then the next) |
   // outputs (a scan tile's blocks over every weight-row tile, then the next: its activation rows
@@ -78,7 +72,6 @@ struct kernel_paths {
   // 1..256: at most this many split-KV slices a decode row (1: no combine kernel); 0 = default
   // (as many as attn_decode_waves asks for). The same for every row, so batch_invariant holds.
   int32_t attn_decode_max_slices = 0;
-  attn_combine_kind attn_combine = attn_combine_kind::kDefault;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
