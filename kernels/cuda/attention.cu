@@ -59,6 +59,7 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerTile = kAttnWarps * kRowsPerWarp;
 constexpr int kMaxSlices = 64;
 constexpr int kMaxDecodeSlices = 256;
+constexpr int64_t kMaxExtendSlices = 2048;  // the tensor-core extend kernel's tile stride (attn_extend_fill)
 // GQA group sizes of the decode kernels (attention_decode.cuh, attention_decode_mma.cuh: up to
 // 8 heads per kv head, one MMA n-tile; e.g. 6 for Falcon-H1-7B's 12 / 2 heads, 7 for 28 / 4);
 // larger groups take the decode branch of paged_attention_kernel.
@@ -491,7 +492,16 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
             const size_t smem = sizeof(attn_extend_mma::smem_t<D, kSplit>);
             auto* kernel = &attn_extend_mma::extend_kernel<D, kSplit>;
             reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-            kernel<<<grid, attn_extend_mma::kThreads, smem, stream>>>(p, n_slices, std::max(skip, 1));
+            // kernels.attn_extend_fill: the tile stride sized for about 8 blocks an SM whatever
+            // the kv-head count (at most kMaxExtendSlices); else the shared slice count, at most
+            // kMaxSlices: a prompt of a model with 2 kv heads (Falcon-H1, Qwen3-Next) then has
+            // 128 blocks, one an SM where two fit. A row's tiles do not depend on the stride.
+            const int n_ext = current_paths().attn_extend_fill
+                                  ? static_cast<int>(std::clamp<int64_t>(
+                                        ceil_div(8 * sm_count(), split_rows * p.kv_heads), 1, kMaxExtendSlices))
+                                  : n_slices;
+            const dim3 g(static_cast<unsigned>(n_ext), grid.y, grid.z);
+            kernel<<<g, attn_extend_mma::kThreads, smem, stream>>>(p, n_ext, std::max(skip, 1));
           };
           if (p.bf16_products)
             launch_extend(std::false_type{});
