@@ -32,7 +32,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
-    EXPECT_FALSE(k.attn_extend_fill);
+    EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
@@ -56,7 +56,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   const kernel_paths k = with_kernels(R"(
   attn_decode: simt
   attn_decode_waves: 2
-  attn_extend_fill: true
+  attn_extend_fill: false
   gdn_cluster: 4
   gdn_decode: persistent8
   gdn_max_tokens: 32768
@@ -82,7 +82,7 @@ TEST(ConfigKernels, EveryKeyParses) {
 )").kernels;
   EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
   EXPECT_EQ(k.attn_decode_waves, 2);
-  EXPECT_TRUE(k.attn_extend_fill);
+  EXPECT_FALSE(k.attn_extend_fill);
   EXPECT_EQ(k.gdn_cluster, 4);
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
   EXPECT_EQ(k.gdn_max_tokens, 32768);
