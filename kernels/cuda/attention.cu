@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "../cpu/dense_validate.h"
 #include "../cpu/dtype_dispatch.h"
@@ -389,6 +390,54 @@ int decode_waves(bool mma) {
   return asked > 0 ? asked : mma ? 1 : 3;
 }
 
+// kernels.attn_decode_cluster: the cluster size (slices a query) of the tensor-core decode
+// kernel's cluster variant: 16 where the device co-schedules clusters of 16 (a non-portable size),
+// else 8. Asked once per instantiation.
+template <int D, int G>
+int decode_cluster_size() {
+  static const int size = [] {
+    auto* kernel = &attn_decode_mma::decode_kernel_mma<D, G, false, true>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(16, 1, 1);
+      cfg.blockDim = dim3(attn_decode::kThreads);
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 16;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0) return 16;
+    }
+    (void)cudaGetLastError();
+    return 8;
+  }();
+  return size;
+}
+
+// kernel<<<grid, 128 threads>>> in clusters of `cluster` blocks along x, with PDL where
+// pdl_applies(stream) (launch.cuh).
+template <class... KernelArgs, class... Args>
+void launch_decode_cluster(void (*kernel)(KernelArgs...), dim3 grid, int cluster, cudaStream_t stream,
+                           Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(attn_decode::kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_applies(stream) ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 // tree: a tree verify call (tree_keys): every row's tree.nodes queries on the decode kernel.
 template <class KV>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream,
@@ -428,7 +477,13 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // kernels.attn_decode_max_slices: fewer, longer slices (at batch 1 and short contexts the
   // combine kernel costs about what the decode kernel does).
   if (const int cap = current_paths().attn_decode_max_slices; cap > 0) n_dec = std::min(n_dec, cap);
-  const int n_part = decode_kernel ? n_dec : n_slices;
+  // kernels.attn_decode_cluster (fast mode, the tensor-core decode kernel, causal calls whose
+  // contexts are at most its keys: the page table's stride times the page size bounds them): a
+  // query's slices are one thread-block cluster that merges them itself, no combine kernel.
+  const int64_t cluster_keys = current_paths().attn_decode_cluster;
+  const bool cluster = cluster_keys > 0 && !current_paths().batch_invariant && on_mma && tree.nodes == 0 &&
+                       n_dec > 1 && p.page_table_stride * p.page_size <= cluster_keys;
+  const int n_part = cluster ? 1 : decode_kernel ? n_dec : n_slices;
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
   const bool decode_only = decode_kernel && (tree.nodes > 0 || (p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&
                                                                   p.batch * p.max_q_len <= kMaxGrid));
@@ -460,6 +515,15 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
             if (on_mma) {
+              if constexpr (!kTree) {
+                if (cluster) {
+                  const int c = decode_cluster_size<D, G>();
+                  const dim3 cgrid(static_cast<unsigned>(c), grid.y, grid.z);
+                  launch_decode_cluster(attn_decode_mma::decode_kernel_mma<D, G, false, true>, cgrid, c, stream, p, c,
+                                        qmax, attn_decode::partials{}, tree);
+                  return;
+                }
+              }
               launch_pdl(attn_decode_mma::decode_kernel_mma<D, G, kTree>, grid, dim3(attn_decode::kThreads), 0, stream,
                          p, n_dec, qmax, dpart, tree);
               return;

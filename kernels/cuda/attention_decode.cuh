@@ -140,8 +140,9 @@ __device__ __forceinline__ int64_t key_position(const block_keys& r, int64_t s) 
 
 // False when the block has nothing to do: its row is not a decode kernel's (the extend
 // kernel's), has no query j, or the slice lies past the query's keys (the combine kernel reads
-// only the first ceil(len / keys_per_slice) slices).
-template <bool kTree>
+// only the first ceil(len / keys_per_slice) slices). kKeepEmpty: a slice past the keys is kept,
+// empty (kb = ke = len), for a block that must still join its cluster's barriers.
+template <bool kTree, bool kKeepEmpty = false>
 __device__ __forceinline__ bool locate_block(const paged_attention_params& p, int n_slices, int qmax,
                                              const tree_keys& tree, block_keys& r) {
   r.slice = static_cast<int>(blockIdx.x);
@@ -162,7 +163,11 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
   if (len < 1) return false;
   const int64_t per_slice = keys_per_slice(len, n_slices);
   r.kb = r.slice * per_slice;
-  if (r.kb >= len) return false;
+  if (r.kb >= len) {
+    if constexpr (!kKeepEmpty) return false;
+    r.kb = r.ke = len;
+    return true;
+  }
   r.ke = len < r.kb + per_slice ? len : r.kb + per_slice;
   return true;
 }

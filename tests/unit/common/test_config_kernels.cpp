@@ -33,6 +33,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_TRUE(k.attn_extend_fill);
+    EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
@@ -56,6 +57,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   const kernel_paths k = with_kernels(R"(
   attn_decode: simt
   attn_decode_waves: 2
+  attn_decode_cluster: 2048
   attn_extend_fill: false
   gdn_cluster: 4
   gdn_decode: persistent8
@@ -83,6 +85,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.attn_decode, kp::attn_decode_kind::kSimt);
   EXPECT_EQ(k.attn_decode_waves, 2);
   EXPECT_FALSE(k.attn_extend_fill);
+  EXPECT_EQ(k.attn_decode_cluster, 2048);
   EXPECT_EQ(k.gdn_cluster, 4);
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
   EXPECT_EQ(k.gdn_max_tokens, 32768);
@@ -120,6 +123,8 @@ TEST(ConfigKernels, EveryNamedValueParses) {
   EXPECT_EQ(with_kernels("{attn_decode_max_slices: 256}").kernels.attn_decode_max_slices, 256);
   EXPECT_ERROR_WITH(with_kernels("{attn_decode_max_slices: 257}"), config_error,
                     "kernels.attn_decode_max_slices: must be default or an integer in [1, 256], got '257'");
+  EXPECT_ERROR_WITH(with_kernels("{attn_decode_cluster: 8}"), config_error,
+                    "kernels.attn_decode_cluster: must be default or an integer in [16, 1048576], got '8'");
   EXPECT_EQ(with_kernels("{gdn_cluster: 1}").kernels.gdn_cluster, 1);
   EXPECT_EQ(with_kernels("{gdn_cluster: 2}").kernels.gdn_cluster, 2);
   EXPECT_EQ(with_kernels("{gdn_cluster: default}").kernels.gdn_cluster, 0);
@@ -193,8 +198,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_max_slices, attn_decode_waves, "
-                    "attn_extend_fill, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_max_slices, "
+                    "attn_decode_waves, attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
                     "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");

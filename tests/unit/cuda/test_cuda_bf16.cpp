@@ -303,6 +303,26 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     device_synchronize();
     expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
   }
+  // kernels.attn_decode_cluster: the tensor-core decode kernel's slices merged inside a thread-
+  // block cluster (no combine kernel; its own merge order): the same tolerance, twice in a row,
+  // and with the host's max_q_len promise where the rows allow it (verify-shaped rows all on the
+  // decode kernel).
+  {
+    kernel_paths cluster;
+    cluster.attn_decode_cluster = 1 << 20;
+    const paths_scope scope(cluster);
+    set_attn_decode_path(attn_decode_path::kMma);
+    const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+    for (const int promise : {0, 0, most}) {
+      if (promise > 16) continue;
+      pg.max_q_len = promise;
+      dout.fill_bytes(0xff);
+      run_cuda(pg);
+      device_synchronize();
+      expect_match(dout.download(), out, 2e-5, 1e-4, "out (mma, cluster merge, max_q_len " + std::to_string(promise) + ")");
+    }
+    pg.max_q_len = 0;
+  }
   set_attn_decode_path(attn_decode_path::kDefault);
   // A bfloat16 model's attention (bf16_products): the extend kernel's q and softmax weights
   // rounded to one bf16 term each (relative error up to 2^-9 a product, f32 sums): the bf16
