@@ -443,9 +443,10 @@ EOF2
       done ;;
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
-      # CONFIG:KEY or CONFIG:KEY=VALUE (default: Falcon-H1-7B with ssd_seq_slice 16, the 16-layer
-      # Qwen3-Next-80B-A3B shape with moe_tile_order rows).
-      for run in ${PREFILL_RUNS:-falcon-h1-7b:ssd_seq_slice=16 qwen3-next-80b-a3b-16l:moe_tile_order=rows}; do
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape and
+      # Granite-4.0-H-Tiny with moe_wgmma_rows 192, the 9B Bamba and Nemotron-H-8B (8 kv heads)
+      # with attn_extend_fill false).
+      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_rows=192 granite-4.0-h-tiny:moe_wgmma_rows=192 bamba-9b:attn_extend_fill=false nemotron-h-8b:attn_extend_fill=false}; do
         f=${run%%:*}
         key=${run#*:}
         val=true

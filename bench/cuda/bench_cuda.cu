@@ -636,10 +636,12 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
     const double flops = 2.0 * T * K * 3.0 * H * I;
     if (T == 8192) {  // the many-row path's other choices (the default: warpgroup MMAs, outputs order)
-      kernel_paths tiles, rows_first;
+      kernel_paths tiles, rows_first, rows_192;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
-      for (const auto& [label, paths] : {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}}) {
+      rows_192.moe_wgmma_rows = 192;  // 192-row tiles
+      for (const auto& [label, paths] :
+           {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_192", rows_192}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

@@ -410,7 +410,7 @@ void launch_moe_gemv(const gg_args& g, int64_t rows, cudaStream_t stream) {
 // mode), else small or large mma.sync tiles. Under determinism: batch_invariant only the
 // mma.sync kernels run: one chain of k16 MMAs per output whatever the tile, so a row's bits do
 // not depend on the call.
-enum class moe_gemm_path { kGemv, kSmall, kLarge, kWgmma };  // kWgmma: moe_gemm_wgmma.cuh (128-row tiles)
+enum class moe_gemm_path { kGemv, kSmall, kLarge, kWgmma };  // kWgmma: moe_gemm_wgmma.cuh (128- or 192-row tiles)
 
 template <class W>
 moe_gemm_path choose_moe_gemm(int64_t rows, int64_t experts) {
@@ -418,9 +418,11 @@ moe_gemm_path choose_moe_gemm(int64_t rows, int64_t experts) {
   if (fast_bf16 && rows <= kGemvMaxRows) return moe_gemm_path::kGemv;
   return rows < 16 * experts ? moe_gemm_path::kSmall : moe_gemm_path::kLarge;
 }
-// The scan's tile rows for a path: the GEMV takes one tile an active expert (rows <= kLargeBM).
+// The scan's tile rows for a path: the GEMV takes one tile an active expert (rows <= kLargeBM);
+// the warpgroup-MMA kernel 128 rows, or 192 with kernels.moe_wgmma_rows.
 int moe_tile_rows(moe_gemm_path path) {
-  return path == moe_gemm_path::kSmall ? kSmallBM : path == moe_gemm_path::kWgmma ? 128 : kLargeBM;
+  if (path == moe_gemm_path::kWgmma) return current_paths().moe_wgmma_rows == 192 ? 192 : 128;
+  return path == moe_gemm_path::kSmall ? kSmallBM : kLargeBM;
 }
 
 template <class W, bool kSwiglu>

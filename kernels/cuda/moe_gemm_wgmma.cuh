@@ -4,8 +4,8 @@
 // includer; internal linkage). The same contract as moe_grouped_gemm_kernel:
 //   swiglu: act[r] = bf16(silu(a[r] · gate_eᵀ) ⊙ (a[r] · up_eᵀ))
 //   else:   y[r]   = a[r] · down_eᵀ (f32)
-// for the permuted rows r of each expert e. A block takes one scan tile (kMoeWgmmaRows rows of
-// one expert: the MMA's N, the activations its B operand) and 128 weight rows (the MMA's A, two
+// for the permuted rows r of each expert e. A block takes one scan tile (BN rows of one expert,
+// 128 or 192: the MMA's N, the activations its B operand) and 128 weight rows (the MMA's A, two
 // consumer warpgroups of 64): swiglu, 64 outputs' gate rows and up rows (a warpgroup each; the
 // gate warpgroup hands its sums to the up warpgroup through shared memory); else 128 outputs.
 // The producer warpgroup fills a ring of stages: one thread the weight rows by tensor copies
@@ -27,11 +27,19 @@
 namespace hyserve::kernels::cuda_detail {
 namespace {
 
-constexpr int kMoeWgmmaRows = 128;  // activation rows a tile (the scan's tile rows)
-constexpr int kMoeWgmmaStages = 5;  // 32 KB a stage: 128 weight rows and 128 activation rows of 64 k
-constexpr int kMoeWgmmaStage = 2 * 128 * 128;
-constexpr int kMoeWgmmaGateBytes = 128 * (kMoeWgmmaRows / 2) * 4;  // the gate warpgroup's sums
-constexpr int kMoeWgmmaSmem = kMoeWgmmaStages * kMoeWgmmaStage + kMoeWgmmaGateBytes + 1024;
+// Activation rows a tile (the scan's tile rows, the MMA's N): 128, or 192 with
+// kernels.moe_wgmma_rows (an expert of up to 192 rows in one tile: its weights read once, and
+// fewer rows of padding when experts get 129–192 rows, e.g. ~160 at 8192 tokens of Qwen3-Next's
+// 512 experts, top 10).
+template <int BN>
+struct moe_wgmma_shape {
+  static_assert(BN == 128 || BN == 192, "128 or 192 activation rows a tile");
+  static constexpr int kStages = BN == 128 ? 5 : 4;   // 32 or 40 KB a stage (weights and activations of 64 k)
+  static constexpr int kStage = 128 * 128 + BN * 128;
+  static constexpr int kGateBytes = 128 * (BN / 2) * 4;  // the gate warpgroup's sums
+  static constexpr int kSmem = kStages * kStage + kGateBytes + 1024;
+};
+constexpr int kMoeWgmmaRows = 128;  // the default tile
 
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
@@ -45,13 +53,14 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
 // tile run over all the scan tiles before the next weight-row tile starts: every activation row
 // is read from memory once per weight-row tile (8 times for Qwen3-Next's gate/up, 16 for down,
 // about 4 GB at 8192 tokens). The arithmetic of a block is the same either way.
-template <bool kSwiglu>
+template <bool kSwiglu, int BN>
 __global__ void __launch_bounds__(384, 1)
     moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const gg_args g, bool outputs_first) {
-  constexpr int BN = kMoeWgmmaRows, S = kMoeWgmmaStages, W_BYTES = 128 * 128;
+  using shape = moe_wgmma_shape<BN>;
+  constexpr int S = shape::kStages, W_BYTES = 128 * 128, kStage = shape::kStage;
   extern __shared__ uint8_t moe_wg_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
-  float* gate_sums = reinterpret_cast<float*>(smem + S * kMoeWgmmaStage);
+  float* gate_sums = reinterpret_cast<float*>(smem + S * kStage);
   __shared__ __align__(8) uint64_t full[S], empty[S];
   __shared__ int64_t s_arow[BN];  // element offset of each tile row's operand; -1: none
 
@@ -86,7 +95,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < nk; ++i) {
       const int s = i % S;
       if (i >= S) mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
-      uint8_t* st = smem + s * kMoeWgmmaStage;
+      uint8_t* st = smem + s * kStage;
       const int k0 = i * kWgmmaBK;
       if (t == 0) {
         mbar_arrive_expect_tx(&full[s], W_BYTES);
@@ -114,8 +123,8 @@ __global__ void __launch_bounds__(384, 1)
     const int s = i % S;
     mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
     fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
-    const uint8_t* ws = smem + s * kMoeWgmmaStage + c * 64 * 128;
-    const uint8_t* xs = smem + s * kMoeWgmmaStage + W_BYTES;
+    const uint8_t* ws = smem + s * kStage + c * 64 * 128;
+    const uint8_t* xs = smem + s * kStage + W_BYTES;
     wgmma_stage_mma<BN>(d, ws, xs);
     if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
   }
@@ -163,25 +172,36 @@ inline bool moe_wgmma_applies(const moe_experts_params& p) {
          aligned16(p.gate_up) && aligned16(p.down);
 }
 
+// The tile rows of the warpgroup-MMA experts (kernels.moe_wgmma_rows; the scan's tiles).
+inline int moe_wgmma_rows() { return current_paths().moe_wgmma_rows == 192 ? 192 : kMoeWgmmaRows; }
+
 template <bool kSwiglu>
 void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
   CUtensorMap tw;
   const int64_t map_rows = static_cast<int64_t>(g.experts) * (g.b_expert / g.ldb);
   if (!wgmma_tensor_map(&tw, g.b, map_rows, g.k, 64, g.ldb))
     throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' GEMM");
-  auto kernel = moe_wgmma_kernel<kSwiglu>;
-  reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), kMoeWgmmaSmem);
-  const auto scan_tiles = static_cast<unsigned>(max_tiles(rows, g.experts, kMoeWgmmaRows));
-  const auto out_tiles = static_cast<unsigned>(ceil_div(g.n, int64_t{kSwiglu ? 64 : 128}));
-  const bool outputs_first =
-      current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows && scan_tiles <= 65535;
-  const dim3 grid = outputs_first ? dim3(out_tiles, scan_tiles) : dim3(scan_tiles, out_tiles);
-  kernel<<<grid, 384, kMoeWgmmaSmem, stream>>>(tw, g, outputs_first);
+  const auto launch = [&](auto bn_tag) {
+    constexpr int BN = decltype(bn_tag)::value;
+    auto kernel = moe_wgmma_kernel<kSwiglu, BN>;
+    constexpr int smem = moe_wgmma_shape<BN>::kSmem;
+    reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
+    const auto scan_tiles = static_cast<unsigned>(max_tiles(rows, g.experts, BN));
+    const auto out_tiles = static_cast<unsigned>(ceil_div(g.n, int64_t{kSwiglu ? 64 : 128}));
+    const bool outputs_first =
+        current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows && scan_tiles <= 65535;
+    const dim3 grid = outputs_first ? dim3(out_tiles, scan_tiles) : dim3(scan_tiles, out_tiles);
+    kernel<<<grid, 384, smem, stream>>>(tw, g, outputs_first);
+  };
+  if (moe_wgmma_rows() == 192)
+    launch(std::integral_constant<int, 192>{});
+  else
+    launch(std::integral_constant<int, 128>{});
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
 // The experts' GEMM of a path: kWgmma (moe_wgmma_applies held, the scan's tiles of
-// kMoeWgmmaRows) here, the others moe_gemm.cuh's.
+// moe_wgmma_rows()) here, the others moe_gemm.cuh's.
 template <class W, bool kSwiglu>
 void launch_experts_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_t stream) {
   if constexpr (std::is_same_v<W, bf16>) {

@@ -32,6 +32,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
+    EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -66,6 +67,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   invariant_gemm: cublaslt
   moe_decode: split
   moe_tile_order: outputs
+  moe_wgmma_rows: 192
   norm_linear: false
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
@@ -93,6 +95,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
   EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kOutputs);
+  EXPECT_EQ(k.moe_wgmma_rows, 192);
   EXPECT_FALSE(k.norm_linear);
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
@@ -200,6 +203,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_max_slices, "
                     "attn_decode_waves, attn_extend_fill, gdn_cluster,");
+  EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
+                    "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
                     "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");

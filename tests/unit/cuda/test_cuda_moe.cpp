@@ -197,19 +197,29 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 }
 
 // The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
-// default: the warpgroup-MMA kernel, 128-row tiles; its blocks in either launch order,
-// kernels.moe_tile_order, outputs by default) and the mma.sync tiles; the same checks and
+// default: the warpgroup-MMA kernel, 128-row tiles, or 192 with kernels.moe_wgmma_rows; its
+// blocks in either launch order, kernels.moe_tile_order, outputs by default) and the mma.sync
+// tiles; the same checks and
 // tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
 // not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   using order = kernel_paths::moe_tile_order_kind;
-  for (const auto& [wgmma, tiles] : {std::pair{true, order::kDefault}, std::pair{true, order::kRows},
-                                     std::pair{false, order::kDefault}}) {
-    SCOPED_TRACE(!wgmma ? "mma.sync tiles" : tiles == order::kRows ? "moe_wgmma, rows first" : "moe_wgmma");
+  struct variant {
+    bool wgmma;
+    order tiles;
+    int rows;  // kernels.moe_wgmma_rows (0: default)
+    const char* label;
+  };
+  for (const variant& v : {variant{true, order::kDefault, 0, "moe_wgmma"},
+                           variant{true, order::kRows, 0, "moe_wgmma, rows first"},
+                           variant{true, order::kDefault, 192, "moe_wgmma, 192-row tiles"},
+                           variant{false, order::kDefault, 0, "mma.sync tiles"}}) {
+    SCOPED_TRACE(v.label);
     kernel_paths paths;
-    paths.moe_wgmma = wgmma;
-    paths.moe_tile_order = tiles;
+    paths.moe_wgmma = v.wgmma;
+    paths.moe_tile_order = v.tiles;
+    paths.moe_wgmma_rows = v.rows;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

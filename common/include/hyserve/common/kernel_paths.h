@@ -113,6 +113,10 @@ struct kernel_paths {
   // (bench/results/2026-12-07-h100-run36.md).
   bool moe_wgmma = true;
   moe_tile_order_kind moe_tile_order = moe_tile_order_kind::kDefault;
+  // 128 | 192: activation rows a tile of the warpgroup-MMA experts' GEMMs (moe_wgmma; the MMA's
+  // N); 0 = default (128). 192: an expert of up to 192 rows in one tile (its weights read once,
+  // less padding at 129–192 rows an expert). The same sums per output. Not yet measured.
+  int32_t moe_wgmma_rows = 0;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
