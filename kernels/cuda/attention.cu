@@ -390,13 +390,13 @@ int decode_waves(bool mma) {
   return asked > 0 ? asked : mma ? 1 : 3;
 }
 
-// kernels.attn_decode_cluster: the cluster size (slices a query) of the tensor-core decode
-// kernel's cluster variant: 16 where the device co-schedules clusters of 16 (a non-portable size),
-// else 8. Asked once per instantiation.
-template <int D, int G>
+// kernels.attn_decode_cluster: the cluster size (slices a query) of a decode kernel's cluster
+// variant: 16 where the device co-schedules clusters of 16 (a non-portable size), else 8. Asked
+// once per kernel.
+template <auto Kernel>
 int decode_cluster_size() {
   static const int size = [] {
-    auto* kernel = &attn_decode_mma::decode_kernel_mma<D, G, false, true>;
+    auto* kernel = Kernel;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(16, 1, 1);
@@ -438,6 +438,16 @@ void launch_decode_cluster(void (*kernel)(KernelArgs...), dim3 grid, int cluster
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// A decode kernel's cluster variant over grid's kv heads and queries: the cluster size's slices
+// a query, each cluster merging them (attn_decode::merge_cluster), no partials.
+template <auto Kernel>
+void launch_in_clusters(const paged_attention_params& p, dim3 grid, int qmax, const attn_decode::tree_keys& tree,
+                        cudaStream_t stream) {
+  const int c = decode_cluster_size<Kernel>();
+  launch_decode_cluster(Kernel, dim3(static_cast<unsigned>(c), grid.y, grid.z), c, stream, p, c, qmax,
+                        attn_decode::partials{}, tree);
+}
+
 // tree: a tree verify call (tree_keys): every row's tree.nodes queries on the decode kernel.
 template <class KV>
 void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream,
@@ -477,11 +487,11 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // kernels.attn_decode_max_slices: fewer, longer slices (at batch 1 and short contexts the
   // combine kernel costs about what the decode kernel does).
   if (const int cap = current_paths().attn_decode_max_slices; cap > 0) n_dec = std::min(n_dec, cap);
-  // kernels.attn_decode_cluster (fast mode, the tensor-core decode kernel, causal calls whose
-  // contexts are at most its keys: the page table's stride times the page size bounds them): a
-  // query's slices are one thread-block cluster that merges them itself, no combine kernel.
+  // kernels.attn_decode_cluster (fast mode, the decode kernels, causal calls whose contexts are
+  // at most its keys: the page table's stride times the page size bounds them): a query's slices
+  // are one thread-block cluster that merges them itself, no combine kernel.
   const int64_t cluster_keys = current_paths().attn_decode_cluster;
-  const bool cluster = cluster_keys > 0 && !current_paths().batch_invariant && on_mma && tree.nodes == 0 &&
+  const bool cluster = cluster_keys > 0 && !current_paths().batch_invariant && decode_kernel && tree.nodes == 0 &&
                        n_dec > 1 && p.page_table_stride * p.page_size <= cluster_keys;
   const int n_part = cluster ? 1 : decode_kernel ? n_dec : n_slices;
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
@@ -517,15 +527,19 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
             if (on_mma) {
               if constexpr (!kTree) {
                 if (cluster) {
-                  const int c = decode_cluster_size<D, G>();
-                  const dim3 cgrid(static_cast<unsigned>(c), grid.y, grid.z);
-                  launch_decode_cluster(attn_decode_mma::decode_kernel_mma<D, G, false, true>, cgrid, c, stream, p, c,
-                                        qmax, attn_decode::partials{}, tree);
+                  launch_in_clusters<&attn_decode_mma::decode_kernel_mma<D, G, false, true>>(p, grid, qmax, tree,
+                                                                                              stream);
                   return;
                 }
               }
               launch_pdl(attn_decode_mma::decode_kernel_mma<D, G, kTree>, grid, dim3(attn_decode::kThreads), 0, stream,
                          p, n_dec, qmax, dpart, tree);
+              return;
+            }
+          }
+          if constexpr (!kTree) {
+            if (cluster) {
+              launch_in_clusters<&attn_decode::decode_kernel<KV, D, G, false, true>>(p, grid, qmax, tree, stream);
               return;
             }
           }

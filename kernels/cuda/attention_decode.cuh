@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/kernels/attention.h"
 #include "launch.cuh"
@@ -207,7 +208,75 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
   }
 }
 
-template <class KV, int D, int G, bool kTree>
+// A float (float2) at p's offset in the shared memory of CTA `rank` of the cluster.
+__device__ __forceinline__ float ld_cluster(const float* p, uint32_t rank) {
+  uint32_t remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 ld_cluster(const float2* p, uint32_t rank) {
+  uint32_t remote;
+  float2 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  return v;
+}
+
+// kernels.attn_decode_cluster: the blocks of a query's slices are one thread-block cluster (a
+// slice a block, cluster rank = slice). Each block merges its warps into its own shared memory
+// (merge_warps_and_store's arithmetic), then, after a cluster barrier, block c merges the
+// outputs c·kThreads + tid, c·kThreads + tid + n·kThreads, … over the cluster's slices in slice
+// order, reading the other blocks' shared memory; a second barrier keeps every block's shared
+// memory until all have read it. No partials in global memory and no combine kernel. Every
+// block of the cluster calls it (an empty slice with m = -inf, which the merge skips).
+template <int D, int G>
+__device__ __forceinline__ void merge_cluster(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
+                                              const float (&s_acc)[kWarps][G][D], const block_keys& r) {
+  __shared__ float2 c_ml[G];
+  __shared__ float c_acc[G][D];
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int h = e / D, d = e % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
+    float lsum = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 ml = s_ml[w][h];
+      if (ml.x != -INFINITY) {
+        const float f = expf(ml.x - mx);
+        lsum += ml.y * f;
+        a += s_acc[w][h][d] * f;
+      }
+    }
+    c_acc[h][d] = a;
+    if (d == 0) c_ml[h] = make_float2(mx, lsum);
+  }
+  cluster_sync();  // also every thread of this block
+  const uint32_t rank = cluster_rank(), n = cluster_size();
+  for (int e = static_cast<int>(rank) * kThreads + static_cast<int>(threadIdx.x); e < G * D;
+       e += static_cast<int>(n) * kThreads) {
+    const int h = e / D, d = e % D;
+    float mx = -INFINITY;
+    for (uint32_t s = 0; s < n; ++s) mx = fmaxf(mx, ld_cluster(&c_ml[h], s).x);
+    float den = 0.0f, num = 0.0f;
+    for (uint32_t s = 0; s < n; ++s) {
+      const float2 ml = ld_cluster(&c_ml[h], s);
+      if (ml.x != -INFINITY) {
+        const float f = expf(ml.x - mx);
+        den += ml.y * f;
+        num += ld_cluster(&c_acc[h][d], s) * f;
+      }
+    }
+    p.out[r.q_start * p.out_stride + (r.kvh * G + h) * D + d] = num / den;
+  }
+  cluster_sync();
+}
+
+// kCluster: launched in clusters of n_slices blocks along x (merge_cluster); causal calls only.
+template <class KV, int D, int G, bool kTree, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_params p, int n_slices, int qmax,
                                                           const partials part, const tree_keys tree) {
   pdl_begin();
@@ -215,8 +284,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
   using sh = shape<D, G, E>;
   using chunk = kv_chunk<KV, E>;
   constexpr int LPK = sh::kLanesPerKey, NG = sh::kGroups, NC = sh::kChunks;
+  static_assert(!(kTree && kCluster), "the cluster merge serves causal calls");
   block_keys r;
-  if (!locate_block<kTree>(p, n_slices, qmax, tree, r)) return;
+  // A cluster's blocks share their query: all of them leave here or none (empty slices stay).
+  if (!locate_block<kTree, kCluster>(p, n_slices, qmax, tree, r)) return;
   const int slice = r.slice;
   const int64_t kvh = r.kvh, bq = r.bq, b = r.b, q_start = r.q_start, kb = r.kb, ke = r.ke;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -348,7 +419,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const paged_attention_
     }
   }
   __syncthreads();
-  merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, kvh, bq, q_start);
+  if constexpr (kCluster)
+    merge_cluster<D, G>(p, s_ml, s_acc, r);
+  else
+    merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, slice, kvh, bq, q_start);
 }
 
 }  // namespace attn_decode

@@ -30,7 +30,6 @@
 // errors (the same tolerance as the CUDA-core kernel against the CPU op).
 #include <cstdint>
 
-#include "async_copy.cuh"
 #include "attention_decode.cuh"
 #include "common.cuh"
 #include "mma_bf16.cuh"
@@ -62,74 +61,8 @@ __device__ __forceinline__ uint32_t pair_dim(const uint4& a, const uint4& b, int
   return __byte_perm(word(a, x >> 1), word(b, x >> 1), (x & 1) != 0 ? 0x7632 : 0x5410);
 }
 
-// A float (float2) at p's offset in the shared memory of CTA `rank` of the cluster.
-__device__ __forceinline__ float ld_cluster(const float* p, uint32_t rank) {
-  uint32_t remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-__device__ __forceinline__ float2 ld_cluster(const float2* p, uint32_t rank) {
-  uint32_t remote;
-  float2 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
-  return v;
-}
-
-// kernels.attn_decode_cluster: the blocks of a query's slices are one thread-block cluster (a
-// slice a block, cluster rank = slice). Each block merges its warps into its own shared memory
-// (merge_warps_and_store's arithmetic), then, after a cluster barrier, block c merges the
-// outputs c·kThreads + tid, c·kThreads + tid + n·kThreads, … over the cluster's slices in slice
-// order, reading the other blocks' shared memory; a second barrier keeps every block's shared
-// memory until all have read it. No partials in global memory and no combine kernel. Every
-// block of the cluster calls it (an empty slice with m = -inf, which the merge skips).
-template <int D, int G>
-__device__ __forceinline__ void merge_cluster(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
-                                              const float (&s_acc)[kWarps][G][D], const attn_decode::block_keys& r) {
-  __shared__ float2 c_ml[G];
-  __shared__ float c_acc[G][D];
-  for (int e = threadIdx.x; e < G * D; e += kThreads) {
-    const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
-    float lsum = 0.0f, a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = s_ml[w][h];
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        lsum += ml.y * f;
-        a += s_acc[w][h][d] * f;
-      }
-    }
-    c_acc[h][d] = a;
-    if (d == 0) c_ml[h] = make_float2(mx, lsum);
-  }
-  cluster_sync();  // also every thread of this block
-  const uint32_t rank = cluster_rank(), n = cluster_size();
-  for (int e = static_cast<int>(rank) * kThreads + static_cast<int>(threadIdx.x); e < G * D;
-       e += static_cast<int>(n) * kThreads) {
-    const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-    for (uint32_t s = 0; s < n; ++s) mx = fmaxf(mx, ld_cluster(&c_ml[h], s).x);
-    float den = 0.0f, num = 0.0f;
-    for (uint32_t s = 0; s < n; ++s) {
-      const float2 ml = ld_cluster(&c_ml[h], s);
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        den += ml.y * f;
-        num += ld_cluster(&c_acc[h][d], s) * f;
-      }
-    }
-    p.out[r.q_start * p.out_stride + (r.kvh * G + h) * D + d] = num / den;
-  }
-  cluster_sync();
-}
-
-// kCluster: launched in clusters of n_slices blocks along x (merge_cluster); causal calls only.
+// kCluster: launched in clusters of n_slices blocks along x (attn_decode::merge_cluster); causal
+// calls only.
 template <int D, int G, bool kTree, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attention_params p, int n_slices, int qmax,
                                                               const attn_decode::partials part,
@@ -283,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   }
   __syncthreads();
   if constexpr (kCluster)
-    merge_cluster<D, G>(p, s_ml, s_acc, r);
+    attn_decode::merge_cluster<D, G>(p, s_ml, s_acc, r);
   else
     attn_decode::merge_warps_and_store<D, G>(p, s_ml, s_acc, n_slices, part, r.slice, r.kvh, r.bq, r.q_start);
 }

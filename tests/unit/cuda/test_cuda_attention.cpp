@@ -5,7 +5,7 @@
 // the register-streaming decode kernel (GQA 12 the extend kernel's decode branch), up to 256 slices (the 32K-context row). Batches whose
 // rows have at most 16 queries run again with the host's max_q_len promise (a verify step: each
 // query a decode query over its causal prefix on the decode kernel), also with a promise above
-// the rows' counts.
+// the rows' counts, and again with kernels.attn_decode_cluster (the slices merged in a cluster).
 // Tolerance (fp32): |Δ| <= 2e-5 + 1e-4·|want| (online softmax: rescaled partial sums).
 #include <gtest/gtest.h>
 
@@ -124,6 +124,19 @@ TEST_P(PagedAttentionCuda, MatchesCpu) {
       device_synchronize();
       expect_match(dout.download(), out, 2e-5, 1e-4, "out (max_q_len " + std::to_string(promise) + ")");
     }
+  }
+  // kernels.attn_decode_cluster: the decode rows' slices merged inside a thread-block cluster (no
+  // combine kernel; its own merge order), with and without the promise: the same tolerance.
+  kernel_paths cluster = paths;
+  cluster.attn_decode_cluster = 1 << 20;
+  const paths_scope cluster_scope(cluster);
+  for (const int promise : {0, most}) {
+    if (promise > 16) continue;
+    dout.fill_bytes(0xff);
+    pg.max_q_len = promise;
+    run_cuda(pg);
+    device_synchronize();
+    expect_match(dout.download(), out, 2e-5, 1e-4, "out (cluster merge, max_q_len " + std::to_string(promise) + ")");
   }
 }
 

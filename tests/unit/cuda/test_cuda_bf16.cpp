@@ -303,23 +303,26 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     device_synchronize();
     expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
   }
-  // kernels.attn_decode_cluster: the tensor-core decode kernel's slices merged inside a thread-
-  // block cluster (no combine kernel; its own merge order): the same tolerance, twice in a row,
-  // and with the host's max_q_len promise where the rows allow it (verify-shaped rows all on the
-  // decode kernel).
+  // kernels.attn_decode_cluster: both decode kernels' slices merged inside a thread-block cluster
+  // (no combine kernel; its own merge order): the same tolerance, twice in a row, and with the
+  // host's max_q_len promise where the rows allow it (verify-shaped rows all on the decode kernel).
   {
     kernel_paths cluster;
     cluster.attn_decode_cluster = 1 << 20;
     const paths_scope scope(cluster);
-    set_attn_decode_path(attn_decode_path::kMma);
     const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-    for (const int promise : {0, 0, most}) {
-      if (promise > 16) continue;
-      pg.max_q_len = promise;
-      dout.fill_bytes(0xff);
-      run_cuda(pg);
-      device_synchronize();
-      expect_match(dout.download(), out, 2e-5, 1e-4, "out (mma, cluster merge, max_q_len " + std::to_string(promise) + ")");
+    for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
+      set_attn_decode_path(path);
+      for (const int promise : {0, 0, most}) {
+        if (promise > 16) continue;
+        pg.max_q_len = promise;
+        dout.fill_bytes(0xff);
+        run_cuda(pg);
+        device_synchronize();
+        expect_match(dout.download(), out, 2e-5, 1e-4,
+                     std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
+                         ", cluster merge, max_q_len " + std::to_string(promise) + ")");
+      }
     }
     pg.max_q_len = 0;
   }

@@ -78,10 +78,10 @@ struct kernel_paths {
   // 8K prefill): Falcon-H1-7B 21845 against 19939 tokens/s, the Qwen3-Next shape (16 layers)
   // 78052 against 73448.
   bool attn_extend_fill = true;
-  // N > 0 (fast mode): a decode call's tensor-core decode kernel runs in thread-block clusters
-  // (a query's slices, 16 or 8, merged in the cluster through distributed shared memory: no
-  // combine kernel) when its contexts are at most N keys (the page table's stride × the page
-  // size bound them); 0 = default (off). Not yet measured.
+  // N > 0 (fast mode): a call's decode kernel (either) runs in thread-block clusters (a query's
+  // slices, 16 or 8, merged in the cluster through distributed shared memory: no combine kernel)
+  // when its contexts are at most N keys (the page table's stride × the page size bound them);
+  // 0 = default (off). Not yet measured.
   int32_t attn_decode_cluster = 0;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
