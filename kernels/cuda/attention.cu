@@ -417,35 +417,14 @@ int decode_cluster_size() {
   return size;
 }
 
-// kernel<<<grid, 128 threads>>> in clusters of `cluster` blocks along x, with PDL where
-// pdl_applies(stream) (launch.cuh).
-template <class... KernelArgs, class... Args>
-void launch_decode_cluster(void (*kernel)(KernelArgs...), dim3 grid, int cluster, cudaStream_t stream,
-                           Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(attn_decode::kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_applies(stream) ? 2 : 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
 // A decode kernel's cluster variant over grid's kv heads and queries: the cluster size's slices
 // a query, each cluster merging them (attn_decode::merge_cluster), no partials.
 template <auto Kernel>
 void launch_in_clusters(const paged_attention_params& p, dim3 grid, int qmax, const attn_decode::tree_keys& tree,
                         cudaStream_t stream) {
   const int c = decode_cluster_size<Kernel>();
-  launch_decode_cluster(Kernel, dim3(static_cast<unsigned>(c), grid.y, grid.z), c, stream, p, c, qmax,
-                        attn_decode::partials{}, tree);
+  launch_pdl_cluster(Kernel, dim3(static_cast<unsigned>(c), grid.y, grid.z), dim3(attn_decode::kThreads), 0, c, stream,
+                     p, c, qmax, attn_decode::partials{}, tree);
 }
 
 // tree: a tree verify call (tree_keys): every row's tree.nodes queries on the decode kernel.

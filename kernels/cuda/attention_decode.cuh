@@ -173,6 +173,29 @@ __device__ __forceinline__ bool locate_block(const paged_attention_params& p, in
   return true;
 }
 
+// Parts i < n of an online softmax, each (m_i, l_i) = ml_of(i) (natural-log units; m = -inf: an
+// empty part, skipped) and acc_of(i) one dimension of its unnormalised Σ p·v, merged in part
+// order: m = max m_i, l = Σ l_i·e^{m_i−m}, acc = Σ acc_i·e^{m_i−m}.
+struct merged_parts {
+  float m, l, acc;
+};
+template <class MlOf, class AccOf>
+__device__ __forceinline__ merged_parts merge_parts(int n, MlOf ml_of, AccOf acc_of) {
+  merged_parts r{-INFINITY, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < n; ++i) r.m = fmaxf(r.m, ml_of(i).x);
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    const float2 ml = ml_of(i);
+    if (ml.x != -INFINITY) {
+      const float f = expf(ml.x - r.m);
+      r.l += ml.y * f;
+      r.acc += acc_of(i) * f;
+    }
+  }
+  return r;
+}
+
 // The block's last step, shared by the decode kernels: every warp has left its (m, l) per head
 // (natural-log units; m = -inf for a warp without keys) in s_ml[warp][h] and its unnormalised
 // acc in s_acc[warp][h][·], and the block has synchronised. Merges the warps and writes the
@@ -184,26 +207,15 @@ __device__ __forceinline__ void merge_warps_and_store(const paged_attention_para
                                                       int64_t q_start) {
   for (int e = threadIdx.x; e < G * D; e += kThreads) {
     const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
-    float lsum = 0.0f, a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = s_ml[w][h];
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        lsum += ml.y * f;
-        a += s_acc[w][h][d] * f;
-      }
-    }
+    const merged_parts mp = merge_parts(
+        kWarps, [&](int w) { return s_ml[w][h]; }, [&](int w) { return s_acc[w][h][d]; });
     const int64_t head = kvh * G + h;
     if (n_slices > 1) {
       const int64_t idx = (bq * p.q_heads + head) * n_slices + slice;
-      if (d == 0) part.ml[idx] = make_float2(mx, lsum);
-      part.acc[idx * D + d] = a;
+      if (d == 0) part.ml[idx] = make_float2(mp.m, mp.l);
+      part.acc[idx * D + d] = mp.acc;
     } else {
-      p.out[q_start * p.out_stride + head * D + d] = a / lsum;
+      p.out[q_start * p.out_stride + head * D + d] = mp.acc / mp.l;
     }
   }
 }
@@ -238,39 +250,20 @@ __device__ __forceinline__ void merge_cluster(const paged_attention_params& p, c
   __shared__ float c_acc[G][D];
   for (int e = threadIdx.x; e < G * D; e += kThreads) {
     const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_ml[w][h].x);
-    float lsum = 0.0f, a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = s_ml[w][h];
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        lsum += ml.y * f;
-        a += s_acc[w][h][d] * f;
-      }
-    }
-    c_acc[h][d] = a;
-    if (d == 0) c_ml[h] = make_float2(mx, lsum);
+    const merged_parts mp = merge_parts(
+        kWarps, [&](int w) { return s_ml[w][h]; }, [&](int w) { return s_acc[w][h][d]; });
+    c_acc[h][d] = mp.acc;
+    if (d == 0) c_ml[h] = make_float2(mp.m, mp.l);
   }
   cluster_sync();  // also every thread of this block
   const uint32_t rank = cluster_rank(), n = cluster_size();
   for (int e = static_cast<int>(rank) * kThreads + static_cast<int>(threadIdx.x); e < G * D;
        e += static_cast<int>(n) * kThreads) {
     const int h = e / D, d = e % D;
-    float mx = -INFINITY;
-    for (uint32_t s = 0; s < n; ++s) mx = fmaxf(mx, ld_cluster(&c_ml[h], s).x);
-    float den = 0.0f, num = 0.0f;
-    for (uint32_t s = 0; s < n; ++s) {
-      const float2 ml = ld_cluster(&c_ml[h], s);
-      if (ml.x != -INFINITY) {
-        const float f = expf(ml.x - mx);
-        den += ml.y * f;
-        num += ld_cluster(&c_acc[h][d], s) * f;
-      }
-    }
-    p.out[r.q_start * p.out_stride + (r.kvh * G + h) * D + d] = num / den;
+    const merged_parts mp = merge_parts(
+        static_cast<int>(n), [&](int s) { return ld_cluster(&c_ml[h], static_cast<uint32_t>(s)); },
+        [&](int s) { return ld_cluster(&c_acc[h][d], static_cast<uint32_t>(s)); });
+    p.out[r.q_start * p.out_stride + (r.kvh * G + h) * D + d] = mp.acc / mp.l;
   }
   cluster_sync();
 }

@@ -43,21 +43,38 @@ __device__ __forceinline__ void pdl_begin() {
 // Whether a launch on `stream` now may carry the programmatic-serialization attribute.
 bool pdl_applies(cudaStream_t stream);
 
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_applies(stream).
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_applies(stream), in
+// thread-block clusters of `cluster` blocks along x when cluster > 1 (gridDim.x a multiple of it).
 template <class... KernelArgs, class... Args>
-void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
+void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, int cluster,
+                        cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_applies(stream)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_applies(stream) ? 1 : 0;
+  cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_applies(stream).
+template <class... KernelArgs, class... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_cluster(kernel, grid, block, smem, 1, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace hyserve::kernels::cuda_detail

@@ -39,7 +39,6 @@ struct moe_wgmma_shape {
   static constexpr int kGateBytes = 128 * (BN / 2) * 4;  // the gate warpgroup's sums
   static constexpr int kSmem = kStages * kStage + kGateBytes + 1024;
 };
-constexpr int kMoeWgmmaRows = 128;  // the default tile
 
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
@@ -172,9 +171,6 @@ inline bool moe_wgmma_applies(const moe_experts_params& p) {
          aligned16(p.gate_up) && aligned16(p.down);
 }
 
-// The tile rows of the warpgroup-MMA experts (kernels.moe_wgmma_rows; the scan's tiles).
-inline int moe_wgmma_rows() { return current_paths().moe_wgmma_rows == 192 ? 192 : kMoeWgmmaRows; }
-
 template <bool kSwiglu>
 void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
   CUtensorMap tw;
@@ -193,7 +189,7 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     const dim3 grid = outputs_first ? dim3(out_tiles, scan_tiles) : dim3(scan_tiles, out_tiles);
     kernel<<<grid, 384, smem, stream>>>(tw, g, outputs_first);
   };
-  if (moe_wgmma_rows() == 192)
+  if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
     launch(std::integral_constant<int, 192>{});
   else
     launch(std::integral_constant<int, 128>{});
@@ -201,7 +197,7 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
 }
 
 // The experts' GEMM of a path: kWgmma (moe_wgmma_applies held, the scan's tiles of
-// moe_wgmma_rows()) here, the others moe_gemm.cuh's.
+// moe_tile_rows(kWgmma) rows) here, the others moe_gemm.cuh's.
 template <class W, bool kSwiglu>
 void launch_experts_gemm(const gg_args& g, int64_t rows, moe_gemm_path path, cudaStream_t stream) {
   if constexpr (std::is_same_v<W, bf16>) {
