@@ -32,7 +32,8 @@
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
 # kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS); ncu
-# (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS);
+# (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS); ncu-moe
+# (the same for the experts' GEMMs of an 8K prefill and of hyserve-bench-cuda moe: NCU_MOE_KEYS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); gpu-quick (the op
 # tests in 4 shards, the model and the speculative GPU tests, all at once); invariance
 # (determinism: batch_invariant: the kernels' row-invariance tests and the Device/BatchInvariance
@@ -94,6 +95,7 @@ for s in "${stages[@]}"; do
     diag-qwen) targets+=(coordinator worker hyserve-bench) ;;
     moe) targets+=(hyserve-bench-cuda) ;;
     gated-norm | wide-linear | ncu) targets+=(hyserve-bench-model) ;;
+    ncu-moe) targets+=(hyserve-bench-model hyserve-bench-cuda) ;;
     compare) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
     invariance) targets+=(spec_test cuda_ops_test) ;;
     invariance-speed) targets+=(hyserve-bench-cuda hyserve-bench-model) ;;
@@ -422,6 +424,23 @@ EOF2
           --decode-steps 2 --prefill-len 64
       else
         echo "ncu: skipped (no ncu)" | tee -a "$out/summary.txt"
+      fi ;;
+    ncu-moe)
+      # Nsight Compute on the warpgroup-MMA experts' GEMMs at 8192 tokens: the first two launches
+      # (gate/up, down) of the Qwen3-Next shape's cold 8K prefill (the model's own routing) and of
+      # hyserve-bench-cuda moe (uniform routing), each with NCU_MOE_KEYS (kernels KEY=VALUE items,
+      # default: none) applied to the model's config, where ncu is installed.
+      if command -v ncu > /dev/null; then
+        conf=configs/qwen3-next-80b-a3b-16l-synthetic-cuda.yaml
+        for kv in ${NCU_MOE_KEYS:-}; do conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}"); done
+        sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
+          --section LaunchStats --section ComputeWorkloadAnalysis)
+        stage ncu-moe-model 240 ncu --kernel-name regex:moe_wgmma --launch-count 2 "${sections[@]}" \
+          "$bin/hyserve-bench-model" "$conf" --batches 1 --decode-steps 1 --prefill-len 8192
+        stage ncu-moe-bench 240 ncu --kernel-name regex:moe_wgmma --launch-count 2 "${sections[@]}" \
+          "$bin/hyserve-bench-cuda" moe
+      else
+        echo "ncu-moe: skipped (no ncu)" | tee -a "$out/summary.txt"
       fi ;;
     wide-linear)
       # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) against the

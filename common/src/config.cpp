@@ -229,15 +229,18 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_cluster", "attn_decode_max_slices", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
-                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "moe_wgmma_rows", "norm_linear",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "moe_wgmma_persistent", "moe_wgmma_rows", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
-  const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi) -> int32_t {
-    const std::string& s = r.scalar(n, path(key), "default or an integer");
+  // With `off` allowed: "off" is -1.
+  const auto bounded = [&](const YAML::Node& n, const char* key, int32_t lo, int32_t hi, bool off = false) -> int32_t {
+    const std::string& s = r.scalar(n, path(key), off ? "default, off or an integer" : "default or an integer");
     if (s == "default") return 0;
-    const std::string range = "default or an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    if (off && s == "off") return -1;
+    const std::string range =
+        std::string(off ? "default, off" : "default") + " or an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     int64_t v = 0;
     const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || v < lo || v > hi)
@@ -256,7 +259,8 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("attn_decode", k.attn_decode, {"default", "simt", "mma"});
   integer("attn_decode_waves", k.attn_decode_waves, 1, 8);
   integer("attn_decode_max_slices", k.attn_decode_max_slices, 1, 256);
-  integer("attn_decode_cluster", k.attn_decode_cluster, 16, 1 << 20);
+  if_present(node, "attn_decode_cluster",
+             [&](const YAML::Node& n) { k.attn_decode_cluster = bounded(n, "attn_decode_cluster", 16, 1 << 20, true); });
   if_present(node, "attn_extend_fill",
              [&](const YAML::Node& n) { k.attn_extend_fill = r.get_bool(n, path("attn_extend_fill")); });
   if_present(node, "gdn_cluster", [&](const YAML::Node& n) {
@@ -269,6 +273,8 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt", "wgmma"});
   if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
   if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
+  if_present(node, "moe_wgmma_persistent",
+             [&](const YAML::Node& n) { k.moe_wgmma_persistent = r.get_bool(n, path("moe_wgmma_persistent")); });
   if_present(node, "ssd_seq_bf16", [&](const YAML::Node& n) { k.ssd_seq_bf16 = r.get_bool(n, path("ssd_seq_bf16")); });
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "split"});
   named("moe_tile_order", k.moe_tile_order, {"default", "rows", "outputs"});

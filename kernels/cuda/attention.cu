@@ -467,11 +467,13 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
   // combine kernel costs about what the decode kernel does).
   if (const int cap = current_paths().attn_decode_max_slices; cap > 0) n_dec = std::min(n_dec, cap);
   // kernels.attn_decode_cluster (fast mode, the decode kernels, causal calls whose contexts are
-  // at most its keys: the page table's stride times the page size bounds them): a query's slices
-  // are one thread-block cluster that merges them itself, no combine kernel.
-  const int64_t cluster_keys = current_paths().attn_decode_cluster;
+  // at most its keys, default 2048: the page table's stride times the page size bounds them; a
+  // query split into 8 or more slices, i.e. a small batch): a query's slices are one thread-block
+  // cluster that merges them itself, no combine kernel.
+  const int32_t asked_keys = current_paths().attn_decode_cluster;
+  const int64_t cluster_keys = asked_keys == 0 ? 2048 : asked_keys;  // -1: off
   const bool cluster = cluster_keys > 0 && !current_paths().batch_invariant && decode_kernel && tree.nodes == 0 &&
-                       n_dec > 1 && p.page_table_stride * p.page_size <= cluster_keys;
+                       n_dec >= 8 && p.page_table_stride * p.page_size <= cluster_keys;
   const int n_part = cluster ? 1 : decode_kernel ? n_dec : n_slices;
   // Rows of up to max_q_len queries all on the decode kernel (a decode or verify step).
   const bool decode_only = decode_kernel && (tree.nodes > 0 || (p.max_q_len >= 1 && p.max_q_len <= kMaxDecodeQueries &&

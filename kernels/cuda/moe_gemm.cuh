@@ -419,9 +419,9 @@ moe_gemm_path choose_moe_gemm(int64_t rows, int64_t experts) {
   return rows < 16 * experts ? moe_gemm_path::kSmall : moe_gemm_path::kLarge;
 }
 // The scan's tile rows for a path: the GEMV takes one tile an active expert (rows <= kLargeBM);
-// the warpgroup-MMA kernel 128 rows, or 192 with kernels.moe_wgmma_rows.
+// the warpgroup-MMA kernel 192 rows, or 128 with kernels.moe_wgmma_rows: 128.
 int moe_tile_rows(moe_gemm_path path) {
-  if (path == moe_gemm_path::kWgmma) return current_paths().moe_wgmma_rows == 192 ? 192 : 128;
+  if (path == moe_gemm_path::kWgmma) return current_paths().moe_wgmma_rows == 128 ? 128 : 192;
   return path == moe_gemm_path::kSmall ? kSmallBM : kLargeBM;
 }
 

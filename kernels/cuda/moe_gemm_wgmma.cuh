@@ -4,14 +4,15 @@
 // includer; internal linkage). The same contract as moe_grouped_gemm_kernel:
 //   swiglu: act[r] = bf16(silu(a[r] · gate_eᵀ) ⊙ (a[r] · up_eᵀ))
 //   else:   y[r]   = a[r] · down_eᵀ (f32)
-// for the permuted rows r of each expert e. A block takes one scan tile (BN rows of one expert,
-// 128 or 192: the MMA's N, the activations its B operand) and 128 weight rows (the MMA's A, two
+// for the permuted rows r of each expert e. A tile is one scan tile (BN rows of one expert,
+// 192 or 128: the MMA's N, the activations its B operand) and 128 weight rows (the MMA's A, two
 // consumer warpgroups of 64): swiglu, 64 outputs' gate rows and up rows (a warpgroup each; the
 // gate warpgroup hands its sums to the up warpgroup through shared memory); else 128 outputs.
 // The producer warpgroup fills a ring of stages: one thread the weight rows by tensor copies
 // (gemm_wgmma.cuh's 128-byte-swizzled K-major tiles), all 128 threads the tile's activation rows
 // by cp.async (gathered through a_rows, zero past the tile's rows and k), in the same swizzle,
 // each thread's copies completing on the stage's barrier. Sums in f32 over k16 steps in order.
+// A block takes one tile, or (kernels.moe_wgmma_persistent) one an SM in turn.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -27,8 +28,8 @@
 namespace hyserve::kernels::cuda_detail {
 namespace {
 
-// Activation rows a tile (the scan's tile rows, the MMA's N): 128, or 192 with
-// kernels.moe_wgmma_rows (an expert of up to 192 rows in one tile: its weights read once, and
+// Activation rows a tile (the scan's tile rows, the MMA's N): 192 (kernels.moe_wgmma_rows, the
+// default), or 128. 192: an expert of up to 192 rows in one tile (its weights read once, and
 // fewer rows of padding when experts get 129–192 rows, e.g. ~160 at 8192 tokens of Qwen3-Next's
 // 512 experts, top 10).
 template <int BN>
@@ -46,38 +47,34 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
                : "memory");
 }
 
-// outputs_first (kernels.moe_tile_order: outputs, the default): blockIdx.x the weight-row tile,
-// blockIdx.y the scan tile, so the blocks launched together share their activation rows (read
-// from memory once, then from L2). In the rows order (blockIdx.x the scan tile) the blocks of one weight-row
-// tile run over all the scan tiles before the next weight-row tile starts: every activation row
-// is read from memory once per weight-row tile (8 times for Qwen3-Next's gate/up, 16 for down,
-// about 4 GB at 8192 tokens). The arithmetic of a block is the same either way.
+// The block order (kernels.moe_tile_order). outputs_first (outputs, the default): tile index
+// x = scan tile · out_tiles + weight-row tile, so the blocks that run together share their
+// activation rows (read from memory once, then from L2). rows: x = weight-row tile · scan_tiles
+// + scan tile; the blocks of one weight-row tile run over all the scan tiles before the next
+// weight-row tile starts, and every activation row is read from memory once per weight-row tile
+// (8 times for Qwen3-Next's gate/up, 16 for down, about 4 GB at 8192 tokens). scan_tiles is the
+// host's bound (max_tiles); tiles past the routing's count are skipped. The arithmetic of a tile
+// is the same either way.
+struct moe_wgmma_order {
+  int64_t out_tiles = 0, scan_tiles = 0;
+  bool outputs_first = true;
+};
+
+// A block takes tiles x = blockIdx.x, + gridDim.x, ... (one a block when the grid covers them
+// all; kernels.moe_wgmma_persistent: a block an SM, so that the producer fills the next tile's
+// stages while the consumers store the last one's outputs). The ring's stages and phases run on
+// over the block's tiles.
 template <bool kSwiglu, int BN>
 __global__ void __launch_bounds__(384, 1)
-    moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const gg_args g, bool outputs_first) {
+    moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const gg_args g, const moe_wgmma_order order) {
   using shape = moe_wgmma_shape<BN>;
   constexpr int S = shape::kStages, W_BYTES = 128 * 128, kStage = shape::kStage;
   extern __shared__ uint8_t moe_wg_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
   float* gate_sums = reinterpret_cast<float*>(smem + S * kStage);
   __shared__ __align__(8) uint64_t full[S], empty[S];
-  __shared__ int64_t s_arow[BN];  // element offset of each tile row's operand; -1: none
 
-  const int scan_tile = static_cast<int>(outputs_first ? blockIdx.y : blockIdx.x);
-  const int64_t out_tile = outputs_first ? blockIdx.x : blockIdx.y;
-  const expert_tile tile = find_expert_tile(g, BN, scan_tile);
-  if (!tile.valid) return;  // uniform over the block
-  const int e = tile.e, row_begin = tile.row_begin, row_end = tile.row_end;
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
-  // The block's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
-  const int64_t rows_per_expert = g.b_expert / g.ldb;
-  const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
-  const int64_t wrow0 = e * rows_per_expert + j0;
-  const int64_t wrow1 = kSwiglu ? e * rows_per_expert + g.b_up / g.ldb + j0 : wrow0 + 64;
-  if (threadIdx.x < BN) {
-    const int r = row_begin + static_cast<int>(threadIdx.x);
-    s_arow[threadIdx.x] = r < row_end ? static_cast<int64_t>(g.a_rows ? g.a_rows[r] : r) * g.lda : int64_t{-1};
-  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1 + 128);  // the tensor copies' arrival and 128 cp.async arrivals
@@ -87,80 +84,130 @@ __global__ void __launch_bounds__(384, 1)
   }
   __syncthreads();
   const int nk = static_cast<int>((g.k + kWgmmaBK - 1) / kWgmmaBK);
+  const int64_t rows_per_expert = g.b_expert / g.ldb;
+  // Tiles in order: past the routing's scan tiles every later tile of the outputs order is
+  // empty too.
+  const int64_t routed = g.tile_offsets[g.experts];
+  const int64_t tiles =
+      order.out_tiles * (order.outputs_first ? (routed < order.scan_tiles ? routed : order.scan_tiles) : order.scan_tiles);
+  // Tile x's expert tile (invalid: none) and weight-row tile.
+  const auto tile_at = [&](int64_t x, int64_t& out_tile) {
+    const int64_t scan = order.outputs_first ? x / order.out_tiles : x % order.scan_tiles;
+    out_tile = order.outputs_first ? x % order.out_tiles : x / order.scan_tiles;
+    return find_expert_tile(g, BN, static_cast<int>(scan));
+  };
 
   if (wg == 0) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     const bf16* A = static_cast<const bf16*>(g.a);
-    for (int i = 0; i < nk; ++i) {
-      const int s = i % S;
-      if (i >= S) mbar_wait(&empty[s], static_cast<uint32_t>((i / S - 1) & 1));
-      uint8_t* st = smem + s * kStage;
-      const int k0 = i * kWgmmaBK;
-      if (t == 0) {
-        mbar_arrive_expect_tx(&full[s], W_BYTES);
-        tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
-        tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
-      }
-      uint8_t* xs = st + W_BYTES;
+    constexpr int R = BN * 8 / 128;  // this thread's rows of a tile: t / 8 + 16 j, 16-byte chunk t % 8
+    const int kc = t & 7;
+    uint32_t it = 0;  // the block's stage count so far
+    for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
+      int64_t out_tile = 0;
+      const expert_tile tile = tile_at(x, out_tile);
+      if (!tile.valid) continue;  // uniform over the block
+      // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
+      const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
+      const int64_t wrow0 = tile.e * rows_per_expert + j0;
+      const int64_t wrow1 = kSwiglu ? tile.e * rows_per_expert + g.b_up / g.ldb + j0 : wrow0 + 64;
+      int32_t src[R];  // this thread's rows' operands (their row in a); -1: none
 #pragma unroll
-      for (int j = 0; j < BN * 8 / 128; ++j) {  // 16-byte chunks: row c / 8, chunk c % 8 of 64 k
-        const int c = t + 128 * j, row = c >> 3, kc = c & 7;
-        const int64_t src = s_arow[row];
-        const bool valid = src >= 0 && k0 + kc * 8 < g.k;
-        cp_async16_zfill(xs + row * 128 + ((kc ^ (row & 7)) << 4), valid ? A + src + k0 + kc * 8 : A, valid);
+      for (int j = 0; j < R; ++j) {
+        const int r = tile.row_begin + (t >> 3) + 16 * j;
+        src[j] = r < tile.row_end ? (g.a_rows ? g.a_rows[r] : r) : -1;
       }
-      cp_async_mbar_arrive(&full[s]);
+      for (int i = 0; i < nk; ++i, ++it) {
+        const uint32_t s = it % S;
+        if (it >= S) mbar_wait(&empty[s], (it / S - 1) & 1);
+        uint8_t* st = smem + s * kStage;
+        const int k0 = i * kWgmmaBK;
+        if (t == 0) {
+          mbar_arrive_expect_tx(&full[s], W_BYTES);
+          tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
+          tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
+        }
+        uint8_t* xs = st + W_BYTES;
+        const bool k_in = k0 + kc * 8 < g.k;
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int row = (t >> 3) + 16 * j;
+          const bool valid = src[j] >= 0 && k_in;
+          cp_async16_zfill(xs + row * 128 + ((kc ^ (row & 7)) << 4),
+                           valid ? A + static_cast<int64_t>(src[j]) * g.lda + k0 + kc * 8 : A, valid);
+        }
+        cp_async_mbar_arrive(&full[s]);
+      }
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");  // 128 · 56 + 256 · 224 registers
   const int c = wg - 1;
-  float d[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-  for (int i = 0; i < nk; ++i) {
-    const int s = i % S;
-    mbar_wait(&full[s], static_cast<uint32_t>((i / S) & 1));
-    fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
-    const uint8_t* ws = smem + s * kStage + c * 64 * 128;
-    const uint8_t* xs = smem + s * kStage + W_BYTES;
-    wgmma_stage_mma<BN>(d, ws, xs);
-    if (i > 0 && t == 0) mbar_arrive(&empty[(i - 1) % S]);
-  }
-  wgmma_wait<0>();
-  wgmma_fence_regs(d);
-
-  // d[4j + q]: weight row 16·warp + lane / 4 (+8 for q >= 2) of the warpgroup's 64, tile row
-  // 8j + 2·(lane % 4) (+1 for odd q).
   const int warp = t / 32, lane = t % 32;
-  if constexpr (kSwiglu) {
-    if (c == 0) {  // the gate sums, in the up warpgroup's fragment order
+  uint32_t it = 0;
+  bool stored = false;  // swiglu: the gate warpgroup has handed over sums before
+  for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
+    int64_t out_tile = 0;
+    const expert_tile tile = tile_at(x, out_tile);
+    if (!tile.valid) continue;
+    const int row_begin = tile.row_begin, row_end = tile.row_end;
+    const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
+    float d[BN / 2];
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) gate_sums[i * 128 + t] = d[i];
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+    for (int i = 0; i < nk; ++i, ++it) {
+      const uint32_t s = it % S;
+      mbar_wait(&full[s], (it / S) & 1);
+      fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
+      const uint8_t* ws = smem + s * kStage + c * 64 * 128;
+      const uint8_t* xs = smem + s * kStage + W_BYTES;
+      wgmma_stage_mma<BN>(d, ws, xs);
+      if (i > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
     }
-    named_sync(1, 256);
-    if (c == 0) return;
+    wgmma_wait<0>();
+    wgmma_fence_regs(d);
+    if (t == 0) mbar_arrive(&empty[(it - 1) % S]);  // the tile's last stage
+
+    // d[4j + q]: weight row 16·warp + lane / 4 (+8 for q >= 2) of the warpgroup's 64, tile row
+    // 8j + 2·(lane % 4) (+1 for odd q).
+    if constexpr (kSwiglu) {
+      // The gate warpgroup hands its sums over through shared memory (barrier 1) once the up
+      // warpgroup has read the last tile's (barrier 2).
+      if (c == 0) {
+        if (stored) named_sync(2, 256);
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
-        const int64_t col = j0 + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
-        if (r >= row_end || col >= g.n) continue;
-        const float gv = gate_sums[(4 * j + q) * 128 + t];
-        const float v = gv / (1.0f + expf(-gv)) * d[4 * j + q];  // the swiglu op's formula
-        static_cast<bf16*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = __float2bfloat16(v);
+        for (int i = 0; i < BN / 2; ++i) gate_sums[i * 128 + t] = d[i];
+        named_arrive(1, 256);
+        stored = true;
+        continue;
       }
-  } else {
+      named_sync(1, 256);
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+      for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
-        const int64_t col = j0 + 64 * c + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
-        if (r >= row_end || col >= g.n) continue;
-        static_cast<float*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = d[4 * j + q];
-      }
+        for (int q = 0; q < 4; ++q) {
+          const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
+          const int64_t col = j0 + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
+          if (r >= row_end || col >= g.n) continue;
+          const float gv = gate_sums[(4 * j + q) * 128 + t];
+          const float v = gv / (1.0f + expf(-gv)) * d[4 * j + q];  // the swiglu op's formula
+          static_cast<bf16*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = __float2bfloat16(v);
+        }
+      named_arrive(2, 256);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = row_begin + 8 * j + 2 * (lane % 4) + (q & 1);
+          const int64_t col = j0 + 64 * c + 16 * warp + lane / 4 + (q >= 2 ? 8 : 0);
+          if (r >= row_end || col >= g.n) continue;
+          static_cast<float*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = d[4 * j + q];
+        }
+    }
+  }
+  if constexpr (kSwiglu) {
+    if (c == 0 && stored) named_sync(2, 256);  // the up warpgroup's last arrival
   }
 }
 
@@ -182,12 +229,13 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     auto kernel = moe_wgmma_kernel<kSwiglu, BN>;
     constexpr int smem = moe_wgmma_shape<BN>::kSmem;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
-    const auto scan_tiles = static_cast<unsigned>(max_tiles(rows, g.experts, BN));
-    const auto out_tiles = static_cast<unsigned>(ceil_div(g.n, int64_t{kSwiglu ? 64 : 128}));
-    const bool outputs_first =
-        current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows && scan_tiles <= 65535;
-    const dim3 grid = outputs_first ? dim3(out_tiles, scan_tiles) : dim3(scan_tiles, out_tiles);
-    kernel<<<grid, 384, smem, stream>>>(tw, g, outputs_first);
+    moe_wgmma_order order;
+    order.scan_tiles = max_tiles(rows, g.experts, BN);
+    order.out_tiles = ceil_div(g.n, int64_t{kSwiglu ? 64 : 128});
+    order.outputs_first = current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows;
+    const int64_t tiles = order.scan_tiles * order.out_tiles;
+    const int64_t blocks = current_paths().moe_wgmma_persistent ? std::min<int64_t>(tiles, sm_count()) : tiles;
+    kernel<<<static_cast<unsigned>(blocks), 384, smem, stream>>>(tw, g, order);
   };
   if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
     launch(std::integral_constant<int, 192>{});

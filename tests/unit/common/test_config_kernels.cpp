@@ -33,6 +33,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_EQ(k.moe_wgmma_rows, 0);
+    EXPECT_FALSE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -74,6 +75,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_wide: true
   linear_wgmma: true
   moe_wgmma: false
+  moe_wgmma_persistent: true
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -102,6 +104,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_wgmma);
   EXPECT_FALSE(k.moe_wgmma);
+  EXPECT_TRUE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);
@@ -127,7 +130,8 @@ TEST(ConfigKernels, EveryNamedValueParses) {
   EXPECT_ERROR_WITH(with_kernels("{attn_decode_max_slices: 257}"), config_error,
                     "kernels.attn_decode_max_slices: must be default or an integer in [1, 256], got '257'");
   EXPECT_ERROR_WITH(with_kernels("{attn_decode_cluster: 8}"), config_error,
-                    "kernels.attn_decode_cluster: must be default or an integer in [16, 1048576], got '8'");
+                    "kernels.attn_decode_cluster: must be default, off or an integer in [16, 1048576], got '8'");
+  EXPECT_EQ(with_kernels("{attn_decode_cluster: off}").kernels.attn_decode_cluster, -1);
   EXPECT_EQ(with_kernels("{gdn_cluster: 1}").kernels.gdn_cluster, 1);
   EXPECT_EQ(with_kernels("{gdn_cluster: 2}").kernels.gdn_cluster, 2);
   EXPECT_EQ(with_kernels("{gdn_cluster: default}").kernels.gdn_cluster, 0);

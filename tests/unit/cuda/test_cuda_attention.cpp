@@ -49,6 +49,7 @@ TEST_P(PagedAttentionCuda, MatchesCpu) {
   const attn_case& c = GetParam();
   kernel_paths paths;
   paths.attn_decode_max_slices = c.max_slices;
+  paths.attn_decode_cluster = -1;  // off: the slices' partials and the combine kernel (the cluster below)
   const paths_scope scope(paths);
   const int64_t batch = static_cast<int64_t>(c.q_lens.size());
   const int64_t kvh = c.kv_heads, qh = c.kv_heads * c.gqa, D = c.head_dim, ps = c.page_size;

@@ -295,13 +295,19 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.query_start_loc = dqsl.data();
   pg.seq_lens = dlens.data();
   pg.page_table = dpt.data();
-  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance.
-  for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
-    set_attn_decode_path(path);
-    dout.fill_bytes(0xff);
-    run_cuda(pg);
-    device_synchronize();
-    expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
+  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance; the slices'
+  // partials and the combine kernel (kernels.attn_decode_cluster off; the cluster merge below).
+  {
+    kernel_paths no_cluster;
+    no_cluster.attn_decode_cluster = -1;
+    const paths_scope scope(no_cluster);
+    for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
+      set_attn_decode_path(path);
+      dout.fill_bytes(0xff);
+      run_cuda(pg);
+      device_synchronize();
+      expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
+    }
   }
   // kernels.attn_decode_cluster: both decode kernels' slices merged inside a thread-block cluster
   // (no combine kernel; its own merge order): the same tolerance, twice in a row, and with the

@@ -197,8 +197,9 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 }
 
 // The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
-// default: the warpgroup-MMA kernel, 128-row tiles, or 192 with kernels.moe_wgmma_rows; its
-// blocks in either launch order, kernels.moe_tile_order, outputs by default) and the mma.sync
+// default: the warpgroup-MMA kernel, 192-row tiles, or 128 with kernels.moe_wgmma_rows; its
+// blocks in either launch order, kernels.moe_tile_order, outputs by default; a block a tile, or
+// a block an SM taking tiles in turn, kernels.moe_wgmma_persistent) and the mma.sync
 // tiles; the same checks and
 // tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
 // not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
@@ -208,18 +209,23 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   struct variant {
     bool wgmma;
     order tiles;
-    int rows;  // kernels.moe_wgmma_rows (0: default)
+    int rows;         // kernels.moe_wgmma_rows (0: default)
+    bool persistent;  // kernels.moe_wgmma_persistent
     const char* label;
   };
-  for (const variant& v : {variant{true, order::kDefault, 0, "moe_wgmma"},
-                           variant{true, order::kRows, 0, "moe_wgmma, rows first"},
-                           variant{true, order::kDefault, 192, "moe_wgmma, 192-row tiles"},
-                           variant{false, order::kDefault, 0, "mma.sync tiles"}}) {
+  for (const variant& v : {variant{true, order::kDefault, 0, false, "moe_wgmma"},
+                           variant{true, order::kRows, 0, false, "moe_wgmma, rows first"},
+                           variant{true, order::kDefault, 128, false, "moe_wgmma, 128-row tiles"},
+                           variant{true, order::kDefault, 0, true, "moe_wgmma, persistent"},
+                           variant{true, order::kRows, 128, true, "moe_wgmma, persistent, rows first, 128-row tiles"},
+                           variant{true, order::kDefault, 128, true, "moe_wgmma, persistent, 128-row tiles"},
+                           variant{false, order::kDefault, 0, false, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
     paths.moe_wgmma = v.wgmma;
     paths.moe_tile_order = v.tiles;
     paths.moe_wgmma_rows = v.rows;
+    paths.moe_wgmma_persistent = v.persistent;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

@@ -80,8 +80,10 @@ struct kernel_paths {
   bool attn_extend_fill = true;
   // N > 0 (fast mode): a call's decode kernel (either) runs in thread-block clusters (a query's
   // slices, 16 or 8, merged in the cluster through distributed shared memory: no combine kernel)
-  // when its contexts are at most N keys (the page table's stride × the page size bound them);
-  // 0 = default (off). Not yet measured.
+  // when its contexts are at most N keys (the page table's stride × the page size bound them) and
+  // the call would split a query into 8 or more slices (small batches); 0 = default (2048);
+  // -1 = off (`off`). Measured (H100, run 38, batch-1 graph step at context 1024, GPU): Falcon-H1-7B
+  // 6.595 against 6.750 ms; Nemotron-H-8B, the 9B Bamba and the Qwen3-Next shape within 0.8%.
   int32_t attn_decode_cluster = 0;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
@@ -114,9 +116,14 @@ struct kernel_paths {
   bool moe_wgmma = true;
   moe_tile_order_kind moe_tile_order = moe_tile_order_kind::kDefault;
   // 128 | 192: activation rows a tile of the warpgroup-MMA experts' GEMMs (moe_wgmma; the MMA's
-  // N); 0 = default (128). 192: an expert of up to 192 rows in one tile (its weights read once,
-  // less padding at 129–192 rows an expert). The same sums per output. Not yet measured.
+  // N); 0 = default (192): an expert of up to 192 rows in one tile (its weights read once, less
+  // padding at 129–192 rows an expert). The same sums per output. Measured (H100, run 38, the
+  // Qwen3-Next shape's experts at 8192 tokens): 2.559 against 3.278 ms at 128.
   int32_t moe_wgmma_rows = 0;
+  // true: the warpgroup-MMA experts' GEMMs (moe_wgmma) as one block an SM taking tiles in turn,
+  // so that a block's producer fills the next tile's stages while its consumers store the last
+  // tile's outputs; false (default): a block a tile. The same sums per output. Not yet measured.
+  bool moe_wgmma_persistent = false;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
