@@ -58,6 +58,7 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
 struct moe_wgmma_order {
   int64_t out_tiles = 0, scan_tiles = 0;
   bool outputs_first = true;
+  bool x_tma = false;  // the activation rows by tensor copies (kernels.moe_wgmma_tma_x; no a_rows)
 };
 
 // A block takes tiles x = blockIdx.x, + gridDim.x, ... (one a block when the grid covers them
@@ -66,7 +67,8 @@ struct moe_wgmma_order {
 // over the block's tiles.
 template <bool kSwiglu, int BN>
 __global__ void __launch_bounds__(384, 1)
-    moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const gg_args g, const moe_wgmma_order order) {
+    moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const gg_args g,
+                     const moe_wgmma_order order) {
   using shape = moe_wgmma_shape<BN>;
   constexpr int S = shape::kStages, W_BYTES = 128 * 128, kStage = shape::kStage;
   extern __shared__ uint8_t moe_wg_raw[];
@@ -75,9 +77,13 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ __align__(8) uint64_t full[S], empty[S];
 
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+  // order.x_tma: the activation rows are the permuted rows themselves (no a_rows: the down
+  // projection's), loaded by a tensor copy of the tile's BN rows (tx; rows past the tile's end are
+  // the next expert's or zeros, their outputs not stored) instead of the 128 threads' cp.async.
+  const bool x_tma = order.x_tma;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1 + 128);  // the tensor copies' arrival and 128 cp.async arrivals
+      mbar_init(&full[s], x_tma ? 1 : 1 + 128);  // the tensor copies' arrival (and 128 cp.async arrivals)
       mbar_init(&empty[s], 2);
     }
     fence_mbar_init();
@@ -122,12 +128,14 @@ __global__ void __launch_bounds__(384, 1)
         if (it >= S) mbar_wait(&empty[s], (it / S - 1) & 1);
         uint8_t* st = smem + s * kStage;
         const int k0 = i * kWgmmaBK;
+        uint8_t* xs = st + W_BYTES;
         if (t == 0) {
-          mbar_arrive_expect_tx(&full[s], W_BYTES);
+          mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
           tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
           tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
+          if (x_tma) tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s]);
         }
-        uint8_t* xs = st + W_BYTES;
+        if (x_tma) continue;
         const bool k_in = k0 + kc * 8 < g.k;
 #pragma unroll
         for (int j = 0; j < R; ++j) {
@@ -233,9 +241,13 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     order.scan_tiles = max_tiles(rows, g.experts, BN);
     order.out_tiles = ceil_div(g.n, int64_t{kSwiglu ? 64 : 128});
     order.outputs_first = current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows;
+    CUtensorMap tx = tw;
+    order.x_tma = current_paths().moe_wgmma_tma_x && g.a_rows == nullptr;
+    if (order.x_tma && !wgmma_tensor_map(&tx, g.a, rows, g.k, BN, g.lda))
+      throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' activation rows");
     const int64_t tiles = order.scan_tiles * order.out_tiles;
     const int64_t blocks = current_paths().moe_wgmma_persistent ? std::min<int64_t>(tiles, sm_count()) : tiles;
-    kernel<<<static_cast<unsigned>(blocks), 384, smem, stream>>>(tw, g, order);
+    kernel<<<static_cast<unsigned>(blocks), 384, smem, stream>>>(tw, tx, g, order);
   };
   if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
     launch(std::integral_constant<int, 192>{});

@@ -212,6 +212,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     int rows;         // kernels.moe_wgmma_rows (0: default)
     bool persistent;  // kernels.moe_wgmma_persistent
     const char* label;
+    bool tma_x = false;  // kernels.moe_wgmma_tma_x
   };
   for (const variant& v : {variant{true, order::kDefault, 0, false, "moe_wgmma"},
                            variant{true, order::kRows, 0, false, "moe_wgmma, rows first"},
@@ -219,6 +220,8 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
                            variant{true, order::kDefault, 0, true, "moe_wgmma, persistent"},
                            variant{true, order::kRows, 128, true, "moe_wgmma, persistent, rows first, 128-row tiles"},
                            variant{true, order::kDefault, 128, true, "moe_wgmma, persistent, 128-row tiles"},
+                           variant{true, order::kDefault, 0, false, "moe_wgmma, tensor-copied rows", true},
+                           variant{true, order::kRows, 128, true, "moe_wgmma, persistent, tensor-copied rows", true},
                            variant{false, order::kDefault, 0, false, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
@@ -226,6 +229,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     paths.moe_tile_order = v.tiles;
     paths.moe_wgmma_rows = v.rows;
     paths.moe_wgmma_persistent = v.persistent;
+    paths.moe_wgmma_tma_x = v.tma_x;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

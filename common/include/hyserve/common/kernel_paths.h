@@ -124,6 +124,10 @@ struct kernel_paths {
   // so that a block's producer fills the next tile's stages while its consumers store the last
   // tile's outputs; false (default): a block a tile. The same sums per output. Not yet measured.
   bool moe_wgmma_persistent = false;
+  // true: where a warpgroup-MMA experts' GEMM reads the permuted rows in place (the down
+  // projection), a tile's activation rows by one tensor copy a stage instead of 128 threads'
+  // cp.async; false (default): cp.async. The same bits. Not yet measured.
+  bool moe_wgmma_tma_x = false;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
