@@ -462,10 +462,10 @@ EOF2
       done ;;
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
-      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape and
-      # Granite-4.0-H-Tiny with moe_wgmma_rows 192, the 9B Bamba and Nemotron-H-8B (8 kv heads)
-      # with attn_extend_fill false).
-      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_rows=192 granite-4.0-h-tiny:moe_wgmma_rows=192 bamba-9b:attn_extend_fill=false nemotron-h-8b:attn_extend_fill=false}; do
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape with the
+      # experts' GEMMs a block a tile, and with their down projection's rows gathered; Falcon-H1-7B
+      # with ssd_seq_slice 16).
+      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_persistent=false qwen3-next-80b-a3b-16l:moe_wgmma_tma_x=false falcon-h1-7b:ssd_seq_slice=16}; do
         f=${run%%:*}
         key=${run#*:}
         val=true

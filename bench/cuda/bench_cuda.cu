@@ -636,20 +636,20 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
     const double flops = 2.0 * T * K * 3.0 * H * I;
     if (T == 8192) {  // the many-row path's other choices (the default: warpgroup MMAs, outputs order)
-      kernel_paths tiles, rows_first, rows_128, persistent, persistent_128, tma_x, persistent_tma_x;
+      // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
+      // tensor copies.
+      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
-      rows_128.moe_wgmma_rows = 128;  // 128-row tiles (the default: 192)
-      persistent.moe_wgmma_persistent = true;  // a block an SM
-      persistent_128.moe_wgmma_rows = 128;
-      persistent_128.moe_wgmma_persistent = true;
-      tma_x.moe_wgmma_tma_x = true;  // the down projection's rows by tensor copies
-      persistent_tma_x.moe_wgmma_tma_x = true;
-      persistent_tma_x.moe_wgmma_persistent = true;
+      rows_128.moe_wgmma_rows = 128;
+      block_a_tile.moe_wgmma_persistent = false;
+      gathered.moe_wgmma_tma_x = false;
+      neither.moe_wgmma_persistent = false;
+      neither.moe_wgmma_tma_x = false;
       for (const auto& [label, paths] :
            {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_128", rows_128},
-            std::pair{"persistent", persistent}, std::pair{"persistent_128", persistent_128}, std::pair{"tma_x", tma_x},
-            std::pair{"persistent_tma_x", persistent_tma_x}}) {
+            std::pair{"block_a_tile", block_a_tile}, std::pair{"gathered_rows", gathered},
+            std::pair{"block_a_tile_gathered", neither}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

@@ -33,8 +33,8 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_EQ(k.moe_wgmma_rows, 0);
-    EXPECT_FALSE(k.moe_wgmma_persistent);
-    EXPECT_FALSE(k.moe_wgmma_tma_x);
+    EXPECT_TRUE(k.moe_wgmma_persistent);
+    EXPECT_TRUE(k.moe_wgmma_tma_x);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -76,8 +76,8 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_wide: true
   linear_wgmma: true
   moe_wgmma: false
-  moe_wgmma_persistent: true
-  moe_wgmma_tma_x: true
+  moe_wgmma_persistent: false
+  moe_wgmma_tma_x: false
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -106,8 +106,8 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_TRUE(k.norm_linear_wide);
   EXPECT_TRUE(k.linear_wgmma);
   EXPECT_FALSE(k.moe_wgmma);
-  EXPECT_TRUE(k.moe_wgmma_persistent);
-  EXPECT_TRUE(k.moe_wgmma_tma_x);
+  EXPECT_FALSE(k.moe_wgmma_persistent);
+  EXPECT_FALSE(k.moe_wgmma_tma_x);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);

@@ -198,9 +198,10 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 
 // The many-row path's grouped GEMMs (rows >= 16 · experts) both ways: kernels.moe_wgmma (the
 // default: the warpgroup-MMA kernel, 192-row tiles, or 128 with kernels.moe_wgmma_rows; its
-// blocks in either launch order, kernels.moe_tile_order, outputs by default; a block a tile, or
-// a block an SM taking tiles in turn, kernels.moe_wgmma_persistent) and the mma.sync
-// tiles; the same checks and
+// tiles in either launch order, kernels.moe_tile_order, outputs by default; a block an SM
+// taking tiles in turn, or a block a tile, kernels.moe_wgmma_persistent; the down projection's
+// rows by tensor copies or gathered, kernels.moe_wgmma_tma_x) and the mma.sync tiles; the same
+// checks and
 // tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
 // not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
@@ -209,20 +210,20 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   struct variant {
     bool wgmma;
     order tiles;
-    int rows;         // kernels.moe_wgmma_rows (0: default)
-    bool persistent;  // kernels.moe_wgmma_persistent
+    int rows;         // kernels.moe_wgmma_rows (0: default, 192)
+    bool persistent;  // kernels.moe_wgmma_persistent (default true)
+    bool tma_x;       // kernels.moe_wgmma_tma_x (default true)
     const char* label;
-    bool tma_x = false;  // kernels.moe_wgmma_tma_x
   };
-  for (const variant& v : {variant{true, order::kDefault, 0, false, "moe_wgmma"},
-                           variant{true, order::kRows, 0, false, "moe_wgmma, rows first"},
-                           variant{true, order::kDefault, 128, false, "moe_wgmma, 128-row tiles"},
-                           variant{true, order::kDefault, 0, true, "moe_wgmma, persistent"},
-                           variant{true, order::kRows, 128, true, "moe_wgmma, persistent, rows first, 128-row tiles"},
-                           variant{true, order::kDefault, 128, true, "moe_wgmma, persistent, 128-row tiles"},
-                           variant{true, order::kDefault, 0, false, "moe_wgmma, tensor-copied rows", true},
-                           variant{true, order::kRows, 128, true, "moe_wgmma, persistent, tensor-copied rows", true},
-                           variant{false, order::kDefault, 0, false, "mma.sync tiles"}}) {
+  for (const variant& v :
+       {variant{true, order::kDefault, 0, true, true, "moe_wgmma (the defaults)"},
+        variant{true, order::kRows, 0, true, true, "moe_wgmma, rows first"},
+        variant{true, order::kDefault, 128, true, true, "moe_wgmma, 128-row tiles"},
+        variant{true, order::kDefault, 0, false, true, "moe_wgmma, a block a tile"},
+        variant{true, order::kDefault, 0, true, false, "moe_wgmma, gathered rows"},
+        variant{true, order::kDefault, 0, false, false, "moe_wgmma, a block a tile, gathered rows"},
+        variant{true, order::kRows, 128, false, false, "moe_wgmma, a block a tile, rows first, 128-row tiles, gathered rows"},
+        variant{false, order::kDefault, 0, true, true, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
     paths.moe_wgmma = v.wgmma;
