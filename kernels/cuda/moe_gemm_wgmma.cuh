@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(384, 1)
       int64_t out_tile = 0;
       const expert_tile tile = tile_at(x, out_tile);
       if (!tile.valid) continue;  // uniform over the block
-      // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
+      // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64 (or, kPaired
+      // SwiGLU, sixteen of 8).
       const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
       const int64_t wrow0 = tile.e * rows_per_expert + j0;
       const int64_t wrow1 = kSwiglu ? tile.e * rows_per_expert + g.b_up / g.ldb + j0 : wrow0 + 64;
