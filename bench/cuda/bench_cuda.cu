@@ -17,7 +17,8 @@
 //                                 2048, 512 experts top 10 of width 512, shared expert 512, bf16
 //                                 weights, at 1, 64 and 8192 tokens; the routed-experts op alone
 //                                 (at 1 token also its split decode path) and the whole layer
-//                                 with router and shared expert),
+//                                 with router and shared expert; at 8192 tokens the many-row
+//                                 path's choices, also under skewed routing),
 //                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
 //                                 determinism fast and batch_invariant),
 //                                 norm_linear (the fused linear kernel at m = 1..4 on the 9B
@@ -38,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_moe_skew.h"
 #include "bench_util.cuh"
 #include "cuda/attention_paths.h"
 #include "cuda/gemm_paths.h"
@@ -666,6 +668,17 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
                       flops / (us_v * 1e-6) / 1e12);
         notes.push_back(wline);
       }
+      const bench::moe_skew_result skew = bench::bench_moe_skewed(stream, hl, p, time_in_arena);
+      std::string sline = "moe_experts T=8192 skewed routing (" + std::to_string(skew.distinct) +
+                          " distinct experts, the busiest " + std::to_string(skew.busiest) + " rows):";
+      for (const auto& [label, us_s] : skew.us) {
+        rows.push_back({"moe_experts", "qwen3next E512 k10 I512 skewed " + label, static_cast<int>(T), us_s,
+                        static_cast<double>(skew.distinct) * expert_bytes + io});
+        char part[80];
+        std::snprintf(part, sizeof part, " %s %.2f TFLOP/s", label.c_str(), flops / (us_s * 1e-6) / 1e12);
+        sline += part;
+      }
+      notes.push_back(sline);
     }
     char line[256];
     std::snprintf(line, sizeof line,
