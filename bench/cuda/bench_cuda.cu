@@ -637,7 +637,7 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
     const double flops = 2.0 * T * K * 3.0 * H * I;
-    if (T == 8192) {  // the many-row path's other choices (the default: warpgroup MMAs, outputs order)
+    if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
       // tensor copies.
       kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, paired;

@@ -253,16 +253,17 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
       field = static_cast<std::remove_reference_t<decltype(field)>>(r.get_enum(n, path(key), "path", names));
     });
   };
-  const auto integer = [&](const char* key, int32_t& field, int32_t lo, int32_t hi) {
-    if_present(node, key, [&](const YAML::Node& n) { field = bounded(n, key, lo, hi); });
+  const auto integer = [&](const char* key, int32_t& field, int32_t lo, int32_t hi, bool off = false) {
+    if_present(node, key, [&](const YAML::Node& n) { field = bounded(n, key, lo, hi, off); });
+  };
+  const auto flag = [&](const char* key, bool& field) {
+    if_present(node, key, [&](const YAML::Node& n) { field = r.get_bool(n, path(key)); });
   };
   named("attn_decode", k.attn_decode, {"default", "simt", "mma"});
   integer("attn_decode_waves", k.attn_decode_waves, 1, 8);
   integer("attn_decode_max_slices", k.attn_decode_max_slices, 1, 256);
-  if_present(node, "attn_decode_cluster",
-             [&](const YAML::Node& n) { k.attn_decode_cluster = bounded(n, "attn_decode_cluster", 16, 1 << 20, true); });
-  if_present(node, "attn_extend_fill",
-             [&](const YAML::Node& n) { k.attn_extend_fill = r.get_bool(n, path("attn_extend_fill")); });
+  integer("attn_decode_cluster", k.attn_decode_cluster, 16, 1 << 20, /*off=*/true);
+  flag("attn_extend_fill", k.attn_extend_fill);
   if_present(node, "gdn_cluster", [&](const YAML::Node& n) {
     static constexpr int32_t kSizes[] = {0, 1, 2, 4};
     k.gdn_cluster = kSizes[r.get_enum(n, path("gdn_cluster"), "cluster size", {"default", "1", "2", "4"})];
@@ -271,26 +272,23 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   integer("gdn_max_tokens", k.gdn_max_tokens, 1, 1 << 30);
   named("gdn_prefill", k.gdn_prefill, {"default", "recurrent", "tc", "tf32", "bf16"});
   named("invariant_gemm", k.invariant_gemm, {"default", "kernels", "cublaslt", "wgmma"});
-  if_present(node, "linear_wgmma", [&](const YAML::Node& n) { k.linear_wgmma = r.get_bool(n, path("linear_wgmma")); });
-  if_present(node, "moe_wgmma", [&](const YAML::Node& n) { k.moe_wgmma = r.get_bool(n, path("moe_wgmma")); });
-  if_present(node, "moe_wgmma_persistent",
-             [&](const YAML::Node& n) { k.moe_wgmma_persistent = r.get_bool(n, path("moe_wgmma_persistent")); });
-  if_present(node, "moe_wgmma_tma_x", [&](const YAML::Node& n) { k.moe_wgmma_tma_x = r.get_bool(n, path("moe_wgmma_tma_x")); });
-  if_present(node, "moe_wgmma_paired", [&](const YAML::Node& n) { k.moe_wgmma_paired = r.get_bool(n, path("moe_wgmma_paired")); });
-  if_present(node, "ssd_seq_bf16", [&](const YAML::Node& n) { k.ssd_seq_bf16 = r.get_bool(n, path("ssd_seq_bf16")); });
+  flag("linear_wgmma", k.linear_wgmma);
+  flag("moe_wgmma", k.moe_wgmma);
+  flag("moe_wgmma_persistent", k.moe_wgmma_persistent);
+  flag("moe_wgmma_tma_x", k.moe_wgmma_tma_x);
+  flag("moe_wgmma_paired", k.moe_wgmma_paired);
+  flag("ssd_seq_bf16", k.ssd_seq_bf16);
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "split"});
   named("moe_tile_order", k.moe_tile_order, {"default", "rows", "outputs"});
   if_present(node, "moe_wgmma_rows", [&](const YAML::Node& n) {
     static constexpr int32_t kRows[] = {0, 128, 192};
     k.moe_wgmma_rows = kRows[r.get_enum(n, path("moe_wgmma_rows"), "row count", {"default", "128", "192"})];
   });
-  if_present(node, "norm_linear", [&](const YAML::Node& n) { k.norm_linear = r.get_bool(n, path("norm_linear")); });
+  flag("norm_linear", k.norm_linear);
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
-  if_present(node, "norm_linear_gate",
-             [&](const YAML::Node& n) { k.norm_linear_gate = r.get_bool(n, path("norm_linear_gate")); });
-  if_present(node, "norm_linear_wide",
-             [&](const YAML::Node& n) { k.norm_linear_wide = r.get_bool(n, path("norm_linear_wide")); });
-  if_present(node, "pdl", [&](const YAML::Node& n) { k.pdl = r.get_bool(n, path("pdl")); });
+  flag("norm_linear_gate", k.norm_linear_gate);
+  flag("norm_linear_wide", k.norm_linear_wide);
+  flag("pdl", k.pdl);
   named("skinny", k.skinny, {"default", "fma", "mma"});
   named("sparse_select", k.sparse_select, {"default", "v1", "v2"});
   integer("ssd_max_tokens", k.ssd_max_tokens, 1, 1 << 30);
