@@ -640,7 +640,7 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
       // tensor copies.
-      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, paired;
+      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
       rows_128.moe_wgmma_rows = 128;
@@ -648,11 +648,10 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
       gathered.moe_wgmma_tma_x = false;
       neither.moe_wgmma_persistent = false;
       neither.moe_wgmma_tma_x = false;
-      paired.moe_wgmma_paired = true;  // gate and up rows in one warpgroup, one more stage
       for (const auto& [label, paths] :
            {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_128", rows_128},
             std::pair{"block_a_tile", block_a_tile}, std::pair{"gathered_rows", gathered},
-            std::pair{"block_a_tile_gathered", neither}, std::pair{"paired", paired}}) {
+            std::pair{"block_a_tile_gathered", neither}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

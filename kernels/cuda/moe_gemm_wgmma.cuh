@@ -32,15 +32,12 @@ namespace {
 // default), or 128. 192: an expert of up to 192 rows in one tile (its weights read once, and
 // fewer rows of padding when experts get 129–192 rows, e.g. ~160 at 8192 tokens of Qwen3-Next's
 // 512 experts, top 10).
-// kPaired (kernels.moe_wgmma_paired): SwiGLU's gate and up rows of an output in the same
-// warpgroup's MMA (below), no gate sums in shared memory, and one more stage in their place.
-template <int BN, bool kPaired>
+template <int BN>
 struct moe_wgmma_shape {
   static_assert(BN == 128 || BN == 192, "128 or 192 activation rows a tile");
-  // 32 or 40 KB a stage (weights and activations of 64 k)
-  static constexpr int kStages = (BN == 128 ? 5 : 4) + (kPaired ? 1 : 0);
+  static constexpr int kStages = BN == 128 ? 5 : 4;   // 32 or 40 KB a stage (weights and activations of 64 k)
   static constexpr int kStage = 128 * 128 + BN * 128;
-  static constexpr int kGateBytes = kPaired ? 0 : 128 * (BN / 2) * 4;  // the gate warpgroup's sums
+  static constexpr int kGateBytes = 128 * (BN / 2) * 4;  // the gate warpgroup's sums
   static constexpr int kSmem = kStages * kStage + kGateBytes + 1024;
 };
 
@@ -68,17 +65,11 @@ struct moe_wgmma_order {
 // all; kernels.moe_wgmma_persistent: a block an SM, so that the producer fills the next tile's
 // stages while the consumers store the last one's outputs). The ring's stages and phases run on
 // over the block's tiles.
-//
-// SwiGLU's weight rows: gate rows j0..j0+63 and up rows j0..j0+63 as two boxes of 64, the gate
-// warpgroup's sums handed to the up warpgroup through shared memory; or, kPaired, as 16 boxes of
-// 8 rows, gate rows j0+8q.. then up rows j0+8q.. for q = 0..7, so that warpgroup c's 64 rows are
-// the gate and up rows of outputs j0+32c..j0+32c+31 and a thread's accumulator rows r and r+8 (the
-// m64 fragment) are the gate and the up sums of one output: SwiGLU in registers.
-template <bool kSwiglu, int BN, bool kPaired>
+template <bool kSwiglu, int BN>
 __global__ void __launch_bounds__(384, 1)
     moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const gg_args g,
                      const moe_wgmma_order order) {
-  using shape = moe_wgmma_shape<BN, kPaired>;
+  using shape = moe_wgmma_shape<BN>;
   constexpr int S = shape::kStages, W_BYTES = 128 * 128, kStage = shape::kStage;
   extern __shared__ uint8_t moe_wg_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
@@ -122,8 +113,7 @@ __global__ void __launch_bounds__(384, 1)
       int64_t out_tile = 0;
       const expert_tile tile = tile_at(x, out_tile);
       if (!tile.valid) continue;  // uniform over the block
-      // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64 (or, kPaired
-      // SwiGLU, sixteen of 8).
+      // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
       const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
       const int64_t wrow0 = tile.e * rows_per_expert + j0;
       const int64_t wrow1 = kSwiglu ? tile.e * rows_per_expert + g.b_up / g.ldb + j0 : wrow0 + 64;
@@ -141,17 +131,8 @@ __global__ void __launch_bounds__(384, 1)
         uint8_t* xs = st + W_BYTES;
         if (t == 0) {
           mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
-          if constexpr (kSwiglu && kPaired) {
-            const int g0 = static_cast<int>(wrow0), u0 = static_cast<int>(wrow1);
-#pragma unroll 1  // the producer's 56 registers
-            for (int q = 0; q < 8; ++q) {
-              tma_load_2d(st + 2 * q * 1024, &tw, k0, g0 + 8 * q, &full[s]);
-              tma_load_2d(st + (2 * q + 1) * 1024, &tw, k0, u0 + 8 * q, &full[s]);
-            }
-          } else {
-            tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
-            tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
-          }
+          tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
+          tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
           if (x_tma) tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s]);
         }
         if (x_tma) continue;
@@ -197,20 +178,7 @@ __global__ void __launch_bounds__(384, 1)
 
     // d[4j + q]: weight row 16·warp + lane / 4 (+8 for q >= 2) of the warpgroup's 64, tile row
     // 8j + 2·(lane % 4) (+1 for odd q).
-    if constexpr (kSwiglu && kPaired) {
-      // d[4j + q] the gate sums, d[4j + 2 + q] the up sums of output j0 + 32c + 8·warp + lane / 4.
-      const int64_t col = j0 + 32 * c + 8 * warp + lane / 4;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int r = row_begin + 8 * j + 2 * (lane % 4) + q;
-          if (r >= row_end || col >= g.n) continue;
-          const float gv = d[4 * j + q];
-          const float v = gv / (1.0f + expf(-gv)) * d[4 * j + 2 + q];  // the swiglu op's formula
-          static_cast<bf16*>(g.c)[static_cast<int64_t>(r) * g.ldc + col] = __float2bfloat16(v);
-        }
-    } else if constexpr (kSwiglu) {
+    if constexpr (kSwiglu) {
       // The gate warpgroup hands its sums over through shared memory (barrier 1) once the up
       // warpgroup has read the last tile's (barrier 2).
       if (c == 0) {
@@ -246,7 +214,7 @@ __global__ void __launch_bounds__(384, 1)
         }
     }
   }
-  if constexpr (kSwiglu && !kPaired) {
+  if constexpr (kSwiglu) {
     if (c == 0 && stored) named_sync(2, 256);  // the up warpgroup's last arrival
   }
 }
@@ -261,15 +229,13 @@ inline bool moe_wgmma_applies(const moe_experts_params& p) {
 template <bool kSwiglu>
 void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
   CUtensorMap tw;
-  const bool paired = current_paths().moe_wgmma_paired;
   const int64_t map_rows = static_cast<int64_t>(g.experts) * (g.b_expert / g.ldb);
-  if (!wgmma_tensor_map(&tw, g.b, map_rows, g.k, kSwiglu && paired ? 8 : 64, g.ldb))
+  if (!wgmma_tensor_map(&tw, g.b, map_rows, g.k, 64, g.ldb))
     throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' GEMM");
-  const auto launch = [&](auto bn_tag, auto paired_tag) {
+  const auto launch = [&](auto bn_tag) {
     constexpr int BN = decltype(bn_tag)::value;
-    constexpr bool kPaired = decltype(paired_tag)::value;
-    auto kernel = moe_wgmma_kernel<kSwiglu, BN, kPaired>;
-    constexpr int smem = moe_wgmma_shape<BN, kPaired>::kSmem;
+    auto kernel = moe_wgmma_kernel<kSwiglu, BN>;
+    constexpr int smem = moe_wgmma_shape<BN>::kSmem;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     moe_wgmma_order order;
     order.scan_tiles = max_tiles(rows, g.experts, BN);
@@ -283,16 +249,10 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     const int64_t blocks = current_paths().moe_wgmma_persistent ? std::min<int64_t>(tiles, sm_count()) : tiles;
     kernel<<<static_cast<unsigned>(blocks), 384, smem, stream>>>(tw, tx, g, order);
   };
-  const auto launch_rows = [&](auto paired_tag) {
-    if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
-      launch(std::integral_constant<int, 192>{}, paired_tag);
-    else
-      launch(std::integral_constant<int, 128>{}, paired_tag);
-  };
-  if (paired)
-    launch_rows(std::true_type{});
+  if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
+    launch(std::integral_constant<int, 192>{});
   else
-    launch_rows(std::false_type{});
+    launch(std::integral_constant<int, 128>{});
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,7 +35,6 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
-    EXPECT_FALSE(k.moe_wgmma_paired);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -79,7 +78,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   moe_wgmma: false
   moe_wgmma_persistent: false
   moe_wgmma_tma_x: false
-  moe_wgmma_paired: true
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -110,7 +108,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.moe_wgmma);
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
-  EXPECT_TRUE(k.moe_wgmma_paired);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);

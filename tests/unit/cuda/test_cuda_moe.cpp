@@ -200,11 +200,10 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 // default: the warpgroup-MMA kernel, 192-row tiles, or 128 with kernels.moe_wgmma_rows; its
 // tiles in either launch order, kernels.moe_tile_order, outputs by default; a block an SM
 // taking tiles in turn, or a block a tile, kernels.moe_wgmma_persistent; the down projection's
-// rows by tensor copies or gathered, kernels.moe_wgmma_tma_x; gate/up rows paired in one
-// warpgroup, kernels.moe_wgmma_paired) and the mma.sync tiles; the same
-// checks and
-// tolerances against the CPU op: ragged tiles, experts without tokens, k and the expert width
-// not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
+// rows by tensor copies or gathered, kernels.moe_wgmma_tma_x) and the mma.sync tiles; the same
+// checks and tolerances against the CPU op: ragged tiles, experts without tokens, k and the
+// expert width not multiples of 64 (partial k blocks, a partial tile of 64 outputs), accumulate,
+// ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   using order = kernel_paths::moe_tile_order_kind;
@@ -215,7 +214,6 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     bool persistent;  // kernels.moe_wgmma_persistent (default true)
     bool tma_x;       // kernels.moe_wgmma_tma_x (default true)
     const char* label;
-    bool paired = false;  // kernels.moe_wgmma_paired
   };
   for (const variant& v :
        {variant{true, order::kDefault, 0, true, true, "moe_wgmma (the defaults)"},
@@ -225,8 +223,6 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
         variant{true, order::kDefault, 0, true, false, "moe_wgmma, gathered rows"},
         variant{true, order::kDefault, 0, false, false, "moe_wgmma, a block a tile, gathered rows"},
         variant{true, order::kRows, 128, false, false, "moe_wgmma, a block a tile, rows first, 128-row tiles, gathered rows"},
-        variant{true, order::kDefault, 0, true, true, "moe_wgmma, paired gate/up rows", true},
-        variant{true, order::kRows, 128, false, false, "moe_wgmma, paired, a block a tile, rows first, 128-row tiles", true},
         variant{false, order::kDefault, 0, true, true, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
@@ -235,7 +231,6 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     paths.moe_wgmma_rows = v.rows;
     paths.moe_wgmma_persistent = v.persistent;
     paths.moe_wgmma_tma_x = v.tma_x;
-    paths.moe_wgmma_paired = v.paired;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

@@ -132,12 +132,6 @@ struct kernel_paths {
   // cp.async; false: cp.async. The same bits. Measured (H100, run 38, as above): 2.631 against
   // 2.767 ms a block a tile, 2.515 against 2.574 ms persistent; 8K prefill 77140 against 73649.
   bool moe_wgmma_tma_x = true;
-  // true: the warpgroup-MMA gate/up GEMM's weight rows interleaved in boxes of 8 (gate, up, gate,
-  // ...) so that one warpgroup's MMA holds the gate and the up sums of its outputs: SwiGLU in
-  // registers, no hand-over through shared memory, and one more pipeline stage in its place (the
-  // down GEMM takes the extra stage too); false (default): two boxes of 64, the hand-over. The
-  // same sums per output. Not yet measured.
-  bool moe_wgmma_paired = false;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
