@@ -31,6 +31,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_max_tokens, 0);
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
+    EXPECT_FALSE(k.moe_decode_prefetch);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
@@ -68,6 +69,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_prefill: tf32
   invariant_gemm: cublaslt
   moe_decode: split
+  moe_decode_prefetch: true
   moe_tile_order: outputs
   moe_wgmma_rows: 192
   norm_linear: false
@@ -98,6 +100,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
+  EXPECT_TRUE(k.moe_decode_prefetch);
   EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kOutputs);
   EXPECT_EQ(k.moe_wgmma_rows, 192);
   EXPECT_FALSE(k.norm_linear);
