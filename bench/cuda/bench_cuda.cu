@@ -636,16 +636,6 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     });
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
-    if (T == 1) {  // kernels.moe_decode_prefetch: the up kernel brings the down rows into L2
-      kernel_paths pre;
-      pre.moe_decode_prefetch = true;
-      const paths_scope scope(pre);
-      const double us_pre = time_in_arena([&](int) {
-        run_cuda(r, stream);
-        run_cuda(pl, stream);
-      });
-      rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared prefetch", static_cast<int>(T), us_pre, layer_bytes});
-    }
     const double flops = 2.0 * T * K * 3.0 * H * I;
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by

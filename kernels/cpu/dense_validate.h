@@ -34,15 +34,6 @@ inline void check_swiglu(const swiglu_params& p, const char* op) {
                                {p.out_stride, "out_stride"}});
 }
 
-inline void check_l2_prefetch(const l2_prefetch_params& p, const char* op) {
-  require_ptr(p.data, op, "data");
-  require_sizes(op, {{p.rows, "rows"}, {p.row_bytes, "row_bytes"}});
-  require_stride(p.stride_bytes, p.row_bytes, op, "stride_bytes");
-  if (reinterpret_cast<uintptr_t>(p.data) % 16 != 0) fail(op, "data", p.data, "must be 16-byte aligned");
-  if (p.row_bytes % 16 != 0) fail(op, "row_bytes", p.row_bytes, "must be a multiple of 16");
-  if (p.stride_bytes % 16 != 0) fail(op, "stride_bytes", p.stride_bytes, "must be a multiple of 16");
-}
-
 inline void check_relu2(const relu2_params& p, const char* op) {
   require_ptr(p.x, op, "x");
   require_sizes(op, {{p.rows, "rows"}, {p.cols, "cols"}});

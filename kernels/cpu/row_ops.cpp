@@ -76,6 +76,4 @@ void run_cpu(const sigmoid_mul_params& p) {
   }
 }
 
-void run_cpu(const l2_prefetch_params& p) { check_l2_prefetch(p, "l2_prefetch"); }  // no cache to fill
-
 }  // namespace hyserve::kernels

@@ -55,12 +55,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// Brings `bytes` (a multiple of 16) of global memory at src (16-byte aligned) into L2 by the bulk
-// copy engine: no registers, no completion to wait for, no effect on any value.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // A ring of S stages filled by bulk copies: full[s] completes when stage s's bytes have landed
 // (one arrival: the producer's arrive_expect_tx), empty[s] when its `consumers` consumer warps
 // have released it. Every thread of the block calls it (it ends with a barrier).

@@ -24,7 +24,6 @@
 
 #include "async_copy.cuh"
 #include "common.cuh"
-#include "hyserve/kernels/paths.h"
 #include "launch.cuh"
 #include "moe_decode_parts.cuh"
 
@@ -55,7 +54,6 @@ struct bulk_plan {
   int shared_gate = 0;   // 1: one more stage, the shared expert gate's row
   int per_expert = 0;    // stages an expert: ceil(inter / R)
   int total = 0;         // shared_out + shared_gate + top_k · per_expert
-  bool prefetch = false;  // kernels.moe_decode_prefetch: the down rows into L2 (below)
 };
 
 // Stage g: where its rows are (gate rows; up rows, nullptr for the gate's row), how many, its
@@ -81,35 +79,6 @@ __device__ __forceinline__ bulk_stage bulk_stage_at(const decode_args& d, const 
   const __nv_bfloat16* B = d.gate_up + static_cast<int64_t>(rs.tile_expert[tile]) * 2 * d.inter * d.hidden;
   return {B + static_cast<int64_t>(j0) * d.hidden, B + (d.inter + j0) * d.hidden,
           static_cast<int>(min(int64_t{R}, d.inter - j0)), j0, tile};
-}
-
-// kernels.moe_decode_prefetch: block b's share [T·b / G, T·(b + 1) / G) (16-byte boundaries) of
-// the T bytes the down kernel will read, taken as one list: the routed experts' down rows in
-// the routing's tile order (each expert's [hidden, inter] contiguous), then the shared expert's.
-// Brought into L2 by bulk prefetches of at most 32 KB; values are untouched.
-__device__ __forceinline__ void prefetch_down_share(const decode_args& d, const route_smem& rs, int64_t b,
-                                                    int64_t G) {
-  constexpr int64_t kChunk = 32 * 1024;
-  const int64_t per = d.hidden * d.inter * 2, routed = d.route.top_k * per;
-  const int64_t total = routed + (d.s_inter > 0 ? d.hidden * d.s_inter * 2 : 0);
-  int64_t lo = (total * b / G) & ~int64_t{15};
-  const int64_t hi = (total * (b + 1) / G) & ~int64_t{15};
-  while (lo < hi) {
-    const char* base;  // the list's byte 0 as seen from the segment holding lo
-    int64_t seg_end;
-    if (lo < routed) {
-      const int64_t t = lo / per;
-      base = reinterpret_cast<const char*>(d.down + static_cast<int64_t>(rs.tile_expert[t]) * d.hidden * d.inter) -
-             t * per;
-      seg_end = (t + 1) * per;
-    } else {
-      base = reinterpret_cast<const char*>(d.s_down) - routed;
-      seg_end = total;
-    }
-    const int64_t end = min(hi, seg_end);
-    for (; lo < end; lo += kChunk) bulk_prefetch_l2(base + lo, static_cast<uint32_t>(min(kChunk, end - lo)));
-    lo = end;
-  }
 }
 
 __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(const decode_args d, const bulk_plan p) {
@@ -145,11 +114,9 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   if (producer)  // the shared expert's stages need no routing: before the wait for the router
     while (issued < ns && issued < kBulkStages) issue(issued++);
   pdl_begin();  // the router's logits and x
-  const bool routed = nr > 0 || b == 0;
-  if (routed) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
+  if (nr > 0 || b == 0) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
   if (producer) {
     while (issued < n) issue(issued++);
-    if (p.prefetch && routed) prefetch_down_share(d, rs, b, G);
     return;
   }
   if (warp >= kDecodeWarps) return;
@@ -217,9 +184,6 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
   p.shared_gate = d.s_gate_w != nullptr ? 1 : 0;
   p.per_expert = static_cast<int>(ceil_div(d.inter, int64_t{p.rows}));
   p.total = p.shared_out + p.shared_gate + d.route.top_k * p.per_expert;
-  // The prefetch's 16-byte pieces: aligned rows, and every expert's rows a multiple of 16 bytes.
-  p.prefetch = current_paths().moe_decode_prefetch && aligned16(d.down) && (d.hidden * d.inter) % 8 == 0 &&
-               (d.s_inter == 0 || (aligned16(d.s_down) && (d.hidden * d.s_inter) % 8 == 0));
   const size_t smem = bulk_smem(d.hidden, experts);
   reserve_dynamic_shared(reinterpret_cast<const void*>(moe_decode_up_bulk_kernel), smem);
   const int blocks = static_cast<int>(std::min<int64_t>(sm_count(), p.total));

@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "../cpu/dense_validate.h"
-#include "async_copy.cuh"
 #include "common.cuh"
 #include "hyserve/kernels/row_ops.h"
 #include "launch.cuh"
@@ -26,19 +25,6 @@ __global__ void __launch_bounds__(kThreads) row_add_kernel(const row_add_params 
     const int64_t dst = p.out_rows ? p.out_rows[i] : i;
     p.out[dst * p.out_stride + c] += w * p.x[i * p.x_stride + c];
   }
-}
-
-// A lane a row, bulk prefetches of at most 32 KB. It reads nothing earlier kernels write, so it
-// lets the next kernel launch first thing; it waits for the previous kernel before it exits, so
-// that a kernel waiting on it has waited on all earlier work (launch.cuh).
-__global__ void __launch_bounds__(32) l2_prefetch_kernel(const l2_prefetch_params p) {
-  pdl_launch_dependents();
-  constexpr int64_t kChunk = 32 * 1024;
-  const char* base = static_cast<const char*>(p.data);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x; r < p.rows; r += int64_t{gridDim.x} * 32)
-    for (int64_t o = 0; o < p.row_bytes; o += kChunk)
-      bulk_prefetch_l2(base + r * p.stride_bytes + o, static_cast<uint32_t>(min(kChunk, p.row_bytes - o)));
-  pdl_wait();
 }
 
 __global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(const sigmoid_mul_params p) {
@@ -144,14 +130,6 @@ void run_cuda(const sigmoid_mul_params& p, void* stream) {
   cpu_detail::check_sigmoid_mul(p, op);
   if (p.rows == 0 || p.cols == 0) return;
   launch_pdl(sigmoid_mul_kernel, grid_for(p.rows, p.cols), dim3(kThreads), 0, as_stream(stream), p);
-  HYSERVE_CUDA_CHECK_LAUNCH();
-}
-
-void run_cuda(const l2_prefetch_params& p, void* stream) {
-  using namespace cuda_detail;
-  cpu_detail::check_l2_prefetch(p, "l2_prefetch");
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(p.rows, int64_t{32}), 2 * int64_t{sm_count()}));
-  launch_pdl(l2_prefetch_kernel, dim3(blocks), dim3(32), 0, as_stream(stream), p);
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 

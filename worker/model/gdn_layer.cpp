@@ -143,7 +143,6 @@ tensor gdn_forward(const gdn_weights& w, const tensor& x, const step_inputs& in,
     kernels::run(s, ctx);
   };
   scan.update = [&](int64_t rows) {
-    prefetch_weight(w.out_proj, rows, ctx);  // after the conv (kernels.l2_prefetch_mb)
     kernels::gdn_state_update_params s;
     fill_gdn_common(s, w, proj, qkv, core, state, in);
     s.batch = rows;

@@ -258,8 +258,7 @@ void hybrid_model::parallel_mix_on(layers::mamba2_weights& mw, layers::attention
   tensor mixed = tensor::f32({T, width}, ex.device);  // mamba y | attention heads
   const layers::f32_rows rows{mixed.as<float>(), T, width};
   if (!layers::mamba2_mix_gated(mw, proj, in, ctx.mamba->layer(cache_index), comm_, ex,
-                                ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, rows, nullptr,
-                                &out_proj))
+                                ctx.mamba_steps ? &ctx.mamba_steps->layer(cache_index) : nullptr, rows))
     return;  // no rows, or the idle mode: nothing to add
   layers::attention_heads(aw, layers::f32_rows{proj.as<float>() + mw.in_width(), T, proj.shape()[1]}, in,
                           ctx.kv->layer(cache_index), comm_, ex, layers::f32_rows{rows.data + di, T, width});

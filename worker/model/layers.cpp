@@ -92,20 +92,6 @@ tensor norm_linear(const tensor& x, const tensor* norm, float eps, const tensor&
   return y;
 }
 
-void prefetch_weight(const tensor& w, int64_t rows, const exec_context& ctx) {
-  const int64_t cap = int64_t{ctx.paths.l2_prefetch_mb} << 20;
-  if (cap <= 0 || ctx.device != device_kind::kCuda || rows > kPrefetchMaxRows || w.shape().ndim != 2) return;
-  const int64_t out = w.shape()[0], row_bytes = static_cast<int64_t>(w.nbytes()) / std::max<int64_t>(out, 1);
-  const int64_t bytes = out * row_bytes <= cap ? row_bytes : (cap / out) & ~int64_t{15};
-  if (out == 0 || bytes < 16 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w.data()) % 16 != 0) return;
-  kernels::l2_prefetch_params p;
-  p.data = w.data();
-  p.rows = out;
-  p.row_bytes = bytes;
-  p.stride_bytes = row_bytes;
-  kernels::run(p, ctx);
-}
-
 tensor block_output(const tensor& x, const tensor& w, collective* comm, const exec_context& ctx, tensor* residual) {
   if (residual && (!comm || comm->size() == 1)) {
     // residual += x · wᵀ in the GEMM's epilogue (beta = 1): no output tensor, no add kernel.
@@ -490,14 +476,14 @@ tensor attention_forward(const attention_weights& w, const tensor& x, const step
 tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
                      collective* comm, const exec_context& ctx, tensor* residual) {
   tensor attn = tensor::f32({qkv.rows, w.q_heads * w.head_dim}, ctx.device);
-  attention_heads(w, qkv, in, cache, comm, ctx, rows_of(attn), &w.o);
+  attention_heads(w, qkv, in, cache, comm, ctx, rows_of(attn));
   tensor out = block_output(attn, w.o, comm, ctx, residual);
   profile(ctx, "attn.o_proj", nbytes(w.o) + nbytes(attn) + 2 * (residual ? nbytes(*residual) : 0.0));
   return out;
 }
 
 void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
-                     collective* comm, const exec_context& ctx, f32_rows out, const tensor* next_weight) {
+                     collective* comm, const exec_context& ctx, f32_rows out) {
   const int64_t T = qkv.rows, ld = qkv.stride;
   const int64_t qw = w.q_heads * w.head_dim, kw = w.kv_heads * w.head_dim;
   HYSERVE_CHECK(ld >= qw + 2 * kw, "attention: q | k | v rows of stride " + std::to_string(ld) + " for " +
@@ -507,7 +493,6 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
   if (T == 0) return;
   const f32_rows q{qkv.data, T, ld}, k{q.data + qw, T, ld}, v{k.data + kw, T, ld};
   rope_write_kv(q, k, v, w.q_heads, w.kv_heads, w.head_dim, w.rotary_dim, w.rope_theta, in, cache, ctx);
-  if (next_weight != nullptr) prefetch_weight(*next_weight, T, ctx);
   profile(ctx, w.rotary_dim > 0 ? "attn.rope+kv_write" : "attn.kv_write",
           sizeof(float) * static_cast<double>(T * (4 * kw + (w.rotary_dim > 0 ? 2 * (qw + kw) : 0))));
   kernels::paged_attention_params a = paged_attention_of(q, out, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
@@ -598,7 +583,7 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
   if (T == 0) return tensor::f32({0, hidden}, ctx.device);
   tensor y = tensor::f32({T, w.d_inner()}, ctx.device);
   kernels::gated_rmsnorm_params norm;
-  if (!mamba2_mix_gated(w, proj, in, state, comm, ctx, steps, rows_of(y), &norm, &w.out_proj))
+  if (!mamba2_mix_gated(w, proj, in, state, comm, ctx, steps, rows_of(y), &norm))
     return tensor::f32({0, hidden}, ctx.device);
   // The output norm, where it is the gated norm op, runs inside out_proj's op.
   tensor out = norm.rows > 0 ? gated_block_output(norm, y, w.out_proj, comm, ctx, residual)
@@ -609,7 +594,7 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
 
 bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
                       collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out,
-                      kernels::gated_rmsnorm_params* deferred_norm, const tensor* next_weight) {
+                      kernels::gated_rmsnorm_params* deferred_norm) {
   if (deferred_norm != nullptr) deferred_norm->rows = 0;
   const int64_t T = proj.shape()[0];
   const int64_t di = w.d_inner(), conv = w.conv_dim();
@@ -641,7 +626,6 @@ bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_in
     kernels::run(s, ctx);
   };
   scan.update = [&](int64_t rows) {
-    if (next_weight != nullptr) prefetch_weight(*next_weight, rows, ctx);  // after the conv
     kernels::selective_state_update_params s;
     fill_ssm_common(s, w, proj, xbc, y, state, in);
     s.batch = rows;

@@ -39,13 +39,6 @@ void place_weight(tensor& t, device_kind device, dtype type);
 void profile(const exec_context& ctx, const char* label, double bytes);
 inline double nbytes(const tensor& t) { return static_cast<double>(t.nbytes()); }
 
-// kernels.l2_prefetch_mb > 0, on CUDA, in a step of at most kPrefetchMaxRows rows: w (a weight
-// [out, in] the caller reads next, after kernels that leave the memory bus idle) brought into L2
-// by the l2_prefetch op, whole where it fits in that many MB, else each row's first columns.
-// Nothing otherwise; it never changes a value.
-constexpr int64_t kPrefetchMaxRows = 16;
-void prefetch_weight(const tensor& w, int64_t rows, const exec_context& ctx);
-
 // y = x · wᵀ: x [T, in] f32, w [out, in] f32 or bf16 → [T, out] f32.
 tensor linear(const tensor& x, const tensor& w, const exec_context& ctx);
 // y = rmsnorm(x; norm, eps) · wᵀ (norm null: linear) in one op (kernels rmsnorm_linear: one
@@ -224,9 +217,8 @@ tensor attention_mix(const attention_weights& w, f32_rows qkv, const step_inputs
 // attention_mix up to the heads' output, before o_proj: rope, the KV write and the attention of
 // the rows' queries into out [T, q_heads·head_dim] (row stride out.stride: a part of a wider row,
 // such as Falcon-H1's mamba y | attention heads, projected by one weight).
-// next_weight: the projection read after it (prefetch_weight, from the KV write on).
 void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs& in, kv_layer_cache& cache,
-                     collective* comm, const exec_context& ctx, f32_rows out, const tensor* next_weight = nullptr);
+                     collective* comm, const exec_context& ctx, f32_rows out);
 // The attention op's profile point (attn.extend for extend and mixed steps, else attn.decode):
 // q and out in f32, and each row's context of K and V once, in the cache's type.
 void profile_attention(const exec_context& ctx, const step_inputs& in, int64_t T, int64_t qw, int64_t kw,
@@ -285,6 +277,6 @@ tensor mamba2_mix(const mamba2_weights& w, const tensor& proj, const step_inputs
 // gated_block_output; deferred_norm->rows is 0 when there is none left to run.
 bool mamba2_mix_gated(const mamba2_weights& w, const tensor& proj, const step_inputs& in, mamba_layer_state& state,
                       collective* comm, const exec_context& ctx, mamba_layer_state* steps, f32_rows y_out,
-                      kernels::gated_rmsnorm_params* deferred_norm = nullptr, const tensor* next_weight = nullptr);
+                      kernels::gated_rmsnorm_params* deferred_norm = nullptr);
 
 }  // namespace hyserve::worker::layers

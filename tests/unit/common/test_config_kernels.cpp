@@ -31,8 +31,6 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.gdn_max_tokens, 0);
     EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kDefault);
     EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kDefault);
-    EXPECT_FALSE(k.moe_decode_prefetch);
-    EXPECT_EQ(k.l2_prefetch_mb, 0);
     EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kDefault);
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
@@ -70,8 +68,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_prefill: tf32
   invariant_gemm: cublaslt
   moe_decode: split
-  moe_decode_prefetch: true
-  l2_prefetch_mb: 24
   moe_tile_order: outputs
   moe_wgmma_rows: 192
   norm_linear: false
@@ -102,8 +98,6 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
-  EXPECT_TRUE(k.moe_decode_prefetch);
-  EXPECT_EQ(k.l2_prefetch_mb, 24);
   EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kOutputs);
   EXPECT_EQ(k.moe_wgmma_rows, 192);
   EXPECT_FALSE(k.norm_linear);
@@ -192,8 +186,6 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "kernels.gdn_decode: unknown path 'tiles4' (known: default, grid, persistent, persistent8, tiles8)");
   EXPECT_ERROR_WITH(with_kernels("{gdn_max_tokens: -1}"), config_error,
                     "kernels.gdn_max_tokens: must be default or an integer in [1, 1073741824], got '-1'");
-  EXPECT_ERROR_WITH(with_kernels("{l2_prefetch_mb: 2048}"), config_error,
-                    "kernels.l2_prefetch_mb: must be default or an integer in [0, 1024], got '2048'");
   EXPECT_ERROR_WITH(with_kernels("{gdn_prefill: auto}"), config_error,
                     "kernels.gdn_prefill: unknown path 'auto' (known: default, recurrent, tc, tf32, bf16)");
   EXPECT_ERROR_WITH(with_kernels("{norm_linear: 0}"), config_error,

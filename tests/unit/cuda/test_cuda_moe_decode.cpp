@@ -46,12 +46,9 @@ struct decode_result {
   std::vector<int32_t> ids;
 };
 
-// prefetch: kernels.moe_decode_prefetch (the down rows brought into L2 by the default's up ring).
-decode_result run_path(moe_experts_params p, kernel_paths::moe_decode_kind kind, const std::vector<float>& out0,
-                       bool prefetch = false) {
+decode_result run_path(moe_experts_params p, kernel_paths::moe_decode_kind kind, const std::vector<float>& out0) {
   kernel_paths paths;
   paths.moe_decode = kind;
-  paths.moe_decode_prefetch = prefetch;
   const paths_scope scope(paths);
   device_array<float> d_out(out0);
   device_array<int32_t> d_ids(static_cast<size_t>(p.tokens * p.top_k));
@@ -133,9 +130,6 @@ void check_decode(const decode_case& c, uint32_t seed) {
     cuda_test::expect_equal(one.ids, split.ids, what + " default ids");
     EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " default weights";
     EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " default out";
-    const decode_result pre = run_path(p, kernel_paths::moe_decode_kind::kDefault, out0, true);
-    cuda_test::expect_equal(pre.ids, split.ids, what + " default with the L2 prefetch ids");
-    EXPECT_EQ(bit_differences(pre.out, split.out), 0u) << what << " default with the L2 prefetch out";
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";

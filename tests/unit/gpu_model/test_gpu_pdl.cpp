@@ -4,8 +4,7 @@
 // same decode steps, through decode graphs and eagerly; every step's logits must be identical
 // bit for bit. A kernel launched with PDL that read its input before griddepcontrol.wait (or a
 // weight prefetch that touched written memory) would read the previous kernel's half-written
-// output and differ here. The same comparison for `kernels.l2_prefetch_mb` (the decode steps'
-// L2 prefetch kernels of the next weight, in the PDL chain): on against off. Fixtures: every family, with the MoE layer (Qwen3-Next's device
+// output and differ here. Fixtures: every family, with the MoE layer (Qwen3-Next's device
 // routing, Granite-4.0-H's experts), GDN, squared-ReLU MLP and parallel attention + Mamba2.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
@@ -36,9 +35,10 @@ service_config pdl_config(const graph_case& c, bool pdl) {
   return cfg;
 }
 
-// Two engines' prefills and decode steps (graphs, then eager) give the same logits bit for bit.
-void expect_same_steps(const service_config& on_cfg, const service_config& off_cfg) {
-  engine on(on_cfg), off(off_cfg);
+class GpuPdl : public graph_test::device_case_test {};
+
+TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
+  engine on(pdl_config(GetParam(), true)), off(pdl_config(GetParam(), false));
   const int64_t vocab = on.config().vocab_size;
   const std::vector<int32_t> lengths = {13, 6, 10, 25};
   std::vector<int32_t> handles, next;
@@ -76,23 +76,11 @@ void expect_same_steps(const service_config& on_cfg, const service_config& off_c
     EXPECT_EQ(ron.graph, !eager) << "step " << s;
     EXPECT_EQ(roff.graph, !eager) << "step " << s;
     if (ron.graph) ++graph_steps;
-    if (::testing::Test::HasFailure()) return;
+    if (HasFailure()) return;
     for (size_t i = 0; i < schedule[s].size(); ++i)
       next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
   }
   EXPECT_EQ(graph_steps, static_cast<int>(schedule.size()) - 2);
-}
-
-class GpuPdl : public graph_test::device_case_test {};
-
-TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
-  expect_same_steps(pdl_config(GetParam(), true), pdl_config(GetParam(), false));
-}
-
-TEST_P(GpuPdl, L2PrefetchOnEqualsOffBitwise) {
-  service_config prefetch = pdl_config(GetParam(), true);
-  prefetch.kernels.l2_prefetch_mb = 24;
-  expect_same_steps(prefetch, pdl_config(GetParam(), true));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPdl,

@@ -10,7 +10,6 @@
 #include "hyserve/kernels/gemm.h"
 #include "hyserve/kernels/norm.h"
 #include "hyserve/kernels/rope.h"
-#include "hyserve/kernels/row_ops.h"
 #include "hyserve/kernels/sampling.h"
 #include "hyserve/kernels/ssm.h"
 #include "kernel_test_util.h"
@@ -343,33 +342,6 @@ TEST(InvalidParams, SwigluAndArgmax) {
   a.stride = 8;
   a.vocab = 0;
   expect_invalid([&] { run_cpu(a); }, "vocab = 0");
-}
-
-TEST(InvalidParams, L2Prefetch) {  // on the CPU a no-op, but the same checks as on the GPU
-  l2_prefetch_params ok;
-  ok.data = f();  // 16-byte aligned (a vector's storage)
-  ok.rows = 4;
-  ok.row_bytes = 64;
-  ok.stride_bytes = 256;
-  EXPECT_NO_THROW(run_cpu(ok));
-  auto p = ok;
-  p.data = nullptr;
-  expect_invalid([&] { run_cpu(p); }, "data = null");
-  p = ok;
-  p.rows = 0;
-  expect_invalid([&] { run_cpu(p); }, "rows = 0");
-  p = ok;
-  p.row_bytes = 24;
-  expect_invalid([&] { run_cpu(p); }, "row_bytes = 24 (must be a multiple of 16)");
-  p = ok;
-  p.stride_bytes = 32;
-  expect_invalid([&] { run_cpu(p); }, "stride_bytes = 32");
-  p = ok;
-  p.stride_bytes = 264;
-  expect_invalid([&] { run_cpu(p); }, "stride_bytes = 264 (must be a multiple of 16)");
-  p = ok;
-  p.data = f() + 1;
-  expect_invalid([&] { run_cpu(p); }, "(must be 16-byte aligned)");
 }
 
 }  // namespace

@@ -91,17 +91,6 @@ struct kernel_paths {
   gdn_prefill_kind gdn_prefill = gdn_prefill_kind::kDefault;
   invariant_gemm_kind invariant_gemm = invariant_gemm_kind::kDefault;
   moe_decode_kind moe_decode = moe_decode_kind::kDefault;
-  // true: at one token, the up kernel of the default MoE decode path (the rings of bulk copies)
-  // also has the token's routed experts' down rows and the shared expert's brought into L2
-  // (cp.async.bulk.prefetch.L2, each block a share, after its last up copy is issued), so that the
-  // down kernel reads them from L2 and DRAM stays busy across the two kernels' boundary; false
-  // (default): no prefetch. The same bits. Not yet measured.
-  bool moe_decode_prefetch = false;
-  // N > 0: in decode steps (at most 16 rows) a mixer's output projection is brought into L2 while
-  // the kernels before it run (Mamba2: from the conv, before the SSM update; attention: after
-  // the KV write), at most N MB of it (each row's first columns), by a small prefetch kernel in
-  // the PDL chain; 0 (default): none. The same bits. Not yet measured.
-  int32_t l2_prefetch_mb = 0;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
   // true: a mixer's gated output norm runs inside its out_proj's fused kernel; false (default):

@@ -1,6 +1,6 @@
 #pragma once
-// Row-wise glue ops of the model: weighted row accumulation (residual adds, MoE combine),
-// sigmoid output gating, and the L2 prefetch of a weight's rows.
+// Row-wise glue ops of the model: weighted row accumulation (residual adds, MoE combine) and
+// sigmoid output gating.
 #include <cstdint>
 
 namespace hyserve::kernels {
@@ -47,16 +47,5 @@ struct sigmoid_mul_params {
 
 void run_cpu(const sigmoid_mul_params& p);
 void run_cuda(const sigmoid_mul_params& p, void* stream = nullptr);
-
-// Brings the first row_bytes of each of `rows` rows (row r at data + r · stride_bytes) into the
-// GPU's L2 cache, for a later kernel that reads them (a decode step's next weight, read while the
-// kernels before it leave the memory bus idle). It writes nothing and reads nothing earlier work
-// writes; on the CPU it does nothing. data, row_bytes and stride_bytes: multiples of 16.
-struct l2_prefetch_params {
-  const void* data = nullptr;
-  int64_t rows = 0, row_bytes = 0, stride_bytes = 0;
-};
-void run_cpu(const l2_prefetch_params& p);
-void run_cuda(const l2_prefetch_params& p, void* stream = nullptr);
 
 }  // namespace hyserve::kernels
