@@ -35,6 +35,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
+    EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kDefault);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -78,6 +79,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   moe_wgmma: false
   moe_wgmma_persistent: false
   moe_wgmma_tma_x: false
+  moe_wgmma_l2: both
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -108,6 +110,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.moe_wgmma);
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
+  EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kBoth);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);
@@ -212,6 +215,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "attn_decode_waves, attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
                     "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
+  EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_l2: persist}"), config_error,
+                    "kernels.moe_wgmma_l2: unknown path 'persist' (known: default, none, weights, both)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
                     "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");

@@ -40,6 +40,12 @@ struct kernel_paths {
   // read from memory once). The same bits. Measured (H100, Qwen3-Next shape, 8192 tokens): the
   // experts 3.240 ms outputs against 3.522 rows; 16-layer 8K prefill 71635 against 68339 tokens/s.
   enum class moe_tile_order_kind : uint8_t { kDefault, kRows, kOutputs };
+  // `moe_wgmma_l2`: the L2 eviction priority the warpgroup-MMA experts' GEMMs (moe_wgmma) ask for
+  // with their loads: default (none) | none | weights (the expert weights, each read about once,
+  // evict first, so that they do not push the activation rows, read once per weight-row tile,
+  // out of L2) | both (weights evict first, activation rows evict last). The same bits. Not yet
+  // measured.
+  enum class moe_wgmma_l2_kind : uint8_t { kDefault, kNone, kWeights, kBoth };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -132,6 +138,7 @@ struct kernel_paths {
   // cp.async; false: cp.async. The same bits. Measured (H100, run 38, as above): 2.631 against
   // 2.767 ms a block a tile, 2.515 against 2.574 ms persistent; 8K prefill 77140 against 73649.
   bool moe_wgmma_tma_x = true;
+  moe_wgmma_l2_kind moe_wgmma_l2 = moe_wgmma_l2_kind::kDefault;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
