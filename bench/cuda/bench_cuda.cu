@@ -640,7 +640,7 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
       // tensor copies.
-      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, l2_weights, l2_both;
+      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, l2_weights, l2_both, early;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
       rows_128.moe_wgmma_rows = 128;
@@ -650,11 +650,12 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
       neither.moe_wgmma_tma_x = false;
       l2_weights.moe_wgmma_l2 = kernel_paths::moe_wgmma_l2_kind::kWeights;  // the weights evict first
       l2_both.moe_wgmma_l2 = kernel_paths::moe_wgmma_l2_kind::kBoth;        // and the rows evict last
+      early.moe_wgmma_early_release = true;  // a stage given back once its own MMAs are done
       for (const auto& [label, paths] :
            {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_128", rows_128},
             std::pair{"block_a_tile", block_a_tile}, std::pair{"gathered_rows", gathered},
             std::pair{"block_a_tile_gathered", neither}, std::pair{"l2_weights", l2_weights},
-            std::pair{"l2_both", l2_both}}) {
+            std::pair{"l2_both", l2_both}, std::pair{"early_release", early}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

@@ -68,8 +68,9 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 
 // A stage's MMAs on a consumer warpgroup: d (+)= the 64 weight rows at ws (A) times the BN
 // activation rows at xs (B), 64 k in four k16 steps, ascending; returns once the previous
-// stage's MMAs are done (its slot may be released), this stage's in flight.
-template <int BN>
+// stage's MMAs are done (its slot may be released), this stage's in flight (kPending 1), or once
+// this stage's are done too (kPending 0: its own slot may be released).
+template <int BN, int kPending = 1>
 __device__ __forceinline__ void wgmma_stage_mma(float (&d)[BN / 2], const uint8_t* ws, const uint8_t* xs) {
   wgmma_fence_regs(d);
   wgmma_fence();
@@ -77,7 +78,7 @@ __device__ __forceinline__ void wgmma_stage_mma(float (&d)[BN / 2], const uint8_
   for (int kk = 0; kk < kWgmmaBK / 16; ++kk)
     wgmma_bf16<BN>::run(d, wgmma_desc_sw128(ws + kk * 32), wgmma_desc_sw128(xs + kk * 32), 1);
   wgmma_commit();
-  wgmma_wait<1>();
+  wgmma_wait<kPending>();
   wgmma_fence_regs(d);
 }
 

@@ -89,6 +89,7 @@ struct moe_wgmma_order {
   bool x_tma = false;  // the activation rows by tensor copies (kernels.moe_wgmma_tma_x; no a_rows)
   bool hint_w = false;  // kernels.moe_wgmma_l2: the weights' loads evict first
   bool hint_x = false;  // and the activation rows' evict last
+  bool early_release = false;  // kernels.moe_wgmma_early_release (below)
 };
 
 // A block takes tiles x = blockIdx.x, + gridDim.x, ... (one a block when the grid covers them
@@ -211,12 +212,22 @@ __global__ void __launch_bounds__(384, 1)
       fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
       const uint8_t* ws = smem + s * kStage + c * 64 * 128;
       const uint8_t* xs = smem + s * kStage + W_BYTES;
+      // order.early_release: a stage's slot goes back as soon as its own MMAs are done, rather
+      // than once the next stage's rows have landed and its MMAs are issued (the MMAs of two
+      // stages then never overlap; the loads run one stage further ahead).
+      if (order.early_release) {
+        wgmma_stage_mma<BN, 0>(d, ws, xs);
+        if (t == 0) mbar_arrive(&empty[s]);
+        continue;
+      }
       wgmma_stage_mma<BN>(d, ws, xs);
       if (i > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
     }
-    wgmma_wait<0>();
-    wgmma_fence_regs(d);
-    if (t == 0) mbar_arrive(&empty[(it - 1) % S]);  // the tile's last stage
+    if (!order.early_release) {
+      wgmma_wait<0>();
+      wgmma_fence_regs(d);
+      if (t == 0) mbar_arrive(&empty[(it - 1) % S]);  // the tile's last stage
+    }
 
     // d[4j + q]: weight row 16·warp + lane / 4 (+8 for q >= 2) of the warpgroup's 64, tile row
     // 8j + 2·(lane % 4) (+1 for odd q).
@@ -288,6 +299,7 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     const auto l2 = current_paths().moe_wgmma_l2;
     order.hint_w = l2 == kernel_paths::moe_wgmma_l2_kind::kWeights || l2 == kernel_paths::moe_wgmma_l2_kind::kBoth;
     order.hint_x = l2 == kernel_paths::moe_wgmma_l2_kind::kBoth;
+    order.early_release = current_paths().moe_wgmma_early_release;
     if (order.x_tma && !wgmma_tensor_map(&tx, g.a, rows, g.k, BN, g.lda))
       throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' activation rows");
     const int64_t tiles = order.scan_tiles * order.out_tiles;

@@ -36,6 +36,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
     EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kDefault);
+    EXPECT_FALSE(k.moe_wgmma_early_release);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -80,6 +81,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   moe_wgmma_persistent: false
   moe_wgmma_tma_x: false
   moe_wgmma_l2: both
+  moe_wgmma_early_release: true
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -111,6 +113,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
   EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kBoth);
+  EXPECT_TRUE(k.moe_wgmma_early_release);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);

@@ -201,9 +201,10 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 // tiles in either launch order, kernels.moe_tile_order, outputs by default; a block an SM
 // taking tiles in turn, or a block a tile, kernels.moe_wgmma_persistent; the down projection's
 // rows by tensor copies or gathered, kernels.moe_wgmma_tma_x; the loads' L2 eviction hints,
-// kernels.moe_wgmma_l2) and the mma.sync tiles; the same checks and tolerances against the CPU
-// op: ragged tiles, experts without tokens, k and the expert width not multiples of 64 (partial k
-// blocks, a partial tile of 64 outputs), accumulate, ties.
+// kernels.moe_wgmma_l2; a stage given back once its own MMAs are done,
+// kernels.moe_wgmma_early_release) and the mma.sync tiles; the same checks and tolerances
+// against the CPU op: ragged tiles, experts without tokens, k and the expert width not multiples
+// of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   using order = kernel_paths::moe_tile_order_kind;
@@ -215,6 +216,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     bool tma_x;       // kernels.moe_wgmma_tma_x (default true)
     const char* label;
     kernel_paths::moe_wgmma_l2_kind l2 = kernel_paths::moe_wgmma_l2_kind::kDefault;
+    bool early = false;  // kernels.moe_wgmma_early_release
   };
   using l2 = kernel_paths::moe_wgmma_l2_kind;
   for (const variant& v :
@@ -228,6 +230,8 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
         variant{true, order::kDefault, 0, true, true, "moe_wgmma, L2 hints on weights and rows", l2::kBoth},
         variant{true, order::kDefault, 128, false, false, "moe_wgmma, L2 hint on the weights, gathered rows", l2::kWeights},
         variant{true, order::kDefault, 0, true, false, "moe_wgmma, L2 hints, gathered rows", l2::kBoth},
+        variant{true, order::kDefault, 0, true, true, "moe_wgmma, early release", l2::kDefault, true},
+        variant{true, order::kRows, 128, false, false, "moe_wgmma, early release, a block a tile, 128-row tiles, gathered rows", l2::kDefault, true},
         variant{false, order::kDefault, 0, true, true, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
@@ -237,6 +241,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     paths.moe_wgmma_persistent = v.persistent;
     paths.moe_wgmma_tma_x = v.tma_x;
     paths.moe_wgmma_l2 = v.l2;
+    paths.moe_wgmma_early_release = v.early;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

@@ -139,6 +139,11 @@ struct kernel_paths {
   // 2.767 ms a block a tile, 2.515 against 2.574 ms persistent; 8K prefill 77140 against 73649.
   bool moe_wgmma_tma_x = true;
   moe_wgmma_l2_kind moe_wgmma_l2 = moe_wgmma_l2_kind::kDefault;
+  // true: a warpgroup-MMA experts' GEMM consumer releases a stage's slot as soon as that stage's
+  // MMAs are done (wait for none pending), so the producer refills it one stage earlier; false
+  // (default): once the next stage's rows have landed and its MMAs are issued (one MMA group in
+  // flight). The same sums. Not yet measured.
+  bool moe_wgmma_early_release = false;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
