@@ -35,7 +35,7 @@ namespace {
 template <int BN>
 struct moe_wgmma_shape {
   static_assert(BN == 128 || BN == 192, "128 or 192 activation rows a tile");
-  static constexpr int kStages = BN == 128 ? 5 : 4;   // 32 or 40 KB a stage (weights and activations of 64 k)
+  static constexpr int kStages = BN == 128 ? 5 : 4;  // 32 or 40 KB a stage (weights and activations of 64 k)
   static constexpr int kStage = 128 * 128 + BN * 128;
   static constexpr int kGateBytes = 128 * (BN / 2) * 4;  // the gate warpgroup's sums
   static constexpr int kSmem = kStages * kStage + kGateBytes + 1024;
