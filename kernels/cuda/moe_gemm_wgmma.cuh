@@ -47,31 +47,22 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
                : "memory");
 }
 
-// kernels.moe_wgmma_l2: the loads above with an L2 eviction policy (createpolicy's).
+// kernels.moe_wgmma_l2: the copy above with an L2 eviction policy (the tensor copies take theirs
+// through tma_load_2d's overload, gemm_wgmma.cuh).
 __device__ __forceinline__ void cp_async16_zfill_hint(void* smem, const void* gmem, bool valid, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)),
                "l"(gmem), "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
 
-__device__ __forceinline__ void tma_load_2d_hint(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                                 uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+// The policy of those hints: evict first (kFirst) or evict last, for the whole access.
+template <bool kFirst>
+__device__ __forceinline__ uint64_t l2_eviction_policy() {
   uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  if constexpr (kFirst)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
 
@@ -139,8 +130,8 @@ __global__ void __launch_bounds__(384, 1)
     const bf16* A = static_cast<const bf16*>(g.a);
     constexpr int R = BN * 8 / 128;  // this thread's rows of a tile: t / 8 + 16 j, 16-byte chunk t % 8
     const int kc = t & 7;
-    const uint64_t pol_w = order.hint_w ? l2_evict_first_policy() : 0;
-    const uint64_t pol_x = order.hint_x ? l2_evict_last_policy() : 0;
+    const uint64_t pol_w = order.hint_w ? l2_eviction_policy<true>() : 0;
+    const uint64_t pol_x = order.hint_x ? l2_eviction_policy<false>() : 0;
     uint32_t it = 0;  // the block's stage count so far
     for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
       int64_t out_tile = 0;
@@ -165,14 +156,14 @@ __global__ void __launch_bounds__(384, 1)
         if (t == 0) {
           mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
           if (order.hint_w) {
-            tma_load_2d_hint(st, &tw, k0, static_cast<int>(wrow0), &full[s], pol_w);
-            tma_load_2d_hint(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s], pol_w);
+            tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s], pol_w);
+            tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s], pol_w);
           } else {
             tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
             tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
           }
           if (x_tma) {
-            if (order.hint_x) tma_load_2d_hint(xs, &tx, k0, tile.row_begin, &full[s], pol_x);
+            if (order.hint_x) tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s], pol_x);
             else tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s]);
           }
         }
