@@ -462,10 +462,10 @@ EOF2
       done ;;
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
-      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape with the
-      # experts' GEMMs' L2 hints on the weights, and on the weights and rows, and with their early
-      # stage release; Granite-4.0-H-Tiny with both hints; Falcon-H1-7B with ssd_seq_slice 16).
-      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_l2=weights qwen3-next-80b-a3b-16l:moe_wgmma_l2=both qwen3-next-80b-a3b-16l:moe_wgmma_early_release granite-4.0-h-tiny:moe_wgmma_l2=both falcon-h1-7b:ssd_seq_slice=16}; do
+      # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape and
+      # Granite-4.0-H-Tiny with the experts' GEMMs' late stage release, Falcon-H1-7B with
+      # ssd_seq_slice 16).
+      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_early_release=false granite-4.0-h-tiny:moe_wgmma_early_release=false falcon-h1-7b:ssd_seq_slice=16}; do
         f=${run%%:*}
         key=${run#*:}
         val=true

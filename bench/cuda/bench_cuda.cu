@@ -23,7 +23,7 @@
 //                                 determinism fast and batch_invariant),
 //                                 norm_linear (the fused linear kernel at m = 1..4 on the 9B
 //                                 shapes and Qwen3-Next's out_proj: registers,
-//                                 norm_linear_wide, norm_linear_rows 4)
+//                                 norm_linear_wide, norm_linear_rows 4, norm_linear_spread)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
 //   --ssm-state=f32|bf16|both     ssm_update and ssd_scan: state element type (default both)
@@ -488,26 +488,31 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
 
 // The fused linear kernel (the rmsnorm_linear op: bf16 weights, m = 1..4 rows, the decode path's
 // linear layers with their input norm) on the 9B shapes and Qwen3-Next's mixer out_proj (2048 ×
-// 4096), its weights loaded by the warps into registers (the default: two weight rows a warp's
-// task), with kernels.norm_linear_wide (no norm, k <= 4096) and with kernels.norm_linear_rows: 4
-// (four rows a task; not swiglu). The same bits every way.
+// 4096) and Falcon-H1-7B's in_proj and down (192 and 182 blocks on the default grid), its
+// weights loaded by the warps into registers (the default: two weight rows a warp's task), with
+// kernels.norm_linear_wide (no norm, k <= 4096), with kernels.norm_linear_rows: 4 (four rows a
+// task; not swiglu) and with kernels.norm_linear_spread (the tasks spread over the resident
+// blocks). The same bits every way.
 void bench_norm_linear(cudaStream_t stream, std::vector<row>& rows) {
   const linear_layer layers[] = {{"in_proj+norm", 16768, 4096, false},
                                  {"out_proj", 4096, 8192, false},
                                  {"gate_up+norm", 14336, 4096, true},
                                  {"down", 4096, 14336, false},
-                                 {"qwen3next_out_proj", 2048, 4096, false}};
-  static const char* const kModes[] = {" registers", " wide", " rows4"};
+                                 {"qwen3next_out_proj", 2048, 4096, false},
+                                 {"falcon_in_proj+norm", 8728, 3072, false},
+                                 {"falcon_down", 3072, 12288, false}};
+  static const char* const kModes[] = {" registers", " wide", " rows4", " spread"};
   for (const linear_layer& layer : layers) {
     const linear_bench lb(layer, 4, 110);
     const bool norm = std::string(layer.name).find("+norm") != std::string::npos;
     const auto g = random_device(static_cast<size_t>(layer.k), 9, 0.5f, 1.5f);
-    for (const int mode : {0, 1, 2}) {
+    for (const int mode : {0, 1, 2, 3}) {
       if (mode == 1 && (norm || layer.swiglu || layer.k > 4096)) continue;  // what norm_linear_wide takes
       if (mode == 2 && layer.swiglu) continue;                               // two rows a task with swiglu
       kernel_paths paths;
       paths.norm_linear_wide = mode == 1;
       paths.norm_linear_rows = mode == 2 ? 4 : 0;
+      paths.norm_linear_spread = mode == 3;
       const paths_scope scope(paths);
       for (int64_t m = 1; m <= 4; ++m) {
         const double us = lb.time_us_fused(stream, m, norm ? g.data() : nullptr);
@@ -639,8 +644,8 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     const double flops = 2.0 * T * K * 3.0 * H * I;
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
-      // tensor copies.
-      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, l2_weights, l2_both, early;
+      // tensor copies, a stage given back once its own MMAs are done.
+      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, late;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
       rows_128.moe_wgmma_rows = 128;
@@ -648,14 +653,11 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
       gathered.moe_wgmma_tma_x = false;
       neither.moe_wgmma_persistent = false;
       neither.moe_wgmma_tma_x = false;
-      l2_weights.moe_wgmma_l2 = kernel_paths::moe_wgmma_l2_kind::kWeights;  // the weights evict first
-      l2_both.moe_wgmma_l2 = kernel_paths::moe_wgmma_l2_kind::kBoth;        // and the rows evict last
-      early.moe_wgmma_early_release = true;  // a stage given back once its own MMAs are done
+      late.moe_wgmma_early_release = false;  // a stage given back once the next stage's MMAs are issued
       for (const auto& [label, paths] :
            {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_128", rows_128},
             std::pair{"block_a_tile", block_a_tile}, std::pair{"gathered_rows", gathered},
-            std::pair{"block_a_tile_gathered", neither}, std::pair{"l2_weights", l2_weights},
-            std::pair{"l2_both", l2_both}, std::pair{"early_release", early}}) {
+            std::pair{"block_a_tile_gathered", neither}, std::pair{"late_release", late}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

@@ -229,8 +229,8 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_cluster", "attn_decode_max_slices", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
-                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_l2", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
-                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_wide", "pdl", "skinny",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
+                "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_spread", "norm_linear_wide", "pdl", "skinny",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
   // "default" (0) or an integer in [lo, hi].
@@ -280,7 +280,6 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   flag("ssd_seq_bf16", k.ssd_seq_bf16);
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "split"});
   named("moe_tile_order", k.moe_tile_order, {"default", "rows", "outputs"});
-  named("moe_wgmma_l2", k.moe_wgmma_l2, {"default", "none", "weights", "both"});
   if_present(node, "moe_wgmma_rows", [&](const YAML::Node& n) {
     static constexpr int32_t kRows[] = {0, 128, 192};
     k.moe_wgmma_rows = kRows[r.get_enum(n, path("moe_wgmma_rows"), "row count", {"default", "128", "192"})];
@@ -288,6 +287,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   flag("norm_linear", k.norm_linear);
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
   flag("norm_linear_gate", k.norm_linear_gate);
+  flag("norm_linear_spread", k.norm_linear_spread);
   flag("norm_linear_wide", k.norm_linear_wide);
   flag("pdl", k.pdl);
   named("skinny", k.skinny, {"default", "fma", "mma"});

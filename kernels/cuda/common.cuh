@@ -57,6 +57,10 @@ int max_shared_per_block_optin();
 // attribute is set once per (kernel, device), so steady-state launches, and launches being
 // captured in a graph, make no extra runtime calls.
 void reserve_dynamic_shared(const void* kernel, size_t bytes);
+// Blocks of `kernel` (`threads` a block, `smem` bytes of dynamic shared memory) resident on one
+// SM at once, at least 1: asked once per (kernel, threads, smem, device), so launches being
+// captured make no extra runtime calls.
+int resident_blocks_per_sm(const void* kernel, int threads, size_t smem);
 
 // The exclusive prefix sum of each thread's `sum`, in thread order, over a block of 1024
 // threads: a shuffle scan in each warp, then one over the warp totals (warp_tot: the block's

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -47,6 +48,27 @@ device_limits limits_of_current_device() {
 }  // namespace
 
 int sm_count() { return limits_of_current_device().sm_count; }
+
+int resident_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  struct entry {
+    const void* kernel;
+    int threads;
+    size_t smem;
+    int device;
+    int blocks;
+  };
+  static std::mutex mutex;
+  static std::vector<entry> cache;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const entry& e : cache)
+    if (e.kernel == kernel && e.threads == threads && e.smem == smem && e.device == device) return e.blocks;
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  cache.push_back(entry{kernel, threads, smem, device, std::max(per_sm, 1)});
+  return cache.back().blocks;
+}
 
 void reserve_dynamic_shared(const void* kernel, size_t bytes) {
   static std::mutex mutex;

@@ -66,16 +66,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
-// The same with an L2 eviction policy (createpolicy's) for the copy's reads.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                            uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
 // A stage's MMAs on a consumer warpgroup: d (+)= the 64 weight rows at ws (A) times the BN
 // activation rows at xs (B), 64 k in four k16 steps, ascending; returns once the previous
 // stage's MMAs are done (its slot may be released), this stage's in flight (kPending 1), or once

@@ -40,9 +40,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include "common.cuh"
 #include "gemm_paths.h"
@@ -137,27 +135,9 @@ bool moe_decode_takes(const moe_experts_params& p) {
          decode_down_smem(p) <= kDecodeMaxSmem && p.x_stride % 4 == 0 && aligned16(p.x) && shared_ok;
 }
 
-// Blocks of `kernel` resident on the device at once with `smem` bytes of dynamic shared memory
-// (asked once per kernel, size and device; a layer's calls repeat a few sizes).
+// Blocks of `kernel` resident on the device at once with `smem` bytes of dynamic shared memory.
 int64_t decode_resident_blocks(const void* kernel, size_t smem) {
-  struct entry {
-    const void* kernel;
-    size_t smem;
-    int device;
-    int64_t blocks;
-  };
-  static std::mutex mu;
-  static std::vector<entry> cache;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mu);
-  for (const entry& e : cache)
-    if (e.kernel == kernel && e.smem == smem && e.device == device) return e.blocks;
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, smem));
-  const int64_t blocks = std::max<int64_t>(1, int64_t{per_sm} * sm_count());
-  cache.push_back(entry{kernel, smem, device, blocks});
-  return blocks;
+  return int64_t{resident_blocks_per_sm(kernel, kDecodeThreads, smem)} * sm_count();
 }
 
 // The down kernel: a block per token and column tile, or, when those are more than are resident

@@ -47,25 +47,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
                : "memory");
 }
 
-// kernels.moe_wgmma_l2: the copy above with an L2 eviction policy (the tensor copies take theirs
-// through tma_load_2d's overload, gemm_wgmma.cuh).
-__device__ __forceinline__ void cp_async16_zfill_hint(void* smem, const void* gmem, bool valid, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
-
-// The policy of those hints: evict first (kFirst) or evict last, for the whole access.
-template <bool kFirst>
-__device__ __forceinline__ uint64_t l2_eviction_policy() {
-  uint64_t p;
-  if constexpr (kFirst)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
 // The block order (kernels.moe_tile_order). outputs_first (outputs, the default): tile index
 // x = scan tile · out_tiles + weight-row tile, so the blocks that run together share their
 // activation rows (read from memory once, then from L2). rows: x = weight-row tile · scan_tiles
@@ -78,8 +59,6 @@ struct moe_wgmma_order {
   int64_t out_tiles = 0, scan_tiles = 0;
   bool outputs_first = true;
   bool x_tma = false;  // the activation rows by tensor copies (kernels.moe_wgmma_tma_x; no a_rows)
-  bool hint_w = false;  // kernels.moe_wgmma_l2: the weights' loads evict first
-  bool hint_x = false;  // and the activation rows' evict last
   bool early_release = false;  // kernels.moe_wgmma_early_release (below)
 };
 
@@ -130,8 +109,6 @@ __global__ void __launch_bounds__(384, 1)
     const bf16* A = static_cast<const bf16*>(g.a);
     constexpr int R = BN * 8 / 128;  // this thread's rows of a tile: t / 8 + 16 j, 16-byte chunk t % 8
     const int kc = t & 7;
-    const uint64_t pol_w = order.hint_w ? l2_eviction_policy<true>() : 0;
-    const uint64_t pol_x = order.hint_x ? l2_eviction_policy<false>() : 0;
     uint32_t it = 0;  // the block's stage count so far
     for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
       int64_t out_tile = 0;
@@ -155,17 +132,9 @@ __global__ void __launch_bounds__(384, 1)
         uint8_t* xs = st + W_BYTES;
         if (t == 0) {
           mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
-          if (order.hint_w) {
-            tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s], pol_w);
-            tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s], pol_w);
-          } else {
-            tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
-            tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
-          }
-          if (x_tma) {
-            if (order.hint_x) tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s], pol_x);
-            else tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s]);
-          }
+          tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
+          tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
+          if (x_tma) tma_load_2d(xs, &tx, k0, tile.row_begin, &full[s]);
         }
         if (x_tma) continue;
         const bool k_in = k0 + kc * 8 < g.k;
@@ -175,8 +144,7 @@ __global__ void __launch_bounds__(384, 1)
           const bool valid = src[j] >= 0 && k_in;
           void* dst = xs + row * 128 + ((kc ^ (row & 7)) << 4);
           const bf16* from = valid ? A + static_cast<int64_t>(src[j]) * g.lda + k0 + kc * 8 : A;
-          if (order.hint_x) cp_async16_zfill_hint(dst, from, valid, pol_x);
-          else cp_async16_zfill(dst, from, valid);
+          cp_async16_zfill(dst, from, valid);
         }
         cp_async_mbar_arrive(&full[s]);
       }
@@ -287,9 +255,6 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     order.outputs_first = current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows;
     CUtensorMap tx = tw;
     order.x_tma = current_paths().moe_wgmma_tma_x && g.a_rows == nullptr;
-    const auto l2 = current_paths().moe_wgmma_l2;
-    order.hint_w = l2 == kernel_paths::moe_wgmma_l2_kind::kWeights || l2 == kernel_paths::moe_wgmma_l2_kind::kBoth;
-    order.hint_x = l2 == kernel_paths::moe_wgmma_l2_kind::kBoth;
     order.early_release = current_paths().moe_wgmma_early_release;
     if (order.x_tma && !wgmma_tensor_map(&tx, g.a, rows, g.k, BN, g.lda))
       throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' activation rows");

@@ -424,8 +424,13 @@ __device__ __forceinline__ void linear_epilogue(const rmsnorm_linear_params& p, 
   }
 }
 
+// Warp w of block b takes tasks t, t + gridDim.x · kLinWarps, … from t = b · kLinWarps + w, or
+// with `spread` from t = w · gridDim.x + b: then every block of the grid gets an equal share
+// (within one task) however few tasks there are, so a grid of the resident blocks loads every SM
+// alike. Each task's arithmetic is the same either way.
 template <int M, bool kSwiglu, bool kNorm, int U = kLinUnroll<M>, int kRows = kLinRows>
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks) {
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsnorm_linear_params p, int64_t tasks,
+                                                                       bool spread) {
   static_assert(!kSwiglu || kRows == 2, "swiglu: a task is one output, its gate and up rows");
   extern __shared__ float4 lin_shared[];
   float* xs = reinterpret_cast<float*>(lin_shared);  // [M, k] normed rows (kNorm)
@@ -463,7 +468,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_linear_kernel(const rmsn
 
   // The weights are constants: the first task's first step is loaded before the wait, so that
   // it overlaps the end of the previous kernel (and the norm's staging below).
-  int64_t t = static_cast<int64_t>(blockIdx.x) * kLinWarps + threadIdx.x / 32;
+  const int64_t warp = threadIdx.x / 32;
+  int64_t t = spread ? warp * gridDim.x + blockIdx.x : static_cast<int64_t>(blockIdx.x) * kLinWarps + warp;
   if (t < tasks) {
     task_rows(t);
     load_step(lane);
@@ -539,47 +545,69 @@ bool rmsnorm_linear_fused(const rmsnorm_linear_params& p) {
          (p.up_w == nullptr || aligned16(p.up_w));
 }
 
+// The fused kernel's grid: its tasks, blocks, and whether the tasks are spread over the blocks
+// (kernels.norm_linear_spread: then `blocks` is set per variant, from its occupancy).
+struct lin_grid {
+  int64_t tasks = 0;
+  unsigned blocks = 0;
+  int64_t per_sm = 2;  // blocks an SM at most (kernels.norm_linear_blocks_per_sm)
+  bool spread = false;
+};
+
+// One launch of a variant of the fused kernel. Spread: min(tasks, the blocks resident at once,
+// at most per_sm an SM) blocks, every SM with as many; the tasks spread over them.
+template <int M, bool kSwiglu, bool kNorm, int U, int R>
+void launch_rmsnorm_linear_kernel(const rmsnorm_linear_params& p, lin_grid g, size_t smem, cudaStream_t stream) {
+  auto kernel = rmsnorm_linear_kernel<M, kSwiglu, kNorm, U, R>;
+  if (g.spread) {
+    const int64_t per_sm =
+        std::min<int64_t>(g.per_sm, resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kNormThreads, smem));
+    g.blocks = static_cast<unsigned>(std::min(g.tasks, per_sm * sm_count()));
+  }
+  launch_pdl(kernel, dim3(g.blocks), dim3(kNormThreads), smem, stream, p, g.tasks, g.spread);
+}
+
 // One launch of the fused kernel's variant: the norm's staged rows as dynamic shared memory.
 template <int M, bool kSwiglu, int U, int R>
-void launch_rmsnorm_linear_variant(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks,
-                                   cudaStream_t stream) {
-  if (p.norm_weight != nullptr) {
-    const size_t smem = static_cast<size_t>(M * p.k) * sizeof(float);
-    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, true, U, R>, dim3(blocks), dim3(kNormThreads), smem, stream, p, tasks);
-  } else {
-    launch_pdl(rmsnorm_linear_kernel<M, kSwiglu, false, U, R>, dim3(blocks), dim3(kNormThreads), 0, stream, p, tasks);
-  }
+void launch_rmsnorm_linear_variant(const rmsnorm_linear_params& p, const lin_grid& g, cudaStream_t stream) {
+  if (p.norm_weight != nullptr)
+    launch_rmsnorm_linear_kernel<M, kSwiglu, true, U, R>(p, g, static_cast<size_t>(M * p.k) * sizeof(float), stream);
+  else
+    launch_rmsnorm_linear_kernel<M, kSwiglu, false, U, R>(p, g, 0, stream);
 }
 
 template <int M, bool kSwiglu>
-void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, int64_t tasks, unsigned blocks, int rows,
-                             cudaStream_t stream) {
+void launch_rmsnorm_linear_m(const rmsnorm_linear_params& p, const lin_grid& g, int rows, cudaStream_t stream) {
   if constexpr (!kSwiglu) {
-    if (rows == 4) return launch_rmsnorm_linear_variant<M, false, kLinUnrollRows<M, 4>, 4>(p, tasks, blocks, stream);
+    if (rows == 4) return launch_rmsnorm_linear_variant<M, false, kLinUnrollRows<M, 4>, 4>(p, g, stream);
     if (M == 1 && p.norm_weight == nullptr && current_paths().norm_linear_wide && p.k / 8 <= 32 * kLinWideUnroll &&
-        blocks <= static_cast<unsigned>(sm_count()))
-      return launch_pdl(rmsnorm_linear_kernel<1, false, false, kLinWideUnroll>, dim3(blocks), dim3(kNormThreads), 0,
-                        stream, p, tasks);
+        g.blocks <= static_cast<unsigned>(sm_count())) {
+      lin_grid wide = g;
+      wide.spread = false;  // its own grid: one wave at one block an SM
+      return launch_rmsnorm_linear_kernel<1, false, false, kLinWideUnroll, kLinRows>(p, wide, 0, stream);
+    }
   }
-  launch_rmsnorm_linear_variant<M, kSwiglu, kLinUnroll<M>, kLinRows>(p, tasks, blocks, stream);
+  launch_rmsnorm_linear_variant<M, kSwiglu, kLinUnroll<M>, kLinRows>(p, g, stream);
 }
 
 template <bool kSwiglu>
 void launch_rmsnorm_linear(const rmsnorm_linear_params& p, cudaStream_t stream) {
   const int32_t asked = current_paths().norm_linear_blocks_per_sm;  // validated with the config: 0 or 1..8
-  const int64_t per_sm = asked >= 1 && asked <= 8 ? asked : 2;
+  lin_grid g;
+  g.per_sm = asked >= 1 && asked <= 8 ? asked : 2;
+  g.spread = current_paths().norm_linear_spread;
   const int rows = !kSwiglu && current_paths().norm_linear_rows == 4 ? 4 : kLinRows;  // weight rows a task
-  const int64_t tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{rows});
+  g.tasks = kSwiglu ? p.n : ceil_div(p.n, int64_t{rows});
   // Equal tasks per warp over at most per_sm blocks per SM; without a norm there is no staging
-  // to amortise, so one task per warp (the skinny kernel's grid).
-  const int64_t max_warps = int64_t{sm_count()} * per_sm * kLinWarps;
-  const int64_t per_warp = p.norm_weight != nullptr ? ceil_div(tasks, max_warps) : 1;
-  const auto blocks = static_cast<unsigned>(ceil_div(tasks, per_warp * kLinWarps));
+  // to amortise, so one task per warp (the skinny kernel's grid). (Spread: set per variant.)
+  const int64_t max_warps = int64_t{sm_count()} * g.per_sm * kLinWarps;
+  const int64_t per_warp = p.norm_weight != nullptr ? ceil_div(g.tasks, max_warps) : 1;
+  g.blocks = static_cast<unsigned>(ceil_div(g.tasks, per_warp * kLinWarps));
   switch (p.m) {
-    case 1: launch_rmsnorm_linear_m<1, kSwiglu>(p, tasks, blocks, rows, stream); break;
-    case 2: launch_rmsnorm_linear_m<2, kSwiglu>(p, tasks, blocks, rows, stream); break;
-    case 3: launch_rmsnorm_linear_m<3, kSwiglu>(p, tasks, blocks, rows, stream); break;
-    default: launch_rmsnorm_linear_m<4, kSwiglu>(p, tasks, blocks, rows, stream); break;
+    case 1: launch_rmsnorm_linear_m<1, kSwiglu>(p, g, rows, stream); break;
+    case 2: launch_rmsnorm_linear_m<2, kSwiglu>(p, g, rows, stream); break;
+    case 3: launch_rmsnorm_linear_m<3, kSwiglu>(p, g, rows, stream); break;
+    default: launch_rmsnorm_linear_m<4, kSwiglu>(p, g, rows, stream); break;
   }
 }
 

@@ -35,7 +35,6 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
-    EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kDefault);
     EXPECT_FALSE(k.moe_wgmma_early_release);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
@@ -43,6 +42,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
     EXPECT_FALSE(k.norm_linear_wide);
+    EXPECT_FALSE(k.norm_linear_spread);
     EXPECT_FALSE(k.linear_wgmma);
     EXPECT_TRUE(k.moe_wgmma);
     EXPECT_TRUE(k.ssd_seq_bf16);
@@ -76,12 +76,12 @@ TEST(ConfigKernels, EveryKeyParses) {
   norm_linear_blocks_per_sm: 3
   norm_linear_gate: true
   norm_linear_wide: true
+  norm_linear_spread: true
   linear_wgmma: true
   moe_wgmma: false
   moe_wgmma_persistent: false
   moe_wgmma_tma_x: false
-  moe_wgmma_l2: both
-  moe_wgmma_early_release: true
+  moe_wgmma_early_release: false
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -108,11 +108,11 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.norm_linear_blocks_per_sm, 3);
   EXPECT_TRUE(k.norm_linear_gate);
   EXPECT_TRUE(k.norm_linear_wide);
+  EXPECT_TRUE(k.norm_linear_spread);
   EXPECT_TRUE(k.linear_wgmma);
   EXPECT_FALSE(k.moe_wgmma);
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
-  EXPECT_EQ(k.moe_wgmma_l2, kp::moe_wgmma_l2_kind::kBoth);
   EXPECT_TRUE(k.moe_wgmma_early_release);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
@@ -218,8 +218,6 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "attn_decode_waves, attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
                     "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
-  EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_l2: persist}"), config_error,
-                    "kernels.moe_wgmma_l2: unknown path 'persist' (known: default, none, weights, both)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
                     "kernels.moe_decode: unknown path 'grouped' (known: default, fused, single, split)");
   EXPECT_ERROR_WITH(with_kernels("[skinny]"), config_error, "kernels: expected a mapping");

@@ -200,9 +200,9 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 // default: the warpgroup-MMA kernel, 192-row tiles, or 128 with kernels.moe_wgmma_rows; its
 // tiles in either launch order, kernels.moe_tile_order, outputs by default; a block an SM
 // taking tiles in turn, or a block a tile, kernels.moe_wgmma_persistent; the down projection's
-// rows by tensor copies or gathered, kernels.moe_wgmma_tma_x; the loads' L2 eviction hints,
-// kernels.moe_wgmma_l2; a stage given back once its own MMAs are done,
-// kernels.moe_wgmma_early_release) and the mma.sync tiles; the same checks and tolerances
+// rows by tensor copies or gathered, kernels.moe_wgmma_tma_x; a stage given back once its own
+// MMAs are done, or once the next stage's are issued, kernels.moe_wgmma_early_release) and the
+// mma.sync tiles; the same checks and tolerances
 // against the CPU op: ragged tiles, experts without tokens, k and the expert width not multiples
 // of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
 TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
@@ -215,10 +215,8 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     bool persistent;  // kernels.moe_wgmma_persistent (default true)
     bool tma_x;       // kernels.moe_wgmma_tma_x (default true)
     const char* label;
-    kernel_paths::moe_wgmma_l2_kind l2 = kernel_paths::moe_wgmma_l2_kind::kDefault;
-    bool early = false;  // kernels.moe_wgmma_early_release
+    bool early = true;  // kernels.moe_wgmma_early_release (default true)
   };
-  using l2 = kernel_paths::moe_wgmma_l2_kind;
   for (const variant& v :
        {variant{true, order::kDefault, 0, true, true, "moe_wgmma (the defaults)"},
         variant{true, order::kRows, 0, true, true, "moe_wgmma, rows first"},
@@ -227,11 +225,9 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
         variant{true, order::kDefault, 0, true, false, "moe_wgmma, gathered rows"},
         variant{true, order::kDefault, 0, false, false, "moe_wgmma, a block a tile, gathered rows"},
         variant{true, order::kRows, 128, false, false, "moe_wgmma, a block a tile, rows first, 128-row tiles, gathered rows"},
-        variant{true, order::kDefault, 0, true, true, "moe_wgmma, L2 hints on weights and rows", l2::kBoth},
-        variant{true, order::kDefault, 128, false, false, "moe_wgmma, L2 hint on the weights, gathered rows", l2::kWeights},
-        variant{true, order::kDefault, 0, true, false, "moe_wgmma, L2 hints, gathered rows", l2::kBoth},
-        variant{true, order::kDefault, 0, true, true, "moe_wgmma, early release", l2::kDefault, true},
-        variant{true, order::kRows, 128, false, false, "moe_wgmma, early release, a block a tile, 128-row tiles, gathered rows", l2::kDefault, true},
+        variant{true, order::kDefault, 0, true, true, "moe_wgmma, late release", false},
+        variant{true, order::kRows, 128, false, false, "moe_wgmma, late release, a block a tile, 128-row tiles, gathered rows", false},
+        variant{true, order::kDefault, 0, true, false, "moe_wgmma, late release, gathered rows", false},
         variant{false, order::kDefault, 0, true, true, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
@@ -240,7 +236,6 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     paths.moe_wgmma_rows = v.rows;
     paths.moe_wgmma_persistent = v.persistent;
     paths.moe_wgmma_tma_x = v.tma_x;
-    paths.moe_wgmma_l2 = v.l2;
     paths.moe_wgmma_early_release = v.early;
     const paths_scope scope(paths);
     uint32_t seed = 3000;

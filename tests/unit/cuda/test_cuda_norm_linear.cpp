@@ -9,8 +9,8 @@
 // within 1e-6 + 1e-6·|want|. Covers the norm on and off, beta 0/1
 // (the residual epilogue), swiglu, the squared-ReLU epilogue, m 1..4, odd n, padded strides, k of the production shapes
 // (4096; 8192 without the norm at m > 1), and the unfused fallback (f32 weights, m > 4); every
-// case again with kernels.norm_linear_wide on, and with kernels.norm_linear_rows: 4. Skips without
-// a device.
+// case again with kernels.norm_linear_wide on, with kernels.norm_linear_rows: 4, and with
+// kernels.norm_linear_spread. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -211,6 +211,19 @@ TEST_P(NormLinearCuda, WideLoadsMatchCpuAndUnfusedCuda) {
 TEST_P(NormLinearCuda, FourRowsATaskMatchCpuAndUnfusedCuda) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   check_case_with(GetParam(), [](kernel_paths& k) { k.norm_linear_rows = 4; });
+}
+
+// kernels.norm_linear_spread: the tasks spread over a grid of the resident blocks (task t to
+// block t mod grid): the same checks, the same bits as the unfused ops; again with four rows a
+// task and with one block an SM.
+TEST_P(NormLinearCuda, SpreadTasksMatchCpuAndUnfusedCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  check_case_with(GetParam(), [](kernel_paths& k) { k.norm_linear_spread = true; });
+  check_case_with(GetParam(), [](kernel_paths& k) {
+    k.norm_linear_spread = true;
+    k.norm_linear_rows = 4;
+    k.norm_linear_blocks_per_sm = 1;
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(

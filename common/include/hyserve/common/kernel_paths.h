@@ -40,12 +40,6 @@ struct kernel_paths {
   // read from memory once). The same bits. Measured (H100, Qwen3-Next shape, 8192 tokens): the
   // experts 3.240 ms outputs against 3.522 rows; 16-layer 8K prefill 71635 against 68339 tokens/s.
   enum class moe_tile_order_kind : uint8_t { kDefault, kRows, kOutputs };
-  // `moe_wgmma_l2`: the L2 eviction priority the warpgroup-MMA experts' GEMMs (moe_wgmma) ask for
-  // with their loads: default (none) | none | weights (the expert weights, each read about once,
-  // evict first, so that they do not push the activation rows, read once per weight-row tile,
-  // out of L2) | both (weights evict first, activation rows evict last). The same bits. Not yet
-  // measured.
-  enum class moe_wgmma_l2_kind : uint8_t { kDefault, kNone, kWeights, kBoth };
   // `skinny`: the bf16 skinny GEMM (m <= 8): default (fma) | fma | mma.
   enum class skinny_kind : uint8_t { kDefault, kFma, kMma };
   // `sparse_select`: the Quest page selection kernel: default (v2) | v1 (the last scoring block
@@ -109,6 +103,13 @@ struct kernel_paths {
   // H100 (bench/results/2026-12-07-h100-run35.md): Qwen3-Next's out_proj alone 66.6% of copy
   // bandwidth against 59.9%; a Falcon-H1-7B step within noise; a Qwen3-Next step not measured.
   bool norm_linear_wide = false;
+  // true: the fused linear kernel's tasks (two weight rows, or one swiglu output, a warp) spread
+  // over a grid of the blocks resident at once (at most norm_linear_blocks_per_sm an SM), task t
+  // to block t mod grid, so every SM streams an equal share of the weights; false (default): a
+  // block takes 8 consecutive tasks (or equal runs of them with the norm) and the grid is as many
+  // blocks as that needs, so a layer of 1536 tasks (192 blocks on 132 SMs) gives 60 SMs twice the
+  // bytes of the others. The same arithmetic per task. Not yet measured.
+  bool norm_linear_spread = false;
   // true: fast-mode linear layers (bf16 weights) of 9..256 rows of activations on hyserve's
   // warpgroup-MMA kernel (gemm_wgmma.cuh: the weight streamed by the tensor copy engine as the
   // MMA's A operand, the rows as its B, split-K with an ordered reduction) instead of cuBLAS;
@@ -140,12 +141,12 @@ struct kernel_paths {
   // cp.async; false: cp.async. The same bits. Measured (H100, run 38, as above): 2.631 against
   // 2.767 ms a block a tile, 2.515 against 2.574 ms persistent; 8K prefill 77140 against 73649.
   bool moe_wgmma_tma_x = true;
-  moe_wgmma_l2_kind moe_wgmma_l2 = moe_wgmma_l2_kind::kDefault;
-  // true: a warpgroup-MMA experts' GEMM consumer releases a stage's slot as soon as that stage's
-  // MMAs are done (wait for none pending), so the producer refills it one stage earlier; false
-  // (default): once the next stage's rows have landed and its MMAs are issued (one MMA group in
-  // flight). The same sums. Not yet measured.
-  bool moe_wgmma_early_release = false;
+  // true (default): a warpgroup-MMA experts' GEMM consumer releases a stage's slot as soon as
+  // that stage's MMAs are done (wait for none pending), so the producer refills it one stage
+  // earlier; false: once the next stage's rows have landed and its MMAs are issued (one MMA group
+  // in flight). The same sums. Measured (H200, run 40): the Qwen3-Next shape's experts at 8192
+  // tokens 2617.4 against 2653.9 µs; 16-layer 8K prefill 79827 against 79144 tokens/s.
+  bool moe_wgmma_early_release = true;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
@@ -154,7 +155,8 @@ struct kernel_paths {
   bool ssd_seq_bf16 = true;
   // 16 | 32: head channels a block of the sequential bf16 scan takes in a bfloat16 model's
   // prefill at head_dim 128 (Falcon-H1: twice the blocks with 16); 0 = default (32). The same
-  // arithmetic per channel. Not yet measured.
+  // arithmetic per channel. Measured once (H200, run 40): Falcon-H1-7B 8K prefill 22882 against
+  // 22542 tokens/s (+1.5%, one round).
   int32_t ssd_seq_slice = 0;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
   skinny_kind skinny = skinny_kind::kDefault;
