@@ -35,7 +35,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.moe_wgmma_rows, 0);
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
-    EXPECT_FALSE(k.moe_wgmma_early_release);
+    EXPECT_TRUE(k.moe_wgmma_early_release);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_TRUE(k.norm_linear);
@@ -113,7 +113,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.moe_wgmma);
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
-  EXPECT_TRUE(k.moe_wgmma_early_release);
+  EXPECT_FALSE(k.moe_wgmma_early_release);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);
