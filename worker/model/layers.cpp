@@ -463,6 +463,13 @@ kernels::paged_attention_params paged_attention_of(f32_rows q, f32_rows out, int
   a.q_stride = q.stride;
   a.out_stride = out.stride;
   a.short_q_max = in.short_q_max;
+  // The promise of queries per row (the CUDA op then serves every row on its decode kernel and
+  // launches no extend kernel): one in a decode step, D in a chain verify of D tokens a row.
+  if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && q.rows == in.batch_size) {
+    a.max_q_len = 1;
+  } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
+    a.max_q_len = in.spec_tokens_per_row;
+  }
   return a;
 }
 
@@ -498,11 +505,6 @@ void attention_heads(const attention_weights& w, f32_rows qkv, const step_inputs
   kernels::paged_attention_params a = paged_attention_of(q, out, w.q_heads, w.kv_heads, w.head_dim, cache, in, comm, ctx);
   a.bf16_products = w.bf16_products;
   a.scale = w.scale > 0.0f ? w.scale : 1.0f / std::sqrt(static_cast<float>(w.head_dim));
-  if ((in.mode == forward_mode::kDecode || in.mode == forward_mode::kDraft) && T == in.batch_size) {
-    a.max_q_len = 1;  // one query per row
-  } else if (in.mode == forward_mode::kTargetVerify && !in.spec_tree && !in.spec_extend) {
-    a.max_q_len = in.spec_tokens_per_row;  // a chain verify: D queries per row, each a decode query
-  }
   run_attention(a, in, ctx);
   profile_attention(ctx, in, T, qw, kw, cache);
 }

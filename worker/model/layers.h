@@ -201,7 +201,8 @@ void rope_write_kv(f32_rows q, f32_rows k, f32_rows v, int64_t q_heads, int64_t 
                    int64_t rotary_dim, float theta, const step_inputs& in, kv_layer_cache& cache,
                    const exec_context& ctx);
 // the paged attention of q over the cache into out [T, q_heads·head_dim], on the step's pages or
-// those the sparse selection keeps; the caller sets the softmax scale and any max_q_len hint.
+// those the sparse selection keeps, with the step's promise of queries per row (max_q_len: one
+// in a decode or draft step, D in a chain verify); the caller sets the softmax scale.
 kernels::paged_attention_params paged_attention_of(f32_rows q, f32_rows out, int64_t q_heads, int64_t kv_heads,
                                                    int64_t head_dim, const kv_layer_cache& cache,
                                                    const step_inputs& in, collective* comm, const exec_context& ctx);

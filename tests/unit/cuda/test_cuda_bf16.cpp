@@ -395,6 +395,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Head_dim 256 (Qwen3-Next's 16 / 2 heads): the extend kernel's 32-key tiles, a prefix,
         // several query tiles, beside decode rows.
         attn_case{"extend_hd256", 2, 8, 256, 16, {70, 1, 33, 0}, {300, 90, 33, 5}},
+        // A chain verify of Qwen3-Next's gated attention (rows of 5 queries, head_dim 256, GQA 8):
+        // with the host's promise (max_q_len 5, as the model now gives it) every row on the
+        // decode kernel, its slices merged in a cluster.
+        attn_case{"verify_hd256", 2, 8, 256, 16, {5, 5, 5}, {700, 64, 5}},
         // Other GQA ratios of the decode kernel (8: 8-byte bf16 loads; 3, 5, 6, 7: heads padded to
         // the MMA's 8) and the generic branch (12).
         decode_case("decode", 3, 2, 1, 64, 16, 1, 513), decode_case("decode", 3, 2, 2, 32, 16, 1, 333),
