@@ -31,7 +31,8 @@
 # mixers' gated output norm inside out_proj and apart, kernels.norm_linear_gate: GATED_CONFIGS);
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
-# kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS); ncu
+# kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS; or the
+# items of WIDE_RUNS, CONFIG:KEY[=VALUE], each config's default once); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS); ncu-moe
 # (the same for the experts' GEMMs of an 8K prefill and of hyserve-bench-cuda moe: NCU_MOE_KEYS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); gpu-quick (the op
@@ -444,7 +445,26 @@ EOF2
       fi ;;
     wide-linear)
       # kernels.norm_linear_wide (a warp's whole out_proj task loaded before the wait) against the
-      # default, batch-1 decode, one after the other for each WIDE_CONFIGS config.
+      # default, batch-1 decode, one after the other for each WIDE_CONFIGS config; or, with
+      # WIDE_RUNS (items CONFIG:KEY or CONFIG:KEY=VALUE), each config's default once and then its
+      # items' keys.
+      if [ -n "${WIDE_RUNS:-}" ]; then
+        seen=" "
+        for run in $WIDE_RUNS; do
+          f=${run%%:*}
+          key=${run#*:}
+          val=true
+          case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
+          case $seen in *" $f "*) ;; *)
+            seen="$seen$f "
+            stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
+              --decode-steps 16 --prefill-len 256 ;;
+          esac
+          stage "wide-linear-$f-$key-$val" 90 "$bin/hyserve-bench-model" \
+            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" "$val")" --batches 1 --decode-steps 16 --prefill-len 256
+        done
+        continue
+      fi
       for f in ${WIDE_CONFIGS:-qwen3-next-80b-a3b-16l granite-4.0-h-tiny nemotron-h-8b falcon-h1-7b}; do
         stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
           --decode-steps 16 --prefill-len 256

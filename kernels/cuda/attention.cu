@@ -355,7 +355,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_combine_kernel(const p
 // Whether decode queries over a KV cache of head_dim run on the tensor-core kernel.
 template <class KV>
 bool decode_on_mma(int64_t head_dim) {
-  return std::is_same_v<KV, __nv_bfloat16> && (head_dim == 64 || head_dim == 128) && attn_decode_uses_mma();
+  return std::is_same_v<KV, __nv_bfloat16> &&
+         (head_dim == 64 || head_dim == 128 || (head_dim == 256 && current_paths().attn_decode_mma_hd256)) &&
+         attn_decode_uses_mma();
 }
 
 // Resident blocks per SM the decode slices are sized for: the CUDA-core kernel's measured ~3
@@ -363,11 +365,11 @@ bool decode_on_mma(int64_t head_dim) {
 // cached).
 constexpr int kSimtBlocksPerSm = 3;
 int mma_blocks_per_sm(int64_t head_dim, int64_t group) {
-  static int cache[2][9] = {};  // [head_dim 64, 128][G <= 8]; 0 = not yet asked
-  int& slot = cache[head_dim == 128 ? 1 : 0][group];
+  static int cache[3][9] = {};  // [head_dim 64, 128, 256][G <= 8]; 0 = not yet asked
+  int& slot = cache[head_dim == 256 ? 2 : head_dim == 128 ? 1 : 0][group];
   if (slot > 0) return slot;
   int n = 0;
-  dispatch(int_table<64, 128>{}, head_dim, "paged_attention", "head_dim", [&](auto hd) {
+  dispatch(int_table<64, 128, 256>{}, head_dim, "paged_attention", "head_dim", [&](auto hd) {
     constexpr int D = decltype(hd)::value;
     dispatch(decode_group_table{}, group, "paged_attention", "q_heads / kv_heads", [&](auto gq) {
       constexpr int G = decltype(gq)::value;
@@ -504,7 +506,7 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         const attn_decode::partials dpart{part.acc, part.ml};
         const auto launch = [&](auto tree_tag) {
           constexpr bool kTree = decltype(tree_tag)::value;
-          if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128)) {
+          if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
             if (on_mma) {
               if constexpr (!kTree) {
                 if (cluster) {

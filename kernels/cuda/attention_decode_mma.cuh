@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
                                                               const attn_decode::partials part,
                                                               const attn_decode::tree_keys tree) {
   pdl_begin();
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(G >= 1 && G <= 8, "at most 8 heads per kv head (one n-tile)");
   constexpr int KS = D / 16;  // k-steps of the scores
   constexpr int KU = D / 32;  // 16-byte loads per key of K per lane (D/4 dims)
@@ -82,22 +82,52 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
   // q of head g at dims D/4·t + 4ks + {0,1} (a0) and {2,3} (a2); rows g + 8 (a1, a3) and heads
-  // g >= G are zero.
-  uint32_t qh[KS][2], ql[KS][2];
+  // g >= G are zero. Head_dim 256 (kernels.attn_decode_mma_hd256): the fragments in shared
+  // memory ([ks][hi0, hi1, lo0, lo1][lane], written by warp 0; the same for every warp), so that
+  // the tile's K and V rows (128 registers a lane) and the accumulator (64) fit the registers.
+  // The fragments' 8 KB share the warps' merge buffer where it is as large (s_acc: written after
+  // the last tile, behind a barrier; G >= 2).
+  constexpr bool kQShared = D > 128;
+  constexpr int KQ = kQShared ? 1 : KS;
+  constexpr bool kQAlias = kQShared && kWarps * G * D >= KS * 4 * 32;
+  uint32_t qh[KQ][2], ql[KQ][2];
+  __shared__ float2 s_ml[kWarps][G];
+  __shared__ float s_acc[kWarps][G][D];
+  __shared__ uint32_t s_q_own[kQShared && !kQAlias ? KS : 1][4][32];
+  auto* s_q = kQAlias ? reinterpret_cast<uint32_t(*)[4][32]>(&s_acc[0][0][0]) : s_q_own;
   {
     const float qs = p.scale * kLog2e;
     const float* qrow = p.q + r.q_start * p.q_stride + (r.kvh * G + g) * D + (D / 4) * t;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
+      if (kQShared && warp != 0) break;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (g < G) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = qrow[4 * ks + e] * qs;
       }
-      split_bf16x2(v[0], v[1], qh[ks][0], ql[ks][0]);
-      split_bf16x2(v[2], v[3], qh[ks][1], ql[ks][1]);
+      uint32_t h0, l0, h1, l1;
+      split_bf16x2(v[0], v[1], h0, l0);
+      split_bf16x2(v[2], v[3], h1, l1);
+      if constexpr (kQShared) {
+        s_q[ks][0][lane] = h0;
+        s_q[ks][1][lane] = h1;
+        s_q[ks][2][lane] = l0;
+        s_q[ks][3][lane] = l1;
+      } else {
+        qh[ks][0] = h0;
+        qh[ks][1] = h1;
+        ql[ks][0] = l0;
+        ql[ks][1] = l1;
+      }
     }
+    if constexpr (kQShared) __syncthreads();
   }
+  // k-step ks's fragments: a0 | a2 of the big terms (hi) or the small ones (lo).
+  const auto q_frag = [&](int ks, bool hi, int i) -> uint32_t {
+    if constexpr (kQShared) return s_q[ks][(hi ? 0 : 2) + i][lane];
+    else return hi ? qh[ks][i] : ql[ks][i];
+  };
 
   float acc[4 * VC][4];  // m-tile 4c + i: (dims 64c + 8g + i, 64c + 8g + 4 + i) × heads (2t, 2t + 1)
 #pragma unroll
@@ -155,8 +185,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const uint32_t b0 = word(kr[nt][ks >> 1], 2 * (ks & 1)), b1 = word(kr[nt][ks >> 1], 2 * (ks & 1) + 1);
-        mma_bf16(sc[nt], ql[ks][0], 0u, ql[ks][1], 0u, b0, b1);  // small terms first
-        mma_bf16(sc[nt], qh[ks][0], 0u, qh[ks][1], 0u, b0, b1);
+        mma_bf16(sc[nt], q_frag(ks, false, 0), 0u, q_frag(ks, false, 1), 0u, b0, b1);  // small terms first
+        mma_bf16(sc[nt], q_frag(ks, true, 0), 0u, q_frag(ks, true, 1), 0u, b0, b1);
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e)
@@ -200,8 +230,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   // Head g's sum over the quad; (m, l) in natural-log units for the shared merge.
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  __shared__ float2 s_ml[kWarps][G];
-  __shared__ float s_acc[kWarps][G][D];
+  if constexpr (kQAlias) __syncthreads();  // every warp's last read of q's fragments in s_acc
   if (g < G && t == 0) s_ml[warp][g] = make_float2(m == -INFINITY ? -INFINITY : m * kLn2, l);
 #pragma unroll
   for (int c = 0; c < VC; ++c) {

@@ -38,6 +38,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.moe_wgmma_early_release);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
+    EXPECT_FALSE(k.attn_decode_mma_hd256);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
@@ -63,6 +64,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   attn_decode: simt
   attn_decode_waves: 2
   attn_decode_cluster: 2048
+  attn_decode_mma_hd256: true
   attn_extend_fill: false
   gdn_cluster: 4
   gdn_decode: persistent8
@@ -96,6 +98,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.attn_decode_waves, 2);
   EXPECT_FALSE(k.attn_extend_fill);
   EXPECT_EQ(k.attn_decode_cluster, 2048);
+  EXPECT_TRUE(k.attn_decode_mma_hd256);
   EXPECT_EQ(k.gdn_cluster, 4);
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
   EXPECT_EQ(k.gdn_max_tokens, 32768);

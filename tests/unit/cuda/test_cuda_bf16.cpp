@@ -295,11 +295,13 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.query_start_loc = dqsl.data();
   pg.seq_lens = dlens.data();
   pg.page_table = dpt.data();
-  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core), same tolerance; the slices'
-  // partials and the combine kernel (kernels.attn_decode_cluster off; the cluster merge below).
+  // Both decode kernels of a bf16 cache (CUDA-core, tensor-core; head_dim 256 on the tensor-core
+  // kernel with kernels.attn_decode_mma_hd256), same tolerance; the slices' partials and the
+  // combine kernel (kernels.attn_decode_cluster off; the cluster merge below).
   {
     kernel_paths no_cluster;
     no_cluster.attn_decode_cluster = -1;
+    no_cluster.attn_decode_mma_hd256 = true;  // head_dim 256 on the tensor-core kernel too
     const paths_scope scope(no_cluster);
     for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
       set_attn_decode_path(path);
@@ -315,6 +317,7 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   {
     kernel_paths cluster;
     cluster.attn_decode_cluster = 1 << 20;
+    cluster.attn_decode_mma_hd256 = true;
     const paths_scope scope(cluster);
     const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
     for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {

@@ -85,6 +85,12 @@ struct kernel_paths {
   // -1 = off (`off`). Measured (H100, run 38, batch-1 graph step at context 1024, GPU): Falcon-H1-7B
   // 6.595 against 6.750 ms; Nemotron-H-8B, the 9B Bamba and the Qwen3-Next shape within 0.8%.
   int32_t attn_decode_cluster = 0;
+  // true: decode and verify queries over a bf16 cache at head_dim 256 (Qwen3-Next's gated
+  // attention) on the tensor-core decode kernel too (its q fragments in shared memory), where
+  // false (default) keeps the CUDA-core kernel there. Its tolerance against the CPU op is the
+  // other head_dims'. Not yet measured: on the H200 (run 40) the CUDA-core kernel took 25.5 µs a
+  // layer at batch 1, context 1024 (eight dependent 8-key steps a block).
+  bool attn_decode_mma_hd256 = false;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
