@@ -218,7 +218,7 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
                     "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_max_slices, "
-                    "attn_decode_waves, attn_extend_fill, gdn_cluster,");
+                    "attn_decode_mma_hd256, attn_decode_waves, attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
                     "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,
