@@ -22,7 +22,8 @@
 //                                 linear_rows (the 9B linear layers at m = 1..256 and 2048 rows,
 //                                 determinism fast and batch_invariant),
 //                                 norm_linear (the fused linear kernel at m = 1..4 on the 9B
-//                                 shapes and Qwen3-Next's out_proj: registers,
+//                                 shapes, Qwen3-Next's out_proj and Falcon-H1's in_proj and
+//                                 down: registers,
 //                                 norm_linear_wide, norm_linear_rows 4, norm_linear_spread)
 //   --kv=f32|bf16|both            attention_decode's KV cache element type (default both)
 //   --ssm-io=f32|bf16|both        ssm_update and ssd_scan: x/dt/B/C/y element type (default both)
@@ -488,7 +489,7 @@ void bench_linear_rows(cudaStream_t stream, std::vector<row>& rows) {
 
 // The fused linear kernel (the rmsnorm_linear op: bf16 weights, m = 1..4 rows, the decode path's
 // linear layers with their input norm) on the 9B shapes and Qwen3-Next's mixer out_proj (2048 ×
-// 4096) and Falcon-H1-7B's in_proj and down (192 and 182 blocks on the default grid), its
+// 4096) and Falcon-H1-7B's in_proj and down (182 and 192 blocks on the default grid), its
 // weights loaded by the warps into registers (the default: two weight rows a warp's task), with
 // kernels.norm_linear_wide (no norm, k <= 4096), with kernels.norm_linear_rows: 4 (four rows a
 // task; not swiglu) and with kernels.norm_linear_spread (the tasks spread over the resident
