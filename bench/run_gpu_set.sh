@@ -416,9 +416,10 @@ EOF2
       # Nsight Compute on the batch-1 decode step's kernels matching NCU_KERNELS (default: the
       # MoE decode kernels and the fused linear kernel) of NCU_CONFIG (default: the 16-layer
       # Qwen3-Next shape): speed of light, memory workload, warp stall reasons, a few launches
-      # after the warm-up (ncu profiles graph kernel nodes one by one), where ncu is installed.
+      # after the warm-up (ncu profiles graph kernel nodes one by one; clocks as the device runs them,
+      # not locked to base), where ncu is installed.
       if command -v ncu > /dev/null; then
-        stage "ncu-${NCU_CONFIG:-qwen3-next-80b-a3b-16l}" 300 ncu --kernel-name \
+        stage "ncu-${NCU_CONFIG:-qwen3-next-80b-a3b-16l}" 300 ncu --clock-control none --kernel-name \
           "regex:${NCU_KERNELS:-moe_decode_up|moe_decode_down|rmsnorm_linear}" --launch-skip 40 --launch-count 6 \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
           "$bin/hyserve-bench-model" "configs/${NCU_CONFIG:-qwen3-next-80b-a3b-16l}-synthetic-cuda.yaml" --batches 1 \
@@ -434,7 +435,7 @@ EOF2
       if command -v ncu > /dev/null; then
         conf=configs/qwen3-next-80b-a3b-16l-synthetic-cuda.yaml
         for kv in ${NCU_MOE_KEYS:-}; do conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}"); done
-        sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
+        sections=(--clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
           --section LaunchStats --section ComputeWorkloadAnalysis)
         stage ncu-moe-model 240 ncu --kernel-name regex:moe_wgmma --launch-count 2 "${sections[@]}" \
           "$bin/hyserve-bench-model" "$conf" --batches 1 --decode-steps 1 --prefill-len 8192
