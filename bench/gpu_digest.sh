@@ -28,7 +28,12 @@ digest="$out/digest.txt"
         grep -iE "tokens|TFLOP|anchor|wgmma" "$f" | head -30 ;;
       norm-linear | invariance-linear)
         echo "== $name"
-        grep -E "copy|%" "$f" | grep -E "copy \(|wgmma|rows4|wide|registers|batch_invariant lt| fast " | head -70 ;;
+        grep -E "copy|%" "$f" | grep -E "copy \(|wgmma|rows4|wide|registers|spread|batch_invariant lt| fast " | head -90 ;;
+      ncu-*)
+        # Per profiled launch: its kernel line, duration, DRAM and memory throughput, occupancy,
+        # registers and the warp-state headline lines.
+        echo "== $name"
+        grep -E "^  [a-zA-Z_].*\([0-9]+, [0-9]+, [0-9]+\)x\([0-9]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers Per Thread|stall" "$f" | head -90 ;;
       prefill-profile*)
         echo "== $name"
         grep -E "prefill +[0-9]+ tokens|^profile|^  op |^  [a-z_.+0-9]+ +[0-9]+ +[0-9.]+" "$f" | head -40 ;;

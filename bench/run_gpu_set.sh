@@ -33,7 +33,8 @@
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
 # kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS; or the
 # items of WIDE_RUNS, CONFIG:KEY[=VALUE], each config's default once); ncu
-# (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS); ncu-moe
+# (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS, or
+# NCU_RUNS items CONFIG:REGEX); ncu-moe
 # (the same for the experts' GEMMs of an 8K prefill and of hyserve-bench-cuda moe: NCU_MOE_KEYS);
 # gpu-check (gpu-tests and gpu-service concurrently, for correctness only); gpu-quick (the op
 # tests in 4 shards, the model and the speculative GPU tests, all at once); invariance
@@ -418,12 +419,14 @@ EOF2
       # Qwen3-Next shape): speed of light, memory workload, warp stall reasons, a few launches
       # after the warm-up (ncu profiles graph kernel nodes one by one; clocks as the device runs them,
       # not locked to base), where ncu is installed.
+      # NCU_RUNS='CONFIG:REGEX …' profiles several configs, each with its kernels, in turn.
       if command -v ncu > /dev/null; then
-        stage "ncu-${NCU_CONFIG:-qwen3-next-80b-a3b-16l}" 300 ncu --clock-control none --kernel-name \
-          "regex:${NCU_KERNELS:-moe_decode_up|moe_decode_down|rmsnorm_linear}" --launch-skip 40 --launch-count 6 \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-          "$bin/hyserve-bench-model" "configs/${NCU_CONFIG:-qwen3-next-80b-a3b-16l}-synthetic-cuda.yaml" --batches 1 \
-          --decode-steps 2 --prefill-len 64
+        for item in ${NCU_RUNS:-${NCU_CONFIG:-qwen3-next-80b-a3b-16l}:${NCU_KERNELS:-moe_decode_up|moe_decode_down|rmsnorm_linear}}; do
+          f=${item%%:*}
+          stage "ncu-$f" 300 ncu --clock-control none --kernel-name "regex:${item#*:}" --launch-skip 40 --launch-count 6 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 --decode-steps 2 --prefill-len 64
+        done
       else
         echo "ncu: skipped (no ncu)" | tee -a "$out/summary.txt"
       fi ;;
