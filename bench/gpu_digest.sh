@@ -20,6 +20,9 @@ digest="$out/digest.txt"
         echo "== $name"
         grep -E "tests from .* ran|PASSED|FAILED|tests passed|tests failed" "$f" | head -12
         grep -E "Failure|error:|Expected|Which is" "$f" | head -10 ;;
+      latency-probe)
+        echo "== $name"
+        grep -vE "^$" "$f" | head -80 ;;
       wgmma-probe | cublaslt-probe)
         echo "== $name"
         grep -E "copy|^[a-z_]+ n [0-9]|best|row invariance|differ|mismatch|unwritten|MISMATCHES|all outputs" "$f" | head -70 ;;

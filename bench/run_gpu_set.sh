@@ -51,7 +51,9 @@
 # the 9B and the family configs); cublaslt-probe
 # (bench/probes/cublaslt_invariance_probe.cu: a pinned cuBLASLt algorithm's rows across m, against
 # one mma.sync chain over k); wgmma-probe (bench/probes/wgmma_linear_probe.cu: the warpgroup-MMA
-# linear kernel against a reference and beside cuBLAS); prefill-profile (an 8K prefill op by op:
+# linear kernel against a reference and beside cuBLAS); latency-probe (bench/probes/decode_latency_probe.cu:
+# µs a dependent kernel in a graph, with and without PDL and clusters; µs a grid barrier; bulk-copy
+# rings against plain loads streaming 4–40 MB, contiguous and as scattered 4 MB chunks); prefill-profile (an 8K prefill op by op:
 # PROFILE_CONFIGS); prefill-variants (8K prefill with an opt-in prefill kernel and without:
 # PREFILL_RUNS); compare (this tree against
 # BASELINE_DIR: linear layers, MoE, the 9B step and prefill in both modes, Falcon-H1's batch-1
@@ -114,7 +116,7 @@ target_args=()
 # Stages that build their own binary (the probes) need no CMake build.
 build_all=0
 for s in "${stages[@]}"; do
-  case $s in wgmma-probe | cublaslt-probe) ;; *) build_all=1 ;; esac
+  case $s in wgmma-probe | cublaslt-probe | latency-probe) ;; *) build_all=1 ;; esac
 done
 [ ${#targets[@]} -gt 0 ] && build_all=0
 mkdir -p "$build"
@@ -513,6 +515,13 @@ EOF2
         "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 -Ikernels/cuda -Icommon/include -Ikernels/include \
         bench/probes/wgmma_linear_probe.cu -lcublas -o "$build/wgmma_probe"
       stage wgmma-probe 240 "$build/wgmma_probe" ;;
+    latency-probe)
+      # What a decode step's kernels pay beyond their bytes, each effect alone
+      # (bench/probes/decode_latency_probe.cu).
+      stage latency-probe-build 120 /usr/local/cuda/bin/nvcc -O3 \
+        "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -std=c++17 -Ikernels/cuda -Icommon/include -Ikernels/include \
+        bench/probes/decode_latency_probe.cu -o "$build/decode_latency_probe"
+      stage latency-probe 180 "$build/decode_latency_probe" ;;
     cublaslt-probe)
       # Is a cuBLASLt GEMM with its algorithm pinned row-invariant, with the bits of one mma.sync
       # chain over k (bench/probes/cublaslt_invariance_probe.cu)?
@@ -556,7 +565,7 @@ EOF2
         echo "checkpoint written in $(($(date +%s) - t0)) s: $(du -sh /tmp/bamba-9b-ckpt | cut -f1)"
         serve_until_healthy configs/bamba-9b-checkpoint-cuda.yaml '"$out"'/startup-checkpoint.log
         rm -rf /tmp/bamba-9b-ckpt' ;;
-    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check gated-norm wide-linear ncu model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown stage $s (known: tests gpu-tests gpu-service gpu-check latency-probe gated-norm wide-linear ncu model-tp2 diag-qwen served-qwen80 invariance invariance-speed invariance-spec invariance-spec-tree spec-profile moe families prefix select ssd kernels gdn skinny model model-mma spec-pred spec-pred-mma spec-rand spec-draft serve-cuda served served-qwen startup)" | tee -a "$out/summary.txt" ;;
   esac
 done
 wait  # stages that run in the background (model-tp2)
