@@ -411,6 +411,7 @@ int decode_cluster_size() {
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int active = 0;
+      static_assert(attn_decode::kMaxCluster >= 16, "merge_cluster's loads cover the cluster");
       if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0) return 16;
     }
     (void)cudaGetLastError();

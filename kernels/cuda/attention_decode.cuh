@@ -243,6 +243,11 @@ __device__ __forceinline__ float2 ld_cluster(const float2* p, uint32_t rank) {
 // order, reading the other blocks' shared memory; a second barrier keeps every block's shared
 // memory until all have read it. No partials in global memory and no combine kernel. Every
 // block of the cluster calls it (an empty slice with m = -inf, which the merge skips).
+// A thread's 2n remote loads (n <= kMaxCluster) all go out before the first is used: a loop
+// over the run-time n with a load and its use in each step would pay the distributed shared
+// memory's latency 2n times over. merge_parts then runs over kMaxCluster parts, those past n
+// empty: the same order and bits as over n.
+constexpr int kMaxCluster = 16;
 template <int D, int G>
 __device__ __forceinline__ void merge_cluster(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
                                               const float (&s_acc)[kWarps][G][D], const block_keys& r) {
@@ -260,9 +265,18 @@ __device__ __forceinline__ void merge_cluster(const paged_attention_params& p, c
   for (int e = static_cast<int>(rank) * kThreads + static_cast<int>(threadIdx.x); e < G * D;
        e += static_cast<int>(n) * kThreads) {
     const int h = e / D, d = e % D;
-    const merged_parts mp = merge_parts(
-        static_cast<int>(n), [&](int s) { return ld_cluster(&c_ml[h], static_cast<uint32_t>(s)); },
-        [&](int s) { return ld_cluster(&c_acc[h][d], static_cast<uint32_t>(s)); });
+    float2 ml[kMaxCluster];
+    float acc[kMaxCluster];
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s) {
+      ml[s] = make_float2(-INFINITY, 0.0f);
+      acc[s] = 0.0f;
+      if (s < static_cast<int>(n)) {
+        ml[s] = ld_cluster(&c_ml[h], static_cast<uint32_t>(s));
+        acc[s] = ld_cluster(&c_acc[h][d], static_cast<uint32_t>(s));
+      }
+    }
+    const merged_parts mp = merge_parts(kMaxCluster, [&](int s) { return ml[s]; }, [&](int s) { return acc[s]; });
     p.out[r.q_start * p.out_stride + (r.kvh * G + h) * D + d] = mp.acc / mp.l;
   }
   cluster_sync();
