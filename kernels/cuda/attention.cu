@@ -421,13 +421,14 @@ int decode_cluster_size() {
 }
 
 // A decode kernel's cluster variant over grid's kv heads and queries: the cluster size's slices
-// a query, each cluster merging them (attn_decode::merge_cluster), no partials.
-template <auto Kernel>
+// a query, each cluster merging them (attn_decode::merge_cluster), no partials; extra: the
+// kernel's arguments after the tree's.
+template <auto Kernel, class... Extra>
 void launch_in_clusters(const paged_attention_params& p, dim3 grid, int qmax, const attn_decode::tree_keys& tree,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, Extra... extra) {
   const int c = decode_cluster_size<Kernel>();
   launch_pdl_cluster(Kernel, dim3(static_cast<unsigned>(c), grid.y, grid.z), dim3(attn_decode::kThreads), 0, c, stream,
-                     p, c, qmax, attn_decode::partials{}, tree);
+                     p, c, qmax, attn_decode::partials{}, tree, extra...);
 }
 
 // tree: a tree verify call (tree_keys): every row's tree.nodes queries on the decode kernel.
@@ -505,6 +506,9 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
         const dim3 grid(static_cast<unsigned>(n_dec), static_cast<unsigned>(p.kv_heads),
                         static_cast<unsigned>(p.batch * qmax));
         const attn_decode::partials dpart{part.acc, part.ml};
+        // kernels.attn_decode_early_loads: the tensor-core kernel's causal calls load their
+        // older keys before the programmatic-launch wait (decode_kernel_mma states when that is safe).
+        const bool early = current_paths().attn_decode_early_loads && tree.nodes == 0;
         const auto launch = [&](auto tree_tag) {
           constexpr bool kTree = decltype(tree_tag)::value;
           if constexpr (std::is_same_v<KV, __nv_bfloat16> && (D == 64 || D == 128 || D == 256)) {
@@ -512,12 +516,12 @@ void launch_paged_attention(const paged_attention_params& p, cudaStream_t stream
               if constexpr (!kTree) {
                 if (cluster) {
                   launch_in_clusters<&attn_decode_mma::decode_kernel_mma<D, G, false, true>>(p, grid, qmax, tree,
-                                                                                              stream);
+                                                                                              stream, early);
                   return;
                 }
               }
               launch_pdl(attn_decode_mma::decode_kernel_mma<D, G, kTree>, grid, dim3(attn_decode::kThreads), 0, stream,
-                         p, n_dec, qmax, dpart, tree);
+                         p, n_dec, qmax, dpart, tree, early);
               return;
             }
           }

@@ -63,11 +63,21 @@ __device__ __forceinline__ uint32_t pair_dim(const uint4& a, const uint4& b, int
 
 // kCluster: launched in clusters of n_slices blocks along x (attn_decode::merge_cluster); causal
 // calls only.
+// early (kernels.attn_decode_early_loads; causal calls, head_dim <= 128): the block locates its keys and loads its
+// warps' first tiles of K and V before the programmatic-launch wait, all but the keys of this
+// step's tokens (positions >= seq_len − q_len), which it loads after the wait with q. Safe where
+// the kernel before this one waits for its own predecessor before it lets this one launch (every
+// decode-step kernel does: pdl_begin): then all that is older than that kernel — the row
+// metadata, the pages and the earlier steps' keys — is complete and visible, and only what that
+// kernel writes (the step's K, V and rotated q: the rope and kv_write kernel) is not.
 template <int D, int G, bool kTree, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attention_params p, int n_slices, int qmax,
                                                               const attn_decode::partials part,
-                                                              const attn_decode::tree_keys tree) {
-  pdl_begin();
+                                                              const attn_decode::tree_keys tree, bool early = false) {
+  // Not for a tree call (its paths may come from the kernel just before), nor at head_dim 256
+  // (a tile held across the q set-up spills some 700 bytes a thread there).
+  early = early && !kTree && D <= 128;
+  if (!early) pdl_begin();
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(G >= 1 && G <= 8, "at most 8 heads per kv head (one n-tile)");
   constexpr int KS = D / 16;  // k-steps of the scores
@@ -78,8 +88,67 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   attn_decode::block_keys r;
   static_assert(!(kTree && kCluster), "the cluster merge serves causal calls");
   // A cluster's blocks share their query: all of them leave here or none (empty slices stay).
+  // (early: a block with nothing to do leaves before its wait; it reads and writes nothing more.)
   if (!attn_decode::locate_block<kTree, kCluster>(p, n_slices, qmax, tree, r)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+
+  const int32_t* pages = p.page_table + r.b * p.page_table_stride;
+  const int64_t ps = p.page_size;
+  const bool page_tiles = ps % kTile == 0;  // a tile (s0 a multiple of 16) lies inside one page
+  const auto* kc = static_cast<const __nv_bfloat16*>(p.k_cache);
+  const auto* vc = static_cast<const __nv_bfloat16*>(p.v_cache);
+  const int vkey[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  // Lane (g, t)'s rows of the tile at s0: K of keys g and 8 + g (kr), V of keys vkey (vr). `which`:
+  // kAll every valid key (others zero); kOld the keys before `fresh` (the others zero); kFresh
+  // only the keys from `fresh` on (the others kept).
+  enum { kAll, kOld, kFresh };
+  const int64_t fresh =
+      early ? p.seq_lens[r.b] - (p.query_start_loc[r.b + 1] - p.query_start_loc[r.b]) : int64_t{0};
+  uint4 kr[2][KU], vr[4][VC];
+  auto load_tile = [&](int64_t s0, int which) {
+    // A tile of consecutive positions inside one page (a tree call's path keys are not).
+    const bool tile_in_page = page_tiles && (!kTree || s0 + kTile <= r.prefix);
+    const int64_t tile_loc = tile_in_page ? static_cast<int64_t>(pages[s0 / ps]) * ps + s0 % ps : 0;
+    // Cache row (token location × kv heads + kv head) of tile key jj (valid keys only: the page
+    // table past the row's length may hold -1).
+    auto row_of = [&](int jj) {
+      const int64_t s = attn_decode::key_position<kTree>(r, s0 + jj);
+      const int64_t loc = tile_in_page ? tile_loc + jj : static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
+      return (loc * p.kv_heads + r.kvh) * D;
+    };
+    auto take = [&](int jj) {  // load key jj now; else (kAll, kOld) zero it, (kFresh) keep it
+      const int64_t s = s0 + jj;
+      return s < r.ke && (which == kAll || (which == kOld) == (s < fresh));
+    };
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int jj = 8 * nt + g;
+      if (take(jj)) {
+        const uint4* src = reinterpret_cast<const uint4*>(kc + row_of(jj) + (D / 4) * t);
+#pragma unroll
+        for (int u = 0; u < KU; ++u) kr[nt][u] = __ldcs(src + u);
+      } else if (which != kFresh) {
+#pragma unroll
+        for (int u = 0; u < KU; ++u) kr[nt][u] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int k4 = 0; k4 < 4; ++k4) {
+      if (take(vkey[k4])) {
+        const uint4* src = reinterpret_cast<const uint4*>(vc + row_of(vkey[k4]) + 8 * g);
+#pragma unroll
+        for (int c = 0; c < VC; ++c) vr[k4][c] = __ldcs(src + 8 * c);  // dims 64c + 8g: 8 uint4 apart
+      } else if (which != kFresh) {
+#pragma unroll
+        for (int c = 0; c < VC; ++c) vr[k4][c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  const int64_t first = r.kb + kTile * warp;  // this warp's first tile
+  if (early) {
+    if (first < r.ke) load_tile(first, kOld);
+    pdl_begin();  // q and this step's keys come from the kernel before
+  }
 
   // q of head g at dims D/4·t + 4ks + {0,1} (a0) and {2,3} (a2); rows g + 8 (a1, a3) and heads
   // g >= G are zero. Head_dim 256 (kernels.attn_decode_mma_hd256): the fragments in shared
@@ -134,48 +203,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_mma(const paged_attent
   for (int mt = 0; mt < 4 * VC; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;  // head g: running max (log2 units; the same in the quad), this lane's Σ p
 
-  const int32_t* pages = p.page_table + r.b * p.page_table_stride;
-  const int64_t ps = p.page_size;
-  const bool page_tiles = ps % kTile == 0;  // a tile (s0 a multiple of 16) lies inside one page
-  const auto* kc = static_cast<const __nv_bfloat16*>(p.k_cache);
-  const auto* vc = static_cast<const __nv_bfloat16*>(p.v_cache);
-  const int vkey[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-
-  for (int64_t s0 = r.kb + kTile * warp; s0 < r.ke; s0 += kTile * kWarps) {
-    // A tile of consecutive positions inside one page (a tree call's path keys are not).
-    const bool tile_in_page = page_tiles && (!kTree || s0 + kTile <= r.prefix);
-    const int64_t tile_loc = tile_in_page ? static_cast<int64_t>(pages[s0 / ps]) * ps + s0 % ps : 0;
-    // Cache row (token location × kv heads + kv head) of tile key jj (valid keys only: the page
-    // table past the row's length may hold -1).
-    auto row_of = [&](int jj) {
-      const int64_t s = attn_decode::key_position<kTree>(r, s0 + jj);
-      const int64_t loc = tile_in_page ? tile_loc + jj : static_cast<int64_t>(pages[s / ps]) * ps + s % ps;
-      return (loc * p.kv_heads + r.kvh) * D;
-    };
-    uint4 kr[2][KU], vr[4][VC];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int jj = 8 * nt + g;
-      if (s0 + jj < r.ke) {
-        const uint4* src = reinterpret_cast<const uint4*>(kc + row_of(jj) + (D / 4) * t);
-#pragma unroll
-        for (int u = 0; u < KU; ++u) kr[nt][u] = __ldcs(src + u);
-      } else {
-#pragma unroll
-        for (int u = 0; u < KU; ++u) kr[nt][u] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-#pragma unroll
-    for (int k4 = 0; k4 < 4; ++k4) {
-      if (s0 + vkey[k4] < r.ke) {
-        const uint4* src = reinterpret_cast<const uint4*>(vc + row_of(vkey[k4]) + 8 * g);
-#pragma unroll
-        for (int c = 0; c < VC; ++c) vr[k4][c] = __ldcs(src + 8 * c);  // dims 64c + 8g: 8 uint4 apart
-      } else {
-#pragma unroll
-        for (int c = 0; c < VC; ++c) vr[k4][c] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+  for (int64_t s0 = first; s0 < r.ke; s0 += kTile * kWarps) {
+    load_tile(s0, early && s0 == first ? kFresh : kAll);  // early: the first tile's older keys are in
 
     // Scores of head g: sc[nt][e] for key 8nt + 2t + e (e < 2; e >= 2 are rows g + 8, unused).
     float sc[2][4];

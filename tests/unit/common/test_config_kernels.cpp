@@ -39,6 +39,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_FALSE(k.attn_decode_mma_hd256);
+    EXPECT_FALSE(k.attn_decode_early_loads);
     EXPECT_TRUE(k.norm_linear);
     EXPECT_EQ(k.norm_linear_blocks_per_sm, 0);
     EXPECT_FALSE(k.norm_linear_gate);
@@ -65,6 +66,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   attn_decode_waves: 2
   attn_decode_cluster: 2048
   attn_decode_mma_hd256: true
+  attn_decode_early_loads: true
   attn_extend_fill: false
   gdn_cluster: 4
   gdn_decode: persistent8
@@ -99,6 +101,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.attn_extend_fill);
   EXPECT_EQ(k.attn_decode_cluster, 2048);
   EXPECT_TRUE(k.attn_decode_mma_hd256);
+  EXPECT_TRUE(k.attn_decode_early_loads);
   EXPECT_EQ(k.gdn_cluster, 4);
   EXPECT_EQ(k.gdn_decode, kp::gdn_decode_kind::kPersistent8);
   EXPECT_EQ(k.gdn_max_tokens, 32768);
@@ -217,8 +220,8 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_max_slices, "
-                    "attn_decode_mma_hd256, attn_decode_waves, attn_extend_fill, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_early_loads, "
+                    "attn_decode_max_slices, attn_decode_mma_hd256, attn_decode_waves, attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
                     "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,

@@ -297,18 +297,33 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
   pg.page_table = dpt.data();
   // Both decode kernels of a bf16 cache (CUDA-core, tensor-core; head_dim 256 on the tensor-core
   // kernel with kernels.attn_decode_mma_hd256), same tolerance; the slices' partials and the
-  // combine kernel (kernels.attn_decode_cluster off; the cluster merge below).
+  // combine kernel (kernels.attn_decode_cluster off; the cluster merge below). The tensor-core
+  // kernel also with kernels.attn_decode_early_loads (a warp's first tile loaded in two parts:
+  // the keys before this step's, then this step's): the same bits as without.
   {
     kernel_paths no_cluster;
     no_cluster.attn_decode_cluster = -1;
     no_cluster.attn_decode_mma_hd256 = true;  // head_dim 256 on the tensor-core kernel too
-    const paths_scope scope(no_cluster);
-    for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
-      set_attn_decode_path(path);
-      dout.fill_bytes(0xff);
-      run_cuda(pg);
-      device_synchronize();
-      expect_match(dout.download(), out, 2e-5, 1e-4, path == attn_decode_path::kMma ? "out (mma)" : "out (simt)");
+    std::vector<float> mma_out;
+    for (const bool early : {false, true}) {
+      no_cluster.attn_decode_early_loads = early;
+      const paths_scope scope(no_cluster);
+      for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
+        if (early && path == attn_decode_path::kSimt) continue;
+        set_attn_decode_path(path);
+        dout.fill_bytes(0xff);
+        run_cuda(pg);
+        device_synchronize();
+        const std::vector<float> got = dout.download();
+        expect_match(got, out, 2e-5, 1e-4,
+                     path == attn_decode_path::kSimt ? "out (simt)" : early ? "out (mma, early loads)" : "out (mma)");
+        if (path == attn_decode_path::kMma && !early) mma_out = got;
+        if (path == attn_decode_path::kMma && early) {
+          size_t differ = 0;
+          for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &mma_out[i], sizeof(float)) != 0 ? 1 : 0;
+          EXPECT_EQ(differ, 0u) << "attn_decode_early_loads against without: elements whose bits differ";
+        }
+      }
     }
   }
   // kernels.attn_decode_cluster: both decode kernels' slices merged inside a thread-block cluster
@@ -318,19 +333,23 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     kernel_paths cluster;
     cluster.attn_decode_cluster = 1 << 20;
     cluster.attn_decode_mma_hd256 = true;
-    const paths_scope scope(cluster);
     const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-    for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
-      set_attn_decode_path(path);
-      for (const int promise : {0, 0, most}) {
-        if (promise > 16) continue;
-        pg.max_q_len = promise;
-        dout.fill_bytes(0xff);
-        run_cuda(pg);
-        device_synchronize();
-        expect_match(dout.download(), out, 2e-5, 1e-4,
-                     std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
-                         ", cluster merge, max_q_len " + std::to_string(promise) + ")");
+    for (const bool early : {false, true}) {
+      cluster.attn_decode_early_loads = early;
+      const paths_scope scope(cluster);
+      for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
+        if (early && path == attn_decode_path::kSimt) continue;
+        set_attn_decode_path(path);
+        for (const int promise : {0, 0, most}) {
+          if (promise > 16) continue;
+          pg.max_q_len = promise;
+          dout.fill_bytes(0xff);
+          run_cuda(pg);
+          device_synchronize();
+          expect_match(dout.download(), out, 2e-5, 1e-4,
+                       std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
+                           (early ? ", early loads" : "") + ", cluster merge, max_q_len " + std::to_string(promise) + ")");
+        }
       }
     }
     pg.max_q_len = 0;

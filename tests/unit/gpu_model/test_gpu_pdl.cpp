@@ -6,14 +6,18 @@
 // weight prefetch that touched written memory) would read the previous kernel's half-written
 // output and differ here. Fixtures: every family, with the MoE layer (Qwen3-Next's device
 // routing, Granite-4.0-H's experts), GDN, squared-ReLU MLP and parallel attention + Mamba2.
-// Skips without a CUDA device.
+// Also kernels.attn_decode_early_loads against the default (GpuPdlEarlyLoads). Skips without a
+// CUDA device.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
 
+#include "fixture.h"
 #include "graph_test_support.h"
 #include "hyserve/common/config.h"
+#include "hyserve/common/model_config.h"
+#include "hyserve/kernels/device.h"
 #include "hyserve/worker/engine.h"
 
 namespace hyserve {
@@ -81,6 +85,64 @@ TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
       next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
   }
   EXPECT_EQ(graph_steps, static_cast<int>(schedule.size()) - 2);
+}
+
+// kernels.attn_decode_early_loads: the tensor-core decode kernel loads a row's older keys before
+// the programmatic-launch wait and this step's keys (written by the rope and kv_write kernel just
+// before it) after it. Were the split wrong, or an older key still being written when the kernel
+// starts, a step would read stale or half-written rows. On a model whose attention runs that
+// kernel (bamba-tiny's layout with head_dim 128 and synthetic weights, bf16 weights and KV cache;
+// the fixtures' head_dim 16 runs the CUDA-core kernel), every graph decode step's logits equal
+// the default's bit for bit, over contexts of one to 13 pages of 16 keys (several tiles a warp,
+// slices of several warps, the cluster merge) at batches 1 to 4.
+TEST(GpuPdlEarlyLoads, EqualsDefaultBitwiseInDecodeGraphs) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  synthetic_model_config syn;
+  syn.arch = read_hf_config(test::fixture_dir("bamba-tiny") + "/config.json");
+  syn.arch.head_dim = 128;
+  syn.seed = 5;
+  auto config = [&](bool early) {
+    service_config cfg = graph_test::graph_config(graph_case{"bamba-tiny", true}, true, 8);
+    cfg.model.path.clear();
+    cfg.model.synthetic = syn;
+    cfg.cache.page_size = 16;
+    cfg.cache.max_context = 512;
+    cfg.kernels.attn_decode_early_loads = early;
+    return cfg;
+  };
+  engine on(config(true)), off(config(false));
+  const int64_t vocab = on.config().vocab_size;
+  const std::vector<int32_t> lengths = {37, 130, 201, 15};
+  std::vector<int32_t> handles, next;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(lengths[i]));
+    for (size_t t = 0; t < prompt.size(); ++t)
+      prompt[t] = static_cast<int32_t>((3 + 31 * i + 7 * t) % static_cast<size_t>(vocab));
+    const int32_t a = on.open_request(), b = off.open_request();
+    ASSERT_EQ(a, b);
+    const tensor la = on.step(forward_mode::kExtend, {step_row{a, prompt}});
+    const tensor lb = off.step(forward_mode::kExtend, {step_row{b, prompt}});
+    EXPECT_EQ(differing_floats(la, lb), 0) << "prefill of request " << i;
+    handles.push_back(a);
+    next.push_back(argmax(la.as<float>() + (la.shape()[0] - 1) * vocab, vocab));
+  }
+  const std::vector<std::vector<size_t>> schedule = {{0}, {1}, {2}, {3}, {0, 1, 2, 3}, {0, 2}, {1, 2, 3},
+                                                     {2}, {0, 1, 2, 3}, {3}, {0, 1}, {2}};
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    std::vector<step_row> rows;
+    for (size_t r : schedule[s]) rows.push_back(step_row{handles[r], {next[r]}});
+    step_report ron;
+    forward_options oon;
+    oon.report = &ron;
+    const tensor lon = on.step(forward_mode::kDecode, rows, oon);
+    const tensor loff = off.step(forward_mode::kDecode, rows);
+    ASSERT_EQ(lon.shape(), loff.shape());
+    EXPECT_TRUE(ron.graph) << "step " << s;
+    EXPECT_EQ(differing_floats(lon, loff), 0) << "decode step " << s << " (" << rows.size() << " rows)";
+    if (HasFailure()) return;
+    for (size_t i = 0; i < schedule[s].size(); ++i)
+      next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPdl,

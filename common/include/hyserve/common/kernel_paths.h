@@ -91,6 +91,13 @@ struct kernel_paths {
   // other head_dims'. Not yet measured: on the H200 (run 40) the CUDA-core kernel took 25.5 µs a
   // layer at batch 1, context 1024 (eight dependent 8-key steps a block).
   bool attn_decode_mma_hd256 = false;
+  // true: the tensor-core decode kernel's causal calls (head_dim <= 128) locate their keys and load their warps'
+  // first tiles of K and V (all but this step's keys) before the programmatic-launch wait, then q
+  // and this step's keys after it, so that the page lookups and the cache's older keys overlap the
+  // rope and kv_write kernel before it; false (default): everything after the wait. The same
+  // loads and bits. Not yet measured: on the H200 (run 40) a batch-1 Falcon-H1-7B layer's decode
+  // attention took 12.4 µs for 0.3 µs of bytes.
+  bool attn_decode_early_loads = false;
   int32_t gdn_cluster = 0;        // 1 | 2 | 4: cluster size of the GDN prefill state kernel; 0 = automatic
   gdn_decode_kind gdn_decode = gdn_decode_kind::kDefault;
   int32_t gdn_max_tokens = 0;  // tokens the GDN tensor-core prefill workspace is sized for; 0 = 16384
