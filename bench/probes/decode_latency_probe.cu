@@ -3,7 +3,11 @@
 // the kernel-per-op step (the families' batch-1 steps run 2–7 µs a kernel above their bytes).
 //   1. hop: N = 256 dependent kernels in one CUDA graph, each reading what the one before wrote
 //      (a block's values from another block's), with programmatic dependent launch (PDL) and
-//      without, at 1, 32, 132 and 264 blocks of 128 threads, and as 16-block clusters: µs a hop.
+//      without, at 1, 32, 132 and 264 blocks of 128 threads, and as 16-block clusters: µs a hop;
+//      and with every other hop asking 100 KB of dynamic shared memory (a carveout change at
+//      every hop, as between the MoE decode kernels' rings and the kernels around them), with
+//      the driver's carveout choice and with every hop preferring the largest (what
+//      kernels.smem_carveout: 100 asks).
 //   2. barrier: the same 256 hops inside one kernel of co-resident blocks (a cooperative launch),
 //      separated by a grid barrier (an atomic arrival count and a spin on a generation word): µs a
 //      hop. If a barrier costs what a kernel boundary does, a persistent decode kernel saves
@@ -62,14 +66,20 @@ void probe_hops(cudaStream_t s) {
   CK(cudaMalloc(&y, 264 * 128 * sizeof(float)));
   CK(cudaMemset(x, 0, 264 * 128 * sizeof(float)));
   std::printf("== hop: %d dependent kernels in one graph (128 threads a block)\n", kHops);
-  std::printf("%-8s %-10s %-8s %10s\n", "blocks", "cluster", "pdl", "us/hop");
+  std::printf("%-8s %-10s %-8s %-12s %-10s %10s\n", "blocks", "cluster", "pdl", "odd smem KB", "carveout", "us/hop");
   struct variant {
     int blocks, cluster;
     bool pdl;
+    int odd_smem_kb = 0;  // dynamic shared memory of every other hop
+    int carveout = cudaSharedmemCarveoutDefault;
   };
-  const variant vs[] = {{1, 1, false},  {1, 1, true},  {32, 1, false}, {32, 1, true},  {132, 1, false}, {132, 1, true},
-                        {264, 1, true}, {32, 8, true}, {32, 16, false}, {32, 16, true}};
+  const variant vs[] = {{1, 1, false},      {1, 1, true},          {32, 1, false},        {32, 1, true},
+                        {132, 1, false},    {132, 1, true},        {264, 1, true},        {32, 8, true},
+                        {32, 16, false},    {32, 16, true},        {132, 1, true, 100},   {132, 1, true, 100, 100},
+                        {132, 1, true, 0, 100}};
+  CK(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
   for (const variant& v : vs) {
+    CK(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, v.carveout));
     if (v.cluster > 1)
       CK(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     const int n = v.blocks * 128;
@@ -80,6 +90,7 @@ void probe_hops(cudaStream_t s) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(v.blocks);
       cfg.blockDim = dim3(128);
+      cfg.dynamicSmemBytes = (h & 1) ? static_cast<size_t>(v.odd_smem_kb) * 1024 : 0;
       cfg.stream = s;
       cudaLaunchAttribute attr[2];
       unsigned na = 0;
@@ -101,8 +112,8 @@ void probe_hops(cudaStream_t s) {
     }
     const cudaError_t ended = cudaStreamEndCapture(s, &g);
     if (launched != cudaSuccess || ended != cudaSuccess) {  // e.g. a cluster size the device refuses
-      std::printf("%-8d %-10d %-8s %10s (%s)\n", v.blocks, v.cluster, v.pdl ? "yes" : "no", "-",
-                  cudaGetErrorString(launched != cudaSuccess ? launched : ended));
+      std::printf("%-8d %-10d %-8s %-12d %-10d %10s (%s)\n", v.blocks, v.cluster, v.pdl ? "yes" : "no", v.odd_smem_kb,
+                  v.carveout, "-", cudaGetErrorString(launched != cudaSuccess ? launched : ended));
       (void)cudaGetLastError();
       if (ended == cudaSuccess) CK(cudaGraphDestroy(g));
       continue;
@@ -110,7 +121,8 @@ void probe_hops(cudaStream_t s) {
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, g, 0));
     const float us = time_graph_us(exec, s, 20) / kHops;
-    std::printf("%-8d %-10d %-8s %10.2f\n", v.blocks, v.cluster, v.pdl ? "yes" : "no", us);
+    std::printf("%-8d %-10d %-8s %-12d %-10d %10.2f\n", v.blocks, v.cluster, v.pdl ? "yes" : "no", v.odd_smem_kb,
+                v.carveout, us);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(g));
   }

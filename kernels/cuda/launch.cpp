@@ -1,5 +1,9 @@
-// When a launch may carry the programmatic-serialization attribute (launch.cuh).
+// When a launch may carry the programmatic-serialization attribute, and the launches' shared-memory
+// carveout (launch.cuh).
 #include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <unordered_map>
 
 #include "check.h"
 #include "hyserve/kernels/paths.h"
@@ -27,6 +31,17 @@ bool pdl_applies(cudaStream_t stream) {
     if (type != cudaGraphNodeTypeKernel) return false;
   }
   return true;
+}
+
+void prefer_carveout(const void* kernel) {
+  const int want = current_paths().smem_carveout > 0 ? current_paths().smem_carveout : cudaSharedmemCarveoutDefault;
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> set;  // what each kernel was last given
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = set.find(kernel);
+  if (it == set.end() ? want == cudaSharedmemCarveoutDefault : it->second == want) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
+  set[kernel] = want;
 }
 
 }  // namespace hyserve::kernels::cuda_detail

@@ -43,6 +43,10 @@ __device__ __forceinline__ void pdl_begin() {
 // Whether a launch on `stream` now may carry the programmatic-serialization attribute.
 bool pdl_applies(cudaStream_t stream);
 
+// kernels.smem_carveout: sets the kernel's preferred shared-memory carveout to the configured
+// percent (or back to the driver's choice when it is default), once per kernel and value.
+void prefer_carveout(const void* kernel);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_applies(stream), in
 // thread-block clusters of `cluster` blocks along x when cluster > 1 (gridDim.x a multiple of it).
 template <class... KernelArgs, class... Args>
@@ -67,6 +71,7 @@ void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
+  prefer_carveout(reinterpret_cast<const void*>(kernel));
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

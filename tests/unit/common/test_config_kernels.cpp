@@ -50,6 +50,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.ssd_seq_bf16);
     EXPECT_EQ(k.ssd_seq_slice, 0);
     EXPECT_TRUE(k.pdl);
+    EXPECT_EQ(k.smem_carveout, 0);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
     EXPECT_EQ(k.ssd_max_tokens, 0);
@@ -89,6 +90,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
+  smem_carveout: 72
   skinny: mma
   sparse_select: v1
   ssd_max_tokens: 65536
@@ -123,6 +125,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);
+  EXPECT_EQ(k.smem_carveout, 72);
   EXPECT_EQ(k.skinny, kp::skinny_kind::kMma);
   EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kV1);
   EXPECT_EQ(k.ssd_max_tokens, 65536);

@@ -41,8 +41,9 @@ service_config pdl_config(const graph_case& c, bool pdl) {
 
 class GpuPdl : public graph_test::device_case_test {};
 
-TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
-  engine on(pdl_config(GetParam(), true)), off(pdl_config(GetParam(), false));
+// The same prefills and decode steps (graph, then eager) on both engines: every step's logits
+// identical bit for bit.
+void expect_same_steps(engine& on, engine& off) {
   const int64_t vocab = on.config().vocab_size;
   const std::vector<int32_t> lengths = {13, 6, 10, 25};
   std::vector<int32_t> handles, next;
@@ -80,11 +81,25 @@ TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
     EXPECT_EQ(ron.graph, !eager) << "step " << s;
     EXPECT_EQ(roff.graph, !eager) << "step " << s;
     if (ron.graph) ++graph_steps;
-    if (HasFailure()) return;
+    if (::testing::Test::HasFailure()) return;
     for (size_t i = 0; i < schedule[s].size(); ++i)
       next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
   }
   EXPECT_EQ(graph_steps, static_cast<int>(schedule.size()) - 2);
+}
+
+TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
+  engine on(pdl_config(GetParam(), true)), off(pdl_config(GetParam(), false));
+  expect_same_steps(on, off);
+}
+
+// kernels.smem_carveout: 100 (every decode-path kernel prefers the largest shared memory) changes
+// where blocks may run, never what they compute.
+TEST_P(GpuPdl, CarveoutPreferenceEqualsDefaultBitwise) {
+  service_config carve = pdl_config(GetParam(), true);
+  carve.kernels.smem_carveout = 100;
+  engine on(carve), off(pdl_config(GetParam(), true));
+  expect_same_steps(on, off);
 }
 
 // kernels.attn_decode_early_loads: the tensor-core decode kernel loads a row's older keys before

@@ -172,6 +172,13 @@ struct kernel_paths {
   // 22542 tokens/s (+1.5%, one round).
   int32_t ssd_seq_slice = 0;
   bool pdl = true;                     // false: no programmatic dependent launch anywhere
+  // 1..100: every kernel launched through the programmatic-launch helper (the decode path's)
+  // prefers that percent of the SM's most shared memory as its shared-memory carveout (the rest
+  // is L1); 0 = default: the driver's choice per kernel, from what the kernel needs. An SM runs
+  // blocks of one carveout at a time, so where consecutive kernels differ (the MoE decode
+  // kernels' 130–140 KB rings beside kernels of a few KB) the next kernel's blocks wait for the
+  // SM to drain before they can start. The same arithmetic. Not yet measured.
+  int32_t smem_carveout = 0;
   skinny_kind skinny = skinny_kind::kDefault;
   sparse_select_kind sparse_select = sparse_select_kind::kDefault;
   int32_t ssd_max_tokens = 0;  // tokens the parallel_single SSD scan workspace is sized for; 0 = 16384
