@@ -376,9 +376,18 @@ EOF2
       # Where a graph decode step's time goes: CUPTI's kernel records of 8 sampled steps at the
       # TRACE_BATCHES batch sizes (default 1; e.g. 1,64) (span, kernel-busy time, gaps; the 30
       # longest kernels) for each TRACE_CONFIGS config (bamba-9b is configs/bamba-9b-synthetic-cuda.yaml).
+      # TRACE_KEYS (kernels KEY or KEY=VALUE items): each config traced again with all of them.
       for f in ${TRACE_CONFIGS:-bamba-9b falcon-h1-7b nemotron-h-8b granite-4.0-h-tiny granite-4.0-h-small}; do
         stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
           --kernel-trace --json "$out/trace-$f.json"
+        if [ -n "${TRACE_KEYS:-}" ]; then
+          conf=configs/$f-synthetic-cuda.yaml
+          for kv in $TRACE_KEYS; do
+            case $kv in *=*) conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}") ;; *) conf=$(with_kernels "$conf" "$kv" true) ;; esac
+          done
+          stage "trace-$f-keys" 120 "$bin/hyserve-bench-model" "$conf" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
+            --kernel-trace --json "$out/trace-$f-keys.json"
+        fi
       done ;;
     decode-slices)
       # kernels.attn_decode_max_slices at batch 1, context 1024 (the combine kernel against fewer,
