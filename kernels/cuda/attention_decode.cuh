@@ -244,9 +244,9 @@ __device__ __forceinline__ float2 ld_cluster(const float2* p, uint32_t rank) {
 // memory until all have read it. No partials in global memory and no combine kernel. Every
 // block of the cluster calls it (an empty slice with m = -inf, which the merge skips).
 // A thread's 2n remote loads (n <= kMaxCluster) all go out before the first is used: a loop
-// over the run-time n with a load and its use in each step would pay the distributed shared
-// memory's latency 2n times over. merge_parts then runs over kMaxCluster parts, those past n
-// empty: the same order and bits as over n.
+// over the run-time n (which the compiler unrolled only in part) waited on the distributed
+// shared memory's latency once for each group of loads. merge_parts then runs over kMaxCluster
+// parts, those past n empty: the same order and bits as over n.
 constexpr int kMaxCluster = 16;
 template <int D, int G>
 __device__ __forceinline__ void merge_cluster(const paged_attention_params& p, const float2 (&s_ml)[kWarps][G],
