@@ -28,7 +28,7 @@ digest="$out/digest.txt"
         grep -E "copy|^[a-z_]+ n [0-9]|best|row invariance|differ|mismatch|unwritten|MISMATCHES|all outputs" "$f" | head -70 ;;
       moe)
         echo "== $name"
-        grep -iE "tokens|TFLOP|anchor|wgmma" "$f" | head -30 ;;
+        grep -iE "tokens|TFLOP|anchor|wgmma|moe_layer" "$f" | head -40 ;;
       norm-linear | invariance-linear)
         echo "== $name"
         grep -E "copy|%" "$f" | grep -E "copy \(|wgmma|rows4|wide|registers|spread|batch_invariant lt| fast " | head -90 ;;

@@ -642,6 +642,19 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     });
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
+    if (T == 1) {  // kernels.smem_carveout: the router, up and down kernels under one carveout
+      for (const int pct : {72, 100}) {
+        kernel_paths carve;
+        carve.smem_carveout = pct;
+        const paths_scope scope(carve);
+        const double us_c = time_in_arena([&](int) {
+          run_cuda(r, stream);
+          run_cuda(pl, stream);
+        });
+        rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared carveout " + std::to_string(pct),
+                        static_cast<int>(T), us_c, layer_bytes});
+      }
+    }
     const double flops = 2.0 * T * K * 3.0 * H * I;
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
