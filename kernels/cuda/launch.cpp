@@ -3,7 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 #include "check.h"
 #include "hyserve/kernels/paths.h"
@@ -36,12 +37,14 @@ bool pdl_applies(cudaStream_t stream) {
 void prefer_carveout(const void* kernel) {
   const int want = current_paths().smem_carveout > 0 ? current_paths().smem_carveout : cudaSharedmemCarveoutDefault;
   static std::mutex mutex;
-  static std::unordered_map<const void*, int> set;  // what each kernel was last given
+  static std::map<std::pair<const void*, int>, int> set;  // (kernel, device) → what it was last given
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = set.find(kernel);
+  const auto it = set.find({kernel, device});
   if (it == set.end() ? want == cudaSharedmemCarveoutDefault : it->second == want) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
-  set[kernel] = want;
+  set[{kernel, device}] = want;
 }
 
 }  // namespace hyserve::kernels::cuda_detail
