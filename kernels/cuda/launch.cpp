@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <atomic>
 #include <map>
 #include <utility>
 
@@ -36,6 +37,8 @@ bool pdl_applies(cudaStream_t stream) {
 
 void prefer_carveout(const void* kernel) {
   const int want = current_paths().smem_carveout > 0 ? current_paths().smem_carveout : cudaSharedmemCarveoutDefault;
+  static std::atomic<bool> any{false};  // whether any kernel was ever given a preference
+  if (want == cudaSharedmemCarveoutDefault && !any.load(std::memory_order_acquire)) return;  // the default's launches
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, int> set;  // (kernel, device) → what it was last given
   int device = 0;
@@ -45,6 +48,7 @@ void prefer_carveout(const void* kernel) {
   if (it == set.end() ? want == cudaSharedmemCarveoutDefault : it->second == want) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
   set[{kernel, device}] = want;
+  any.store(true, std::memory_order_release);
 }
 
 }  // namespace hyserve::kernels::cuda_detail
