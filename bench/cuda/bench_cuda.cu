@@ -642,17 +642,21 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     });
     const double layer_bytes = distinct * expert_bytes + 2.0 * (E * H + 3.0 * IS * H + H) + io;
     rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared", static_cast<int>(T), us_layer, layer_bytes});
-    if (T == 1) {  // kernels.smem_carveout: the router, up and down kernels under one carveout
-      for (const int pct : {72, 100}) {
-        kernel_paths carve;
-        carve.smem_carveout = pct;
-        const paths_scope scope(carve);
-        const double us_c = time_in_arena([&](int) {
+    if (T == 1) {  // kernels.smem_carveout (one carveout for the three kernels); moe_decode_ring_kb
+      kernel_paths carve72, carve100, ring64, ring192;
+      carve72.smem_carveout = 72;
+      carve100.smem_carveout = 100;
+      ring64.moe_decode_ring_kb = 64;
+      ring192.moe_decode_ring_kb = 192;
+      for (const auto& [label, paths] : {std::pair{"carveout 72", carve72}, std::pair{"carveout 100", carve100},
+                                         std::pair{"ring 64 KB", ring64}, std::pair{"ring 192 KB", ring192}}) {
+        const paths_scope scope(paths);
+        const double us_v = time_in_arena([&](int) {
           run_cuda(r, stream);
           run_cuda(pl, stream);
         });
-        rows.push_back({"moe_layer", "qwen3next E512 k10 I512 +shared carveout " + std::to_string(pct),
-                        static_cast<int>(T), us_c, layer_bytes});
+        rows.push_back({"moe_layer", std::string("qwen3next E512 k10 I512 +shared ") + label, static_cast<int>(T), us_v,
+                        layer_bytes});
       }
     }
     const double flops = 2.0 * T * K * 3.0 * H * I;

@@ -229,7 +229,7 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_cluster", "attn_decode_early_loads", "attn_decode_max_slices", "attn_decode_mma_hd256", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
-                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_decode_ring_kb", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_spread", "norm_linear_wide", "pdl", "skinny", "smem_carveout",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
@@ -289,6 +289,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   flag("norm_linear", k.norm_linear);
   integer("norm_linear_blocks_per_sm", k.norm_linear_blocks_per_sm, 1, 8);
   integer("smem_carveout", k.smem_carveout, 1, 100);
+  integer("moe_decode_ring_kb", k.moe_decode_ring_kb, 32, 200);
   flag("norm_linear_gate", k.norm_linear_gate);
   flag("norm_linear_spread", k.norm_linear_spread);
   flag("norm_linear_wide", k.norm_linear_wide);

@@ -1,6 +1,6 @@
 #pragma once
 // kernels.moe_decode default at one token: the up projection's weights streamed into shared memory
-// by the SM's bulk copy engine (cp.async.bulk) through a ring of kBulkStages stages, one block an
+// by the SM's bulk copy engine (cp.async.bulk) through a ring of stages (bulk_plan::stages), one block an
 // SM, where the one-row up kernel (moe_decode.cuh) has each warp load its own row pair into
 // registers and multiply it before its next loads go out; and the down projection the same way
 // (below: moe_decode_down_bulk_kernel). moe_decode.cuh's only includer.
@@ -30,10 +30,18 @@
 namespace hyserve::kernels::cuda_detail {
 namespace {
 
-constexpr int kBulkStages = 4;
+constexpr int kBulkMaxStages = 8;
 constexpr int kBulkThreads = kDecodeThreads + 32;       // 8 consumer warps and the producer
 constexpr int64_t kBulkStageBytes = 32 * 1024;          // gate and up rows of a stage
 constexpr int64_t kBulkMaxHidden = kBulkStageBytes / 4;  // one output a stage
+
+// The rings' bytes, up and down kernels: kernels.moe_decode_ring_kb, default 128 KB (the up
+// kernel's default is 4 stages, whatever their size: 32 KB each at the Qwen3-Next shape; the down
+// kernel's 16 of 8 KB there).
+inline int64_t bulk_ring_bytes() {
+  const int32_t kb = current_paths().moe_decode_ring_kb;
+  return int64_t{kb > 0 ? kb : 128} * 1024;
+}
 
 // Outputs a stage: the largest power of two <= 8 whose gate and up rows fit kBulkStageBytes.
 inline int bulk_rows(int64_t hidden) {
@@ -42,13 +50,22 @@ inline int bulk_rows(int64_t hidden) {
   return r;
 }
 
+// Stages of the up kernel's ring: 4 (the default: up to 128 KB); with kernels.moe_decode_ring_kb
+// set, as many of its stages (2·R·hidden·2 bytes) as those bytes hold, 2 to kBulkMaxStages.
+inline int bulk_stages(int64_t hidden) {
+  if (current_paths().moe_decode_ring_kb <= 0) return 4;
+  const int64_t stage = 2 * bulk_rows(hidden) * hidden * 2;
+  return static_cast<int>(std::clamp<int64_t>(bulk_ring_bytes() / stage, 2, kBulkMaxStages));
+}
+
 // The dynamic shared memory: the ring, then the router's scores (E floats).
 inline size_t bulk_smem(int64_t hidden, int64_t experts) {
-  return static_cast<size_t>(kBulkStages * 2 * bulk_rows(hidden) * hidden) * sizeof(__nv_bfloat16) +
+  return static_cast<size_t>(bulk_stages(hidden) * 2 * bulk_rows(hidden) * hidden) * sizeof(__nv_bfloat16) +
          static_cast<size_t>(experts) * sizeof(float);
 }
 
 struct bulk_plan {
+  int stages = 4;        // S: ring slots
   int rows = 1;          // R: outputs a stage
   int shared_out = 0;    // stages of the shared expert's outputs
   int shared_gate = 0;   // 1: one more stage, the shared expert gate's row
@@ -84,11 +101,11 @@ __device__ __forceinline__ bulk_stage bulk_stage_at(const decode_args& d, const 
 __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(const decode_args d, const bulk_plan p) {
   extern __shared__ __align__(128) uint4 bulk_ring[];  // [stages][2][R · hidden] bf16, then the router's scores
   __shared__ route_smem rs;
-  __shared__ __align__(8) uint64_t full[kBulkStages], empty[kBulkStages];
+  __shared__ __align__(8) uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int R = p.rows, groups = kDecodeWarps / R;
+  const int R = p.rows, groups = kDecodeWarps / R, S = p.stages;
   const int64_t row_chunks = d.hidden / 8, slot_chunks = 2 * R * row_chunks;
-  float* scores = reinterpret_cast<float*>(bulk_ring + kBulkStages * slot_chunks);
+  float* scores = reinterpret_cast<float*>(bulk_ring + S * slot_chunks);
   // Block b: its even share of the shared expert's stages (they need no routing: every block
   // has loads in flight while it routes), then its share of the routed ones.
   const int64_t G = gridDim.x, b = blockIdx.x;
@@ -101,8 +118,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
 
   const bool producer = warp == kDecodeWarps && lane == 0;
   auto issue = [&](int i) {  // local stage i into its slot (the producer)
-    const int slot = i % kBulkStages;
-    if (i >= kBulkStages) mbar_wait(&empty[slot], static_cast<uint32_t>((i / kBulkStages - 1) & 1));
+    const int slot = i % S;
+    if (i >= S) mbar_wait(&empty[slot], static_cast<uint32_t>((i / S - 1) & 1));
     const bulk_stage st = bulk_stage_at(d, p, rs, global(i));
     const uint32_t bytes = static_cast<uint32_t>(st.rows * d.hidden * 2);
     uint4* dst = bulk_ring + slot * slot_chunks;
@@ -112,7 +129,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   };
   int issued = 0;
   if (producer)  // the shared expert's stages need no routing: before the wait for the router
-    while (issued < ns && issued < kBulkStages) issue(issued++);
+    while (issued < ns && issued < S) issue(issued++);
   pdl_begin();  // the router's logits and x
   if (nr > 0 || b == 0) route_block(d, scores, rs, b == 0);  // block-uniform; block 0 publishes
   if (producer) {
@@ -125,9 +142,9 @@ __global__ void __launch_bounds__(kBulkThreads, 1) moe_decode_up_bulk_kernel(con
   const int group = warp / R, out = warp % R;
 #pragma unroll 1
   for (int i = group; i < n; i += groups) {
-    const int slot = i % kBulkStages;
+    const int slot = i % S;
     const bulk_stage st = bulk_stage_at(d, p, rs, global(i));
-    mbar_wait(&full[slot], static_cast<uint32_t>((i / kBulkStages) & 1));
+    mbar_wait(&full[slot], static_cast<uint32_t>((i / S) & 1));
     if (out < st.rows) {
       const uint4* wg = bulk_ring + slot * slot_chunks + out * row_chunks;
       const uint4* wu = wg + R * row_chunks;
@@ -179,6 +196,7 @@ inline bool bulk_takes(const decode_args& d, int64_t experts) {
 
 void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream_t stream) {
   bulk_plan p;
+  p.stages = bulk_stages(d.hidden);
   p.rows = bulk_rows(d.hidden);
   p.shared_out = static_cast<int>(ceil_div(d.s_inter, int64_t{p.rows}));
   p.shared_gate = d.s_gate_w != nullptr ? 1 : 0;
@@ -202,7 +220,6 @@ void launch_moe_decode_up_bulk(const decode_args& d, int64_t experts, cudaStream
 // shared expert's ys (computed from its stage first, kept in shared memory) added as down_tiles
 // adds it. So the bits are the down kernel's and the split path's.
 constexpr int kDownBulkMaxStages = 16;
-constexpr int64_t kDownBulkRingBytes = 128 * 1024;
 
 struct down_bulk_plan {
   int stages = 0;            // S: ring slots
@@ -217,11 +234,17 @@ inline int down_bulk_blocks(const decode_args& d) {
   return static_cast<int>(std::min<int64_t>(sm_count(), ceil_div(d.hidden, int64_t{kDecodeWarps})));
 }
 
+// The ring takes the configured bytes; with kernels.moe_decode_ring_kb set, less where the rest of
+// the block's shared memory (the act rows and the shared expert's ys: down_bulk_smem) would then
+// pass 200 KB (the default's 128 KB leaves such shapes to the down kernel, as before).
 inline down_bulk_plan down_bulk_plan_for(const decode_args& d, int blocks) {
   down_bulk_plan p;
   p.slot_chunks = kDecodeWarps * down_bulk_width(d) / 8;
-  p.stages = static_cast<int>(std::clamp<int64_t>(kDownBulkRingBytes / (p.slot_chunks * 16), 2, kDownBulkMaxStages));
   p.max_tiles = static_cast<int>(ceil_div(ceil_div(d.hidden, int64_t{kDecodeWarps}), int64_t{blocks}));
+  const int64_t rest = d.route.top_k * d.inter * 2 + d.s_inter * 4 + int64_t{p.max_tiles} * kDecodeWarps * 4;
+  const int64_t ring =
+      current_paths().moe_decode_ring_kb > 0 ? std::min(bulk_ring_bytes(), 200 * 1024 - rest) : bulk_ring_bytes();
+  p.stages = static_cast<int>(std::clamp<int64_t>(ring / (p.slot_chunks * 16), 2, kDownBulkMaxStages));
   return p;
 }
 

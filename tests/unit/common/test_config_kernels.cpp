@@ -51,6 +51,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_EQ(k.ssd_seq_slice, 0);
     EXPECT_TRUE(k.pdl);
     EXPECT_EQ(k.smem_carveout, 0);
+    EXPECT_EQ(k.moe_decode_ring_kb, 0);
     EXPECT_EQ(k.skinny, kp::skinny_kind::kDefault);
     EXPECT_EQ(k.sparse_select, kp::sparse_select_kind::kDefault);
     EXPECT_EQ(k.ssd_max_tokens, 0);
@@ -75,6 +76,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   gdn_prefill: tf32
   invariant_gemm: cublaslt
   moe_decode: split
+  moe_decode_ring_kb: 192
   moe_tile_order: outputs
   moe_wgmma_rows: 192
   norm_linear: false
@@ -110,6 +112,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.gdn_prefill, kp::gdn_prefill_kind::kTf32);
   EXPECT_EQ(k.invariant_gemm, kp::invariant_gemm_kind::kCublasLt);
   EXPECT_EQ(k.moe_decode, kp::moe_decode_kind::kSplit);
+  EXPECT_EQ(k.moe_decode_ring_kb, 192);
   EXPECT_EQ(k.moe_tile_order, kp::moe_tile_order_kind::kOutputs);
   EXPECT_EQ(k.moe_wgmma_rows, 192);
   EXPECT_FALSE(k.norm_linear);

@@ -46,9 +46,12 @@ struct decode_result {
   std::vector<int32_t> ids;
 };
 
-decode_result run_path(moe_experts_params p, kernel_paths::moe_decode_kind kind, const std::vector<float>& out0) {
+// ring_kb: kernels.moe_decode_ring_kb (0: default).
+decode_result run_path(moe_experts_params p, kernel_paths::moe_decode_kind kind, const std::vector<float>& out0,
+                       int32_t ring_kb = 0) {
   kernel_paths paths;
   paths.moe_decode = kind;
+  paths.moe_decode_ring_kb = ring_kb;
   const paths_scope scope(paths);
   device_array<float> d_out(out0);
   device_array<int32_t> d_ids(static_cast<size_t>(p.tokens * p.top_k));
@@ -130,6 +133,11 @@ void check_decode(const decode_case& c, uint32_t seed) {
     cuda_test::expect_equal(one.ids, split.ids, what + " default ids");
     EXPECT_EQ(bit_differences(one.weights, split.weights), 0u) << what << " default weights";
     EXPECT_EQ(bit_differences(one.out, split.out), 0u) << what << " default out";
+    // kernels.moe_decode_ring_kb: rings of 2 stages (32 KB) and of the most (192 KB): the same bits.
+    for (const int32_t kb : {32, 192}) {
+      const decode_result ring = run_path(p, kernel_paths::moe_decode_kind::kDefault, out0, kb);
+      EXPECT_EQ(bit_differences(ring.out, split.out), 0u) << what << " default out, ring " << kb << " KB";
+    }
     const decode_result single = run_path(p, kernel_paths::moe_decode_kind::kSingle, out0);  // one kernel
     cuda_test::expect_equal(single.ids, split.ids, what + " single ids");
     EXPECT_EQ(bit_differences(single.weights, split.weights), 0u) << what << " single weights";

@@ -104,6 +104,12 @@ struct kernel_paths {
   gdn_prefill_kind gdn_prefill = gdn_prefill_kind::kDefault;
   invariant_gemm_kind invariant_gemm = invariant_gemm_kind::kDefault;
   moe_decode_kind moe_decode = moe_decode_kind::kDefault;
+  // 32..200: KB of shared memory each ring of the one-token MoE kernels takes (the up kernel's
+  // stages of gate and up rows, 2 to 8 of them; the down kernel's 8-row tiles, 2 to 16); 0 =
+  // default (the up kernel's 4 stages, whatever their size; the down kernel's 128 KB). More bytes
+  // in flight an SM, or fewer (room for another block). The same sums.
+  // Not yet measured.
+  int32_t moe_decode_ring_kb = 0;
   bool norm_linear = true;             // false: rmsnorm_linear runs the norm and the GEMM apart
   int32_t norm_linear_blocks_per_sm = 0;  // 1..8 blocks per SM of the fused kernel; 0 = default (2)
   // true: a mixer's gated output norm runs inside its out_proj's fused kernel; false (default):
