@@ -2,9 +2,9 @@
 // carveout (launch.cuh).
 #include <cuda_runtime_api.h>
 
-#include <mutex>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "check.h"
