@@ -228,7 +228,7 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 // kernels' own choice. Integer keys take `default` or a value in their range.
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
-               {"attn_decode", "attn_decode_cluster", "attn_decode_early_loads", "attn_decode_max_slices", "attn_decode_mma_hd256", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
+               {"attn_decode", "attn_decode_cluster", "attn_decode_cluster_size", "attn_decode_early_loads", "attn_decode_max_slices", "attn_decode_mma_hd256", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
                 "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_decode_ring_kb", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_spread", "norm_linear_wide", "pdl", "skinny", "smem_carveout",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
@@ -265,6 +265,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   flag("attn_decode_mma_hd256", k.attn_decode_mma_hd256);
   flag("attn_decode_early_loads", k.attn_decode_early_loads);
   integer("attn_decode_cluster", k.attn_decode_cluster, 16, 1 << 20, /*off=*/true);
+  integer("attn_decode_cluster_size", k.attn_decode_cluster_size, 2, 8);
   flag("attn_extend_fill", k.attn_extend_fill);
   if_present(node, "gdn_cluster", [&](const YAML::Node& n) {
     static constexpr int32_t kSizes[] = {0, 1, 2, 4};

@@ -421,12 +421,13 @@ int decode_cluster_size() {
 }
 
 // A decode kernel's cluster variant over grid's kv heads and queries: the cluster size's slices
-// a query, each cluster merging them (attn_decode::merge_cluster), no partials; extra: the
-// kernel's arguments after the tree's.
+// a query (kernels.attn_decode_cluster_size, else decode_cluster_size), each cluster merging them
+// (attn_decode::merge_cluster), no partials; extra: the kernel's arguments after the tree's.
 template <auto Kernel, class... Extra>
 void launch_in_clusters(const paged_attention_params& p, dim3 grid, int qmax, const attn_decode::tree_keys& tree,
                         cudaStream_t stream, Extra... extra) {
-  const int c = decode_cluster_size<Kernel>();
+  const int asked = current_paths().attn_decode_cluster_size;  // validated with the config: 0 or 2..8
+  const int c = asked > 0 ? asked : decode_cluster_size<Kernel>();
   launch_pdl_cluster(Kernel, dim3(static_cast<unsigned>(c), grid.y, grid.z), dim3(attn_decode::kThreads), 0, c, stream,
                      p, c, qmax, attn_decode::partials{}, tree, extra...);
 }

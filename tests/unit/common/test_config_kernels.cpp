@@ -38,6 +38,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.moe_wgmma_early_release);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
+    EXPECT_EQ(k.attn_decode_cluster_size, 0);
     EXPECT_FALSE(k.attn_decode_mma_hd256);
     EXPECT_FALSE(k.attn_decode_early_loads);
     EXPECT_TRUE(k.norm_linear);
@@ -67,6 +68,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   attn_decode: simt
   attn_decode_waves: 2
   attn_decode_cluster: 2048
+  attn_decode_cluster_size: 4
   attn_decode_mma_hd256: true
   attn_decode_early_loads: true
   attn_extend_fill: false
@@ -104,6 +106,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_EQ(k.attn_decode_waves, 2);
   EXPECT_FALSE(k.attn_extend_fill);
   EXPECT_EQ(k.attn_decode_cluster, 2048);
+  EXPECT_EQ(k.attn_decode_cluster_size, 4);
   EXPECT_TRUE(k.attn_decode_mma_hd256);
   EXPECT_TRUE(k.attn_decode_early_loads);
   EXPECT_EQ(k.gdn_cluster, 4);
@@ -226,8 +229,9 @@ TEST(ConfigKernels, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_ERROR_WITH(with_kernels("{ssm_update_unroll: 2}"), config_error,
                     "kernels.ssm_update_unroll: unknown unroll '2' (known: default, 4, 8)");
   EXPECT_ERROR_WITH(with_kernels("{skiny: mma}"), config_error,
-                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_early_loads, "
-                    "attn_decode_max_slices, attn_decode_mma_hd256, attn_decode_waves, attn_extend_fill, gdn_cluster,");
+                    "kernels.skiny: unknown key (known: attn_decode, attn_decode_cluster, attn_decode_cluster_size, "
+                    "attn_decode_early_loads, attn_decode_max_slices, attn_decode_mma_hd256, attn_decode_waves, "
+                    "attn_extend_fill, gdn_cluster,");
   EXPECT_ERROR_WITH(with_kernels("{moe_wgmma_rows: 256}"), config_error,
                     "kernels.moe_wgmma_rows: unknown row count '256' (known: default, 128, 192)");
   EXPECT_ERROR_WITH(with_kernels("{moe_decode: grouped}"), config_error,

@@ -334,8 +334,10 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     cluster.attn_decode_cluster = 1 << 20;
     cluster.attn_decode_mma_hd256 = true;
     const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-    for (const bool early : {false, true}) {
+    // The default cluster size, with and without early loads; clusters of 4 (kernels.attn_decode_cluster_size).
+    for (const auto& [early, size] : {std::pair{false, 0}, std::pair{true, 0}, std::pair{false, 4}}) {
       cluster.attn_decode_early_loads = early;
+      cluster.attn_decode_cluster_size = size;
       const paths_scope scope(cluster);
       for (const attn_decode_path path : {attn_decode_path::kSimt, attn_decode_path::kMma}) {
         if (early && path == attn_decode_path::kSimt) continue;
@@ -348,7 +350,8 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
           device_synchronize();
           expect_match(dout.download(), out, 2e-5, 1e-4,
                        std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
-                           (early ? ", early loads" : "") + ", cluster merge, max_q_len " + std::to_string(promise) + ")");
+                           (early ? ", early loads" : "") + ", cluster merge" +
+                           (size > 0 ? " of " + std::to_string(size) : "") + ", max_q_len " + std::to_string(promise) + ")");
         }
       }
     }

@@ -85,6 +85,10 @@ struct kernel_paths {
   // -1 = off (`off`). Measured (H100, run 38, batch-1 graph step at context 1024, GPU): Falcon-H1-7B
   // 6.595 against 6.750 ms; Nemotron-H-8B, the 9B Bamba and the Qwen3-Next shape within 0.8%.
   int32_t attn_decode_cluster = 0;
+  // 2..8: the decode kernels' clusters (above) of this many blocks, a query's keys over that many
+  // slices; 0 = default (16 where the device co-schedules clusters of 16, else 8). Fewer, longer
+  // slices a query and a cluster that fits a GPC more easily. Not yet measured.
+  int32_t attn_decode_cluster_size = 0;
   // true: decode and verify queries over a bf16 cache at head_dim 256 (Qwen3-Next's gated
   // attention) on the tensor-core decode kernel too (its q fragments in shared memory), where
   // false (default) keeps the CUDA-core kernel there. Its tolerance against the CPU op is the
