@@ -32,7 +32,7 @@
 # norm-linear (hyserve-bench-cuda norm_linear: the fused linear kernel at 1-4 rows with its
 # weights in registers, with norm_linear_wide and with norm_linear_rows 4, % of copy); wide-linear (batch-1 decode with
 # kernels.norm_linear_wide (or the keys of WIDE_KEYS: KEY, or KEY=VALUE) and without: WIDE_CONFIGS; or the
-# items of WIDE_RUNS, CONFIG:KEY[=VALUE], each config's default once); ncu
+# items of WIDE_RUNS, CONFIG:KEY[=VALUE][,KEY2[=VALUE2]…], each config's default once); ncu
 # (Nsight Compute sections of the decode step's MoE and linear kernels: NCU_CONFIG, NCU_KERNELS, or
 # NCU_RUNS items CONFIG:REGEX); ncu-moe
 # (the same for the experts' GEMMs of an 8K prefill and of hyserve-bench-cuda moe: NCU_MOE_KEYS);
@@ -463,20 +463,26 @@ EOF2
       # default, batch-1 decode, one after the other for each WIDE_CONFIGS config; or, with
       # WIDE_RUNS (items CONFIG:KEY or CONFIG:KEY=VALUE), each config's default once and then its
       # items' keys.
+      # An item's keys may be several, comma separated (CONFIG:KEY=VALUE,KEY2): one run with all.
       if [ -n "${WIDE_RUNS:-}" ]; then
         seen=" "
         for run in $WIDE_RUNS; do
           f=${run%%:*}
-          key=${run#*:}
-          val=true
-          case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
+          conf=configs/$f-synthetic-cuda.yaml
+          name=$f
+          for kv in $(echo "${run#*:}" | tr ',' ' '); do
+            key=$kv
+            val=true
+            case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
+            conf=$(with_kernels "$conf" "$key" "$val")
+            name="$name-$key-$val"
+          done
           case $seen in *" $f "*) ;; *)
             seen="$seen$f "
             stage "wide-linear-$f" 90 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches 1 \
               --decode-steps 16 --prefill-len 256 ;;
           esac
-          stage "wide-linear-$f-$key-$val" 90 "$bin/hyserve-bench-model" \
-            "$(with_kernels "configs/$f-synthetic-cuda.yaml" "$key" "$val")" --batches 1 --decode-steps 16 --prefill-len 256
+          stage "wide-linear-$name" 90 "$bin/hyserve-bench-model" "$conf" --batches 1 --decode-steps 16 --prefill-len 256
         done
         continue
       fi
