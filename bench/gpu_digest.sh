@@ -37,6 +37,11 @@ digest="$out/digest.txt"
         # registers and the warp-state headline lines.
         echo "== $name"
         grep -E "^  [a-zA-Z_].*\([0-9]+, [0-9]+, [0-9]+\)x\([0-9]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers Per Thread|stall" "$f" | head -90 ;;
+      trace-*)
+        # The kernel table of the sampled steps (the longest kernels by exclusive time) and the step lines.
+        echo "== $name"
+        grep -A16 "kernel trace (" "$f" | head -17
+        grep -E "decode floor|step / floor|graph step" "$f" | head -6 ;;
       prefill-profile*)
         echo "== $name"
         grep -E "prefill +[0-9]+ tokens|^profile|^  op |^  [a-z_.+0-9]+ +[0-9]+ +[0-9.]+" "$f" | head -40 ;;
