@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -334,7 +335,9 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
     cluster.attn_decode_cluster = 1 << 20;
     cluster.attn_decode_mma_hd256 = true;
     const int most = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-    // The default cluster size, with and without early loads; clusters of 4 (kernels.attn_decode_cluster_size).
+    // The default cluster size, with and without early loads (the same bits: mma_bits, by
+    // promise); clusters of 4 (kernels.attn_decode_cluster_size).
+    std::map<int, std::vector<float>> mma_bits;
     for (const auto& [early, size] : {std::pair{false, 0}, std::pair{true, 0}, std::pair{false, 4}}) {
       cluster.attn_decode_early_loads = early;
       cluster.attn_decode_cluster_size = size;
@@ -348,10 +351,21 @@ TEST_P(PagedAttentionBf16Cuda, MatchesCpu) {
           dout.fill_bytes(0xff);
           run_cuda(pg);
           device_synchronize();
-          expect_match(dout.download(), out, 2e-5, 1e-4,
+          const std::vector<float> got = dout.download();
+          expect_match(got, out, 2e-5, 1e-4,
                        std::string(path == attn_decode_path::kMma ? "out (mma" : "out (simt") +
                            (early ? ", early loads" : "") + ", cluster merge" +
                            (size > 0 ? " of " + std::to_string(size) : "") + ", max_q_len " + std::to_string(promise) + ")");
+          if (path != attn_decode_path::kMma || size != 0) continue;
+          if (!early) {
+            mma_bits[promise] = got;
+            continue;
+          }
+          size_t differ = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            differ += std::memcmp(&got[i], &mma_bits[promise][i], sizeof(float)) != 0 ? 1 : 0;
+          EXPECT_EQ(differ, 0u) << "cluster merge, max_q_len " << promise
+                                << ": attn_decode_early_loads against without, elements whose bits differ";
         }
       }
     }
