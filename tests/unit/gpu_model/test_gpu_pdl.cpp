@@ -41,16 +41,30 @@ service_config pdl_config(const graph_case& c, bool pdl) {
 
 class GpuPdl : public graph_test::device_case_test {};
 
-// The same prefills and decode steps (graph, then eager) on both engines: every step's logits
-// identical bit for bit.
-void expect_same_steps(engine& on, engine& off) {
+// What both engines run: prompts of `lengths` tokens (token t of prompt i: (a + b·i + c·t) mod
+// vocab), then decode steps over the rows of each schedule entry, the last `eager` of them eagerly.
+struct step_plan {
+  std::vector<int32_t> lengths;
+  int64_t a, b, c;
+  std::vector<std::vector<size_t>> schedule;
+  size_t eager;
+};
+
+// Buckets 1, 4 (a padding row in the 3-row steps) and 2; the last two steps run eagerly.
+const step_plan kFixturePlan{{13, 6, 10, 25}, 5, 29, 11,
+                             {{0}, {0, 1, 2}, {0, 1, 2, 3}, {1, 3}, {0}, {0, 1, 2}, {0, 1, 2, 3}, {2}, {0, 1, 2, 3}},
+                             2};
+
+// The plan's prefills and decode steps on both engines: every step's logits identical bit for
+// bit, and the steps before the eager ones run as graphs on both.
+void expect_same_steps(engine& on, engine& off, const step_plan& plan = kFixturePlan) {
   const int64_t vocab = on.config().vocab_size;
-  const std::vector<int32_t> lengths = {13, 6, 10, 25};
   std::vector<int32_t> handles, next;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    std::vector<int32_t> prompt(static_cast<size_t>(lengths[i]));
+  for (size_t i = 0; i < plan.lengths.size(); ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(plan.lengths[i]));
     for (size_t t = 0; t < prompt.size(); ++t)
-      prompt[t] = static_cast<int32_t>((5 + 29 * i + 11 * t) % static_cast<size_t>(vocab));
+      prompt[t] = static_cast<int32_t>((plan.a + plan.b * static_cast<int64_t>(i) + plan.c * static_cast<int64_t>(t)) %
+                                       vocab);
     const int32_t a = on.open_request(), b = off.open_request();
     ASSERT_EQ(a, b);
     const tensor la = on.step(forward_mode::kExtend, {step_row{a, prompt}});
@@ -60,14 +74,12 @@ void expect_same_steps(engine& on, engine& off) {
     handles.push_back(a);
     next.push_back(argmax(la.as<float>() + (la.shape()[0] - 1) * vocab, vocab));
   }
-  // Buckets 1, 4 (a padding row in the 3-row steps) and 2; the last steps run eagerly.
-  const std::vector<std::vector<size_t>> schedule = {{0}, {0, 1, 2}, {0, 1, 2, 3}, {1, 3}, {0},
-                                                     {0, 1, 2}, {0, 1, 2, 3}, {2}, {0, 1, 2, 3}};
+  const auto& schedule = plan.schedule;
   int graph_steps = 0;
   for (size_t s = 0; s < schedule.size(); ++s) {
     std::vector<step_row> rows;
     for (size_t r : schedule[s]) rows.push_back(step_row{handles[r], {next[r]}});
-    const bool eager = s + 2 >= schedule.size();
+    const bool eager = s + plan.eager >= schedule.size();
     step_report ron, roff;
     forward_options oon, ooff;
     oon.eager = ooff.eager = eager;
@@ -85,7 +97,7 @@ void expect_same_steps(engine& on, engine& off) {
     for (size_t i = 0; i < schedule[s].size(); ++i)
       next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
   }
-  EXPECT_EQ(graph_steps, static_cast<int>(schedule.size()) - 2);
+  EXPECT_EQ(graph_steps, static_cast<int>(schedule.size() - plan.eager));
 }
 
 TEST_P(GpuPdl, OnEqualsOffBitwiseInPrefillGraphsAndEagerDecode) {
@@ -126,38 +138,10 @@ TEST(GpuPdlEarlyLoads, EqualsDefaultBitwiseInDecodeGraphs) {
     return cfg;
   };
   engine on(config(true)), off(config(false));
-  const int64_t vocab = on.config().vocab_size;
-  const std::vector<int32_t> lengths = {37, 130, 201, 15};
-  std::vector<int32_t> handles, next;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    std::vector<int32_t> prompt(static_cast<size_t>(lengths[i]));
-    for (size_t t = 0; t < prompt.size(); ++t)
-      prompt[t] = static_cast<int32_t>((3 + 31 * i + 7 * t) % static_cast<size_t>(vocab));
-    const int32_t a = on.open_request(), b = off.open_request();
-    ASSERT_EQ(a, b);
-    const tensor la = on.step(forward_mode::kExtend, {step_row{a, prompt}});
-    const tensor lb = off.step(forward_mode::kExtend, {step_row{b, prompt}});
-    EXPECT_EQ(differing_floats(la, lb), 0) << "prefill of request " << i;
-    handles.push_back(a);
-    next.push_back(argmax(la.as<float>() + (la.shape()[0] - 1) * vocab, vocab));
-  }
-  const std::vector<std::vector<size_t>> schedule = {{0}, {1}, {2}, {3}, {0, 1, 2, 3}, {0, 2}, {1, 2, 3},
-                                                     {2}, {0, 1, 2, 3}, {3}, {0, 1}, {2}};
-  for (size_t s = 0; s < schedule.size(); ++s) {
-    std::vector<step_row> rows;
-    for (size_t r : schedule[s]) rows.push_back(step_row{handles[r], {next[r]}});
-    step_report ron;
-    forward_options oon;
-    oon.report = &ron;
-    const tensor lon = on.step(forward_mode::kDecode, rows, oon);
-    const tensor loff = off.step(forward_mode::kDecode, rows);
-    ASSERT_EQ(lon.shape(), loff.shape());
-    EXPECT_TRUE(ron.graph) << "step " << s;
-    EXPECT_EQ(differing_floats(lon, loff), 0) << "decode step " << s << " (" << rows.size() << " rows)";
-    if (HasFailure()) return;
-    for (size_t i = 0; i < schedule[s].size(); ++i)
-      next[schedule[s][i]] = argmax(lon.as<float>() + static_cast<int64_t>(i) * vocab, vocab);
-  }
+  expect_same_steps(on, off,
+                    step_plan{{37, 130, 201, 15}, 3, 31, 7,
+                              {{0}, {1}, {2}, {3}, {0, 1, 2, 3}, {0, 2}, {1, 2, 3}, {2}, {0, 1, 2, 3}, {3}, {0, 1}, {2}},
+                              0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPdl,
