@@ -153,6 +153,15 @@ yaml.safe_dump(c, open(sys.argv[2], "w"), default_flow_style=None)
 EOF
   echo "$conf"
 }
+# with_kernel_items CONFIG ITEM...: the same for several items, each KEY (true) or KEY=VALUE.
+with_kernel_items() {
+  local conf=$1 kv
+  shift
+  for kv in "$@"; do
+    case $kv in *=*) conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}") ;; *) conf=$(with_kernels "$conf" "$kv" true) ;; esac
+  done
+  echo "$conf"
+}
 # stage NAME LIMIT_S COMMAND...: runs COMMAND with at most LIMIT_S seconds (less when less is
 # left), its output in OUT_DIR/NAME.log.
 stage() {
@@ -381,10 +390,8 @@ EOF2
         stage "trace-$f" 120 "$bin/hyserve-bench-model" "configs/$f-synthetic-cuda.yaml" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
           --kernel-trace --json "$out/trace-$f.json"
         if [ -n "${TRACE_KEYS:-}" ]; then
-          conf=configs/$f-synthetic-cuda.yaml
-          for kv in $TRACE_KEYS; do
-            case $kv in *=*) conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}") ;; *) conf=$(with_kernels "$conf" "$kv" true) ;; esac
-          done
+          # shellcheck disable=SC2086
+          conf=$(with_kernel_items "configs/$f-synthetic-cuda.yaml" $TRACE_KEYS)
           stage "trace-$f-keys" 120 "$bin/hyserve-bench-model" "$conf" --batches "${TRACE_BATCHES:-1}" --decode-steps 8 \
             --kernel-trace --json "$out/trace-$f-keys.json"
         fi
@@ -447,8 +454,8 @@ EOF2
       # hyserve-bench-cuda moe (uniform routing), each with NCU_MOE_KEYS (kernels KEY=VALUE items,
       # default: none) applied to the model's config, where ncu is installed.
       if command -v ncu > /dev/null; then
-        conf=configs/qwen3-next-80b-a3b-16l-synthetic-cuda.yaml
-        for kv in ${NCU_MOE_KEYS:-}; do conf=$(with_kernels "$conf" "${kv%%=*}" "${kv#*=}"); done
+        # shellcheck disable=SC2086
+        conf=$(with_kernel_items configs/qwen3-next-80b-a3b-16l-synthetic-cuda.yaml ${NCU_MOE_KEYS:-})
         sections=(--clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
           --section LaunchStats --section ComputeWorkloadAnalysis)
         stage ncu-moe-model 240 ncu --kernel-name regex:moe_wgmma --launch-count 2 "${sections[@]}" \
@@ -468,14 +475,12 @@ EOF2
         seen=" "
         for run in $WIDE_RUNS; do
           f=${run%%:*}
-          conf=configs/$f-synthetic-cuda.yaml
+          items=$(echo "${run#*:}" | tr ',' ' ')
+          # shellcheck disable=SC2086
+          conf=$(with_kernel_items "configs/$f-synthetic-cuda.yaml" $items)
           name=$f
-          for kv in $(echo "${run#*:}" | tr ',' ' '); do
-            key=$kv
-            val=true
-            case $key in *=*) val=${key#*=}; key=${key%%=*} ;; esac
-            conf=$(with_kernels "$conf" "$key" "$val")
-            name="$name-$key-$val"
+          for kv in $items; do
+            case $kv in *=*) name="$name-${kv%%=*}-${kv#*=}" ;; *) name="$name-$kv-true" ;; esac
           done
           case $seen in *" $f "*) ;; *)
             seen="$seen$f "
