@@ -59,14 +59,16 @@ struct moe_wgmma_order {
   int64_t out_tiles = 0, scan_tiles = 0;
   bool outputs_first = true;
   bool x_tma = false;  // the activation rows by tensor copies (kernels.moe_wgmma_tma_x; no a_rows)
-  bool early_release = false;  // kernels.moe_wgmma_early_release (below)
 };
 
 // A block takes tiles x = blockIdx.x, + gridDim.x, ... (one a block when the grid covers them
 // all; kernels.moe_wgmma_persistent: a block an SM, so that the producer fills the next tile's
 // stages while the consumers store the last one's outputs). The ring's stages and phases run on
-// over the block's tiles.
-template <bool kSwiglu, int BN>
+// over the block's tiles. kEarly: kernels.moe_wgmma_early_release (below). It is a template
+// argument, not a run-time flag: with both releases in one body ptxas cannot tell that a tile's
+// MMAs are waited for before its sums are read on every path, injects waits and serialises every
+// wgmma (its C7514/C7518 warnings).
+template <bool kSwiglu, int BN, bool kEarly>
 __global__ void __launch_bounds__(384, 1)
     moe_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const gg_args g,
                      const moe_wgmma_order order) {
@@ -171,18 +173,18 @@ __global__ void __launch_bounds__(384, 1)
       fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
       const uint8_t* ws = smem + s * kStage + c * 64 * 128;
       const uint8_t* xs = smem + s * kStage + W_BYTES;
-      // order.early_release: a stage's slot goes back as soon as its own MMAs are done, rather
+      // kEarly: a stage's slot goes back as soon as its own MMAs are done, rather
       // than once the next stage's rows have landed and its MMAs are issued (the MMAs of two
       // stages then never overlap; the loads run one stage further ahead).
-      if (order.early_release) {
+      if constexpr (kEarly) {
         wgmma_stage_mma<BN, 0>(d, ws, xs);
         if (t == 0) mbar_arrive(&empty[s]);
-        continue;
+      } else {
+        wgmma_stage_mma<BN>(d, ws, xs);
+        if (i > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
       }
-      wgmma_stage_mma<BN>(d, ws, xs);
-      if (i > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
     }
-    if (!order.early_release) {
+    if constexpr (!kEarly) {
       wgmma_wait<0>();
       wgmma_fence_regs(d);
       if (t == 0) mbar_arrive(&empty[(it - 1) % S]);  // the tile's last stage
@@ -244,9 +246,9 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
   const int64_t map_rows = static_cast<int64_t>(g.experts) * (g.b_expert / g.ldb);
   if (!wgmma_tensor_map(&tw, g.b, map_rows, g.k, 64, g.ldb))
     throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' GEMM");
-  const auto launch = [&](auto bn_tag) {
+  const auto launch = [&](auto bn_tag, auto early_tag) {
     constexpr int BN = decltype(bn_tag)::value;
-    auto kernel = moe_wgmma_kernel<kSwiglu, BN>;
+    auto kernel = moe_wgmma_kernel<kSwiglu, BN, decltype(early_tag)::value>;
     constexpr int smem = moe_wgmma_shape<BN>::kSmem;
     reserve_dynamic_shared(reinterpret_cast<const void*>(kernel), smem);
     moe_wgmma_order order;
@@ -255,17 +257,22 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     order.outputs_first = current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows;
     CUtensorMap tx = tw;
     order.x_tma = current_paths().moe_wgmma_tma_x && g.a_rows == nullptr;
-    order.early_release = current_paths().moe_wgmma_early_release;
     if (order.x_tma && !wgmma_tensor_map(&tx, g.a, rows, g.k, BN, g.lda))
       throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' activation rows");
     const int64_t tiles = order.scan_tiles * order.out_tiles;
     const int64_t blocks = current_paths().moe_wgmma_persistent ? std::min<int64_t>(tiles, sm_count()) : tiles;
     kernel<<<static_cast<unsigned>(blocks), 384, smem, stream>>>(tw, tx, g, order);
   };
-  if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
-    launch(std::integral_constant<int, 192>{});
+  const auto rows_of = [&](auto early_tag) {
+    if (moe_tile_rows(moe_gemm_path::kWgmma) == 192)  // the scan's tiles: kernels.moe_wgmma_rows
+      launch(std::integral_constant<int, 192>{}, early_tag);
+    else
+      launch(std::integral_constant<int, 128>{}, early_tag);
+  };
+  if (current_paths().moe_wgmma_early_release)
+    rows_of(std::true_type{});
   else
-    launch(std::integral_constant<int, 128>{});
+    rows_of(std::false_type{});
   HYSERVE_CUDA_CHECK_LAUNCH();
 }
 
