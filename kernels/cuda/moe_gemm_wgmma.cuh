@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
   float* gate_sums = reinterpret_cast<float*>(smem + S * kStage);
   __shared__ __align__(8) uint64_t full[S], empty[S];
+  // A tile's rows [x, y) of the permuted order, written by the producer with the tile's first
+  // stage (before that stage's arrival on full), read by the consumers once they have waited for
+  // it: only the producer searches the tile offsets.
+  __shared__ int2 tile_rows[S];
 
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
   // order.x_tma: the activation rows are the permuted rows themselves (no a_rows: the down
@@ -99,11 +103,10 @@ __global__ void __launch_bounds__(384, 1)
   const int64_t routed = g.tile_offsets[g.experts];
   const int64_t tiles =
       order.out_tiles * (order.outputs_first ? (routed < order.scan_tiles ? routed : order.scan_tiles) : order.scan_tiles);
-  // Tile x's expert tile (invalid: none) and weight-row tile.
-  const auto tile_at = [&](int64_t x, int64_t& out_tile) {
-    const int64_t scan = order.outputs_first ? x / order.out_tiles : x % order.scan_tiles;
+  // Tile x's scan tile (none at or past routed) and weight-row tile.
+  const auto scan_of = [&](int64_t x, int64_t& out_tile) {
     out_tile = order.outputs_first ? x % order.out_tiles : x / order.scan_tiles;
-    return find_expert_tile(g, BN, static_cast<int>(scan));
+    return order.outputs_first ? x / order.out_tiles : x % order.scan_tiles;
   };
 
   if (wg == 0) {  // the producer warpgroup
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t it = 0;  // the block's stage count so far
     for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
       int64_t out_tile = 0;
-      const expert_tile tile = tile_at(x, out_tile);
+      const expert_tile tile = find_expert_tile(g, BN, static_cast<int>(scan_of(x, out_tile)));
       if (!tile.valid) continue;  // uniform over the block
       // The tile's weight rows in the [experts · rows an expert, k] map: two boxes of 64.
       const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
@@ -133,6 +136,7 @@ __global__ void __launch_bounds__(384, 1)
         const int k0 = i * kWgmmaBK;
         uint8_t* xs = st + W_BYTES;
         if (t == 0) {
+          if (i == 0) tile_rows[s] = make_int2(tile.row_begin, tile.row_end);
           mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
           tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
           tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
@@ -160,9 +164,8 @@ __global__ void __launch_bounds__(384, 1)
   bool stored = false;  // swiglu: the gate warpgroup has handed over sums before
   for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
     int64_t out_tile = 0;
-    const expert_tile tile = tile_at(x, out_tile);
-    if (!tile.valid) continue;
-    const int row_begin = tile.row_begin, row_end = tile.row_end;
+    if (scan_of(x, out_tile) >= routed) continue;  // find_expert_tile's invalid tiles
+    int row_begin = 0, row_end = 0;
     const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
     float d[BN / 2];
 #pragma unroll
@@ -170,6 +173,11 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < nk; ++i, ++it) {
       const uint32_t s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
+      if (i == 0) {
+        const int2 rows = tile_rows[s];
+        row_begin = rows.x;
+        row_end = rows.y;
+      }
       fence_proxy_async();  // the rows cp.async wrote (generic proxy), then read by the MMAs (async proxy)
       const uint8_t* ws = smem + s * kStage + c * 64 * 128;
       const uint8_t* xs = smem + s * kStage + W_BYTES;
