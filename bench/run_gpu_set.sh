@@ -509,9 +509,9 @@ EOF2
     prefill-variants)
       # 8K prefill with an opt-in prefill kernel against the default, in turn: PREFILL_RUNS items
       # CONFIG:KEY or CONFIG:KEY=VALUE (default: the 16-layer Qwen3-Next-80B-A3B shape and
-      # Granite-4.0-H-Tiny with the experts' GEMMs' late stage release, Falcon-H1-7B with
-      # ssd_seq_slice 16).
-      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_early_release=false granite-4.0-h-tiny:moe_wgmma_early_release=false falcon-h1-7b:ssd_seq_slice=16}; do
+      # Granite-4.0-H-Tiny with the experts' GEMMs' late stage release, the Qwen3-Next shape with
+      # their tile handoff, Falcon-H1-7B with ssd_seq_slice 16).
+      for run in ${PREFILL_RUNS:-qwen3-next-80b-a3b-16l:moe_wgmma_early_release=false qwen3-next-80b-a3b-16l:moe_wgmma_tile_handoff granite-4.0-h-tiny:moe_wgmma_early_release=false falcon-h1-7b:ssd_seq_slice=16}; do
         f=${run%%:*}
         key=${run#*:}
         val=true

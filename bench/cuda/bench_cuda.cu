@@ -663,7 +663,7 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
     if (T == 8192) {  // the many-row path's other choices
       // The default: 192-row tiles, outputs order, a block an SM, the down projection's rows by
       // tensor copies, a stage given back once its own MMAs are done.
-      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, late;
+      kernel_paths tiles, rows_first, rows_128, block_a_tile, gathered, neither, late, handoff;
       tiles.moe_wgmma = false;  // the mma.sync tiles
       rows_first.moe_tile_order = kernel_paths::moe_tile_order_kind::kRows;
       rows_128.moe_wgmma_rows = 128;
@@ -672,10 +672,12 @@ void bench_moe(cudaStream_t stream, std::vector<row>& rows, std::vector<std::str
       neither.moe_wgmma_persistent = false;
       neither.moe_wgmma_tma_x = false;
       late.moe_wgmma_early_release = false;  // a stage given back once the next stage's MMAs are issued
+      handoff.moe_wgmma_tile_handoff = true;  // the consumers take the tile's rows from the producer
       for (const auto& [label, paths] :
            {std::pair{"mma_sync", tiles}, std::pair{"rows_first", rows_first}, std::pair{"tiles_128", rows_128},
             std::pair{"block_a_tile", block_a_tile}, std::pair{"gathered_rows", gathered},
-            std::pair{"block_a_tile_gathered", neither}, std::pair{"late_release", late}}) {
+            std::pair{"block_a_tile_gathered", neither}, std::pair{"late_release", late},
+            std::pair{"tile_handoff", handoff}}) {
         const paths_scope scope(paths);
         const double us_v = time_in_arena([&](int) { run_cuda(p, stream); });
         rows.push_back({"moe_experts", std::string("qwen3next E512 k10 I512 ") + label, static_cast<int>(T), us_v,

@@ -229,7 +229,7 @@ void read_chat(const yaml_reader& r, const YAML::Node& node, chat_section& c) {
 void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k) {
   r.check_keys(node, "kernels",
                {"attn_decode", "attn_decode_cluster", "attn_decode_cluster_size", "attn_decode_early_loads", "attn_decode_max_slices", "attn_decode_mma_hd256", "attn_decode_waves", "attn_extend_fill", "gdn_cluster", "gdn_decode",
-                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_decode_ring_kb", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tma_x", "norm_linear",
+                "gdn_max_tokens", "gdn_prefill", "invariant_gemm", "linear_wgmma", "moe_decode", "moe_decode_ring_kb", "moe_tile_order", "moe_wgmma", "moe_wgmma_early_release", "moe_wgmma_persistent", "moe_wgmma_rows", "moe_wgmma_tile_handoff", "moe_wgmma_tma_x", "norm_linear",
                 "norm_linear_blocks_per_sm", "norm_linear_gate", "norm_linear_rows", "norm_linear_spread", "norm_linear_wide", "pdl", "skinny", "smem_carveout",
                 "sparse_select", "ssd_max_tokens", "ssd_scan", "ssd_seq_bf16", "ssd_seq_slice", "ssm_update_unroll"});
   const auto path = [](const char* key) { return std::string("kernels.") + key; };
@@ -280,6 +280,7 @@ void read_kernels(const yaml_reader& r, const YAML::Node& node, kernel_paths& k)
   flag("moe_wgmma_persistent", k.moe_wgmma_persistent);
   flag("moe_wgmma_tma_x", k.moe_wgmma_tma_x);
   flag("moe_wgmma_early_release", k.moe_wgmma_early_release);
+  flag("moe_wgmma_tile_handoff", k.moe_wgmma_tile_handoff);
   flag("ssd_seq_bf16", k.ssd_seq_bf16);
   named("moe_decode", k.moe_decode, {"default", "fused", "single", "split"});
   named("moe_tile_order", k.moe_tile_order, {"default", "rows", "outputs"});

@@ -59,6 +59,7 @@ struct moe_wgmma_order {
   int64_t out_tiles = 0, scan_tiles = 0;
   bool outputs_first = true;
   bool x_tma = false;  // the activation rows by tensor copies (kernels.moe_wgmma_tma_x; no a_rows)
+  bool tile_handoff = false;  // the consumers take a tile's rows from tile_rows (kernels.moe_wgmma_tile_handoff)
 };
 
 // A block takes tiles x = blockIdx.x, + gridDim.x, ... (one a block when the grid covers them
@@ -79,8 +80,9 @@ __global__ void __launch_bounds__(384, 1)
   float* gate_sums = reinterpret_cast<float*>(smem + S * kStage);
   __shared__ __align__(8) uint64_t full[S], empty[S];
   // A tile's rows [x, y) of the permuted order, written by the producer with the tile's first
-  // stage (before that stage's arrival on full), read by the consumers once they have waited for
-  // it: only the producer searches the tile offsets.
+  // stage (before that stage's arrival on full); with order.tile_handoff the consumers read them
+  // once they have waited for that stage (the slot is not refilled before they release it), so
+  // only the producer searches the tile offsets. Else the consumers search too.
   __shared__ int2 tile_rows[S];
 
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
@@ -164,8 +166,16 @@ __global__ void __launch_bounds__(384, 1)
   bool stored = false;  // swiglu: the gate warpgroup has handed over sums before
   for (int64_t x = blockIdx.x; x < tiles; x += gridDim.x) {
     int64_t out_tile = 0;
-    if (scan_of(x, out_tile) >= routed) continue;  // find_expert_tile's invalid tiles
+    const int64_t scan = scan_of(x, out_tile);
     int row_begin = 0, row_end = 0;
+    if (order.tile_handoff) {
+      if (scan >= routed) continue;  // find_expert_tile's invalid tiles
+    } else {
+      const expert_tile tile = find_expert_tile(g, BN, static_cast<int>(scan));
+      if (!tile.valid) continue;
+      row_begin = tile.row_begin;
+      row_end = tile.row_end;
+    }
     const int64_t j0 = out_tile * (kSwiglu ? 64 : 128);
     float d[BN / 2];
 #pragma unroll
@@ -173,7 +183,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < nk; ++i, ++it) {
       const uint32_t s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
-      if (i == 0) {
+      if (i == 0 && order.tile_handoff) {
         const int2 rows = tile_rows[s];
         row_begin = rows.x;
         row_end = rows.y;
@@ -265,6 +275,7 @@ void launch_moe_wgmma(const gg_args& g, int64_t rows, cudaStream_t stream) {
     order.outputs_first = current_paths().moe_tile_order != kernel_paths::moe_tile_order_kind::kRows;
     CUtensorMap tx = tw;
     order.x_tma = current_paths().moe_wgmma_tma_x && g.a_rows == nullptr;
+    order.tile_handoff = current_paths().moe_wgmma_tile_handoff;
     if (order.x_tma && !wgmma_tensor_map(&tx, g.a, rows, g.k, BN, g.lda))
       throw error("moe: cuTensorMapEncodeTiled failed for the warpgroup-MMA experts' activation rows");
     const int64_t tiles = order.scan_tiles * order.out_tiles;

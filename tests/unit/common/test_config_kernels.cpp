@@ -36,6 +36,7 @@ TEST(ConfigKernels, DefaultsAreTheKernelsOwnChoices) {
     EXPECT_TRUE(k.moe_wgmma_persistent);
     EXPECT_TRUE(k.moe_wgmma_tma_x);
     EXPECT_TRUE(k.moe_wgmma_early_release);
+    EXPECT_FALSE(k.moe_wgmma_tile_handoff);
     EXPECT_TRUE(k.attn_extend_fill);
     EXPECT_EQ(k.attn_decode_cluster, 0);
     EXPECT_EQ(k.attn_decode_cluster_size, 0);
@@ -91,6 +92,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   moe_wgmma_persistent: false
   moe_wgmma_tma_x: false
   moe_wgmma_early_release: false
+  moe_wgmma_tile_handoff: true
   ssd_seq_bf16: false
   ssd_seq_slice: 16
   pdl: false
@@ -128,6 +130,7 @@ TEST(ConfigKernels, EveryKeyParses) {
   EXPECT_FALSE(k.moe_wgmma_persistent);
   EXPECT_FALSE(k.moe_wgmma_tma_x);
   EXPECT_FALSE(k.moe_wgmma_early_release);
+  EXPECT_TRUE(k.moe_wgmma_tile_handoff);
   EXPECT_FALSE(k.ssd_seq_bf16);
   EXPECT_EQ(k.ssd_seq_slice, 16);
   EXPECT_FALSE(k.pdl);

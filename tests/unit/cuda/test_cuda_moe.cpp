@@ -201,7 +201,8 @@ TEST(CudaMoe, MatchesCpuAtQwen3NextShape) {
 // tiles in either launch order, kernels.moe_tile_order, outputs by default; a block an SM
 // taking tiles in turn, or a block a tile, kernels.moe_wgmma_persistent; the down projection's
 // rows by tensor copies or gathered, kernels.moe_wgmma_tma_x; a stage given back once its own
-// MMAs are done, or once the next stage's are issued, kernels.moe_wgmma_early_release) and the
+// MMAs are done, or once the next stage's are issued, kernels.moe_wgmma_early_release; the tile's
+// rows handed to the consumers by the producer, kernels.moe_wgmma_tile_handoff) and the
 // mma.sync tiles; the same checks and tolerances
 // against the CPU op: ragged tiles, experts without tokens, k and the expert width not multiples
 // of 64 (partial k blocks, a partial tile of 64 outputs), accumulate, ties.
@@ -216,6 +217,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     bool tma_x;       // kernels.moe_wgmma_tma_x (default true)
     const char* label;
     bool early = true;  // kernels.moe_wgmma_early_release (default true)
+    bool handoff = false;  // kernels.moe_wgmma_tile_handoff (default false)
   };
   for (const variant& v :
        {variant{true, order::kDefault, 0, true, true, "moe_wgmma (the defaults)"},
@@ -228,6 +230,9 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
         variant{true, order::kDefault, 0, true, true, "moe_wgmma, late release", false},
         variant{true, order::kRows, 128, false, false, "moe_wgmma, late release, a block a tile, 128-row tiles, gathered rows", false},
         variant{true, order::kDefault, 0, true, false, "moe_wgmma, late release, gathered rows", false},
+        variant{true, order::kDefault, 0, true, true, "moe_wgmma, tile handoff", true, true},
+        variant{true, order::kRows, 128, false, false, "moe_wgmma, tile handoff, a block a tile, rows first, 128-row tiles, gathered rows", true, true},
+        variant{true, order::kDefault, 0, true, false, "moe_wgmma, tile handoff, late release, gathered rows", false, true},
         variant{false, order::kDefault, 0, true, true, "mma.sync tiles"}}) {
     SCOPED_TRACE(v.label);
     kernel_paths paths;
@@ -237,6 +242,7 @@ TEST(CudaMoe, ManyRowExpertsMatchCpuBothKernels) {
     paths.moe_wgmma_persistent = v.persistent;
     paths.moe_wgmma_tma_x = v.tma_x;
     paths.moe_wgmma_early_release = v.early;
+    paths.moe_wgmma_tile_handoff = v.handoff;
     const paths_scope scope(paths);
     uint32_t seed = 3000;
     for (const moe_shape& shape : {moe_shape{2048, 128, 64, 4, 2, true},

@@ -168,8 +168,15 @@ struct kernel_paths {
   // that stage's MMAs are done (wait for none pending), so the producer refills it one stage
   // earlier; false: once the next stage's rows have landed and its MMAs are issued (one MMA group
   // in flight). The same sums. Measured (H200, run 40): the Qwen3-Next shape's experts at 8192
-  // tokens 2617.4 against 2653.9 µs; 16-layer 8K prefill 79827 against 79144 tokens/s.
+  // tokens 2617.4 against 2653.9 µs; 16-layer 8K prefill 79827 against 79144 tokens/s, both with
+  // every wgmma serialised by ptxas (the release was then a run-time flag in one kernel body;
+  // a template argument since, test Ptxas.WgmmaNotSerialized): to be measured again.
   bool moe_wgmma_early_release = true;
+  // true: a warpgroup-MMA experts' GEMM's producer hands each tile's rows to the consumers in
+  // shared memory with the tile's first stage, so only it searches the tile offsets; false
+  // (default): every warpgroup searches them itself (the consumers before each tile's MMAs). The
+  // same sums. Not yet measured.
+  bool moe_wgmma_tile_handoff = false;
   // true (default): a bf16 model's Mamba2 prefill scan at head_dim 64 / d_state 128 on the
   // sequential bf16 kernel too (f32 activations rounded to bf16 as loaded,
   // ssd_chunk_scan_params::bf16_operands); false: the 3xTF32 kernel there. Shapes the 3xTF32
