@@ -79,10 +79,10 @@ __global__ void __launch_bounds__(384, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(moe_wg_raw) + 1023) & ~uintptr_t{1023});
   float* gate_sums = reinterpret_cast<float*>(smem + S * kStage);
   __shared__ __align__(8) uint64_t full[S], empty[S];
-  // A tile's rows [x, y) of the permuted order, written by the producer with the tile's first
-  // stage (before that stage's arrival on full); with order.tile_handoff the consumers read them
-  // once they have waited for that stage (the slot is not refilled before they release it), so
-  // only the producer searches the tile offsets. Else the consumers search too.
+  // order.tile_handoff: a tile's rows [x, y) of the permuted order, written by the producer with
+  // the tile's first stage (before that stage's arrival on full) and read by the consumers once
+  // they have waited for that stage (the slot is not refilled before they release it), so only
+  // the producer searches the tile offsets. Else the consumers search too.
   __shared__ int2 tile_rows[S];
 
   const int wg = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(384, 1)
         const int k0 = i * kWgmmaBK;
         uint8_t* xs = st + W_BYTES;
         if (t == 0) {
-          if (i == 0) tile_rows[s] = make_int2(tile.row_begin, tile.row_end);
+          if (i == 0 && order.tile_handoff) tile_rows[s] = make_int2(tile.row_begin, tile.row_end);
           mbar_arrive_expect_tx(&full[s], W_BYTES + (x_tma ? BN * 128 : 0));
           tma_load_2d(st, &tw, k0, static_cast<int>(wrow0), &full[s]);
           tma_load_2d(st + W_BYTES / 2, &tw, k0, static_cast<int>(wrow1), &full[s]);
